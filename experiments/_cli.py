@@ -1,0 +1,74 @@
+"""Shared entry point and flag checks for the absl experiments.
+
+`run(main)` is `absl.app.run` with two rules: a flag that fails to parse or
+validate, and a user's mistake found later (`InputError`), are each printed as
+one line naming the parameter, and the process exits 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from absl import app
+from absl import flags
+
+from jaxroof.errors import InputError
+
+_HINT = "(see --helpshort for what each flag allows)"
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e} {_HINT}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(main: Callable[[list[str]], int | None]) -> None:
+  """Runs an absl `main`, turning bad input into a one-line error."""
+
+  def guarded(argv: list[str]) -> int | None:
+    if len(argv) > 1:
+      print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
+      sys.exit(2)
+    try:
+      return main(argv)
+    except InputError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+
+  app.run(guarded, flags_parser=_parse_flags)
+
+
+def require_positive(holder: flags.FlagHolder, unit: str) -> None:
+  """Validates that a numeric flag, when set, is a finite number > 0."""
+  flags.register_validator(
+      holder.name,
+      lambda v: v is None or (v > 0 and v != float("inf")),
+      message=f"must be a finite number > 0 ({unit})",
+  )
+
+
+def require_positive_int_list(holder: flags.FlagHolder, unit: str) -> None:
+  """Validates a list flag of whole numbers >= 1 (e.g. batch sizes)."""
+
+  def valid(values: list[str] | None) -> bool:
+    if not values:
+      return False
+    try:
+      return all(int(v) >= 1 and float(v) == int(v) for v in values)
+    except ValueError:
+      return False
+
+  flags.register_validator(
+      holder.name,
+      valid,
+      message=f"must be a non-empty comma-separated list of whole numbers >= 1 ({unit})",
+  )
+
+
+def int_list(holder: flags.FlagHolder) -> list[int]:
+  """The validated values of a `require_positive_int_list` flag."""
+  return [int(v) for v in holder.value]

@@ -1,0 +1,27 @@
+"""jaxroof: how fast a transformer serves tokens on an accelerator, and why.
+
+The symbolic layer is importable without jax; the toy model, measurement and
+calibration live in submodules that import jax when used.
+"""
+
+from jaxroof import errors
+from jaxroof import formulas
+from jaxroof import solved
+from jaxroof import symbols
+from jaxroof.errors import InputError
+from jaxroof.evaluate import step_model
+from jaxroof.evaluate import summary_model
+from jaxroof.sweep import decode_sweep
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "InputError",
+    "decode_sweep",
+    "errors",
+    "formulas",
+    "solved",
+    "step_model",
+    "summary_model",
+    "symbols",
+)

@@ -1,0 +1,106 @@
+"""Every derived quantity of the decode model, by name, as a closed form.
+
+`closed_forms()` lists them with their units; `evaluate(values)` substitutes
+numbers given by symbol name and reports the symbols still missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sympy as sp
+
+from jaxroof import errors
+from jaxroof import formulas
+from jaxroof import solved
+from jaxroof.symbols import BY_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+  name: str
+  expression: Callable[[], sp.Expr]
+  unit: str
+  meaning: str
+  method: str = "formula"
+
+
+CATALOGUE: tuple[Derived, ...] = (
+    Derived("weight_traffic", formulas.weight_traffic, "B", "weight bytes read per step"),
+    Derived("linear_flops", formulas.linear_flops, "FLOP", "linear-layer FLOPs per step"),
+    Derived("weight_only_intensity", formulas.weight_only_intensity, "FLOP/B",
+            "linear FLOPs per weight byte"),
+    Derived("ridge_point", formulas.ridge_point, "FLOP/B", "device FLOPs per byte"),
+    Derived("ridge_batch", solved.ridge_batch, "sequences",
+            "batch where weight-only intensity reaches the ridge R", "sympy.solve"),
+    Derived("kv_bytes_per_position", formulas.kv_bytes_per_position, "B/position",
+            "K/V bytes per processed position (full attention)"),
+    Derived("positions_with_kv", formulas.positions_with_kv, "positions",
+            "positions holding K/V after P prompt tokens and g outputs"),
+    Derived("retained_kv_bytes", formulas.retained_kv_bytes, "B", "K/V bytes read per step"),
+    Derived("step_traffic", formulas.step_traffic, "B", "bytes read per decode step"),
+    Derived("memory_time", formulas.memory_time, "s", "time to move the step's bytes"),
+    Derived("compute_time", formulas.compute_time, "s", "linear-layer compute time"),
+    Derived("step_floor", formulas.step_floor, "s", "optimistic step time"),
+    Derived("aggregate_rate", formulas.aggregate_rate, "tokens/s", "tokens/s over the batch"),
+    Derived("per_sequence_rate", formulas.per_sequence_rate, "tokens/s", "tokens/s one user sees"),
+    Derived("weight_kv_crossover_batch", solved.weight_kv_crossover_batch, "sequences",
+            "batch where K/V reads equal weight reads", "sympy.solve"),
+    Derived("compute_crossover_batch", solved.compute_crossover_batch, "sequences",
+            "batch where compute time equals memory time (<= 0: never)", "sympy.solve"),
+    Derived("memory_limit_rate", solved.memory_limit_rate, "tokens/s",
+            "aggregate rate as B -> oo, memory-bound", "sympy.limit"),
+)
+
+
+def parse_values(pairs: list[str]) -> dict[str, float]:
+  """Parses `NAME=NUMBER` pairs; names must be model symbols, numbers > 0."""
+  values = {}
+  for pair in pairs:
+    name, sep, number = pair.partition("=")
+    name = name.strip()
+    if not sep:
+      raise errors.InputError(f"--values entry {pair!r} is not NAME=NUMBER.")
+    errors.require_choice("--values symbol", name, sorted(BY_NAME))
+    values[name] = errors.require_positive(f"--values {name}", number)
+  return values
+
+
+def closed_forms() -> list[dict[str, Any]]:
+  """Each quantity's expression as text, pretty-printed text and LaTeX."""
+  out = []
+  for item in CATALOGUE:
+    expr = item.expression()
+    out.append({
+        "name": item.name,
+        "meaning": item.meaning,
+        "unit": item.unit,
+        "derived_by": item.method,
+        "expression": str(expr),
+        "pretty": sp.pretty(expr, use_unicode=True),
+        "latex": sp.latex(expr),
+        "symbols": sorted(str(s) for s in expr.free_symbols),
+    })
+  return out
+
+
+def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
+  """Closed forms plus their numbers at `values` (None where symbols are missing).
+
+  A compute crossover <= 0 is reported as None with a note: memory binds at
+  every batch.
+  """
+  out = []
+  for item, form in zip(CATALOGUE, closed_forms()):
+    expr = item.expression()
+    subs = {BY_NAME[n].symbol: sp.Float(v) for n, v in values.items()}
+    number = expr.subs(subs)
+    missing = sorted(str(s) for s in number.free_symbols)
+    value = None if missing else float(number)
+    note = ""
+    if item.name == "compute_crossover_batch" and value is not None and value <= 0:
+      value, note = None, "denominator <= 0: memory binds at every batch"
+    out.append({**form, "value": value, "missing_symbols": missing, "note": note})
+  return out

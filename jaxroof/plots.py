@@ -1,0 +1,58 @@
+"""PNG plots, written atomically. Uses matplotlib's non-interactive Agg backend."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+
+from jaxroof.io import atomic_path  # noqa: E402
+
+
+def save(fig: Any, path: str | os.PathLike[str]) -> None:
+  """Saves and closes a figure; the PNG appears whole or not at all."""
+  with atomic_path(path) as tmp:
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+
+
+def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) -> None:
+  """Aggregate and per-sequence rates against batch, crossovers marked."""
+  rows = sweep["rows"]
+  batch = [r["batch"] for r in rows]
+  fig, left = plt.subplots(figsize=(7.5, 4.5))
+  right = left.twinx()
+  left.plot(batch, [r["aggregate_tokens_per_s"] for r in rows], "o-", color="tab:blue",
+            label="aggregate (B / step)")
+  right.plot(batch, [r["per_sequence_tokens_per_s"] for r in rows], "s--", color="tab:orange",
+             label="per sequence (1 / step)")
+  misfits = [r for r in rows if r.get("fits_in_memory") is False]
+  if misfits:
+    left.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits],
+              "x", color="red", markersize=10, label="does not fit in memory")
+  summary = sweep["summary"]
+  marks = (("weight_kv_crossover_batch", "weight = KV traffic", "tab:green"),
+           ("compute_crossover_batch", "compute = memory time", "tab:red"))
+  for key, label, color in marks:
+    value = summary.get(key)
+    if value is not None and batch[0] <= value <= batch[-1] * 2:
+      left.axvline(value, color=color, linestyle=":", label=f"{label} (B={value:,.0f})")
+  limit = summary.get("memory_limit_tokens_per_s")
+  if limit is not None:
+    left.axhline(limit, color="gray", linestyle="-.", label=f"memory-only limit {limit:,.0f} tok/s")
+  left.set_ylim(bottom=0)
+  right.set_ylim(bottom=0)
+  left.set_xscale("log", base=2)
+  left.set_xlabel("batch (sequences)")
+  left.set_ylabel("aggregate tokens/s", color="tab:blue")
+  right.set_ylabel("per-sequence tokens/s", color="tab:orange")
+  left.set_title(f"{title} (analytic bound)")
+  handles = left.get_legend_handles_labels()
+  extra = right.get_legend_handles_labels()
+  left.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=8, loc="center right")
+  left.grid(True, alpha=0.3)
+  save(fig, path)

@@ -1,0 +1,115 @@
+"""A decode batch sweep: `Estimate` rows from the step model, plus its summary.
+
+Every number here is an analytic bound (kind "bound") under the lesson's
+assumptions (see `jaxroof.formulas`): weights read once per step, each
+sequence's K/V read once, attention FLOPs and overheads omitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof.evaluate import step_model, summary_model
+
+UNITS: dict[str, str] = {
+    "batch": "sequences",
+    "weight_bytes": "B",
+    "kv_bytes": "B",
+    "traffic_bytes": "B",
+    "memory_s": "s",
+    "compute_s": "s",
+    "step_s": "s",
+    "aggregate_tokens_per_s": "tokens/s",
+    "per_sequence_tokens_per_s": "tokens/s",
+    "weight_kv_crossover_batch": "sequences",
+    "memory_limit_tokens_per_s": "tokens/s",
+    "compute_crossover_batch": "sequences",
+}
+
+ASSUMPTIONS: tuple[str, ...] = (
+    "weights read once per step and reused by every sequence (ideal tile reuse)",
+    "each sequence's retained K/V read once per step",
+    "attention FLOPs, activations, KV writes, launches and communication omitted",
+)
+
+
+def decode_sweep(
+    batch_sizes: Sequence[int],
+    *,
+    N: float | np.ndarray,
+    q: float,
+    T: float,
+    k: float,
+    BW: float,
+    F: float | None = None,
+    N_act: float | None = None,
+    fits: Sequence[bool] | None = None,
+) -> dict[str, Any]:
+  """Evaluates the step model at each batch size.
+
+  Args:
+    batch_sizes: sequences per step, each a whole number >= 1.
+    N: weights read per step (an array over batch sizes for MoE).
+    q: bytes per weight.
+    T: retained tokens per sequence.
+    k: KV bytes per retained token.
+    BW: sustained memory bandwidth, bytes/s.
+    F: sustained FLOP rate, FLOP/s; None for a memory-only model.
+    N_act: weights multiplied per token; None means N (dense).
+    fits: optional per-batch flag: weights, K/V and workspace fit in memory.
+
+  Returns:
+    `{"kind": "bound", "units", "assumptions", "rows", "summary"}`.
+  """
+  batches = errors.require_positive_ints("batch_sizes", batch_sizes)
+  for name, value in (("q", q), ("T", T), ("k", k), ("BW", BW)):
+    errors.require_positive(name, value)
+  if F is not None:
+    errors.require_positive("F", F)
+  n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
+  for i, value in enumerate(n_read):
+    errors.require_positive(f"N[{i}]", value)
+
+  flop_rate = math.inf if F is None else F
+  out = step_model("numpy")(
+      np.asarray(batches, dtype=float), T, n_read, q, k, BW, flop_rate, N_act
+  )
+  out = {name: np.broadcast_to(v, (len(batches),)) for name, v in out.items()}
+  rows = []
+  for i, batch in enumerate(batches):
+    row = {"batch": batch}
+    row.update({name: float(v[i]) for name, v in out.items()})
+    if F is None:
+      row["compute_s"] = None
+    row["bound"] = "memory" if F is None or row["memory_s"] >= row["compute_s"] else "compute"
+    if fits is not None:
+      row["fits_in_memory"] = bool(fits[i])
+    rows.append(row)
+
+  summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate)
+  summary = {name: float(v) for name, v in summary.items()}
+  notes = []
+  if F is None:
+    summary["compute_crossover_batch"] = None
+    notes.append("no FLOP rate given: memory-only model, no compute crossover")
+  elif not (math.isfinite(summary["compute_crossover_batch"]) and summary["compute_crossover_batch"] > 0):
+    summary["compute_crossover_batch"] = None
+    notes.append(
+        "no compute crossover: each added sequence adds more memory time "
+        "(T*k/BW) than compute time (2*N/F), so memory binds at every batch"
+    )
+  if np.ptp(n_read) > 0:
+    notes.append("weights read vary with batch (MoE): crossovers use the largest")
+  summary["notes"] = notes
+  return {
+      "kind": "bound",
+      "units": UNITS,
+      "assumptions": list(ASSUMPTIONS),
+      "rows": rows,
+      "summary": summary,
+  }

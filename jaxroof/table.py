@@ -1,0 +1,62 @@
+"""Plain-text and Markdown tables with units in the headers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _is_number(cell: str) -> bool:
+  try:
+    float(cell.replace(",", ""))
+  except ValueError:
+    return False
+  return True
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+  """Fixed-width text table: numeric columns right-aligned, text left-aligned."""
+  cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+  numeric = [all(_is_number(row[i]) for row in cells[1:]) for i in range(len(headers))]
+  lines = [
+      "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(row, widths, numeric)).rstrip()
+      for row in cells
+  ]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+  """GitHub-flavoured Markdown table."""
+  lines = ["| " + " | ".join(str(h) for h in headers) + " |"]
+  lines.append("|" + "|".join("---:" for _ in headers) + "|")
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+SWEEP_HEADERS = (
+    "batch",
+    "traffic GB",
+    "step ms",
+    "aggregate tok/s",
+    "per-seq tok/s",
+    "binds",
+)
+
+
+def sweep_rows(rows: Sequence[dict]) -> list[list[str]]:
+  """Display cells of batch-sweep rows (GB = 1e9 B); marks batches that do not fit."""
+  out = []
+  for row in rows:
+    binds = row["bound"]
+    if row.get("fits_in_memory") is False:
+      binds += " (does not fit)"
+    out.append([
+        f"{row['batch']}",
+        f"{row['traffic_bytes'] / 1e9:,.3f}",
+        f"{row['step_s'] * 1e3:,.3f}",
+        f"{row['aggregate_tokens_per_s']:,.1f}",
+        f"{row['per_sequence_tokens_per_s']:,.1f}",
+        binds,
+    ])
+  return out

@@ -1,0 +1,101 @@
+"""Lambdified forms agree with sympy's exact evaluation, and move the right way."""
+
+import math
+
+import hypothesis.strategies as st
+import jax
+import numpy as np
+import pytest
+import sympy as sp
+from hypothesis import given, settings
+
+from jaxroof import formulas
+from jaxroof import solved
+from jaxroof.evaluate import OUTPUT_NAMES, step_model, summary_model
+
+positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+def _exact(B, T, N, q, k, BW, F):
+  """The step model's outputs from sympy, with exact rationals."""
+  r = {name: sp.Rational(v) for name, v in dict(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F).items()}
+  traffic = formulas.step_traffic(r["B"], r["N"], r["q"], r["T"], r["k"])
+  step = formulas.step_floor(r["B"], r["N"], r["q"], r["T"], r["k"], r["BW"], r["F"])
+  return {
+      "traffic_bytes": traffic,
+      "memory_s": formulas.memory_time(traffic, r["BW"]),
+      "compute_s": formulas.compute_time(r["B"], r["N"], r["F"]),
+      "step_s": step,
+      "aggregate_tokens_per_s": r["B"] / step,
+      "per_sequence_tokens_per_s": 1 / step,
+  }
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
+def test_numpy_matches_exact_sympy(B, T, N, q, k, BW, F):
+  ours = step_model("numpy")(B, T, N, q, k, BW, F)
+  for name, value in _exact(B, T, N, q, k, BW, F).items():
+    assert float(ours[name]) == pytest.approx(float(value), rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
+def test_jax_matches_exact_sympy(B, T, N, q, k, BW, F):
+  with jax.enable_x64(True):
+    ours = step_model("jax")(B, T, N, q, k, BW, F)
+    for name, value in _exact(B, T, N, q, k, BW, F).items():
+      assert float(ours[name]) == pytest.approx(float(value), rel=1e-9)
+
+
+def test_jax_form_is_differentiable():
+  model = step_model("jax")
+  # d(step)/d(BW) at a memory-bound point is -traffic/BW**2.
+  grad = jax.grad(lambda bw: model(32.0, 1.0, 8e9, 2.0, 2.5e8, bw, 6e14)["step_s"])(2e12)
+  assert float(grad) == pytest.approx(-24e9 / 2e12**2, rel=1e-4)
+
+
+def test_outputs_are_complete_and_broadcast():
+  batch = np.array([1.0, 8.0, 32.0])[:, None]
+  context = np.array([128.0, 1024.0])[None, :]
+  out = step_model("numpy")(batch, context, 8e9, 2.0, 131072.0, 2e12, 6e14)
+  assert set(out) == set(OUTPUT_NAMES)
+  assert np.shape(out["step_s"]) == (3, 2)
+
+
+def test_monotonic_in_batch_and_bandwidth():
+  batch = np.arange(1, 2049, dtype=float)
+  out = step_model("numpy")(batch, 4096.0, 8e9, 2.0, 131072.0, 2e12, 6e14)
+  assert np.all(np.diff(out["step_s"]) > 0)
+  assert np.all(np.diff(out["aggregate_tokens_per_s"]) > 0)
+  assert np.all(np.diff(out["per_sequence_tokens_per_s"]) < 0)
+  slow = step_model("numpy")(batch, 4096.0, 8e9, 2.0, 131072.0, 1e12, 6e14)["step_s"]
+  assert np.all(slow >= out["step_s"])
+
+
+def test_memory_only_model_with_infinite_flop_rate():
+  out = step_model("numpy")(32.0, 1.0, 8e9, 2.0, 2.5e8, 2e12, math.inf)
+  assert out["compute_s"] == 0 and out["step_s"] == pytest.approx(0.012)
+
+
+def test_moe_active_weights_only_change_compute():
+  dense = step_model("numpy")(256.0, 1.0, 8e9, 2.0, 1e6, 2e12, 1e14)
+  moe = step_model("numpy")(256.0, 1.0, 8e9, 2.0, 1e6, 2e12, 1e14, N_act=2e9)
+  assert moe["traffic_bytes"] == dense["traffic_bytes"]
+  assert moe["compute_s"] == pytest.approx(dense["compute_s"] / 4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(N=positive, q=positive, T=positive, k=positive, BW=positive, F=positive)
+def test_summary_model_matches_solved(N, q, T, k, BW, F):
+  ours = summary_model("numpy")(N, q, T, k, BW, F)
+  values = dict(N=N, q=q, T=T, k=k, BW=BW, F=F)
+  assert ours["weight_kv_crossover_batch"] == pytest.approx(
+      float(solved.weight_kv_crossover_batch(**values)), rel=1e-9)
+  assert ours["memory_limit_tokens_per_s"] == pytest.approx(
+      float(solved.memory_limit_rate(**values)), rel=1e-9)
+
+
+def test_unknown_backend_is_rejected():
+  with pytest.raises(ValueError, match="backend"):
+    step_model("torch")

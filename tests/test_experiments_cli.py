@@ -1,0 +1,100 @@
+"""The foundation's experiments as a user runs them (subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(module, *flags):
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_batch_sweep_json_and_plot(tmp_path):
+  out, png = tmp_path / "s.json", tmp_path / "s.png"
+  proc = run("batch_sweep", "--batch_sizes=1,8,32", "--tflops=600",
+             f"--json_out={out}", f"--plot_out={png}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["kind"] == "bound"
+  assert {"inputs", "units", "rows", "summary"} <= set(data)
+  by_batch = {r["batch"]: r for r in data["rows"]}
+  assert by_batch[32]["step_s"] == pytest.approx(0.012)  # The lesson's figure.
+  assert data["summary"]["weight_kv_crossover_batch"] == pytest.approx(64)
+  assert png.read_bytes()[:4] == b"\x89PNG"
+  assert "memory" in proc.stdout and "crossover" in proc.stdout
+
+
+def test_batch_sweep_from_kv_per_token_and_context(tmp_path):
+  out = tmp_path / "s.json"
+  proc = run("batch_sweep", "--kv_bytes_per_token=131072", "--context=4096",
+             "--batch_sizes=1", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  row = json.loads(out.read_text())["rows"][0]
+  assert row["kv_bytes"] == 131072 * 4096
+  assert row["compute_s"] is None
+
+
+@pytest.mark.parametrize("flag, needle", [
+    ("--batch_sizes=0,4", "--batch_sizes"),
+    ("--batch_sizes=", "--batch_sizes"),
+    ("--batch_sizes=two", "--batch_sizes"),
+    ("--bandwidth_tbps=0", "--bandwidth_tbps"),
+    ("--tflops=-5", "--tflops"),
+    ("--bytes_per_weight=abc", "--bytes_per_weight"),
+    ("--context=100", "--kv_bytes_per_token"),
+])
+def test_batch_sweep_bad_input_is_one_line(tmp_path, flag, needle):
+  out = tmp_path / "s.json"
+  proc = run("batch_sweep", flag, f"--json_out={out}")
+  assert proc.returncode != 0
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error:")
+  assert "Traceback" not in proc.stderr
+  assert not out.exists()
+
+
+def test_lesson_exits_zero_and_writes_claims(tmp_path):
+  out = tmp_path / "l.json"
+  proc = run("lesson", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  claims = json.loads(out.read_text())
+  assert claims and all({"claim", "expected", "computed", "unit", "agrees"} <= set(c)
+                        for c in claims)
+  assert all(c["agrees"] for c in claims)
+
+
+def test_crossovers_json_has_expressions_and_latex(tmp_path):
+  out = tmp_path / "c.json"
+  proc = run("crossovers", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  items = {q["name"]: q for q in json.loads(out.read_text())["quantities"]}
+  assert items["weight_kv_crossover_batch"]["expression"] == "N*q/(T*k)"
+  assert items["weight_kv_crossover_batch"]["latex"] == r"\frac{N q}{T k}"
+  assert items["weight_kv_crossover_batch"]["value"] == pytest.approx(64)
+  assert items["memory_limit_rate"]["value"] == pytest.approx(8000)
+  bad = run("crossovers", "--values=Z=1")
+  assert bad.returncode == 2 and "Known:" in bad.stderr
+
+
+def test_report_writes_summary_and_plots(tmp_path):
+  proc = run("report", f"--out_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr
+  text = (tmp_path / "README.md").read_text()
+  assert "lesson" in text.lower() and "batch_sweep.png" in text
+  assert (tmp_path / "batch_sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_sweep_reports_points_per_second(tmp_path):
+  out = tmp_path / "b.json"
+  proc = run("bench_sweep", "--batches=64", "--contexts=64", "--repeats=2",
+             "--loop_points=10", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["points"] == 64 * 64 and data["points_per_s"] > 0
+  assert data["kind"] == "measurement"

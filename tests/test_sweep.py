@@ -1,0 +1,67 @@
+"""decode_sweep: rows, summary, labels and bad input."""
+
+import math
+
+import numpy as np
+import pytest
+
+from jaxroof.errors import InputError
+from jaxroof.sweep import decode_sweep
+
+LESSON = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12)
+
+
+def test_rows_and_summary_have_the_documented_keys():
+  sweep = decode_sweep([1, 32], **LESSON, F=6e14)
+  assert sweep["kind"] == "bound"
+  row_keys = {"batch", "weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s",
+              "step_s", "bound", "aggregate_tokens_per_s", "per_sequence_tokens_per_s"}
+  assert row_keys <= set(sweep["rows"][0])
+  assert {"weight_kv_crossover_batch", "memory_limit_tokens_per_s",
+          "compute_crossover_batch"} <= set(sweep["summary"])
+
+
+def test_memory_only_sweep_has_null_compute():
+  sweep = decode_sweep([1, 8], **LESSON)
+  assert all(r["compute_s"] is None and r["bound"] == "memory" for r in sweep["rows"])
+  assert sweep["summary"]["compute_crossover_batch"] is None
+
+
+def test_compute_binds_past_the_crossover_without_kv():
+  # Tiny K/V: the compute crossover approaches the ridge batch R*q/2 = 300.
+  sweep = decode_sweep([256, 512], N=8e9, q=2, T=1, k=1.0, BW=2e12, F=6e14)
+  crossover = sweep["summary"]["compute_crossover_batch"]
+  assert crossover == pytest.approx(300, rel=1e-6)
+  assert [r["bound"] for r in sweep["rows"]] == ["memory", "compute"]
+  row = sweep["rows"][1]
+  assert row["step_s"] == pytest.approx(2 * 8e9 * 512 / 6e14)
+
+
+def test_no_nan_anywhere():
+  sweep = decode_sweep(list(range(1, 200)), **LESSON, F=6e14)
+  for row in sweep["rows"]:
+    for value in row.values():
+      assert not (isinstance(value, float) and math.isnan(value))
+
+
+def test_moe_weights_varying_with_batch():
+  sweep = decode_sweep([1, 2, 4], N=np.array([1e9, 2e9, 3e9]), q=2, T=1, k=1e6, BW=1e12)
+  assert [r["weight_bytes"] for r in sweep["rows"]] == [2e9, 4e9, 6e9]
+  assert any("MoE" in note for note in sweep["summary"]["notes"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_sizes=[]), "batch_sizes is empty"),
+    (dict(batch_sizes=[0]), r"batch_sizes\[0\]=0"),
+    (dict(batch_sizes=[-3]), r"batch_sizes\[0\]=-3"),
+    (dict(batch_sizes=[1.5]), "whole number"),
+    (dict(BW=0.0), "BW=0.0"),
+    (dict(F=-1.0), "F=-1.0"),
+    (dict(q=float("nan")), "q=nan"),
+    (dict(k="abc"), "not a number"),
+])
+def test_bad_input_names_the_parameter(kwargs, match):
+  args = dict(batch_sizes=[1], **LESSON)
+  args.update(kwargs)
+  with pytest.raises(InputError, match=match):
+    decode_sweep(args.pop("batch_sizes"), **args)
