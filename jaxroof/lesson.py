@@ -114,8 +114,9 @@ def worked_numbers() -> list[Claim]:
       Claim("do this", "KV per position with twice the blocks", 64, float(per_position),
             "B/position", 0, str(formulas.kv_bytes_per_position())),
       Claim("do this", "KV after prefill and two decode steps, twice the blocks", 320,
-            float(per_position * formulas.positions_with_kv(PROMPT, 3)), "B", 0,
-            "2*L*H_kv*d*b * (P+g-1)"),
+            float(formulas.retained_kv_bytes(1, formulas.positions_with_kv(PROMPT, 3),
+                                             per_position)), "B", 0,
+            "B*T*k with T = P+g-1, k = 2*L*H_kv*d*b"),
   ]
   rows2 = _rows(_sweep([32], kv_per_seq=KV_PER_SEQ_DOUBLED))
   c += [
