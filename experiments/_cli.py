@@ -72,3 +72,10 @@ def require_positive_int_list(holder: flags.FlagHolder, unit: str) -> None:
 def int_list(holder: flags.FlagHolder) -> list[int]:
   """The validated values of a `require_positive_int_list` flag."""
   return [int(v) for v in holder.value]
+
+
+def require_flags(*holders: flags.FlagHolder) -> None:
+  """Required flags, checked in main so that `--only_check_args` works bare."""
+  for holder in holders:
+    if holder.value is None:
+      raise InputError(f"--{holder.name} is required: {flags.FLAGS[holder.name].help}")

@@ -5,6 +5,10 @@ Analytic bounds from the symbolic step model (jaxroof.formulas):
   traffic = weights + B * KV per sequence;  step = max(traffic/BW, 2*N*B/F)
   aggregate rate = B / step;  per-sequence rate = 1 / step
 
+Give either raw numbers or a shipped model and accelerator
+(`--model=llama-3-8b --accelerator=h100-sxm --context=4096`), in which case
+batches whose weights, K/V and workspace do not fit the device are marked.
+
 Defaults are the lesson's example (16 GB of BF16 weights, 0.25 GB of K/V per
 sequence, 2 TB/s):
 
@@ -21,6 +25,7 @@ from experiments import _cli
 from jaxroof import io
 from jaxroof import plots
 from jaxroof import table
+from jaxroof import workload
 from jaxroof.sweep import decode_sweep
 
 # Weights.
@@ -42,6 +47,14 @@ _BANDWIDTH_TBPS = flags.DEFINE_float(
     "bandwidth_tbps", 2.0, "Sustained memory bandwidth, TB/s (1e12 B/s). > 0.")
 _TFLOPS = flags.DEFINE_float(
     "tflops", None, "Sustained FLOP rate, TFLOP/s (1e12). > 0. Omit for memory only.")
+# Or: a model on an accelerator, in place of the raw numbers above.
+_MODEL = flags.DEFINE_string(
+    "model", None, "Shipped model name (see jaxroof/data/models) or a path to a "
+    "Hugging Face config.json (or its folder). Needs --accelerator and --context.")
+_ACCELERATOR = flags.DEFINE_string(
+    "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/data/accelerators.json).")
+_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model: bf16, fp8, int8, int4.")
+_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (independent of weights).")
 # Sweep and output.
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",
@@ -64,9 +77,28 @@ _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 def _kv_flags_consistent(values: dict) -> bool:
   per_token = values[_KV_BYTES_PER_TOKEN.name] is not None
   context = values[_CONTEXT.name] is not None
-  if per_token != context:
+  if per_token and not context:
+    return False
+  if context and not per_token and not flags.FLAGS[_MODEL.name].present:
     return False
   return not (per_token and values[_KV_GB_PER_SEQ.name] is not None)
+
+
+_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
+              _BANDWIDTH_TBPS, _TFLOPS)
+
+
+@flags.multi_flags_validator(
+    (_MODEL.name, _ACCELERATOR.name, _CONTEXT.name) + tuple(h.name for h in _RAW_FLAGS),
+    message="--model needs --accelerator and --context, and replaces the raw-number "
+    "flags (--weights_gb, --bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops)",
+)
+def _model_flags_consistent(values: dict) -> bool:
+  if values[_MODEL.name] is None and values[_ACCELERATOR.name] is None:
+    return True
+  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS)
+  return (values[_MODEL.name] is not None and values[_ACCELERATOR.name] is not None
+          and values[_CONTEXT.name] is not None and not raw_given)
 
 
 def raw_inputs() -> dict:
@@ -95,26 +127,68 @@ def summary_lines(summary: dict) -> list[str]:
   ]
   if summary["compute_crossover_batch"] is not None:
     lines.append(f"compute crossover: B = {summary['compute_crossover_batch']:,.1f} sequences")
+  if "max_batch_in_memory" in summary:
+    lines.append(f"largest batch that fits in memory: {summary['max_batch_in_memory']:,}")
   lines += [f"note: {n}" for n in summary["notes"]]
   return lines
 
 
+def model_sweep(batch_sizes: list[int]) -> dict:
+  """The sweep for --model on --accelerator, with the memory fit of each batch."""
+  spec = workload.load_model(_MODEL.value)
+  device = workload.load_accelerator(_ACCELERATOR.value)
+  inputs = workload.decode_step_inputs(
+      spec, device, context=_CONTEXT.value, batch_sizes=batch_sizes,
+      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+  kwargs = inputs.step_kwargs()
+  del kwargs["B"]  # The sweep takes the batch sizes themselves.
+  sweep = decode_sweep(batch_sizes, fits=inputs.fits, **kwargs)
+  sweep["assumptions"] = list(inputs.assumptions)
+  sweep["inputs"] = {
+      "model": inputs.model, "accelerator": inputs.accelerator, "context": inputs.context,
+      "weight_dtype": inputs.weight_dtype, "kv_dtype": inputs.kv_dtype,
+      "compute_dtype": inputs.compute_dtype, "batch_sizes": batch_sizes,
+      "si": {name: value for name, value in kwargs.items()},
+      "max_batch_in_memory": inputs.max_batch_in_memory,
+      "memory_capacity_bytes": inputs.memory_capacity_bytes,
+      "kv_payload_bytes_per_sequence": inputs.kv_payload_bytes_per_sequence,
+      "kv_allocated_bytes_per_sequence": inputs.kv_allocated_bytes_per_sequence,
+  }
+  # Crossovers of the model as evaluated (per-batch MoE weight reads), not of its largest N.
+  crossovers = workload.crossover_batches(
+      spec, device, context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
+      kv_dtype=_KV_DTYPE.value)
+  summary = sweep["summary"]
+  summary["weight_kv_crossover_batch"] = crossovers.weight_kv_crossover_batch
+  summary["compute_crossover_batch"] = crossovers.compute_crossover_batch
+  summary["notes"] = [n for n in summary["notes"] if "vary with batch" not in n]
+  if spec.is_moe:
+    summary["notes"].append("MoE: crossovers solved numerically with the expected "
+                            "distinct experts read at each batch (uniform routing)")
+  summary["max_batch_in_memory"] = inputs.max_batch_in_memory
+  return sweep
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  inputs = raw_inputs()
   batch_sizes = _cli.int_list(_BATCH_SIZES)
-  sweep = decode_sweep(batch_sizes, **inputs)
-  sweep["inputs"] = {"flags": {h.name: h.value for h in (
-      _WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN, _CONTEXT,
-      _BANDWIDTH_TBPS, _TFLOPS)}, "si": inputs, "batch_sizes": batch_sizes}
-  print("Decode batch sweep (analytic bound; GB = 1e9 B)")
+  if _MODEL.value:
+    sweep = model_sweep(batch_sizes)
+    title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
+  else:
+    inputs = raw_inputs()
+    sweep = decode_sweep(batch_sizes, **inputs)
+    sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
+                       "si": inputs, "batch_sizes": batch_sizes}
+    title = "Decode batch sweep"
+  print(f"{title} (analytic bound; GB = 1e9 B)")
   print(table.format_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:
     io.write_json(_JSON_OUT.value, sweep)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    plots.plot_sweep(sweep, _PLOT_OUT.value, "Decode batch sweep")
+    plots.plot_sweep(sweep, _PLOT_OUT.value, title)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

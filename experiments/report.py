@@ -1,4 +1,4 @@
-"""The main job: the lesson, the crossovers and a batch sweep, as a folder.
+"""The main job: the lesson, crossovers, sweeps, real models and devices, as a folder.
 
 Writes `<out_dir>/README.md` (a Markdown summary) and its PNG plots:
 
@@ -20,6 +20,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from jaxroof import arch_report
 from jaxroof import catalogue
 from jaxroof import io
 from jaxroof import lesson
@@ -94,7 +95,12 @@ def sweep_section(out_dir: str) -> str:
   ])
 
 
-SECTIONS: list[Callable[[str], str]] = [lesson_section, crossovers_section, sweep_section]
+SECTIONS: list[Callable[[str], str]] = [
+    lesson_section,
+    crossovers_section,
+    sweep_section,
+    arch_report.report_section,
+]
 
 
 def build(out_dir: str) -> str:

@@ -41,6 +41,10 @@ def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) 
     value = summary.get(key)
     if value is not None and batch[0] <= value <= batch[-1] * 2:
       left.axvline(value, color=color, linestyle=":", label=f"{label} (B={value:,.0f})")
+  capacity = summary.get("max_batch_in_memory")
+  if capacity:
+    left.axvline(capacity, color="red", linestyle="--", alpha=0.6,
+                 label=f"largest batch in memory (B={capacity:,})")
   limit = summary.get("memory_limit_tokens_per_s")
   if limit is not None:
     left.axhline(limit, color="gray", linestyle="-.", label=f"memory-only limit {limit:,.0f} tok/s")

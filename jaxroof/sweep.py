@@ -104,7 +104,8 @@ def decode_sweep(
         "(T*k/BW) than compute time (2*N/F), so memory binds at every batch"
     )
   if np.ptp(n_read) > 0:
-    notes.append("weights read vary with batch (MoE): crossovers use the largest")
+    notes.append("weights read vary with batch (MoE experts, embedding rows): "
+                 "crossovers use the largest")
   summary["notes"] = notes
   return {
       "kind": "bound",

@@ -28,8 +28,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
   """GitHub-flavoured Markdown table."""
+  cells = [[str(c) for c in row] for row in rows]
+  numeric = [all(_is_number(row[i]) for row in cells) for i in range(len(headers))]
   lines = ["| " + " | ".join(str(h) for h in headers) + " |"]
-  lines.append("|" + "|".join("---:" for _ in headers) + "|")
+  lines.append("|" + "|".join("---:" if n else ":---" for n in numeric) + "|")
   lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
   return "\n".join(lines)
 

@@ -98,3 +98,26 @@ def test_bench_sweep_reports_points_per_second(tmp_path):
   data = json.loads(out.read_text())
   assert data["points"] == 64 * 64 and data["points_per_s"] > 0
   assert data["kind"] == "measurement"
+
+
+def test_batch_sweep_on_a_model_and_accelerator(tmp_path):
+  out, png = tmp_path / "m.json", tmp_path / "m.png"
+  proc = run("batch_sweep", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=8192",
+             "--batch_sizes=1,8,512", f"--json_out={out}", f"--plot_out={png}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  rows = {r["batch"]: r for r in data["rows"]}
+  # Llama-3-8B: 32 layers x 8 KV heads x 128 dims x K and V x 2 bytes per token.
+  kv_per_token = 2 * 32 * 8 * 128 * 2
+  assert rows[8]["kv_bytes"] == pytest.approx(8 * 8192 * kv_per_token)
+  # 80 GB cannot hold 512 sequences of 8192 tokens (4.4 TB of K/V).
+  assert rows[1]["fits_in_memory"] and not rows[512]["fits_in_memory"]
+  assert 1 <= data["summary"]["max_batch_in_memory"] < 512
+  assert "does not fit" in proc.stdout
+
+
+def test_batch_sweep_model_flag_errors():
+  proc = run("batch_sweep", "--model=llama-3-8b", "--accelerator=h100", "--context=64")
+  assert proc.returncode == 2 and "h100-sxm" in proc.stderr and "Traceback" not in proc.stderr
+  proc = run("batch_sweep", "--model=llama-3-8b", "--context=64")
+  assert proc.returncode == 2 and "--accelerator" in proc.stderr

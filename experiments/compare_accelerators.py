@@ -1,0 +1,86 @@
+"""One model on several accelerators: crossovers, memory fit, rates per batch.
+
+Analytic bounds from datasheet figures (jaxroof.comparison):
+
+  python -m experiments.compare_accelerators --model=llama-3-8b --context=4096 \
+      --batch_sizes=1,8,32,128 --accelerators=h100-sxm,mi300x,tpu-v6e \
+      --json_out=/tmp/compare.json --plot_out=/tmp/compare.png
+
+`*` marks the best of each column (see jaxroof/comparison.py for what "best"
+means per column); batches that do not fit in device memory are marked.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+from absl import logging
+
+from experiments import _cli
+from jaxroof import comparison
+from jaxroof import io
+from jaxroof import kv_sizing
+from jaxroof import params
+from jaxroof import table
+from jaxroof.accelerators import known_accelerators, load_accelerators
+from jaxroof.model_spec import load_model, shipped_models
+
+_MODEL = flags.DEFINE_string(
+    "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
+    "config.json or its folder.")
+_CONTEXT = flags.DEFINE_integer(
+    "context", None, "Tokens each sequence retains (holding K/V). >= 1.", lower_bound=1)
+_BATCH_SIZES = flags.DEFINE_list(
+    "batch_sizes", "1,8,32,128,512",
+    "Comma-separated batch sizes (sequences), each a whole number >= 1.")
+_ACCELERATORS = flags.DEFINE_string(
+    "accelerators", "all",
+    f"Comma-separated accelerators, or 'all': {', '.join(known_accelerators())}.")
+_WEIGHT_DTYPE = flags.DEFINE_enum(
+    "weight_dtype", "bf16", list(params.WEIGHT_DTYPES),
+    "Weight dtype (int4 weights multiply at the bf16 rate; see --group_size for scales).")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V dtype.")
+_BLOCK_SIZE = flags.DEFINE_integer(
+    "block_size", kv_sizing.DEFAULT_BLOCK_SIZE,
+    "Tokens per KV page, for the memory fit. >= 1.", lower_bound=1)
+_GROUP_SIZE = flags.DEFINE_integer(
+    "group_size", None, "Weights per quantization scale (2-byte scales) for fp8/int8/int4; "
+    "default: 128 for int4, none (per-channel scales) for fp8/int8. >= 1.", lower_bound=1)
+_WORKSPACE = flags.DEFINE_float(
+    "workspace_fraction", 0.1, "Share of device memory kept free. In [0, 1).",
+    lower_bound=0.0, upper_bound=0.99)
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
+_PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates against batch here.")
+
+_cli.require_positive_int_list(_BATCH_SIZES, "sequences")
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  _cli.require_flags(_MODEL, _CONTEXT)
+  model = load_model(_MODEL.value)
+  devices = load_accelerators(_ACCELERATORS.value)
+  result = comparison.compare(
+      model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
+      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+      group_size=_GROUP_SIZE.value,
+      block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value)
+  counts = model.params
+  print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
+        f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
+        f"{_KV_DTYPE.value} K/V (analytic bound from datasheet figures; GB = 1e9 B; "
+        "* = best of column)")
+  print(table.format_table(comparison.SUMMARY_HEADERS, comparison.summary_rows(result)))
+  print()
+  print(table.format_table(comparison.ROW_HEADERS, comparison.batch_rows(result)))
+  for line in result["assumptions"]:
+    print(f"assumes: {line}")
+  if _JSON_OUT.value:
+    io.write_json(_JSON_OUT.value, result)
+    logging.info("wrote %s", _JSON_OUT.value)
+  if _PLOT_OUT.value:
+    comparison.plot(result, _PLOT_OUT.value)
+    logging.info("wrote %s", _PLOT_OUT.value)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

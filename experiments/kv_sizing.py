@@ -1,0 +1,154 @@
+"""KV-cache sizing of a real model: per layer kind, payload vs allocation, fit.
+
+Analytic bounds from the model's config.json (jaxroof.kv_sizing):
+
+  python -m experiments.kv_sizing --model=gemma-2-9b --context=8192 --batch=8 \
+      --accelerator=h100-sxm --max_new_tokens=1024 --json_out=/tmp/kv.json
+
+--model takes a shipped name (see jaxroof/data/models/) or a path to a
+Hugging Face config.json, or the folder holding one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+from absl import logging
+
+from experiments import _cli
+from jaxroof import io
+from jaxroof import kv_sizing
+from jaxroof import params
+from jaxroof import table
+from jaxroof.accelerators import known_accelerators, load_accelerator
+from jaxroof.model_spec import ModelSpec, load_model, shipped_models
+
+# Model and workload.
+_MODEL = flags.DEFINE_string(
+    "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
+    "config.json or its folder.")
+_CONTEXT = flags.DEFINE_integer(
+    "context", None, "Tokens each sequence retains now (holding K/V). >= 1.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", 1, "Sequences. >= 1.", lower_bound=1)
+_KV_DTYPE = flags.DEFINE_enum(
+    "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V (and state) element dtype.")
+# Allocation.
+_BLOCK_SIZE = flags.DEFINE_integer(
+    "block_size", kv_sizing.DEFAULT_BLOCK_SIZE,
+    "Tokens per KV page; allocation rounds up per sequence and block. >= 1 (1: no paging).",
+    lower_bound=1)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+    "max_new_tokens", 0, "Further tokens per sequence reserved up front (tokens). >= 0.",
+    lower_bound=0)
+# Device fit (optional).
+_ACCELERATOR = flags.DEFINE_string(
+    "accelerator", None, f"Check the fit on this device: {', '.join(known_accelerators())}.")
+_WEIGHT_DTYPE = flags.DEFINE_enum(
+    "weight_dtype", "bf16", list(params.WEIGHT_DTYPES),
+    "Weight dtype for the memory fit (see --group_size for scales).")
+_GROUP_SIZE = flags.DEFINE_integer(
+    "group_size", None, "Weights per quantization scale (2-byte scales) for fp8/int8/int4; "
+    "default: 128 for int4, none (per-channel scales) for fp8/int8. >= 1.", lower_bound=1)
+_WORKSPACE = flags.DEFINE_float(
+    "workspace_fraction", 0.1, "Share of device memory kept free for workspace. In [0, 1).",
+    lower_bound=0.0, upper_bound=0.99)
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
+
+UNITS = {
+    "kv_bytes_per_token": "B/token", "bytes_per_token": "B/token", "state_bytes": "B/sequence",
+    "payload_bytes": "B", "allocated_bytes": "B", "allocated_bytes_windowed_as_full": "B",
+    "*_per_sequence": "B/sequence", "retained_tokens": "tokens", "context": "tokens",
+    "block_size": "tokens", "max_new_tokens": "tokens", "params_*": "weights",
+    "memory_capacity_bytes": "B", "weight_bytes": "B", "usable_bytes": "B",
+    "max_batch": "sequences",
+}
+
+
+def _gb(value: float) -> str:
+  return f"{value / 1e9:,.4f}"
+
+
+def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
+  counts = spec.params
+  print(f"KV sizing of {spec.name} ({spec.model_type}, {spec.num_layers} blocks): "
+        f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
+        f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
+        "(analytic bound; GB = 1e9 B)")
+  print(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B active "
+        f"per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
+  rows = [[k.kind, k.layers, k.window or "-", f"{k.bytes_per_token:,.0f}",
+           f"{k.state_bytes:,.0f}", k.retained_tokens, _gb(k.payload_bytes),
+           _gb(k.allocated_bytes), _gb(k.allocated_bytes_windowed_as_full)]
+          for k in sizing.kinds]
+  rows.append(["total", spec.num_layers, "-",
+               f"{sum(k.bytes_per_token for k in sizing.kinds):,.0f}",
+               f"{sum(k.state_bytes for k in sizing.kinds):,.0f}", "-",
+               _gb(sizing.payload_bytes_per_sequence), _gb(sizing.allocated_bytes_per_sequence),
+               _gb(sizing.allocated_bytes_windowed_as_full_per_sequence)])
+  print(table.format_table(
+      ("kind", "blocks", "window", "B/token", "state B", "tokens kept",
+       "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
+  print(f"payload per sequence = {sizing.payload_formula} bytes (T = retained tokens)")
+  print(f"K/V bytes per token of the blocks that keep every token: "
+        f"{sizing.kv_bytes_per_token:,.0f}")
+  print(f"batch of {sizing.batch}: payload {_gb(sizing.payload_bytes)} GB, allocated "
+        f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
+        f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
+  for note in sizing.notes + spec.notes:
+    print(f"note: {note}")
+
+
+def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
+  """Checks the fit on --accelerator, prints it, and returns it for the JSON."""
+  device = load_accelerator(_ACCELERATOR.value)
+  weights = params.weight_bytes(spec.params, _WEIGHT_DTYPE.value,
+                                group_size=_GROUP_SIZE.value)["total_bytes"]
+  fit = kv_sizing.capacity(sizing, weight_bytes=weights,
+                           memory_capacity_bytes=device.memory_capacity_bytes,
+                           workspace_fraction=_WORKSPACE.value)
+  verdict = "fits" if fit.fits else "does NOT fit"
+  print(f"{device.name} ({device.full_name}, {_gb(device.memory_capacity_bytes)} GB): "
+        f"{_WEIGHT_DTYPE.value} weights {_gb(weights)} GB + allocated K/V "
+        f"{_gb(sizing.allocated_bytes)} GB with {_WORKSPACE.value:.0%} kept free: {verdict}; "
+        f"at most {fit.max_batch} sequences of this context "
+        f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
+  return {"accelerator": device.name, **dataclasses.asdict(fit)}
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  _cli.require_flags(_MODEL, _CONTEXT)
+  spec = load_model(_MODEL.value)
+  sizing = kv_sizing.size_kv(spec, context=_CONTEXT.value, batch=_BATCH.value,
+                             kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
+                             max_new_tokens=_MAX_NEW_TOKENS.value)
+  _print_sizing(spec, sizing)
+  counts = spec.params
+  result = {
+      "kind": "bound",
+      "inputs": {"model": _MODEL.value, "context": sizing.context, "batch": sizing.batch,
+                 "kv_dtype": sizing.kv_dtype, "block_size": sizing.block_size,
+                 "max_new_tokens": sizing.max_new_tokens, "accelerator": _ACCELERATOR.value,
+                 "weight_dtype": _WEIGHT_DTYPE.value, "group_size": _GROUP_SIZE.value,
+                 "workspace_fraction": _WORKSPACE.value},
+      "units": UNITS,
+      "model": {"name": spec.name, "model_type": spec.model_type, "source": spec.source,
+                "blocks": spec.num_layers, "defaults_used": list(spec.defaults_used),
+                "notes": list(spec.notes)},
+      "params_total": counts.total,
+      "params_active": counts.active,
+      "params_active_matmul": counts.active_matmul,
+      "params_breakdown": counts.breakdown(),
+      **sizing.to_dict(),
+  }
+  if _ACCELERATOR.value:
+    result["capacity"] = _fit(spec, sizing)
+    result["fits"] = result["capacity"]["fits"]
+  if _JSON_OUT.value:
+    io.write_json(_JSON_OUT.value, result)
+    logging.info("wrote %s", _JSON_OUT.value)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

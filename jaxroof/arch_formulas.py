@@ -1,0 +1,212 @@
+"""Formulas for real architectures: KV per layer kind, paging, MoE, quantization.
+
+Each function returns a sympy expression built on `jaxroof.formulas` (so the
+full-attention K/V term and the weight traffic are written once, there).
+Arguments default to named positive symbols, so a call with no arguments gives
+the closed form and numbers give a number. Units are SI: bytes, tokens.
+
+Per-layer terms (a model sums them over its layer schedule):
+  full attention   2*H_kv*d*b bytes per retained token;
+  sliding window   the same per token, for at most W tokens;
+  latent (MLA)     (r_kv + d_rope)*b bytes per retained token;
+  recurrent (SSM)  d_inner*(d_state + d_conv)*b bytes per sequence, fixed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+import sympy as sp
+
+from jaxroof import formulas
+from jaxroof.symbols import B, H_kv, Quantity, T, b, d, k, q
+
+Expr = sp.Expr
+
+
+def _positive(name: str) -> sp.Symbol:
+  return sp.Symbol(name, positive=True)
+
+
+# Attention variants.
+W = _positive("W")  # Sliding-window length.
+r_kv = _positive("r_kv")  # MLA latent (compressed K/V) rank.
+d_rope = _positive("d_rope")  # MLA decoupled RoPE key coordinates.
+H = _positive("H")  # Query heads per block.
+d_qk = _positive("d_qk")  # Coordinates per query/key head.
+d_v = _positive("d_v")  # Coordinates per value head.
+# Recurrent state.
+d_inner = _positive("d_inner")  # SSM channels.
+d_state = _positive("d_state")  # SSM state size per channel.
+d_conv = _positive("d_conv")  # Causal-convolution taps kept per channel.
+# Allocation.
+p = _positive("p")  # Page (block) size.
+M_new = _positive("M_new")  # Tokens reserved for future output.
+C = _positive("C")  # Device memory capacity.
+w = _positive("w")  # Workspace fraction of device memory.
+W_res = _positive("W_res")  # Resident weight bytes.
+s = _positive("s")  # Allocated bytes per sequence.
+# Mixture of experts.
+E = _positive("E")  # Routed experts per MoE layer.
+K = _positive("K")  # Experts each token is routed to (top-k).
+N_fixed = _positive("N_fixed")  # Weights read every step (not routed).
+N_exp = _positive("N_exp")  # Weights of one routed expert.
+L_moe = _positive("L_moe")  # MoE layers.
+# Quantization.
+bits = _positive("bits")  # Bits per stored weight.
+G = _positive("G")  # Weights sharing one scale.
+s_b = _positive("s_b")  # Bytes per scale.
+
+QUANTITIES: tuple[Quantity, ...] = (
+    Quantity(W, "tokens", "sliding-window length"),
+    Quantity(r_kv, "coordinates", "MLA latent K/V rank (kv_lora_rank)"),
+    Quantity(d_rope, "coordinates", "MLA RoPE key coordinates (qk_rope_head_dim)"),
+    Quantity(H, "heads", "query heads per block"),
+    Quantity(d_qk, "coordinates", "coordinates per query/key head"),
+    Quantity(d_v, "coordinates", "coordinates per value head"),
+    Quantity(d_inner, "channels", "SSM channels (intermediate size)"),
+    Quantity(d_state, "states", "SSM state size per channel"),
+    Quantity(d_conv, "taps", "causal-convolution taps kept per channel"),
+    Quantity(p, "tokens", "page (block) size of a paged KV cache"),
+    Quantity(M_new, "tokens", "tokens reserved for future output"),
+    Quantity(C, "B", "device memory capacity"),
+    Quantity(w, "1", "fraction of device memory kept as workspace"),
+    Quantity(W_res, "B", "resident weight bytes"),
+    Quantity(s, "B/sequence", "allocated K/V bytes per sequence"),
+    Quantity(E, "experts", "routed experts per MoE layer"),
+    Quantity(K, "experts/token", "experts each token is routed to"),
+    Quantity(N_fixed, "weights", "weights read every step, routing aside"),
+    Quantity(N_exp, "weights", "weights of one routed expert in one layer"),
+    Quantity(L_moe, "blocks", "blocks with routed experts"),
+    Quantity(bits, "bit", "bits per stored weight"),
+    Quantity(G, "weights", "weights sharing one quantization scale"),
+    Quantity(s_b, "B", "bytes per quantization scale"),
+)
+
+
+def _s(*values) -> list[Expr]:
+  return [sp.sympify(v) for v in values]
+
+
+def full_attention_kv_per_token(
+    H_kv: Expr = H_kv, d: Expr = d, b: Expr = b
+) -> Expr:
+  """K/V bytes per retained token of ONE full-attention block: `2*H_kv*d*b`."""
+  return formulas.kv_bytes_per_position(1, H_kv, d, b)
+
+
+def windowed_tokens(T: Expr = T, W: Expr = W) -> Expr:
+  """Tokens a sliding-window block retains: `Min(T, W)` (a rolling buffer)."""
+  T, W = _s(T, W)
+  return sp.Min(T, W)
+
+
+def mla_kv_per_token(r_kv: Expr = r_kv, d_rope: Expr = d_rope, b: Expr = b) -> Expr:
+  """Bytes per retained token of ONE MLA block: the latent plus the RoPE key.
+
+  MLA caches one compressed vector per token shared by all heads (r_kv
+  coordinates) and one decoupled RoPE key (d_rope), not per-head K and V.
+  """
+  r_kv, d_rope, b = _s(r_kv, d_rope, b)
+  return (r_kv + d_rope) * b
+
+
+def mla_expanded_kv_per_token(
+    H: Expr = H, d_qk: Expr = d_qk, d_v: Expr = d_v, b: Expr = b
+) -> Expr:
+  """Bytes per token of the same block if it cached per-head K and V (MHA)."""
+  H, d_qk, d_v, b = _s(H, d_qk, d_v, b)
+  return H * (d_qk + d_v) * b
+
+
+def ssm_state_bytes(
+    d_inner: Expr = d_inner, d_state: Expr = d_state, d_conv: Expr = d_conv,
+    b: Expr = b,
+) -> Expr:
+  """Recurrent state of ONE Mamba block per sequence, whatever its length.
+
+  The SSM state (d_inner x d_state) plus the convolution window
+  (d_inner x d_conv), as Hugging Face's and mamba_ssm's caches hold them.
+  """
+  d_inner, d_state, d_conv, b = _s(d_inner, d_state, d_conv, b)
+  return d_inner * (d_state + d_conv) * b
+
+
+def kv_bytes(tokens: Expr = T, per_token: Expr = k) -> Expr:
+  """Bytes one sequence keeps for `tokens` tokens at `per_token` bytes each."""
+  return formulas.retained_kv_bytes(1, tokens, per_token)
+
+
+def reserved_tokens(T: Expr = T, M_new: Expr = M_new) -> Expr:
+  """Tokens an engine reserves for a sequence: retained now plus its allowance.
+
+  Reserving for the maximum output length holds memory before the tokens
+  that will use it exist.
+  """
+  T, M_new = _s(T, M_new)
+  return T + M_new
+
+
+def paged_tokens(T: Expr = T, p: Expr = p) -> Expr:
+  """Token slots allocated in pages of p tokens: `ceiling(T/p)*p` (>= T)."""
+  T, p = _s(T, p)
+  return sp.ceiling(T / p) * p
+
+
+def capacity_sequences(
+    C: Expr = C, w: Expr = w, W_res: Expr = W_res, s: Expr = s
+) -> Expr:
+  """Sequences that fit: `floor((C*(1 - w) - W_res) / s)` (<= 0: none fit)."""
+  C, w, W_res, s = _s(C, w, W_res, s)
+  return sp.floor((C * (1 - w) - W_res) / s)
+
+
+def expected_distinct_experts(B: Expr = B, E: Expr = E, K: Expr = K) -> Expr:
+  """Experts one MoE layer touches for B tokens, each routed to K of E.
+
+  Assumes uniform, independent routing: an expert is missed by one token
+  with probability 1 - K/E, by all B with (1 - K/E)**B. Equals K at B = 1
+  and tends to E as B grows. Real routers are skewed, which touches fewer.
+  """
+  B, E, K = _s(B, E, K)
+  return E * (1 - (1 - K / E) ** B)
+
+
+def moe_weights_read(
+    B: Expr = B, N_fixed: Expr = N_fixed, N_exp: Expr = N_exp,
+    L_moe: Expr = L_moe, E: Expr = E, K: Expr = K,
+) -> Expr:
+  """Weights a decode step reads: the fixed part plus every touched expert."""
+  N_fixed, N_exp, L_moe = _s(N_fixed, N_exp, L_moe)
+  return N_fixed + L_moe * N_exp * expected_distinct_experts(B, E, K)
+
+
+def moe_weight_traffic(
+    B: Expr = B, N_fixed: Expr = N_fixed, N_exp: Expr = N_exp,
+    L_moe: Expr = L_moe, E: Expr = E, K: Expr = K, q: Expr = q,
+) -> Expr:
+  """Weight bytes per step of an MoE model: rises with B, unlike a dense one."""
+  return formulas.weight_traffic(moe_weights_read(B, N_fixed, N_exp, L_moe, E, K), q)
+
+
+def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) -> Expr:
+  """Bytes per weight with group scales: `bits/8 + s_b/G`.
+
+  E.g. int4 with one 2-byte scale per 128 weights: 0.5 + 2/128 = 0.515625.
+  """
+  bits, G, s_b = _s(bits, G, s_b)
+  return bits / 8 + s_b / G
+
+
+@functools.cache
+def numpy_function(formula: Callable[..., Expr]) -> Callable[..., object]:
+  """`formula`'s closed form lambdified once for numpy (array arguments).
+
+  The arguments are the formula's own, in order, so
+  `numpy_function(expected_distinct_experts)(B_array, 8, 2)` evaluates the
+  same expression sympy prints.
+  """
+  defaults = [v.default for v in inspect.signature(formula).parameters.values()]
+  return sp.lambdify(tuple(defaults), formula(), modules="numpy", cse=True)

@@ -1,0 +1,101 @@
+"""The report's section on real models and accelerators (analytic bounds).
+
+`report_section(out_dir)` returns Markdown and writes its PNG into `out_dir`:
+KV sizing of shipped models with each kind of attention (full, sliding
+window, alternating, latent, recurrent) and one model compared across every
+shipped accelerator.
+"""
+
+from __future__ import annotations
+
+import os
+
+from jaxroof import comparison
+from jaxroof import kv_sizing
+from jaxroof import table
+from jaxroof.accelerators import load_accelerators
+from jaxroof.model_spec import load_model
+
+KV_MODELS = ("llama-3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "deepseek-v3",
+             "mamba-2.8b")
+KV_CONTEXT = 8192
+COMPARE_MODEL = "llama-3-8b"
+COMPARE_CONTEXT = 4096
+COMPARE_BATCHES = (1, 16, 64, 256)
+COMPARE_PLOT = "compare_accelerators.png"
+
+
+def _schedule(spec) -> str:
+  parts = []
+  for k in kv_sizing.kind_expressions(spec):
+    window = f" (window {k.window})" if k.window else ""
+    parts.append(f"{k.layers} {k.kind}{window}")
+  return " + ".join(parts)
+
+
+def kv_sizing_section(out_dir: str) -> str:
+  """Payload and paged allocation per sequence for models of every attention kind."""
+  del out_dir  # Unused.
+  rows = []
+  for name in KV_MODELS:
+    spec = load_model(name)
+    z = kv_sizing.size_kv(spec, context=KV_CONTEXT)
+    rows.append([name, _schedule(spec), f"{spec.params.total / 1e9:,.2f}B",
+                 f"{z.kv_bytes_per_token:,.0f}", f"{z.payload_bytes_per_sequence / 1e9:,.3f}",
+                 f"{z.allocated_bytes_per_sequence / 1e9:,.3f}",
+                 f"{z.allocated_bytes_windowed_as_full_per_sequence / 1e9:,.3f}",
+                 f"`{z.payload_formula}`"])
+  mla = load_model("deepseek-v3")
+  latent = kv_sizing.size_kv(mla, context=1).kv_bytes_per_token
+  expanded = kv_sizing.mla_expanded_bytes_per_token(mla)
+  return "\n".join([
+      "## KV sizing of real models (analytic bound)",
+      "",
+      f"Per sequence at {KV_CONTEXT} retained tokens, bf16 K/V, pages of "
+      f"{kv_sizing.DEFAULT_BLOCK_SIZE} tokens, no output reserved (GB = 1e9 B). "
+      "*B/token* counts the blocks that keep every token; sliding-window blocks keep "
+      "at most their window and Mamba keeps a fixed state. *Windowed as full* is the "
+      "allocation of engines that give windowed blocks full-context pages. "
+      "`python -m experiments.kv_sizing --model=NAME --context=T` gives any model.",
+      "",
+      table.markdown_table(("model", "blocks", "params", "B/token", "payload GB",
+                            "allocated GB", "windowed as full GB", "payload (T tokens)"),
+                           rows),
+      "",
+      f"DeepSeek-V3's latent cache holds {latent:,.0f} B/token; caching per-head K and V "
+      f"instead would take {expanded:,.0f} B/token ({expanded / latent:,.0f}x more).",
+  ])
+
+
+def accelerator_section(out_dir: str) -> str:
+  """One model on every shipped accelerator, with a plot of both rates."""
+  model = load_model(COMPARE_MODEL)
+  result = comparison.compare(model, load_accelerators("all"), context=COMPARE_CONTEXT,
+                              batch_sizes=COMPARE_BATCHES)
+  comparison.plot(result, os.path.join(out_dir, COMPARE_PLOT))
+  at = str(COMPARE_BATCHES[2])
+  best = result["best"]["by_batch"][at]
+  return "\n".join([
+      "## Accelerators compared (analytic bound from datasheet figures)",
+      "",
+      f"{COMPARE_MODEL}, {COMPARE_CONTEXT} retained tokens per sequence, bf16 weights and "
+      "K/V, one device each, 10% of memory kept free. `*` marks the best of a column "
+      "(lowest ridge and compute crossover, largest batch that fits). "
+      f"At batch {at} the fastest step is on {', '.join(best['step_s']) or 'none'}. "
+      "`python -m experiments.compare_accelerators --model=NAME --context=T` gives any "
+      "model.",
+      "",
+      table.markdown_table(comparison.SUMMARY_HEADERS, comparison.summary_rows(result)),
+      "",
+      table.markdown_table(comparison.ROW_HEADERS,
+                           [r for r in comparison.batch_rows(result) if r[1] == at]),
+      "",
+      f"![accelerators compared]({COMPARE_PLOT})",
+      "",
+      "Assumes: " + "; ".join(result["assumptions"]) + ".",
+  ])
+
+
+def report_section(out_dir: str) -> str:
+  """Both sections above, as one block of Markdown."""
+  return "\n\n".join([kv_sizing_section(out_dir), accelerator_section(out_dir)])

@@ -1,0 +1,236 @@
+"""Parameter counts of a `ModelSpec`, their breakdown, and weight bytes.
+
+Counts are exact integers from the config's dimensions (the weights a
+checkpoint of the model stores, biases and norm vectors included; multi-token
+prediction heads and vision towers excluded). Three totals matter:
+
+  total          every stored weight (what must sit in device memory);
+  active         weights one token uses: all but the routed experts, plus its
+                 top-k experts (the convention of "12.9B active" for Mixtral;
+                 it counts the embedding table);
+  active_matmul  the active weights a token multiplies (FLOPs = 2 per weight):
+                 `active` less the embedding table, which is looked up, not
+                 multiplied (unless it is tied to the LM head).
+
+What a decode step reads (`weights_read_per_step`) differs again: routed
+experts are read once per step for every expert any sequence touches, and
+the embedding lookup reads B rows, not the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxroof import arch_formulas
+from jaxroof import errors
+from jaxroof.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
+
+# Bits per stored weight, and the default weights per scale (None: per-tensor
+# or per-channel scales, whose bytes are negligible).
+WEIGHT_DTYPES: dict[str, tuple[int, int | None]] = {
+    "bf16": (16, None),
+    "fp16": (16, None),
+    "fp8": (8, None),
+    "int8": (8, None),
+    "int4": (4, 128),
+}
+DEFAULT_SCALE_BYTES = 2.0  # One fp16/bf16 scale per group.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParamCounts:
+  """Parameters by component, plus the routing facts traffic needs."""
+
+  embeddings: int  # Token embedding table.
+  attention: int  # Projections, their biases and norms, sinks (all blocks).
+  mlp: int  # Dense MLP blocks.
+  experts_routed: int  # Every routed expert of every MoE block.
+  experts_shared: int  # Always-on shared experts.
+  router: int  # Router weights and biases.
+  recurrent: int  # SSM mixers (Mamba).
+  norms: int  # Per-block norm vectors plus the final norm.
+  lm_head: int  # Output projection (0 when tied to the embeddings).
+  moe_layers: int = 0
+  num_experts: int = 0
+  experts_per_token: int = 0
+  routed_expert: int = 0  # Weights of ONE routed expert in ONE block.
+  hidden_size: int = 0
+  tied: bool = False
+
+  COMPONENTS = ("embeddings", "attention", "mlp", "experts_routed",
+                "experts_shared", "router", "recurrent", "norms", "lm_head")
+
+  def breakdown(self) -> dict[str, int]:
+    return {name: getattr(self, name) for name in self.COMPONENTS}
+
+  @property
+  def total(self) -> int:
+    return sum(self.breakdown().values())
+
+  @property
+  def active(self) -> int:
+    """Weights one token uses, top-k routed experts only (embeddings included)."""
+    routed = self.moe_layers * self.experts_per_token * self.routed_expert
+    return self.total - self.experts_routed + routed
+
+  @property
+  def lookup_only(self) -> int:
+    """Weights read by row lookup, never multiplied: an untied embedding table."""
+    return 0 if self.tied else self.embeddings
+
+  @property
+  def active_matmul(self) -> int:
+    """Active weights multiplied per token (`N_act`: 2 FLOPs each)."""
+    return self.active - self.lookup_only
+
+  @property
+  def read_every_step(self) -> int:
+    """Weights a decode step reads whatever the batch: all but routed experts
+    and the embedding table (of which it reads rows)."""
+    return self.total - self.experts_routed - self.lookup_only
+
+
+def _attention_block(spec: ModelSpec) -> int:
+  a, h = spec.attention, spec.hidden_size
+  q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+  weights = h * q + 2 * h * kv + q * h
+  biases = (q + 2 * kv) * a.qkv_bias + h * a.o_bias
+  return weights + biases + 2 * a.head_dim * a.qk_norm + a.num_heads * a.sinks
+
+
+def _mla_block(spec: ModelSpec) -> int:
+  m, h = spec.mla, spec.hidden_size
+  qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+  if m.q_lora_rank:
+    query = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.num_heads * qk
+  else:
+    query = h * m.num_heads * qk
+  kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+  kv_up = m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+  return query + kv_down + kv_up + m.num_heads * m.v_head_dim * h
+
+
+def _recurrent_block(spec: ModelSpec) -> int:
+  s, h = spec.ssm, spec.hidden_size
+  inner = s.inner_size
+  in_proj = h * 2 * inner + 2 * inner * s.proj_bias
+  conv = inner * s.conv_kernel + inner * s.conv_bias
+  x_proj = inner * (s.dt_rank + 2 * s.state_size)
+  dt_proj = s.dt_rank * inner + inner
+  a_and_d = inner * s.state_size + inner
+  out_proj = inner * h + h * s.proj_bias
+  return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj
+
+
+def _gated_mlp(hidden: int, units: int, bias: bool) -> int:
+  """Gate, up and down projections (SwiGLU/GeGLU), with optional biases."""
+  return 3 * hidden * units + (2 * units + hidden) * bias
+
+
+_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, MLA: _mla_block,
+           RECURRENT: _recurrent_block}
+
+
+def parameter_counts(spec: ModelSpec) -> ParamCounts:
+  """Exact parameter counts of a spec, by component."""
+  h = spec.hidden_size
+  attention = recurrent = 0
+  for kind in spec.layer_kinds:
+    count = _MIXERS[kind](spec)
+    if kind == RECURRENT:
+      recurrent += count
+    else:
+      attention += count
+  dense_blocks = spec.num_layers - spec.num_moe_layers
+  mlp = 0
+  if spec.intermediate_size:
+    mlp = dense_blocks * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)
+  routed = shared = router = expert = 0
+  moe = spec.moe
+  if spec.is_moe:
+    expert = _gated_mlp(h, moe.expert_intermediate_size, moe.expert_bias)
+    routed = spec.num_moe_layers * moe.num_experts * expert
+    shared = spec.num_moe_layers * moe.num_shared_experts * _gated_mlp(
+        h, moe.shared_intermediate_size, False)
+    per_router = moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
+    router = spec.num_moe_layers * per_router
+  embeddings = spec.vocab_size * h
+  return ParamCounts(
+      embeddings=embeddings,
+      attention=attention,
+      mlp=mlp,
+      experts_routed=routed,
+      experts_shared=shared,
+      router=router,
+      recurrent=recurrent,
+      norms=(spec.num_layers * spec.norms_per_layer + 1) * h,
+      lm_head=0 if spec.tie_word_embeddings else embeddings,
+      moe_layers=spec.num_moe_layers,
+      num_experts=moe.num_experts if spec.is_moe else 0,
+      experts_per_token=moe.experts_per_token if spec.is_moe else 0,
+      routed_expert=expert,
+      hidden_size=h,
+      tied=spec.tie_word_embeddings,
+  )
+
+
+def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarray) -> np.ndarray:
+  """Weights one decode step reads at each batch size (one token per sequence).
+
+  Dense: every weight once, plus B embedding rows. MoE: the routed experts
+  actually touched, `arch_formulas.moe_weights_read` (uniform routing assumed),
+  so the weight traffic rises with B towards the full model.
+  """
+  B = np.asarray(batch, dtype=float)
+  rows = 0.0 if counts.tied else B * counts.hidden_size
+  if not counts.moe_layers:
+    return counts.read_every_step + rows
+  read = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(
+      B, counts.read_every_step, counts.routed_expert, counts.moe_layers,
+      counts.num_experts, counts.experts_per_token)
+  return read + rows
+
+
+def bytes_per_weight(dtype: str, group_size: int | None = None,
+                     scale_bytes: float = DEFAULT_SCALE_BYTES) -> float:
+  """Bytes per stored weight, group-scale overhead included.
+
+  bf16/fp16: 2. fp8/int8: 1 (per-tensor or per-channel scales, negligible,
+  unless `group_size` is given). int4: 0.5 + scale_bytes/group_size, with
+  groups of 128 by default (0.515625 with 2-byte scales).
+  """
+  errors.require_choice("weight_dtype", dtype, tuple(WEIGHT_DTYPES))
+  bits, default_group = WEIGHT_DTYPES[dtype]
+  if group_size is not None:
+    errors.require_positive_int("group_size", group_size)
+    if bits >= 16:
+      raise errors.InputError(
+          f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
+          "only quantized dtypes (fp8, int8, int4) have group scales."
+      )
+  errors.require_non_negative("scale_bytes", scale_bytes)
+  group = group_size or default_group
+  if group is None:
+    return float(arch_formulas.quantized_bytes_per_weight(bits, 1, 0))
+  return float(arch_formulas.quantized_bytes_per_weight(bits, group, scale_bytes))
+
+
+def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *,
+                 group_size: int | None = None,
+                 scale_bytes: float = DEFAULT_SCALE_BYTES) -> dict[str, float]:
+  """Bytes of the total and active weights, every weight stored in `dtype`.
+
+  Assumes norms, biases and embeddings are stored like the rest; they are
+  well under 1% of any shipped model except through the embeddings, which
+  quantized checkpoints often keep in 16 bits (a small underestimate).
+  """
+  q = bytes_per_weight(dtype, group_size, scale_bytes)
+  return {
+      "bytes_per_weight": q,
+      "total_bytes": counts.total * q,
+      "active_bytes": counts.active * q,
+      "active_matmul_bytes": counts.active_matmul * q,
+  }

@@ -1,0 +1,209 @@
+"""Decode on a real model and accelerator: the step model's inputs, and fit.
+
+`decode_step_inputs` turns a `ModelSpec`, an `Accelerator`, a context and
+dtypes into the numbers `evaluate.step_model` takes (one entry per batch size
+where they vary, as MoE weight traffic does), plus whether each batch fits in
+device memory. `crossover_batches` solves the same model for the batch where
+compute time reaches memory time, and where K/V traffic reaches the weights.
+Everything is an analytic bound from datasheet figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof import kv_sizing
+from jaxroof import params
+from jaxroof.accelerators import Accelerator, load_accelerator
+from jaxroof.evaluate import step_model
+from jaxroof.model_spec import ModelSpec, load_model
+
+__all__ = ["DecodeInputs", "Crossovers", "decode_step_inputs", "crossover_batches",
+           "load_model", "load_accelerator"]
+
+DEFAULT_WORKSPACE_FRACTION = 0.1  # Kept free for activations and workspace.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DecodeInputs:
+  """Step-model inputs (SI units) for one model on one accelerator.
+
+  Arrays run over `batch_sizes`; scalars are shared by every batch.
+  """
+
+  model: str
+  accelerator: str
+  context: int  # Tokens each sequence retains (T).
+  batch_sizes: np.ndarray  # Sequences per step, int.
+  weight_dtype: str
+  kv_dtype: str
+  compute_dtype: str  # The dtype whose FLOP rate F is.
+  N: np.ndarray  # Weights read per step, per batch size.
+  N_act: float  # Weights multiplied per token.
+  q: float  # Bytes per weight, group scales included.
+  k: float  # K/V (or state) bytes read per retained token per sequence.
+  BW: float  # Datasheet memory bandwidth, B/s.
+  F: float  # Datasheet dense FLOP/s of `compute_dtype`.
+  fits: np.ndarray  # Per batch: weights + allocated K/V + workspace fit.
+  max_batch_in_memory: int
+  memory_capacity_bytes: float
+  usable_memory_bytes: float  # Capacity less workspace less weights.
+  resident_weight_bytes: float  # Every stored weight (all experts).
+  kv_payload_bytes_per_sequence: float
+  kv_allocated_bytes_per_sequence: float
+  workspace_fraction: float
+  block_size: int
+  assumptions: tuple[str, ...]
+
+  def step_kwargs(self) -> dict[str, object]:
+    """Keyword arguments for `evaluate.step_model("numpy")`."""
+    return {"B": self.batch_sizes.astype(float), "T": float(self.context),
+            "N": self.N, "q": self.q, "k": self.k, "BW": self.BW, "F": self.F,
+            "N_act": self.N_act}
+
+
+def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
+           batch: np.ndarray, weight_dtype: str, kv_dtype: str, block_size: int,
+           workspace_fraction: float, max_new_tokens: int = 0,
+           group_size: int | None = None) -> DecodeInputs:
+  counts = model.params
+  q = params.bytes_per_weight(weight_dtype, group_size)
+  sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype,
+                             block_size=block_size, max_new_tokens=max_new_tokens)
+  resident = counts.total * q
+  fit = kv_sizing.capacity(sizing, weight_bytes=resident,
+                           memory_capacity_bytes=accelerator.memory_capacity_bytes,
+                           workspace_fraction=workspace_fraction)
+  compute_dtype = accelerator.compute_dtype(weight_dtype)
+  assumptions = [
+      "analytic bound: weights read once per step and shared by the batch; each "
+      "sequence's K/V read once per step; attention FLOPs, activations, KV writes, "
+      "launches and communication omitted",
+      "the whole model on one device (no tensor or expert parallelism)",
+      f"datasheet figures of {accelerator.name} as sustained rates: "
+      f"{accelerator.memory_bandwidth_bytes_per_s / 1e12:g} TB/s, "
+      f"{accelerator.flops(weight_dtype) / 1e12:g} dense {compute_dtype} TFLOP/s",
+      f"every weight stored as {weight_dtype} ({q:g} B/weight, group scales included)",
+      f"K/V as {kv_dtype}; the step reads the payload: sliding-window blocks at most "
+      "their window, recurrent state once per sequence",
+      f"memory fit: all {counts.total / 1e9:.3g}B weights + batch x allocated K/V "
+      f"(pages of {block_size} tokens) <= capacity x (1 - {workspace_fraction:g})",
+  ]
+  if compute_dtype != weight_dtype:
+    assumptions.append(f"{weight_dtype} weights multiply at the {compute_dtype} rate")
+  if not counts.tied:
+    assumptions.append("the embedding lookup reads one row per sequence, not the table")
+  if model.is_moe:
+    assumptions.append(
+        "uniform routing (assumption): each MoE block reads E*(1 - (1 - k/E)**B) "
+        f"distinct experts of {counts.num_experts}, top-{counts.experts_per_token}")
+  return DecodeInputs(
+      model=model.name, accelerator=accelerator.name, context=context,
+      batch_sizes=batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+      compute_dtype=compute_dtype,
+      N=params.weights_read_per_step(counts, batch), N_act=float(counts.active_matmul),
+      q=q, k=sizing.payload_bytes_per_sequence / context,
+      BW=accelerator.memory_bandwidth_bytes_per_s, F=accelerator.flops(weight_dtype),
+      fits=batch * sizing.allocated_bytes_per_sequence <= fit.usable_bytes,
+      max_batch_in_memory=fit.max_batch,
+      memory_capacity_bytes=accelerator.memory_capacity_bytes,
+      usable_memory_bytes=fit.usable_bytes, resident_weight_bytes=resident,
+      kv_payload_bytes_per_sequence=sizing.payload_bytes_per_sequence,
+      kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
+      workspace_fraction=workspace_fraction, block_size=block_size,
+      assumptions=tuple(assumptions))
+
+
+def decode_step_inputs(
+    model: ModelSpec, accelerator: Accelerator, *, context: int,
+    batch_sizes: Sequence[int], weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+    block_size: int = kv_sizing.DEFAULT_BLOCK_SIZE,
+    workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
+    max_new_tokens: int = 0,
+    group_size: int | None = None,
+) -> DecodeInputs:
+  """Step-model inputs for decoding `batch_sizes` sequences of `context` tokens.
+
+  Args:
+    model: the model (`load_model`).
+    accelerator: the device (`load_accelerator`).
+    context: tokens each sequence retains, >= 1.
+    batch_sizes: sequences per step, whole numbers >= 1.
+    weight_dtype: one of `params.WEIGHT_DTYPES`.
+    kv_dtype: one of `kv_sizing.KV_DTYPES`.
+    block_size: tokens per KV page for the memory fit.
+    workspace_fraction: share of device memory kept free, in [0, 1).
+    max_new_tokens: further tokens per sequence reserved up front (fit only).
+    group_size: weights per quantization scale (`params.bytes_per_weight`).
+  """
+  context = errors.require_positive_int("context", context)
+  batch = np.asarray(errors.require_positive_ints("batch_sizes", batch_sizes))
+  params.bytes_per_weight(weight_dtype, group_size)  # Validates these first.
+  return _build(model, accelerator, context=context, batch=batch,
+                weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                block_size=block_size, workspace_fraction=workspace_fraction,
+                max_new_tokens=max_new_tokens, group_size=group_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Crossovers:
+  """Batches (continuous) where the step model changes regime; None: never."""
+
+  compute_crossover_batch: float | None  # Compute time reaches memory time.
+  weight_kv_crossover_batch: float | None  # K/V bytes reach weight bytes.
+
+
+_SEARCH = np.geomspace(1e-3, 1e9, 481)  # Batches searched for a sign change.
+
+
+def _first_root(gap, lo_hi: np.ndarray = _SEARCH) -> float | None:
+  """Smallest B in the search range with gap(B) >= 0 (gap rises through 0 once)."""
+  values = gap(lo_hi)
+  above = np.nonzero(values >= 0)[0]
+  if above.size == 0:
+    return None
+  i = int(above[0])
+  if i == 0:
+    return float(lo_hi[0])
+  lo, hi = float(lo_hi[i - 1]), float(lo_hi[i])
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (lo, mid) if gap(np.array([mid]))[0] >= 0 else (mid, hi)
+  return hi
+
+
+def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: int,
+                      weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                      group_size: int | None = None) -> Crossovers:
+  """Solves the step model (as evaluated) for its two crossover batches.
+
+  Found numerically because MoE weight traffic varies with B; for a dense
+  model they agree with `solved.compute_crossover_batch` and
+  `solved.weight_kv_crossover_batch`.
+  """
+  context = errors.require_positive_int("context", context)
+  base = _build(model, accelerator, context=context, batch=np.array([1]),
+                weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=1,
+                workspace_fraction=0.0, group_size=group_size)
+  counts = model.params
+  f = step_model("numpy")
+
+  def outputs(batch: np.ndarray) -> dict:
+    kwargs = dict(base.step_kwargs(), B=batch,
+                  N=params.weights_read_per_step(counts, batch))
+    return f(**kwargs)
+
+  def compute_gap(batch: np.ndarray) -> np.ndarray:
+    out = outputs(batch)
+    return np.asarray(out["compute_s"] - out["memory_s"], dtype=float)
+
+  def kv_gap(batch: np.ndarray) -> np.ndarray:
+    out = outputs(batch)
+    return np.asarray(out["kv_bytes"] - out["weight_bytes"], dtype=float)
+
+  return Crossovers(compute_crossover_batch=_first_root(compute_gap),
+                    weight_kv_crossover_batch=_first_root(kv_gap))

@@ -1,0 +1,127 @@
+"""Parameter counts against published totals, and bytes per weight.
+
+Published figures: the issue's (Llama-3-8B 8.03B; Mixtral-8x7B 46.7B total,
+12.9B active; DeepSeek-V3 671B total, about 37B active) and the model cards
+cited in each config's `_jaxroof_source`.
+"""
+
+import json
+
+import pytest
+
+from jaxroof import params
+from jaxroof.errors import InputError
+from jaxroof.model_spec import MODELS_DIR, load_model
+
+B_ = 1e9
+
+
+@pytest.mark.parametrize("name, published", [
+    ("llama-3-8b", 8.03 * B_),
+    ("mixtral-8x7b", 46.7 * B_),
+    ("deepseek-v3", 671 * B_),
+    ("llama-2-7b", 6.74 * B_),
+    ("mistral-7b", 7.24 * B_),
+    ("qwen2.5-7b", 7.61 * B_),
+    ("qwen3-30b-a3b", 30.5 * B_),
+    ("gemma-2-9b", 9.24 * B_),
+    ("gemma-3-1b", 1.0 * B_),
+    ("gpt-oss-20b", 20.91 * B_),
+    ("llama-3.1-70b", 70.55 * B_),
+    ("llama-3.1-405b", 405.85 * B_),
+    ("tinyllama-1.1b", 1.1 * B_),
+    ("mamba-2.8b", 2.77 * B_),
+])
+def test_totals_within_one_percent_of_published(name, published):
+  assert load_model(name).params.total == pytest.approx(published, rel=0.01)
+
+
+@pytest.mark.parametrize("name, published, rel", [
+    ("mixtral-8x7b", 12.9 * B_, 0.01),
+    ("qwen3-30b-a3b", 3.3 * B_, 0.02),  # Published as "3.3B", two digits.
+    ("deepseek-v3", 37 * B_, 0.02),  # "About 37B" (the paper rounds).
+])
+def test_active_per_token_against_published(name, published, rel):
+  assert load_model(name).params.active == pytest.approx(published, rel=rel)
+
+
+@pytest.mark.parametrize("name, published", [
+    ("deepseek-v3", 36.6 * B_),  # README_WEIGHTS: activated, embedding excluded.
+    ("gpt-oss-20b", 3.61 * B_),  # Model card: active, embedding excluded.
+])
+def test_active_without_the_embedding_lookup(name, published):
+  assert load_model(name).params.active_matmul == pytest.approx(published, rel=0.01)
+
+
+def test_dense_models_are_wholly_active():
+  counts = load_model("llama-3-8b").params
+  assert counts.active == counts.total
+  assert counts.active_matmul == counts.total - counts.embeddings
+
+
+def test_llama3_8b_count_from_the_config_fields():
+  c = json.loads((MODELS_DIR / "llama-3-8b.json").read_text())
+  h, i, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+  kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+  per_block = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
+  expected = n * per_block + 2 * v * h + h
+  assert load_model("llama-3-8b").params.total == expected
+
+
+def test_mixtral_active_is_shared_plus_top2_of_8_experts():
+  counts = load_model("mixtral-8x7b").params
+  expert = 3 * 4096 * 14336
+  assert counts.routed_expert == expert
+  assert counts.experts_routed == 32 * 8 * expert
+  assert counts.total - counts.active == 32 * 6 * expert
+
+
+def test_breakdown_sums_to_total_and_tied_models_have_no_head():
+  for name in ("gemma-2-9b", "deepseek-v3", "mamba-2.8b", "gpt-oss-20b"):
+    counts = load_model(name).params
+    assert sum(counts.breakdown().values()) == counts.total
+  gemma = load_model("gemma-2-9b").params
+  assert gemma.tied and gemma.lm_head == 0 and gemma.embeddings == 256000 * 3584
+  assert load_model("mamba-2.8b").params.recurrent > 0
+
+
+@pytest.mark.parametrize("dtype, group, expected", [
+    ("bf16", None, 2.0),
+    ("fp16", None, 2.0),
+    ("fp8", None, 1.0),
+    ("int8", None, 1.0),
+    ("int8", 128, 1.0 + 2 / 128),
+    ("int4", None, 0.5 + 2 / 128),  # Default groups of 128, 2-byte scales.
+    ("int4", 32, 0.5 + 2 / 32),
+])
+def test_bytes_per_weight_with_group_scales(dtype, group, expected):
+  assert params.bytes_per_weight(dtype, group) == pytest.approx(expected)
+
+
+def test_weight_bytes_scale_with_the_dtype():
+  counts = load_model("llama-3-8b").params
+  bf16 = params.weight_bytes(counts, "bf16")
+  int4 = params.weight_bytes(counts, "int4", scale_bytes=0)
+  assert bf16["total_bytes"] == pytest.approx(2 * counts.total)
+  assert int4["total_bytes"] == pytest.approx(bf16["total_bytes"] / 4)
+
+
+def test_bad_dtypes_and_groups():
+  with pytest.raises(InputError, match="weight_dtype='int3'.*int4"):
+    params.bytes_per_weight("int3")
+  with pytest.raises(InputError, match="group_size"):
+    params.bytes_per_weight("bf16", 128)
+  with pytest.raises(InputError, match="group_size=0"):
+    params.bytes_per_weight("int4", 0)
+
+
+def test_a_users_tied_llama_config():
+  # meta-llama/Llama-3.2-1B's config.json fields; published: 1.24B parameters.
+  from jaxroof import hf_config
+  spec = hf_config.spec_from_config({
+      "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+      "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True}, name="user")
+  counts = spec.params
+  assert counts.total == pytest.approx(1.24e9, rel=0.01)
+  assert counts.lm_head == 0 and counts.active_matmul == counts.total  # Head multiplies.
