@@ -1,0 +1,550 @@
+"""Decode attention: one new query row per sequence over its retained K/V.
+
+Each sequence b attends with its `heads` query rows to the first `lengths[b]`
+positions of its K/V cache. KV heads are shared by groups of query heads (GQA;
+`heads == kv_heads` is MHA). The Pallas kernel splits the KV axis into
+`num_splits` ranges processed by separate programs (flash-decoding); each
+keeps an online softmax in float32 and writes its unnormalised output with the
+running max and sum, and a log-sum-exp combine in plain jnp merges the splits.
+
+Layouts:
+  q:        (batch, heads, head_dim)
+  k, v:     (batch, max_len, kv_heads, head_dim)
+  lengths:  (batch,) int32, each in 1..max_len
+  output:   (batch, heads, head_dim), q's dtype
+
+K/V are read in place (no transpose or pad of the cache): a program's block
+is a window (positions, kv heads, head_dim) of the cache, and positions at or
+past a sequence's length are masked, so whatever they hold (even NaN) is
+ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jaxroof.errors import InputError, require_finite
+from kernels import _backend
+from kernels import autotune
+from kernels import device_timing
+from kernels._backend import Target, is_power_of_two, next_power_of_two
+
+OP_NAME = "decode_attention"
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+_F32 = jnp.float32
+_MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
+# Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
+_EXACT = lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DecodeAttentionConfig:
+  """Block sizes and launch parameters of the decode attention kernel."""
+
+  block_k: int = 64  # K/V positions per inner step.
+  num_splits: int = 1  # Programs along the KV axis (flash-decoding).
+  kv_heads_per_block: int = 1  # KV heads one program handles.
+  num_warps: int = 4  # Triton only.
+  num_stages: int = 2  # Triton only: software-pipelining depth.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DecodeProblem:
+  """The static description of a decode attention call."""
+
+  batch: int
+  heads: int
+  kv_heads: int
+  max_len: int
+  head_dim: int
+  dtype: str
+
+  @property
+  def group(self) -> int:
+    """Query heads per KV head."""
+    return self.heads // self.kv_heads
+
+  @property
+  def block_h(self) -> int:
+    """Query rows per program: the group padded to a power of two >= 16."""
+    return max(_MIN_DOT, next_power_of_two(self.group))
+
+  @property
+  def itemsize(self) -> int:
+    return jnp.dtype(self.dtype).itemsize
+
+
+def problem_of(q, k, v, lengths) -> DecodeProblem:
+  """Checks shapes and dtypes of a call and describes it.
+
+  Raises:
+    InputError: naming the offending argument, its value and what is allowed.
+  """
+  if q.ndim != 3:
+    raise InputError(
+        f"q.shape={q.shape} is not allowed: give (batch, heads, head_dim)."
+    )
+  if k.ndim != 4:
+    raise InputError(
+        f"k.shape={k.shape} is not allowed: give "
+        "(batch, max_len, kv_heads, head_dim)."
+    )
+  if v.shape != k.shape:
+    raise InputError(f"v.shape={v.shape} must equal k.shape={k.shape}.")
+  batch, heads, head_dim = q.shape
+  k_batch, max_len, kv_heads, k_head_dim = k.shape
+  if (k_batch, k_head_dim) != (batch, head_dim):
+    raise InputError(
+        f"k.shape={k.shape} does not match q.shape={q.shape}: batch and "
+        "head_dim must agree."
+    )
+  if heads % kv_heads:
+    raise InputError(f"{kv_heads=} must divide {heads=}.")
+  if tuple(lengths.shape) != (batch,) or lengths.dtype != jnp.int32:
+    raise InputError(
+        f"lengths is {lengths.dtype}{list(lengths.shape)}: give int32[{batch}]."
+    )
+  dtypes = {str(jnp.dtype(a.dtype)) for a in (q, k, v)}
+  if len(dtypes) != 1:
+    raise InputError(f"q, k and v must share one dtype, got {sorted(dtypes)}.")
+  return DecodeProblem(
+      batch=batch,
+      heads=heads,
+      kv_heads=kv_heads,
+      max_len=max_len,
+      head_dim=head_dim,
+      dtype=dtypes.pop(),
+  )
+
+
+def check_lengths(lengths, max_len: int) -> None:
+  """Checks 1 <= lengths <= max_len when the values are known (not traced)."""
+  try:
+    values = np.asarray(lengths)
+  except (jax.errors.TracerArrayConversionError,
+          jax.errors.ConcretizationTypeError):
+    return  # Traced under jit: the values are not known yet.
+  bad = np.flatnonzero((values < 1) | (values > max_len))
+  if bad.size:
+    i = int(bad[0])
+    raise InputError(
+        f"lengths[{i}]={int(values[i])} is not allowed: each length must be "
+        f"in 1..{max_len} (max_len)."
+    )
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+  """1/sqrt(head_dim) unless a scale is given."""
+  if scale is None:
+    return 1.0 / math.sqrt(head_dim)
+  return require_finite("scale", scale)
+
+
+def reference(q, k, v, lengths, *, scale: float | None = None):
+  """Plain jnp decode attention in float32: the definition of correct."""
+  batch, heads, head_dim = q.shape
+  _, max_len, kv_heads, _ = k.shape
+  scale = default_scale(head_dim, scale)
+  hi = lax.Precision.HIGHEST
+  # (batch, kv_heads, group, head_dim)
+  qg = q.reshape(batch, kv_heads, heads // kv_heads, head_dim).astype(_F32)
+  # (b, n, g, d) x (b, t, n, d) -> (b, n, g, t)
+  scores = jnp.einsum("bngd,btnd->bngt", qg, k.astype(_F32), precision=hi)
+  valid = jnp.arange(max_len)[None, :] < lengths[:, None]  # (batch, max_len)
+  scores = jnp.where(valid[:, None, None, :], scores * scale, -jnp.inf)
+  weights = jax.nn.softmax(scores, axis=-1)
+  values = jnp.where(valid[:, :, None, None], v.astype(_F32), 0.0)
+  # (b, n, g, t) x (b, t, n, d) -> (b, n, g, d)
+  out = jnp.einsum("bngt,btnd->bngd", weights, values, precision=hi)
+  return out.reshape(batch, heads, head_dim).astype(q.dtype)
+
+
+def tolerance(dtype) -> tuple[float, float]:
+  """(rtol, atol) against the reference for outputs of order one."""
+  if jnp.dtype(dtype) == jnp.float32:
+    return 2e-5, 2e-5
+  return 2e-2, 2e-2
+
+
+# Kernel -----------------------------------------------------------------------
+
+
+def init_state(block_h: int, head_dim: int):
+  """Online-softmax state (acc, running max, running sum), all float32."""
+  return (
+      jnp.zeros((block_h, head_dim), _F32),
+      jnp.full((block_h, 1), jnp.finfo(_F32).min, _F32),
+      jnp.zeros((block_h, 1), _F32),
+  )
+
+
+def attend_chunk(q, keys, vals, first, length, state, *, scale: float):
+  """One online-softmax step of q over a chunk of K/V positions.
+
+  Args:
+    q: (block_h, head_dim) query rows.
+    keys, vals: (chunk, head_dim) K and V of positions first, first + 1, ...
+    first: the sequence position of the chunk's first row.
+    length: the sequence's length; positions >= length are masked, and
+      their values zeroed so that NaN in unused cache slots cannot leak.
+    state: (acc, m, l) from `init_state` or the previous chunk.
+    scale: softmax scale.
+
+  Returns:
+    The updated state. The chunk must hold at least one valid position.
+  """
+  acc, m, l = state
+  chunk = keys.shape[0]
+  # (block_h, head_dim) x (chunk, head_dim) -> (block_h, chunk)
+  s = lax.dot_general(
+      q, keys, (((1,), (1,)), ((), ())), precision=_EXACT,
+      preferred_element_type=_F32,
+  )
+  row = first + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+  col = first + lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
+  s = jnp.where(row < length, s * scale, -jnp.inf)
+  m_next = jnp.maximum(m, s.max(axis=1, keepdims=True))
+  correction = jnp.exp(m - m_next)
+  p = jnp.exp(s - m_next)
+  l_next = l * correction + p.sum(axis=1, keepdims=True)
+  vals = jnp.where(col < length, vals, 0)
+  pv = jnp.dot(p.astype(vals.dtype), vals, precision=_EXACT,
+               preferred_element_type=_F32)
+  return acc * correction + pv, m_next, l_next
+
+
+def _decode_kernel(
+    lengths_ref,  # (batch,) int32, whole array
+    q_ref,  # (heads_per_block, block_h, head_dim)
+    k_ref,  # (split_len, heads_per_block, head_dim)
+    v_ref,  # (split_len, heads_per_block, head_dim)
+    o_ref,  # (heads_per_block, block_h, head_dim) float32, unnormalised
+    m_ref,  # (heads_per_block, block_h, 1) float32, running max
+    l_ref,  # (heads_per_block, block_h, 1) float32, running sum
+    *,
+    block_k: int,
+    scale: float,
+):
+  """One (sequence, KV-head block, split): online softmax over its range."""
+  split_len, heads_per_block, head_dim = k_ref.shape
+  block_h = q_ref.shape[1]
+  start = pl.program_id(2) * split_len
+  length = lengths_ref[pl.program_id(0)]
+  n_valid = jnp.clip(length - start, 0, split_len)
+  n_chunks = (n_valid + block_k - 1) // block_k  # Only chunks with data.
+
+  for h in range(heads_per_block):
+    q = q_ref[h]  # (block_h, head_dim)
+
+    def step(c, state, h=h, q=q):
+      offset = pl.multiple_of(c * block_k, block_k)
+      chunk = pl.ds(offset, block_k)
+      return attend_chunk(
+          q, k_ref[chunk, h, :], v_ref[chunk, h, :], start + offset, length,
+          state, scale=scale,
+      )
+
+    acc, m, l = lax.fori_loop(
+        0, n_chunks, step, init_state(block_h, head_dim)
+    )
+    o_ref[h] = acc
+    m_ref[h] = m
+    l_ref[h] = l
+
+
+def combine_splits(o, m, l):
+  """Log-sum-exp merge over axis 2 of per-split (o, m, l); returns o / l.
+
+  A split with no valid position has m = finfo.min and l = 0, so its weight
+  exp(m - max) is 0; split 0 always holds position 0, so the sum is positive.
+  """
+  m_max = m.max(axis=2, keepdims=True)
+  weight = jnp.exp(m - m_max)
+  total = (weight * l).sum(axis=2)
+  return (weight * o).sum(axis=2) / total
+
+
+def decode_attention(
+    q,
+    k,
+    v,
+    lengths,
+    *,
+    config: DecodeAttentionConfig | None = None,
+    scale: float | None = None,
+    interpret: bool | None = None,
+    platform: str | None = None,
+):
+  """Pallas decode attention; see the module docstring for layouts.
+
+  Args:
+    q, k, v, lengths: see the module docstring.
+    config: block sizes; None means cache, then (if enabled) tuning, then the
+      heuristic (`kernels.autotune.choose_config`).
+    scale: softmax scale, 1/sqrt(head_dim) unless given.
+    interpret: None means interpret on the CPU and compile elsewhere.
+    platform: the lowering target (cpu, cuda, rocm, tpu); None means jax's
+      default backend. Set it to cross-lower for another platform.
+
+  Returns:
+    (batch, heads, head_dim) in q's dtype.
+
+  Raises:
+    InputError: bad shapes, dtypes, lengths or a config that does not fit.
+  """
+  problem = problem_of(q, k, v, lengths)
+  check_lengths(lengths, problem.max_len)
+  target = _backend.resolve_target(platform, interpret)
+  if config is None:
+    config = autotune.choose_config(TUNABLE, (q, k, v, lengths), target)
+  validate(config, problem, target.rules)
+  return _decode_call(
+      q, k, v, lengths, config=config, target=target,
+      scale=default_scale(problem.head_dim, scale),
+  )
+
+
+def _decode_call(
+    q, k, v, lengths, *, config, target: Target, scale: float | None = None
+):
+  """The pallas_call and the combine, for a validated config."""
+  p = problem_of(q, k, v, lengths)
+  scale = default_scale(p.head_dim, scale)
+  hb = config.kv_heads_per_block
+  split_len = p.max_len // config.num_splits
+  # (batch, kv_heads, block_h, head_dim): each KV head's query rows, padded.
+  qg = q.reshape(p.batch, p.kv_heads, p.group, p.head_dim)
+  qg = jnp.pad(qg, ((0, 0), (0, 0), (0, p.block_h - p.group), (0, 0)))
+  grid = (p.batch, p.kv_heads // hb, config.num_splits)
+  part = (p.batch, p.kv_heads, config.num_splits, p.block_h)
+  kv_spec = pl.BlockSpec(
+      (None, split_len, hb, p.head_dim), lambda b, n, s: (b, s, n, 0)
+  )
+  part_spec = lambda last: pl.BlockSpec(  # noqa: E731
+      (None, hb, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0)
+  )
+  o, m, l = pl.pallas_call(
+      functools.partial(_decode_kernel, block_k=config.block_k, scale=scale),
+      grid=grid,
+      in_specs=[
+          _backend.whole_array_scalars_spec(target),
+          pl.BlockSpec(
+              (None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0)
+          ),
+          kv_spec,
+          kv_spec,
+      ],
+      out_specs=[part_spec(p.head_dim), part_spec(1), part_spec(1)],
+      out_shape=[
+          jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
+          jax.ShapeDtypeStruct((*part, 1), _F32),
+          jax.ShapeDtypeStruct((*part, 1), _F32),
+      ],
+      compiler_params=_backend.compiler_params(
+          target,
+          num_warps=config.num_warps,
+          num_stages=config.num_stages,
+          dimension_semantics=("parallel",) * len(grid),
+      ),
+      interpret=target.interpret,
+      name=OP_NAME,
+  )(lengths, qg, k, v)
+  out = combine_splits(o, m, l)[:, :, : p.group]
+  return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)
+
+
+# Configs ----------------------------------------------------------------------
+
+
+def why_invalid(
+    config: DecodeAttentionConfig, problem: DecodeProblem, rules: str
+) -> str | None:
+  """Why `config` cannot run `problem` under `rules`; None if it can."""
+  c, p = config, problem
+  for name in ("block_k", "num_splits", "kv_heads_per_block", "num_warps",
+               "num_stages"):
+    value = getattr(c, name)
+    if not isinstance(value, int) or value < 1:
+      return f"{name}={value!r} must be a whole number >= 1"
+  if p.dtype not in SUPPORTED_DTYPES:
+    return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
+  if p.max_len % (c.num_splits * c.block_k):
+    return (
+        f"max_len={p.max_len} must be a multiple of "
+        f"num_splits*block_k={c.num_splits * c.block_k}"
+    )
+  if p.kv_heads % c.kv_heads_per_block:
+    return (
+        f"kv_heads_per_block={c.kv_heads_per_block} must divide "
+        f"kv_heads={p.kv_heads}"
+    )
+  split_len = p.max_len // c.num_splits
+  if rules == "triton":
+    if not (is_power_of_two(c.block_k) and c.block_k >= _MIN_DOT):
+      return f"block_k={c.block_k} must be a power of two >= 16 for Triton"
+    if not (is_power_of_two(p.head_dim) and p.head_dim >= _MIN_DOT):
+      return f"head_dim={p.head_dim} must be a power of two >= 16 for Triton"
+    if not is_power_of_two(c.num_warps) or c.num_warps > 16:
+      return f"num_warps={c.num_warps} must be a power of two <= 16"
+    smem = c.num_stages * 2 * c.block_k * p.head_dim * p.itemsize
+    if smem > _backend.TRITON_SMEM_BUDGET_BYTES:
+      return f"num_stages*K/V chunk bytes={smem} exceed shared memory budget"
+  elif rules == "mosaic_tpu":
+    if c.kv_heads_per_block != p.kv_heads and c.kv_heads_per_block % 8:
+      return (
+          f"kv_heads_per_block={c.kv_heads_per_block} must equal "
+          f"kv_heads={p.kv_heads} or be a multiple of 8 on TPU"
+      )
+    if c.block_k % 128:
+      return f"block_k={c.block_k} must be a multiple of 128 on TPU"
+    vmem = 2 * 2 * split_len * c.kv_heads_per_block * p.head_dim * p.itemsize
+    if vmem > _backend.TPU_VMEM_BUDGET_BYTES:
+      return f"double-buffered K/V blocks ({vmem} bytes) exceed the VMEM budget"
+  return None
+
+
+def validate(
+    config: DecodeAttentionConfig, problem: DecodeProblem, rules: str
+) -> None:
+  """Raises InputError if `config` cannot run `problem` under `rules`."""
+  reason = why_invalid(config, problem, rules)
+  if reason:
+    raise InputError(f"config {config} does not fit {problem}: {reason}.")
+
+
+def _largest_block_k(max_len: int, cap: int, multiple: int) -> int | None:
+  """The largest power of two <= cap dividing max_len, if >= multiple."""
+  block = cap
+  while block >= multiple:
+    if max_len % block == 0:
+      return block
+    block //= 2
+  return None
+
+
+def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
+  """A config that fits `problem`, chosen without timing anything.
+
+  GPU: one KV head per program, chunks of 64 positions (128 for small heads),
+  and enough splits for about 256 programs, so the KV reads of a small batch
+  still spread over every SM. TPU: all KV heads in one block (layout rules),
+  large chunks, two splits for the two cores of a megacore. Interpreter: two
+  splits so the combine is exercised, nothing else matters.
+
+  Raises:
+    InputError: when max_len has no power-of-two divisor the kernel can use.
+  """
+  p = problem
+  if rules == "mosaic_tpu":
+    block_k = _largest_block_k(p.max_len, 512, 128)
+    base = DecodeAttentionConfig(block_k=block_k or 128,
+                                 kv_heads_per_block=p.kv_heads)
+    splits = [2, 1, 4, 8, 16, 32, 64]
+  else:
+    cap = 64 if p.head_dim >= 128 else 128
+    block_k = _largest_block_k(p.max_len, cap, _MIN_DOT)
+    base = DecodeAttentionConfig(block_k=block_k or _MIN_DOT)
+    if rules == "interpret":
+      splits = [2, 1]
+    else:
+      want = max(1, math.ceil(256 / (p.batch * p.kv_heads)))
+      first = min(next_power_of_two(want), 64)
+      splits = [first]
+      while splits[-1] > 1:
+        splits.append(splits[-1] // 2)
+  for s in splits:
+    config = dataclasses.replace(base, num_splits=s)
+    if why_invalid(config, p, rules) is None:
+      return config
+  raise InputError(
+      f"no decode attention config fits {p} for {rules}: "
+      f"{why_invalid(dataclasses.replace(base, num_splits=1), p, rules)}. "
+      "Allocate the cache with max_len a multiple of 128, or use `reference`."
+  )
+
+
+def candidates(
+    problem: DecodeProblem, rules: str
+) -> list[DecodeAttentionConfig]:
+  """The configs the autotuner tries (the heuristic first); some may not fit."""
+  first = heuristic(problem, rules)
+  if rules == "interpret":
+    return [first]
+  if rules == "mosaic_tpu":
+    grid = [
+        dataclasses.replace(first, block_k=bk, num_splits=s)
+        for bk in (128, 256, 512)
+        for s in (first.num_splits, 2 * first.num_splits, 4 * first.num_splits)
+    ]
+  else:
+    s = first.num_splits  # More splits: more programs, a longer combine.
+    grid = [
+        DecodeAttentionConfig(block_k=bk, num_splits=split, num_stages=st)
+        for split in sorted({s, min(64, 2 * s), min(64, 4 * s)})
+        for bk in (64, 128)
+        for st in (2, 3)
+    ]
+  return list(dict.fromkeys([first, *grid]))
+
+
+def config_space(
+    problem: DecodeProblem, rules: str
+) -> list[DecodeAttentionConfig]:
+  """The candidates that fit `problem` under `rules`."""
+  return [
+      c for c in candidates(problem, rules)
+      if why_invalid(c, problem, rules) is None
+  ]
+
+
+# Autotuning hooks -------------------------------------------------------------
+
+
+def example_args(
+    problem: DecodeProblem, key: jax.Array, *, lengths: str = "full"
+):
+  """Random inputs for `problem`; lengths all max_len ("full") or ragged."""
+  kq, kk, kv, kl = jax.random.split(key, 4)
+  p = problem
+  dtype = jnp.dtype(p.dtype)
+  q = jax.random.normal(kq, (p.batch, p.heads, p.head_dim), dtype)
+  shape = (p.batch, p.max_len, p.kv_heads, p.head_dim)
+  k = jax.random.normal(kk, shape, dtype)
+  v = jax.random.normal(kv, shape, dtype)
+  if lengths == "full":
+    lens = jnp.full((p.batch,), p.max_len, jnp.int32)
+  else:
+    lens = jax.random.randint(kl, (p.batch,), 1, p.max_len + 1, jnp.int32)
+  return q, k, v, lens
+
+
+def _chain_feed(args, out):
+  """Next call's args: q from the output, one K and one V element rewritten.
+
+  As a decode step writes its new row (see `device_timing.poke`).
+  """
+  q, k, v, lengths = args
+  return out, device_timing.poke(k, out), device_timing.poke(v, out), lengths
+
+
+TUNABLE = autotune.TunableOp(
+    name=OP_NAME,
+    config_type=DecodeAttentionConfig,
+    problem=lambda args: problem_of(*args),
+    kernel=_decode_call,
+    reference=reference,
+    candidates=candidates,
+    why_invalid=why_invalid,
+    heuristic=heuristic,
+    tolerance=tolerance,
+    chain_feed=_chain_feed,
+    example_args=example_args,
+)
