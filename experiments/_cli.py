@@ -7,6 +7,7 @@ one line naming the parameter, and the process exits 2 without a traceback.
 
 from __future__ import annotations
 
+import logging as std_logging
 import sys
 from collections.abc import Callable
 
@@ -30,6 +31,8 @@ def run(main: Callable[[list[str]], int | None]) -> None:
   """Runs an absl `main`, turning bad input into a one-line error."""
 
   def guarded(argv: list[str]) -> int | None:
+    # jax logs at INFO that it found no TPU library on every start; not news.
+    std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     if len(argv) > 1:
       print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
       sys.exit(2)

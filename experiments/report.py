@@ -12,6 +12,7 @@ or measurement.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from kernels import benchmark as kernel_benchmark
 from jaxroof import arch_report
 from jaxroof import catalogue
 from jaxroof import io
@@ -27,6 +29,9 @@ from jaxroof import lesson
 from jaxroof import plots
 from jaxroof import table
 from jaxroof.sweep import decode_sweep
+from jaxroof.toy import check as toy_check
+from jaxroof.toy import summary as toy_summary
+from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
 
@@ -95,11 +100,30 @@ def sweep_section(out_dir: str) -> str:
   ])
 
 
+def toy_section(out_dir: str) -> str:
+  """The float64 decode check on the lesson's toy, and the cache benchmark on file."""
+  del out_dir  # Unused.
+  steps = 2
+  result = toy_check.lesson_check(LESSON, LESSON_PROMPT, steps)
+  report = toy_check.result_json(result, config=LESSON, prompt=LESSON_PROMPT, steps=steps,
+                                 break_name=None, layout="fixed", seed=0)
+  parts = [toy_summary.decode_equivalence_section(report)]
+  bench = os.path.join("results", "bench_decode_cpu.json")
+  if os.path.exists(bench):
+    with open(bench, encoding="utf-8") as f:
+      parts.append(toy_summary.bench_decode_section(json.load(f)))
+    parts.append(f"(From `{bench}`, measured earlier; rerun with "
+                 f"`python -m experiments.bench_decode --json_out={bench}`.)")
+  return "\n".join(parts)
+
+
 SECTIONS: list[Callable[[str], str]] = [
     lesson_section,
     crossovers_section,
     sweep_section,
+    toy_section,
     arch_report.report_section,
+    kernel_benchmark.report_section,
 ]
 
 

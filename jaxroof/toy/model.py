@@ -1,0 +1,357 @@
+"""The toy Transformer: causal forward, prefill, one-row decode, generation.
+
+A decoder-only Transformer: token embedding, RoPE (or a learned position
+table), pre-norm blocks with grouped-KV multi-head attention and a GELU MLP,
+and an output head. Every function is pure: the KV state goes in and a new
+one comes out.
+
+`forward` recomputes everything from the token IDs and keeps no state: it is
+the reference. `extend` runs new positions against a state: `prefill` is
+`extend` from an empty state and `decode_step` is `extend` by one token, so a
+decode step computes Q/K/V only for the new position and reads the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxroof import errors
+from jaxroof.toy import cache as cache_lib
+from jaxroof.toy.params import Params
+
+# Attends new queries/keys/values, given one block's state buffers (or None);
+# returns the attention output and the updated buffers (or None).
+_Attend = Callable[
+    [jax.Array, jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None],
+    tuple[jax.Array, tuple[jax.Array, jax.Array] | None],
+]
+
+
+def _compute_dtype(dtype: jnp.dtype) -> jnp.dtype:
+  """Norms, RoPE angles and softmax run in at least float32."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(_compute_dtype(x.dtype))
+  norm = lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (x32 * norm).astype(x.dtype) * scale
+
+
+def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+  """Rotates coordinate pairs (i, i + e/2) of x (b, t, n, e) by position."""
+  e = x.shape[-1]
+  half = e // 2
+  dtype = _compute_dtype(x.dtype)
+  inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)  # shape=(e/2,)
+  angle = positions.astype(dtype)[:, None] * inv_freq[None, :]  # (t, e/2)
+  cos = jnp.cos(angle)[None, :, None, :]
+  sin = jnp.sin(angle)[None, :, None, :]
+  x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+  return rotated.astype(x.dtype)
+
+
+def _attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> jax.Array:
+  """Grouped-KV attention of q (b, t, h, e) over k, v (b, s, k, e).
+
+  `mask` (t, s) is True where a query may read a key slot.
+  """
+  b, t, h, e = q.shape
+  kv_heads = k.shape[2]
+  dtype = _compute_dtype(q.dtype)
+  q = q.reshape(b, t, kv_heads, h // kv_heads, e)
+  # (b, k, g, t, s)
+  scores = jnp.einsum(
+      "btkge,bske->bkgts", q, k, preferred_element_type=dtype
+  ) / jnp.sqrt(jnp.asarray(e, dtype))
+  scores = jnp.where(mask, scores, jnp.finfo(dtype).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  # (b, t, k, g, e)
+  out = jnp.einsum("bkgts,bske->btkge", weights, v)
+  return out.reshape(b, t, h, e)
+
+
+def _dropout(x: jax.Array, rate: float, keep: jax.Array | None) -> jax.Array:
+  """Training-mode (inverted) dropout with mask `keep`; identity without."""
+  if keep is None:
+    return x
+  return jnp.where(keep, x / (1 - rate), 0).astype(x.dtype)
+
+
+def _embed(params: Params, ids: jax.Array, positions: jax.Array) -> jax.Array:
+  x = params.embed[ids]  # (b, t, D)
+  if params.pos_embed is not None:
+    x = x + params.pos_embed[positions][None]
+  return x
+
+
+def _blocks(
+    params: Params,
+    x: jax.Array,
+    positions: jax.Array,
+    buffers: tuple[jax.Array, jax.Array] | None,
+    attend: _Attend,
+    dropout_rng: jax.Array | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  """Runs all blocks with one `lax.scan`; returns the logits and buffers."""
+  c = params.config
+  use_rope = c.positions == "rope"
+
+  def block(x, xs):
+    blk, bufs, keep = xs  # One block's weights, K/V buffers, dropout masks.
+    attn_keep, mlp_keep = (None, None) if keep is None else keep
+    h = _rms_norm(x, blk.attn_norm, c.norm_eps)
+    q = jnp.einsum("btD,Dhe->bthe", h, blk.wq)
+    k = jnp.einsum("btD,Dke->btke", h, blk.wk)
+    v = jnp.einsum("btD,Dke->btke", h, blk.wv)
+    if use_rope:
+      q = _rope(q, positions, c.rope_base)
+      k = _rope(k, positions, c.rope_base)
+    a, bufs = attend(q, k, v, bufs)
+    a = jnp.einsum("bthe,heD->btD", a, blk.wo)
+    x = x + _dropout(a, c.dropout_rate, attn_keep)
+    h = _rms_norm(x, blk.mlp_norm, c.norm_eps)
+    m = jnp.einsum("btF,FD->btD",
+                   jax.nn.gelu(jnp.einsum("btD,DF->btF", h, blk.w_up)),
+                   blk.w_down)
+    x = x + _dropout(m, c.dropout_rate, mlp_keep)
+    return x, bufs
+
+  keep = None  # Dropout masks of every block, drawn at once.
+  if dropout_rng is not None and c.dropout_rate > 0:
+    keep = jax.random.bernoulli(dropout_rng, 1 - c.dropout_rate,
+                                (c.num_blocks, 2) + x.shape)
+    keep = (keep[:, 0], keep[:, 1])
+  x, buffers = lax.scan(block, x, (params.blocks, buffers, keep))
+  x = _rms_norm(x, params.final_norm, c.norm_eps)
+  logits = jnp.einsum("btD,DV->btV", x, params.unembed,
+                      preferred_element_type=_compute_dtype(x.dtype))
+  return logits, buffers
+
+
+def _check_ids(ids: jax.Array) -> None:
+  if ids.ndim != 2 or ids.shape[1] < 1:
+    raise errors.InputError(
+        f"ids has shape {ids.shape}: give (batch, seq) with seq >= 1."
+    )
+
+
+def _check_positions(params: Params, last: int) -> None:
+  c = params.config
+  if c.positions == "learned" and last >= c.max_positions:
+    raise errors.InputError(
+        f"position {last} is not allowed: the learned position table has"
+        f" max_positions={c.max_positions} rows."
+    )
+
+
+def forward(
+    params: Params,
+    ids: jax.Array,
+    *,
+    causal: bool = True,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+  """Logits (b, t, V) of every position, recomputed from scratch (no state).
+
+  Args:
+    params: the weights.
+    ids: token IDs, shape (b, t).
+    causal: attend only to earlier positions (False: bidirectional).
+    dropout_rng: a key turns on training-mode dropout.
+  """
+  _check_ids(ids)
+  _check_positions(params, ids.shape[1] - 1)
+  return _forward(params, ids, causal=causal, dropout_rng=dropout_rng)
+
+
+@functools.partial(jax.jit, static_argnames=("causal",))
+def _forward(params: Params, ids: jax.Array, *, causal: bool,
+             dropout_rng: jax.Array | None) -> jax.Array:
+  t = ids.shape[1]
+  positions = jnp.arange(t)
+  mask = (positions[None, :] <= positions[:, None] if causal
+          else jnp.ones((t, t), bool))
+
+  def attend(q, k, v, bufs):
+    del bufs  # Unused: nothing is kept.
+    return _attention(q, k, v, mask), None
+
+  logits, _ = _blocks(params, _embed(params, ids, positions), positions, None,
+                      attend, dropout_rng)
+  return logits
+
+
+def extend(
+    params: Params,
+    state: cache_lib.Cache,
+    ids: jax.Array,
+    *,
+    causal: bool = True,
+    position_offset: int = 0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, cache_lib.Cache]:
+  """Runs `ids` (b, t) as the next t positions after the state's ones.
+
+  Computes Q/K/V for the new positions only, writes their K/V into the state
+  and attends over the state's K/V.
+
+  Args:
+    params: the weights.
+    state: K/V of the positions processed so far.
+    ids: token IDs of the new positions, shape (b, t).
+    causal: new positions attend only to earlier ones (False: to all filled
+      slots, including later new positions).
+    position_offset: a Python int added to the positions RoPE or the table
+      sees (0 is correct; `breakers` shows what a decode-only offset does).
+    dropout_rng: a key turns on training-mode dropout.
+
+  Returns:
+    The logits (b, t, V) of the new positions and the new state.
+
+  Raises:
+    InputError: bad shapes, or (outside jit) no room left in a fixed state.
+  """
+  _check_ids(ids)
+  b, t = ids.shape
+  if b != state.k.shape[1]:
+    raise errors.InputError(
+        f"ids has batch {b} but the state holds {state.k.shape[1]} sequences."
+    )
+  state.check_room(t)
+  slots = state.max_len if isinstance(state, cache_lib.FixedCache) else (
+      state.length + t)
+  _check_positions(params, slots - 1 + position_offset)
+  return _extend(params, state, ids, causal=causal,
+                 position_offset=position_offset, dropout_rng=dropout_rng)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "position_offset"))
+def _extend(
+    params: Params,
+    state: cache_lib.Cache,
+    ids: jax.Array,
+    *,
+    causal: bool,
+    position_offset: int,
+    dropout_rng: jax.Array | None,
+) -> tuple[jax.Array, cache_lib.Cache]:
+  t = ids.shape[1]
+  k_buf, v_buf, start = state.buffers(t)
+  query_slots = start + jnp.arange(t)  # (t,)
+  key_slots = jnp.arange(k_buf.shape[2])  # (s,)
+  if causal:
+    mask = key_slots[None, :] <= query_slots[:, None]
+  else:
+    mask = jnp.broadcast_to(key_slots[None, :] < start + t,
+                            (t, k_buf.shape[2]))
+  positions = query_slots + position_offset
+
+  def attend(q, k, v, bufs):
+    k_layer, v_layer = bufs
+    k_layer = cache_lib.write(k_layer, k, start)
+    v_layer = cache_lib.write(v_layer, v, start)
+    return _attention(q, k_layer, v_layer, mask), (k_layer, v_layer)
+
+  logits, (k_buf, v_buf) = _blocks(
+      params, _embed(params, ids, positions), positions, (k_buf, v_buf),
+      attend, dropout_rng)
+  return logits, state.written(k_buf, v_buf, t)
+
+
+def prefill(
+    params: Params,
+    ids: jax.Array,
+    state: cache_lib.Cache | None = None,
+    **kwargs,
+) -> tuple[jax.Array, cache_lib.Cache]:
+  """Processes a prompt (b, t); returns its logits (b, t, V) and the state.
+
+  Without `state`, returns a `GrowingCache` in the weights' dtype; pass
+  `init_cache(...)` to fill a fixed-size one. Keywords go to `extend`.
+  """
+  if state is None:
+    _check_ids(ids)
+    state = cache_lib.empty_growing_cache(
+        params.config, ids.shape[0], params.embed.dtype
+    )
+  return extend(params, state, ids, **kwargs)
+
+
+def decode_step(
+    params: Params, state: cache_lib.Cache, token: jax.Array, **kwargs
+) -> tuple[jax.Array, cache_lib.Cache]:
+  """Feeds one token per sequence, shape (b,); returns logits (b, V), state.
+
+  Keywords go to `extend`. With a `FixedCache` the shapes never change, so
+  `jax.jit(decode_step)` traces once.
+  """
+  logits, state = extend(params, state, token[:, None], **kwargs)
+  return logits[:, 0], state
+
+
+def generate(
+    params: Params,
+    ids: jax.Array,
+    steps: int,
+    cache_dtype: jnp.dtype | None = None,
+) -> jax.Array:
+  """Greedy decoding with a fixed-size state: the `steps` outputs (b, steps).
+
+  The state has prompt + steps - 1 slots: the last output is never fed back,
+  so it needs no K/V. jit with `static_argnames=("steps", "cache_dtype")`.
+  """
+  steps = errors.require_positive_int("steps", steps)
+  _check_ids(ids)
+  b, prompt_len = ids.shape
+  dtype = params.embed.dtype if cache_dtype is None else cache_dtype
+  state = cache_lib.init_cache(params.config, b, prompt_len + steps - 1, dtype)
+  logits, state = prefill(params, ids, state)
+  first = jnp.argmax(logits[:, -1], axis=-1).astype(ids.dtype)
+
+  def step(carry, _):
+    state, token = carry
+    logits, state = decode_step(params, state, token)
+    token = jnp.argmax(logits, axis=-1).astype(ids.dtype)
+    return (state, token), token
+
+  _, rest = lax.scan(step, (state, first), None, length=steps - 1)
+  return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+
+def generate_uncached(params: Params, ids: jax.Array, steps: int) -> jax.Array:
+  """Greedy decoding that recomputes the whole prefix for every output.
+
+  The reference `generate` must equal (nanoGPT's way). Shapes stay static: each
+  step runs `forward` over a buffer of prompt + steps slots, whose slots after
+  the current position are masked out by causality, and reads the current
+  row. That costs at most (prompt + steps) / prompt times the ideal recompute
+  of the prefix alone. jit with `static_argnames=("steps",)`.
+  """
+  steps = errors.require_positive_int("steps", steps)
+  _check_ids(ids)
+  b, prompt_len = ids.shape
+  _check_positions(params, prompt_len + steps - 1)
+  buffer = jnp.concatenate([ids, jnp.zeros((b, steps), ids.dtype)], axis=1)
+
+  def step(buffer, i):
+    current = prompt_len + i - 1  # Last filled slot.
+    logits = lax.dynamic_index_in_dim(
+        forward(params, buffer), current, axis=1, keepdims=False
+    )
+    token = jnp.argmax(logits, axis=-1).astype(ids.dtype)
+    buffer = lax.dynamic_update_slice_in_dim(
+        buffer, token[:, None], current + 1, axis=1
+    )
+    return buffer, token
+
+  _, tokens = lax.scan(step, buffer, jnp.arange(steps))
+  return tokens.T

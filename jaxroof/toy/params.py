@@ -1,0 +1,121 @@
+"""The toy Transformer's weights: an immutable pytree and its random init.
+
+The blocks' weights are stacked on a leading axis of size `num_blocks`, so the
+model runs its blocks with one `lax.scan` (one compiled block, whatever the
+depth). The config rides along as static metadata: `jit(f)(params, ...)`
+recompiles only for a new config, shape or dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxroof.toy.config import ToyConfig
+
+# Einsum letters used throughout the model:
+#   b batch, t query positions, s key slots, D width, F mlp, V vocab,
+#   h query heads, k KV heads, g query heads per KV head, e head coordinates,
+#   l blocks.
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up",
+                 "w_down"],
+    meta_fields=[],
+)
+@dataclasses.dataclass(frozen=True)
+class BlockParams:
+  """Weights of all blocks, stacked on a leading block axis `l`."""
+
+  attn_norm: jax.Array  # shape=(l, D): RMSNorm scale before attention.
+  wq: jax.Array  # shape=(l, D, h, e).
+  wk: jax.Array  # shape=(l, D, k, e).
+  wv: jax.Array  # shape=(l, D, k, e).
+  wo: jax.Array  # shape=(l, h, e, D).
+  mlp_norm: jax.Array  # shape=(l, D): RMSNorm scale before the MLP.
+  w_up: jax.Array  # shape=(l, D, F).
+  w_down: jax.Array  # shape=(l, F, D).
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["embed", "pos_embed", "blocks", "final_norm", "unembed"],
+    meta_fields=["config"],
+)
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """All weights of the toy Transformer, with its (static) config."""
+
+  embed: jax.Array  # shape=(V, D): token embedding.
+  pos_embed: jax.Array | None  # shape=(max_positions, D); None with RoPE.
+  blocks: BlockParams
+  final_norm: jax.Array  # shape=(D,).
+  unembed: jax.Array  # shape=(D, V): output head.
+  config: ToyConfig
+
+
+def init_params(
+    config: ToyConfig, key: jax.Array, dtype: jnp.dtype = jnp.float32
+) -> Params:
+  """Random weights: normal with std 1/sqrt(fan-in), norm scales one.
+
+  For float64 weights call it inside `jax.enable_x64(True)`.
+  """
+  return _init_params(config, key, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def _init_params(config: ToyConfig, key: jax.Array, dtype: jnp.dtype):
+  c = config
+  l, width = c.num_blocks, c.width
+  # (shape, fan-in) of each random weight, drawn from one normal sample: one
+  # random-bits computation compiles much faster than one per weight.
+  specs = {
+      "embed": ((c.vocab_size, width), 1),
+      "wq": ((l, width, c.num_heads, c.head_dim), width),
+      "wk": ((l, width, c.num_kv_heads, c.head_dim), width),
+      "wv": ((l, width, c.num_kv_heads, c.head_dim), width),
+      "wo": ((l, c.num_heads, c.head_dim, width), c.num_heads * c.head_dim),
+      "w_up": ((l, width, c.mlp_dim), width),
+      "w_down": ((l, c.mlp_dim, width), c.mlp_dim),
+      "unembed": ((width, c.vocab_size), width),
+  }
+  if c.positions == "learned":
+    specs["pos_embed"] = ((c.max_positions, width), 1)
+  sizes = [math.prod(shape) for shape, _ in specs.values()]
+  sample = jax.random.normal(key, (sum(sizes),), dtype)
+  w = {}
+  start = 0
+  for (name, (shape, fan_in)), size in zip(specs.items(), sizes):
+    w[name] = sample[start:start + size].reshape(shape) / fan_in**0.5
+    start += size
+
+  blocks = BlockParams(
+      attn_norm=jnp.ones((l, width), dtype),
+      wq=w["wq"],
+      wk=w["wk"],
+      wv=w["wv"],
+      wo=w["wo"],
+      mlp_norm=jnp.ones((l, width), dtype),
+      w_up=w["w_up"],
+      w_down=w["w_down"],
+  )
+  return Params(
+      embed=w["embed"],
+      pos_embed=w.get("pos_embed"),
+      blocks=blocks,
+      final_norm=jnp.ones((width,), dtype),
+      unembed=w["unembed"],
+      config=c,
+  )
+
+
+def num_weights(params: Params) -> int:
+  """Weights in the pytree (embedding tables included)."""
+  return sum(x.size for x in jax.tree_util.tree_leaves(params))
