@@ -16,7 +16,8 @@ from jaxroof import io
 from jaxroof.symbols import QUANTITIES
 
 _VALUES = flags.DEFINE_list(
-    "values", "N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14,R=300,B=32,P=3,g=3,L=2,H_kv=2,d=2,b=2",
+    "values", "N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14,R=300,B=32,P=3,g=3,L=2,H_kv=2,d=2,b=2,"
+    "t_gap=0.012,t_window=0.01,t_queue=0.02",
     "Comma-separated NAME=NUMBER pairs (SI units, each > 0); NAME is one of: "
     + ", ".join(f"{q.symbol} [{q.unit}]" for q in QUANTITIES)
     + ". Default: the lesson's example. Give --values= for closed forms only.")

@@ -52,6 +52,13 @@ CATALOGUE: tuple[Derived, ...] = (
             "batch where compute time equals memory time (<= 0: never)", "sympy.solve"),
     Derived("memory_limit_rate", solved.memory_limit_rate, "tokens/s",
             "aggregate rate as B -> oo, memory-bound", "sympy.limit"),
+    Derived("max_batch_for_token_gap", solved.max_batch_for_token_gap, "sequences",
+            "largest batch whose step stays within the token-gap target t_gap",
+            "sympy.solve"),
+    Derived("prefill_time", formulas.prefill_time, "s",
+            "optimistic prefill of a P-token prompt"),
+    Derived("time_to_first_token", formulas.time_to_first_token, "s",
+            "queueing wait + batching window + prefill"),
 )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from jaxroof.symbols import B, BW, F, H_kv, L, N, P, b, d, g, k, q, T
+from jaxroof.symbols import B, BW, F, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
 
 Expr = sp.Expr
 
@@ -130,3 +130,25 @@ def per_sequence_rate(t: Expr | None = None) -> Expr:
   """Tokens per second one user sees: one token per step."""
   t = step_floor() if t is None else sp.sympify(t)
   return 1 / t
+
+
+def prefill_time(
+    P: Expr = P, N: Expr = N, q: Expr = q, BW: Expr = BW, F: Expr = F
+) -> Expr:
+  """Optimistic prefill of one P-token prompt: weights read once, shared by P rows.
+
+  The same two floors as a decode step with the prompt's positions as rows
+  (attention over the prompt and the K/V writes are omitted).
+  """
+  return sp.Max(memory_time(weight_traffic(N, q), BW), compute_time(P, N, F))
+
+
+def time_to_first_token(
+    prefill: Expr | None = None, t_window: Expr = t_window, t_queue: Expr = t_queue
+) -> Expr:
+  """Seconds from arrival to the first output: wait for a slot, the batching
+  window, then the prompt's prefill (default: `prefill_time()`)."""
+  prefill = prefill_time() if prefill is None else sp.sympify(prefill)
+  t_window, t_queue = _s(t_window, t_queue)
+  return t_queue + t_window + prefill
+

@@ -12,7 +12,7 @@ import functools
 import sympy as sp
 
 from jaxroof import formulas
-from jaxroof.symbols import B, BY_NAME, R
+from jaxroof.symbols import B, BY_NAME, R, t_gap
 
 
 def _solve_for_batch(lhs: sp.Expr, rhs: sp.Expr) -> sp.Expr:
@@ -42,6 +42,13 @@ def _compute_crossover_batch() -> sp.Expr:
 def _memory_limit_rate() -> sp.Expr:
   rate = formulas.aggregate_rate(t=formulas.memory_time())
   return sp.limit(rate, B, sp.oo)
+
+
+@functools.cache
+def _max_batch_for_token_gap() -> sp.Expr:
+  memory_bound = _solve_for_batch(formulas.memory_time(), t_gap)
+  compute_bound = _solve_for_batch(formulas.compute_time(), t_gap)
+  return sp.Min(memory_bound, compute_bound)
 
 
 def _substitute(expr: sp.Expr, values: dict[str, object]) -> sp.Expr:
@@ -80,3 +87,14 @@ def memory_limit_rate(**values) -> sp.Expr:
   Weights are shared by ever more sequences; each still reads its own K/V.
   """
   return _substitute(_memory_limit_rate(), values)
+
+
+def max_batch_for_token_gap(**values) -> sp.Expr:
+  """Largest batch whose step floor stays within a token-gap target `t_gap`.
+
+  `min((t_gap*BW - N*q)/(T*k), t_gap*F/(2*N))`: memory time and compute time
+  each solved for B at `t_gap`. A value < 1 means even one sequence misses
+  the target (the weights alone take longer than `t_gap` to read).
+  """
+  return _substitute(_max_batch_for_token_gap(), values)
+

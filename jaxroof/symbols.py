@@ -46,8 +46,11 @@ BW = _positive("BW")  # Sustained memory bandwidth.
 F = _positive("F")  # Sustained FLOP rate.
 R = _positive("R")  # Ridge point F/BW.
 
-# Step time (used when a rate is written in terms of it).
+# Times (a rate written in terms of a step time; serving targets and waits).
 t = _positive("t")
+t_gap = _positive("t_gap")  # Longest acceptable gap between one user's tokens.
+t_window = _positive("t_window")  # Batching window before a step starts.
+t_queue = _positive("t_queue")  # Wait for a free slot in the running batch.
 
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(B, "sequences", "sequences in the decode batch"),
@@ -66,6 +69,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(F, "FLOP/s", "sustained FLOP rate"),
     Quantity(R, "FLOP/B", "ridge point"),
     Quantity(t, "s", "step time"),
+    Quantity(t_gap, "s", "longest acceptable gap between one user's tokens"),
+    Quantity(t_window, "s", "batching window before the first step"),
+    Quantity(t_queue, "s", "queueing wait for a slot in the batch"),
 )
 
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for x in QUANTITIES}

@@ -124,3 +124,25 @@ def test_throughput_plateaus_while_memory_binds():
   assert all(m > c for m, c in zip(memory, compute))
   rates = [b_ / m for b_, m in zip((1024, 2048, 4096), memory)]
   assert rates[2] / rates[1] < 1.05 and rates[2] < 8000
+
+
+def test_max_batch_for_token_gap():
+  from jaxroof.symbols import t_gap
+  expected = sp.Min((t_gap * BW - N * q) / (T * k), t_gap * F / (2 * N))
+  assert _equal(solved.max_batch_for_token_gap(), expected)
+  # The lesson: a 12 ms token gap admits batch 32 (and its step takes exactly 12 ms).
+  batch = float(solved.max_batch_for_token_gap(t_gap=0.012, N=8e9, q=2, T=1, k=0.25 * GB,
+                                               BW=2e12, F=6e14))
+  assert batch == pytest.approx(32)
+  assert _step(batch) == pytest.approx(0.012)
+  assert _step(batch + 1) > 0.012
+
+
+def test_prefill_and_time_to_first_token():
+  from jaxroof.symbols import t_queue, t_window
+  assert _equal(formulas.prefill_time(), sp.Max(N * q / BW, 2 * N * P / F))
+  assert _equal(formulas.time_to_first_token(),
+                t_queue + t_window + sp.Max(N * q / BW, 2 * N * P / F))
+  # A 1000-token prompt of the 8B model at 600 TFLOP/s is compute-bound: 26.7 ms.
+  prefill = float(formulas.prefill_time(1000, 8e9, 2, 2e12, 6e14))
+  assert prefill == pytest.approx(2 * 8e9 * 1000 / 6e14)
