@@ -59,13 +59,17 @@ _KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (ind
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",
     "Comma-separated batch sizes (sequences), each a whole number >= 1.")
+_TOKEN_GAP_MS = flags.DEFINE_float(
+    "token_gap_ms", None, "Optional target: longest gap between one user's tokens, ms. "
+    "> 0. Rows say whether they meet it; the summary gives the largest batch that does.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the sweep as JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates here.")
 
 for _holder, _unit in ((_WEIGHTS_GB, "GB"), (_BYTES_PER_WEIGHT, "bytes/weight"),
                        (_KV_GB_PER_SEQ, "GB per sequence"),
                        (_KV_BYTES_PER_TOKEN, "bytes/token"), (_CONTEXT, "tokens"),
-                       (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s")):
+                       (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"),
+                       (_TOKEN_GAP_MS, "ms")):
   _cli.require_positive(_holder, _unit)
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 
@@ -127,10 +131,23 @@ def summary_lines(summary: dict) -> list[str]:
   ]
   if summary["compute_crossover_batch"] is not None:
     lines.append(f"compute crossover: B = {summary['compute_crossover_batch']:,.1f} sequences")
+  if "token_gap_s" in summary:
+    gap_ms = summary["token_gap_s"] * 1e3
+    best = summary["largest_swept_batch_meeting_token_gap"]
+    lines.append(f"largest swept batch with a token gap <= {gap_ms:g} ms"
+                 + (" (and fitting in memory)" if "max_batch_in_memory" in summary else "")
+                 + f": {best if best is not None else 'none'}")
+    if summary.get("max_batch_for_token_gap") is not None:
+      lines.append(f"largest batch for that gap (solved): B = "
+                   f"{summary['max_batch_for_token_gap']:,.1f}")
   if "max_batch_in_memory" in summary:
     lines.append(f"largest batch that fits in memory: {summary['max_batch_in_memory']:,}")
   lines += [f"note: {n}" for n in summary["notes"]]
   return lines
+
+
+def _token_gap_s() -> float | None:
+  return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
 
 
 def model_sweep(batch_sizes: list[int]) -> dict:
@@ -142,7 +159,7 @@ def model_sweep(batch_sizes: list[int]) -> dict:
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
   kwargs = inputs.step_kwargs()
   del kwargs["B"]  # The sweep takes the batch sizes themselves.
-  sweep = decode_sweep(batch_sizes, fits=inputs.fits, **kwargs)
+  sweep = decode_sweep(batch_sizes, fits=inputs.fits, token_gap_s=_token_gap_s(), **kwargs)
   sweep["assumptions"] = list(inputs.assumptions)
   sweep["inputs"] = {
       "model": inputs.model, "accelerator": inputs.accelerator, "context": inputs.context,
@@ -177,7 +194,7 @@ def main(argv: list[str]) -> None:
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
   else:
     inputs = raw_inputs()
-    sweep = decode_sweep(batch_sizes, **inputs)
+    sweep = decode_sweep(batch_sizes, token_gap_s=_token_gap_s(), **inputs)
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"

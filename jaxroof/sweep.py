@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof import solved
 from jaxroof.evaluate import step_model, summary_model
 
 UNITS: dict[str, str] = {
@@ -49,6 +50,7 @@ def decode_sweep(
     F: float | None = None,
     N_act: float | None = None,
     fits: Sequence[bool] | None = None,
+    token_gap_s: float | None = None,
 ) -> dict[str, Any]:
   """Evaluates the step model at each batch size.
 
@@ -62,6 +64,8 @@ def decode_sweep(
     F: sustained FLOP rate, FLOP/s; None for a memory-only model.
     N_act: weights multiplied per token; None means N (dense).
     fits: optional per-batch flag: weights, K/V and workspace fit in memory.
+    token_gap_s: optional target for the gap between one user's tokens, s;
+      rows say whether they meet it and the summary gives the largest batch.
 
   Returns:
     `{"kind": "bound", "units", "assumptions", "rows", "summary"}`.
@@ -71,6 +75,8 @@ def decode_sweep(
     errors.require_positive(name, value)
   if F is not None:
     errors.require_positive("F", F)
+  if token_gap_s is not None:
+    errors.require_positive("token_gap_s", token_gap_s)
   n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
   for i, value in enumerate(n_read):
     errors.require_positive(f"N[{i}]", value)
@@ -89,6 +95,8 @@ def decode_sweep(
     row["bound"] = "memory" if F is None or row["memory_s"] >= row["compute_s"] else "compute"
     if fits is not None:
       row["fits_in_memory"] = bool(fits[i])
+    if token_gap_s is not None:
+      row["meets_token_gap"] = row["step_s"] <= token_gap_s
     rows.append(row)
 
   summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate)
@@ -106,6 +114,15 @@ def decode_sweep(
   if np.ptp(n_read) > 0:
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
+  if token_gap_s is not None:
+    meeting = [r["batch"] for r in rows
+               if r["meets_token_gap"] and r.get("fits_in_memory", True)]
+    summary["token_gap_s"] = token_gap_s
+    summary["largest_swept_batch_meeting_token_gap"] = max(meeting) if meeting else None
+    if np.ptp(n_read) == 0 and N_act is None:  # The closed form is for dense N.
+      gap_batch = float(solved.max_batch_for_token_gap(
+          t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=BW, F=flop_rate))
+      summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   summary["notes"] = notes
   return {
       "kind": "bound",

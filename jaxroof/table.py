@@ -53,6 +53,8 @@ def sweep_rows(rows: Sequence[dict]) -> list[list[str]]:
     binds = row["bound"]
     if row.get("fits_in_memory") is False:
       binds += " (does not fit)"
+    if row.get("meets_token_gap") is False:
+      binds += " (misses token gap)"
     out.append([
         f"{row['batch']}",
         f"{row['traffic_bytes'] / 1e9:,.3f}",

@@ -65,3 +65,23 @@ def test_bad_input_names_the_parameter(kwargs, match):
   args.update(kwargs)
   with pytest.raises(InputError, match=match):
     decode_sweep(args.pop("batch_sizes"), **args)
+
+
+def test_token_gap_target_marks_rows_and_solves_the_batch():
+  sweep = decode_sweep([8, 32, 33, 64], **LESSON, F=6e14, token_gap_s=0.012)
+  assert [r["meets_token_gap"] for r in sweep["rows"]] == [True, True, False, False]
+  summary = sweep["summary"]
+  assert summary["largest_swept_batch_meeting_token_gap"] == 32
+  assert summary["max_batch_for_token_gap"] == pytest.approx(32)  # The lesson's 12 ms.
+
+
+def test_token_gap_excludes_batches_that_do_not_fit():
+  sweep = decode_sweep([8, 32], **LESSON, token_gap_s=1.0, fits=[True, False])
+  assert sweep["summary"]["largest_swept_batch_meeting_token_gap"] == 8
+
+
+def test_unreachable_token_gap():
+  # Reading 16 GB at 2 TB/s takes 8 ms: a 5 ms gap is out of reach at any batch.
+  sweep = decode_sweep([1], **LESSON, token_gap_s=0.005)
+  assert sweep["summary"]["largest_swept_batch_meeting_token_gap"] is None
+  assert sweep["summary"]["max_batch_for_token_gap"] is None
