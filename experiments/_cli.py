@@ -41,6 +41,9 @@ def run(main: Callable[[list[str]], int | None]) -> None:
     except InputError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+    except OSError as e:  # An output path that cannot be written, a missing file.
+      print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+      sys.exit(2)
 
   app.run(guarded, flags_parser=_parse_flags)
 

@@ -93,13 +93,15 @@ _RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKE
 
 
 @flags.multi_flags_validator(
-    (_MODEL.name, _ACCELERATOR.name, _CONTEXT.name) + tuple(h.name for h in _RAW_FLAGS),
+    (_MODEL.name, _ACCELERATOR.name, _CONTEXT.name, _WEIGHT_DTYPE.name, _KV_DTYPE.name)
+    + tuple(h.name for h in _RAW_FLAGS),
     message="--model needs --accelerator and --context, and replaces the raw-number "
-    "flags (--weights_gb, --bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops)",
+    "flags (--weights_gb, --bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops); "
+    "--weight_dtype and --kv_dtype apply only with --model",
 )
 def _model_flags_consistent(values: dict) -> bool:
   if values[_MODEL.name] is None and values[_ACCELERATOR.name] is None:
-    return True
+    return not any(flags.FLAGS[h.name].present for h in (_WEIGHT_DTYPE, _KV_DTYPE))
   raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS)
   return (values[_MODEL.name] is not None and values[_ACCELERATOR.name] is not None
           and values[_CONTEXT.name] is not None and not raw_given)

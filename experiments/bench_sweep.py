@@ -11,7 +11,6 @@ Python loop (what a scalar calculator does) is timed on a small subset.
 from __future__ import annotations
 
 import platform
-import time
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +60,14 @@ def main(argv: list[str]) -> None:
                         "dtype": "float32", "device": str(jax.devices()[0].device_kind)}
 
   flat_b = batch.ravel()[: _LOOP_POINTS.value]
-  start = time.perf_counter()
-  for b in flat_b:
-    numpy_model(float(b), 4096.0, m["N"], m["q"], m["k"], m["BW"], m["F"])
-  loop_s = time.perf_counter() - start
-  results["python_loop"] = {"points_per_s": len(flat_b) / loop_s, "points": len(flat_b),
-                            "timing": {"total_s": loop_s, "method": "one pass, wall-clock"}}
+
+  def loop() -> None:
+    for b in flat_b:
+      numpy_model(float(b), 4096.0, m["N"], m["q"], m["k"], m["BW"], m["F"])
+
+  timing = time_call(loop, [()], warmup=0, repeats=1)
+  results["python_loop"] = {"points_per_s": len(flat_b) / timing.median_s,
+                            "points": len(flat_b), "timing": timing.to_json()}
 
   best = max(("numpy", "jax_jit"), key=lambda name: results[name]["points_per_s"])
   report = {

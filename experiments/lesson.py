@@ -20,13 +20,9 @@ from jaxroof import table
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the claims as JSON here.")
 
 
-def _fmt(value: float | str) -> str:
-  return value if isinstance(value, str) else f"{value:,.6g}"
-
-
 def render(claims: list[lesson.Claim]) -> str:
   """The claims as a text table."""
-  rows = [[c.section, c.claim, _fmt(c.expected), _fmt(c.computed), c.unit,
+  rows = [[c.section, c.claim, table.fmt(c.expected), table.fmt(c.computed), c.unit,
            "yes" if c.agrees else "NO", c.formula] for c in claims]
   headers = ("section", "claim", "lesson", "ours", "unit", "agrees", "formula")
   return table.format_table(headers, rows)

@@ -36,15 +36,11 @@ from jaxroof.toy.config import LESSON, LESSON_PROMPT
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
 
 
-def _fmt(value: float | str) -> str:
-  return value if isinstance(value, str) else f"{value:,.6g}"
-
-
 def lesson_section(out_dir: str) -> str:
   """Every worked number and quiz answer of the lesson, recomputed."""
   del out_dir  # Unused.
   claims = lesson.all_claims()
-  rows = [[c.section, c.claim, _fmt(c.expected), _fmt(c.computed), c.unit,
+  rows = [[c.section, c.claim, table.fmt(c.expected), table.fmt(c.computed), c.unit,
            "yes" if c.agrees else "**NO**"] for c in claims]
   agree = sum(c.agrees for c in claims)
   return "\n".join([
@@ -60,18 +56,22 @@ def lesson_section(out_dir: str) -> str:
 def crossovers_section(out_dir: str) -> str:
   """Closed forms of the derived quantities, with the lesson's numbers."""
   del out_dir  # Unused.
-  values = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14, R=300, B=32)
+  values = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14, R=300, B=32, P=1000,
+                t_gap=0.012, t_window=0.01, t_queue=0.02)
   rows = []
   for item in catalogue.evaluate(values):
-    if item["derived_by"] == "formula" and item["name"] not in ("step_floor", "ridge_point"):
+    if item["derived_by"] == "formula" and item["name"] not in (
+        "step_floor", "ridge_point", "prefill_time", "time_to_first_token"):
       continue
-    value = "never (memory binds)" if item["note"] else _fmt(item["value"])
+    value = item["note"] or table.fmt(item["value"])
     rows.append([item["name"], f"${item['latex']}$", item["derived_by"], value, item["unit"]])
   return "\n".join([
       "## Derived quantities (closed forms)",
       "",
       "At the lesson's example: N = 8e9 weights, q = 2 B, T·k = 0.25 GB per sequence, "
-      "BW = 2 TB/s, F = 600 TFLOP/s (a 300 FLOP/B ridge), B = 32 for the step floor.",
+      "BW = 2 TB/s, F = 600 TFLOP/s (a 300 FLOP/B ridge), B = 32 for the step floor, "
+      "a 12 ms token-gap target, a 1,000-token prompt, 10 ms batching window and "
+      "20 ms queueing wait.",
       "",
       table.markdown_table(("quantity", "closed form", "derived by", "value", "unit"), rows),
   ])

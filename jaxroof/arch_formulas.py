@@ -21,7 +21,7 @@ from collections.abc import Callable
 import sympy as sp
 
 from jaxroof import formulas
-from jaxroof.symbols import B, H_kv, Quantity, T, b, d, k, q
+from jaxroof.symbols import B, H, H_kv, Quantity, T, b, d, k, q
 
 Expr = sp.Expr
 
@@ -34,7 +34,6 @@ def _positive(name: str) -> sp.Symbol:
 W = _positive("W")  # Sliding-window length.
 r_kv = _positive("r_kv")  # MLA latent (compressed K/V) rank.
 d_rope = _positive("d_rope")  # MLA decoupled RoPE key coordinates.
-H = _positive("H")  # Query heads per block.
 d_qk = _positive("d_qk")  # Coordinates per query/key head.
 d_v = _positive("d_v")  # Coordinates per value head.
 # Recurrent state.
@@ -63,7 +62,6 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(W, "tokens", "sliding-window length"),
     Quantity(r_kv, "coordinates", "MLA latent K/V rank (kv_lora_rank)"),
     Quantity(d_rope, "coordinates", "MLA RoPE key coordinates (qk_rope_head_dim)"),
-    Quantity(H, "heads", "query heads per block"),
     Quantity(d_qk, "coordinates", "coordinates per query/key head"),
     Quantity(d_v, "coordinates", "coordinates per value head"),
     Quantity(d_inner, "channels", "SSM channels (intermediate size)"),
@@ -155,12 +153,31 @@ def paged_tokens(T: Expr = T, p: Expr = p) -> Expr:
   return sp.ceiling(T / p) * p
 
 
+def windowed_paged_tokens(T: Expr = T, W: Expr = W, p: Expr = p) -> Expr:
+  """Token slots a sliding-window block holds in pages of p tokens.
+
+  Up to the window, like `paged_tokens`; past it the last W tokens
+  [T-W, T) span the pages from floor((T-W)/p) to floor((T-1)/p), which is one
+  page more than W/p when the window is not page-aligned (pages are freed
+  only once all their tokens have left the window).
+  """
+  T, W, p = _s(T, W, p)
+  spanned = (sp.floor((T - 1) / p) - sp.floor((T - W) / p) + 1) * p
+  return sp.Piecewise((paged_tokens(T, p), T <= W), (spanned, True))
+
+
+def usable_kv_memory(C: Expr = C, w: Expr = w, W_res: Expr = W_res) -> Expr:
+  """Bytes left for K/V: capacity less the workspace fraction and the weights."""
+  C, w, W_res = _s(C, w, W_res)
+  return C * (1 - w) - W_res
+
+
 def capacity_sequences(
     C: Expr = C, w: Expr = w, W_res: Expr = W_res, s: Expr = s
 ) -> Expr:
   """Sequences that fit: `floor((C*(1 - w) - W_res) / s)` (<= 0: none fit)."""
-  C, w, W_res, s = _s(C, w, W_res, s)
-  return sp.floor((C * (1 - w) - W_res) / s)
+  (s,) = _s(s)
+  return sp.floor(usable_kv_memory(C, w, W_res) / s)
 
 
 def expected_distinct_experts(B: Expr = B, E: Expr = E, K: Expr = K) -> Expr:

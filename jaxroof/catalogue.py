@@ -93,12 +93,32 @@ def closed_forms() -> list[dict[str, Any]]:
   return out
 
 
+_BELOW_ONE = {
+    "compute_crossover_batch": "compute binds at every batch (crossover below one sequence)",
+    "max_batch_for_token_gap": "no batch meets the token gap: the weights alone take longer",
+    "weight_kv_crossover_batch": "K/V reads exceed the weights from the first sequence",
+    "ridge_batch": "the ridge is reached at batch one",
+}
+
+
+def _batch_note(name: str, value: float | None) -> str:
+  """Why a solved batch has no usable value ('' if it has one)."""
+  if value is None or name not in _BELOW_ONE:
+    return ""
+  if name == "compute_crossover_batch" and value <= 0:
+    return "denominator <= 0: memory binds at every batch"
+  return _BELOW_ONE[name] if value < 1 else ""
+
+
 def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
   """Closed forms plus their numbers at `values` (None where symbols are missing).
 
-  A compute crossover <= 0 is reported as None with a note: memory binds at
-  every batch.
+  A solved batch below one sequence is reported as None with a note saying
+  what that means (e.g. a compute crossover <= 0: memory binds at every batch).
   """
+  values = dict(values)
+  if "N" in values:
+    values.setdefault("N_act", values["N"])  # Dense unless told otherwise.
   out = []
   for item, form in zip(CATALOGUE, closed_forms()):
     expr = item.expression()
@@ -106,8 +126,8 @@ def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
     number = expr.subs(subs)
     missing = sorted(str(s) for s in number.free_symbols)
     value = None if missing else float(number)
-    note = ""
-    if item.name == "compute_crossover_batch" and value is not None and value <= 0:
-      value, note = None, "denominator <= 0: memory binds at every batch"
+    note = _batch_note(item.name, value)
+    if note:
+      value = None
     out.append({**form, "value": value, "missing_symbols": missing, "note": note})
   return out

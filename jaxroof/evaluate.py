@@ -82,8 +82,9 @@ SUMMARY_NAMES: tuple[str, ...] = (
 def summary_model(backend: Literal["numpy", "jax"] = "numpy") -> StepModel:
   """The solved quantities of `jaxroof.solved`, lambdified like `step_model`.
 
-  Returns `f(N, q, T, k, BW, F)` -> dict keyed by `SUMMARY_NAMES`. A compute
-  crossover <= 0 (or non-finite) means memory binds at every batch.
+  Returns `f(N, q, T, k, BW, F, N_act=None)` -> dict keyed by `SUMMARY_NAMES`
+  (`N_act=None`: dense). A compute crossover <= 0 (or non-finite) means memory
+  binds at every batch; one below 1 means compute binds at every batch.
   """
   from jaxroof import solved  # Deferred: solving costs ~0.1 s, once.
 
@@ -92,9 +93,9 @@ def summary_model(backend: Literal["numpy", "jax"] = "numpy") -> StepModel:
       solved.memory_limit_rate(),
       solved.compute_crossover_batch(),
   )
-  fn = sp.lambdify((N, q, T, k, BW, F), exprs, modules=backend, cse=True)
+  fn = sp.lambdify((N, q, T, k, BW, F, N_act), exprs, modules=backend, cse=True)
 
-  def evaluate(N, q, T, k, BW, F):
-    return dict(zip(SUMMARY_NAMES, fn(N, q, T, k, BW, F)))
+  def evaluate(N, q, T, k, BW, F, N_act=None):
+    return dict(zip(SUMMARY_NAMES, fn(N, q, T, k, BW, F, N if N_act is None else N_act)))
 
   return evaluate

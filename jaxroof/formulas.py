@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from jaxroof.symbols import B, BW, F, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
+from jaxroof.symbols import B, BW, F, H, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
 
 Expr = sp.Expr
 
@@ -151,4 +151,33 @@ def time_to_first_token(
   prefill = prefill_time() if prefill is None else sp.sympify(prefill)
   t_window, t_queue = _s(t_window, t_queue)
   return t_queue + t_window + prefill
+
+
+def attention_flops(B: Expr = B, T: Expr = T, H: Expr = H, d: Expr = d) -> Expr:
+  """FLOPs of decode attention: one query row per sequence over T positions.
+
+  `Q K^T` and `P V` each take a multiply and an add per (head, position,
+  coordinate): 4*B*H*T*d, H query heads. Softmax arithmetic is omitted.
+  """
+  B, T, H, d = _s(B, T, H, d)
+  return 4 * B * H * T * d
+
+
+def attention_bytes(
+    B: Expr = B, T: Expr = T, H: Expr = H, H_kv: Expr = H_kv, d: Expr = d,
+    b: Expr = b,
+) -> Expr:
+  """Bytes decode attention moves: each sequence's K/V once, its query and output.
+
+  `2*B*T*H_kv*d*b` (the retained K/V, per layer) plus `2*B*H*d*b`.
+  """
+  B, T, H, H_kv, d, b = _s(B, T, H, H_kv, d, b)
+  kv = retained_kv_bytes(B, T, kv_bytes_per_position(1, H_kv, d, b))
+  return kv + 2 * B * H * d * b
+
+
+def linear_bytes(M: Expr, K: Expr, N: Expr, b: Expr = b) -> Expr:
+  """Bytes a linear layer x(M,K) @ w(K,N) moves: weights once, x read, output written."""
+  M, K, N, b = _s(M, K, N, b)
+  return weight_traffic(K * N, b) + M * K * b + M * N * b
 

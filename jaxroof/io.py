@@ -10,6 +10,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from jaxroof.errors import InputError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
@@ -18,6 +20,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
   On an exception the temporary file is removed and `path` is left untouched.
   """
   path = os.fspath(path)
+  if os.path.isdir(path):
+    raise InputError(f"output path {path!r} is a directory: give a file path.")
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   suffix = os.path.splitext(path)[1]  # Keeps savefig's format inference.

@@ -78,8 +78,7 @@ def kind_expressions(spec: ModelSpec, kv_dtype: str = "bf16") -> tuple[KindExpre
       payload = allocated = full_pages = state
     elif kind == SLIDING:
       payload = n * af.kv_bytes(af.windowed_tokens(T, window), per_token)
-      kept = af.windowed_tokens(reserved, window)
-      allocated = n * af.kv_bytes(af.paged_tokens(kept, af.p), per_token)
+      allocated = n * af.kv_bytes(af.windowed_paged_tokens(reserved, window, af.p), per_token)
       full_pages = n * af.kv_bytes(af.paged_tokens(reserved, af.p), per_token)
     else:
       payload = n * af.kv_bytes(T, per_token)
@@ -254,7 +253,7 @@ def capacity(sizing: KVSizing, *, weight_bytes: float, memory_capacity_bytes: fl
                               weight_bytes, per_sequence)
     return max(int(n), 0)
 
-  usable = memory_capacity_bytes * (1 - workspace_fraction) - weight_bytes
+  usable = float(af.usable_kv_memory(memory_capacity_bytes, workspace_fraction, weight_bytes))
   return Capacity(
       memory_capacity_bytes=memory_capacity_bytes,
       workspace_fraction=workspace_fraction,

@@ -129,7 +129,8 @@ def worked_numbers() -> list[Claim]:
             float(solved.weight_kv_crossover_batch(N=WEIGHTS, q=BF16, T=1, k=KV_PER_SEQ_DOUBLED)),
             "sequences", 0, str(solved.weight_kv_crossover_batch())),
   ]
-  c.append(Claim("serving decision", "largest batch whose step meets a 12 ms token gap", 32,
+  c.append(Claim("serving decision (implied)",
+                 "largest batch whose step meets a 12 ms token gap ('batch 32 worthwhile')", 32,
                  float(solved.max_batch_for_token_gap(t_gap=0.012, N=WEIGHTS, q=BF16, T=1,
                                                       k=KV_PER_SEQ, BW=BANDWIDTH,
                                                       F=RIDGE * BANDWIDTH)),

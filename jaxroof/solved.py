@@ -12,7 +12,7 @@ import functools
 import sympy as sp
 
 from jaxroof import formulas
-from jaxroof.symbols import B, BY_NAME, R, t_gap
+from jaxroof.symbols import B, BY_NAME, N, N_act, R, t_gap
 
 
 def _solve_for_batch(lhs: sp.Expr, rhs: sp.Expr) -> sp.Expr:
@@ -35,7 +35,7 @@ def _weight_kv_crossover_batch() -> sp.Expr:
 
 @functools.cache
 def _compute_crossover_batch() -> sp.Expr:
-  return _solve_for_batch(formulas.memory_time(), formulas.compute_time())
+  return _solve_for_batch(formulas.memory_time(), formulas.compute_time(N=N_act))
 
 
 @functools.cache
@@ -47,15 +47,19 @@ def _memory_limit_rate() -> sp.Expr:
 @functools.cache
 def _max_batch_for_token_gap() -> sp.Expr:
   memory_bound = _solve_for_batch(formulas.memory_time(), t_gap)
-  compute_bound = _solve_for_batch(formulas.compute_time(), t_gap)
+  compute_bound = _solve_for_batch(formulas.compute_time(N=N_act), t_gap)
   return sp.Min(memory_bound, compute_bound)
 
 
 def _substitute(expr: sp.Expr, values: dict[str, object]) -> sp.Expr:
+  """Substitutes values by symbol name; a dense model (N given, N_act not) has N_act = N."""
   unknown = sorted(set(values) - set(BY_NAME))
   if unknown:
     raise TypeError(f"unknown symbol names {unknown}; known: {sorted(BY_NAME)}")
-  return expr.subs({BY_NAME[n].symbol: sp.sympify(v) for n, v in values.items()})
+  subs = {BY_NAME[n].symbol: sp.sympify(v) for n, v in values.items()}
+  if N in subs and N_act not in subs:
+    subs[N_act] = subs[N]
+  return expr.subs(subs)
 
 
 def ridge_batch(**values) -> sp.Expr:
@@ -74,9 +78,10 @@ def weight_kv_crossover_batch(**values) -> sp.Expr:
 def compute_crossover_batch(**values) -> sp.Expr:
   """Batch at which linear compute time equals memory time.
 
-  `N*q*F / (2*N*BW - T*k*F)`; when the denominator is <= 0 the KV reads grow
-  as fast as the FLOPs and the step stays memory-bound at every batch.
-  With T*k -> 0 it reduces to the weight-only `ridge_batch` (R*q/2).
+  `N*q*F / (2*N_act*BW - T*k*F)` (N weights read, N_act multiplied per token;
+  equal for a dense model); when the denominator is <= 0 the KV reads grow as
+  fast as the FLOPs and the step stays memory-bound at every batch.
+  With T*k -> 0 and N_act = N it reduces to `ridge_batch` (R*q/2).
   """
   return _substitute(_compute_crossover_batch(), values)
 
@@ -92,7 +97,7 @@ def memory_limit_rate(**values) -> sp.Expr:
 def max_batch_for_token_gap(**values) -> sp.Expr:
   """Largest batch whose step floor stays within a token-gap target `t_gap`.
 
-  `min((t_gap*BW - N*q)/(T*k), t_gap*F/(2*N))`: memory time and compute time
+  `min((t_gap*BW - N*q)/(T*k), t_gap*F/(2*N_act))`: memory time and compute time
   each solved for B at `t_gap`. A value < 1 means even one sequence misses
   the target (the weights alone take longer than `t_gap` to read).
   """

@@ -77,9 +77,19 @@ def decode_sweep(
     errors.require_positive("F", F)
   if token_gap_s is not None:
     errors.require_positive("token_gap_s", token_gap_s)
-  n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
+  try:
+    n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
+  except ValueError:
+    raise errors.InputError(
+        f"N has shape {np.shape(N)}: give one number or one per batch size "
+        f"({len(batches)}).") from None
   for i, value in enumerate(n_read):
     errors.require_positive(f"N[{i}]", value)
+  if N_act is not None:
+    errors.require_positive("N_act", N_act)
+  if fits is not None and len(fits) != len(batches):
+    raise errors.InputError(
+        f"fits has {len(fits)} entries: give one per batch size ({len(batches)}).")
 
   flop_rate = math.inf if F is None else F
   out = step_model("numpy")(
@@ -99,7 +109,7 @@ def decode_sweep(
       row["meets_token_gap"] = row["step_s"] <= token_gap_s
     rows.append(row)
 
-  summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate)
+  summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate, N_act)
   summary = {name: float(v) for name, v in summary.items()}
   notes = []
   if F is None:
@@ -109,8 +119,11 @@ def decode_sweep(
     summary["compute_crossover_batch"] = None
     notes.append(
         "no compute crossover: each added sequence adds more memory time "
-        "(T*k/BW) than compute time (2*N/F), so memory binds at every batch"
+        "(T*k/BW) than compute time (2*N_act/F), so memory binds at every batch"
     )
+  elif summary["compute_crossover_batch"] < 1:
+    summary["compute_crossover_batch"] = None
+    notes.append("compute binds at every batch (crossover below one sequence)")
   if np.ptp(n_read) > 0:
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
@@ -119,9 +132,10 @@ def decode_sweep(
                if r["meets_token_gap"] and r.get("fits_in_memory", True)]
     summary["token_gap_s"] = token_gap_s
     summary["largest_swept_batch_meeting_token_gap"] = max(meeting) if meeting else None
-    if np.ptp(n_read) == 0 and N_act is None:  # The closed form is for dense N.
+    if np.ptp(n_read) == 0:  # The closed form needs one N for every batch.
       gap_batch = float(solved.max_batch_for_token_gap(
-          t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=BW, F=flop_rate))
+          t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=BW, F=flop_rate,
+          N_act=float(n_read[0]) if N_act is None else N_act))
       summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   summary["notes"] = notes
   return {

@@ -37,6 +37,7 @@ N_act = _positive("N_act")  # Weights multiplied per token (= N if dense).
 q = _positive("q")  # Bytes stored per weight.
 k = _positive("k")  # KV bytes per retained token (all layers).
 L = _positive("L")  # Blocks (layers) that keep K/V.
+H = _positive("H")  # Query heads per block.
 H_kv = _positive("H_kv")  # KV heads per block.
 d = _positive("d")  # Coordinates per head.
 b = _positive("b")  # Bytes per stored K or V element.
@@ -62,6 +63,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(q, "B/weight", "bytes stored per weight"),
     Quantity(k, "B/token", "KV bytes per retained token"),
     Quantity(L, "blocks", "blocks that keep K/V"),
+    Quantity(H, "heads", "query heads per block"),
     Quantity(H_kv, "heads", "KV heads per block"),
     Quantity(d, "coordinates", "coordinates per head"),
     Quantity(b, "B", "bytes per stored K or V element"),

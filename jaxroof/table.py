@@ -5,6 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def fmt(value: float | str | None) -> str:
+  """A number with 6 significant digits and thousands separators; text as is."""
+  if value is None:
+    return "n/a"
+  return value if isinstance(value, str) else f"{value:,.6g}"
+
+
 def _is_number(cell: str) -> bool:
   try:
     float(cell.replace(",", ""))

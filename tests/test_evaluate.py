@@ -94,6 +94,17 @@ def test_summary_model_matches_solved(N, q, T, k, BW, F):
       float(solved.weight_kv_crossover_batch(**values)), rel=1e-9)
   assert ours["memory_limit_tokens_per_s"] == pytest.approx(
       float(solved.memory_limit_rate(**values)), rel=1e-9)
+  assert ours["compute_crossover_batch"] == pytest.approx(
+      float(solved.compute_crossover_batch(**values)), rel=1e-9)
+
+
+def test_summary_compute_crossover_uses_active_weights():
+  # MoE-like: 8e9 weights read, 1e9 multiplied per token. Independent solve of
+  # (N*q + B*T*k)/BW = 2*N_act*B/F for B.
+  N, q, T, k, BW, F, N_act = 8e9, 2.0, 1.0, 1e6, 2e12, 6e14, 1e9
+  expected = (N * q / BW) / (2 * N_act / F - T * k / BW)
+  ours = summary_model("numpy")(N, q, T, k, BW, F, N_act)
+  assert ours["compute_crossover_batch"] == pytest.approx(expected, rel=1e-9)
 
 
 def test_unknown_backend_is_rejected():

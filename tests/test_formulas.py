@@ -9,7 +9,7 @@ import sympy as sp
 
 from jaxroof import formulas
 from jaxroof import solved
-from jaxroof.symbols import B, BW, F, H_kv, L, N, P, R, T, b, d, g, k, q
+from jaxroof.symbols import B, BW, F, H_kv, L, N, N_act, P, R, T, b, d, g, k, q
 
 GB = 1e9
 
@@ -35,7 +35,9 @@ def test_solved_quantities_equal_their_closed_forms():
   assert _equal(solved.ridge_batch(), R * q / 2)
   assert _equal(solved.weight_kv_crossover_batch(), N * q / (T * k))
   assert _equal(solved.memory_limit_rate(), BW / (T * k))
-  assert _equal(solved.compute_crossover_batch(), N * q * F / (2 * N * BW - T * k * F))
+  assert _equal(solved.compute_crossover_batch(), N * q * F / (2 * N_act * BW - T * k * F))
+  dense = solved.compute_crossover_batch(N=N)  # N given alone: N_act = N.
+  assert _equal(dense, N * q * F / (2 * N * BW - T * k * F))
 
 
 def test_solved_crossovers_satisfy_their_defining_equations():
@@ -43,11 +45,12 @@ def test_solved_crossovers_satisfy_their_defining_equations():
   kv = formulas.retained_kv_bytes(B=crossover)
   assert _equal(kv, formulas.weight_traffic())
   at = solved.compute_crossover_batch()
-  assert _equal(formulas.memory_time(formulas.step_traffic(B=at)), formulas.compute_time(B=at))
+  assert _equal(formulas.memory_time(formulas.step_traffic(B=at)),
+                formulas.compute_time(B=at, N=N_act))
 
 
 def test_compute_crossover_reduces_to_ridge_batch_without_kv():
-  no_kv = sp.limit(solved.compute_crossover_batch(), k, 0)
+  no_kv = sp.limit(solved.compute_crossover_batch(N=N), k, 0)
   assert _equal(no_kv, solved.ridge_batch().subs(R, F / BW))
 
 
@@ -128,7 +131,7 @@ def test_throughput_plateaus_while_memory_binds():
 
 def test_max_batch_for_token_gap():
   from jaxroof.symbols import t_gap
-  expected = sp.Min((t_gap * BW - N * q) / (T * k), t_gap * F / (2 * N))
+  expected = sp.Min((t_gap * BW - N * q) / (T * k), t_gap * F / (2 * N_act))
   assert _equal(solved.max_batch_for_token_gap(), expected)
   # The lesson: a 12 ms token gap admits batch 32 (and its step takes exactly 12 ms).
   batch = float(solved.max_batch_for_token_gap(t_gap=0.012, N=8e9, q=2, T=1, k=0.25 * GB,

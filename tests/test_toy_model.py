@@ -167,6 +167,17 @@ def test_fixed_cache_fills_slots_then_refuses_more():
     toy.decode_step(params, state, jnp.asarray([2]))
 
 
+def test_fixed_cache_overflow_under_jit_gives_nan_not_wrong_logits():
+  params = _params(toy.LESSON, dtype=jnp.float32)
+  state = toy.init_cache(toy.LESSON, 1, 4, jnp.float32)
+  _, state = toy.prefill(params, jnp.asarray([[1, 4, 6]]), state)
+  step = jax.jit(toy.decode_step)
+  logits, state = step(params, state, jnp.asarray([2]))  # Fills the last slot.
+  assert bool(jnp.all(jnp.isfinite(logits)))
+  logits, _ = step(params, state, jnp.asarray([2]))  # No room left.
+  assert bool(jnp.all(jnp.isnan(logits)))
+
+
 def test_fixed_cache_decode_step_traces_once():
   traces = []
 

@@ -86,7 +86,7 @@ class FixedCache:
     try:
       free = self.max_len - int(self.length)
     except _TRACED:
-      return  # Under jit: the caller keeps length + num_new <= max_len.
+      return  # Under jit: an overflow makes the logits NaN (`model._extend`).
     if num_new > free:
       raise errors.InputError(
           f"{num_new} new positions do not fit: the fixed cache has"

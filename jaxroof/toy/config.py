@@ -75,11 +75,6 @@ class ToyConfig:
     """Query heads that share one K/V head."""
     return self.num_heads // self.num_kv_heads
 
-  @property
-  def kv_elements_per_position(self) -> int:
-    """K and V elements one processed position keeps, over all blocks."""
-    return 2 * self.num_blocks * self.num_kv_heads * self.head_dim
-
 
 # The lesson's toy: two blocks, two KV heads per block, two coordinates per
 # head. Vocabulary 8 holds the prompt IDs [1, 4, 6].

@@ -264,6 +264,9 @@ def _extend(
   logits, (k_buf, v_buf) = _blocks(
       params, _embed(params, ids, positions), positions, (k_buf, v_buf),
       attend, dropout_rng)
+  # Under jit the room check cannot run; an overflowing write would clamp
+  # onto the last slot, so poison the logits instead of returning wrong ones.
+  logits = jnp.where(start + t <= k_buf.shape[2], logits, jnp.nan)
   return logits, state.written(k_buf, v_buf, t)
 
 
