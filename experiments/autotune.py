@@ -7,9 +7,12 @@
 Tries the op's candidate configs (skipping those that do not fit), checks each
 against the reference, times it on the device (chained calls inside one jit,
 median of repeats) and caches the winner and every timing as JSON in
-kernels/autotune_cache/<device kind>/<op>.json (or --cache_dir). On a CPU the
-kernels are interpreted, and interpreted kernels are never tuned: it says so
-and prints the heuristic config. The logic lives in `kernels.autotune`.
+<cache dir>/<device kind>/<op>.json: --cache_dir, else $JAXROOF_AUTOTUNE_CACHE,
+else kernels/autotune_cache if writable, else ~/.cache/jaxroof/autotune. The
+cache key rounds batch, max_len and m up to powers of two, so one tuning serves
+nearby sizes (and any page-pool size). On a CPU the kernels are interpreted,
+and interpreted kernels are never tuned: it says so and prints the heuristic
+config. The logic lives in `kernels.autotune`.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ _MAX_LEN = flags.DEFINE_integer(
 )
 _HEAD_DIM = flags.DEFINE_integer("head_dim", 128, "Head size.", lower_bound=1)
 _PAGE_SIZE = flags.DEFINE_integer(
-    "page_size", 64, "Positions per page (paged attention; divides max_len).",
-    lower_bound=1,
+    "page_size", 64, "Positions per page (paged attention; must divide "
+    "--max_len).", lower_bound=1,
 )
 # Linear shapes.
 _M = flags.DEFINE_integer("m", 16, "Rows of x (tokens in the step).",
@@ -68,8 +71,8 @@ _TIME_BUDGET_S = flags.DEFINE_float(
     "time_budget_s", None, "Seconds after which remaining configs are skipped."
 )
 _CACHE_DIR = flags.DEFINE_string(
-    "cache_dir", None, "Cache root (default: kernels/autotune_cache or "
-    f"${autotune.CACHE_ENV})."
+    "cache_dir", None, f"Cache root (default: ${autotune.CACHE_ENV}, else "
+    "kernels/autotune_cache if writable, else ~/.cache/jaxroof/autotune)."
 )
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Also write the result (every trial) to this file."
@@ -83,6 +86,16 @@ def _kv_heads_divide(values):
   return values[_HEADS.name] % values[_KV_HEADS.name] == 0
 
 
+@flags.multi_flags_validator(
+    (_OP.name, _MAX_LEN.name, _PAGE_SIZE.name),
+    message="--page_size must divide --max_len for paged_decode_attention",
+)
+def _page_size_divides(values):
+  if values[_OP.name] != "paged_decode_attention":
+    return True
+  return values[_MAX_LEN.name] % values[_PAGE_SIZE.name] == 0
+
+
 def problem_from_flags(op_name: str):
   """The problem the flags describe, for `op_name`."""
   if op_name == "linear":
@@ -93,7 +106,8 @@ def problem_from_flags(op_name: str):
         batch=_BATCH.value, heads=_HEADS.value, kv_heads=_KV_HEADS.value,
         max_len=_MAX_LEN.value, head_dim=_HEAD_DIM.value, dtype=_DTYPE.value,
     )
-  pages_per_seq = -(-_MAX_LEN.value // _PAGE_SIZE.value)
+  pages_per_seq = _MAX_LEN.value // _PAGE_SIZE.value
+  # The smallest pool that holds every sequence; the cache key ignores it.
   return paged_attention.PagedProblem(
       batch=_BATCH.value, heads=_HEADS.value, kv_heads=_KV_HEADS.value,
       head_dim=_HEAD_DIM.value, num_pages=_BATCH.value * pages_per_seq,

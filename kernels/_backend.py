@@ -35,6 +35,8 @@ TPU_VMEM_LIMIT_BYTES = 16 * 2**20
 TRITON_SMEM_BUDGET_BYTES = 192 * 2**10
 # The TPU whose lowering rules cross-lowering on a machine without a TPU uses.
 CROSS_LOWERING_TPU_KIND = "TPU v5 lite"
+# Triton's tl.dot needs every dimension >= 16.
+MIN_DOT = 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -142,6 +144,19 @@ def is_power_of_two(n: int) -> bool:
 
 def next_power_of_two(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
+
+
+def largest_pow2_divisor(total: int, cap: int, floor: int) -> int | None:
+  """The largest power of two in [floor, cap] dividing total, if any.
+
+  `cap` is a power of two; halving it walks the candidates.
+  """
+  block = cap
+  while block >= floor:
+    if total % block == 0:
+      return block
+    block //= 2
+  return None
 
 
 def device_kind() -> str:

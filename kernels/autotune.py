@@ -1,17 +1,26 @@
 """Autotuning of Pallas kernel configs, and the JSON cache of its results.
 
-For an op and its argument shapes and dtypes, `tune` tries the op's candidate
+For an op and its problem (shapes, dtype), `tune` tries the op's candidate
 configs: configs that do not fit are recorded as skipped, each other one is
 compiled (a failure is recorded), checked against the op's reference (a
-mismatch is recorded) and timed on the device (`kernels.device_timing`). The
-fastest median wins. The winner and every trial are cached as JSON in
-`<cache dir>/<device kind>/<op>.json`, keyed by backend, platform, jax version
-and the arguments' dtypes and shapes, and written atomically.
+mismatch is recorded; attention is checked on ragged lengths including 1) and
+timed on the device (`kernels.device_timing`). The fastest median wins. The
+winner and every trial are cached as JSON in
+`<cache dir>/<device kind>/<op>.json`, written atomically and keyed by
+backend, platform, jax version and the problem fields configs depend on, with
+batch and sequence length rounded up to powers of two (`cache_key`).
+
+Cache dirs (`write_dir`, `read_dirs`): results are written to
+$JAXROOF_AUTOTUNE_CACHE if set, else to the package's `kernels/autotune_cache`
+if it is writable, else to `~/.cache/jaxroof/autotune`; lookups read that dir,
+then the shipped package dir. An explicit `cache_dir` is the only dir used.
 
 `choose_config` is what a kernel calls when it is given no config: an explicit
 config is used as is (the kernel does not call this), then the cache, then
-tuning (only when the miss policy says so), then the op's heuristic.
-Interpreted kernels are never tuned: their timings are not kernel speed.
+tuning (only when the miss policy says so), then the op's heuristic. A cached
+tuning that found no valid config is not a miss: it gets the heuristic without
+tuning again. Interpreted kernels are never tuned: their timings are not
+kernel speed.
 """
 
 from __future__ import annotations
@@ -43,13 +52,16 @@ from kernels._backend import Target
 CACHE_ENV = "JAXROOF_AUTOTUNE_CACHE"
 ON_MISS_ENV = "JAXROOF_AUTOTUNE_ON_MISS"
 ON_MISS_CHOICES = ("heuristic", "autotune", "error")
-DEFAULT_CACHE_DIR = pathlib.Path(__file__).parent / "autotune_cache"
+# Shipped results; written to only when the package dir is writable.
+PACKAGE_CACHE_DIR = pathlib.Path(__file__).parent / "autotune_cache"
 NOT_TUNED_ON_INTERPRET = (
     "interpreted Pallas kernels are never tuned (interpret-mode timings are "
     "not kernel speed); using the heuristic config"
 )
 
 _on_miss_override: list[str] = []
+# (cache file, key) of failed tunings already reported, to log each once.
+_reported_failures: set[tuple[str, str]] = set()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +80,14 @@ class TunableOp:
     tolerance: dtype -> (rtol, atol) against the reference.
     chain_feed: (args, output) -> next args, for chained timing.
     example_args: (problem, key) -> random arguments for tuning.
+    key_fields: problem fields the cache key matches exactly; empty means
+      every field not in `bucketed_fields`.
+    bucketed_fields: problem fields (batch, sequence length) the cache key
+      rounds up to a power of two, so nearby sizes share one tuning.
+    check_args: (timed args, key) -> more arguments of the same shapes the
+      outputs are checked on (attention: ragged lengths); None: none.
+    check_note: what the correctness check runs on, for the cache record.
+    timing_note: what `example_args` times on, for the cache record.
   """
 
   name: str
@@ -81,6 +101,12 @@ class TunableOp:
   tolerance: Callable[[Any], tuple[float, float]]
   chain_feed: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
   example_args: Callable[[Any, jax.Array], tuple[Any, ...]]
+  key_fields: tuple[str, ...] = ()
+  bucketed_fields: tuple[str, ...] = ()
+  check_args: Callable[[tuple[Any, ...], jax.Array],
+                       tuple[Any, ...]] | None = None
+  check_note: str = "the timed arguments"
+  timing_note: str = "example_args"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,27 +153,80 @@ def args_signature(args: Sequence[Any]) -> list[str]:
   ]
 
 
-def cache_key(args: Sequence[Any], target: Target) -> str:
-  """backend|platform|jax version|argument signature."""
-  return "|".join(
-      [target.backend, target.platform, f"jax-{jax.__version__}",
-       " ".join(args_signature(args))]
+def problem_key(op: TunableOp, problem: Any) -> str:
+  """The problem's part of the cache key: the fields configs depend on.
+
+  Exact fields first (`op.key_fields`), then the bucketed ones rounded up to a
+  power of two (`op.bucketed_fields`), in the op's order; for decode attention
+  'dtype=bfloat16 heads=32 kv_heads=8 head_dim=128 batch<=32 max_len<=8192'.
+  """
+  exact = op.key_fields or tuple(
+      f.name for f in dataclasses.fields(problem)
+      if f.name not in op.bucketed_fields
   )
+  parts = [f"{name}={getattr(problem, name)}" for name in exact]
+  parts += [
+      f"{name}<={_backend.next_power_of_two(getattr(problem, name))}"
+      for name in op.bucketed_fields
+  ]
+  return " ".join(parts)
+
+
+def cache_key(op: TunableOp, problem: Any, target: Target) -> str:
+  """backend|platform|jax version|problem key (see `problem_key`)."""
+  return "|".join([target.backend, target.platform, f"jax-{jax.__version__}",
+                   problem_key(op, problem)])
+
+
+def user_cache_dir() -> pathlib.Path:
+  """`~/.cache/jaxroof/autotune`: results of a read-only (installed) package."""
+  return pathlib.Path.home() / ".cache" / "jaxroof" / "autotune"
+
+
+def _writable(path: pathlib.Path) -> bool:
+  return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def write_dir(
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> pathlib.Path:
+  """Where tuning results are written.
+
+  `cache_dir` if given, else $JAXROOF_AUTOTUNE_CACHE if set, else the
+  package's `kernels/autotune_cache` if writable (a source checkout), else
+  `user_cache_dir()` (an installed, read-only package).
+  """
+  if cache_dir:
+    return pathlib.Path(cache_dir)
+  if os.environ.get(CACHE_ENV):
+    return pathlib.Path(os.environ[CACHE_ENV])
+  if _writable(PACKAGE_CACHE_DIR):
+    return PACKAGE_CACHE_DIR
+  return user_cache_dir()
+
+
+def read_dirs(
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> list[pathlib.Path]:
+  """Where lookups read, in order: `write_dir()`, then the shipped results.
+
+  An explicit `cache_dir` is read alone.
+  """
+  if cache_dir:
+    return [pathlib.Path(cache_dir)]
+  first = write_dir()
+  return [first] if first == PACKAGE_CACHE_DIR else [first, PACKAGE_CACHE_DIR]
 
 
 def cache_path(
     op_name: str,
     kind: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    root: pathlib.Path | None = None,
 ) -> pathlib.Path:
-  """`<cache dir>/<device kind slug>/<op>.json`.
-
-  The cache dir is `cache_dir`, else $JAXROOF_AUTOTUNE_CACHE, else
-  `kernels/autotune_cache`.
-  """
-  root = pathlib.Path(
-      cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
-  )
+  """`<root>/<device kind slug>/<op>.json`; root defaults to `write_dir`."""
+  root = write_dir(cache_dir) if root is None else root
   return root / _backend.device_kind_slug(kind) / f"{op_name}.json"
 
 
@@ -176,6 +255,51 @@ def _config_from_json(op: TunableOp, data: dict[str, Any]) -> Any | None:
     return None  # Written by an older config type: ignore the entry.
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lookup:
+  """What the cache holds for a problem.
+
+  Attributes:
+    config: the cached winner, when one still fits.
+    failed: an entry whose tuning found no valid config (when no dir had a
+      winner that fits); the kernel then gets the heuristic without tuning.
+    path: the cache file `config` or `failed` came from.
+  """
+
+  config: Any | None = None
+  failed: dict[str, Any] | None = None
+  path: pathlib.Path | None = None
+
+
+def lookup(
+    op: TunableOp,
+    problem: Any,
+    target: Target,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Lookup:
+  """Reads `read_dirs(cache_dir)` in order: the first winner that fits wins.
+
+  Winners written by an older config type, or that do not fit this exact
+  problem (its key is bucketed), are skipped.
+  """
+  key = cache_key(op, problem, target)
+  failed = None
+  for root in read_dirs(cache_dir):
+    path = cache_path(op.name, None, root=root)
+    entry = load_cache(path).get("entries", {}).get(key)
+    if not entry:
+      continue
+    if entry.get("best") is None:
+      failed = failed or Lookup(failed=entry, path=path)
+      continue
+    config = _config_from_json(op, entry["best"])
+    if config is None or op.why_invalid(config, problem, target.rules):
+      continue
+    return Lookup(config=config, path=path)
+  return failed or Lookup()
+
+
 def cached_config(
     op: TunableOp,
     args: Sequence[Any],
@@ -184,17 +308,7 @@ def cached_config(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Any | None:
   """The cached winner for these args on this device, if any still fits."""
-  entry = load_cache(cache_path(op.name, None, cache_dir))["entries"].get(
-      cache_key(args, target)
-  )
-  if not entry or entry.get("best") is None:
-    return None
-  config = _config_from_json(op, entry["best"])
-  if config is None:
-    return None
-  if op.why_invalid(config, op.problem(args), target.rules):
-    return None
-  return config
+  return lookup(op, op.problem(args), target, cache_dir=cache_dir).config
 
 
 def _store(path: pathlib.Path, key: str, entry: dict[str, Any],
@@ -245,18 +359,37 @@ def choose_config(
            and target.platform == _backend.default_platform())
   if not local:
     return op.heuristic(problem, target.rules)
-  config = cached_config(op, args, target, cache_dir=cache_dir)
-  if config is not None:
-    return config
+  found = lookup(op, problem, target, cache_dir=cache_dir)
+  if found.config is not None:
+    return found.config
+  heuristic = op.heuristic(problem, target.rules)
+  if found.failed is not None:
+    _report_failed_tuning(op, found, heuristic)
+    return heuristic
   policy = on_miss_policy()
   if policy == "autotune":
     return tune(op, problem, target=target, cache_dir=cache_dir).config
   if policy == "error":
+    dirs = ", ".join(str(d) for d in read_dirs(cache_dir))
     raise InputError(
-        f"no cached {op.name} config for {cache_key(args, target)} in "
-        f"{cache_path(op.name, None, cache_dir)} and {ON_MISS_ENV}=error."
+        f"no cached {op.name} config for {cache_key(op, problem, target)} in "
+        f"{dirs} and {ON_MISS_ENV}=error."
     )
-  return op.heuristic(problem, target.rules)
+  return heuristic
+
+
+def _report_failed_tuning(op: TunableOp, found: Lookup, heuristic: Any) -> None:
+  """Logs, once per cache entry, that a failed tuning gives the heuristic."""
+  key = (str(found.path), found.failed.get("key", ""))
+  if key in _reported_failures:
+    return
+  _reported_failures.add(key)
+  logging.warning(
+      "%s: the cached tuning in %s (tuned at %s) found no config that runs "
+      "correctly; using the heuristic %s without tuning again (tune "
+      "explicitly, e.g. experiments/autotune, to retry).",
+      op.name, found.path, found.failed.get("tuned_at"), heuristic,
+  )
 
 
 # Tuning -----------------------------------------------------------------------
@@ -294,30 +427,40 @@ def default_timer(repeats: int = 10, warmup: int = 2) -> Timer:
   return timer
 
 
+# (arguments, the reference's output on them): what a candidate must match.
+Check = tuple[tuple[Any, ...], Any]
+
+
 def _try_candidate(
     op: TunableOp,
     config: Any,
     args: tuple[Any, ...],
-    expected: Any,
+    checks: Sequence[Check],
     target: Target,
     timer: Timer,
 ) -> Trial:
-  """Compiles, checks and times one config that fits.
+  """Compiles, checks (on every check's arguments) and times one config.
 
-  The timer gets the jitted kernel, whose compiled executable is cached, so
-  timing single calls does not compile it again.
+  The check arguments have the timed arguments' shapes, so the kernel
+  compiles once. The timer gets the jitted kernel, whose compiled executable
+  is cached, so timing single calls does not compile it again.
   """
   fn = jax.jit(functools.partial(op.kernel, config=config, target=target))
-  start = time.perf_counter()
-  try:
-    out = jax.block_until_ready(fn(*args))  # Compiles, then runs once.
-  except Exception as e:  # noqa: BLE001 - any compile error skips the config.
-    return Trial(config=config, status="failed", reason=_first_line(e))
-  compile_s = time.perf_counter() - start
-  err = _max_abs_err(out, expected)
-  if not _matches(op, out, expected):
-    return Trial(config=config, status="wrong", compile_s=compile_s,
-                 max_abs_err=err, reason="output differs from the reference")
+  compile_s = None
+  err = 0.0
+  for check_args, expected in checks:
+    start = time.perf_counter()
+    try:
+      out = jax.block_until_ready(fn(*check_args))  # Compiles on the first.
+    except Exception as e:  # noqa: BLE001 - a compile error skips the config.
+      return Trial(config=config, status="failed", compile_s=compile_s,
+                   reason=_first_line(e))
+    if compile_s is None:
+      compile_s = time.perf_counter() - start
+    err = max(err, _max_abs_err(out, expected))
+    if not _matches(op, out, expected):
+      return Trial(config=config, status="wrong", compile_s=compile_s,
+                   max_abs_err=err, reason="output differs from the reference")
   try:
     timing = timer(fn, args, op.chain_feed)
   except Exception as e:  # noqa: BLE001 - e.g. out of memory while timing.
@@ -347,8 +490,9 @@ def tune(
     op: the op.
     problem: its static description (shapes, dtype).
     target: where to run; an interpreted target is never tuned.
-    args: arguments to tune on; None makes random ones (`op.example_args`).
-    cache_dir: where the cache lives (see `cache_path`).
+    args: arguments to time on; None makes random ones (`op.example_args`).
+      Outputs are checked on them and on `op.check_args` (ragged lengths).
+    cache_dir: where the cache is written (see `write_dir`).
     max_candidates: at most this many candidates, the heuristic first.
     time_budget_s: candidates left when this much time has passed are
       recorded as skipped.
@@ -359,6 +503,8 @@ def tune(
 
   Returns:
     A `TuneResult`; when no candidate is valid, the heuristic (tuned=False).
+    That outcome is cached too: `choose_config` then gives the heuristic
+    without tuning again.
   """
   heuristic = op.heuristic(problem, target.rules)
   if target.interpret:
@@ -366,10 +512,17 @@ def tune(
     return TuneResult(config=heuristic, tuned=False,
                       message=NOT_TUNED_ON_INTERPRET)
   timer = timer or default_timer()
+  timed_on = (op.timing_note if args is None
+              else "the arguments given to tune")
+  rng = jax.random.key(seed)
   if args is None:
-    args = op.example_args(problem, jax.random.key(seed))
+    args = op.example_args(problem, rng)
   args = tuple(args)
-  expected = jax.block_until_ready(jax.jit(op.reference)(*args))
+  reference = jax.jit(op.reference)
+  checks = [(args, jax.block_until_ready(reference(*args)))]
+  if op.check_args is not None:
+    ragged = tuple(op.check_args(args, jax.random.fold_in(rng, 1)))
+    checks.insert(0, (ragged, jax.block_until_ready(reference(*ragged))))
   configs = op.candidates(problem, target.rules)[:max_candidates]
   start = time.perf_counter()
   trials = []
@@ -385,16 +538,20 @@ def tune(
       trials.append(Trial(config=config, status="skipped",
                           reason=f"time budget of {time_budget_s} s spent"))
     else:
-      trials.append(_try_candidate(op, config, args, expected, target, timer))
+      trials.append(_try_candidate(op, config, args, checks, target, timer))
   ok = [t for t in trials if t.status == "ok"]
   best = min(ok, key=lambda t: t.timing.median_s) if ok else None
   config = best.config if best else heuristic
   message = (
       f"best of {len(ok)} valid configs out of {len(trials)} tried"
-      if best else "no candidate ran correctly; using the heuristic config"
+      if best else "no candidate ran correctly; using the heuristic config "
+      "(cached: later calls use it without tuning again)"
   )
   kind = _backend.device_kind()
+  key = cache_key(op, problem, target)
   entry = {
+      "key": key,
+      "message": message,
       "op": op.name,
       "device_kind": kind,
       "backend": target.backend,
@@ -406,11 +563,12 @@ def tune(
       "best_median_s": best.timing.median_s if best else None,
       "heuristic": dataclasses.asdict(heuristic),
       "timing_method": best.timing.method if best else None,
+      "checked_on": op.check_note,
+      "timed_on": timed_on,
       "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
       "trials": [t.to_json() for t in trials],
   }
   if save:
-    _store(cache_path(op.name, kind, cache_dir), cache_key(args, target),
-           entry, op.name, kind)
+    _store(cache_path(op.name, kind, cache_dir), key, entry, op.name, kind)
   return TuneResult(config=config, tuned=best is not None, message=message,
                     trials=tuple(trials), entry=entry)

@@ -22,14 +22,16 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import sympy as sp
 
 from jaxroof import formulas
 from jaxroof import table
+from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
 from kernels import decode_attention as da
@@ -100,27 +102,55 @@ QUICK_CASES = (
 # Analytic traffic and work --------------------------------------------------
 
 
-def analytic(case: Case) -> dict[str, float]:
-  """Bytes moved and FLOPs of one call, all lengths full (analytic bound)."""
+def analytic(case: Case,
+             lengths: Sequence[int] | None = None) -> dict[str, float]:
+  """Bytes moved and FLOPs of one call, from `jaxroof.formulas`.
+
+  Analytic bounds: each weight and K/V byte read once. For attention, K/V
+  traffic and FLOPs grow with each sequence's length and the query and output
+  with the batch, so a ragged batch is `batch` sequences of the mean length
+  (T = sum(lengths) / batch, an exact rational); without lengths all are full.
+
+  Args:
+    case: the op and shape.
+    lengths: attention only: each sequence's length (default: all full).
+
+  Raises:
+    InputError: lengths for a linear case, or of the wrong count or range.
+  """
   p = case.problem
   size = jnp.dtype(p.dtype).itemsize
   if case.op is linear.TUNABLE:
-    weights = float(formulas.weight_traffic(p.k * p.n, size))
-    activations = (p.m * p.k + p.m * p.n) * size
-    return {"bytes": weights + activations,
+    if lengths is not None:
+      raise InputError(f"{lengths=} is not allowed for a linear case.")
+    return {"bytes": float(formulas.linear_bytes(p.m, p.k, p.n, size)),
             "flops": float(formulas.linear_flops(p.k * p.n, p.m)),
-            "weight_bytes": weights}
+            "weight_bytes": float(formulas.weight_traffic(p.k * p.n, size))}
   if case.op is pa.TUNABLE:
     positions = p.pages_per_seq * p.page_size
   else:
     positions = p.max_len
+  if lengths is None:
+    mean_len = sp.Integer(positions)
+  else:
+    lengths = [int(n) for n in lengths]
+    if len(lengths) != p.batch or not all(1 <= n <= positions
+                                          for n in lengths):
+      raise InputError(
+          f"{lengths=} is not allowed: give {p.batch} lengths (batch), each "
+          f"in 1..{positions}."
+      )
+    mean_len = sp.Rational(sum(lengths), p.batch)
   per_position = formulas.kv_bytes_per_position(1, p.kv_heads, p.head_dim,
                                                 size)
-  kv = float(formulas.retained_kv_bytes(p.batch, positions, per_position))
-  q_and_out = 2 * p.batch * p.heads * p.head_dim * size
-  # Scores and weighted values: 2 FLOPs per multiply-add, 2 products.
-  flops = 4.0 * p.batch * p.heads * positions * p.head_dim
-  return {"bytes": kv + q_and_out, "flops": flops, "kv_bytes": kv}
+  kv = formulas.retained_kv_bytes(p.batch, mean_len, per_position)
+  return {
+      "bytes": float(formulas.attention_bytes(
+          p.batch, mean_len, p.heads, p.kv_heads, p.head_dim, size)),
+      "flops": float(formulas.attention_flops(p.batch, mean_len, p.heads,
+                                              p.head_dim)),
+      "kv_bytes": float(kv),
+  }
 
 
 # Measurements -----------------------------------------------------------------
@@ -265,6 +295,8 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
       "tuning": {
           "tuned": tuned.tuned,
           "message": tuned.message,
+          **{k: (tuned.entry or {}).get(k)
+             for k in ("key", "checked_on", "timed_on")},
           "trials": tuned.entry["trials"] if tuned.entry else [],
       },
       "analytic": {**work, "label": "analytic: each byte read once, lengths "

@@ -31,16 +31,20 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxroof.errors import InputError, require_finite
+from jaxroof.errors import InputError, require_choice, require_finite
 from kernels import _backend
 from kernels import autotune
 from kernels import device_timing
-from kernels._backend import Target, is_power_of_two, next_power_of_two
+from kernels._backend import (
+    MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
+)
 
 OP_NAME = "decode_attention"
+# What the autotuner checks a candidate's output on, for its cache record.
+CHECK_NOTE = ("the timed arguments with ragged lengths, including 1 and "
+              "max_len (with_ragged_lengths), then the timed arguments")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 _F32 = jnp.float32
-_MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
 # Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
 _EXACT = lax.Precision.HIGHEST
 
@@ -75,7 +79,7 @@ class DecodeProblem:
   @property
   def block_h(self) -> int:
     """Query rows per program: the group padded to a power of two >= 16."""
-    return max(_MIN_DOT, next_power_of_two(self.group))
+    return max(MIN_DOT, next_power_of_two(self.group))
 
   @property
   def itemsize(self) -> int:
@@ -388,9 +392,9 @@ def why_invalid(
     )
   split_len = p.max_len // c.num_splits
   if rules == "triton":
-    if not (is_power_of_two(c.block_k) and c.block_k >= _MIN_DOT):
+    if not (is_power_of_two(c.block_k) and c.block_k >= MIN_DOT):
       return f"block_k={c.block_k} must be a power of two >= 16 for Triton"
-    if not (is_power_of_two(p.head_dim) and p.head_dim >= _MIN_DOT):
+    if not (is_power_of_two(p.head_dim) and p.head_dim >= MIN_DOT):
       return f"head_dim={p.head_dim} must be a power of two >= 16 for Triton"
     if not is_power_of_two(c.num_warps) or c.num_warps > 16:
       return f"num_warps={c.num_warps} must be a power of two <= 16"
@@ -420,16 +424,6 @@ def validate(
     raise InputError(f"config {config} does not fit {problem}: {reason}.")
 
 
-def _largest_block_k(max_len: int, cap: int, multiple: int) -> int | None:
-  """The largest power of two <= cap dividing max_len, if >= multiple."""
-  block = cap
-  while block >= multiple:
-    if max_len % block == 0:
-      return block
-    block //= 2
-  return None
-
-
 def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
   """A config that fits `problem`, chosen without timing anything.
 
@@ -444,14 +438,14 @@ def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
   """
   p = problem
   if rules == "mosaic_tpu":
-    block_k = _largest_block_k(p.max_len, 512, 128)
+    block_k = largest_pow2_divisor(p.max_len, 512, 128)
     base = DecodeAttentionConfig(block_k=block_k or 128,
                                  kv_heads_per_block=p.kv_heads)
     splits = [2, 1, 4, 8, 16, 32, 64]
   else:
     cap = 64 if p.head_dim >= 128 else 128
-    block_k = _largest_block_k(p.max_len, cap, _MIN_DOT)
-    base = DecodeAttentionConfig(block_k=block_k or _MIN_DOT)
+    block_k = largest_pow2_divisor(p.max_len, cap, MIN_DOT)
+    base = DecodeAttentionConfig(block_k=block_k or MIN_DOT)
     if rules == "interpret":
       splits = [2, 1]
     else:
@@ -508,10 +502,33 @@ def config_space(
 # Autotuning hooks -------------------------------------------------------------
 
 
+LENGTHS = ("full", "ragged")
+
+
+def example_lengths(key: jax.Array, batch: int, max_len: int,
+                    lengths: str = "full") -> jax.Array:
+  """int32[batch] sequence lengths for example inputs.
+
+  Args:
+    key: for the random lengths.
+    batch: sequences.
+    max_len: the longest allowed length.
+    lengths: "full" (all max_len) or "ragged": random in 1..max_len, the
+      first 1 and (batch >= 2) the last max_len, so empty splits, ragged
+      tails and full sequences all occur.
+  """
+  require_choice("lengths", lengths, LENGTHS)
+  if lengths == "full":
+    return jnp.full((batch,), max_len, jnp.int32)
+  lens = jax.random.randint(key, (batch,), 1, max_len + 1, jnp.int32)
+  lens = lens.at[0].set(1)
+  return lens.at[-1].set(max_len) if batch > 1 else lens
+
+
 def example_args(
     problem: DecodeProblem, key: jax.Array, *, lengths: str = "full"
 ):
-  """Random inputs for `problem`; lengths all max_len ("full") or ragged."""
+  """Random inputs for `problem`; `lengths` as for `example_lengths`."""
   kq, kk, kv, kl = jax.random.split(key, 4)
   p = problem
   dtype = jnp.dtype(p.dtype)
@@ -519,11 +536,14 @@ def example_args(
   shape = (p.batch, p.max_len, p.kv_heads, p.head_dim)
   k = jax.random.normal(kk, shape, dtype)
   v = jax.random.normal(kv, shape, dtype)
-  if lengths == "full":
-    lens = jnp.full((p.batch,), p.max_len, jnp.int32)
-  else:
-    lens = jax.random.randint(kl, (p.batch,), 1, p.max_len + 1, jnp.int32)
-  return q, k, v, lens
+  return q, k, v, example_lengths(kl, p.batch, p.max_len, lengths)
+
+
+def with_ragged_lengths(args, key: jax.Array):
+  """(q, k, v, lengths) with ragged lengths instead (`example_lengths`)."""
+  q, k, v, _ = args
+  batch, max_len = k.shape[:2]
+  return q, k, v, example_lengths(key, batch, max_len, "ragged")
 
 
 def _chain_feed(args, out):
@@ -547,4 +567,9 @@ TUNABLE = autotune.TunableOp(
     tolerance=tolerance,
     chain_feed=_chain_feed,
     example_args=example_args,
+    key_fields=("dtype", "heads", "kv_heads", "head_dim"),
+    bucketed_fields=("batch", "max_len"),
+    check_args=with_ragged_lengths,
+    check_note=CHECK_NOTE,
+    timing_note="example_args: every length max_len",
 )

@@ -31,13 +31,14 @@ from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
 from kernels import device_timing
-from kernels._backend import Target, is_power_of_two, next_power_of_two
+from kernels._backend import (
+    MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
+)
 
 OP_NAME = "linear"
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MAX_ROWS = 64  # Up to this many rows the heuristic streams weights.
 _F32 = jnp.float32
-_MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
 # Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
 _EXACT = lax.Precision.HIGHEST
 
@@ -313,7 +314,7 @@ def why_invalid(
   if rules == "triton":
     for name in ("block_m", "block_n", "block_k"):
       value = getattr(c, name)
-      if not (is_power_of_two(value) and value >= _MIN_DOT):
+      if not (is_power_of_two(value) and value >= MIN_DOT):
         return f"{name}={value} must be a power of two >= 16 for Triton"
     if not is_power_of_two(c.num_warps) or c.num_warps > 16:
       return f"num_warps={c.num_warps} must be a power of two <= 16"
@@ -349,16 +350,6 @@ def validate(config: LinearConfig, problem: LinearProblem,
     raise InputError(f"config {config} does not fit {problem}: {reason}.")
 
 
-def _largest_divisor(total: int, cap: int, floor: int) -> int | None:
-  """The largest power of two in [floor, cap] dividing total."""
-  block = cap
-  while block >= floor:
-    if total % block == 0:
-      return block
-    block //= 2
-  return None
-
-
 def _fit(problem: LinearProblem, base: LinearConfig, rules: str,
          splits: list[int]) -> LinearConfig:
   for split in splits:
@@ -386,16 +377,16 @@ def heuristic(problem: LinearProblem, rules: str) -> LinearConfig:
     sublanes = 8 * (4 // p.itemsize)
     base = LinearConfig(
         block_m=min(512, -(-p.m // sublanes) * sublanes),
-        block_n=_largest_divisor(p.n, 512, 128) or p.n,
-        block_k=_largest_divisor(p.k, 1024, 128) or p.k,
+        block_n=largest_pow2_divisor(p.n, 512, 128) or p.n,
+        block_k=largest_pow2_divisor(p.k, 1024, 128) or p.k,
     )
     return _fit(p, base, rules, [1])
   block_n_cap, block_k_cap = (64, 128) if p.m <= DECODE_MAX_ROWS else (128, 64)
-  block_n = _largest_divisor(p.n, block_n_cap, _MIN_DOT) or _MIN_DOT
-  block_k = _largest_divisor(p.k, block_k_cap, _MIN_DOT) or _MIN_DOT
+  block_n = largest_pow2_divisor(p.n, block_n_cap, MIN_DOT) or MIN_DOT
+  block_k = largest_pow2_divisor(p.k, block_k_cap, MIN_DOT) or MIN_DOT
   if p.m <= DECODE_MAX_ROWS:
     base = LinearConfig(
-        block_m=max(_MIN_DOT, next_power_of_two(p.m)), block_n=block_n,
+        block_m=max(MIN_DOT, next_power_of_two(p.m)), block_n=block_n,
         block_k=block_k, num_warps=4, num_stages=4,
     )
     want = max(1, math.ceil(264 / (p.n // block_n)))
@@ -491,4 +482,6 @@ TUNABLE = autotune.TunableOp(
     tolerance=tolerance,
     chain_feed=_chain_feed,
     example_args=example_args,
+    key_fields=("dtype", "k", "n"),
+    bucketed_fields=("m",),  # Rows: the batch (decode) or tokens (prefill).
 )

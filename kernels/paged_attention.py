@@ -13,6 +13,11 @@ Layouts:
   lengths:       (batch,) int32, each in 1..pages_per_seq*page_size
   output:        (batch, heads, head_dim), q's dtype
 
+A sequence's first ceil(length / page_size) table entries (its live pages)
+must be in 0..num_pages-1; the entries after them are never read and may hold
+anything (e.g. -1). Lengths and live page indices are checked when their
+values are known (not traced).
+
 GPU (Triton) and the CPU interpreter only: on TPU the page pool cannot be a
 VMEM block, and a hand-written DMA pipeline is not part of jaxroof, so the TPU
 config space is empty and the call raises.
@@ -26,6 +31,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -34,11 +40,10 @@ from kernels import _backend
 from kernels import autotune
 from kernels import decode_attention
 from kernels import device_timing
-from kernels._backend import Target, is_power_of_two, next_power_of_two
+from kernels._backend import MIN_DOT, Target, is_power_of_two, next_power_of_two
 
 OP_NAME = "paged_decode_attention"
 _F32 = jnp.float32
-_MIN_DOT = 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,8 +73,13 @@ class PagedProblem:
     return self.heads // self.kv_heads
 
   @property
+  def max_len(self) -> int:
+    """Positions a sequence's table can address."""
+    return self.pages_per_seq * self.page_size
+
+  @property
   def block_h(self) -> int:
-    return max(_MIN_DOT, next_power_of_two(self.group))
+    return max(MIN_DOT, next_power_of_two(self.group))
 
 
 def problem_of(q, k_pages, v_pages, block_tables, lengths) -> PagedProblem:
@@ -107,6 +117,34 @@ def problem_of(q, k_pages, v_pages, block_tables, lengths) -> PagedProblem:
       num_pages=num_pages, page_size=page_size,
       pages_per_seq=block_tables.shape[1], dtype=dtypes.pop(),
   )
+
+
+def check_block_tables(block_tables, lengths, num_pages: int,
+                       page_size: int) -> None:
+  """Checks every live page index is in 0..num_pages-1, when values are known.
+
+  Live: the first ceil(lengths[b] / page_size) entries of row b, the pages
+  the kernel reads. Skipped under tracing (jit), as `check_lengths` is.
+
+  Raises:
+    InputError: naming the first bad `block_tables[b, i]` and its value.
+  """
+  try:
+    tables = np.asarray(block_tables)
+    lens = np.asarray(lengths)
+  except (jax.errors.TracerArrayConversionError,
+          jax.errors.ConcretizationTypeError):
+    return  # Traced under jit: the values are not known yet.
+  live = np.arange(tables.shape[1])[None, :] * page_size < lens[:, None]
+  bad = np.argwhere(live & ((tables < 0) | (tables >= num_pages)))
+  if bad.size:
+    b, i = (int(n) for n in bad[0])
+    raise InputError(
+        f"block_tables[{b}, {i}]={int(tables[b, i])} is not allowed: the "
+        f"first ceil(lengths[{b}]/page_size) = "
+        f"{-(-int(lens[b]) // page_size)} page indices of sequence {b} must "
+        f"be in 0..{num_pages - 1} (num_pages={num_pages})."
+    )
 
 
 def gather_pages(pages, block_tables):
@@ -187,9 +225,9 @@ def paged_decode_attention(
     InputError: bad shapes or dtypes, a config that does not fit, or TPU.
   """
   problem = problem_of(q, k_pages, v_pages, block_tables, lengths)
-  decode_attention.check_lengths(
-      lengths, problem.pages_per_seq * problem.page_size
-  )
+  decode_attention.check_lengths(lengths, problem.max_len)
+  check_block_tables(block_tables, lengths, problem.num_pages,
+                     problem.page_size)
   target = _backend.resolve_target(platform, interpret)
   args = (q, k_pages, v_pages, block_tables, lengths)
   if config is None:
@@ -268,9 +306,9 @@ def why_invalid(config: PagedAttentionConfig, problem: PagedProblem,
         f"pages_per_seq={p.pages_per_seq}"
     )
   if rules == "triton":
-    if not (is_power_of_two(p.page_size) and p.page_size >= _MIN_DOT):
+    if not (is_power_of_two(p.page_size) and p.page_size >= MIN_DOT):
       return f"page_size={p.page_size} must be a power of two >= 16 for Triton"
-    if not (is_power_of_two(p.head_dim) and p.head_dim >= _MIN_DOT):
+    if not (is_power_of_two(p.head_dim) and p.head_dim >= MIN_DOT):
       return f"head_dim={p.head_dim} must be a power of two >= 16 for Triton"
     if not is_power_of_two(c.num_warps) or c.num_warps > 16:
       return f"num_warps={c.num_warps} must be a power of two <= 16"
@@ -330,7 +368,10 @@ def config_space(problem: PagedProblem,
 
 def example_args(problem: PagedProblem, key: jax.Array, *,
                  lengths: str = "full"):
-  """Random inputs: a shuffled page pool, each page used at most once."""
+  """Random inputs: a shuffled page pool, each page used at most once.
+
+  `lengths` is "full" or "ragged", as for `decode_attention.example_lengths`.
+  """
   p = problem
   kq, kk, kv, kt, kl = jax.random.split(key, 5)
   dtype = jnp.dtype(p.dtype)
@@ -345,11 +386,15 @@ def example_args(problem: PagedProblem, key: jax.Array, *,
     )
   order = jax.random.permutation(kt, p.num_pages)[:needed]
   tables = order.reshape(p.batch, p.pages_per_seq).astype(jnp.int32)
-  max_len = p.pages_per_seq * p.page_size
-  if lengths == "full":
-    lens = jnp.full((p.batch,), max_len, jnp.int32)
-  else:
-    lens = jax.random.randint(kl, (p.batch,), 1, max_len + 1, jnp.int32)
+  lens = decode_attention.example_lengths(kl, p.batch, p.max_len, lengths)
+  return q, k_pages, v_pages, tables, lens
+
+
+def with_ragged_lengths(args, key: jax.Array):
+  """The paged arguments with ragged lengths (`example_lengths`) instead."""
+  q, k_pages, v_pages, tables, _ = args
+  max_len = tables.shape[1] * k_pages.shape[1]
+  lens = decode_attention.example_lengths(key, q.shape[0], max_len, "ragged")
   return q, k_pages, v_pages, tables, lens
 
 
@@ -372,4 +417,10 @@ TUNABLE = autotune.TunableOp(
     tolerance=tolerance,
     chain_feed=_chain_feed,
     example_args=example_args,
+    # Not num_pages: the pool is sized by memory, not by the problem.
+    key_fields=("dtype", "heads", "kv_heads", "head_dim", "page_size"),
+    bucketed_fields=("batch", "max_len"),
+    check_args=with_ragged_lengths,
+    check_note=decode_attention.CHECK_NOTE,
+    timing_note="example_args: every length pages_per_seq*page_size",
 )

@@ -10,6 +10,7 @@ import sys
 import jax
 from absl.testing import absltest, parameterized
 
+from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import benchmark as gpu_bench
 from kernels import decode_attention as da
@@ -74,6 +75,25 @@ class BenchArithmeticTest(absltest.TestCase):
     self.assertEqual(lin["weight_bytes"], 8192 * 28672 * 2)
     self.assertEqual(lin["flops"], 2 * 16 * 8192 * 28672)
     self.assertEqual(lin["bytes"], (8192 * 28672 + 16 * 8192 + 16 * 28672) * 2)
+
+  def test_attention_bytes_and_ragged_lengths(self):
+    b, h, kv, t, d = 4, 32, 8, 1024, 128
+    q_and_out = 2 * b * h * d * 2
+    for case in (gpu_bench.attention_case(b, h, kv, t, d),
+                 gpu_bench.paged_case(b, h, kv, t, d, 64)):
+      with self.subTest(case=case.name):
+        full = gpu_bench.analytic(case)
+        self.assertEqual(full["bytes"], 2 * b * t * kv * d * 2 + q_and_out)
+        # Ragged: K/V and FLOPs follow the total length, q and out the batch.
+        lengths = [1, 1024, 7, 300]
+        ragged = gpu_bench.analytic(case, lengths)
+        self.assertEqual(ragged["kv_bytes"], 2 * 1332 * kv * d * 2)
+        self.assertEqual(ragged["bytes"], 2 * 1332 * kv * d * 2 + q_and_out)
+        self.assertEqual(ragged["flops"], 4 * h * 1332 * d)
+        with self.assertRaisesRegex(InputError, "give 4 lengths"):
+          gpu_bench.analytic(case, [1, 1025, 7, 300])
+    with self.assertRaisesRegex(InputError, "linear"):
+      gpu_bench.analytic(gpu_bench.linear_case(16, 64, 64), [1])
 
   def test_dot_product_attention_wrapper_is_decode_attention(self):
     problem = da.DecodeProblem(batch=3, heads=8, kv_heads=2, max_len=32,

@@ -88,6 +88,24 @@ class ErrorAndLoweringTest(absltest.TestCase):
       pa.paged_decode_attention(q, k_pages, v_pages, tables,
                                 lengths.at[2].set(65))
 
+  def test_live_page_indices_must_be_in_the_pool(self):
+    q, k_pages, v_pages, tables, _ = pa.example_args(_SMALL,
+                                                     jax.random.key(0))
+    lengths = jnp.array([64, 17, 16], jnp.int32)  # Live pages: 4, 2, 1.
+    call = lambda t: pa.paged_decode_attention(  # noqa: E731
+        q, k_pages, v_pages, t, lengths)
+    for (b, i), value in (((0, 3), 17), ((1, 1), -1), ((2, 0), 99)):
+      with self.subTest(b=b, i=i, value=value):
+        with self.assertRaisesRegex(
+            InputError, rf"block_tables\[{b}, {i}\]={value} is not allowed"
+            r".* must be in 0\.\.16 \(num_pages=17\)"):
+          call(tables.at[b, i].set(value))
+    # Entries past a sequence's live pages are never read: anything goes.
+    tail = tables.at[1, 2:].set(-1).at[2, 1:].set(1000)
+    pa.check_block_tables(tail, lengths, _SMALL.num_pages, _SMALL.page_size)
+    # Under jit the values are unknown, so the check is skipped.
+    jax.eval_shape(call, tables.at[0, 3].set(17))
+
   def test_every_config_in_the_gpu_space_lowers(self):
     for dtype in ("float32", "bfloat16"):
       problem = dataclasses.replace(
