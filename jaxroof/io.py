@@ -27,6 +27,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
   suffix = os.path.splitext(path)[1]  # Keeps savefig's format inference.
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
   os.close(fd)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files.
   try:
     yield tmp
     os.replace(tmp, path)
