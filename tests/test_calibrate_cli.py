@@ -1,0 +1,63 @@
+"""The calibrate and measure_ops experiments as a user runs them."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from jaxroof import op_sweeps
+from jaxroof import profile as profile_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
+                           num_heads=4, num_kv_heads=2, head_dim=8, width=32,
+                           mlp_dim=64)
+
+
+def run(module, *flags):
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--validate",), "--profile"),
+    (("--budget_s=0",), "--budget_s"),
+    (("--heldout_fraction=0.9",), "--heldout_fraction"),
+    (("--validate", "--profile=/nonexistent/p.json"), "does not exist"),
+])
+def test_calibrate_bad_input_is_one_line(flags, needle):
+  proc = run("calibrate", *flags)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith("error:") and needle in lines[-1]
+  assert "Traceback" not in proc.stderr
+
+
+def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
+  prof = profile_lib.Profile(
+      device_kind=jax.devices()[0].device_kind, platform="cpu", backend="xla",
+      dtype="float32", jax_version="", created="",
+      ceilings={"bandwidth_Bps": 1e10, "flops_per_s": {"float32": 1e11}},
+      factors={"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4,
+               "t0_layer": 1e-5, "r_ovl": 1.0},
+      fit={}, model={"configs": {"calibration": dataclasses.asdict(TINY)}})
+  path, out = tmp_path / "p.json", tmp_path / "v.json"
+  profile_lib.save_profile(prof, path)
+  proc = run("calibrate", "--validate", f"--profile={path}",
+             "--batch_sizes=2", "--contexts=8,24", "--rounds=2",
+             f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  rows = json.loads(out.read_text())["validation"]
+  assert [(r["batch"], r["context"]) for r in rows] == [(2, 8), (2, 24)]
+  assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in rows)
+
+
+def test_measure_ops_refuses_interpreted_pallas_on_cpu():
+  if jax.devices()[0].device_kind != "cpu":
+    pytest.skip("CPU-only behaviour")
+  proc = run("measure_ops", "--backend=pallas")
+  assert proc.returncode == 2 and "pallas" in proc.stderr

@@ -1,0 +1,171 @@
+"""The measurement harness, ceilings and sweeps (fake clocks; tiny shapes)."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxroof import ceilings
+from jaxroof import errors
+from jaxroof import formulas
+from jaxroof import measure
+from jaxroof import op_sweeps
+from jaxroof.timing import Timing
+
+# Four blocks, grouped KV heads: small enough to compile in well under 1 s.
+TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
+                           num_heads=4, num_kv_heads=2, head_dim=8, width=32,
+                           mlp_dim=64)
+
+
+class FakeClock:
+  """Each call of `fn` advances time by the next of `durations`."""
+
+  def __init__(self, durations):
+    self.now = 0.0
+    self.durations = list(durations)
+    self.calls = []
+
+  def __call__(self):
+    return self.now
+
+  def fn(self, *args):
+    self.calls.append(args)
+    self.now += self.durations.pop(0)
+    return jnp.zeros(())
+
+
+def test_record_excludes_warmup_takes_median_and_labels_everything():
+  clock = FakeClock([50.0, 40.0, 3.0, 1.0, 2.0, 9.0, 4.0])
+  record = measure.measure(
+      clock.fn, [("a",), ("b",), ("c",)], op="linear",
+      shapes={"rows": 4}, dtype="float32", backend="xla", warmup=2,
+      repeats=5, flops=6.0, bytes=12.0, clock=clock)
+  assert record.median_s == 3.0
+  assert (record.timing.min_s, record.timing.max_s) == (1.0, 9.0)
+  assert clock.calls[:4] == [("a",), ("b",), ("c",), ("a",)]  # Rotation.
+  row = record.to_json()
+  device = jax.devices()[0]
+  assert row["device_kind"] == device.device_kind
+  assert row["platform"] == jax.default_backend()
+  assert row["jax_version"] == jax.__version__
+  assert (row["op"], row["backend"], row["dtype"]) == ("linear", "xla",
+                                                       "float32")
+  assert "median" in row["method"] and "block_until_ready" in row["method"]
+  assert row["achieved_bytes_per_s"] == 4.0 and row["spread"] > 0
+  assert measure.Measurement.from_json(json.loads(json.dumps(row))) == record
+
+
+def test_kept_allocations_are_recorded():
+  how = measure.keep_allocations()
+  assert how == measure.allocator() and how
+  record = measure.measure(lambda: jnp.zeros(()), [()], op="x", shapes={},
+                           dtype="float32", repeats=1)
+  assert record.extra["host_allocator"] == how
+
+
+def test_backend_and_dtype_are_checked():
+  with pytest.raises(ValueError, match="backend"):
+    measure.measure(lambda: 0, [()], op="x", shapes={}, dtype="float32",
+                    backend="cuda")
+  with pytest.raises(errors.InputError, match="Known: float32"):
+    measure.require_dtype("fp8")
+
+
+def test_step_inputs_count_weights_read_and_kv_from_the_config():
+  inputs = op_sweeps.step_inputs(TINY, jnp.float32)
+  c = TINY
+  head = c.width * c.vocab_size + c.width  # Output head and final norm.
+  assert inputs.N == inputs.L * inputs.N_block + head
+  assert inputs.N == inputs.N_act and inputs.q == 4
+  assert inputs.k == formulas.kv_bytes_per_position(
+      c.num_blocks, c.num_kv_heads, c.head_dim, 4)
+
+
+def test_decode_grid_caps_retained_tokens():
+  grid = op_sweeps.decode_grid([1, 64, 256], [128, 3900], max_tokens=250_000)
+  assert (256, 3900) not in grid and (64, 3900) in grid and len(grid) == 5
+
+
+def test_decode_step_bench_keeps_context_and_labels_the_point():
+  bench = op_sweeps.DecodeStepBench(TINY, jnp.float32, name="tiny")
+  record = bench.measure(3, 5, warmup=1, repeats=2)
+  assert record.op == "decode_step" and record.dtype == "float32"
+  assert record.shapes == {"batch": 3, "context": 5, "layers": 2}
+  assert record.extra["retained_tokens"] == 6
+  assert record.extra["donated_cache"] and record.extra["model"] == "tiny"
+  flops, traffic = bench.analytic(3, 5)
+  assert record.flops == flops == 2 * bench.inputs.N * 3
+  assert traffic == bench.inputs.N * 4 + 3 * 6 * bench.inputs.k
+  # The timed step writes slot `context` and leaves the length alone.
+  [cache] = bench.caches(3, 5, 1)
+  _, after = bench.compile(3, 5)(bench.params[0], cache,
+                                 jnp.zeros((3,), jnp.int32))
+  assert int(after.length) == 5
+
+
+class FakeBench:
+  """Returns the next scripted median of a batch size per `measure` call."""
+
+  def __init__(self, medians):
+    self.medians = {b: list(m) for b, m in medians.items()}
+
+  def measure(self, batch, context, *, warmup, repeats):
+    del warmup, repeats  # Unused.
+    median = self.medians[batch].pop(0)
+    timing = Timing(median_s=median, min_s=median, max_s=median, p10_s=median,
+                    p90_s=median, repeats=3, warmup=1)
+    return measure.labelled(
+        timing, op="decode_step", shapes={"batch": batch, "context": context},
+        dtype="float32", extra={"setup_s": 0.0, "model": "m"})
+
+
+def test_sweep_keeps_each_points_lower_quartile_round():
+  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  bench = FakeBench({1: [5.0, 4.0, 6.0, 1.0, 7.0],
+                     2: [17.0, 19.0, 18.0, 20.0, 11.0]})
+  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=5)
+  assert [r.shapes["batch"] for r in records] == [1, 2]
+  assert records[0].extra["round_medians_s"] == [5.0, 4.0, 6.0, 1.0, 7.0]
+  # The second fastest of five: neither the lucky round nor a slow one.
+  assert [r.median_s for r in records] == [4.0, 17.0]
+  assert op_sweeps.lower_quartile(records[:1]) is records[0]
+
+
+def test_sweep_skips_points_past_the_deadline():
+  points = [op_sweeps.StepPoint("m", b, 8) for b in (1, 2, 3)]
+  bench = FakeBench({b: [1.0] * 3 for b in (1, 2, 3)})
+  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=3,
+                                        deadline=0.0)
+  assert records == []
+
+
+def test_ceilings_measure_and_round_trip():
+  result = ceilings.measure_ceilings(
+      ("float32",), bandwidth_bytes=2**20, matmul_size=64, repeats=2,
+      rounds=2)
+  assert result.bandwidth_Bps == max(result.read_bandwidth_Bps,
+                                     result.copy_bandwidth_Bps) > 0
+  assert result.flop_rate("float32") > 0
+  assert [r.op for r in result.records] == ["read", "copy", "matmul"]
+  assert all(len(r.extra["round_medians_s"]) == 2 for r in result.records)
+  again = ceilings.Ceilings.from_json(json.loads(json.dumps(
+      result.to_json())))
+  assert again.bandwidth_Bps == result.bandwidth_Bps
+  with pytest.raises(errors.InputError, match="bfloat16"):
+    result.flop_rate("bfloat16")
+
+
+def test_op_sweeps_label_backend_and_refuse_interpreted_pallas():
+  linear = op_sweeps.linear_sweep([1, 4], d_in=32, d_out=16, repeats=2)
+  assert [r.shapes["rows"] for r in linear] == [1, 4]
+  assert linear[1].flops == 2 * 32 * 16 * 4 and linear[1].bytes == 32 * 16 * 4
+  attention = op_sweeps.attention_sweep(
+      [(2, 16)], heads=4, kv_heads=2, head_dim=8, repeats=2)
+  assert attention[0].backend == "xla"
+  assert attention[0].bytes == 2 * 16 * 2 * 2 * 8 * 4
+  if jax.default_backend() == "cpu":
+    with pytest.raises(errors.InputError, match="pallas"):
+      op_sweeps.linear_sweep([1], d_in=8, d_out=8, backend="pallas")
