@@ -24,9 +24,10 @@ from absl import logging
 from experiments import _cli
 from jaxroof import io
 from jaxroof import plots
+from jaxroof import profile as profile_lib
 from jaxroof import table
 from jaxroof import workload
-from jaxroof.sweep import decode_sweep
+from jaxroof.sweep import decode_sweep, mark_targets
 
 # Weights.
 _WEIGHTS_GB = flags.DEFINE_float(
@@ -59,6 +60,15 @@ _KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (ind
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",
     "Comma-separated batch sizes (sequences), each a whole number >= 1.")
+# Calibration.
+_PROFILE = flags.DEFINE_string(
+    "profile", None, "Profile JSON from `python -m experiments.calibrate`: the rows become "
+    "calibrated predictions (fitted efficiency factors and fixed costs). With raw numbers it "
+    "predicts for the profiled device unless --bandwidth_tbps/--tflops are given; with "
+    "--accelerator it scales that device's datasheet figures.")
+_LAYERS = flags.DEFINE_integer(
+    "layers", None, "Blocks of the model, for the profile's per-layer fixed cost (raw "
+    "numbers only; --model knows its own). >= 1.", lower_bound=1)
 _TOKEN_GAP_MS = flags.DEFINE_float(
     "token_gap_ms", None, "Optional target: longest gap between one user's tokens, ms. "
     "> 0. Rows say whether they meet it; the summary gives the largest batch that does.")
@@ -125,6 +135,10 @@ def raw_inputs() -> dict:
   }
 
 
+_CEILING_SOURCES = {"profile": "the profile's measured ceilings",
+                    "given": "the given datasheet or flag figures"}
+
+
 def summary_lines(summary: dict) -> list[str]:
   """Human-readable summary of a sweep's solved quantities."""
   lines = [
@@ -152,6 +166,18 @@ def _token_gap_s() -> float | None:
   return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
 
 
+def _evaluate(batch_sizes: list[int], inputs: dict, *, fits=None, layers: int | None = None,
+              scale_given_ceilings: bool) -> dict:
+  """A bound sweep, or with --profile a calibrated one; targets marked either way."""
+  if _PROFILE.value is None:
+    return decode_sweep(batch_sizes, fits=fits, token_gap_s=_token_gap_s(), **inputs)
+  prof = profile_lib.load_profile(_PROFILE.value)
+  sweep = profile_lib.calibrated_sweep(prof, batch_sizes, layers=layers,
+                                       use_profile_ceilings=not scale_given_ceilings, **inputs)
+  mark_targets(sweep["rows"], sweep["summary"], fits=fits, token_gap_s=_token_gap_s())
+  return sweep
+
+
 def model_sweep(batch_sizes: list[int]) -> dict:
   """The sweep for --model on --accelerator, with the memory fit of each batch."""
   spec = workload.load_model(_MODEL.value)
@@ -161,8 +187,10 @@ def model_sweep(batch_sizes: list[int]) -> dict:
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
   kwargs = inputs.step_kwargs()
   del kwargs["B"]  # The sweep takes the batch sizes themselves.
-  sweep = decode_sweep(batch_sizes, fits=inputs.fits, token_gap_s=_token_gap_s(), **kwargs)
-  sweep["assumptions"] = list(inputs.assumptions)
+  sweep = _evaluate(batch_sizes, kwargs, fits=inputs.fits, layers=spec.num_layers,
+                    scale_given_ceilings=True)
+  sweep["assumptions"] = list(inputs.assumptions) + (
+      sweep["assumptions"] if sweep["kind"] == "calibrated" else [])
   sweep["inputs"] = {
       "model": inputs.model, "accelerator": inputs.accelerator, "context": inputs.context,
       "weight_dtype": inputs.weight_dtype, "kv_dtype": inputs.kv_dtype,
@@ -173,18 +201,23 @@ def model_sweep(batch_sizes: list[int]) -> dict:
       "kv_payload_bytes_per_sequence": inputs.kv_payload_bytes_per_sequence,
       "kv_allocated_bytes_per_sequence": inputs.kv_allocated_bytes_per_sequence,
   }
+  summary = sweep["summary"]
+  summary["max_batch_in_memory"] = inputs.max_batch_in_memory
+  if sweep["kind"] == "calibrated":
+    summary["notes"].append(
+        f"profile measured on {sweep['profile']['device_kind']}, its factors applied to "
+        f"{inputs.accelerator}'s datasheet figures: a what-if, not a measurement there")
+    return sweep
   # Crossovers of the model as evaluated (per-batch MoE weight reads), not of its largest N.
   crossovers = workload.crossover_batches(
       spec, device, context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
       kv_dtype=_KV_DTYPE.value)
-  summary = sweep["summary"]
   summary["weight_kv_crossover_batch"] = crossovers.weight_kv_crossover_batch
   summary["compute_crossover_batch"] = crossovers.compute_crossover_batch
   summary["notes"] = [n for n in summary["notes"] if "vary with batch" not in n]
   if spec.is_moe:
     summary["notes"].append("MoE: crossovers solved numerically with the expected "
                             "distinct experts read at each batch (uniform routing)")
-  summary["max_batch_in_memory"] = inputs.max_batch_in_memory
   return sweep
 
 
@@ -196,11 +229,19 @@ def main(argv: list[str]) -> None:
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
   else:
     inputs = raw_inputs()
-    sweep = decode_sweep(batch_sizes, token_gap_s=_token_gap_s(), **inputs)
+    given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
+    sweep = _evaluate(batch_sizes, inputs, layers=_LAYERS.value, scale_given_ceilings=given)
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
-  print(f"{title} (analytic bound; GB = 1e9 B)")
+  if sweep["kind"] == "calibrated":
+    prof = sweep["profile"]
+    print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
+          f"{prof['backend']}, {prof['dtype']}; held-out error median "
+          f"{prof['heldout_median_rel_error']:.1%}, max {prof['heldout_max_rel_error']:.1%}; "
+          f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
+  else:
+    print(f"{title} (analytic bound; GB = 1e9 B)")
   print(table.format_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:

@@ -20,6 +20,7 @@ from jaxroof import comparison
 from jaxroof import io
 from jaxroof import kv_sizing
 from jaxroof import params
+from jaxroof import profile as profile_lib
 from jaxroof import table
 from jaxroof.accelerators import known_accelerators, load_accelerators
 from jaxroof.model_spec import load_model, shipped_models
@@ -48,6 +49,9 @@ _GROUP_SIZE = flags.DEFINE_integer(
 _WORKSPACE = flags.DEFINE_float(
     "workspace_fraction", 0.1, "Share of device memory kept free. In [0, 1).",
     lower_bound=0.0, upper_bound=0.99)
+_PROFILE = flags.DEFINE_string(
+    "profile", None, "Profile JSON from `python -m experiments.calibrate`: rows become "
+    "calibrated predictions (its factors applied to each device's datasheet figures).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates against batch here.")
 
@@ -63,11 +67,13 @@ def main(argv: list[str]) -> None:
       model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
-      block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value)
+      block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
+      profile=None if _PROFILE.value is None else profile_lib.load_profile(_PROFILE.value))
   counts = model.params
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
-        f"{_KV_DTYPE.value} K/V (analytic bound from datasheet figures; GB = 1e9 B; "
+        f"{_KV_DTYPE.value} K/V ({result['kind']}: datasheet figures"
+        f"{' scaled by the profile' if _PROFILE.value else ''}; GB = 1e9 B; "
         "* = best of column)")
   print(table.format_table(comparison.SUMMARY_HEADERS, comparison.summary_rows(result)))
   print()

@@ -1,4 +1,4 @@
-"""The main job: the lesson, crossovers, sweeps, real models and devices, as a folder.
+"""The main job: lesson, crossovers, sweeps, models, devices, calibration, as a folder.
 
 Writes `<out_dir>/README.md` (a Markdown summary) and its PNG plots:
 
@@ -23,9 +23,11 @@ from absl import logging
 from experiments import _cli
 from kernels import benchmark as kernel_benchmark
 from jaxroof import arch_report
+from jaxroof import calibration_job
 from jaxroof import catalogue
 from jaxroof import io
 from jaxroof import lesson
+from jaxroof import measure
 from jaxroof import plots
 from jaxroof import table
 from jaxroof.sweep import decode_sweep
@@ -34,6 +36,10 @@ from jaxroof.toy import summary as toy_summary
 from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
+_CALIBRATION_BUDGET_S = flags.DEFINE_float(
+    "calibration_budget_s", 60.0, "Seconds for the short calibration on this device "
+    "(measure, fit, plot); 0 skips it. Below ~25 s there are too few points to fit.",
+    lower_bound=0.0)
 
 
 def lesson_section(out_dir: str) -> str:
@@ -117,6 +123,15 @@ def toy_section(out_dir: str) -> str:
   return "\n".join(parts)
 
 
+def calibration_section(out_dir: str) -> str:
+  """A short calibration on this device (measurements and calibrated factors)."""
+  budget = _CALIBRATION_BUDGET_S.value
+  if budget == 0:
+    return ("## Calibration on this device\n\nSkipped (`--calibration_budget_s=0`); "
+            "`python -m experiments.calibrate` measures and fits a profile.")
+  return calibration_job.report_section(out_dir, budget)
+
+
 SECTIONS: list[Callable[[str], str]] = [
     lesson_section,
     crossovers_section,
@@ -124,6 +139,7 @@ SECTIONS: list[Callable[[str], str]] = [
     toy_section,
     arch_report.report_section,
     kernel_benchmark.report_section,
+    calibration_section,
 ]
 
 
@@ -149,6 +165,7 @@ def build(out_dir: str) -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  measure.keep_allocations()  # Before any timing; see jaxroof.measure.
   path = build(_OUT_DIR.value)
   print(f"wrote {path}")
 

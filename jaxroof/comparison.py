@@ -19,7 +19,9 @@ import numpy as np
 
 from jaxroof import plots
 from jaxroof.accelerators import Accelerator
+from jaxroof import profile as profile_lib
 from jaxroof.evaluate import step_model
+from jaxroof.sweep import mark_targets
 from jaxroof.model_spec import ModelSpec
 from jaxroof.workload import crossover_batches, decode_step_inputs
 
@@ -37,16 +39,31 @@ SUMMARY_BEST = {"ridge_flop_per_byte": min, "compute_crossover_batch": min,
 ROW_BEST = {"step_s": min, "aggregate_tokens_per_s": max, "per_sequence_tokens_per_s": max}
 
 
-def _entry(model: ModelSpec, device: Accelerator, batch: list[int], **kw) -> dict[str, Any]:
+def _calibrated_rows(prof: profile_lib.Profile, model: ModelSpec, batch: list[int],
+                     inputs) -> list[dict[str, Any]]:
+  """Rows of the calibrated model: the profile's factors on this device's datasheet."""
+  kwargs = inputs.step_kwargs()
+  del kwargs["B"]
+  sweep = profile_lib.calibrated_sweep(prof, batch, layers=model.num_layers,
+                                       use_profile_ceilings=False, **kwargs)
+  mark_targets(sweep["rows"], sweep["summary"], fits=inputs.fits)
+  return sweep["rows"]
+
+
+def _entry(model: ModelSpec, device: Accelerator, batch: list[int],
+           prof: profile_lib.Profile | None = None, **kw) -> dict[str, Any]:
   inputs = decode_step_inputs(model, device, batch_sizes=batch, **kw)
-  out = step_model("numpy")(**inputs.step_kwargs())
-  out = {name: np.broadcast_to(v, (len(batch),)) for name, v in out.items()}
-  rows = []
-  for i, b in enumerate(batch):
-    row = {"batch": b, "fits_in_memory": bool(inputs.fits[i])}
-    row.update({name: float(v[i]) for name, v in out.items()})
-    row["bound"] = "memory" if row["memory_s"] >= row["compute_s"] else "compute"
-    rows.append(row)
+  if prof is not None:
+    rows = _calibrated_rows(prof, model, batch, inputs)
+  else:
+    out = step_model("numpy")(**inputs.step_kwargs())
+    out = {name: np.broadcast_to(v, (len(batch),)) for name, v in out.items()}
+    rows = []
+    for i, b in enumerate(batch):
+      row = {"batch": b, "fits_in_memory": bool(inputs.fits[i])}
+      row.update({name: float(v[i]) for name, v in out.items()})
+      row["bound"] = "memory" if row["memory_s"] >= row["compute_s"] else "compute"
+      rows.append(row)
   cross = crossover_batches(model, device, context=kw["context"],
                             weight_dtype=kw["weight_dtype"], kv_dtype=kw["kv_dtype"],
                             group_size=kw.get("group_size"))
@@ -93,26 +110,35 @@ def _best(entries: list[dict], batch: list[int]) -> dict[str, Any]:
 
 def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: int,
             batch_sizes: Sequence[int], weight_dtype: str = "bf16",
-            kv_dtype: str = "bf16", **kw: Any) -> dict[str, Any]:
+            kv_dtype: str = "bf16", profile: profile_lib.Profile | None = None,
+            **kw: Any) -> dict[str, Any]:
   """Per accelerator: ridge point, crossovers, max batch, and a row per batch.
 
-  Extra keywords (`block_size`, `workspace_fraction`, `max_new_tokens`,
-  `group_size`) go to `workload.decode_step_inputs`.
+  With a `profile`, rows are calibrated predictions: its fitted factors and
+  fixed costs applied to each device's datasheet figures (a what-if: the
+  factors were measured on the profile's device). Extra keywords
+  (`block_size`, `workspace_fraction`, `max_new_tokens`, `group_size`) go to
+  `workload.decode_step_inputs`.
   """
   batch = [int(b) for b in batch_sizes]
-  entries = [_entry(model, d, batch, context=context, weight_dtype=weight_dtype,
+  entries = [_entry(model, d, batch, profile, context=context, weight_dtype=weight_dtype,
                     kv_dtype=kv_dtype, **kw) for d in accelerators]
   shared = [a for a in entries[0]["_assumptions"] if not a.startswith("datasheet")]
   for e in entries:
     del e["_assumptions"]
+  calibrated = [] if profile is None else [
+      f"calibrated: factors of the profile measured on {profile.device_kind} "
+      f"({profile.backend}, {profile.dtype}; held-out median error "
+      f"{profile.heldout_median_rel_error:.1%}) applied to every device's datasheet "
+      "figures; crossovers and max batch stay analytic bounds"]
   return {
-      "kind": "bound",
+      "kind": "bound" if profile is None else "calibrated",
       "model": model.name,
       "inputs": {"model": model.name, "context": context, "batch_sizes": batch,
                  "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, **kw},
       "units": UNITS,
       "assumptions": ["datasheet bandwidth and dense FLOP/s of each accelerator taken "
-                      "as sustained rates (upper bounds)"] + shared,
+                      "as sustained rates (upper bounds)"] + shared + calibrated,
       "accelerators": entries,
       "best": _best(entries, batch),
   }

@@ -251,8 +251,8 @@ def calibrated_sweep(
     notes.append("no compute crossover: with the fitted factors each added "
                  "sequence adds more memory time than compute time")
   if np.ptp(n_read) > 0:
-    notes.append("weights read vary with batch (MoE): crossovers use the "
-                 "largest")
+    notes.append("weights read vary with batch (MoE experts, embedding rows): "
+                 "crossovers use the largest")
   summary["notes"] = notes
   return {
       "kind": "calibrated",

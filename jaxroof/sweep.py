@@ -87,9 +87,6 @@ def decode_sweep(
     errors.require_positive(f"N[{i}]", value)
   if N_act is not None:
     errors.require_positive("N_act", N_act)
-  if fits is not None and len(fits) != len(batches):
-    raise errors.InputError(
-        f"fits has {len(fits)} entries: give one per batch size ({len(batches)}).")
 
   flop_rate = math.inf if F is None else F
   out = step_model("numpy")(
@@ -103,10 +100,6 @@ def decode_sweep(
     if F is None:
       row["compute_s"] = None
     row["bound"] = "memory" if F is None or row["memory_s"] >= row["compute_s"] else "compute"
-    if fits is not None:
-      row["fits_in_memory"] = bool(fits[i])
-    if token_gap_s is not None:
-      row["meets_token_gap"] = row["step_s"] <= token_gap_s
     rows.append(row)
 
   summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate, N_act)
@@ -127,11 +120,8 @@ def decode_sweep(
   if np.ptp(n_read) > 0:
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
+  mark_targets(rows, summary, fits=fits, token_gap_s=token_gap_s)
   if token_gap_s is not None:
-    meeting = [r["batch"] for r in rows
-               if r["meets_token_gap"] and r.get("fits_in_memory", True)]
-    summary["token_gap_s"] = token_gap_s
-    summary["largest_swept_batch_meeting_token_gap"] = max(meeting) if meeting else None
     if np.ptp(n_read) == 0:  # The closed form needs one N for every batch.
       gap_batch = float(solved.max_batch_for_token_gap(
           t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=BW, F=flop_rate,
@@ -145,3 +135,29 @@ def decode_sweep(
       "rows": rows,
       "summary": summary,
   }
+
+
+def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,
+                 fits: Sequence[bool] | None = None,
+                 token_gap_s: float | None = None) -> None:
+  """Marks, in place, rows that fit in memory and meet a token-gap target.
+
+  Shared by bound and calibrated sweeps. With a target, the summary gains
+  `token_gap_s` and `largest_swept_batch_meeting_token_gap` (among rows that
+  also fit).
+  """
+  if fits is not None:
+    if len(fits) != len(rows):
+      raise errors.InputError(
+          f"fits has {len(fits)} entries: give one per batch size ({len(rows)}).")
+    for row, fit in zip(rows, fits):
+      row["fits_in_memory"] = bool(fit)
+  if token_gap_s is None:
+    return
+  errors.require_positive("token_gap_s", token_gap_s)
+  for row in rows:
+    row["meets_token_gap"] = row["step_s"] <= token_gap_s
+  meeting = [r["batch"] for r in rows if r["meets_token_gap"] and r.get("fits_in_memory", True)]
+  summary["token_gap_s"] = token_gap_s
+  summary["largest_swept_batch_meeting_token_gap"] = max(meeting) if meeting else None
+

@@ -83,7 +83,7 @@ def test_crossovers_json_has_expressions_and_latex(tmp_path):
 
 
 def test_report_writes_summary_and_plots(tmp_path):
-  proc = run("report", f"--out_dir={tmp_path}")
+  proc = run("report", f"--out_dir={tmp_path}", "--calibration_budget_s=0")
   assert proc.returncode == 0, proc.stderr
   text = (tmp_path / "README.md").read_text()
   assert "lesson" in text.lower() and "batch_sweep.png" in text
@@ -121,3 +121,30 @@ def test_batch_sweep_model_flag_errors():
   assert proc.returncode == 2 and "h100-sxm" in proc.stderr and "Traceback" not in proc.stderr
   proc = run("batch_sweep", "--model=llama-3-8b", "--context=64")
   assert proc.returncode == 2 and "--accelerator" in proc.stderr
+
+
+def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
+  from jaxroof import profile as profile_lib
+  # Half the bandwidth for weights and K/V, ideal FLOPs, no fixed cost, the
+  # roofline max (large r_ovl): the lesson's batch 32 reads 24 GB at 1 TB/s.
+  factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 1.0, "t0_step": 1e-12,
+             "t0_layer": 1e-12, "r_ovl": 1e3}
+  prof = profile_lib.Profile(
+      device_kind="test", platform="cpu", backend="xla", dtype="float32",
+      jax_version="0", created="2026-01-01T00:00:00+00:00", ceilings={},
+      factors=factors, fit={"heldout_median_rel_error": 0.05, "heldout_max_rel_error": 0.2})
+  path, out = tmp_path / "p.json", tmp_path / "s.json"
+  profile_lib.save_profile(prof, path)
+  proc = run("batch_sweep", f"--profile={path}", "--batch_sizes=1,32", "--bandwidth_tbps=2",
+             "--token_gap_ms=20", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["kind"] == "calibrated" and "calibrated prediction" in proc.stdout
+  rows = {r["batch"]: r for r in data["rows"]}
+  assert rows[32]["step_s"] == pytest.approx(0.024, rel=1e-6)
+  assert rows[1]["meets_token_gap"] and not rows[32]["meets_token_gap"]
+  proc = run("compare_accelerators", "--model=llama-3-8b", "--context=1024",
+             "--batch_sizes=1", "--accelerators=h100-sxm", f"--profile={path}",
+             f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(out.read_text())["kind"] == "calibrated"

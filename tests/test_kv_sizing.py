@@ -207,7 +207,9 @@ def test_bad_inputs_are_named(kwargs, needle):
 def test_windowed_pages_count_every_page_the_window_touches():
   """Brute force: the pages holding any of the last min(T, W) tokens."""
   from jaxroof import arch_formulas as af
-  for T, W, p in [(8192, 4096, 16), (8200, 4096, 16), (100, 4096, 16), (4097, 4096, 16),
-                  (37, 10, 4), (9, 10, 4), (10, 10, 3), (23, 7, 5)]:
-    pages = {t // p for t in range(max(0, T - W), T)}
-    assert int(af.windowed_paged_tokens(T, W, p)) == len(pages) * p, (T, W, p)
+  for context, window, page in [(8192, 4096, 16), (8200, 4096, 16), (100, 4096, 16),
+                                (4097, 4096, 16), (37, 10, 4), (9, 10, 4), (10, 10, 3),
+                                (23, 7, 5)]:
+    pages = {t // page for t in range(max(0, context - window), context)}
+    assert int(af.windowed_paged_tokens(context, window, page)) == len(pages) * page, (
+        context, window, page)
