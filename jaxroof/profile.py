@@ -23,6 +23,7 @@ import numpy as np
 from jaxroof import calibration
 from jaxroof import errors
 from jaxroof import io
+from jaxroof import sweep as sweep_lib
 
 KIND = "profile"
 VERSION = 1
@@ -211,16 +212,10 @@ def calibrated_sweep(
     plus the calibrated terms (`weight_s`, `kv_s`, `fixed_s`) and the
     `rate_limit_tokens_per_s` as the batch grows.
   """
-  batches = errors.require_positive_ints("batch_sizes", batch_sizes)
-  for name, value in (("q", q), ("T", T), ("k", k), ("BW", BW)):
-    errors.require_positive(name, value)
-  if F is not None:
-    errors.require_positive("F", F)
+  batches, n_read = sweep_lib.check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW,
+                                                F=F, N_act=N_act)
   if layers is not None:
     layers = errors.require_positive_int("layers", layers)
-  n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
-  for i, value in enumerate(n_read):
-    errors.require_positive(f"N[{i}]", value)
   n_act = n_read if N_act is None else np.broadcast_to(
       np.asarray(N_act, dtype=float), (len(batches),))
   bw, flop_rate, source, notes = _ceilings(profile, BW, F,

@@ -39,6 +39,27 @@ ASSUMPTIONS: tuple[str, ...] = (
 )
 
 
+def check_step_inputs(batch_sizes: Sequence[int], *, N, q, T, k, BW, F=None,
+                      N_act=None) -> tuple[list[int], np.ndarray]:
+  """Validates a sweep's inputs; returns the batch sizes and N per batch."""
+  batches = errors.require_positive_ints("batch_sizes", batch_sizes)
+  for name, value in (("q", q), ("T", T), ("k", k), ("BW", BW)):
+    errors.require_positive(name, value)
+  if F is not None:
+    errors.require_positive("F", F)
+  try:
+    n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
+  except ValueError:
+    raise errors.InputError(
+        f"N has shape {np.shape(N)}: give one number or one per batch size "
+        f"({len(batches)}).") from None
+  for i, value in enumerate(n_read):
+    errors.require_positive(f"N[{i}]", value)
+  for i, value in enumerate(np.atleast_1d(np.asarray(N_act if N_act is not None else 1.0))):
+    errors.require_positive("N_act" if np.ndim(N_act) == 0 else f"N_act[{i}]", value)
+  return batches, n_read
+
+
 def decode_sweep(
     batch_sizes: Sequence[int],
     *,
@@ -70,23 +91,10 @@ def decode_sweep(
   Returns:
     `{"kind": "bound", "units", "assumptions", "rows", "summary"}`.
   """
-  batches = errors.require_positive_ints("batch_sizes", batch_sizes)
-  for name, value in (("q", q), ("T", T), ("k", k), ("BW", BW)):
-    errors.require_positive(name, value)
-  if F is not None:
-    errors.require_positive("F", F)
+  batches, n_read = check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW, F=F,
+                                      N_act=N_act)
   if token_gap_s is not None:
     errors.require_positive("token_gap_s", token_gap_s)
-  try:
-    n_read = np.broadcast_to(np.asarray(N, dtype=float), (len(batches),))
-  except ValueError:
-    raise errors.InputError(
-        f"N has shape {np.shape(N)}: give one number or one per batch size "
-        f"({len(batches)}).") from None
-  for i, value in enumerate(n_read):
-    errors.require_positive(f"N[{i}]", value)
-  if N_act is not None:
-    errors.require_positive("N_act", N_act)
 
   flop_rate = math.inf if F is None else F
   out = step_model("numpy")(

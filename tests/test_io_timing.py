@@ -27,25 +27,8 @@ def test_failed_write_leaves_nothing(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-class FakeClock:
-  """Each call to fn advances time by the next duration in `durations`."""
-
-  def __init__(self, durations):
-    self.now = 0.0
-    self.durations = list(durations)
-    self.calls = []
-
-  def __call__(self):
-    return self.now
-
-  def fn(self, *args):
-    self.calls.append(args)
-    self.now += self.durations.pop(0)
-    return 0
-
-
-def test_warmup_is_excluded_and_median_taken():
-  clock = FakeClock([100.0, 50.0, 3.0, 1.0, 2.0, 9.0, 4.0])
+def test_warmup_is_excluded_and_median_taken(fake_clock):
+  clock = fake_clock([100.0, 50.0, 3.0, 1.0, 2.0, 9.0, 4.0])
   timing = time_call(clock.fn, [("a",), ("b",)], warmup=2, repeats=5, clock=clock)
   assert timing.median_s == 3.0
   assert (timing.min_s, timing.max_s) == (1.0, 9.0)

@@ -20,25 +20,8 @@ TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
                            mlp_dim=64)
 
 
-class FakeClock:
-  """Each call of `fn` advances time by the next of `durations`."""
-
-  def __init__(self, durations):
-    self.now = 0.0
-    self.durations = list(durations)
-    self.calls = []
-
-  def __call__(self):
-    return self.now
-
-  def fn(self, *args):
-    self.calls.append(args)
-    self.now += self.durations.pop(0)
-    return jnp.zeros(())
-
-
-def test_record_excludes_warmup_takes_median_and_labels_everything():
-  clock = FakeClock([50.0, 40.0, 3.0, 1.0, 2.0, 9.0, 4.0])
+def test_record_excludes_warmup_takes_median_and_labels_everything(fake_clock):
+  clock = fake_clock([50.0, 40.0, 3.0, 1.0, 2.0, 9.0, 4.0])
   record = measure.measure(
       clock.fn, [("a",), ("b",), ("c",)], op="linear",
       shapes={"rows": 4}, dtype="float32", backend="xla", warmup=2,
