@@ -255,3 +255,26 @@ def test_shifting_every_rope_position_keeps_agreement():
     _, state = toy.prefill(params, ids[:, :3], position_offset=5)
     logits, _ = toy.decode_step(params, state, ids[:, 3], position_offset=5)
   assert _rel(logits, fresh[:, 3]) <= REL_TOL
+
+
+@pytest.mark.parametrize("config", [
+    toy.LESSON,
+    dataclasses.replace(toy.LESSON, num_blocks=3, num_heads=4, num_kv_heads=2, width=8),
+])
+def test_decode_step_multiplies_every_weight_once_per_token(config):
+  """Traced matmul FLOPs = 2*N*B (linear layers) + attention over every slot."""
+  from jaxroof import formulas
+  from jaxroof.toy import flops
+  batch, slots = 2, 8
+  params = toy.init_params(config, jax.random.key(0), jnp.float32)
+  state = toy.init_cache(config, batch, slots, jnp.float32)
+  _, state = toy.prefill(params, jnp.asarray([[1, 4, 6], [2, 3, 1]]), state)
+  counted = flops.dot_flops(toy.decode_step, params, state, jnp.asarray([2, 5]))
+  # Independent weight count from the config: q, k, v, o, MLP up/down, head.
+  d, h, k, e, f, v = (config.width, config.num_heads, config.num_kv_heads,
+                      config.head_dim, config.mlp_dim, config.vocab_size)
+  weights = config.num_blocks * (d * h * e + 2 * d * k * e + h * e * d + 2 * d * f) + d * v
+  assert flops.matmul_weights(params) == weights
+  expected = (formulas.linear_flops(weights, batch)
+              + config.num_blocks * formulas.attention_flops(batch, slots, h, e))
+  assert counted == expected
