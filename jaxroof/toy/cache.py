@@ -166,13 +166,15 @@ def random_cache(
   )
 
 
-def write(
-    buffer: jax.Array, new: jax.Array, start: int | jax.Array
+def write_layer(
+    buffer: jax.Array, new: jax.Array, layer: int | jax.Array,
+    start: int | jax.Array,
 ) -> jax.Array:
-  """`buffer` (b, s, k, e) with `new` (b, t, k, e) written at slot `start`."""
-  return lax.dynamic_update_slice_in_dim(
-      buffer, new.astype(buffer.dtype), start, axis=1
-  )
+  """`buffer` (l, b, s, k, e) with `new` (b, t, k, e) written into block
+  `layer` at slot `start`; only the new slots are touched."""
+  zero = jnp.zeros((), jnp.int32)
+  index = (jnp.asarray(layer, jnp.int32), zero, jnp.asarray(start, jnp.int32), zero, zero)
+  return lax.dynamic_update_slice(buffer, new.astype(buffer.dtype)[None], index)
 
 
 @dataclasses.dataclass(frozen=True)

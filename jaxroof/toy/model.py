@@ -105,8 +105,9 @@ def _blocks(
   c = params.config
   use_rope = c.positions == "rope"
 
-  def block(x, xs):
-    blk, bufs, keep = xs  # One block's weights, K/V buffers, dropout masks.
+  def block(carry, xs):
+    x, bufs = carry  # All blocks' K/V buffers ride in the carry: updated in place.
+    blk, layer, keep = xs  # One block's weights and index, dropout masks.
     attn_keep, mlp_keep = (None, None) if keep is None else keep
     h = _rms_norm(x, blk.attn_norm, c.norm_eps)
     q = jnp.einsum("btD,Dhe->bthe", h, blk.wq)
@@ -115,7 +116,7 @@ def _blocks(
     if use_rope:
       q = _rope(q, positions, c.rope_base)
       k = _rope(k, positions, c.rope_base)
-    a, bufs = attend(q, k, v, bufs)
+    a, bufs = attend(q, k, v, bufs, layer)
     a = jnp.einsum("bthe,heD->btD", a, blk.wo)
     x = x + _dropout(a, c.dropout_rate, attn_keep)
     h = _rms_norm(x, blk.mlp_norm, c.norm_eps)
@@ -123,14 +124,15 @@ def _blocks(
                    jax.nn.gelu(jnp.einsum("btD,DF->btF", h, blk.w_up)),
                    blk.w_down)
     x = x + _dropout(m, c.dropout_rate, mlp_keep)
-    return x, bufs
+    return (x, bufs), None
 
   keep = None  # Dropout masks of every block, drawn at once.
   if dropout_rng is not None and c.dropout_rate > 0:
     keep = jax.random.bernoulli(dropout_rng, 1 - c.dropout_rate,
                                 (c.num_blocks, 2) + x.shape)
     keep = (keep[:, 0], keep[:, 1])
-  x, buffers = lax.scan(block, x, (params.blocks, buffers, keep))
+  (x, buffers), _ = lax.scan(block, (x, buffers),
+                            (params.blocks, jnp.arange(c.num_blocks), keep))
   x = _rms_norm(x, params.final_norm, c.norm_eps)
   logits = jnp.einsum("btD,DV->btV", x, params.unembed,
                       preferred_element_type=_compute_dtype(x.dtype))
@@ -181,8 +183,8 @@ def _forward(params: Params, ids: jax.Array, *, causal: bool,
   mask = (positions[None, :] <= positions[:, None] if causal
           else jnp.ones((t, t), bool))
 
-  def attend(q, k, v, bufs):
-    del bufs  # Unused: nothing is kept.
+  def attend(q, k, v, bufs, layer):
+    del bufs, layer  # Unused: nothing is kept.
     return _attention(q, k, v, mask), None
 
   logits, _ = _blocks(params, _embed(params, ids, positions), positions, None,
@@ -255,11 +257,13 @@ def _extend(
                             (t, k_buf.shape[2]))
   positions = query_slots + position_offset
 
-  def attend(q, k, v, bufs):
-    k_layer, v_layer = bufs
-    k_layer = cache_lib.write(k_layer, k, start)
-    v_layer = cache_lib.write(v_layer, v, start)
-    return _attention(q, k_layer, v_layer, mask), (k_layer, v_layer)
+  def attend(q, k, v, bufs, layer):
+    k_all, v_all = bufs  # (l, b, s, k, e): only the new slots are written.
+    k_all = cache_lib.write_layer(k_all, k, layer, start)
+    v_all = cache_lib.write_layer(v_all, v, layer, start)
+    k_layer = lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
+    v_layer = lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
+    return _attention(q, k_layer, v_layer, mask), (k_all, v_all)
 
   logits, (k_buf, v_buf) = _blocks(
       params, _embed(params, ids, positions), positions, (k_buf, v_buf),
