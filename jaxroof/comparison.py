@@ -21,7 +21,7 @@ from jaxroof import plots
 from jaxroof.accelerators import Accelerator
 from jaxroof import profile as profile_lib
 from jaxroof.evaluate import step_model
-from jaxroof.sweep import mark_targets
+from jaxroof.sweep import estimate_rows, mark_targets
 from jaxroof.model_spec import ModelSpec
 from jaxroof.workload import crossover_batches, decode_step_inputs
 
@@ -56,14 +56,8 @@ def _entry(model: ModelSpec, device: Accelerator, batch: list[int],
   if prof is not None:
     rows = _calibrated_rows(prof, model, batch, inputs)
   else:
-    out = step_model("numpy")(**inputs.step_kwargs())
-    out = {name: np.broadcast_to(v, (len(batch),)) for name, v in out.items()}
-    rows = []
-    for i, b in enumerate(batch):
-      row = {"batch": b, "fits_in_memory": bool(inputs.fits[i])}
-      row.update({name: float(v[i]) for name, v in out.items()})
-      row["bound"] = "memory" if row["memory_s"] >= row["compute_s"] else "compute"
-      rows.append(row)
+    rows = estimate_rows(batch, step_model("numpy")(**inputs.step_kwargs()))
+    mark_targets(rows, {}, fits=inputs.fits)
   cross = crossover_batches(model, device, context=kw["context"],
                             weight_dtype=kw["weight_dtype"], kv_dtype=kw["kv_dtype"],
                             group_size=kw.get("group_size"))

@@ -226,14 +226,7 @@ def calibrated_sweep(
             "q": q, "k": k, "BW": bw, "F": flop_rate, "N_act": n_act,
             "L": 0.0 if layers is None else float(layers)}
   out = calibration.calibrated_model("numpy")(inputs, profile.factors)
-  out = {name: np.broadcast_to(v, (len(batches),)) for name, v in out.items()}
-  rows = []
-  for i, batch in enumerate(batches):
-    row = {"batch": batch}
-    row.update({name: float(v[i]) for name, v in out.items()})
-    row["bound"] = ("memory" if row["memory_s"] >= row["compute_s"]
-                    else "compute")
-    rows.append(row)
+  rows = sweep_lib.estimate_rows(batches, out)
 
   summary_inputs = {**inputs, "B": 1.0, "N": float(np.max(n_read)),
                     "N_act": float(np.max(n_act))}

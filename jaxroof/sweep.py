@@ -60,6 +60,25 @@ def check_step_inputs(batch_sizes: Sequence[int], *, N, q, T, k, BW, F=None,
   return batches, n_read
 
 
+def estimate_rows(batches: Sequence[int], outputs: dict[str, Any], *,
+                  memory_only: bool = False) -> list[dict[str, Any]]:
+  """One row per batch from evaluated outputs, with the term that binds.
+
+  Shared by bound and calibrated sweeps; `memory_only` (no FLOP rate) leaves
+  `compute_s` null.
+  """
+  outputs = {name: np.broadcast_to(v, (len(batches),)) for name, v in outputs.items()}
+  rows = []
+  for i, batch in enumerate(batches):
+    row = {"batch": batch, **{name: float(v[i]) for name, v in outputs.items()}}
+    if memory_only:
+      row["compute_s"] = None
+    row["bound"] = ("memory" if memory_only or row["memory_s"] >= row["compute_s"]
+                    else "compute")
+    rows.append(row)
+  return rows
+
+
 def decode_sweep(
     batch_sizes: Sequence[int],
     *,
@@ -100,15 +119,7 @@ def decode_sweep(
   out = step_model("numpy")(
       np.asarray(batches, dtype=float), T, n_read, q, k, BW, flop_rate, N_act
   )
-  out = {name: np.broadcast_to(v, (len(batches),)) for name, v in out.items()}
-  rows = []
-  for i, batch in enumerate(batches):
-    row = {"batch": batch}
-    row.update({name: float(v[i]) for name, v in out.items()})
-    if F is None:
-      row["compute_s"] = None
-    row["bound"] = "memory" if F is None or row["memory_s"] >= row["compute_s"] else "compute"
-    rows.append(row)
+  rows = estimate_rows(batches, out, memory_only=F is None)
 
   summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate, N_act)
   summary = {name: float(v) for name, v in summary.items()}
