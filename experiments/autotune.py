@@ -22,7 +22,7 @@ import dataclasses
 from absl import flags
 
 from experiments._cli import run
-from jaxroof.io import write_json
+from jaxroof.files import write_json
 from kernels import _backend
 from kernels import autotune
 from kernels import decode_attention

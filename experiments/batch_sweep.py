@@ -1,6 +1,6 @@
 """Decode batch sweep: step time and both token rates against batch size.
 
-Analytic bounds from the symbolic step model (jaxroof.formulas):
+Analytic bounds from the symbolic step model (jaxroof.symbolic.formulas):
 
   traffic = weights + B * KV per sequence;  step = max(traffic/BW, 2*N*B/F)
   aggregate rate = B / step;  per-sequence rate = 1 / step
@@ -22,12 +22,12 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import io
-from jaxroof import plots
-from jaxroof import profile as profile_lib
-from jaxroof import table
-from jaxroof import workload
-from jaxroof.sweep import decode_sweep, mark_targets
+from jaxroof import files as io
+from jaxroof.report import plots
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.report import table
+from jaxroof.specs import workload
+from jaxroof.symbolic.sweep import decode_sweep, mark_targets
 
 # Weights.
 _WEIGHTS_GB = flags.DEFINE_float(
@@ -50,10 +50,10 @@ _TFLOPS = flags.DEFINE_float(
     "tflops", None, "Sustained FLOP rate, TFLOP/s (1e12). > 0. Omit for memory only.")
 # Or: a model on an accelerator, in place of the raw numbers above.
 _MODEL = flags.DEFINE_string(
-    "model", None, "Shipped model name (see jaxroof/data/models) or a path to a "
+    "model", None, "Shipped model name (see jaxroof/specs/data/models) or a path to a "
     "Hugging Face config.json (or its folder). Needs --accelerator and --context.")
 _ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/data/accelerators.json).")
+    "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/specs/data/accelerators.json).")
 _WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model: bf16, fp8, int8, int4.")
 _KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (independent of weights).")
 # Sweep and output.

@@ -29,10 +29,11 @@ import numpy as np
 from absl import flags, logging
 
 from experiments import _cli
-from jaxroof import errors, io, timing
+from jaxroof import errors, timing
+from jaxroof import files as io
 from jaxroof.toy import config as config_lib
 from jaxroof.toy.model import generate, generate_uncached
-from jaxroof.toy.params import init_params, num_weights
+from jaxroof.toy.weights import init_params, num_weights
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

@@ -18,8 +18,8 @@ import numpy as np
 from absl import flags
 
 from experiments import _cli
-from jaxroof import io
-from jaxroof.evaluate import step_model
+from jaxroof import files as io
+from jaxroof.symbolic.evaluate import step_model
 from jaxroof.timing import time_call
 
 _BATCHES = flags.DEFINE_integer("batches", 4096, "Batch sizes 1..this in the grid. >= 1.", lower_bound=1)

@@ -31,12 +31,12 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import calibration
-from jaxroof import calibration_job
-from jaxroof import io
-from jaxroof import measure
-from jaxroof import profile as profile_lib
-from jaxroof import table
+from jaxroof.symbolic import calibrated as calibration
+from jaxroof.measure import calibration_job
+from jaxroof import files as io
+from jaxroof.measure import records as measure
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.report import table
 
 # Calibration.
 _BUDGET_S = flags.DEFINE_float(

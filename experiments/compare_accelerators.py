@@ -1,6 +1,6 @@
 """One model on several accelerators: crossovers, memory fit, rates per batch.
 
-Analytic bounds from datasheet figures (jaxroof.comparison):
+Analytic bounds from datasheet figures (jaxroof.specs.comparison):
 
   python -m experiments.compare_accelerators --model=llama-3-8b --context=4096 \
       --batch_sizes=1,8,32,128 --accelerators=h100-sxm,mi300x,tpu-v6e \
@@ -16,14 +16,15 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import comparison
-from jaxroof import io
-from jaxroof import kv_sizing
-from jaxroof import params
-from jaxroof import profile as profile_lib
-from jaxroof import table
-from jaxroof.accelerators import known_accelerators, load_accelerators
-from jaxroof.model_spec import load_model, shipped_models
+from jaxroof.specs import comparison
+from jaxroof import files as io
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters as params
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.report import table
+from jaxroof.specs.accelerators import known_accelerators, load_accelerators
+from jaxroof.specs.models import load_model, shipped_models
+from jaxroof.specs.parameters import parameter_counts
 
 _MODEL = flags.DEFINE_string(
     "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> None:
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
       profile=None if _PROFILE.value is None else profile_lib.load_profile(_PROFILE.value))
-  counts = model.params
+  counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
         f"{_KV_DTYPE.value} K/V ({result['kind']}: datasheet figures"

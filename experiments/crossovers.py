@@ -1,7 +1,7 @@
 """Every derived quantity as a closed form (pretty and LaTeX) and, given values, its number.
 
 Crossovers come from `sympy.solve`, the rate limit from `sympy.limit`.
-Values are given by symbol name (units: B, s, FLOP, bytes; see jaxroof.symbols):
+Values are given by symbol name (units: B, s, FLOP, bytes; see jaxroof.symbolic.symbols):
 
   python -m experiments.crossovers --values=N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
-from jaxroof import catalogue
-from jaxroof import io
-from jaxroof.symbols import QUANTITIES
+from jaxroof.symbolic import catalogue
+from jaxroof import files as io
+from jaxroof.symbolic.symbols import QUANTITIES
 
 _VALUES = flags.DEFINE_list(
     "values", "N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14,R=300,B=32,P=3,g=3,L=2,H_kv=2,d=2,b=2,"

@@ -17,7 +17,8 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
-from jaxroof import errors, io
+from jaxroof import errors
+from jaxroof import files as io
 from jaxroof.toy import breakers, check
 from jaxroof.toy.config import LESSON, LESSON_PROMPT, POSITION_KINDS, ToyConfig
 

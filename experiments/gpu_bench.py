@@ -11,7 +11,7 @@ finishes: OUT/ceilings.json, OUT/<case>.json (time, achieved bytes/s and
 FLOP/s, fractions of the ceilings, XLA's times, the issue's targets),
 OUT/summary.json and the tuning cache OUT/autotune_cache/. Cases run in
 priority order; none starts after --budget_s. The logic lives in
-`kernels.benchmark`; this file is kept short on purpose.
+`jaxroof.measure.kernel_benchmark`; this file is kept short on purpose.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from absl import flags
 
 from experiments._cli import run
 from jaxroof.errors import InputError
-from jaxroof.io import write_json
+from jaxroof.files import write_json
 from kernels import _backend
-from kernels import benchmark
+from jaxroof.measure import kernel_benchmark as benchmark
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Folder for the JSON results (required; created)."

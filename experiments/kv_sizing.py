@@ -1,11 +1,11 @@
 """KV-cache sizing of a real model: per layer kind, payload vs allocation, fit.
 
-Analytic bounds from the model's config.json (jaxroof.kv_sizing):
+Analytic bounds from the model's config.json (jaxroof.specs.kv_sizing):
 
   python -m experiments.kv_sizing --model=gemma-2-9b --context=8192 --batch=8 \
       --accelerator=h100-sxm --max_new_tokens=1024 --json_out=/tmp/kv.json
 
---model takes a shipped name (see jaxroof/data/models/) or a path to a
+--model takes a shipped name (see jaxroof/specs/data/models/) or a path to a
 Hugging Face config.json, or the folder holding one.
 """
 
@@ -17,12 +17,14 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import io
-from jaxroof import kv_sizing
-from jaxroof import params
-from jaxroof import table
-from jaxroof.accelerators import known_accelerators, load_accelerator
-from jaxroof.model_spec import ModelSpec, load_model, shipped_models
+from jaxroof import files as io
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters as params
+from jaxroof.report import table
+from jaxroof.specs.accelerators import known_accelerators, load_accelerator
+from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs.models import load_model, shipped_models
+from jaxroof.specs.parameters import parameter_counts
 
 # Model and workload.
 _MODEL = flags.DEFINE_string(
@@ -70,7 +72,7 @@ def _gb(value: float) -> str:
 
 
 def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
-  counts = spec.params
+  counts = parameter_counts(spec)
   print(f"KV sizing of {spec.name} ({spec.model_type}, {spec.num_layers} blocks): "
         f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
         f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
@@ -102,7 +104,7 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   """Checks the fit on --accelerator, prints it, and returns it for the JSON."""
   device = load_accelerator(_ACCELERATOR.value)
-  weights = params.weight_bytes(spec.params, _WEIGHT_DTYPE.value,
+  weights = params.weight_bytes(parameter_counts(spec), _WEIGHT_DTYPE.value,
                                 group_size=_GROUP_SIZE.value)["total_bytes"]
   fit = kv_sizing.capacity(sizing, weight_bytes=weights,
                            memory_capacity_bytes=device.memory_capacity_bytes,
@@ -124,7 +126,7 @@ def main(argv: list[str]) -> None:
                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
                              max_new_tokens=_MAX_NEW_TOKENS.value)
   _print_sizing(spec, sizing)
-  counts = spec.params
+  counts = parameter_counts(spec)
   result = {
       "kind": "bound",
       "inputs": {"model": _MODEL.value, "context": sizing.context, "batch": sizing.batch,

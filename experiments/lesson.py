@@ -13,9 +13,9 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
-from jaxroof import io
-from jaxroof import lesson
-from jaxroof import table
+from jaxroof import files as io
+from jaxroof.report import lesson
+from jaxroof.report import table
 
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the claims as JSON here.")
 

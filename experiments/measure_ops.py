@@ -22,11 +22,11 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import cost_analysis
-from jaxroof import io
-from jaxroof import measure
-from jaxroof import op_sweeps
-from jaxroof import table
+from jaxroof.measure import cost_analysis
+from jaxroof import files as io
+from jaxroof.measure import records as measure
+from jaxroof.measure import op_sweeps
+from jaxroof.report import table
 
 _CAL = op_sweeps.CALIBRATION
 

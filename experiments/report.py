@@ -21,18 +21,18 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from kernels import benchmark as kernel_benchmark
-from jaxroof import arch_report
-from jaxroof import calibration_job
-from jaxroof import catalogue
-from jaxroof import io
-from jaxroof import lesson
-from jaxroof import measure
-from jaxroof import plots
-from jaxroof import table
-from jaxroof.sweep import decode_sweep
+from jaxroof.measure import kernel_benchmark
+from jaxroof.report import specs as arch_report
+from jaxroof.measure import calibration_job
+from jaxroof.symbolic import catalogue
+from jaxroof import files as io
+from jaxroof.report import lesson
+from jaxroof.measure import records as measure
+from jaxroof.report import plots
+from jaxroof.report import table
+from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
-from jaxroof.toy import summary as toy_summary
+from jaxroof.report import toy as toy_summary
 from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
@@ -165,7 +165,7 @@ def build(out_dir: str) -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  measure.keep_allocations()  # Before any timing; see jaxroof.measure.
+  measure.keep_allocations()  # Before any timing; see jaxroof.measure.records.
   path = build(_OUT_DIR.value)
   print(f"wrote {path}")
 

@@ -43,7 +43,7 @@ import tqdm
 from absl import logging
 
 from jaxroof.errors import InputError, require_choice
-from jaxroof.io import write_json
+from jaxroof.files import write_json
 from jaxroof.timing import Timing
 from kernels import _backend
 from kernels import device_timing

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from jaxroof import accelerators
-from jaxroof.accelerators import TABLE, known_accelerators, load_accelerator, load_accelerators
+from jaxroof.specs import accelerators
+from jaxroof.specs.accelerators import TABLE, known_accelerators, load_accelerator, load_accelerators
 from jaxroof.errors import InputError
 
 REQUIRED = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l4", "l40s",

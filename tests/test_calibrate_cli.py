@@ -9,8 +9,8 @@ import sys
 import jax
 import pytest
 
-from jaxroof import op_sweeps
-from jaxroof import profile as profile_lib
+from jaxroof.measure import op_sweeps
+from jaxroof.measure import profiles as profile_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,

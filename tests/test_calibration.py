@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from jaxroof import calibration
-from jaxroof import calibration_job
-from jaxroof import ceilings as ceilings_lib
-from jaxroof import formulas
-from jaxroof import op_sweeps
-from jaxroof import solved
-from jaxroof.symbols import B, BW, F, N, N_act, T, k
+from jaxroof.symbolic import calibrated as calibration
+from jaxroof.measure import calibration_job
+from jaxroof.measure import ceilings as ceilings_lib
+from jaxroof.symbolic import formulas
+from jaxroof.measure import op_sweeps
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k
 
 TRUE = {"eta_w": 0.6, "eta_kv": 0.08, "eta_f": 0.35, "t0_step": 4e-4,
         "t0_layer": 1.5e-4, "r_ovl": 0.5}

@@ -12,12 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from jaxroof import comparison
-from jaxroof import solved
+from jaxroof.specs import comparison
+from jaxroof.symbolic import solved
 from jaxroof.errors import InputError
-from jaxroof.evaluate import step_model
-from jaxroof.workload import (crossover_batches, decode_step_inputs, load_accelerator,
-                              load_model)
+from jaxroof.symbolic.evaluate import step_model
+from jaxroof.specs.accelerators import load_accelerator
+from jaxroof.specs.models import load_model
+from jaxroof.specs.parameters import parameter_counts
+from jaxroof.specs.workload import crossover_batches, decode_step_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +36,7 @@ def test_decode_inputs_feed_the_step_model():
   assert set(kwargs) == {"B", "T", "N", "q", "k", "BW", "F", "N_act"}
   assert (inputs.q, inputs.k, inputs.BW, inputs.F) == (2.0, 131_072, 3.35e12, 989.4e12)
   out = step_model("numpy")(**kwargs)
-  weights = model.params.total - model.params.embeddings  # Table looked up, not read.
+  weights = parameter_counts(model).total - parameter_counts(model).embeddings  # Table looked up, not read.
   memory_b1 = (2 * (weights + 4096) + 1024 * 131_072) / 3.35e12
   assert out["step_s"][0] == pytest.approx(memory_b1)
   assert inputs.assumptions and all(isinstance(a, str) for a in inputs.assumptions)
@@ -44,14 +46,14 @@ def test_moe_weights_read_vary_with_batch():
   inputs = decode_step_inputs(load_model("mixtral-8x7b"), load_accelerator("mi300x"),
                               context=512, batch_sizes=[1, 4, 64])
   assert np.all(np.diff(inputs.N) > 0)
-  assert inputs.N_act == load_model("mixtral-8x7b").params.active_matmul
+  assert inputs.N_act == parameter_counts(load_model("mixtral-8x7b")).active_matmul
 
 
 def test_fits_agrees_with_the_largest_batch_in_memory():
   inputs = decode_step_inputs(load_model("llama-3-8b"), load_accelerator("h100-sxm"),
                               context=4096, batch_sizes=[1, 64, 103, 104, 105, 1000])
   m = inputs.max_batch_in_memory
-  usable = 80e9 * 0.9 - 2 * load_model("llama-3-8b").params.total
+  usable = 80e9 * 0.9 - 2 * parameter_counts(load_model("llama-3-8b")).total
   assert m == int(usable // (131_072 * 4096))
   assert list(inputs.fits) == [b <= m for b in inputs.batch_sizes]
 
@@ -65,7 +67,7 @@ def test_weights_that_do_not_fit_leave_no_batch():
 def test_dense_crossovers_agree_with_the_closed_forms():
   model, h100 = load_model("llama-3-8b"), load_accelerator("h100-sxm")
   cross = crossover_batches(model, h100, context=128)
-  n_act = model.params.active_matmul
+  n_act = parameter_counts(model).active_matmul
   values = dict(N=n_act, q=2, F=989.4e12, BW=3.35e12, T=128, k=131_072)
   assert cross.compute_crossover_batch == pytest.approx(
       float(solved.compute_crossover_batch(**values)), rel=2e-3)
@@ -159,7 +161,7 @@ def test_cli_bad_input_is_one_line():
 
 
 def test_report_section_writes_its_plot(tmp_path):
-  from jaxroof import arch_report
+  from jaxroof.report import specs as arch_report
   markdown = arch_report.report_section(str(tmp_path))
   assert "## KV sizing of real models" in markdown and "## Accelerators compared" in markdown
   assert "deepseek-v3" in markdown and "mistral-7b" in markdown and "h100-sxm" in markdown

@@ -6,8 +6,8 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from jaxroof import cost_analysis
-from jaxroof import op_sweeps
+from jaxroof.measure import cost_analysis
+from jaxroof.measure import op_sweeps
 
 TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
                            num_heads=4, num_kv_heads=2, head_dim=8, width=32,

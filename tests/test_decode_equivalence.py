@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from jaxroof import errors, toy
-from jaxroof.toy import summary
+from jaxroof.report import toy as summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_TOL = 1e-10

@@ -9,9 +9,9 @@ import pytest
 import sympy as sp
 from hypothesis import given, settings
 
-from jaxroof import formulas
-from jaxroof import solved
-from jaxroof.evaluate import OUTPUT_NAMES, step_model, summary_model
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.evaluate import OUTPUT_NAMES, step_model, summary_model
 
 positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
 

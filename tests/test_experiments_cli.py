@@ -124,7 +124,7 @@ def test_batch_sweep_model_flag_errors():
 
 
 def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
-  from jaxroof import profile as profile_lib
+  from jaxroof.measure import profiles as profile_lib
   # Half the bandwidth for weights and K/V, ideal FLOPs, no fixed cost, the
   # roofline max (large r_ovl): the lesson's batch 32 reads 24 GB at 1 TB/s.
   factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 1.0, "t0_step": 1e-12,

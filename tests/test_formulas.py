@@ -7,9 +7,9 @@ here independently; nothing is copied from the code's output.
 import pytest
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof import solved
-from jaxroof.symbols import B, BW, F, H_kv, L, N, N_act, P, R, T, b, d, g, k, q
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.symbols import B, BW, F, H_kv, L, N, N_act, P, R, T, b, d, g, k, q
 
 GB = 1e9
 
@@ -130,7 +130,7 @@ def test_throughput_plateaus_while_memory_binds():
 
 
 def test_max_batch_for_token_gap():
-  from jaxroof.symbols import t_gap
+  from jaxroof.symbolic.symbols import t_gap
   expected = sp.Min((t_gap * BW - N * q) / (T * k), t_gap * F / (2 * N_act))
   assert _equal(solved.max_batch_for_token_gap(), expected)
   # The lesson: a 12 ms token gap admits batch 32 (and its step takes exactly 12 ms).
@@ -142,7 +142,7 @@ def test_max_batch_for_token_gap():
 
 
 def test_prefill_and_time_to_first_token():
-  from jaxroof.symbols import t_queue, t_window
+  from jaxroof.symbolic.symbols import t_queue, t_window
   assert _equal(formulas.prefill_time(), sp.Max(N * q / BW, 2 * N * P / F))
   assert _equal(formulas.time_to_first_token(),
                 t_queue + t_window + sp.Max(N * q / BW, 2 * N * P / F))

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from jaxroof import io
+from jaxroof import files as io
 from jaxroof.timing import time_call
 
 

@@ -12,7 +12,7 @@ from absl.testing import absltest, parameterized
 
 from jaxroof.errors import InputError
 from kernels import _backend
-from kernels import benchmark as gpu_bench
+from jaxroof.measure import kernel_benchmark as gpu_bench
 from kernels import decode_attention as da
 from kernels import linear
 from kernels import testing

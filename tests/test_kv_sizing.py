@@ -16,12 +16,13 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxroof import arch_formulas as af
-from jaxroof import formulas
-from jaxroof import kv_sizing
+from jaxroof.symbolic import architecture as af
+from jaxroof.symbolic import formulas
+from jaxroof.specs import kv_sizing
 from jaxroof.errors import InputError
-from jaxroof.model_spec import MODELS_DIR, load_model, shipped_models
-from jaxroof.symbols import T
+from jaxroof.specs.models import MODELS_DIR, load_model, shipped_models
+from jaxroof.specs.parameters import parameter_counts
+from jaxroof.symbolic.symbols import T
 
 BF16 = 2
 
@@ -169,7 +170,7 @@ def test_lesson_toy_counts():
 def test_capacity_is_the_largest_batch_that_fits():
   spec = load_model("llama-3-8b")
   z = kv_sizing.size_kv(spec, context=4096, batch=1)
-  capacity, weights, workspace = 80e9, 2 * spec.params.total, 0.1
+  capacity, weights, workspace = 80e9, 2 * parameter_counts(spec).total, 0.1
   fit = kv_sizing.capacity(z, weight_bytes=weights, memory_capacity_bytes=capacity,
                            workspace_fraction=workspace)
   expected = int((capacity * (1 - workspace) - weights) // z.allocated_bytes_per_sequence)
@@ -206,7 +207,7 @@ def test_bad_inputs_are_named(kwargs, needle):
 
 def test_windowed_pages_count_every_page_the_window_touches():
   """Brute force: the pages holding any of the last min(T, W) tokens."""
-  from jaxroof import arch_formulas as af
+  from jaxroof.symbolic import architecture as af
   for context, window, page in [(8192, 4096, 16), (8200, 4096, 16), (100, 4096, 16),
                                 (4097, 4096, 16), (37, 10, 4), (9, 10, 4), (10, 10, 3),
                                 (23, 7, 5)]:

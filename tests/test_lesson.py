@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from jaxroof import lesson
+from jaxroof.report import lesson
 
 
 def test_every_claim_agrees():

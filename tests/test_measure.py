@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxroof import ceilings
+from jaxroof.measure import ceilings
 from jaxroof import errors
-from jaxroof import formulas
-from jaxroof import measure
-from jaxroof import op_sweeps
+from jaxroof.symbolic import formulas
+from jaxroof.measure import records as measure
+from jaxroof.measure import op_sweeps
 from jaxroof.timing import Timing
 
 # Four blocks, grouped KV heads: small enough to compile in well under 1 s.

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from jaxroof import arch_formulas as af
-from jaxroof import params
-from jaxroof.model_spec import load_model
-from jaxroof.symbols import B
+from jaxroof.symbolic import architecture as af
+from jaxroof.specs import parameters as params
+from jaxroof.specs.models import load_model
+from jaxroof.symbolic.symbols import B
+from jaxroof.specs.parameters import parameter_counts
 
 EXPERTS = af.numpy_function(af.expected_distinct_experts)
 
@@ -47,7 +48,7 @@ def test_formula_matches_simulated_uniform_routing(tokens, experts, top_k):
 
 
 def test_mixtral_weights_read_rise_from_active_towards_total():
-  counts = load_model("mixtral-8x7b").params
+  counts = parameter_counts(load_model("mixtral-8x7b"))
   batch = np.array([1.0, 2, 8, 64, 100_000])
   read = params.weights_read_per_step(counts, batch)
   assert np.all(np.diff(read) > 0)
@@ -67,13 +68,13 @@ def test_moe_weight_traffic_formula_is_built_on_weight_traffic():
 
 
 def test_dense_weights_read_do_not_depend_on_batch_but_for_embedding_rows():
-  counts = load_model("llama-3-8b").params
+  counts = parameter_counts(load_model("llama-3-8b"))
   read = params.weights_read_per_step(counts, np.array([1.0, 1000.0]))
   assert read[1] - read[0] == 999 * 4096
 
 
 def test_deepseek_reads_shared_experts_and_dense_blocks_every_step():
-  counts = load_model("deepseek-v3").params
+  counts = parameter_counts(load_model("deepseek-v3"))
   assert counts.experts_shared == 58 * 3 * 7168 * 2048
   assert counts.read_every_step > counts.experts_shared + counts.attention + counts.mlp
   one = params.weights_read_per_step(counts, np.array([1.0]))[0]

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from jaxroof import params
+from jaxroof.specs import parameters as params
 from jaxroof.errors import InputError
-from jaxroof.model_spec import MODELS_DIR, load_model
+from jaxroof.specs.models import MODELS_DIR, load_model
+from jaxroof.specs.parameters import parameter_counts
 
 B_ = 1e9
 
@@ -33,7 +34,7 @@ B_ = 1e9
     ("mamba-2.8b", 2.77 * B_),
 ])
 def test_totals_within_one_percent_of_published(name, published):
-  assert load_model(name).params.total == pytest.approx(published, rel=0.01)
+  assert parameter_counts(load_model(name)).total == pytest.approx(published, rel=0.01)
 
 
 @pytest.mark.parametrize("name, published, rel", [
@@ -42,7 +43,7 @@ def test_totals_within_one_percent_of_published(name, published):
     ("deepseek-v3", 37 * B_, 0.02),  # "About 37B" (the paper rounds).
 ])
 def test_active_per_token_against_published(name, published, rel):
-  assert load_model(name).params.active == pytest.approx(published, rel=rel)
+  assert parameter_counts(load_model(name)).active == pytest.approx(published, rel=rel)
 
 
 @pytest.mark.parametrize("name, published", [
@@ -50,11 +51,11 @@ def test_active_per_token_against_published(name, published, rel):
     ("gpt-oss-20b", 3.61 * B_),  # Model card: active, embedding excluded.
 ])
 def test_active_without_the_embedding_lookup(name, published):
-  assert load_model(name).params.active_matmul == pytest.approx(published, rel=0.01)
+  assert parameter_counts(load_model(name)).active_matmul == pytest.approx(published, rel=0.01)
 
 
 def test_dense_models_are_wholly_active():
-  counts = load_model("llama-3-8b").params
+  counts = parameter_counts(load_model("llama-3-8b"))
   assert counts.active == counts.total
   assert counts.active_matmul == counts.total - counts.embeddings
 
@@ -65,11 +66,11 @@ def test_llama3_8b_count_from_the_config_fields():
   kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
   per_block = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
   expected = n * per_block + 2 * v * h + h
-  assert load_model("llama-3-8b").params.total == expected
+  assert parameter_counts(load_model("llama-3-8b")).total == expected
 
 
 def test_mixtral_active_is_shared_plus_top2_of_8_experts():
-  counts = load_model("mixtral-8x7b").params
+  counts = parameter_counts(load_model("mixtral-8x7b"))
   expert = 3 * 4096 * 14336
   assert counts.routed_expert == expert
   assert counts.experts_routed == 32 * 8 * expert
@@ -78,11 +79,11 @@ def test_mixtral_active_is_shared_plus_top2_of_8_experts():
 
 def test_breakdown_sums_to_total_and_tied_models_have_no_head():
   for name in ("gemma-2-9b", "deepseek-v3", "mamba-2.8b", "gpt-oss-20b"):
-    counts = load_model(name).params
+    counts = parameter_counts(load_model(name))
     assert sum(counts.breakdown().values()) == counts.total
-  gemma = load_model("gemma-2-9b").params
+  gemma = parameter_counts(load_model("gemma-2-9b"))
   assert gemma.tied and gemma.lm_head == 0 and gemma.embeddings == 256000 * 3584
-  assert load_model("mamba-2.8b").params.recurrent > 0
+  assert parameter_counts(load_model("mamba-2.8b")).recurrent > 0
 
 
 @pytest.mark.parametrize("dtype, group, expected", [
@@ -99,7 +100,7 @@ def test_bytes_per_weight_with_group_scales(dtype, group, expected):
 
 
 def test_weight_bytes_scale_with_the_dtype():
-  counts = load_model("llama-3-8b").params
+  counts = parameter_counts(load_model("llama-3-8b"))
   bf16 = params.weight_bytes(counts, "bf16")
   int4 = params.weight_bytes(counts, "int4", scale_bytes=0)
   assert bf16["total_bytes"] == pytest.approx(2 * counts.total)
@@ -117,11 +118,11 @@ def test_bad_dtypes_and_groups():
 
 def test_a_users_tied_llama_config():
   # meta-llama/Llama-3.2-1B's config.json fields; published: 1.24B parameters.
-  from jaxroof import hf_config
+  from jaxroof.specs import hf_config
   spec = hf_config.spec_from_config({
       "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
       "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
       "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True}, name="user")
-  counts = spec.params
+  counts = parameter_counts(spec)
   assert counts.total == pytest.approx(1.24e9, rel=0.01)
   assert counts.lm_head == 0 and counts.active_matmul == counts.total  # Head multiplies.

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from jaxroof import calibration
+from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
-from jaxroof import profile as profile_lib
-from jaxroof.sweep import decode_sweep
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.symbolic.sweep import decode_sweep
 
 IDEAL = {"eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-12,
          "t0_layer": 1e-12, "r_ovl": 1e3}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxroof.errors import InputError
-from jaxroof.sweep import decode_sweep
+from jaxroof.symbolic.sweep import decode_sweep
 
 LESSON = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12)
 

@@ -10,7 +10,9 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxroof import errors, formulas, symbols, toy
+from jaxroof import errors, toy
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic import symbols
 
 REL_TOL = 1e-10  # float64 agreement the issue asks for.
 
@@ -263,7 +265,7 @@ def test_shifting_every_rope_position_keeps_agreement():
 ])
 def test_decode_step_multiplies_every_weight_once_per_token(config):
   """Traced matmul FLOPs = 2*N*B (linear layers) + attention over every slot."""
-  from jaxroof import formulas
+  from jaxroof.symbolic import formulas
   from jaxroof.toy import flops
   batch, slots = 2, 8
   params = toy.init_params(config, jax.random.key(0), jnp.float32)

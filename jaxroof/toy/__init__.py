@@ -64,10 +64,10 @@ from jaxroof.toy.model import forward
 from jaxroof.toy.model import generate
 from jaxroof.toy.model import generate_uncached
 from jaxroof.toy.model import prefill
-from jaxroof.toy.params import BlockParams
-from jaxroof.toy.params import Params
-from jaxroof.toy.params import init_params
-from jaxroof.toy.params import num_weights
+from jaxroof.toy.weights import BlockParams
+from jaxroof.toy.weights import Params
+from jaxroof.toy.weights import init_params
+from jaxroof.toy.weights import num_weights
 
 __all__ = (
     "BREAKS",

@@ -21,7 +21,7 @@ import dataclasses
 import jax
 
 from jaxroof import errors
-from jaxroof.toy.params import Params
+from jaxroof.toy.weights import Params
 
 BREAKS = ("revision", "position_offset", "mask", "dropout")
 

@@ -15,12 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxroof import errors, formulas
+from jaxroof import errors
+from jaxroof.symbolic import formulas
 from jaxroof.toy import breakers
 from jaxroof.toy import cache as cache_lib
 from jaxroof.toy.config import ToyConfig
 from jaxroof.toy.model import decode_step, forward, prefill
-from jaxroof.toy.params import init_params
+from jaxroof.toy.weights import init_params
 
 LAYOUTS = ("fixed", "growing")
 HYPOTHETICAL_BYTES = 2  # A 2-byte (e.g. bf16) K/V payload, as in the lesson.

@@ -4,7 +4,7 @@ Walks the jaxpr of a traced function and adds `2 * output size * contracted
 size` for every `dot_general` (einsum and matmul lower to it), multiplying by
 a loop's trip count (`scan` over the stacked blocks). Element-wise work
 (softmax, norms, RoPE) is not counted, as the symbolic model omits it too.
-This is an independent count to hold `jaxroof.formulas` against.
+This is an independent count to hold `jaxroof.symbolic.formulas` against.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.extend.core  # noqa: F401  (ClosedJaxpr, Jaxpr)
 
-from jaxroof.toy.params import Params
+from jaxroof.toy.weights import Params
 
 
 def _inner_jaxprs(eqn: Any):

@@ -22,7 +22,7 @@ from jax import lax
 
 from jaxroof import errors
 from jaxroof.toy import cache as cache_lib
-from jaxroof.toy.params import Params
+from jaxroof.toy.weights import Params
 
 # Attends new queries/keys/values, given one block's state buffers (or None);
 # returns the attention output and the updated buffers (or None).

@@ -1,6 +1,6 @@
 """Quantities derived from the formulas by `sympy.solve` and `sympy.limit`.
 
-Each function derives its closed form once (cached) from `jaxroof.formulas`,
+Each function derives its closed form once (cached) from `jaxroof.symbolic.formulas`,
 then substitutes whatever values it is given by symbol name:
 `weight_kv_crossover_batch(N=8e9, q=2, T=1, k=2.5e8) == 64`.
 """
@@ -11,8 +11,8 @@ import functools
 
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof.symbols import B, BY_NAME, N, N_act, R, t_gap
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic.symbols import B, BY_NAME, N, N_act, R, t_gap
 
 
 def _solve_for_batch(lhs: sp.Expr, rhs: sp.Expr) -> sp.Expr:

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxroof import plots
-from jaxroof.accelerators import Accelerator
-from jaxroof import profile as profile_lib
-from jaxroof.evaluate import step_model
-from jaxroof.sweep import estimate_rows, mark_targets
-from jaxroof.model_spec import ModelSpec
-from jaxroof.workload import crossover_batches, decode_step_inputs
+from jaxroof.report import plots
+from jaxroof.specs.accelerators import Accelerator
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.symbolic.evaluate import step_model
+from jaxroof.symbolic.sweep import estimate_rows, mark_targets
+from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs.workload import crossover_batches, decode_step_inputs
 
 UNITS = {
     "ridge_flop_per_byte": "FLOP/B", "compute_crossover_batch": "sequences",

@@ -1,10 +1,10 @@
 """The calibration job, within a time budget: measure, fit, profile, plot.
 
-1. Device ceilings (`jaxroof.ceilings`), measured.
+1. Device ceilings (`jaxroof.measure.ceilings`), measured.
 2. The toy model's decode step at a grid of (model, batch, context) points
-   (`jaxroof.op_sweeps`), in rounds while the budget lasts.
+   (`jaxroof.measure.op_sweeps`), in rounds while the budget lasts.
 3. A held-out quarter of the points, spread over the grid; optax fits the
-   calibrated model's factors (`jaxroof.calibration`) to the rest.
+   calibrated model's factors (`jaxroof.symbolic.calibrated`) to the rest.
 4. A `Profile` with the factors and the held-out error, and a plot of
    measured against predicted step time.
 
@@ -24,15 +24,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxroof import calibration
-from jaxroof import ceilings as ceilings_lib
+from jaxroof.symbolic import calibrated as calibration
+from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof import errors
-from jaxroof import io
-from jaxroof import measure
-from jaxroof import op_sweeps
-from jaxroof import profile as profile_lib
-from jaxroof import table
-from jaxroof.op_sweeps import StepPoint
+from jaxroof import files as io
+from jaxroof.measure import records as measure
+from jaxroof.measure import op_sweeps
+from jaxroof.measure import profiles as profile_lib
+from jaxroof.report import table
+from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.toy.config import ToyConfig
 
 Progress = Callable[[str], None]
@@ -291,7 +291,7 @@ def run(
 def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
          title: str) -> None:
   """Measured against calibrated step time, log-log, with 10%/25% bands."""
-  from jaxroof import plots  # Deferred: matplotlib only when plotting.
+  from jaxroof.report import plots  # Deferred: matplotlib only when plotting.
 
   fig, ax = plots.plt.subplots(figsize=(6.5, 6))
   styles = {"train": ("o", "tab:blue", "training"),

@@ -13,9 +13,9 @@ from typing import Any
 import sympy as sp
 
 from jaxroof import errors
-from jaxroof import formulas
-from jaxroof import solved
-from jaxroof.symbols import BY_NAME
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.symbols import BY_NAME
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 For each kind in the model's layer schedule the per-sequence bytes are a
 sympy expression in the retained tokens T, the page size p and the reserved
-allowance M_new (`jaxroof.arch_formulas`), summed over the blocks of that kind:
+allowance M_new (`jaxroof.symbolic.architecture`), summed over the blocks of that kind:
 
   payload    the logical bytes held now: full and MLA blocks keep T tokens,
              sliding blocks min(T, W), recurrent blocks a fixed state;
@@ -23,10 +23,10 @@ import functools
 
 import sympy as sp
 
-from jaxroof import arch_formulas as af
+from jaxroof.symbolic import architecture as af
 from jaxroof import errors
-from jaxroof.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
-from jaxroof.symbols import T
+from jaxroof.specs.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
+from jaxroof.symbolic.symbols import T
 
 KV_DTYPES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 DEFAULT_BLOCK_SIZE = 16  # Tokens per page (vLLM's default).

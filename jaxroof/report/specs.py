@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 
-from jaxroof import comparison
-from jaxroof import kv_sizing
-from jaxroof import table
-from jaxroof.accelerators import load_accelerators
-from jaxroof.model_spec import load_model
+from jaxroof.specs import comparison
+from jaxroof.specs import kv_sizing
+from jaxroof.report import table
+from jaxroof.specs.accelerators import load_accelerators
+from jaxroof.specs.models import load_model
+from jaxroof.specs.parameters import parameter_counts
 
 KV_MODELS = ("llama-3-8b", "mistral-7b", "gemma-2-9b", "gemma-3-1b", "deepseek-v3",
              "mamba-2.8b")
@@ -40,7 +41,7 @@ def kv_sizing_section(out_dir: str) -> str:
   for name in KV_MODELS:
     spec = load_model(name)
     z = kv_sizing.size_kv(spec, context=KV_CONTEXT)
-    rows.append([name, _schedule(spec), f"{spec.params.total / 1e9:,.2f}B",
+    rows.append([name, _schedule(spec), f"{parameter_counts(spec).total / 1e9:,.2f}B",
                  f"{z.kv_bytes_per_token:,.0f}", f"{z.payload_bytes_per_sequence / 1e9:,.3f}",
                  f"{z.allocated_bytes_per_sequence / 1e9:,.3f}",
                  f"{z.allocated_bytes_windowed_as_full_per_sequence / 1e9:,.3f}",

@@ -3,7 +3,7 @@
 The library behind `experiments/gpu_bench.py`. For each case (an op at a
 shape): autotune the Pallas kernel, time the winner and XLA's own (jit of the
 reference; for attention also `jax.nn.dot_product_attention`, xla and cudnn),
-and relate each time to the analytic traffic and FLOPs (`jaxroof.formulas`)
+and relate each time to the analytic traffic and FLOPs (`jaxroof.symbolic.formulas`)
 and to this device's measured ceilings (copy bandwidth: an elementwise
 negate of a 1 GiB array, bytes read plus written; bf16 matmul rate: an XLA
 8192^3 matmul).
@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof import table
+from jaxroof.symbolic import formulas
+from jaxroof.report import table
 from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
@@ -104,7 +104,7 @@ QUICK_CASES = (
 
 def analytic(case: Case,
              lengths: Sequence[int] | None = None) -> dict[str, float]:
-  """Bytes moved and FLOPs of one call, from `jaxroof.formulas`.
+  """Bytes moved and FLOPs of one call, from `jaxroof.symbolic.formulas`.
 
   Analytic bounds: each weight and K/V byte read once. For attention, K/V
   traffic and FLOPs grow with each sequence's length and the query and output
@@ -300,7 +300,7 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
           "trials": tuned.entry["trials"] if tuned.entry else [],
       },
       "analytic": {**work, "label": "analytic: each byte read once, lengths "
-                   "full (jaxroof.formulas)"},
+                   "full (jaxroof.symbolic.formulas)"},
       "pallas": pallas,
       "xla": xla,
       "xla_best_median_s": xla_best,

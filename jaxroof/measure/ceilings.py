@@ -1,7 +1,7 @@
 """Device ceilings, measured: sustained memory bandwidth and matmul FLOP/s.
 
 Whatever device jax runs on (the CPU included), with the harness of
-`jaxroof.measure`:
+`jaxroof.measure.records`:
 
 * read bandwidth: a sum over an array far larger than the device's caches,
   bytes read / median time.
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroof import errors
-from jaxroof import measure
+from jaxroof.measure import records as measure
 
 # Sizes per platform: arrays far beyond the last-level cache (32 MB L3 on the
 # development CPU, ~50 MB L2 on an H100/H200), matmuls long enough to time.

@@ -1,6 +1,6 @@
 """The calibrated step model: the symbolic floor with fitted factors and costs.
 
-The analytic floor of `jaxroof.formulas` assumes every byte moves at the
+The analytic floor of `jaxroof.symbolic.formulas` assumes every byte moves at the
 device's bandwidth and every FLOP at its peak, with nothing else to pay. The
 calibrated model keeps its terms and adds what a device and an
 implementation actually achieve, as named sympy symbols:
@@ -32,8 +32,8 @@ from typing import Any, Literal
 import numpy as np
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof.symbols import B, BW, F, L, N, N_act, Quantity, T, k, q
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic.symbols import B, BW, F, L, N, N_act, Quantity, T, k, q
 
 
 def _positive(name: str) -> sp.Symbol:

@@ -1,6 +1,6 @@
 """`Accelerator`: datasheet figures of a device, loaded by slug.
 
-The table `jaxroof/data/accelerators.json` holds dense (no sparsity) figures
+The table `jaxroof/specs/data/accelerators.json` holds dense (no sparsity) figures
 only, each field with its source, and records how conflicting sources were
 resolved. Loaded figures are converted to SI: bytes, bytes/s, FLOP/s.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxroof import errors
-from jaxroof import formulas
-from jaxroof import names
+from jaxroof.symbolic import formulas
+from jaxroof.specs import names
 
 TABLE = Path(__file__).parent / "data" / "accelerators.json"
 

@@ -1,7 +1,7 @@
 """A decode batch sweep: `Estimate` rows from the step model, plus its summary.
 
 Every number here is an analytic bound (kind "bound") under the lesson's
-assumptions (see `jaxroof.formulas`): weights read once per step, each
+assumptions (see `jaxroof.symbolic.formulas`): weights read once per step, each
 sequence's K/V read once, attention FLOPs and overheads omitted.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
-from jaxroof import solved
-from jaxroof.evaluate import step_model, summary_model
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.evaluate import step_model, summary_model
 
 UNITS: dict[str, str] = {
     "batch": "sequences",

@@ -1,12 +1,12 @@
 """`Profile`: what one device achieves, as fitted factors; predictions from it.
 
 A profile holds a device's measured ceilings, the calibrated model's fitted
-efficiency factors and fixed costs (`jaxroof.calibration`), the fit's error
+efficiency factors and fixed costs (`jaxroof.symbolic.calibrated`), the fit's error
 on held-out points, and how all of it was measured. It is JSON, written
 atomically, so profiles of several machines can sit side by side.
 
 `calibrated_sweep` is the `--profile` hook of the experiments: it returns the
-structure of `jaxroof.sweep.decode_sweep`, labelled `"calibrated"`.
+structure of `jaxroof.symbolic.sweep.decode_sweep`, labelled `"calibrated"`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxroof import calibration
+from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
-from jaxroof import io
-from jaxroof import sweep as sweep_lib
+from jaxroof import files as io
+from jaxroof.symbolic import sweep as sweep_lib
 
 KIND = "profile"
 VERSION = 1
@@ -63,7 +63,7 @@ class Profile:
     jax_version: of the measuring process.
     created: ISO 8601 UTC time of the calibration.
     ceilings: measured `bandwidth_Bps`, `copy_bandwidth_Bps` and
-      `flops_per_s` by dtype (see `jaxroof.ceilings`).
+      `flops_per_s` by dtype (see `jaxroof.measure.ceilings`).
     factors: `calibration.FACTOR_NAMES` -> fitted value (SI units).
     fit: held-out and training errors, point counts, loss, statistic.
     model: what was timed (toy configs, their step-model inputs, grid).
@@ -199,7 +199,7 @@ def calibrated_sweep(
   Args:
     profile: fitted factors and measured ceilings.
     batch_sizes: sequences per step, whole numbers >= 1.
-    N, q, T, k, BW, F, N_act: as in `jaxroof.sweep.decode_sweep` (N may be an
+    N, q, T, k, BW, F, N_act: as in `jaxroof.symbolic.sweep.decode_sweep` (N may be an
       array over batch sizes for MoE; F None means no datasheet FLOP rate).
     layers: blocks of the model, for the per-layer fixed cost; None leaves
       that cost out (and says so).

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxroof import errors
-from jaxroof.model_spec import (FULL, MLA, RECURRENT, SLIDING, AttentionSpec,
+from jaxroof.specs.model_spec import (FULL, MLA, RECURRENT, SLIDING, AttentionSpec,
                                 MLASpec, ModelSpec, MoESpec, SSMSpec)
 
 _MISSING = object()

@@ -1,26 +1,17 @@
-"""`ModelSpec`: what a model is made of, and loading one by name or path.
+"""`ModelSpec`: what a model is made of.
 
 A spec lists the layer schedule (the attention or mixer kind of every block
-and whether its MLP is routed) and the dimensions each kind needs. It is read
-from a Hugging Face `config.json` (`jaxroof.hf_config`): a config shipped in
-`jaxroof/data/models/` by slug, or a user's file or the folder holding one.
-Parameter counts come from `jaxroof.params`; KV sizes from `jaxroof.kv_sizing`.
+and whether its MLP is routed) and the dimensions each kind needs. Specs are built
+from a Hugging Face `config.json` by `jaxroof.specs.hf_config` and loaded by
+name or path with `jaxroof.specs.models.load_model`. Parameter counts come from `jaxroof.specs.parameters`; KV sizes from `jaxroof.specs.kv_sizing`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jaxroof import errors
-from jaxroof import names
-
-if TYPE_CHECKING:
-  from jaxroof.params import ParamCounts
 
 # Attention (or mixer) kinds of a block.
 FULL = "full"  # Keeps K/V for every retained token.
@@ -29,8 +20,6 @@ MLA = "mla"  # Keeps a compressed latent plus a RoPE key per token.
 RECURRENT = "recurrent"  # Keeps a fixed-size state per sequence (SSM).
 LAYER_KINDS = (FULL, SLIDING, MLA, RECURRENT)
 
-MODELS_DIR = Path(__file__).parent / "data" / "models"
-SOURCE_KEY = "_jaxroof_source"  # Provenance inside each shipped config.json.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,85 +153,3 @@ class ModelSpec:
   def is_moe(self) -> bool:
     return self.num_moe_layers > 0
 
-  @property
-  def params(self) -> ParamCounts:
-    """Parameter counts with their breakdown (`jaxroof.params`)."""
-    from jaxroof import params  # Deferred: params imports this module's types.
-
-    return params.parameter_counts(self)
-
-
-def shipped_models() -> tuple[str, ...]:
-  """Slugs of the configs shipped in `jaxroof/data/models/`."""
-  return tuple(sorted(p.stem for p in MODELS_DIR.glob("*.json")))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-  try:
-    text = path.read_text(encoding="utf-8")
-  except OSError as e:
-    raise errors.InputError(f"model={str(path)!r} cannot be read: {e.strerror}.") from None
-  try:
-    config = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise errors.InputError(
-        f"model={str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}, "
-        f"column {e.colno}."
-    ) from None
-  if not isinstance(config, dict):
-    raise errors.InputError(
-        f"model={str(path)!r} is not a config.json: expected a JSON object, got "
-        f"{type(config).__name__}."
-    )
-  return config
-
-
-def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
-  """(name, config path, shipped?) for a slug, a file or a folder."""
-  slug = name_or_path.strip().lower()
-  if (MODELS_DIR / f"{slug}.json").is_file() and os.sep not in name_or_path:
-    return slug, MODELS_DIR / f"{slug}.json", True
-  path = Path(name_or_path).expanduser()
-  if path.is_dir():
-    if not (path / "config.json").is_file():
-      raise errors.InputError(
-          f"model={name_or_path!r} is a folder without a config.json in it."
-      )
-    return path.resolve().name, path / "config.json", False
-  if path.is_file():
-    name = path.parent.resolve().name if path.name == "config.json" else path.stem
-    return name, path, False
-  if path.suffix == ".json" or os.sep in name_or_path:
-    raise errors.InputError(f"model={name_or_path!r}: no such file or folder.")
-  names.require_known("model", slug, shipped_models(),
-                      otherwise="Or give a path to a config.json or its folder.")
-  raise AssertionError("unreachable: a shipped slug was matched above")
-
-
-@functools.lru_cache(maxsize=64)
-def _load(name_or_path: str) -> ModelSpec:
-  from jaxroof import hf_config  # Deferred: hf_config imports this module.
-
-  name, path, shipped = _resolve(name_or_path)
-  config = _read_json(path)
-  source = str(path)
-  if shipped:
-    url = config.get(SOURCE_KEY, {}).get("config_url")
-    source = url or f"jaxroof/data/models/{path.name}"
-  return hf_config.spec_from_config(config, name=name, source=source)
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-  """A `ModelSpec` from a shipped slug, a `config.json` path or its folder.
-
-  Raises:
-    InputError: an unknown name (listing the shipped ones and the closest
-      match), a missing or malformed file, an unsupported `model_type`, or a
-      config missing a field that has no default.
-  """
-  if not isinstance(name_or_path, str) or not name_or_path.strip():
-    raise errors.InputError(
-        f"model={name_or_path!r} is not allowed: give a shipped name "
-        f"({', '.join(shipped_models())}) or a path to a config.json."
-    )
-  return _load(name_or_path)

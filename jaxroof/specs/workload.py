@@ -16,11 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxroof import errors
-from jaxroof import kv_sizing
-from jaxroof import params
-from jaxroof.accelerators import Accelerator, load_accelerator
-from jaxroof.evaluate import step_model
-from jaxroof.model_spec import ModelSpec, load_model
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters as params
+from jaxroof.specs.accelerators import Accelerator, load_accelerator
+from jaxroof.symbolic.evaluate import step_model
+from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs.models import load_model
+from jaxroof.specs.parameters import parameter_counts
 
 __all__ = ["DecodeInputs", "Crossovers", "decode_step_inputs", "crossover_batches",
            "load_model", "load_accelerator"]
@@ -70,7 +72,7 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
            batch: np.ndarray, weight_dtype: str, kv_dtype: str, block_size: int,
            workspace_fraction: float, max_new_tokens: int = 0,
            group_size: int | None = None) -> DecodeInputs:
-  counts = model.params
+  counts = parameter_counts(model)
   q = params.bytes_per_weight(weight_dtype, group_size)
   sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype,
                              block_size=block_size, max_new_tokens=max_new_tokens)
@@ -189,7 +191,7 @@ def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: in
   base = _build(model, accelerator, context=context, batch=np.array([1]),
                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=1,
                 workspace_fraction=0.0, group_size=group_size)
-  counts = model.params
+  counts = parameter_counts(model)
   f = step_model("numpy")
 
   def outputs(batch: np.ndarray) -> dict:

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxroof import op_sweeps
+from jaxroof.measure import op_sweeps
 
 
 def _as_dict(analysis: Any) -> Mapping[str, Any]:
@@ -90,7 +90,7 @@ def _shape(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
 def linear_cost(rows: int, d_in: int, d_out: int,
                 dtype: Any = jnp.float32) -> CostRow:
   """x (rows, d_in) @ w (d_in, d_out) through the XLA reference."""
-  from kernels import linear  # Deferred: see `jaxroof.op_sweeps`.
+  from kernels import linear  # Deferred: see `jaxroof.measure.op_sweeps`.
 
   dtype = jnp.dtype(dtype)
   costs = xla_costs(linear.reference, _shape((rows, d_in), dtype),

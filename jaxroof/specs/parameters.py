@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxroof import arch_formulas
+from jaxroof.symbolic import architecture as arch_formulas
 from jaxroof import errors
-from jaxroof.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
+from jaxroof.specs.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
 
 # Bits per stored weight, and the default weights per scale (None: per-tensor
 # or per-channel scales, whose bytes are negligible).

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 
-from jaxroof.io import atomic_path  # noqa: E402
+from jaxroof.files import atomic_path  # noqa: E402
 
 
 def save(fig: Any, path: str | os.PathLike[str]) -> None:

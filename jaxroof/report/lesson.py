@@ -2,7 +2,7 @@
 
 Each `Claim` pairs the lesson's printed figure (`expected`, typed from
 `seed/weight-reuse-lesson.txt`) with our value (`computed`, always through
-`jaxroof.formulas`, `jaxroof.solved` or `jaxroof.sweep`). The tolerance is half
+`jaxroof.symbolic.formulas`, `jaxroof.symbolic.solved` or `jaxroof.symbolic.sweep`). The tolerance is half
 a unit of the lesson's last printed digit ("about 123 tokens/s" -> 0.5);
 exact figures get only float-rounding slack.
 """
@@ -13,10 +13,10 @@ import dataclasses
 from typing import Any
 
 
-from jaxroof import formulas
-from jaxroof import solved
-from jaxroof.sweep import decode_sweep
-from jaxroof.symbols import B
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic import solved
+from jaxroof.symbolic.sweep import decode_sweep
+from jaxroof.symbolic.symbols import B
 
 # The lesson's example: an 8-billion-weight BF16 model on 2 TB/s.
 WEIGHTS = 8e9

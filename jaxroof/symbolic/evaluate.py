@@ -1,6 +1,6 @@
 """The step model, lambdified once: numpy for sweeps, JAX for jit and grad.
 
-`step_model(backend)` turns the sympy expressions of `jaxroof.formulas` into
+`step_model(backend)` turns the sympy expressions of `jaxroof.symbolic.formulas` into
 one vectorised function of the inputs below; nothing here retypes a formula.
 Inputs broadcast against each other, so a (batch, context) grid is two arrays.
 
@@ -18,8 +18,8 @@ from typing import Literal
 
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof.symbols import B, BW, F, N, N_act, T, k, q
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k, q
 
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act)
 
@@ -80,13 +80,13 @@ SUMMARY_NAMES: tuple[str, ...] = (
 
 @functools.cache
 def summary_model(backend: Literal["numpy", "jax"] = "numpy") -> StepModel:
-  """The solved quantities of `jaxroof.solved`, lambdified like `step_model`.
+  """The solved quantities of `jaxroof.symbolic.solved`, lambdified like `step_model`.
 
   Returns `f(N, q, T, k, BW, F, N_act=None)` -> dict keyed by `SUMMARY_NAMES`
   (`N_act=None`: dense). A compute crossover <= 0 (or non-finite) means memory
   binds at every batch; one below 1 means compute binds at every batch.
   """
-  from jaxroof import solved  # Deferred: solving costs ~0.1 s, once.
+  from jaxroof.symbolic import solved  # Deferred: solving costs ~0.1 s, once.
 
   exprs = (
       solved.weight_kv_crossover_batch(),

@@ -1,7 +1,7 @@
 """The decode-step model: every formula once, as a sympy expression.
 
 Each function returns an expression. Arguments default to the shared symbols
-of `jaxroof.symbols`, so a call with no arguments gives the closed form, and
+of `jaxroof.symbolic.symbols`, so a call with no arguments gives the closed form, and
 numbers give a number (`weight_traffic(8e9, 2) == 1.6e10`). Units are SI:
 bytes, seconds, FLOP.
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from jaxroof.symbols import B, BW, F, H, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
+from jaxroof.symbolic.symbols import B, BW, F, H, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
 
 Expr = sp.Expr
 

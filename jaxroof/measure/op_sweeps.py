@@ -11,7 +11,7 @@ positions plus the slot the step writes, donated to the step so the update is
 in place, as a server does. Every call decodes at the same context (the step's
 length is reset), parameter copies and caches rotate between calls so the
 CPU's last-level cache does not flatter weight streaming, and every figure is
-a `jaxroof.measure.Measurement`.
+a `jaxroof.measure.records.Measurement`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroof import errors
-from jaxroof import formulas
-from jaxroof import measure
-from jaxroof.evaluate import step_model
+from jaxroof.symbolic import formulas
+from jaxroof.measure import records as measure
+from jaxroof.symbolic.evaluate import step_model
 from jaxroof.toy import cache as cache_lib
 from jaxroof.toy import config as config_lib
 from jaxroof.toy import model as model_lib
-from jaxroof.toy import params as params_lib
+from jaxroof.toy import weights as params_lib
 
 # The calibration model: 30.4M weights read per step (122 MB in float32, well
 # beyond a CPU's last-level cache), 4 KiB of K/V per position in float32

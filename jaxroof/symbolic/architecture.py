@@ -1,6 +1,6 @@
 """Formulas for real architectures: KV per layer kind, paging, MoE, quantization.
 
-Each function returns a sympy expression built on `jaxroof.formulas` (so the
+Each function returns a sympy expression built on `jaxroof.symbolic.formulas` (so the
 full-attention K/V term and the weight traffic are written once, there).
 Arguments default to named positive symbols, so a call with no arguments gives
 the closed form and numbers give a number. Units are SI: bytes, tokens.
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import sympy as sp
 
-from jaxroof import formulas
-from jaxroof.symbols import B, H, H_kv, Quantity, T, b, d, k, q
+from jaxroof.symbolic import formulas
+from jaxroof.symbolic.symbols import B, H, H_kv, Quantity, T, b, d, k, q
 
 Expr = sp.Expr
 
