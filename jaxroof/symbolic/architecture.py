@@ -21,67 +21,11 @@ from collections.abc import Callable
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import B, H, H_kv, Quantity, T, b, d, k, q
+from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
+    ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
+    W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w)
 
 Expr = sp.Expr
-
-
-def _positive(name: str) -> sp.Symbol:
-  return sp.Symbol(name, positive=True)
-
-
-# Attention variants.
-W = _positive("W")  # Sliding-window length.
-r_kv = _positive("r_kv")  # MLA latent (compressed K/V) rank.
-d_rope = _positive("d_rope")  # MLA decoupled RoPE key coordinates.
-d_qk = _positive("d_qk")  # Coordinates per query/key head.
-d_v = _positive("d_v")  # Coordinates per value head.
-# Recurrent state.
-d_inner = _positive("d_inner")  # SSM channels.
-d_state = _positive("d_state")  # SSM state size per channel.
-d_conv = _positive("d_conv")  # Causal-convolution taps kept per channel.
-# Allocation.
-p = _positive("p")  # Page (block) size.
-M_new = _positive("M_new")  # Tokens reserved for future output.
-C = _positive("C")  # Device memory capacity.
-w = _positive("w")  # Workspace fraction of device memory.
-W_res = _positive("W_res")  # Resident weight bytes.
-s = _positive("s")  # Allocated bytes per sequence.
-# Mixture of experts.
-E = _positive("E")  # Routed experts per MoE layer.
-K = _positive("K")  # Experts each token is routed to (top-k).
-N_fixed = _positive("N_fixed")  # Weights read every step (not routed).
-N_exp = _positive("N_exp")  # Weights of one routed expert.
-L_moe = _positive("L_moe")  # MoE layers.
-# Quantization.
-bits = _positive("bits")  # Bits per stored weight.
-G = _positive("G")  # Weights sharing one scale.
-s_b = _positive("s_b")  # Bytes per scale.
-
-QUANTITIES: tuple[Quantity, ...] = (
-    Quantity(W, "tokens", "sliding-window length"),
-    Quantity(r_kv, "coordinates", "MLA latent K/V rank (kv_lora_rank)"),
-    Quantity(d_rope, "coordinates", "MLA RoPE key coordinates (qk_rope_head_dim)"),
-    Quantity(d_qk, "coordinates", "coordinates per query/key head"),
-    Quantity(d_v, "coordinates", "coordinates per value head"),
-    Quantity(d_inner, "channels", "SSM channels (intermediate size)"),
-    Quantity(d_state, "states", "SSM state size per channel"),
-    Quantity(d_conv, "taps", "causal-convolution taps kept per channel"),
-    Quantity(p, "tokens", "page (block) size of a paged KV cache"),
-    Quantity(M_new, "tokens", "tokens reserved for future output"),
-    Quantity(C, "B", "device memory capacity"),
-    Quantity(w, "1", "fraction of device memory kept as workspace"),
-    Quantity(W_res, "B", "resident weight bytes"),
-    Quantity(s, "B/sequence", "allocated K/V bytes per sequence"),
-    Quantity(E, "experts", "routed experts per MoE layer"),
-    Quantity(K, "experts/token", "experts each token is routed to"),
-    Quantity(N_fixed, "weights", "weights read every step, routing aside"),
-    Quantity(N_exp, "weights", "weights of one routed expert in one layer"),
-    Quantity(L_moe, "blocks", "blocks with routed experts"),
-    Quantity(bits, "bit", "bits per stored weight"),
-    Quantity(G, "weights", "weights sharing one quantization scale"),
-    Quantity(s_b, "B", "bytes per quantization scale"),
-)
 
 
 def _s(*values) -> list[Expr]:

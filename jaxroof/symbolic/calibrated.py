@@ -33,32 +33,13 @@ import numpy as np
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import B, BW, F, L, N, N_act, Quantity, T, k, q
+from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f,
+                                      eta_kv, eta_w, k, q, r_ovl, t0_layer, t0_step)
 
-
-def _positive(name: str) -> sp.Symbol:
-  return sp.Symbol(name, positive=True)
-
-
-eta_w = _positive("eta_w")  # Achieved fraction of BW streaming weights.
-eta_kv = _positive("eta_kv")  # Achieved fraction of BW on K/V per step.
-eta_f = _positive("eta_f")  # Achieved fraction of F in the linear layers.
-t0_step = _positive("t0_step")  # Fixed cost per step.
-t0_layer = _positive("t0_layer")  # Fixed cost per layer per step.
-r_ovl = _positive("r_ovl")  # Overlap of weight reads and FLOPs, p - 1.
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer,
                                   r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
-FACTOR_QUANTITIES: tuple[Quantity, ...] = (
-    Quantity(eta_w, "1", "achieved fraction of BW streaming weights"),
-    Quantity(eta_kv, "1", "achieved fraction of BW per K/V byte retained"),
-    Quantity(eta_f, "1", "achieved fraction of F in the linear layers"),
-    Quantity(t0_step, "s", "fixed cost per decode step"),
-    Quantity(t0_layer, "s", "fixed cost per layer per decode step"),
-    Quantity(r_ovl, "1", "overlap of weight reads and FLOPs (0: they add, "
-             "oo: the larger binds)"),
-)
 FACTOR_UNITS: dict[str, str] = {str(x.symbol): x.unit
                                 for x in FACTOR_QUANTITIES}
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, L)

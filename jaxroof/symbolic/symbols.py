@@ -1,8 +1,11 @@
-"""The named, positive symbols every formula is built from, with their units.
+"""The one registry of named, positive symbols, with their units and meanings.
 
 One symbol per physical quantity, shared by all formulas so that `solve`,
 `limit` and `lambdify` see the same objects. All are `positive=True`, which
-lets `sympy.solve` drop unphysical roots.
+lets `sympy.solve` drop unphysical roots. Symbols come in groups: the decode
+step's core (`QUANTITIES`), architecture terms (`ARCHITECTURE`) and the
+calibrated model's factors (`FACTOR_QUANTITIES`); `BY_NAME` holds them all.
+A new symbol is defined here, once, with `_define`.
 """
 
 from __future__ import annotations
@@ -21,62 +24,81 @@ class Quantity:
   meaning: str
 
 
-def _positive(name: str) -> sp.Symbol:
-  return sp.Symbol(name, positive=True)
+_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": []}
+
+
+def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
+  """A positive symbol, registered with its unit and meaning."""
+  symbol = sp.Symbol(name, positive=True)
+  _GROUPS[group].append(Quantity(symbol, unit, meaning))
+  return symbol
 
 
 # Workload.
-B = _positive("B")  # Sequences decoded together (one new token each).
-T = _positive("T")  # Retained tokens (positions holding K/V) per sequence.
-P = _positive("P")  # Prompt length in tokens.
-g = _positive("g")  # Output tokens emitted so far.
-
+B = _define("B", "sequences", "sequences in the decode batch")
+T = _define("T", "tokens", "retained tokens per sequence")
+P = _define("P", "tokens", "prompt length")
+g = _define("g", "tokens", "output tokens emitted so far")
 # Model.
-N = _positive("N")  # Weights read from memory in a step.
-N_act = _positive("N_act")  # Weights multiplied per token (= N if dense).
-q = _positive("q")  # Bytes stored per weight.
-k = _positive("k")  # KV bytes per retained token (all layers).
-L = _positive("L")  # Blocks (layers) that keep K/V.
-H = _positive("H")  # Query heads per block.
-H_kv = _positive("H_kv")  # KV heads per block.
-d = _positive("d")  # Coordinates per head.
-b = _positive("b")  # Bytes per stored K or V element.
-
+N = _define("N", "weights", "weights read in a step")
+N_act = _define("N_act", "weights", "weights multiplied per token (active)")
+q = _define("q", "B/weight", "bytes stored per weight")
+k = _define("k", "B/token", "KV bytes per retained token")
+L = _define("L", "blocks", "blocks that keep K/V")
+H = _define("H", "heads", "query heads per block")
+H_kv = _define("H_kv", "heads", "KV heads per block")
+d = _define("d", "coordinates", "coordinates per head")
+b = _define("b", "B", "bytes per stored K or V element")
 # Device.
-BW = _positive("BW")  # Sustained memory bandwidth.
-F = _positive("F")  # Sustained FLOP rate.
-R = _positive("R")  # Ridge point F/BW.
-
+BW = _define("BW", "B/s", "sustained memory bandwidth")
+F = _define("F", "FLOP/s", "sustained FLOP rate")
+R = _define("R", "FLOP/B", "ridge point")
 # Times (a rate written in terms of a step time; serving targets and waits).
-t = _positive("t")
-t_gap = _positive("t_gap")  # Longest acceptable gap between one user's tokens.
-t_window = _positive("t_window")  # Batching window before a step starts.
-t_queue = _positive("t_queue")  # Wait for a free slot in the running batch.
+t = _define("t", "s", "step time")
+t_gap = _define("t_gap", "s", "longest acceptable gap between one user's tokens")
+t_window = _define("t_window", "s", "batching window before the first step")
+t_queue = _define("t_queue", "s", "queueing wait for a slot in the batch")
 
-QUANTITIES: tuple[Quantity, ...] = (
-    Quantity(B, "sequences", "sequences in the decode batch"),
-    Quantity(T, "tokens", "retained tokens per sequence"),
-    Quantity(P, "tokens", "prompt length"),
-    Quantity(g, "tokens", "output tokens emitted so far"),
-    Quantity(N, "weights", "weights read in a step"),
-    Quantity(N_act, "weights", "weights multiplied per token (active)"),
-    Quantity(q, "B/weight", "bytes stored per weight"),
-    Quantity(k, "B/token", "KV bytes per retained token"),
-    Quantity(L, "blocks", "blocks that keep K/V"),
-    Quantity(H, "heads", "query heads per block"),
-    Quantity(H_kv, "heads", "KV heads per block"),
-    Quantity(d, "coordinates", "coordinates per head"),
-    Quantity(b, "B", "bytes per stored K or V element"),
-    Quantity(BW, "B/s", "sustained memory bandwidth"),
-    Quantity(F, "FLOP/s", "sustained FLOP rate"),
-    Quantity(R, "FLOP/B", "ridge point"),
-    Quantity(t, "s", "step time"),
-    Quantity(t_gap, "s", "longest acceptable gap between one user's tokens"),
-    Quantity(t_window, "s", "batching window before the first step"),
-    Quantity(t_queue, "s", "queueing wait for a slot in the batch"),
-)
+# Architecture: attention variants, recurrent state, allocation, MoE, quantization.
+_A = "architecture"
+W = _define("W", "tokens", "sliding-window length", _A)
+r_kv = _define("r_kv", "coordinates", "MLA latent K/V rank (kv_lora_rank)", _A)
+d_rope = _define("d_rope", "coordinates", "MLA RoPE key coordinates (qk_rope_head_dim)", _A)
+d_qk = _define("d_qk", "coordinates", "coordinates per query/key head", _A)
+d_v = _define("d_v", "coordinates", "coordinates per value head", _A)
+d_inner = _define("d_inner", "channels", "SSM channels (intermediate size)", _A)
+d_state = _define("d_state", "states", "SSM state size per channel", _A)
+d_conv = _define("d_conv", "taps", "causal-convolution taps kept per channel", _A)
+p = _define("p", "tokens", "page (block) size of a paged KV cache", _A)
+M_new = _define("M_new", "tokens", "tokens reserved for future output", _A)
+C = _define("C", "B", "device memory capacity", _A)
+w = _define("w", "1", "fraction of device memory kept as workspace", _A)
+W_res = _define("W_res", "B", "resident weight bytes", _A)
+s = _define("s", "B/sequence", "allocated K/V bytes per sequence", _A)
+E = _define("E", "experts", "routed experts per MoE layer", _A)
+K = _define("K", "experts/token", "experts each token is routed to", _A)
+N_fixed = _define("N_fixed", "weights", "weights read every step, routing aside", _A)
+N_exp = _define("N_exp", "weights", "weights of one routed expert in one layer", _A)
+L_moe = _define("L_moe", "blocks", "blocks with routed experts", _A)
+bits = _define("bits", "bit", "bits per stored weight", _A)
+G = _define("G", "weights", "weights sharing one quantization scale", _A)
+s_b = _define("s_b", "B", "bytes per quantization scale", _A)
 
-BY_NAME: dict[str, Quantity] = {str(x.symbol): x for x in QUANTITIES}
+# Calibrated model: efficiency factors and fixed costs (`calibrated.py`).
+_C = "factors"
+eta_w = _define("eta_w", "1", "achieved fraction of BW streaming weights", _C)
+eta_kv = _define("eta_kv", "1", "achieved fraction of BW per K/V byte retained", _C)
+eta_f = _define("eta_f", "1", "achieved fraction of F in the linear layers", _C)
+t0_step = _define("t0_step", "s", "fixed cost per decode step", _C)
+t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
+r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
+                "oo: the larger binds)", _C)
+
+QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
+ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
+FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
+                                for x in group}
 
 
 def unit(symbol: sp.Symbol) -> str:
