@@ -22,12 +22,15 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import files as io
+from jaxroof import files
+from jaxroof.measure import profiles
 from jaxroof.report import plots
-from jaxroof.measure import profiles as profile_lib
 from jaxroof.report import table
-from jaxroof.specs import workload
-from jaxroof.symbolic.sweep import decode_sweep, mark_targets
+from jaxroof.specs import accelerators
+from jaxroof.specs import model_sweep as model_sweep_lib
+from jaxroof.specs import models
+from jaxroof.symbolic import sweep as sweep_lib
+from jaxroof.symbolic.step_model import StepModel
 
 # Weights.
 _WEIGHTS_GB = flags.DEFINE_float(
@@ -166,59 +169,21 @@ def _token_gap_s() -> float | None:
   return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
 
 
-def _evaluate(batch_sizes: list[int], inputs: dict, *, fits=None, layers: int | None = None,
-              scale_given_ceilings: bool) -> dict:
-  """A bound sweep, or with --profile a calibrated one; targets marked either way."""
+def _step_model(*, scale_given_ceilings: bool) -> StepModel:
+  """The bound, or with --profile its calibrated model."""
   if _PROFILE.value is None:
-    return decode_sweep(batch_sizes, fits=fits, token_gap_s=_token_gap_s(), **inputs)
-  prof = profile_lib.load_profile(_PROFILE.value)
-  sweep = profile_lib.calibrated_sweep(prof, batch_sizes, layers=layers,
-                                       use_profile_ceilings=not scale_given_ceilings, **inputs)
-  mark_targets(sweep["rows"], sweep["summary"], fits=fits, token_gap_s=_token_gap_s())
-  return sweep
+    return StepModel.bound()
+  return profiles.step_model(profiles.load_profile(_PROFILE.value),
+                             use_profile_ceilings=not scale_given_ceilings)
 
 
 def model_sweep(batch_sizes: list[int]) -> dict:
   """The sweep for --model on --accelerator, with the memory fit of each batch."""
-  spec = workload.load_model(_MODEL.value)
-  device = workload.load_accelerator(_ACCELERATOR.value)
-  inputs = workload.decode_step_inputs(
-      spec, device, context=_CONTEXT.value, batch_sizes=batch_sizes,
-      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
-  kwargs = inputs.step_kwargs()
-  del kwargs["B"]  # The sweep takes the batch sizes themselves.
-  sweep = _evaluate(batch_sizes, kwargs, fits=inputs.fits, layers=spec.num_layers,
-                    scale_given_ceilings=True)
-  sweep["assumptions"] = list(inputs.assumptions) + (
-      sweep["assumptions"] if sweep["kind"] == "calibrated" else [])
-  sweep["inputs"] = {
-      "model": inputs.model, "accelerator": inputs.accelerator, "context": inputs.context,
-      "weight_dtype": inputs.weight_dtype, "kv_dtype": inputs.kv_dtype,
-      "compute_dtype": inputs.compute_dtype, "batch_sizes": batch_sizes,
-      "si": {name: value for name, value in kwargs.items()},
-      "max_batch_in_memory": inputs.max_batch_in_memory,
-      "memory_capacity_bytes": inputs.memory_capacity_bytes,
-      "kv_payload_bytes_per_sequence": inputs.kv_payload_bytes_per_sequence,
-      "kv_allocated_bytes_per_sequence": inputs.kv_allocated_bytes_per_sequence,
-  }
-  summary = sweep["summary"]
-  summary["max_batch_in_memory"] = inputs.max_batch_in_memory
-  if sweep["kind"] == "calibrated":
-    summary["notes"].append(
-        f"profile measured on {sweep['profile']['device_kind']}, its factors applied to "
-        f"{inputs.accelerator}'s datasheet figures: a what-if, not a measurement there")
-    return sweep
-  # Crossovers of the model as evaluated (per-batch MoE weight reads), not of its largest N.
-  crossovers = workload.crossover_batches(
-      spec, device, context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
-      kv_dtype=_KV_DTYPE.value)
-  summary["weight_kv_crossover_batch"] = crossovers.weight_kv_crossover_batch
-  summary["compute_crossover_batch"] = crossovers.compute_crossover_batch
-  summary["notes"] = [n for n in summary["notes"] if "vary with batch" not in n]
-  if spec.is_moe:
-    summary["notes"].append("MoE: crossovers solved numerically with the expected "
-                            "distinct experts read at each batch (uniform routing)")
-  return sweep
+  return model_sweep_lib.model_sweep(
+      models.load_model(_MODEL.value), accelerators.load_accelerator(_ACCELERATOR.value),
+      context=_CONTEXT.value, batch_sizes=batch_sizes, weight_dtype=_WEIGHT_DTYPE.value,
+      kv_dtype=_KV_DTYPE.value, model=_step_model(scale_given_ceilings=True),
+      token_gap_s=_token_gap_s())
 
 
 def main(argv: list[str]) -> None:
@@ -230,7 +195,8 @@ def main(argv: list[str]) -> None:
   else:
     inputs = raw_inputs()
     given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
-    sweep = _evaluate(batch_sizes, inputs, layers=_LAYERS.value, scale_given_ceilings=given)
+    sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given), batch_sizes,
+                            layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
@@ -245,7 +211,7 @@ def main(argv: list[str]) -> None:
   print(table.format_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, sweep)
+    files.write_json(_JSON_OUT.value, sweep)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
     plots.plot_sweep(sweep, _PLOT_OUT.value, title)

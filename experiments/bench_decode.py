@@ -30,7 +30,7 @@ from absl import flags, logging
 
 from experiments import _cli
 from jaxroof import errors, timing
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.toy import config as config_lib
 from jaxroof.toy.model import generate, generate_uncached
 from jaxroof.toy.weights import init_params, num_weights
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
         f" {'identical' if outputs_match else 'differ'}.")
 
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, {
+    files.write_json(_JSON_OUT.value, {
         "experiment": "bench_decode",
         "kind": "measurement",
         "backend": jax.default_backend(),

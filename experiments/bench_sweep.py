@@ -18,7 +18,7 @@ import numpy as np
 from absl import flags
 
 from experiments import _cli
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.symbolic.evaluate import step_model
 from jaxroof.timing import time_call
 
@@ -47,14 +47,14 @@ def main(argv: list[str]) -> None:
   results = {}
 
   numpy_model = step_model("numpy")
-  timing = time_call(lambda b, c: numpy_model(b, c, m["N"], m["q"], m["k"], m["BW"], m["F"]),
+  timing = time_call(lambda b, c: numpy_model(B=b, T=c, **m),
                      [(batch, context)], warmup=2, repeats=_REPEATS.value)
   results["numpy"] = {"points_per_s": points / timing.median_s, "timing": timing.to_json(),
                       "dtype": "float64"}
 
   jax_model = step_model("jax")
   jb, jc = jnp.asarray(batch, jnp.float32), jnp.asarray(context, jnp.float32)
-  timing = time_call(lambda b, c: jax_model(b, c, m["N"], m["q"], m["k"], m["BW"], m["F"]),
+  timing = time_call(lambda b, c: jax_model(B=b, T=c, **m),
                      [(jb, jc)], warmup=2, repeats=_REPEATS.value)
   results["jax_jit"] = {"points_per_s": points / timing.median_s, "timing": timing.to_json(),
                         "dtype": "float32", "device": str(jax.devices()[0].device_kind)}
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
 
   def loop() -> None:
     for b in flat_b:
-      numpy_model(float(b), 4096.0, m["N"], m["q"], m["k"], m["BW"], m["F"])
+      numpy_model(B=float(b), T=4096.0, **m)
 
   timing = time_call(loop, [()], warmup=0, repeats=1)
   results["python_loop"] = {"points_per_s": len(flat_b) / timing.median_s,
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
     print(f"{name:12s} {r['points_per_s']:>16,.0f} points/s")
   print(f"grid: {points:,} (batch, context) points; points_per_s (numpy) = {report['points_per_s']:,.0f}")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, report)
+    files.write_json(_JSON_OUT.value, report)
 
 
 if __name__ == "__main__":

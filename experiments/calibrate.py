@@ -31,11 +31,12 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.measure import records as measure
-from jaxroof.measure import profiles as profile_lib
+from jaxroof.measure import profiles
 from jaxroof.report import table
 
 # Calibration.
@@ -127,20 +128,20 @@ def calibrate() -> None:
 
 
 def validate() -> None:
-  prof = profile_lib.load_profile(_PROFILE.value)
+  prof = profiles.load_profile(_PROFILE.value)
   points = list(itertools.product(_cli.int_list(_BATCH_SIZES),
                                   _cli.int_list(_CONTEXTS)))
   rows = calibration_job.validate(
       prof, points, rounds=_ROUNDS.value, repeats=_REPEATS.value,
       progress=lambda line: logging.info("%s", line))
-  errs = calibration.error_summary([r["rel_error"] for r in rows])
+  errs = fitting.error_summary([r["rel_error"] for r in rows])
   print(f"Validation of {_PROFILE.value} on {prof.device_kind} "
         f"({prof.backend}, {prof.dtype}): measured afresh vs calibrated.")
   _print_points(rows)
   print(f"relative error: median {errs['median_rel_error']:.1%}, max "
         f"{errs['max_rel_error']:.1%} ({errs['points']} points)")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, {
+    files.write_json(_JSON_OUT.value, {
         "kind": "validation",
         "what": "toy decode step measured afresh vs the profile's "
                 "calibrated prediction",

@@ -6,7 +6,7 @@ Analytic bounds from datasheet figures (jaxroof.specs.comparison):
       --batch_sizes=1,8,32,128 --accelerators=h100-sxm,mi300x,tpu-v6e \
       --json_out=/tmp/compare.json --plot_out=/tmp/compare.png
 
-`*` marks the best of each column (see jaxroof/comparison.py for what "best"
+`*` marks the best of each column (see jaxroof/specs/comparison.py for what "best"
 means per column); batches that do not fit in device memory are marked.
 """
 
@@ -17,10 +17,11 @@ from absl import logging
 
 from experiments import _cli
 from jaxroof.specs import comparison
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
-from jaxroof.measure import profiles as profile_lib
+from jaxroof.measure import profiles
+from jaxroof.report import comparison as comparison_report
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
@@ -69,23 +70,24 @@ def main(argv: list[str]) -> None:
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
-      profile=None if _PROFILE.value is None else profile_lib.load_profile(_PROFILE.value))
+      step_model=None if _PROFILE.value is None else profiles.step_model(
+          profiles.load_profile(_PROFILE.value), use_profile_ceilings=False))
   counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
         f"{_KV_DTYPE.value} K/V ({result['kind']}: datasheet figures"
         f"{' scaled by the profile' if _PROFILE.value else ''}; GB = 1e9 B; "
         "* = best of column)")
-  print(table.format_table(comparison.SUMMARY_HEADERS, comparison.summary_rows(result)))
+  print(table.format_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)))
   print()
-  print(table.format_table(comparison.ROW_HEADERS, comparison.batch_rows(result)))
+  print(table.format_table(comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)))
   for line in result["assumptions"]:
     print(f"assumes: {line}")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, result)
+    files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    comparison.plot(result, _PLOT_OUT.value)
+    comparison_report.plot(result, _PLOT_OUT.value)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

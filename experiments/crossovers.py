@@ -12,7 +12,7 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof.symbolic import catalogue
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.symbolic.symbols import QUANTITIES
 
 _VALUES = flags.DEFINE_list(
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     else:
       print(f"  no value: give {', '.join(item['missing_symbols'])}")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, {"kind": "bound", "values": values, "quantities": items})
+    files.write_json(_JSON_OUT.value, {"kind": "bound", "values": values, "quantities": items})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import errors
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.toy import breakers, check
 from jaxroof.toy.config import LESSON, LESSON_PROMPT, POSITION_KINDS, ToyConfig
 
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
         f" {'match' if kv_matches else 'MISMATCH'}).")
 
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, report)
+    files.write_json(_JSON_OUT.value, report)
   return 0 if ok else 1
 
 

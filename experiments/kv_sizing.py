@@ -17,7 +17,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.report import table
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> None:
     result["capacity"] = _fit(spec, sizing)
     result["fits"] = result["capacity"]["fits"]
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, result)
+    files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.report import lesson
 from jaxroof.report import table
 
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
   bad = [c for c in claims if not c.agrees]
   print(f"\n{len(claims) - len(bad)} of {len(claims)} claims agree (analytic bounds).")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, [c.to_json() for c in claims])
+    files.write_json(_JSON_OUT.value, [c.to_json() for c in claims])
   return 1 if bad else 0
 
 

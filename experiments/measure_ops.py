@@ -23,7 +23,7 @@ from absl import logging
 
 from experiments import _cli
 from jaxroof.measure import cost_analysis
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.measure import records as measure
 from jaxroof.measure import op_sweeps
 from jaxroof.report import table
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> None:
   for note in dict.fromkeys(f"{r.op}: {r.counts}" for r in costs):
     print(f"counted: {note}")
   if _JSON_OUT.value:
-    io.write_json(_JSON_OUT.value, {
+    files.write_json(_JSON_OUT.value, {
         "kind": "measurement",
         "what": "per-op timings and XLA cost analysis vs analytic counts",
         **device.to_json(),

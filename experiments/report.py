@@ -25,7 +25,7 @@ from jaxroof.measure import kernel_benchmark
 from jaxroof.report import specs as arch_report
 from jaxroof.measure import calibration_job
 from jaxroof.symbolic import catalogue
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.report import lesson
 from jaxroof.measure import records as measure
 from jaxroof.report import plots
@@ -159,7 +159,7 @@ def build(out_dir: str) -> str:
     logging.info("report: %s", section.__name__)
     parts += ["", section(out_dir)]
   path = os.path.join(out_dir, "README.md")
-  io.write_text(path, "\n".join(parts) + "\n")
+  files.write_text(path, "\n".join(parts) + "\n")
   return path
 
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from jaxroof.measure import op_sweeps
-from jaxroof.measure import profiles as profile_lib
+from jaxroof.measure import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
@@ -38,7 +38,7 @@ def test_calibrate_bad_input_is_one_line(flags, needle):
 
 
 def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
-  prof = profile_lib.Profile(
+  prof = profiles.Profile(
       device_kind=jax.devices()[0].device_kind, platform="cpu", backend="xla",
       dtype="float32", jax_version="", created="",
       ceilings={"bandwidth_Bps": 1e10, "flops_per_s": {"float32": 1e11}},
@@ -46,7 +46,7 @@ def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
                "t0_layer": 1e-5, "r_ovl": 1.0},
       fit={}, model={"configs": {"calibration": dataclasses.asdict(TINY)}})
   path, out = tmp_path / "p.json", tmp_path / "v.json"
-  profile_lib.save_profile(prof, path)
+  profiles.save_profile(prof, path)
   proc = run("calibrate", "--validate", f"--profile={path}",
              "--batch_sizes=2", "--contexts=8,24", "--rounds=2",
              f"--json_out={out}")

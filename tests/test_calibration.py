@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
+from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
 from jaxroof.measure import ceilings as ceilings_lib
@@ -56,7 +57,7 @@ def test_full_overlap_is_the_roofline():
             "q": 2.0, "k": 1e5, "BW": 2e12, "F": 6e14, "N_act": 8e9, "L": 32.0}
   factors = {"eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-30,
              "t0_layer": 1e-30, "r_ovl": 1e4}
-  out = calibration.calibrated_model("numpy")(inputs, factors)
+  out = calibration.calibrated_model("numpy")(**inputs, **factors)
   weight, compute = 8e9 * 2 / 2e12, 2 * 8e9 * inputs["B"] / 6e14
   np.testing.assert_allclose(out["linear_s"], np.maximum(weight, compute),
                              rtol=1e-3)
@@ -79,8 +80,8 @@ def test_solved_summary_matches_the_bound_when_ideal():
 
 def test_fit_recovers_known_factors_from_exact_data():
   inputs = synthetic_inputs()
-  measured = calibration.predict(inputs, TRUE)
-  fit = calibration.fit_factors(inputs, measured, prior_weight=0.0)
+  measured = fitting.predict(inputs, TRUE)
+  fit = fitting.fit_factors(inputs, measured, prior_weight=0.0)
   for name, value in TRUE.items():
     assert fit.factors[name] == pytest.approx(value, rel=0.02), name
 
@@ -88,20 +89,20 @@ def test_fit_recovers_known_factors_from_exact_data():
 def test_fit_recovers_factors_from_noisy_data_and_predicts_heldout():
   inputs = synthetic_inputs()
   rng = np.random.default_rng(0)
-  measured = calibration.predict(inputs, TRUE) * np.exp(
+  measured = fitting.predict(inputs, TRUE) * np.exp(
       rng.normal(0.0, 0.03, inputs["B"].size))
-  held_out = calibration.split_heldout(inputs["B"].size, 0.25, seed=0)
+  held_out = fitting.split_heldout(inputs["B"].size, 0.25, seed=0)
   train = {n: v[~held_out] for n, v in inputs.items()}
-  fit = calibration.fit_factors(train, measured[~held_out])
+  fit = fitting.fit_factors(train, measured[~held_out])
   for name in ("eta_w", "eta_kv", "eta_f"):
     assert fit.factors[name] == pytest.approx(TRUE[name], rel=0.15), name
   fixed = TRUE["t0_step"] + 4 * TRUE["t0_layer"]
   assert fit.factors["t0_step"] + 4 * fit.factors["t0_layer"] == pytest.approx(
       fixed, rel=0.5)
   test = {n: v[held_out] for n, v in inputs.items()}
-  errors = calibration.relative_errors(calibration.predict(test, fit.factors),
+  errors = fitting.relative_errors(fitting.predict(test, fit.factors),
                                        measured[held_out])
-  summary = calibration.error_summary(errors)
+  summary = fitting.error_summary(errors)
   assert summary["median_rel_error"] < 0.05 and summary["max_rel_error"] < 0.15
 
 
@@ -109,31 +110,31 @@ def test_a_wrong_model_shows_in_the_heldout_error():
   inputs = synthetic_inputs()
   # Data with a cost the model lacks (quadratic in batch): the fit cannot
   # absorb it, and the errors say so.
-  measured = calibration.predict(inputs, TRUE) + 2e-6 * inputs["B"] ** 2
-  fit = calibration.fit_factors(inputs, measured)
-  errors = calibration.relative_errors(calibration.predict(inputs, fit.factors),
+  measured = fitting.predict(inputs, TRUE) + 2e-6 * inputs["B"] ** 2
+  fit = fitting.fit_factors(inputs, measured)
+  errors = fitting.relative_errors(fitting.predict(inputs, fit.factors),
                                        measured)
-  assert calibration.error_summary(errors)["max_rel_error"] > 0.1
+  assert fitting.error_summary(errors)["max_rel_error"] > 0.1
 
 
 def test_split_spreads_heldout_points_and_is_deterministic():
-  mask = calibration.split_heldout(40, 0.25, seed=3)
+  mask = fitting.split_heldout(40, 0.25, seed=3)
   assert mask.sum() == 10
   assert all(mask[i:i + 4].sum() == 1 for i in range(0, 40, 4))
-  assert np.array_equal(mask, calibration.split_heldout(40, 0.25, seed=3))
-  assert not np.array_equal(mask, calibration.split_heldout(40, 0.25, seed=4))
+  assert np.array_equal(mask, fitting.split_heldout(40, 0.25, seed=3))
+  assert not np.array_equal(mask, fitting.split_heldout(40, 0.25, seed=4))
   with pytest.raises(ValueError):
-    calibration.split_heldout(10, 1.0)
+    fitting.split_heldout(10, 1.0)
 
 
 def test_error_summary():
-  rel = calibration.relative_errors(np.array([1.1, 0.8, 1.0]),
+  rel = fitting.relative_errors(np.array([1.1, 0.8, 1.0]),
                                     np.array([1.0, 1.0, 1.0]))
   np.testing.assert_allclose(rel, [0.1, 0.2, 0.0])
-  assert calibration.error_summary(rel) == {
+  assert fitting.error_summary(rel) == {
       "median_rel_error": pytest.approx(0.1),
       "max_rel_error": pytest.approx(0.2), "points": 3}
-  assert calibration.error_summary([])["median_rel_error"] is None
+  assert fitting.error_summary([])["median_rel_error"] is None
 
 
 TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
@@ -163,7 +164,7 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path):
                                 plot_out=str(tmp_path / "c.png"))
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
   # Validation rebuilds the profile's model and times it afresh.
-  loaded = calibration_job.profile_lib.load_profile(tmp_path / "p.json")
+  loaded = calibration_job.profiles.load_profile(tmp_path / "p.json")
   rows = calibration_job.validate(loaded, [(2, 16)], model="tiny", rounds=1,
                                   repeats=2)
   assert rows[0]["batch"] == 2 and rows[0]["predicted_s"] > 0

@@ -20,7 +20,7 @@ def _exact(B, T, N, q, k, BW, F):
   """The step model's outputs from sympy, with exact rationals."""
   r = {name: sp.Rational(v) for name, v in dict(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F).items()}
   traffic = formulas.step_traffic(r["B"], r["N"], r["q"], r["T"], r["k"])
-  step = formulas.step_floor(r["B"], r["N"], r["q"], r["T"], r["k"], r["BW"], r["F"])
+  step = formulas.step_floor(r["B"], r["N"], r["q"], r["T"], r["k"], r["BW"], r["F"], r["N"])
   return {
       "traffic_bytes": traffic,
       "memory_s": formulas.memory_time(traffic, r["BW"]),
@@ -34,7 +34,7 @@ def _exact(B, T, N, q, k, BW, F):
 @settings(max_examples=40, deadline=None)
 @given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
 def test_numpy_matches_exact_sympy(B, T, N, q, k, BW, F):
-  ours = step_model("numpy")(B, T, N, q, k, BW, F)
+  ours = step_model("numpy")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
   for name, value in _exact(B, T, N, q, k, BW, F).items():
     assert float(ours[name]) == pytest.approx(float(value), rel=1e-12)
 
@@ -43,7 +43,7 @@ def test_numpy_matches_exact_sympy(B, T, N, q, k, BW, F):
 @given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
 def test_jax_matches_exact_sympy(B, T, N, q, k, BW, F):
   with jax.enable_x64(True):
-    ours = step_model("jax")(B, T, N, q, k, BW, F)
+    ours = step_model("jax")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
     for name, value in _exact(B, T, N, q, k, BW, F).items():
       assert float(ours[name]) == pytest.approx(float(value), rel=1e-9)
 
@@ -51,36 +51,36 @@ def test_jax_matches_exact_sympy(B, T, N, q, k, BW, F):
 def test_jax_form_is_differentiable():
   model = step_model("jax")
   # d(step)/d(BW) at a memory-bound point is -traffic/BW**2.
-  grad = jax.grad(lambda bw: model(32.0, 1.0, 8e9, 2.0, 2.5e8, bw, 6e14)["step_s"])(2e12)
+  grad = jax.grad(lambda bw: model(B=32.0, T=1.0, N=8e9, q=2.0, k=2.5e8, BW=bw, F=6e14)["step_s"])(2e12)
   assert float(grad) == pytest.approx(-24e9 / 2e12**2, rel=1e-4)
 
 
 def test_outputs_are_complete_and_broadcast():
   batch = np.array([1.0, 8.0, 32.0])[:, None]
   context = np.array([128.0, 1024.0])[None, :]
-  out = step_model("numpy")(batch, context, 8e9, 2.0, 131072.0, 2e12, 6e14)
+  out = step_model("numpy")(B=batch, T=context, N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
   assert set(out) == set(OUTPUT_NAMES)
   assert np.shape(out["step_s"]) == (3, 2)
 
 
 def test_monotonic_in_batch_and_bandwidth():
   batch = np.arange(1, 2049, dtype=float)
-  out = step_model("numpy")(batch, 4096.0, 8e9, 2.0, 131072.0, 2e12, 6e14)
+  out = step_model("numpy")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
   assert np.all(np.diff(out["step_s"]) > 0)
   assert np.all(np.diff(out["aggregate_tokens_per_s"]) > 0)
   assert np.all(np.diff(out["per_sequence_tokens_per_s"]) < 0)
-  slow = step_model("numpy")(batch, 4096.0, 8e9, 2.0, 131072.0, 1e12, 6e14)["step_s"]
+  slow = step_model("numpy")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=1e12, F=6e14)["step_s"]
   assert np.all(slow >= out["step_s"])
 
 
 def test_memory_only_model_with_infinite_flop_rate():
-  out = step_model("numpy")(32.0, 1.0, 8e9, 2.0, 2.5e8, 2e12, math.inf)
+  out = step_model("numpy")(B=32.0, T=1.0, N=8e9, q=2.0, k=2.5e8, BW=2e12, F=math.inf)
   assert out["compute_s"] == 0 and out["step_s"] == pytest.approx(0.012)
 
 
 def test_moe_active_weights_only_change_compute():
-  dense = step_model("numpy")(256.0, 1.0, 8e9, 2.0, 1e6, 2e12, 1e14)
-  moe = step_model("numpy")(256.0, 1.0, 8e9, 2.0, 1e6, 2e12, 1e14, N_act=2e9)
+  dense = step_model("numpy")(B=256.0, T=1.0, N=8e9, q=2.0, k=1e6, BW=2e12, F=1e14)
+  moe = step_model("numpy")(B=256.0, T=1.0, N=8e9, q=2.0, k=1e6, BW=2e12, F=1e14, N_act=2e9)
   assert moe["traffic_bytes"] == dense["traffic_bytes"]
   assert moe["compute_s"] == pytest.approx(dense["compute_s"] / 4)
 
@@ -88,7 +88,7 @@ def test_moe_active_weights_only_change_compute():
 @settings(max_examples=30, deadline=None)
 @given(N=positive, q=positive, T=positive, k=positive, BW=positive, F=positive)
 def test_summary_model_matches_solved(N, q, T, k, BW, F):
-  ours = summary_model("numpy")(N, q, T, k, BW, F)
+  ours = summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F)
   values = dict(N=N, q=q, T=T, k=k, BW=BW, F=F)
   assert ours["weight_kv_crossover_batch"] == pytest.approx(
       float(solved.weight_kv_crossover_batch(**values)), rel=1e-9)
@@ -103,7 +103,7 @@ def test_summary_compute_crossover_uses_active_weights():
   # (N*q + B*T*k)/BW = 2*N_act*B/F for B.
   N, q, T, k, BW, F, N_act = 8e9, 2.0, 1.0, 1e6, 2e12, 6e14, 1e9
   expected = (N * q / BW) / (2 * N_act / F - T * k / BW)
-  ours = summary_model("numpy")(N, q, T, k, BW, F, N_act)
+  ours = summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
   assert ours["compute_crossover_batch"] == pytest.approx(expected, rel=1e-9)
 
 

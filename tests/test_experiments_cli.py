@@ -124,17 +124,17 @@ def test_batch_sweep_model_flag_errors():
 
 
 def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
-  from jaxroof.measure import profiles as profile_lib
+  from jaxroof.measure import profiles
   # Half the bandwidth for weights and K/V, ideal FLOPs, no fixed cost, the
   # roofline max (large r_ovl): the lesson's batch 32 reads 24 GB at 1 TB/s.
   factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 1.0, "t0_step": 1e-12,
              "t0_layer": 1e-12, "r_ovl": 1e3}
-  prof = profile_lib.Profile(
+  prof = profiles.Profile(
       device_kind="test", platform="cpu", backend="xla", dtype="float32",
       jax_version="0", created="2026-01-01T00:00:00+00:00", ceilings={},
       factors=factors, fit={"heldout_median_rel_error": 0.05, "heldout_max_rel_error": 0.2})
   path, out = tmp_path / "p.json", tmp_path / "s.json"
-  profile_lib.save_profile(prof, path)
+  profiles.save_profile(prof, path)
   proc = run("batch_sweep", f"--profile={path}", "--batch_sizes=1,32", "--bandwidth_tbps=2",
              "--token_gap_ms=20", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr

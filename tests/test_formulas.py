@@ -75,7 +75,7 @@ TOY = dict(L=2, H_kv=2, d=2, b=2)
 
 
 def _step(batch, kv_per_seq=0.25 * GB, flops=None):
-  t = formulas.step_floor(B=batch, N=8e9, q=2, T=1, k=kv_per_seq, BW=2e12,
+  t = formulas.step_floor(B=batch, N=8e9, q=2, T=1, k=kv_per_seq, BW=2e12, N_act=8e9,
                           F=sp.oo if flops is None else flops)
   return float(t)
 

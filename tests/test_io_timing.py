@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.timing import time_call
 
 
 def test_write_json_is_atomic_and_nulls_non_finite(tmp_path):
   path = tmp_path / "out.json"
-  io.write_json(path, {"a": float("inf"), "b": [1.5, float("nan")]})
+  files.write_json(path, {"a": float("inf"), "b": [1.5, float("nan")]})
   assert json.loads(path.read_text()) == {"a": None, "b": [1.5, None]}
   assert os.listdir(tmp_path) == ["out.json"]
 
@@ -19,9 +19,9 @@ def test_write_json_is_atomic_and_nulls_non_finite(tmp_path):
 def test_failed_write_leaves_nothing(tmp_path):
   path = tmp_path / "out.json"
   with pytest.raises(TypeError):
-    io.write_json(path, {"a": object()})
+    files.write_json(path, {"a": object()})
   with pytest.raises(RuntimeError):
-    with io.atomic_path(tmp_path / "plot.png") as tmp:
+    with files.atomic_path(tmp_path / "plot.png") as tmp:
       open(tmp, "w").write("half")
       raise RuntimeError("boom")
   assert os.listdir(tmp_path) == []

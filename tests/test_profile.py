@@ -6,7 +6,8 @@ import pytest
 
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
-from jaxroof.measure import profiles as profile_lib
+from jaxroof.measure import profiles
+from jaxroof.symbolic.sweep import sweep
 from jaxroof.symbolic.sweep import decode_sweep
 
 IDEAL = {"eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-12,
@@ -15,8 +16,8 @@ IDEAL = {"eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-12,
 LESSON = dict(N=8e9, q=2.0, T=1.0, k=2.5e8, BW=2e12, F=6e14)
 
 
-def make_profile(factors=None, ceilings=None, **kwargs) -> profile_lib.Profile:
-  return profile_lib.Profile(
+def make_profile(factors=None, ceilings=None, **kwargs) -> profiles.Profile:
+  return profiles.Profile(
       device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
       jax_version="0.10.2", created="2026-01-01T00:00:00+00:00",
       ceilings={} if ceilings is None else ceilings,
@@ -30,11 +31,11 @@ def test_save_and_load_round_trip(tmp_path):
                                 "flops_per_s": {"float32": 4e11}},
                       model={"points": 3})
   path = tmp_path / "p.json"
-  profile_lib.save_profile(prof, path)
+  profiles.save_profile(prof, path)
   data = json.loads(path.read_text())
   assert data["kind"] == "profile" and data["device_kind"] == "cpu"
   assert data["factors"] == IDEAL and "eta_kv" in data["expression"]
-  loaded = profile_lib.load_profile(path)
+  loaded = profiles.load_profile(path)
   assert loaded.path == str(path)
   assert loaded == make_profile(ceilings=prof.ceilings, model={"points": 3},
                                 path=str(path))
@@ -51,7 +52,7 @@ def test_bad_files_are_one_line_input_errors(tmp_path, content, needle):
   if content is not None:
     path.write_text(content)
   with pytest.raises(errors.InputError, match=needle) as info:
-    profile_lib.load_profile(path)
+    profiles.load_profile(path)
   assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
@@ -61,17 +62,17 @@ def test_bad_factors_are_named(tmp_path):
   data["factors"]["eta_kv"] = -1.0
   path.write_text(json.dumps(data))
   with pytest.raises(errors.InputError, match="eta_kv"):
-    profile_lib.load_profile(path)
+    profiles.load_profile(path)
   del data["factors"]["eta_kv"]
   path.write_text(json.dumps(data))
   with pytest.raises(errors.InputError, match="expected eta_w"):
-    profile_lib.load_profile(path)
+    profiles.load_profile(path)
 
 
-def test_calibrated_sweep_has_decode_sweeps_structure():
+def test_calibrated_model_sweep_has_decode_sweeps_structure():
   batches = [1, 8, 32, 64]
   bound = decode_sweep(batches, **LESSON)
-  cal = profile_lib.calibrated_sweep(make_profile(), batches, **LESSON)
+  cal = sweep(profiles.step_model(make_profile()), batches, **LESSON)
   assert cal["kind"] == "calibrated" and bound["kind"] == "bound"
   assert set(bound) <= set(cal)
   assert set(bound["rows"][0]) <= set(cal["rows"][0])
@@ -87,34 +88,33 @@ def test_calibrated_sweep_has_decode_sweeps_structure():
   assert cal["summary"]["memory_limit_tokens_per_s"] == pytest.approx(8000)
 
 
-def test_calibrated_sweep_scales_by_factors_and_adds_fixed_costs():
+def test_calibrated_model_sweep_scales_by_factors_and_adds_fixed_costs():
   factors = {"eta_w": 0.5, "eta_kv": 0.25, "eta_f": 0.5, "t0_step": 1e-3,
              "t0_layer": 1e-4, "r_ovl": 1e3}
   prof = make_profile(factors)
-  [row] = profile_lib.calibrated_sweep(prof, [32], **LESSON,
+  [row] = sweep(profiles.step_model(prof), [32], **LESSON,
                                        layers=10)["rows"]
   weight_s, kv_s = 16e9 / 1e12, 32 * 2.5e8 / 5e11
   assert row["step_s"] == pytest.approx(1e-3 + 10 * 1e-4 + weight_s + kv_s)
-  no_layers = profile_lib.calibrated_sweep(prof, [32], **LESSON)
+  no_layers = sweep(profiles.step_model(prof), [32], **LESSON)
   assert no_layers["rows"][0]["fixed_s"] == pytest.approx(1e-3)
   assert any("per-layer" in n for n in no_layers["summary"]["notes"])
 
 
-def test_calibrated_sweep_prefers_the_profiles_measured_ceilings():
+def test_calibrated_model_sweep_prefers_the_profiles_measured_ceilings():
   prof = make_profile(ceilings={"bandwidth_Bps": 1e12,
                                 "flops_per_s": {"float32": 1e14}})
-  cal = profile_lib.calibrated_sweep(prof, [1], **LESSON)
+  cal = sweep(profiles.step_model(prof), [1], **LESSON)
   assert cal["ceilings"] == {"source": "profile", "BW": 1e12, "F": 1e14,
                              "given_BW": 2e12, "given_F": 6e14}
-  given = profile_lib.calibrated_sweep(prof, [1], **LESSON,
-                                       use_profile_ceilings=False)
+  given = sweep(profiles.step_model(prof, use_profile_ceilings=False), [1], **LESSON)
   assert given["ceilings"]["source"] == "given"
   assert cal["rows"][0]["step_s"] > given["rows"][0]["step_s"]
 
 
-def test_calibrated_sweep_checks_input():
+def test_calibrated_model_sweep_checks_input():
   with pytest.raises(errors.InputError, match="batch_sizes"):
-    profile_lib.calibrated_sweep(make_profile(), [0], **LESSON)
+    sweep(profiles.step_model(make_profile()), [0], **LESSON)
   with pytest.raises(errors.InputError, match="layers"):
-    profile_lib.calibrated_sweep(make_profile(), [1], **LESSON, layers=0)
+    sweep(profiles.step_model(make_profile()), [1], **LESSON, layers=0)
   assert calibration.FACTOR_NAMES == tuple(IDEAL)

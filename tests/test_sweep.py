@@ -85,3 +85,18 @@ def test_unreachable_token_gap():
   sweep = decode_sweep([1], **LESSON, token_gap_s=0.005)
   assert sweep["summary"]["largest_swept_batch_meeting_token_gap"] is None
   assert sweep["summary"]["max_batch_for_token_gap"] is None
+
+
+def test_catalogue_step_floor_agrees_with_the_sweep_for_moe():
+  """An MoE step (N read, N_act multiplied): the closed form the catalogue
+  prints and the swept step time are one formula, so they agree."""
+  from jaxroof.symbolic import catalogue
+  values = dict(N=4.7e10, N_act=1.3e10, q=2.0, T=4096.0, k=131072.0, BW=3.35e12,
+                F=9.89e14, B=512.0)
+  [floor] = [row for row in catalogue.evaluate(values) if row["name"] == "step_floor"]
+  swept = decode_sweep([512], N=values["N"], N_act=values["N_act"], q=2.0, T=4096.0,
+                       k=131072.0, BW=3.35e12, F=9.89e14)["rows"][0]["step_s"]
+  independent = max((4.7e10 * 2 + 512 * 4096 * 131072) / 3.35e12,
+                    2 * 1.3e10 * 512 / 9.89e14)
+  assert floor["value"] == pytest.approx(independent, rel=1e-12)
+  assert swept == pytest.approx(independent, rel=1e-12)

@@ -24,13 +24,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof import errors
-from jaxroof import files as io
+from jaxroof import files
 from jaxroof.measure import records as measure
 from jaxroof.measure import op_sweeps
-from jaxroof.measure import profiles as profile_lib
+from jaxroof.measure import profiles
 from jaxroof.report import table
 from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.toy.config import ToyConfig
@@ -114,7 +115,7 @@ def _point_row(record: measure.Measurement, predicted: float,
 class CalibrationRun:
   """What a calibration job measured, fitted and concluded."""
 
-  profile: profile_lib.Profile
+  profile: profiles.Profile
   ceilings: ceilings_lib.Ceilings
   points: list[dict[str, Any]]  # One row per measured point (`_point_row`).
   records: list[measure.Measurement]
@@ -161,7 +162,7 @@ def fit_records(
     *,
     heldout_fraction: float = 0.25,
     seed: int = 0,
-) -> tuple[calibration.Fit, list[dict[str, Any]]]:
+) -> tuple[fitting.Fit, list[dict[str, Any]]]:
   """Splits, fits on the training points, predicts every point."""
   if len(records) < 8:
     raise errors.InputError(
@@ -172,23 +173,23 @@ def fit_records(
   inputs = model_inputs(records, ceilings.bandwidth_Bps,
                         ceilings.flop_rate(dtype))
   measured = np.asarray([r.median_s for r in records])
-  held_out = calibration.split_heldout(len(records), heldout_fraction, seed)
-  fit = calibration.fit_factors(
+  held_out = fitting.split_heldout(len(records), heldout_fraction, seed)
+  fit = fitting.fit_factors(
       {n: v[~held_out] for n, v in inputs.items()}, measured[~held_out])
-  predicted = calibration.predict(inputs, fit.factors)
+  predicted = fitting.predict(inputs, fit.factors)
   rows = [_point_row(r, float(p), bool(h))
           for r, p, h in zip(records, predicted, held_out)]
   return fit, rows
 
 
-def _fit_summary(fit: calibration.Fit, rows: list[dict[str, Any]]
+def _fit_summary(fit: fitting.Fit, rows: list[dict[str, Any]]
                  ) -> dict[str, Any]:
   summary = {"loss": fit.loss, "steps": fit.steps,
              "learning_rate": fit.learning_rate,
              "statistic": op_sweeps.STATISTIC,
              "objective": "mean squared log error (Adam on log factors)"}
   for subset in ("train", "heldout"):
-    errs = calibration.error_summary(
+    errs = fitting.error_summary(
         [r["rel_error"] for r in rows if r["set"] == subset])
     summary[f"{subset}_median_rel_error"] = errs["median_rel_error"]
     summary[f"{subset}_max_rel_error"] = errs["max_rel_error"]
@@ -271,7 +272,7 @@ def run(
       "points": len(rows),
       "rounds": rounds, "warmup": warmup, "repeats": repeats,
   }
-  prof = profile_lib.Profile(
+  prof = profiles.Profile(
       device_kind=device.device_kind, platform=device.platform,
       backend="xla", dtype=dtype, jax_version=device.jax_version,
       created=_now(),
@@ -322,12 +323,12 @@ def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
   plots.save(fig, path)
 
 
-def title(prof: profile_lib.Profile) -> str:
+def title(prof: profiles.Profile) -> str:
   return (f"Toy decode step on {prof.device_kind} ({prof.platform}, "
           f"{prof.backend}, {prof.dtype}): measured vs calibrated")
 
 
-def config_from_profile(prof: profile_lib.Profile, model: str) -> ToyConfig:
+def config_from_profile(prof: profiles.Profile, model: str) -> ToyConfig:
   """The toy model a profile was calibrated with (to time it again)."""
   configs = prof.model.get("configs", {})
   if model not in configs:
@@ -338,7 +339,7 @@ def config_from_profile(prof: profile_lib.Profile, model: str) -> ToyConfig:
 
 
 def validate(
-    prof: profile_lib.Profile,
+    prof: profiles.Profile,
     points: Sequence[tuple[int, int]],
     *,
     model: str = "calibration",
@@ -371,7 +372,7 @@ def validate(
       {model: bench}, step_points, rounds=rounds, warmup=warmup,
       repeats=repeats, seed=seed, progress=progress)
   inputs = model_inputs(records, prof.bandwidth(), prof.flop_rate())
-  predicted = calibration.predict(inputs, prof.factors)
+  predicted = fitting.predict(inputs, prof.factors)
   rows = []
   for record, pred in zip(records, predicted):
     row = _point_row(record, float(pred), held_out=False)
@@ -465,8 +466,8 @@ def write_results(job: CalibrationRun, *, json_out: str | None,
                   profile_out: str | None, plot_out: str | None) -> None:
   """Writes the job's JSON, profile and plot, each atomically, if asked."""
   if json_out:
-    io.write_json(json_out, job.to_json())
+    files.write_json(json_out, job.to_json())
   if profile_out:
-    profile_lib.save_profile(job.profile, profile_out)
+    profiles.save_profile(job.profile, profile_out)
   if plot_out:
     plot(job.points, plot_out, title(job.profile))

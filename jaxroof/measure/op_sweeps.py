@@ -149,8 +149,8 @@ class DecodeStepBench:
     if blocks is not None:
       p["N"] = p["N_act"] = p["N"] - (p["L"] - blocks) * p["N_block"]
       p["k"] = p["k"] * blocks / p["L"]
-    out = step_model("numpy")(p["B"], p["T"], p["N"], p["q"], p["k"], 1.0,
-                              1.0, p["N_act"])
+    out = step_model("numpy")(B=p["B"], T=p["T"], N=p["N"], q=p["q"], k=p["k"], BW=1.0,
+                              F=1.0, N_act=p["N_act"])
     return (float(formulas.linear_flops(p["N_act"], p["B"])),
             float(out["traffic_bytes"]))
 

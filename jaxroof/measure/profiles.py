@@ -5,51 +5,28 @@ efficiency factors and fixed costs (`jaxroof.symbolic.calibrated`), the fit's er
 on held-out points, and how all of it was measured. It is JSON, written
 atomically, so profiles of several machines can sit side by side.
 
-`calibrated_sweep` is the `--profile` hook of the experiments: it returns the
-structure of `jaxroof.symbolic.sweep.decode_sweep`, labelled `"calibrated"`.
+`step_model(profile)` is the `--profile` hook of the experiments: the
+calibrated `StepModel` that `jaxroof.symbolic.sweep.sweep` evaluates.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
-from jaxroof import files as io
-from jaxroof.symbolic import sweep as sweep_lib
+from jaxroof import files
+from jaxroof.symbolic.step_model import StepModel
 
 KIND = "profile"
 VERSION = 1
 REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend",
             "jax_version", "created")
-
-UNITS: dict[str, str] = {
-    "batch": "sequences",
-    "weight_bytes": "B",
-    "kv_bytes": "B",
-    "traffic_bytes": "B",
-    "weight_s": "s",
-    "kv_s": "s",
-    "fixed_s": "s",
-    "memory_s": "s",
-    "compute_s": "s",
-    "linear_s": "s",
-    "step_s": "s",
-    "aggregate_tokens_per_s": "tokens/s",
-    "per_sequence_tokens_per_s": "tokens/s",
-    "weight_kv_crossover_batch": "sequences",
-    "memory_limit_tokens_per_s": "tokens/s",
-    "compute_crossover_batch": "sequences",
-    "rate_limit_tokens_per_s": "tokens/s",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
@@ -138,7 +115,7 @@ class Profile:
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
   """Writes the profile as JSON, atomically."""
-  io.write_json(path, profile.to_json())
+  files.write_json(path, profile.to_json())
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
@@ -160,106 +137,35 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
   return Profile.from_json(data, path=path)
 
 
-def _ceilings(profile: Profile, BW: float, F: float | None,
-              use_profile_ceilings: bool) -> tuple[float, float, str, list]:
-  """The BW and F the calibrated model scales, and where they came from.
+def step_model(profile: Profile, *, use_profile_ceilings: bool = True) -> StepModel:
+  """The calibrated `StepModel` of a profile, with its provenance.
 
-  The factors are fractions of the ceilings measured with them, so the
-  profile's own ceilings are used when it has them.
+  The factors are fractions of the ceilings measured with them, so by default
+  the model scales the profile's own measured BW and F; otherwise (or when the
+  profile has none for its dtype) it scales the BW and F a sweep is given,
+  and says so in its notes.
   """
   notes = []
   measured_bw, measured_f = profile.bandwidth(), profile.flop_rate()
+  ceilings = None
   if use_profile_ceilings and measured_bw and measured_f:
-    return measured_bw, measured_f, "profile", notes
-  if use_profile_ceilings:
+    ceilings = (measured_bw, measured_f)
+  elif use_profile_ceilings:
     notes.append("the profile has no measured ceilings for its dtype: the "
                  "given (datasheet) BW and F were scaled by its factors")
   else:
     notes.append("the given (datasheet) BW and F were scaled by the "
                  "profile's factors, which were fitted to measured ceilings")
-  return BW, (math.inf if F is None else F), "given", notes
-
-
-def calibrated_sweep(
-    profile: Profile,
-    batch_sizes: Sequence[int],
-    *,
-    N: float | np.ndarray,
-    q: float,
-    T: float,
-    k: float,
-    BW: float,
-    F: float | None = None,
-    N_act: float | None = None,
-    layers: int | None = None,
-    use_profile_ceilings: bool = True,
-) -> dict[str, Any]:
-  """The calibrated step model at each batch size, like `decode_sweep`.
-
-  Args:
-    profile: fitted factors and measured ceilings.
-    batch_sizes: sequences per step, whole numbers >= 1.
-    N, q, T, k, BW, F, N_act: as in `jaxroof.symbolic.sweep.decode_sweep` (N may be an
-      array over batch sizes for MoE; F None means no datasheet FLOP rate).
-    layers: blocks of the model, for the per-layer fixed cost; None leaves
-      that cost out (and says so).
-    use_profile_ceilings: scale the profile's measured BW and F (the ones the
-      factors were fitted against) rather than the given ones.
-
-  Returns:
-    `{"kind": "calibrated", "units", "assumptions", "rows", "summary",
-    "profile", "ceilings"}`; rows and summary have `decode_sweep`'s keys
-    plus the calibrated terms (`weight_s`, `kv_s`, `fixed_s`) and the
-    `rate_limit_tokens_per_s` as the batch grows.
-  """
-  batches, n_read = sweep_lib.check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW,
-                                                F=F, N_act=N_act)
-  if layers is not None:
-    layers = errors.require_positive_int("layers", layers)
-  n_act = n_read if N_act is None else np.broadcast_to(
-      np.asarray(N_act, dtype=float), (len(batches),))
-  bw, flop_rate, source, notes = _ceilings(profile, BW, F,
-                                           use_profile_ceilings)
-  if layers is None:
-    notes.append("layers not given: the per-layer fixed cost is left out")
-  inputs = {"B": np.asarray(batches, dtype=float), "T": T, "N": n_read,
-            "q": q, "k": k, "BW": bw, "F": flop_rate, "N_act": n_act,
-            "L": 0.0 if layers is None else float(layers)}
-  out = calibration.calibrated_model("numpy")(inputs, profile.factors)
-  rows = sweep_lib.estimate_rows(batches, out)
-
-  summary_inputs = {**inputs, "B": 1.0, "N": float(np.max(n_read)),
-                    "N_act": float(np.max(n_act))}
-  summary = calibration.calibrated_summary_model()(summary_inputs,
-                                                   profile.factors)
-  summary = {name: float(v) for name, v in summary.items()}
-  cross = summary["compute_crossover_batch"]
-  if not (math.isfinite(cross) and cross > 0):
-    summary["compute_crossover_batch"] = None
-    notes.append("no compute crossover: with the fitted factors each added "
-                 "sequence adds more memory time than compute time")
-  if np.ptp(n_read) > 0:
-    notes.append("weights read vary with batch (MoE experts, embedding rows): "
-                 "crossovers use the largest")
-  summary["notes"] = notes
-  return {
-      "kind": "calibrated",
-      "units": UNITS,
-      "assumptions": list(calibration.ASSUMPTIONS),
-      "rows": rows,
-      "summary": summary,
-      "profile": {
-          "path": profile.path,
-          "device_kind": profile.device_kind,
-          "backend": profile.backend,
-          "dtype": profile.dtype,
-          "jax_version": profile.jax_version,
-          "created": profile.created,
-          "factors": dict(profile.factors),
-          "heldout_median_rel_error": profile.heldout_median_rel_error,
-          "heldout_max_rel_error": profile.heldout_max_rel_error,
-      },
-      "ceilings": {"source": source, "BW": bw,
-                   "F": None if math.isinf(flop_rate) else flop_rate,
-                   "given_BW": BW, "given_F": F},
+  provenance = {
+      "path": profile.path,
+      "device_kind": profile.device_kind,
+      "backend": profile.backend,
+      "dtype": profile.dtype,
+      "jax_version": profile.jax_version,
+      "created": profile.created,
+      "factors": dict(profile.factors),
+      "heldout_median_rel_error": profile.heldout_median_rel_error,
+      "heldout_max_rel_error": profile.heldout_max_rel_error,
   }
+  return StepModel.calibrated(profile.factors, ceilings=ceilings, provenance=provenance,
+                              notes=tuple(notes))

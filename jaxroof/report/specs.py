@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from jaxroof.specs import comparison
+from jaxroof.report import comparison as comparison_report
 from jaxroof.specs import kv_sizing
 from jaxroof.report import table
 from jaxroof.specs.accelerators import load_accelerators
@@ -73,7 +74,7 @@ def accelerator_section(out_dir: str) -> str:
   model = load_model(COMPARE_MODEL)
   result = comparison.compare(model, load_accelerators("all"), context=COMPARE_CONTEXT,
                               batch_sizes=COMPARE_BATCHES)
-  comparison.plot(result, os.path.join(out_dir, COMPARE_PLOT))
+  comparison_report.plot(result, os.path.join(out_dir, COMPARE_PLOT))
   at = str(COMPARE_BATCHES[2])
   best = result["best"]["by_batch"][at]
   return "\n".join([
@@ -86,10 +87,10 @@ def accelerator_section(out_dir: str) -> str:
       "`python -m experiments.compare_accelerators --model=NAME --context=T` gives any "
       "model.",
       "",
-      table.markdown_table(comparison.SUMMARY_HEADERS, comparison.summary_rows(result)),
+      table.markdown_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)),
       "",
-      table.markdown_table(comparison.ROW_HEADERS,
-                           [r for r in comparison.batch_rows(result) if r[1] == at]),
+      table.markdown_table(comparison_report.ROW_HEADERS,
+                           [r for r in comparison_report.batch_rows(result) if r[1] == at]),
       "",
       f"![accelerators compared]({COMPARE_PLOT})",
       "",

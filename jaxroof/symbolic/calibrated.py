@@ -24,15 +24,13 @@ weighs the same at 1 ms and at 1 s.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
-import numpy as np
 import sympy as sp
 
 from jaxroof.symbolic import formulas
+from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f,
                                       eta_kv, eta_w, k, q, r_ovl, t0_layer, t0_step)
 
@@ -104,26 +102,11 @@ OUTPUT_NAMES: tuple[str, ...] = tuple(_terms())
 def calibrated_model(backend: Literal["numpy", "jax"] = "numpy"):
   """The calibrated terms as a vectorised function, lambdified once.
 
-  Returns `f(inputs, factors) -> dict` where `inputs` maps `INPUT_NAMES` and
-  `factors` maps `FACTOR_NAMES` to arrays that broadcast together. The JAX
-  form is jit-compiled and differentiable in the factors.
+  Returns `f(**values) -> dict` where `values` holds `INPUT_NAMES` and
+  `FACTOR_NAMES`, arrays that broadcast together (`evaluate.lambdified`'s
+  convention). The JAX form is jit-compiled and differentiable in the factors.
   """
-  if backend not in ("numpy", "jax"):
-    raise ValueError(f"{backend=} is not allowed: use 'numpy' or 'jax'.")
-  terms = _terms()
-  fn = sp.lambdify(INPUTS + FACTORS, tuple(terms.values()), modules=backend,
-                   cse=True)
-  if backend == "jax":
-    import jax  # Deferred: numpy evaluation should not pay for jax start-up.
-
-    fn = jax.jit(fn)
-
-  def evaluate(inputs: Mapping[str, Any], factors: Mapping[str, Any]):
-    args = [inputs[n] for n in INPUT_NAMES] + [factors[n]
-                                               for n in FACTOR_NAMES]
-    return dict(zip(OUTPUT_NAMES, fn(*args)))
-
-  return evaluate
+  return lambdified(_terms(), INPUTS + FACTORS, backend)
 
 
 SUMMARY_NAMES: tuple[str, ...] = (
@@ -150,143 +133,5 @@ def _summary_exprs() -> tuple[sp.Expr, ...]:
 
 @functools.cache
 def calibrated_summary_model():
-  """The solved summary as a numpy function of (inputs, factors)."""
-  fn = sp.lambdify(INPUTS + FACTORS, _summary_exprs(), modules="numpy",
-                   cse=True)
-
-  def evaluate(inputs: Mapping[str, Any], factors: Mapping[str, Any]):
-    args = [inputs.get(n, 1.0) for n in INPUT_NAMES] + [
-        factors[n] for n in FACTOR_NAMES]
-    return dict(zip(SUMMARY_NAMES, fn(*args)))
-
-  return evaluate
-
-
-# Fitting ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Fit:
-  """Fitted factors and how well they reproduce the training points."""
-
-  factors: dict[str, float]
-  loss: float  # Final mean squared log error (plus the weak prior).
-  steps: int
-  learning_rate: float
-
-
-def initial_factors(measured_s: np.ndarray, layers: np.ndarray
-                    ) -> dict[str, float]:
-  """A neutral start: half of each ceiling, small fixed costs, p = 2."""
-  fastest = float(np.min(measured_s))
-  return {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5,
-          "t0_step": 0.05 * fastest,
-          "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0}
-
-
-def fit_factors(
-    inputs: Mapping[str, np.ndarray],
-    measured_s: np.ndarray,
-    *,
-    init: Mapping[str, float] | None = None,
-    steps: int = 3000,
-    learning_rate: float = 0.05,
-    prior_weight: float = 1e-4,
-) -> Fit:
-  """Fits the factors to measured step times with optax (Adam).
-
-  The parameters are the factors' logarithms (so they stay positive) and the
-  loss is the mean squared difference of log predicted and log measured
-  time, plus a weak pull (`prior_weight`) of each log factor towards its
-  start, which only decides directions the data leave undetermined.
-
-  Args:
-    inputs: `INPUT_NAMES` -> arrays of one value per point.
-    measured_s: measured step time per point, seconds.
-    init: starting factors; None means `initial_factors`.
-    steps, learning_rate: Adam's schedule (full batch).
-    prior_weight: weight of the pull towards the start.
-
-  Returns:
-    The fitted factors.
-  """
-  import jax  # Deferred, as in `calibrated_model`.
-  import jax.numpy as jnp
-  import optax
-
-  measured_s = np.asarray(measured_s, dtype=np.float64)
-  if measured_s.ndim != 1 or measured_s.size == 0 or np.any(measured_s <= 0):
-    raise ValueError("measured_s must be a non-empty vector of times > 0")
-  if init is None:
-    init = initial_factors(measured_s, np.asarray(inputs["L"]))
-  model = calibrated_model("jax")
-  x = {n: jnp.asarray(inputs[n], jnp.float32) for n in INPUT_NAMES}
-  log_measured = jnp.log(jnp.asarray(measured_s, jnp.float32))
-  start = {n: jnp.log(jnp.float32(init[n])) for n in FACTOR_NAMES}
-
-  def loss_fn(log_factors):
-    factors = {n: jnp.exp(v) for n, v in log_factors.items()}
-    predicted = model(x, factors)["step_s"]
-    data = jnp.mean((jnp.log(predicted) - log_measured) ** 2)
-    prior = sum((log_factors[n] - start[n]) ** 2 for n in FACTOR_NAMES)
-    return data + prior_weight * prior
-
-  optimizer = optax.adam(learning_rate)
-
-  def step(carry, _):
-    params, state = carry
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, state = optimizer.update(grads, state, params)
-    return (optax.apply_updates(params, updates), state), loss
-
-  @jax.jit
-  def run(params):
-    (params, _), losses = jax.lax.scan(
-        step, (params, optimizer.init(params)), None, length=steps)
-    return params, losses[-1]
-
-  params, loss = run(start)
-  return Fit(factors={n: float(jnp.exp(v)) for n, v in params.items()},
-             loss=float(loss), steps=steps, learning_rate=learning_rate)
-
-
-def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]
-            ) -> np.ndarray:
-  """Calibrated step time (seconds) at each point, numpy."""
-  return np.asarray(calibrated_model("numpy")(inputs, factors)["step_s"],
-                    dtype=np.float64)
-
-
-def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-  """|predicted - measured| / measured, per point."""
-  measured = np.asarray(measured, dtype=np.float64)
-  return np.abs(np.asarray(predicted, dtype=np.float64) - measured) / measured
-
-
-def error_summary(rel: Sequence[float]) -> dict[str, float | int | None]:
-  """Median and max relative error (None without points)."""
-  rel = np.asarray(rel, dtype=np.float64)
-  if rel.size == 0:
-    return {"median_rel_error": None, "max_rel_error": None, "points": 0}
-  return {"median_rel_error": float(np.median(rel)),
-          "max_rel_error": float(np.max(rel)), "points": int(rel.size)}
-
-
-def split_heldout(count: int, fraction: float = 0.25, seed: int = 0
-                  ) -> np.ndarray:
-  """A boolean mask of held-out points, spread over the (sorted) points.
-
-  Points come sorted (by model, batch, context); one in every
-  `round(1/fraction)` consecutive points is held out, which one chosen at
-  random, so held-out points cover the whole grid.
-  """
-  if not 0 < fraction < 1:
-    raise ValueError(f"{fraction=} must be in (0, 1)")
-  stride = max(2, round(1 / fraction))
-  rng = np.random.default_rng(seed)
-  mask = np.zeros(count, dtype=bool)
-  for start in range(0, count, stride):
-    size = min(stride, count - start)
-    if size == stride or rng.random() < size / stride:
-      mask[start + rng.integers(size)] = True
-  return mask
+  """The solved summary as a numpy function of the inputs and factors."""
+  return lambdified(dict(zip(SUMMARY_NAMES, _summary_exprs())), INPUTS + FACTORS)

@@ -15,7 +15,7 @@ import sympy as sp
 from jaxroof import errors
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic import solved
-from jaxroof.symbolic.symbols import BY_NAME
+from jaxroof.symbolic.symbols import BY_NAME, with_dense_default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +116,7 @@ def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
   A solved batch below one sequence is reported as None with a note saying
   what that means (e.g. a compute crossover <= 0: memory binds at every batch).
   """
-  values = dict(values)
-  if "N" in values:
-    values.setdefault("N_act", values["N"])  # Dense unless told otherwise.
+  values = with_dense_default(dict(values))
   out = []
   for item, form in zip(CATALOGUE, closed_forms()):
     expr = item.expression()

@@ -1,76 +1,101 @@
-"""The step model, lambdified once: numpy for sweeps, JAX for jit and grad.
+"""Lambdify once: sympy expressions as fast numpy (sweeps) or JAX (jit, grad) functions.
 
-`step_model(backend)` turns the sympy expressions of `jaxroof.symbolic.formulas` into
-one vectorised function of the inputs below; nothing here retypes a formula.
-Inputs broadcast against each other, so a (batch, context) grid is two arrays.
+`lambdified(outputs, inputs, backend)` is the one place a formula becomes a
+numeric function; every evaluator in the package is built on it, with one
+calling convention: keyword arguments named like the input symbols, a dict of
+named outputs back. Inputs broadcast against each other, so a (batch,
+context) grid is two arrays.
 
-Inputs (SI units): B sequences, T retained tokens per sequence, N weights read
+`step_model(backend)` is the decode step of `jaxroof.symbolic.formulas`:
+inputs (SI units) B sequences, T retained tokens per sequence, N weights read
 per step, q bytes per weight, k KV bytes per token, BW bytes/s, F FLOP/s
-(`inf` for a memory-only model), N_act weights multiplied per token (dense: N;
-MoE: active weights, while N counts the weights the step actually reads).
+(`inf` for a memory-only model), N_act weights multiplied per token (dense:
+N; MoE: active weights, while N counts the weights the step actually reads).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k, q
+from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k, q, with_dense_default
+
+Backend = Literal["numpy", "jax"]
+Evaluator = Callable[..., dict[str, Any]]
+
+
+def lambdified(outputs: Mapping[str, sp.Expr], inputs: Sequence[sp.Symbol],
+               backend: Backend = "numpy") -> Evaluator:
+  """Named sympy expressions as one vectorised function of named inputs.
+
+  Returns `f(**values) -> {output name: value}`, values keyed by the input
+  symbols' names. The JAX form is jit-compiled and differentiable; numpy
+  evaluation never imports jax.
+  """
+  if backend not in ("numpy", "jax"):
+    raise ValueError(f"{backend=} is not allowed: use 'numpy' or 'jax'.")
+  names = tuple(outputs)
+  input_names = tuple(str(s) for s in inputs)
+  fn = sp.lambdify(tuple(inputs), tuple(outputs.values()), modules=backend, cse=True)
+  if backend == "jax":
+    import jax  # Deferred: numpy evaluation should not pay for jax start-up.
+
+    fn = jax.jit(fn)
+
+  def evaluate(**values: Any) -> dict[str, Any]:
+    missing = [n for n in input_names if n not in values]
+    if missing:
+      raise TypeError(f"missing inputs {missing}; expected {list(input_names)}")
+    return dict(zip(names, fn(*(values[n] for n in input_names))))
+
+  return evaluate
+
 
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act)
 
 
-def _outputs() -> dict[str, sp.Expr]:
+def step_outputs() -> dict[str, sp.Expr]:
   """Named expressions of one decode step (the `Estimate` columns)."""
   traffic = formulas.step_traffic(B, N, q, T, k)
-  memory_s = formulas.memory_time(traffic, BW)
-  compute_s = formulas.compute_time(B, N_act, F)
-  step_s = sp.Max(memory_s, compute_s)
+  step_s = formulas.step_floor(B, N, q, T, k, BW, F, N_act)
   return {
       "weight_bytes": formulas.weight_traffic(N, q),
       "kv_bytes": formulas.retained_kv_bytes(B, T, k),
       "traffic_bytes": traffic,
-      "memory_s": memory_s,
-      "compute_s": compute_s,
+      "memory_s": formulas.memory_time(traffic, BW),
+      "compute_s": formulas.compute_time(B, N_act, F),
       "step_s": step_s,
       "aggregate_tokens_per_s": formulas.aggregate_rate(B, step_s),
       "per_sequence_tokens_per_s": formulas.per_sequence_rate(step_s),
   }
 
 
-OUTPUT_NAMES: tuple[str, ...] = tuple(_outputs())
-
-StepModel = Callable[..., dict[str, object]]
+OUTPUT_NAMES: tuple[str, ...] = tuple(step_outputs())
 
 
-@functools.cache
-def step_model(backend: Literal["numpy", "jax"] = "numpy") -> StepModel:
-  """The step model as a vectorised function of `INPUTS` (keyword N_act).
+def _dense_default(evaluator: Evaluator) -> Evaluator:
+  """Accepts `N_act=None` (or no N_act) as a dense model."""
 
-  Returns a function `f(B, T, N, q, k, BW, F, N_act=None)` -> dict of arrays
-  keyed by `OUTPUT_NAMES`; `N_act=None` means dense (`N_act = N`). The JAX form
-  is jit-compiled and differentiable.
-  """
-  if backend not in ("numpy", "jax"):
-    raise ValueError(f"{backend=} is not allowed: use 'numpy' or 'jax'.")
-  outputs = _outputs()
-  fn = sp.lambdify(INPUTS, tuple(outputs.values()), modules=backend, cse=True)
-  if backend == "jax":
-    import jax  # Deferred: numpy sweeps should not pay for jax start-up.
-
-    fn = jax.jit(fn)
-
-  def evaluate(B, T, N, q, k, BW, F, N_act=None):
-    values = fn(B, T, N, q, k, BW, F, N if N_act is None else N_act)
-    return dict(zip(OUTPUT_NAMES, values))
+  def evaluate(**values: Any) -> dict[str, Any]:
+    return evaluator(**with_dense_default(values))
 
   return evaluate
 
 
+@functools.cache
+def step_model(backend: Backend = "numpy") -> Evaluator:
+  """The step model: `f(B=, T=, N=, q=, k=, BW=, F=, N_act=None)` -> outputs.
+
+  Keys of the result are `OUTPUT_NAMES`; `N_act=None` means dense (`N_act = N`).
+  """
+  return _dense_default(lambdified(step_outputs(), INPUTS, backend))
+
+
+SUMMARY_INPUTS: tuple[sp.Symbol, ...] = (N, q, T, k, BW, F, N_act)
 SUMMARY_NAMES: tuple[str, ...] = (
     "weight_kv_crossover_batch",
     "memory_limit_tokens_per_s",
@@ -79,23 +104,16 @@ SUMMARY_NAMES: tuple[str, ...] = (
 
 
 @functools.cache
-def summary_model(backend: Literal["numpy", "jax"] = "numpy") -> StepModel:
+def summary_model(backend: Backend = "numpy") -> Evaluator:
   """The solved quantities of `jaxroof.symbolic.solved`, lambdified like `step_model`.
 
-  Returns `f(N, q, T, k, BW, F, N_act=None)` -> dict keyed by `SUMMARY_NAMES`
-  (`N_act=None`: dense). A compute crossover <= 0 (or non-finite) means memory
-  binds at every batch; one below 1 means compute binds at every batch.
+  Returns `f(N=, q=, T=, k=, BW=, F=, N_act=None)` -> dict keyed by
+  `SUMMARY_NAMES`. A compute crossover <= 0 (or non-finite) means memory binds
+  at every batch; one below 1 means compute binds at every batch.
   """
   from jaxroof.symbolic import solved  # Deferred: solving costs ~0.1 s, once.
 
-  exprs = (
-      solved.weight_kv_crossover_batch(),
-      solved.memory_limit_rate(),
-      solved.compute_crossover_batch(),
-  )
-  fn = sp.lambdify((N, q, T, k, BW, F, N_act), exprs, modules=backend, cse=True)
-
-  def evaluate(N, q, T, k, BW, F, N_act=None):
-    return dict(zip(SUMMARY_NAMES, fn(N, q, T, k, BW, F, N if N_act is None else N_act)))
-
-  return evaluate
+  exprs = dict(zip(SUMMARY_NAMES, (solved.weight_kv_crossover_batch(),
+                                   solved.memory_limit_rate(),
+                                   solved.compute_crossover_batch())))
+  return _dense_default(lambdified(exprs, SUMMARY_INPUTS, backend))

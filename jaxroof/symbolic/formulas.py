@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from jaxroof.symbolic.symbols import B, BW, F, H, H_kv, L, N, P, T, b, d, g, k, q, t_queue, t_window
+from jaxroof.symbolic.symbols import (B, BW, F, H, H_kv, L, N, N_act, P, T, b, d, g, k, q,
+                                      t_queue, t_window)
 
 Expr = sp.Expr
 
@@ -113,10 +114,16 @@ def step_floor(
     k: Expr = k,
     BW: Expr = BW,
     F: Expr = F,
+    N_act: Expr = N_act,
 ) -> Expr:
-  """Optimistic decode-step time: the larger of memory and compute time."""
+  """Optimistic decode-step time: the larger of memory and compute time.
+
+  Memory moves the N weights read plus the K/V; compute multiplies the N_act
+  active weights per token (a dense model has N_act = N; an MoE model reads
+  more weights than each token multiplies).
+  """
   return sp.Max(
-      memory_time(step_traffic(B, N, q, T, k), BW), compute_time(B, N, F)
+      memory_time(step_traffic(B, N, q, T, k), BW), compute_time(B, N_act, F)
   )
 
 

@@ -12,7 +12,7 @@ import functools
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import B, BY_NAME, N, N_act, R, t_gap
+from jaxroof.symbolic.symbols import B, BY_NAME, N_act, R, t_gap, with_dense_default
 
 
 def _solve_for_batch(lhs: sp.Expr, rhs: sp.Expr) -> sp.Expr:
@@ -56,10 +56,8 @@ def _substitute(expr: sp.Expr, values: dict[str, object]) -> sp.Expr:
   unknown = sorted(set(values) - set(BY_NAME))
   if unknown:
     raise TypeError(f"unknown symbol names {unknown}; known: {sorted(BY_NAME)}")
-  subs = {BY_NAME[n].symbol: sp.sympify(v) for n, v in values.items()}
-  if N in subs and N_act not in subs:
-    subs[N_act] = subs[N]
-  return expr.subs(subs)
+  values = with_dense_default(values)
+  return expr.subs({BY_NAME[n].symbol: sp.sympify(v) for n, v in values.items()})
 
 
 def ridge_batch(**values) -> sp.Expr:

@@ -1,42 +1,25 @@
-"""A decode batch sweep: `Estimate` rows from the step model, plus its summary.
+"""A decode batch sweep: `Estimate` rows from a step model, plus its summary.
 
-Every number here is an analytic bound (kind "bound") under the lesson's
-assumptions (see `jaxroof.symbolic.formulas`): weights read once per step, each
-sequence's K/V read once, attention FLOPs and overheads omitted.
+One sweep for every kind of step model (`StepModel`): the analytic bound
+(kind "bound", the lesson's assumptions, see `jaxroof.symbolic.formulas`) and
+the calibrated model (kind "calibrated", fitted factors). Rows carry the
+same columns either way, plus the calibrated terms when there are any.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxroof import errors
 from jaxroof.symbolic import solved
-from jaxroof.symbolic.evaluate import step_model, summary_model
+from jaxroof.symbolic.step_model import BOUND_ASSUMPTIONS, BOUND_UNITS, StepModel
 
-UNITS: dict[str, str] = {
-    "batch": "sequences",
-    "weight_bytes": "B",
-    "kv_bytes": "B",
-    "traffic_bytes": "B",
-    "memory_s": "s",
-    "compute_s": "s",
-    "step_s": "s",
-    "aggregate_tokens_per_s": "tokens/s",
-    "per_sequence_tokens_per_s": "tokens/s",
-    "weight_kv_crossover_batch": "sequences",
-    "memory_limit_tokens_per_s": "tokens/s",
-    "compute_crossover_batch": "sequences",
-}
-
-ASSUMPTIONS: tuple[str, ...] = (
-    "weights read once per step and reused by every sequence (ideal tile reuse)",
-    "each sequence's retained K/V read once per step",
-    "attention FLOPs, activations, KV writes, launches and communication omitted",
-)
+UNITS = BOUND_UNITS  # The bound's columns, for callers that print them.
+ASSUMPTIONS = BOUND_ASSUMPTIONS
 
 
 def check_step_inputs(batch_sizes: Sequence[int], *, N, q, T, k, BW, F=None,
@@ -79,7 +62,8 @@ def estimate_rows(batches: Sequence[int], outputs: dict[str, Any], *,
   return rows
 
 
-def decode_sweep(
+def sweep(
+    model: StepModel,
     batch_sizes: Sequence[int],
     *,
     N: float | np.ndarray,
@@ -88,72 +72,97 @@ def decode_sweep(
     k: float,
     BW: float,
     F: float | None = None,
-    N_act: float | None = None,
+    N_act: float | np.ndarray | None = None,
+    layers: int | None = None,
     fits: Sequence[bool] | None = None,
     token_gap_s: float | None = None,
+    crossovers: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
-  """Evaluates the step model at each batch size.
+  """Evaluates a step model, bound or calibrated, at each batch size.
 
   Args:
+    model: the step model (`StepModel.bound()` or a calibrated one).
     batch_sizes: sequences per step, each a whole number >= 1.
     N: weights read per step (an array over batch sizes for MoE).
     q: bytes per weight.
     T: retained tokens per sequence.
     k: KV bytes per retained token.
-    BW: sustained memory bandwidth, bytes/s.
+    BW: sustained memory bandwidth, bytes/s (a calibrated model with its own
+      ceilings scales those instead).
     F: sustained FLOP rate, FLOP/s; None for a memory-only model.
     N_act: weights multiplied per token; None means N (dense).
+    layers: blocks of the model, for a calibrated per-layer fixed cost.
     fits: optional per-batch flag: weights, K/V and workspace fit in memory.
     token_gap_s: optional target for the gap between one user's tokens, s;
       rows say whether they meet it and the summary gives the largest batch.
+    crossovers: the weight/KV and compute crossover batches when the caller
+      solved them for weights that vary with batch (MoE); they replace the
+      crossovers of the largest N.
 
   Returns:
-    `{"kind": "bound", "units", "assumptions", "rows", "summary"}`.
+    `{"kind", "units", "assumptions", "rows", "summary"}`, and for a
+    calibrated model its `"profile"` and the `"ceilings"` it scaled.
   """
   batches, n_read = check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW, F=F,
                                       N_act=N_act)
   if token_gap_s is not None:
     errors.require_positive("token_gap_s", token_gap_s)
+  if layers is not None:
+    layers = errors.require_positive_int("layers", layers)
+  memory_only = F is None and model.ceilings is None
+  bw, flop_rate = model.scaled_ceilings(BW, F)
+  n_act = None if N_act is None else np.broadcast_to(
+      np.asarray(N_act, dtype=float), (len(batches),))
+  out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
+                       BW=bw, F=flop_rate, N_act=n_act, L=layers)
+  rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
 
-  flop_rate = math.inf if F is None else F
-  out = step_model("numpy")(
-      np.asarray(batches, dtype=float), T, n_read, q, k, BW, flop_rate, N_act
-  )
-  rows = estimate_rows(batches, out, memory_only=F is None)
-
-  summary = summary_model("numpy")(float(np.max(n_read)), q, T, k, BW, flop_rate, N_act)
-  summary = {name: float(v) for name, v in summary.items()}
-  notes = []
-  if F is None:
+  summary = model.summary(N=float(np.max(n_read)), q=q, T=T, k=k, BW=bw, F=flop_rate,
+                          N_act=None if n_act is None else float(np.max(n_act)), L=layers)
+  notes = list(model.notes)
+  if model.kind == "calibrated" and layers is None:
+    notes.append("layers not given: the per-layer fixed cost is left out")
+  if crossovers is not None:
+    summary.update(crossovers)
+  cross = summary["compute_crossover_batch"]
+  if memory_only and model.kind == "bound":
     summary["compute_crossover_batch"] = None
     notes.append("no FLOP rate given: memory-only model, no compute crossover")
-  elif not (math.isfinite(summary["compute_crossover_batch"]) and summary["compute_crossover_batch"] > 0):
+  elif cross is None or not (math.isfinite(cross) and cross > 0):
     summary["compute_crossover_batch"] = None
-    notes.append(
-        "no compute crossover: each added sequence adds more memory time "
-        "(T*k/BW) than compute time (2*N_act/F), so memory binds at every batch"
-    )
-  elif summary["compute_crossover_batch"] < 1:
+    notes.append(model.no_compute_crossover_note())
+  elif cross < 1 and model.kind == "bound":
     summary["compute_crossover_batch"] = None
     notes.append("compute binds at every batch (crossover below one sequence)")
-  if np.ptp(n_read) > 0:
+  if np.ptp(n_read) > 0 and crossovers is None:
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
   mark_targets(rows, summary, fits=fits, token_gap_s=token_gap_s)
-  if token_gap_s is not None:
-    if np.ptp(n_read) == 0:  # The closed form needs one N for every batch.
-      gap_batch = float(solved.max_batch_for_token_gap(
-          t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=BW, F=flop_rate,
-          N_act=float(n_read[0]) if N_act is None else N_act))
-      summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
+  if token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0:
+    # The closed form needs one N for every batch.
+    gap_batch = float(solved.max_batch_for_token_gap(
+        t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
+        N_act=float(n_read[0]) if n_act is None else float(n_act[0])))
+    summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   summary["notes"] = notes
-  return {
-      "kind": "bound",
-      "units": UNITS,
-      "assumptions": list(ASSUMPTIONS),
+  result = {
+      "kind": model.kind,
+      "units": model.units,
+      "assumptions": list(model.assumptions),
       "rows": rows,
       "summary": summary,
   }
+  if model.kind == "calibrated":
+    result["profile"] = dict(model.provenance)
+    result["ceilings"] = {"source": "given" if model.ceilings is None else "profile",
+                          "BW": bw, "F": None if math.isinf(flop_rate) else flop_rate,
+                          "given_BW": BW, "given_F": F}
+  return result
+
+
+def decode_sweep(batch_sizes: Sequence[int], **kwargs: Any) -> dict[str, Any]:
+  """`sweep` of the analytic bound (kind "bound"); keywords as in `sweep`."""
+  return sweep(StepModel.bound(), batch_sizes, **kwargs)
 
 
 def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,

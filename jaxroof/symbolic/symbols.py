@@ -104,3 +104,13 @@ BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
 def unit(symbol: sp.Symbol) -> str:
   """The unit of a named symbol."""
   return BY_NAME[str(symbol)].unit
+
+
+def with_dense_default(values: dict[str, object]) -> dict[str, object]:
+  """Values by symbol name, with `N_act = N` when N is given and N_act is not.
+
+  The one place the rule "a dense model multiplies every weight it reads" lives.
+  """
+  if "N" in values and values.get("N_act") is None:
+    values = {**values, "N_act": values["N"]}
+  return values

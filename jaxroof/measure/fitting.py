@@ -1,0 +1,141 @@
+"""Fitting the calibrated step model's factors to measured step times (optax).
+
+The model is `jaxroof.symbolic.calibrated`; here its JAX form is fitted in
+log space with Adam, and predictions are scored against measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxroof.symbolic.calibrated import FACTOR_NAMES, INPUT_NAMES, calibrated_model
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """Fitted factors and how well they reproduce the training points."""
+
+  factors: dict[str, float]
+  loss: float  # Final mean squared log error (plus the weak prior).
+  steps: int
+  learning_rate: float
+
+
+def initial_factors(measured_s: np.ndarray, layers: np.ndarray
+                    ) -> dict[str, float]:
+  """A neutral start: half of each ceiling, small fixed costs, p = 2."""
+  fastest = float(np.min(measured_s))
+  return {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5,
+          "t0_step": 0.05 * fastest,
+          "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0}
+
+
+def fit_factors(
+    inputs: Mapping[str, np.ndarray],
+    measured_s: np.ndarray,
+    *,
+    init: Mapping[str, float] | None = None,
+    steps: int = 3000,
+    learning_rate: float = 0.05,
+    prior_weight: float = 1e-4,
+) -> Fit:
+  """Fits the factors to measured step times with optax (Adam).
+
+  The parameters are the factors' logarithms (so they stay positive) and the
+  loss is the mean squared difference of log predicted and log measured
+  time, plus a weak pull (`prior_weight`) of each log factor towards its
+  start, which only decides directions the data leave undetermined.
+
+  Args:
+    inputs: `INPUT_NAMES` -> arrays of one value per point.
+    measured_s: measured step time per point, seconds.
+    init: starting factors; None means `initial_factors`.
+    steps, learning_rate: Adam's schedule (full batch).
+    prior_weight: weight of the pull towards the start.
+
+  Returns:
+    The fitted factors.
+  """
+
+  measured_s = np.asarray(measured_s, dtype=np.float64)
+  if measured_s.ndim != 1 or measured_s.size == 0 or np.any(measured_s <= 0):
+    raise ValueError("measured_s must be a non-empty vector of times > 0")
+  if init is None:
+    init = initial_factors(measured_s, np.asarray(inputs["L"]))
+  model = calibrated_model("jax")
+  x = {n: jnp.asarray(inputs[n], jnp.float32) for n in INPUT_NAMES}
+  log_measured = jnp.log(jnp.asarray(measured_s, jnp.float32))
+  start = {n: jnp.log(jnp.float32(init[n])) for n in FACTOR_NAMES}
+
+  def loss_fn(log_factors):
+    factors = {n: jnp.exp(v) for n, v in log_factors.items()}
+    predicted = model(**x, **factors)["step_s"]
+    data = jnp.mean((jnp.log(predicted) - log_measured) ** 2)
+    prior = sum((log_factors[n] - start[n]) ** 2 for n in FACTOR_NAMES)
+    return data + prior_weight * prior
+
+  optimizer = optax.adam(learning_rate)
+
+  def step(carry, _):
+    params, state = carry
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, state = optimizer.update(grads, state, params)
+    return (optax.apply_updates(params, updates), state), loss
+
+  @jax.jit
+  def run(params):
+    (params, _), losses = jax.lax.scan(
+        step, (params, optimizer.init(params)), None, length=steps)
+    return params, losses[-1]
+
+  params, loss = run(start)
+  return Fit(factors={n: float(jnp.exp(v)) for n, v in params.items()},
+             loss=float(loss), steps=steps, learning_rate=learning_rate)
+
+
+def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]
+            ) -> np.ndarray:
+  """Calibrated step time (seconds) at each point, numpy."""
+  return np.asarray(calibrated_model("numpy")(**inputs, **factors)["step_s"],
+                    dtype=np.float64)
+
+
+def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+  """|predicted - measured| / measured, per point."""
+  measured = np.asarray(measured, dtype=np.float64)
+  return np.abs(np.asarray(predicted, dtype=np.float64) - measured) / measured
+
+
+def error_summary(rel: Sequence[float]) -> dict[str, float | int | None]:
+  """Median and max relative error (None without points)."""
+  rel = np.asarray(rel, dtype=np.float64)
+  if rel.size == 0:
+    return {"median_rel_error": None, "max_rel_error": None, "points": 0}
+  return {"median_rel_error": float(np.median(rel)),
+          "max_rel_error": float(np.max(rel)), "points": int(rel.size)}
+
+
+def split_heldout(count: int, fraction: float = 0.25, seed: int = 0
+                  ) -> np.ndarray:
+  """A boolean mask of held-out points, spread over the (sorted) points.
+
+  Points come sorted (by model, batch, context); one in every
+  `round(1/fraction)` consecutive points is held out, which one chosen at
+  random, so held-out points cover the whole grid.
+  """
+  if not 0 < fraction < 1:
+    raise ValueError(f"{fraction=} must be in (0, 1)")
+  stride = max(2, round(1 / fraction))
+  rng = np.random.default_rng(seed)
+  mask = np.zeros(count, dtype=bool)
+  for start in range(0, count, stride):
+    size = min(stride, count - start)
+    if size == stride or rng.random() < size / stride:
+      mask[start + rng.integers(size)] = True
+  return mask

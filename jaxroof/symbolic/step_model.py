@@ -1,0 +1,141 @@
+"""`StepModel`: one interface to the decode step, as an analytic bound or calibrated.
+
+Both kinds take the same inputs (B, T, N, q, k, BW, F, N_act, L) and give the
+same named outputs, so one sweep (`jaxroof.symbolic.sweep.sweep`), the
+accelerator comparison and the serving layer never ask which one they hold:
+
+  * `StepModel.bound()`: the roofline floor of `jaxroof.symbolic.formulas`
+    (`Max(memory, compute)`), labelled "bound";
+  * `StepModel.calibrated(factors, ...)`: the calibrated expression of
+    `jaxroof.symbolic.calibrated` with fitted efficiency factors and fixed
+    costs, labelled "calibrated". A profile (`jaxroof.measure.profiles`) makes
+    one, with the ceilings its factors were fitted against and its provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from jaxroof.symbolic import calibrated as calibrated_lib
+from jaxroof.symbolic import evaluate
+from jaxroof.symbolic.symbols import with_dense_default
+
+Kind = Literal["bound", "calibrated"]
+
+BOUND_UNITS: dict[str, str] = {
+    "batch": "sequences",
+    "weight_bytes": "B",
+    "kv_bytes": "B",
+    "traffic_bytes": "B",
+    "memory_s": "s",
+    "compute_s": "s",
+    "step_s": "s",
+    "aggregate_tokens_per_s": "tokens/s",
+    "per_sequence_tokens_per_s": "tokens/s",
+    "weight_kv_crossover_batch": "sequences",
+    "memory_limit_tokens_per_s": "tokens/s",
+    "compute_crossover_batch": "sequences",
+}
+CALIBRATED_UNITS: dict[str, str] = {
+    **BOUND_UNITS,
+    "weight_s": "s",
+    "kv_s": "s",
+    "fixed_s": "s",
+    "linear_s": "s",
+    "rate_limit_tokens_per_s": "tokens/s",
+}
+
+BOUND_ASSUMPTIONS: tuple[str, ...] = (
+    "weights read once per step and reused by every sequence (ideal tile reuse)",
+    "each sequence's retained K/V read once per step",
+    "attention FLOPs, activations, KV writes, launches and communication omitted",
+)
+
+# Why a compute crossover is missing, per kind.
+_NO_COMPUTE_CROSSOVER: dict[str, str] = {
+    "bound": ("no compute crossover: each added sequence adds more memory time "
+              "(T*k/BW) than compute time (2*N_act/F), so memory binds at every batch"),
+    "calibrated": ("no compute crossover: with the fitted factors each added "
+                   "sequence adds more memory time than compute time"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepModel:
+  """A decode-step model.
+
+  Attributes:
+    kind: "bound" (analytic) or "calibrated" (fitted factors).
+    factors: `calibrated.FACTOR_NAMES` -> value (SI); None for a bound.
+    ceilings: (BW, F) that the factors scale, replacing the given ones (the
+      ceilings measured with the factors); None scales the given BW and F.
+    provenance: where the factors came from (device, backend, dtype, errors),
+      carried into the sweep's JSON as "profile".
+    notes: what a reader of its results must know (e.g. datasheet ceilings
+      scaled by factors fitted elsewhere).
+  """
+
+  kind: Kind = "bound"
+  factors: Mapping[str, float] | None = None
+  ceilings: tuple[float, float | None] | None = None
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  notes: tuple[str, ...] = ()
+
+  @classmethod
+  def bound(cls) -> StepModel:
+    return cls()
+
+  @classmethod
+  def calibrated(cls, factors: Mapping[str, float], *,
+                 ceilings: tuple[float, float | None] | None = None,
+                 provenance: Mapping[str, Any] | None = None,
+                 notes: tuple[str, ...] = ()) -> StepModel:
+    missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
+    if missing:
+      raise ValueError(f"factors lack {sorted(missing)}")
+    return cls("calibrated", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
+               ceilings, dict(provenance or {}), tuple(notes))
+
+  @property
+  def units(self) -> dict[str, str]:
+    return BOUND_UNITS if self.kind == "bound" else CALIBRATED_UNITS
+
+  @property
+  def assumptions(self) -> tuple[str, ...]:
+    return BOUND_ASSUMPTIONS if self.kind == "bound" else calibrated_lib.ASSUMPTIONS
+
+  def no_compute_crossover_note(self) -> str:
+    return _NO_COMPUTE_CROSSOVER[self.kind]
+
+  def scaled_ceilings(self, BW: float, F: float | None) -> tuple[float, float]:
+    """The (BW, F) this model evaluates with; F None or absent is `inf`."""
+    if self.ceilings is not None:
+      BW, F = self.ceilings
+    return BW, (math.inf if F is None else F)
+
+  def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F,
+               N_act=None, L=None) -> dict[str, Any]:
+    """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
+    calibrated per-layer fixed cost; None leaves it out."""
+    if self.kind == "bound":
+      return evaluate.step_model(backend)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, N_act=N_act)
+    values = with_dense_default(
+        {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
+         "L": 0.0 if L is None else L})
+    return calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+
+  def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:
+    """Crossovers and rate limits (solved symbolically), as floats."""
+    if self.kind == "bound":
+      out = evaluate.summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
+    else:
+      values = with_dense_default(
+          {"B": 1.0, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
+           "L": 0.0 if L is None else L})
+      out = calibrated_lib.calibrated_summary_model()(**values, **self.factors)
+    return {name: float(np.asarray(v)) for name, v in out.items()}
