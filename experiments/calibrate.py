@@ -34,6 +34,7 @@ from experiments import _cli
 from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
+from jaxroof.report import calibration as calibration_report
 from jaxroof import files
 from jaxroof.measure import records as measure
 from jaxroof.measure import profiles
@@ -113,16 +114,16 @@ def calibrate() -> None:
         f"{len(job.points)} points in {job.elapsed_s:.0f} s.")
   print("Ceilings (measurement):")
   print(table.format_table(("ceiling", "value"),
-                           calibration_job.ceiling_rows(job.ceilings)))
+                           calibration_report.ceiling_rows(job.ceilings)))
   print(f"Calibrated model: step = {calibration.readable_step()}")
   print(table.format_table(("factor", "value", "meaning"),
-                           calibration_job.factor_rows(prof.factors)))
+                           calibration_report.factor_rows(prof.factors)))
   _print_points(job.points)
   fit = prof.fit
   print(f"held-out relative error: median "
         f"{fit['heldout_median_rel_error']:.1%}, max "
         f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points)")
-  calibration_job.write_results(job, json_out=_JSON_OUT.value,
+  calibration_report.write_results(job, json_out=_JSON_OUT.value,
                                 profile_out=_PROFILE_OUT.value,
                                 plot_out=_PLOT_OUT.value)
 
@@ -156,8 +157,8 @@ def validate() -> None:
         "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"},
     })
   if _PLOT_OUT.value:
-    calibration_job.plot(rows, _PLOT_OUT.value,
-                         calibration_job.title(prof) + " (validation)")
+    calibration_report.plot(rows, _PLOT_OUT.value,
+                         calibration_report.title(prof) + " (validation)")
 
 
 def main(argv: list[str]) -> None:

@@ -23,7 +23,7 @@ from absl import logging
 from experiments import _cli
 from jaxroof.measure import kernel_benchmark
 from jaxroof.report import specs as arch_report
-from jaxroof.measure import calibration_job
+from jaxroof.report import calibration as calibration_report
 from jaxroof.symbolic import catalogue
 from jaxroof import files
 from jaxroof.report import lesson
@@ -129,7 +129,7 @@ def calibration_section(out_dir: str) -> str:
   if budget == 0:
     return ("## Calibration on this device\n\nSkipped (`--calibration_budget_s=0`); "
             "`python -m experiments.calibrate` measures and fits a profile.")
-  return calibration_job.report_section(out_dir, budget)
+  return calibration_report.report_section(out_dir, budget)
 
 
 SECTIONS: list[Callable[[str], str]] = [

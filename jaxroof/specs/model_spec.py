@@ -9,7 +9,6 @@ name or path with `jaxroof.specs.models.load_model`. Parameter counts come from 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jaxroof import errors
 
