@@ -30,6 +30,7 @@ from absl import flags, logging
 
 from experiments import _cli
 from jaxroof import errors, timing
+from jaxroof.symbolic import formulas
 from jaxroof import files
 from jaxroof.toy import config as config_lib
 from jaxroof.toy.model import generate, generate_uncached
@@ -156,7 +157,7 @@ def main(argv: list[str]) -> int:
                           " step (static shapes, later slots masked)",
         # Rows run through the model per sequence (a count, not a time).
         "positions_processed": {
-            "cached": prompt_len + steps - 1,
+            "cached": int(formulas.positions_with_kv(prompt_len, steps)),
             "recompute": steps * (prompt_len + steps),
         },
         "units": {"*_s": "s", "speedup": "1 (recompute / cached medians)",

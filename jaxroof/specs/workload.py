@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.specs import kv_sizing
+from jaxroof.symbolic import architecture
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator, load_accelerator
 from jaxroof.symbolic.evaluate import step_model
@@ -101,8 +102,9 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
     assumptions.append("the embedding lookup reads one row per sequence, not the table")
   if model.is_moe:
     assumptions.append(
-        "uniform routing (assumption): each MoE block reads E*(1 - (1 - k/E)**B) "
-        f"distinct experts of {counts.num_experts}, top-{counts.experts_per_token}")
+        "uniform routing (assumption): each MoE block reads "
+        f"{architecture.expected_distinct_experts()} distinct experts of E = "
+        f"{counts.num_experts}, top-K = {counts.experts_per_token}")
   return DecodeInputs(
       model=model.name, accelerator=accelerator.name, context=context,
       batch_sizes=batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype,

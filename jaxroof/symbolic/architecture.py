@@ -14,13 +14,12 @@ Per-layer terms (a model sums them over its layer schedule):
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 
 import sympy as sp
 
 from jaxroof.symbolic import formulas
+from jaxroof.symbolic.evaluate import formula_function
 from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
     ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
     W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w)
@@ -161,7 +160,6 @@ def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) 
   return bits / 8 + s_b / G
 
 
-@functools.cache
 def numpy_function(formula: Callable[..., Expr]) -> Callable[..., object]:
   """`formula`'s closed form lambdified once for numpy (array arguments).
 
@@ -169,5 +167,4 @@ def numpy_function(formula: Callable[..., Expr]) -> Callable[..., object]:
   `numpy_function(expected_distinct_experts)(B_array, 8, 2)` evaluates the
   same expression sympy prints.
   """
-  defaults = [v.default for v in inspect.signature(formula).parameters.values()]
-  return sp.lambdify(tuple(defaults), formula(), modules="numpy", cse=True)
+  return formula_function(formula)
