@@ -7,7 +7,9 @@ one line naming the parameter, and the process exits 2 without a traceback.
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
+import re
 import sys
 from collections.abc import Callable
 
@@ -19,11 +21,25 @@ from jaxroof.errors import InputError
 _HINT = "(see --helpshort for what each flag allows)"
 
 
+_ENUM_ERROR = re.compile(r"flag --[\w.]+=(?P<value>.*?): value should be one of <(?P<choices>[^>]*)>")
+
+
+def _suggestion(message: str) -> str:
+  """' Did you mean ...?' for an enum flag's misspelt value ('' if none is close)."""
+  match = _ENUM_ERROR.search(message)
+  if not match:
+    return ""
+  value, choices = match["value"], match["choices"].split("|")
+  close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+  return f" Did you mean {close[0]!r}?" if close else ""
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f"error: {e} {_HINT}", file=sys.stderr)
+    message = str(e)
+    print(f"error: {message}{_suggestion(message)} {_HINT}", file=sys.stderr)
     sys.exit(2)
 
 

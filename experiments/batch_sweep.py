@@ -27,8 +27,10 @@ from jaxroof.measure import profiles
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.specs import accelerators
+from jaxroof.specs import kv_sizing
 from jaxroof.specs import model_sweep as model_sweep_lib
 from jaxroof.specs import models
+from jaxroof.specs import parameters
 from jaxroof.symbolic import sweep as sweep_lib
 from jaxroof.symbolic.step_model import StepModel
 
@@ -57,8 +59,10 @@ _MODEL = flags.DEFINE_string(
     "Hugging Face config.json (or its folder). Needs --accelerator and --context.")
 _ACCELERATOR = flags.DEFINE_string(
     "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/specs/data/accelerators.json).")
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model: bf16, fp8, int8, int4.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (independent of weights).")
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "Weight dtype with --model.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+                              "K/V dtype with --model (independent of weights).")
 # Sweep and output.
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",

@@ -39,16 +39,13 @@ from jaxroof.toy.weights import init_params, num_weights
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # Model.
-_PRESET = flags.DEFINE_string(
-    "preset", "cpu_bench",
-    f"Model sizes: one of {', '.join(config_lib.PRESETS)}.")
+_PRESET = flags.DEFINE_enum("preset", "cpu_bench", list(config_lib.PRESETS), "Model sizes.")
 _BLOCKS = flags.DEFINE_integer(
     "blocks", None, "Override the preset's blocks (>= 1).", lower_bound=1)
 _WIDTH = flags.DEFINE_integer(
     "width", None, "Override the preset's residual width (>= 1).",
     lower_bound=1)
-_DTYPE = flags.DEFINE_string(
-    "dtype", "float32", f"Weights and K/V: {' or '.join(DTYPES)}.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(DTYPES), "Weights and K/V.")
 
 # Workload.
 _BATCH = flags.DEFINE_integer(

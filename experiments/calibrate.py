@@ -45,8 +45,7 @@ _BUDGET_S = flags.DEFINE_float(
     "budget_s", 600.0,
     "Wall-clock budget of the calibration, seconds (> 0; under 150 s a "
     "sparser grid is measured).")
-_DTYPE = flags.DEFINE_string(
-    "dtype", "float32", f"Weights and K/V: {', '.join(measure.DTYPES)}.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 7, "Passes over the points while the budget lasts (>= 1); each "
     "point keeps its lower-quartile round (the 3rd fastest of 7).",

@@ -42,8 +42,7 @@ _MLP_DIM = flags.DEFINE_integer(
 _VOCAB = flags.DEFINE_integer(
     "vocab", LESSON.vocab_size, "Vocabulary size (> every prompt ID).",
     lower_bound=1)
-_POSITIONS = flags.DEFINE_string(
-    "positions", "rope", f"Position encoding: {' or '.join(POSITION_KINDS)}.")
+_POSITIONS = flags.DEFINE_enum("positions", "rope", list(POSITION_KINDS), "Position encoding.")
 
 # Request.
 _PROMPT = flags.DEFINE_list(
@@ -52,13 +51,12 @@ _PROMPT = flags.DEFINE_list(
 _STEPS = flags.DEFINE_integer(
     "steps", 2, "Decode steps after prefill (>= 0); outputs = steps + 1.",
     lower_bound=0)
-_LAYOUT = flags.DEFINE_string(
-    "layout", "fixed", f"KV state layout: {' or '.join(check.LAYOUTS)}.")
+_LAYOUT = flags.DEFINE_enum("layout", "fixed", list(check.LAYOUTS), "KV state layout.")
 
 # Check.
-_BREAK = flags.DEFINE_string(
-    "break", "", "Change that breaks reuse: one of "
-    f"{', '.join(breakers.BREAKS)}; empty for the correct run.")
+_BREAK = flags.DEFINE_enum(
+    "break", None, list(breakers.BREAKS),
+    "Change that breaks reuse; omit for the correct run.")
 _TOLERANCE = flags.DEFINE_float(
     "tolerance", 1e-10, "Largest max|cached - fresh| / max|fresh| that "
     "counts as agreement (> 0).")

@@ -18,17 +18,12 @@ from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.workload import crossover_batches
-from jaxroof.symbolic.step_model import StepModel
+from jaxroof.symbolic.step_model import BOUND_UNITS, StepModel
 
-UNITS = {
-    "ridge_flop_per_byte": "FLOP/B", "compute_crossover_batch": "sequences",
-    "weight_kv_crossover_batch": "sequences", "max_batch_in_memory": "sequences",
-    "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s",
-    "flops_per_s": "FLOP/s", "resident_weight_bytes": "B", "batch": "sequences",
-    "weight_bytes": "B", "kv_bytes": "B", "traffic_bytes": "B", "memory_s": "s",
-    "compute_s": "s", "step_s": "s", "aggregate_tokens_per_s": "tokens/s",
-    "per_sequence_tokens_per_s": "tokens/s",
-}
+UNITS = {**BOUND_UNITS,
+         "ridge_flop_per_byte": "FLOP/B", "max_batch_in_memory": "sequences",
+         "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s",
+         "flops_per_s": "FLOP/s", "resident_weight_bytes": "B"}
 SUMMARY_BEST = {"ridge_flop_per_byte": min, "compute_crossover_batch": min,
                 "max_batch_in_memory": max}
 ROW_BEST = {"step_s": min, "aggregate_tokens_per_s": max, "per_sequence_tokens_per_s": max}
