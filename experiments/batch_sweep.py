@@ -148,7 +148,19 @@ _CEILING_SOURCES = {"profile": "the profile's measured ceilings",
 
 def summary_lines(summary: dict) -> list[str]:
   """Human-readable summary of a sweep's solved quantities."""
-  lines = [
+  lines = []
+  if "answer_binds" in summary:
+    gap_ms = summary["token_gap_s"] * 1e3
+    limit = {"token_gap": f"the {gap_ms:g} ms token gap",
+             "memory_capacity": "memory capacity"}[summary["answer_binds"]]
+    if summary["answer_batch"] is None:
+      lines.append(f"ANSWER: no batch meets a {gap_ms:g} ms token gap (limited by {limit})")
+    else:
+      lines.append(f"ANSWER: largest batch for a {gap_ms:g} ms token gap: "
+                   f"B = {summary['answer_batch']:,}, limited by {limit} "
+                   f"(step {summary['answer_step_s'] * 1e3:,.2f} ms, "
+                   f"{summary['answer_step_bound']}-bound)")
+  lines += [
       f"weight/KV crossover: B = {summary['weight_kv_crossover_batch']:,.1f} sequences",
       f"memory-limited rate (B -> oo): {summary['memory_limit_tokens_per_s']:,.1f} tokens/s",
   ]

@@ -9,7 +9,7 @@ same columns either way, plus the calibrated terms when there are any.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,8 @@ def sweep(
     fits: Sequence[bool] | None = None,
     token_gap_s: float | None = None,
     crossovers: Mapping[str, float | None] | None = None,
+    weights_read: Callable[[np.ndarray], np.ndarray] | None = None,
+    max_batch_in_memory: int | None = None,
 ) -> dict[str, Any]:
   """Evaluates a step model, bound or calibrated, at each batch size.
 
@@ -98,6 +100,10 @@ def sweep(
     crossovers: the weight/KV and compute crossover batches when the caller
       solved them for weights that vary with batch (MoE); they replace the
       crossovers of the largest N.
+    weights_read: N as a function of batch (MoE: the distinct experts read),
+      for the solved answer at batches that were not swept; None: N is fixed.
+    max_batch_in_memory: the most sequences whose K/V fits beside the weights,
+      a limit on the answer.
 
   Returns:
     `{"kind", "units", "assumptions", "rows", "summary"}`, and for a
@@ -144,6 +150,11 @@ def sweep(
         t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
         N_act=float(n_read[0]) if n_act is None else float(n_act[0])))
     summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
+  if token_gap_s is not None:
+    summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
+        lambda batch: np.full(np.shape(batch), float(np.max(n_read)))), dict(
+            q=q, T=T, k=k, BW=bw, F=flop_rate, L=layers,
+            N_act=None if n_act is None else float(np.max(n_act)))))
   summary["notes"] = notes
   result = {
       "kind": model.kind,
@@ -158,6 +169,53 @@ def sweep(
                           "BW": bw, "F": None if math.isinf(flop_rate) else flop_rate,
                           "given_BW": BW, "given_F": F}
   return result
+
+
+def largest_batch_within(step_s: Callable[[np.ndarray], np.ndarray], limit_s: float,
+                         upper: int = 2**40) -> int:
+  """The largest whole batch B >= 1 with `step_s(B) <= limit_s` (0 if none).
+
+  The step time rises with B (more K/V, more FLOPs), so a doubling search
+  then a bisection over whole numbers finds it in ~80 evaluations. A step
+  equal to the limit meets it (to a relative 1e-12, for float rounding).
+  """
+  def within(batch: int) -> bool:
+    return bool(np.asarray(step_s(np.array([float(batch)])))[0] <= limit_s * (1 + 1e-12))
+
+  if not within(1):
+    return 0
+  lo, hi = 1, 2
+  while hi < upper and within(hi):
+    lo, hi = hi, 2 * hi
+  if hi >= upper:
+    return upper
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if within(mid) else (lo, mid)
+  return lo
+
+
+def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | None,
+            weights_read: Callable[[np.ndarray], np.ndarray], inputs: dict[str, Any]
+            ) -> dict[str, Any]:
+  """The solved answer to a token-gap target: the largest batch that meets it
+  and fits, what limits it, and which term binds the step there."""
+  def step_s(batch: np.ndarray) -> np.ndarray:
+    return model.evaluate(B=batch, N=weights_read(batch), **inputs)["step_s"]
+
+  limits = {"token_gap": largest_batch_within(step_s, token_gap_s)}
+  if max_batch_in_memory is not None:
+    limits["memory_capacity"] = int(max_batch_in_memory)
+  binds = min(limits, key=limits.get)  # Ties: the token gap, listed first.
+  batch = limits[binds]
+  if batch < 1:
+    return {"answer_batch": None, "answer_binds": binds, "answer_step_bound": None}
+  out = model.evaluate(B=np.array([float(batch)]), N=weights_read(np.array([float(batch)])),
+                       **inputs)
+  memory_s, compute_s = float(out["memory_s"][0]), float(np.asarray(out["compute_s"])[0])
+  return {"answer_batch": batch, "answer_binds": binds,
+          "answer_step_s": float(np.asarray(out["step_s"])[0]),
+          "answer_step_bound": "memory" if memory_s >= compute_s else "compute"}
 
 
 def decode_sweep(batch_sizes: Sequence[int], **kwargs: Any) -> dict[str, Any]:
