@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging as std_logging
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from absl import app
 from absl import flags
 
+from jaxroof import files
 from jaxroof.errors import InputError
 
 _HINT = "(see --helpshort for what each flag allows)"
@@ -43,8 +45,34 @@ def _parse_flags(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
+# Output flags every experiment may define, and the kind of file each takes.
+OUTPUT_FLAGS: dict[str, str] = {"json_out": "json", "plot_out": "plot",
+                                "profile_out": "json", "summary_out": "json"}
+
+
+def check_outputs() -> None:
+  """Checks every set output flag before any work starts (see `files.check_output_path`)."""
+  given = {}
+  for name, kind in OUTPUT_FLAGS.items():
+    if name in flags.FLAGS and flags.FLAGS[name].value:
+      given[f"--{name}"] = files.check_output_path(f"--{name}", flags.FLAGS[name].value, kind)
+  files.check_distinct(given)
+
+
+def check_finite_floats() -> None:
+  """Refuses nan and inf in any float flag, naming it (absl parses both)."""
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    if isinstance(value, float) and not math.isfinite(value):
+      raise InputError(f"--{name}={value} is not a finite number.")
+
+
 def run(main: Callable[[list[str]], int | None]) -> None:
-  """Runs an absl `main`, turning bad input into a one-line error."""
+  """Runs an absl `main`, turning bad input into a one-line error.
+
+  Before `main`: every output path is checked (so hours of work never end
+  in an unwritable path) and no float flag may be nan or inf.
+  """
 
   def guarded(argv: list[str]) -> int | None:
     # jax logs at INFO that it found no TPU library on every start; not news.
@@ -53,6 +81,8 @@ def run(main: Callable[[list[str]], int | None]) -> None:
       print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
       sys.exit(2)
     try:
+      check_finite_floats()
+      check_outputs()
       return main(argv)
     except InputError as e:
       print(f"error: {e}", file=sys.stderr)
