@@ -41,7 +41,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     message = str(e)
-    print(f"error: {message}{_suggestion(message)} {_HINT}", file=sys.stderr)
+    suggestion = _suggestion(message)
+    if len(message) > 300:  # A huge list flag would be echoed whole.
+      message = f"{message[:150]} ... {message[-120:]}"
+    print(f"error: {message}{suggestion} {_HINT}", file=sys.stderr)
     sys.exit(2)
 
 
