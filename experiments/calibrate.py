@@ -103,6 +103,7 @@ def _print_points(rows: list[dict]) -> None:
 def calibrate() -> None:
   dtype = _DTYPE.value
   measure.require_dtype(dtype)
+  calibration_job.check_budget("--budget_s", _BUDGET_S.value)
   job = calibration_job.run(
       _BUDGET_S.value, dtype=dtype, rounds=_ROUNDS.value,
       repeats=_REPEATS.value, heldout_fraction=_HELDOUT.value,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from jaxroof.measure import calibration_job
 from jaxroof.measure import records
 from jaxroof.report import document
 
@@ -25,6 +26,8 @@ _CALIBRATION_BUDGET_S = flags.DEFINE_float(
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  if _CALIBRATION_BUDGET_S.value:
+    calibration_job.check_budget("--calibration_budget_s", _CALIBRATION_BUDGET_S.value)
   records.keep_allocations()  # Before any timing; see jaxroof.measure.records.
   path = document.build(document.Context(
       out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value))

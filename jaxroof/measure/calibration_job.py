@@ -40,7 +40,18 @@ CONTEXTS = (128, 256, 512, 1024, 2048, 4096)
 # Near the 250,000-token cap, which the powers of two stop short of.
 EDGE_POINTS = ((64, 3900), (128, 1950), (256, 976))
 QUICK_BUDGET_S = 150.0  # Below this, the sparser grid.
+MIN_BUDGET_S = 25.0  # Below this too few points are measured to fit (>= 8).
 _FIT_RESERVE_S = 8.0  # Kept for the fit, the profile and the plot.
+
+
+def check_budget(name: str, budget_s: float) -> float:
+  """Refuses, at once, a budget too small to measure the points a fit needs."""
+  budget_s = errors.require_positive(name, budget_s)
+  if budget_s < MIN_BUDGET_S:
+    raise errors.InputError(
+        f"{name}={budget_s:g} s is too short to measure the 8 points a fit needs: "
+        f"give at least {MIN_BUDGET_S:g} s.")
+  return budget_s
 
 
 def default_points(budget_s: float) -> list[StepPoint]:
@@ -229,7 +240,7 @@ def run(
     ceilings: already measured ceilings; None measures them.
     progress: called with a line per step of the job.
   """
-  budget_s = errors.require_positive("budget_s", budget_s)
+  budget_s = check_budget("budget_s", budget_s)
   dtype_value = measure.require_dtype(dtype)
   measure.keep_allocations()
   start = time.monotonic()
