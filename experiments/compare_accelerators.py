@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from jaxroof.errors import InputError
 from jaxroof.specs import comparison
 from jaxroof import files
 from jaxroof.specs import kv_sizing
@@ -55,7 +56,13 @@ _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON from `python -m experiments.calibrate`: rows become "
     "calibrated predictions (its factors applied to each device's datasheet figures).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
-_PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates against batch here.")
+_PLOT_OUT = flags.DEFINE_string(
+    "plot_out", None, "Write a PNG here: both rates at one batch, a sorted bar per accelerator.")
+_PLOT_BATCH = flags.DEFINE_integer(
+    "plot_batch", None, "The swept batch the plot shows (default: the largest). >= 1.",
+    lower_bound=1)
+_TOP_N = flags.DEFINE_integer(
+    "top_n", 12, "Accelerators the plot shows, best first. >= 1.", lower_bound=1)
 
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 
@@ -65,6 +72,9 @@ def main(argv: list[str]) -> None:
   _cli.require_flags(_MODEL, _CONTEXT)
   model = load_model(_MODEL.value)
   devices = load_accelerators(_ACCELERATORS.value)
+  if _PLOT_BATCH.value is not None and _PLOT_BATCH.value not in _cli.int_list(_BATCH_SIZES):
+    raise InputError(f"--plot_batch={_PLOT_BATCH.value} is not in --batch_sizes: plot a "
+                     "swept batch.")
   result = comparison.compare(
       model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
@@ -87,7 +97,7 @@ def main(argv: list[str]) -> None:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    comparison_report.plot(result, _PLOT_OUT.value)
+    comparison_report.plot(result, _PLOT_OUT.value, batch=_PLOT_BATCH.value, top_n=_TOP_N.value)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

@@ -56,35 +56,49 @@ def batch_rows(result: dict[str, Any]) -> list[list[str]]:
   return out
 
 
-def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
-  """Aggregate and per-sequence rates against batch, a line per accelerator.
+def plot(result: dict[str, Any], path: str | os.PathLike[str], *, batch: int | None = None,
+         top_n: int = 12) -> None:
+  """Both rates at one batch, a sorted bar per accelerator (the top `top_n`).
 
-  Batches that do not fit in memory are drawn as hollow markers on a dotted line.
+  The batch is the largest swept one unless given. A device on which that
+  batch does not fit is drawn hatched and grey, with its largest batch that
+  does; sorting is by aggregate rate among the devices that fit, then the rest.
   """
-  plt = plots.plt
-  fig, (agg, per) = plt.subplots(1, 2, figsize=(12, 4.8))
-  colors = plt.get_cmap("tab10")
-  for i, e in enumerate(result["accelerators"]):
-    color, marker = colors(i % 10), "os^D"[i // 10 % 4]
-    batch = np.array([r["batch"] for r in e["rows"]])
-    fits = np.array([r["fits_in_memory"] for r in e["rows"]])
-    for axis, key in ((agg, "aggregate_tokens_per_s"), (per, "per_sequence_tokens_per_s")):
-      y = np.array([r[key] for r in e["rows"]])
-      axis.plot(batch, y, ":", color=color, linewidth=1)
-      axis.plot(batch[fits], y[fits], marker=marker, linestyle="-", color=color,
-                markersize=4, label=e["name"] if axis is agg else None)
-      axis.plot(batch[~fits], y[~fits], marker=marker, linestyle="none", color=color,
-                markerfacecolor="none", markersize=6)
-  for axis, label in ((agg, "aggregate tokens/s (B / step)"),
-                      (per, "per-sequence tokens/s (1 / step)")):
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("batch (sequences)")
-    axis.set_ylabel(label)
-    axis.grid(True, alpha=0.3)
+  rows_batch = [r["batch"] for r in result["accelerators"][0]["rows"]]
+  batch = max(rows_batch) if batch is None else batch
+  if batch not in rows_batch:
+    raise ValueError(f"batch {batch} was not swept: {rows_batch}")
+  at = rows_batch.index(batch)
+  entries = [(e, e["rows"][at]) for e in result["accelerators"]]
+  entries.sort(key=lambda er: (not er[1]["fits_in_memory"], -er[1]["aggregate_tokens_per_s"]))
+  entries = entries[:top_n][::-1]  # Best at the top of a horizontal bar chart.
+  names = [e["name"] for e, _ in entries]
+  fig, axes = plots.plt.subplots(1, 2, figsize=(12, 0.45 * len(entries) + 1.8), sharey=True)
+  for axis, key, label in ((axes[0], "aggregate_tokens_per_s", "aggregate tokens/s (B / step)"),
+                           (axes[1], "per_sequence_tokens_per_s",
+                            "per-sequence tokens/s (1 / step)")):
+    values = np.array([row[key] for _, row in entries])
+    fits = [row["fits_in_memory"] for _, row in entries]
+    bars = axis.barh(names, values, color=["tab:blue" if f else "lightgray" for f in fits],
+                     hatch=None)
+    for bar, fit, (e, _) in zip(bars, fits, entries):
+      if not fit:
+        bar.set_hatch("//")
+        axis.annotate(f" does not fit (max B = {e['max_batch_in_memory']:,})",
+                      (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                      va="center", fontsize=7, color="dimgray")
+      else:
+        axis.annotate(f" {bar.get_width():,.0f}",
+                      (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                      va="center", fontsize=7)
+    axis.set_xlabel(label)
+    axis.grid(True, axis="x", alpha=0.3)
+    axis.margins(x=0.35)
   inputs = result["inputs"]
-  fig.suptitle(f"{result['model']}, context {inputs['context']} tokens, "
-               f"{inputs['weight_dtype']} weights, {inputs['kv_dtype']} K/V "
-               "(analytic bound; hollow = does not fit in memory)", fontsize=10)
-  fig.legend(loc="center left", bbox_to_anchor=(0.92, 0.5), fontsize=8)
+  kind = "analytic bound" if result["kind"] == "bound" else "calibrated prediction"
+  shown = f"top {len(entries)} of {len(result['accelerators'])}"
+  fig.suptitle(f"{result['model']}, context {inputs['context']:,} tokens, "
+               f"{inputs['weight_dtype']} weights, {inputs['kv_dtype']} K/V, batch {batch} "
+               f"({kind}; {shown}; hatched = does not fit in memory)", fontsize=10)
+  fig.tight_layout()
   plots.save(fig, path)
