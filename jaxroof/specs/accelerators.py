@@ -21,9 +21,11 @@ from jaxroof.specs import names
 TABLE = Path(__file__).parent / "data" / "accelerators.json"
 
 # The matmul dtype a weight dtype runs at: fp8 and int8 weights with matching
-# activations (W8A8); int4 weights are dequantized to bf16 (W4A16).
+# activations (W8A8); int4 weights are dequantized to bf16 (W4A16); FP4 formats
+# run at the device's fp4 rate where it has one (Blackwell, MI355X), else
+# dequantized to bf16.
 COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8",
-                 "int4": "bf16"}
+                 "int4": "bf16", "mxfp4": "fp4", "nvfp4": "fp4"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -28,16 +28,23 @@ from jaxroof.symbolic import architecture as arch_formulas
 from jaxroof import errors
 from jaxroof.specs.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
 
-# Bits per stored weight, and the default weights per scale (None: per-tensor
-# or per-channel scales, whose bytes are negligible).
-WEIGHT_DTYPES: dict[str, tuple[int, int | None]] = {
-    "bf16": (16, None),
-    "fp16": (16, None),
-    "fp8": (8, None),
-    "int8": (8, None),
-    "int4": (4, 128),
+# Bits per stored weight, the default weights per scale (None: per-tensor or
+# per-channel scales, whose bytes are negligible) and the bytes of one scale.
+#   mxfp4: OCP Microscaling v1.0, E2M1 elements with one E8M0 (1 B) scale per
+#          block of 32: 4.25 bits/weight (gpt-oss model card, arXiv 2508.10925).
+#   nvfp4: E2M1 with one FP8 E4M3 (1 B) scale per 16, plus one FP32 per tensor
+#          (negligible): 4.5 bits/weight (NVIDIA's NVFP4 format).
+#   int4:  weight-only groups of 128 with a bf16 scale (GPTQ/AWQ convention).
+WEIGHT_DTYPES: dict[str, tuple[int, int | None, float]] = {
+    "bf16": (16, None, 0.0),
+    "fp16": (16, None, 0.0),
+    "fp8": (8, None, 0.0),
+    "int8": (8, None, 0.0),
+    "int4": (4, 128, 2.0),
+    "mxfp4": (4, 32, 1.0),
+    "nvfp4": (4, 16, 1.0),
 }
-DEFAULT_SCALE_BYTES = 2.0  # One fp16/bf16 scale per group.
+DEFAULT_SCALE_BYTES = 2.0  # One fp16/bf16 scale per group, when a group is asked for.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,21 +202,24 @@ def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarr
 
 
 def bytes_per_weight(dtype: str, group_size: int | None = None,
-                     scale_bytes: float = DEFAULT_SCALE_BYTES) -> float:
+                     scale_bytes: float | None = None) -> float:
   """Bytes per stored weight, group-scale overhead included.
 
   bf16/fp16: 2. fp8/int8: 1 (per-tensor or per-channel scales, negligible,
-  unless `group_size` is given). int4: 0.5 + scale_bytes/group_size, with
-  groups of 128 by default (0.515625 with 2-byte scales).
+  unless `group_size` is given, then 2-byte scales). int4: 0.5 + 2/128 =
+  0.515625 by default. mxfp4: 0.5 + 1/32 = 0.53125. nvfp4: 0.5 + 1/16 =
+  0.5625. `scale_bytes` overrides the dtype's scale size.
   """
   errors.require_choice("weight_dtype", dtype, tuple(WEIGHT_DTYPES))
-  bits, default_group = WEIGHT_DTYPES[dtype]
+  bits, default_group, default_scale = WEIGHT_DTYPES[dtype]
+  if scale_bytes is None:
+    scale_bytes = default_scale if default_group else DEFAULT_SCALE_BYTES
   if group_size is not None:
     errors.require_positive_int("group_size", group_size)
     if bits >= 16:
       raise errors.InputError(
           f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
-          "only quantized dtypes (fp8, int8, int4) have group scales."
+          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales."
       )
   errors.require_non_negative("scale_bytes", scale_bytes)
   group = group_size or default_group
@@ -220,7 +230,7 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
 
 def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *,
                  group_size: int | None = None,
-                 scale_bytes: float = DEFAULT_SCALE_BYTES) -> dict[str, float]:
+                 scale_bytes: float | None = None) -> dict[str, float]:
   """Bytes of the total and active weights, every weight stored in `dtype`.
 
   Assumes norms, biases and embeddings are stored like the rest; they are
