@@ -65,7 +65,8 @@ class Accelerator:
                                       self.memory_bandwidth_bytes_per_s))
 
 
-def _from_entry(slug: str, entry: Mapping[str, Any]) -> Accelerator:
+def entry_to_accelerator(slug: str, entry: Mapping[str, Any]) -> Accelerator:
+  """An `Accelerator` from one entry of the shipped schema (TB/s, GB, TFLOP/s)."""
   return Accelerator(
       name=slug,
       full_name=entry["name"],
@@ -85,7 +86,7 @@ def _from_entry(slug: str, entry: Mapping[str, Any]) -> Accelerator:
 @functools.cache
 def _table() -> dict[str, Accelerator]:
   entries = json.loads(TABLE.read_text(encoding="utf-8"))["accelerators"]
-  return {slug: _from_entry(slug, e) for slug, e in entries.items()}
+  return {slug: entry_to_accelerator(slug, e) for slug, e in entries.items()}
 
 
 def known_accelerators() -> tuple[str, ...]:
