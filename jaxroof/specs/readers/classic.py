@@ -17,7 +17,8 @@ from typing import Any
 from jaxroof import errors
 from jaxroof.specs.model_spec import (FULL, MLA, RECURRENT, SLIDING, AttentionSpec,
                                       MLASpec, ModelSpec, MoESpec, SSMSpec)
-from jaxroof.specs.readers.fields import MISSING, Fields, attention, schedule, spec
+from jaxroof.specs.readers.fields import MISSING, Fields, schedule, spec
+from jaxroof.specs.readers.fields import attention as gqa
 
 def _windowed_llama(f: Fields, name: str, *, window_default: int | None,
                     kv_heads: Any = None) -> ModelSpec:
@@ -28,7 +29,7 @@ def _windowed_llama(f: Fields, name: str, *, window_default: int | None,
     window = f.nullable_int("sliding_window", default=window_default)
   kinds = schedule(f, n, lambda i: SLIDING if window else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = attention(f, window=window, kv_heads=kv_heads, qkv_bias=bias,
+  attention = gqa(f, window=window, kv_heads=kv_heads, qkv_bias=bias,
                          o_bias=bias)
   return spec(f, name=name, layer_kinds=kinds, attention=attention,
                mlp_bias=f.bool("mlp_bias", default=False))
@@ -46,7 +47,7 @@ def _mixtral(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   window = f.nullable_int("sliding_window", default=None)
   kinds = schedule(f, n, lambda i: SLIDING if window else FULL)
-  attention = attention(f, window=window, kv_heads=8)
+  attention = gqa(f, window=window, kv_heads=8)
   moe = MoESpec(
       num_experts=f.int("num_local_experts", default=8),
       experts_per_token=f.int("num_experts_per_tok", default=2),
@@ -71,13 +72,13 @@ def _qwen_schedule(f: Fields, n: int, first_windowed: int = 28
 def _qwen2(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   kinds, window = _qwen_schedule(f, n)
-  attention = attention(f, window=window, qkv_bias=True)
+  attention = gqa(f, window=window, qkv_bias=True)
   return spec(f, name=name, layer_kinds=kinds, attention=attention)
 
 
 def _qwen3_attention(f: Fields, window: int | None, head_dim: int | None) -> AttentionSpec:
   bias = f.bool("attention_bias", default=False)
-  return attention(f, window=window, head_dim=head_dim, qkv_bias=bias, o_bias=bias,
+  return gqa(f, window=window, head_dim=head_dim, qkv_bias=bias, o_bias=bias,
                     qk_norm=True)
 
 
@@ -115,7 +116,7 @@ def _gemma2(f: Fields, name: str) -> ModelSpec:
   window = f.nullable_int("sliding_window", default=4096)
   kinds = schedule(f, n, lambda i: SLIDING if window and i % 2 == 0 else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = attention(f, window=window, heads=8, kv_heads=4, head_dim=256,
+  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256,
                          qkv_bias=bias, o_bias=bias)
   return spec(f, name=name, layer_kinds=kinds, vocab=256000, intermediate=9216,
                tie=True, norms_per_layer=4, attention=attention)
@@ -129,7 +130,7 @@ def _gemma3_text(f: Fields, name: str) -> ModelSpec:
     pattern = f.int("sliding_window_pattern", "_sliding_window_pattern", default=6)
   kinds = schedule(f, n, lambda i: SLIDING if window and (i + 1) % pattern else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = attention(f, window=window, heads=8, kv_heads=4, head_dim=256,
+  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256,
                          qkv_bias=bias, o_bias=bias, qk_norm=True)
   return spec(f, name=name, layer_kinds=kinds, vocab=262208, intermediate=9216,
                tie=True, norms_per_layer=4, attention=attention)
@@ -154,7 +155,7 @@ def _gpt_oss(f: Fields, name: str) -> ModelSpec:
   window = f.nullable_int("sliding_window", default=128)
   kinds = schedule(f, n, lambda i: SLIDING if window and (i + 1) % 2 else FULL)
   bias = f.bool("attention_bias", default=True)
-  attention = attention(f, window=window, heads=64, kv_heads=8, head_dim=64,
+  attention = gqa(f, window=window, heads=64, kv_heads=8, head_dim=64,
                          qkv_bias=bias, o_bias=bias, sinks=True)
   moe = MoESpec(
       num_experts=f.int("num_local_experts", "num_experts", default=128),
