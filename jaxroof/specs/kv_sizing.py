@@ -181,7 +181,7 @@ class HybridPages:
   page_bytes: float
   state_padding_fraction: float  # page_bytes / state_bytes_per_layer - 1.
   allocated_bytes_per_sequence: float  # Under this policy, at the context.
-  payload_bytes_per_sequence: float  # What the sequence logically holds.
+  payload_bytes_per_sequence: float  # What it logically holds (vLLM's state shapes).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,10 +252,13 @@ def hybrid_pages(spec: ModelSpec, *, context: int, kv_dtype: str = "bf16",
   values = {T: context, af.p: block, af.M_new: max_new_tokens}
   allocated = payload = 0.0
   for e in kind_expressions(spec, kv_dtype, state_dtype):
-    payload += _value(e.payload, values)
     if e.kind in STATE_KINDS:
+      b_state = kv_bytes_per_element(state_dtype_of(spec, e.kind, kv_dtype, state_dtype))
+      payload += e.layers * float(state_bytes_per_block(spec, e.kind, b, b_state,
+                                                        conv_taps_less=1))
       allocated += e.layers * page
     else:
+      payload += _value(e.payload, values)
       allocated += _value(e.allocated, values)
   return HybridPages(
       attention_bytes_per_token_per_layer=per_token, state_bytes_per_layer=state,
