@@ -90,6 +90,9 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
         f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
         f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
         "(analytic bound; GB = 1e9 B)")
+  if spec.assumed_llama_like:
+    print(f"ASSUMED Llama-like: model_type {spec.model_type!r} is not supported; read as "
+          "Llama because --assume_llama_like was given")
   print(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B active "
         f"per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
   rows = [[k.kind, k.layers, k.window or "-",
@@ -176,7 +179,8 @@ def main(argv: list[str]) -> None:
     result["inputs"]["state_dtype"] = _STATE_DTYPE.value
   if spec.assumed_llama_like:
     result["inputs"]["assume_llama_like"] = True
-    result["model"]["assumed_llama_like"] = True
+    result["assumed_llama_like"] = True
+    result["model_notes"] = list(spec.notes)
   if _ACCELERATOR.value:
     result["capacity"] = _fit(spec, sizing)
     result["fits"] = result["capacity"]["fits"]

@@ -329,3 +329,32 @@ def test_jamba_schedule():
   assert [i for i, k in enumerate(spec.layer_kinds) if k == FULL] == [4, 12, 20, 28]
   assert spec.layers_of(RECURRENT) == 28
   assert [i for i, m in enumerate(spec.moe_layers) if m] == list(range(1, 32, 2))
+
+
+def test_kv_sizing_cli_labels_the_fallback_and_shows_hybrid_pages(tmp_path):
+  import subprocess
+  import sys
+  root = MODELS_DIR.parents[3]
+  config = tmp_path / "config.json"
+  config.write_text(json.dumps({
+      "model_type": "my_llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
+  out = tmp_path / "kv.json"
+
+  def run(*flags):
+    return subprocess.run([sys.executable, "-m", "experiments.kv_sizing", *flags],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+
+  refused = run(f"--model={config}", "--context=8")
+  assert refused.returncode != 0 and "assume_llama_like" in refused.stderr
+  assert "Traceback" not in refused.stderr
+  proc = run(f"--model={config}", "--context=8", "--assume_llama_like", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  assert "ASSUMED Llama-like" in proc.stdout
+  assert json.loads(out.read_text())["assumed_llama_like"] is True
+  proc = run("--model=jamba-v0.1", "--context=262144", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["hybrid_pages"]["block_size"] == 80
+  assert {k["kind"] for k in data["kinds"]} == {"recurrent", "full"}
+  assert "vLLM hybrid page policy" in proc.stdout
