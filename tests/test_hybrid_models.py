@@ -358,3 +358,16 @@ def test_kv_sizing_cli_labels_the_fallback_and_shows_hybrid_pages(tmp_path):
   assert data["hybrid_pages"]["block_size"] == 80
   assert {k["kind"] for k in data["kinds"]} == {"recurrent", "full"}
   assert "vLLM hybrid page policy" in proc.stdout
+
+
+def test_kimi_k2_is_deepseek_v3_under_another_name():
+  # MoonshotAI/Kimi-K2 README @c6157be, Model Summary: 61 layers with 1 dense
+  # layer, 384 experts, 8 selected per token, 1 shared expert, MLA.
+  spec = load_model("kimi-k2")
+  assert spec.num_layers == 61 and spec.num_moe_layers == 60 and not spec.moe_layers[0]
+  assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.num_shared_experts) == (
+      384, 8, 1)
+  # Same latent cache as DeepSeek-V3: (512 + 64) x 2 B x 61 blocks per token.
+  per_token = kv_sizing.size_kv(spec, context=1).kv_bytes_per_token
+  assert per_token == (512 + 64) * 2 * 61
+  assert per_token == kv_sizing.size_kv(load_model("deepseek-v3"), context=1).kv_bytes_per_token

@@ -23,7 +23,11 @@ so pass state_dtype="bf16" to size that), unless the config names one
 (`mamba_ssm_cache_dtype`). The convolution window holds d_conv taps, as
 transformers' caches do (vLLM keeps d_conv - 1; `hybrid_pages` uses that).
 
-`hybrid_pages` states vLLM's page policy for hybrids: one attention page of
+Chunked blocks (Llama 4) are allocated one chunk at most; vLLM reserves
+min(chunk + max_num_batched_tokens, max_model_len) tokens for them
+(`ChunkedLocalAttentionSpec`), slightly more.
+
+`hybrid_pages` states vLLM's page policy for hybrids (tensor parallelism 1): one attention page of
 `block_size` tokens holds the bytes of one layer's state, and each
 recurrent layer takes one such page per sequence.
 """

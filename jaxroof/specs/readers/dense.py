@@ -113,6 +113,8 @@ def _llama4_text(f: Fields, name: str) -> ModelSpec:
   f.notes.append(f"{rope.count(0)} global blocks without RoPE (NoPE); the others "
                  f"attend within chunks of {chunk} tokens" if chunk else
                  f"{rope.count(0)} blocks without RoPE (NoPE)")
+  if f.config.get("use_qk_norm"):
+    f.notes.append("use_qk_norm: a weightless L2 norm of q and k on RoPE blocks")
   bias = f.bool("attention_bias", default=False)
   dense = None if all(moe_layers) else 16384
   return spec(f, name=name, layer_kinds=kinds, moe_layers=moe_layers,
