@@ -41,7 +41,7 @@ import sympy as sp
 
 from jaxroof.symbolic import architecture as af
 from jaxroof import errors
-from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, MLA,
+from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MLA,
                                       NO_MIXER, RECURRENT, SLIDING, STATE_KINDS, ModelSpec)
 from jaxroof.symbolic.symbols import T
 
