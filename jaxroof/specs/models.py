@@ -86,27 +86,33 @@ def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
 
 
 @functools.lru_cache(maxsize=64)
-def _load(name_or_path: str) -> ModelSpec:
+def _load(name_or_path: str, assume_llama_like: bool) -> ModelSpec:
   name, path, shipped = _resolve(name_or_path)
   config = _read_json(path)
   source = str(path)
   if shipped:
     url = config.get(SOURCE_KEY, {}).get("config_url")
     source = url or f"jaxroof/specs/data/models/{path.name}"
-  return hf_config.spec_from_config(config, name=name, source=source)
+  return hf_config.spec_from_config(config, name=name, source=source,
+                                    assume_llama_like=assume_llama_like)
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSpec:
   """A `ModelSpec` from a shipped slug, a `config.json` path or its folder.
 
   Raises:
     InputError: an unknown name (listing the shipped ones and the closest
       match), a missing or malformed file, an unsupported `model_type`, or a
       config missing a field that has no default.
+
+  JSON is read as Python's `json` reads it, so the bare `Infinity` some
+  published configs hold (Nemotron-H) is accepted; sizes must still be finite
+  whole numbers. `assume_llama_like` reads an unknown `model_type` as Llama,
+  labelled in the spec's notes (`hf_config.spec_from_config`).
   """
   if not isinstance(name_or_path, str) or not name_or_path.strip():
     raise errors.InputError(
         f"model={name_or_path!r} is not allowed: give a shipped name "
         f"({', '.join(shipped_models())}) or a path to a config.json."
     )
-  return _load(name_or_path)
+  return _load(name_or_path, bool(assume_llama_like))

@@ -26,7 +26,8 @@ import numpy as np
 
 from jaxroof.symbolic import architecture as arch_formulas
 from jaxroof import errors
-from jaxroof.specs.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
+from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, MLA, NO_MIXER,
+                                      RECURRENT, SLIDING, STATE_KINDS, ModelSpec)
 
 # Bits per stored weight, the default weights per scale (None: per-tensor or
 # per-channel scales, whose bytes are negligible) and the bytes of one scale.
@@ -57,7 +58,7 @@ class ParamCounts:
   experts_routed: int  # Every routed expert of every MoE block.
   experts_shared: int  # Always-on shared experts.
   router: int  # Router weights and biases.
-  recurrent: int  # SSM mixers (Mamba).
+  recurrent: int  # Recurrent mixers: Mamba-1, Mamba-2, Gated DeltaNet.
   norms: int  # Per-block norm vectors plus the final norm.
   lm_head: int  # Output projection (0 when tied to the embeddings).
   moe_layers: int = 0
@@ -103,9 +104,11 @@ class ParamCounts:
 def _attention_block(spec: ModelSpec) -> int:
   a, h = spec.attention, spec.hidden_size
   q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-  weights = h * q + 2 * h * kv + q * h
-  biases = (q + 2 * kv) * a.qkv_bias + h * a.o_bias
-  return weights + biases + 2 * a.head_dim * a.qk_norm + a.num_heads * a.sinks
+  gate = q * a.output_gate  # Qwen3-Next: q_proj emits the gate too.
+  weights = h * (q + gate) + 2 * h * kv + q * h
+  biases = (q + gate + 2 * kv) * a.qkv_bias + h * a.o_bias
+  norms = (q + kv if a.qk_norm_flat else 2 * a.head_dim) * a.qk_norm
+  return weights + biases + norms + a.num_heads * a.sinks
 
 
 def _mla_block(spec: ModelSpec) -> int:
@@ -129,16 +132,41 @@ def _recurrent_block(spec: ModelSpec) -> int:
   dt_proj = s.dt_rank * inner + inner
   a_and_d = inner * s.state_size + inner
   out_proj = inner * h + h * s.proj_bias
-  return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj
+  inner_norms = (s.dt_rank + 2 * s.state_size) * s.inner_norms
+  return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj + inner_norms
 
 
-def _gated_mlp(hidden: int, units: int, bias: bool) -> int:
-  """Gate, up and down projections (SwiGLU/GeGLU), with optional biases."""
-  return 3 * hidden * units + (2 * units + hidden) * bias
+def _linear_attention_block(spec: ModelSpec) -> int:
+  """Gated DeltaNet: qkvz and beta/alpha projections, conv, A and dt, gated norm, out."""
+  g, h = spec.linear, spec.hidden_size
+  keys, values = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
+  in_proj = h * (2 * keys + 2 * values) + h * 2 * g.num_value_heads
+  conv = (2 * keys + values) * g.conv_kernel
+  return in_proj + conv + 2 * g.num_value_heads + g.value_head_dim + values * h
 
 
-_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, MLA: _mla_block,
-           RECURRENT: _recurrent_block}
+def _mamba2_block(spec: ModelSpec) -> int:
+  """Mamba-2: in_proj to (z, x, B, C, dt), conv over (x, B, C), A, D, dt bias, norm, out."""
+  m, h = spec.mamba2, spec.hidden_size
+  inner, groups = m.inner_size, 2 * m.n_groups * m.state_size
+  projected = 2 * inner + groups + m.num_heads
+  in_proj = h * projected + projected * m.proj_bias
+  conv = (inner + groups) * (m.conv_kernel + m.conv_bias)
+  return in_proj + conv + 3 * m.num_heads + inner + inner * h + h * m.proj_bias
+
+
+def _gated_mlp(hidden: int, units: int, bias: bool, gated: bool = True) -> int:
+  """Gate, up and down projections (SwiGLU/GeGLU), with optional biases.
+
+  Ungated (`gated=False`, squared ReLU): up and down only.
+  """
+  return (2 + gated) * hidden * units + ((1 + gated) * units + hidden) * bias
+
+
+_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, CHUNKED: _attention_block,
+           MLA: _mla_block, RECURRENT: _recurrent_block,
+           LINEAR_ATTENTION: _linear_attention_block, MAMBA2: _mamba2_block,
+           NO_MIXER: lambda spec: 0}
 
 
 def parameter_counts(spec: ModelSpec) -> ParamCounts:
@@ -147,22 +175,23 @@ def parameter_counts(spec: ModelSpec) -> ParamCounts:
   attention = recurrent = 0
   for kind in spec.layer_kinds:
     count = _MIXERS[kind](spec)
-    if kind == RECURRENT:
+    if kind in STATE_KINDS:
       recurrent += count
     else:
       attention += count
-  dense_blocks = spec.num_layers - spec.num_moe_layers
   mlp = 0
   if spec.intermediate_size:
-    mlp = dense_blocks * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)
+    mlp = spec.num_dense_mlp_layers * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias,
+                                                 spec.mlp_gated)
   routed = shared = router = expert = 0
   moe = spec.moe
   if spec.is_moe:
-    expert = _gated_mlp(h, moe.expert_intermediate_size, moe.expert_bias)
+    expert = _gated_mlp(h, moe.expert_intermediate_size, moe.expert_bias, spec.mlp_gated)
     routed = spec.num_moe_layers * moe.num_experts * expert
     shared = spec.num_moe_layers * moe.num_shared_experts * _gated_mlp(
-        h, moe.shared_intermediate_size, False)
-    per_router = moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
+        h, moe.shared_intermediate_size, False, spec.mlp_gated)
+    per_router = (moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
+                  + h * moe.shared_expert_gate)
     router = spec.num_moe_layers * per_router
   embeddings = spec.vocab_size * h
   return ParamCounts(

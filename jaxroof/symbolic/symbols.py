@@ -84,6 +84,18 @@ bits = _define("bits", "bit", "bits per stored weight", _A)
 G = _define("G", "weights", "weights sharing one quantization scale", _A)
 s_b = _define("s_b", "B", "bytes per quantization scale", _A)
 
+# Hybrid architectures (issue 16): chunked attention, linear attention, Mamba-2.
+W_chunk = _define("W_chunk", "tokens", "chunked-local-attention chunk (attention_chunk_size)", _A)
+H_lk = _define("H_lk", "heads", "linear-attention key heads (Gated DeltaNet)", _A)
+H_lv = _define("H_lv", "heads", "linear-attention value heads (Gated DeltaNet)", _A)
+d_lk = _define("d_lk", "coordinates", "coordinates per linear-attention key head", _A)
+d_lv = _define("d_lv", "coordinates", "coordinates per linear-attention value head", _A)
+H_m = _define("H_m", "heads", "Mamba-2 heads", _A)
+d_m = _define("d_m", "coordinates", "coordinates per Mamba-2 head", _A)
+n_g = _define("n_g", "groups", "Mamba-2 B/C groups (n_groups)", _A)
+b_s = _define("b_s", "B", "bytes per recurrent-state element (state dtype)", _A)
+c_state = _define("c_state", "FLOP/element", "FLOPs per state element per token (update and read-out)", _A)
+
 # Calibrated model: efficiency factors and fixed costs (`calibrated.py`).
 _C = "factors"
 eta_w = _define("eta_w", "1", "achieved fraction of BW streaming weights", _C)
