@@ -22,7 +22,7 @@ from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.measure import profiles
-from jaxroof.report import comparison as comparison_report
+from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
