@@ -62,12 +62,20 @@ def check_outputs() -> None:
   files.check_distinct(given)
 
 
-def check_finite_floats() -> None:
-  """Refuses nan and inf in any float flag, naming it (absl parses both)."""
+# No count this tool takes (tokens, sequences, layers, sizes, seeds) is
+# physically above this; a larger one is a typo, and would hang or overflow.
+MAX_INT_FLAG = 2**31 - 1
+
+
+def check_numeric_flags() -> None:
+  """Refuses nan and inf in any float flag, and integers beyond `MAX_INT_FLAG`,
+  naming the flag (absl accepts all of them)."""
   for name in flags.FLAGS:
     value = flags.FLAGS[name].value
     if isinstance(value, float) and not math.isfinite(value):
       raise InputError(f"--{name}={value} is not a finite number.")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_FLAG:
+      raise InputError(f"--{name}={value} is too large: at most {MAX_INT_FLAG:,}.")
 
 
 def run(main: Callable[[list[str]], int | None]) -> None:
@@ -84,7 +92,7 @@ def run(main: Callable[[list[str]], int | None]) -> None:
       print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
       sys.exit(2)
     try:
-      check_finite_floats()
+      check_numeric_flags()
       check_outputs()
       return main(argv)
     except InputError as e:
@@ -97,12 +105,21 @@ def run(main: Callable[[list[str]], int | None]) -> None:
   app.run(guarded, flags_parser=_parse_flags)
 
 
-def require_positive(holder: flags.FlagHolder, unit: str) -> None:
-  """Validates that a numeric flag, when set, is a finite number > 0."""
+PLAUSIBLE = (1e-9, 1e9)  # A flag's physical range in its own unit (e.g. TB/s, ms, GB).
+
+
+def require_positive(holder: flags.FlagHolder, unit: str,
+                     within: tuple[float, float] = PLAUSIBLE) -> None:
+  """Validates that a numeric flag, when set, lies in a physical range > 0.
+
+  The default range, 1e-9 to 1e9 in the flag's own unit, keeps subnormal
+  and huge values (which would print inf) out of every formula.
+  """
+  low, high = within
   flags.register_validator(
       holder.name,
-      lambda v: v is None or (v > 0 and v != float("inf")),
-      message=f"must be a finite number > 0 ({unit})",
+      lambda v: v is None or (math.isfinite(v) and low <= v <= high),
+      message=f"must be a number in [{low:g}, {high:g}] ({unit})",
   )
 
 

@@ -44,6 +44,7 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")
+_ABSL_LOG = re.compile(r"^[IWEF]\d{4} ")  # absl's own log lines are not errors.
 _NUMBER = re.compile(r"(?<![\w.])(nan|inf|-inf|infinity)(?![\w])", re.IGNORECASE)
 
 
@@ -105,7 +106,7 @@ def _bad_values(flag: flags.Flag, rng: random.Random) -> Iterator[tuple[str, str
     yield "maybe", "bool:word", True
     return
   if "List" in kind or "List" in parser:
-    yield "", "list:empty", bool(flag.default)
+    yield "", "list:empty", False  # Empty may mean "none" (crossovers --values=).
     yield "1,x,3", "list:non_number", True
     yield "1,nan", "list:nan", True
     yield "-5", "list:negative", True
@@ -159,13 +160,14 @@ def _classify(case: Case, code: int | None, out: str, err: str, tmp: str,
   leftovers = _tmp_leftovers(tmp)
   if leftovers:
     return Outcome(case, "half_written", code, seconds, leftovers[0])
-  if "Traceback" in err or code not in (0, 2):
-    return Outcome(case, "traceback", code, seconds, err.strip().splitlines()[-1] if err.strip() else "")
-  if code == 2:
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    if len(lines) != 1:
-      return Outcome(case, "traceback", code, seconds, "no single error line")
-    return Outcome(case, "clean_error", code, seconds, lines[0])
+  if "Traceback" in err or code < 0:
+    last = err.strip().splitlines()[-1] if err.strip() else f"signal {-code}"
+    return Outcome(case, "traceback", code, seconds, last)
+  said = [line for line in err.splitlines() if line.strip() and not _ABSL_LOG.match(line)]
+  if code != 0 and said:
+    if len(said) != 1:
+      return Outcome(case, "traceback", code, seconds, f"{len(said)} lines on stderr")
+    return Outcome(case, "clean_error", code, seconds, said[0])
   for path in _json_outputs(tmp):
     try:
       with open(path, encoding="utf-8") as f:

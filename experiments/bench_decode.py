@@ -29,6 +29,7 @@ import numpy as np
 from absl import flags, logging
 
 from experiments import _cli
+from jaxroof.toy import weights
 from jaxroof import errors, timing
 from jaxroof.symbolic import formulas
 from jaxroof import files
@@ -59,7 +60,8 @@ _NEW_TOKENS = flags.DEFINE_integer(
 _REPEATS = flags.DEFINE_integer(
     "repeats", 5, "Timed runs of each path after one warm-up (>= 1).",
     lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt. In [0, 2**32).",
+                             lower_bound=0, upper_bound=2**32 - 1)
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Write inputs, results and units as JSON to this path.")
 
@@ -83,6 +85,8 @@ def main(argv: list[str]) -> int:
         f"prompt_len + new_tokens = {prompt_len + steps} is not allowed: the"
         f" preset's learned table has max_positions={config.max_positions}.")
 
+  weights.require_fits(config, jnp.dtype(dtype).itemsize, batch=batch,
+                       positions=prompt_len + steps)
   params_key, ids_key = jax.random.split(jax.random.key(_SEED.value))
   params = init_params(config, params_key, dtype)
   ids = jax.random.randint(ids_key, (batch, prompt_len), 0,
