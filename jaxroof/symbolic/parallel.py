@@ -87,6 +87,17 @@ def per_chip_stage_compute_s(B: sp.Expr = B) -> sp.Expr:
   return 2 * (B / m_mb) * N_act / (tp * pp * ep) / F
 
 
+def path_inputs() -> dict[str, sp.Expr]:
+  """Single-device step inputs that give one microbatch's path through pp stages.
+
+  With one microbatch the token gap is `pp` stage times, and `pp * Max(a, b)
+  = Max(pp a, pp b)`: the step model evaluated with these N, k and N_act
+  (and the B sequences) plus the path's communication is `decode_outputs`.
+  """
+  return {"N": pp * per_chip_weights(), "k": k * kv_share() / ep,
+          "N_act": N_act / (tp * ep)}
+
+
 # Collectives: bytes.
 def tp_allreduce_bytes(rows: sp.Expr) -> sp.Expr:
   """Bytes of one tensor-parallel all-reduce operand: (rows, D) activations."""
