@@ -119,7 +119,8 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
   domain = entry.get("scale_up_domain", {})
   out = entry.get("scale_out", {}).get("per_chip_unidirectional_gb_s")
   return Links(
-      technology=" ".join(x for x in (up.get("technology"), up.get("generation")) if x),
+      technology=(up.get("generation") or "") if up.get("technology", "") in (
+          up.get("generation") or "") else f"{up.get('technology')} {up.get('generation') or ''}".strip(),
       topology=up.get("topology", ""),
       unidirectional_bytes_per_s=unidirectional, per_link_bytes_per_s=per_link,
       collective_bytes_per_s=collective,
