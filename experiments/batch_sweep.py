@@ -26,7 +26,7 @@ from experiments import _layout_flags
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
-from jaxroof.parallel import decode as parallel_decode
+from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.specs import accelerators
@@ -182,7 +182,7 @@ def _step_model(*, scale_given_ceilings: bool) -> StepModel:
 
 def model_sweep(batch_sizes: list[int]) -> dict:
   """The sweep for --model on --accelerator, with the memory fit of each batch."""
-  return parallel_decode.layout_sweep(
+  return parallel_sweep.layout_sweep(
       models.load_model(_MODEL.value), accelerators.load_accelerator(_ACCELERATOR.value),
       context=_CONTEXT.value, batch_sizes=batch_sizes, weight_dtype=_WEIGHT_DTYPE.value,
       kv_dtype=_KV_DTYPE.value, model=_step_model(scale_given_ceilings=True),

@@ -20,7 +20,7 @@ import functools
 from experiments import _cli
 from experiments import _layout_flags
 from jaxroof.errors import InputError
-from jaxroof.parallel import decode as parallel_decode
+from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> None:
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
       step_model=None if _PROFILE.value is None else profiles.step_model(
           profiles.load_profile(_PROFILE.value), use_profile_ceilings=False),
-      sweeper=functools.partial(parallel_decode.layout_sweep, layout=layout))
+      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))
   result["inputs"]["layout"] = layout.as_dict()
   result["refused"] = refused
   counts = parameter_counts(model)

@@ -28,6 +28,7 @@ from jaxroof.symbolic import catalogue
 from jaxroof import files
 from jaxroof.report import lesson
 from jaxroof.measure import records as measure
+from jaxroof.report import parallel as parallel_report
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.symbolic.sweep import decode_sweep
@@ -138,6 +139,7 @@ SECTIONS: list[Callable[[str], str]] = [
     sweep_section,
     toy_section,
     arch_report.report_section,
+    parallel_report.report_section,
     kernel_benchmark.report_section,
     calibration_section,
 ]

@@ -17,7 +17,7 @@ import sympy as sp
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel import planner
-from jaxroof.parallel.decode import layout_sweep
+from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs.accelerators import load_accelerator, parse_slice
 from jaxroof.specs.model_sweep import model_sweep
@@ -244,3 +244,16 @@ def test_plan_cli_json(tmp_path):
   need = {"accelerator", "chips", "tp", "pp", "ep", "dp", "batch", "weight_dtype", "kv_dtype",
           "step_s", "aggregate_tokens_per_s", "binds"}
   assert data["plans"] and need <= set(data["plans"][0])
+
+
+def test_report_single_stream_70b_on_the_fewest_h100s():
+  from jaxroof.report import parallel as report
+
+  _, rows = report.single_stream()
+  fewest = next(r for r in rows if r["fits_in_memory"])
+  # Independent count: 70.6B bf16 weights (141 GB) exceed one H100's 72 GB (80 GB less 10%).
+  assert fewest["tp"] == 2
+  # By hand: two chips at 3.35 TB/s each stream 141.1e9 B of weights and 8192 x 327,680 B of
+  # K/V between them (the model's embedding table is looked up, not streamed: a bit faster).
+  by_hand = 2 * 3.35e12 / (141.1e9 + 8192 * 327680)
+  assert fewest["per_sequence_tokens_per_s"] == pytest.approx(by_hand, rel=0.03)
