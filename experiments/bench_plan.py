@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
   run = lambda: planner.plan(spec, devices, context=_CONTEXT.value, targets=_TARGETS)
   searched = run()["searched"]
   whole = time_call(run, [()], warmup=1, repeats=_REPEATS.value)
-  grid = planner._grid(spec, devices, _CONTEXT.value, planner.WEIGHT_DTYPES,
+  grid = planner.build_grid(spec, devices, _CONTEXT.value, planner.WEIGHT_DTYPES,
                        planner.KV_DTYPES, np.asarray(planner.BATCHES, dtype=float),
                        0.1)
   evaluation = time_call(lambda: planner.evaluate_grid(grid, _CONTEXT.value), [()],

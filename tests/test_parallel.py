@@ -21,6 +21,7 @@ from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs.accelerators import load_accelerator, parse_slice
 from jaxroof.specs.model_sweep import model_sweep
+from jaxroof.specs import workload
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic import parallel as sym
 from jaxroof.symbolic.evaluate import lambdified, step_model
@@ -66,12 +67,8 @@ def test_layout_sweep_agrees_with_the_full_parallel_expression():
   spec, device = load_model("llama-3.1-70b"), load_accelerator("h100-sxm")
   layout = Layout(tp=4, pp=2)
   swept = layout_sweep(spec, device, context=8192, batch_sizes=[1, 16, 128], layout=layout)
-  counts_n = np.array([r["weight_bytes"] for r in swept["rows"]]) / 2.0
-  assert counts_n[0] > 0
-  terms = layout_lib.model_terms(spec)
   link = layout_lib.links(layout, device)
   for row in swept["rows"]:
-    from jaxroof.specs import workload
     inputs = workload.decode_step_inputs(spec, device, context=8192,
                                          batch_sizes=[row["batch"]])
     direct = layout_lib.decode_model()(
@@ -80,7 +77,7 @@ def test_layout_sweep_agrees_with_the_full_parallel_expression():
         **layout_lib.symbol_values(layout, spec, link))
     assert row["step_s"] == pytest.approx(float(direct["step_s"]), rel=1e-12)
     assert row["comm_s"] == pytest.approx(float(direct["comm_s"]), rel=1e-12)
-  assert terms.kv_units == 8
+    assert row["chips"] == 8
 
 
 # Properties.
@@ -229,6 +226,31 @@ def test_planner_searches_a_million_and_ranks_plans_that_meet_targets():
     assert p["chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
     assert p["chip_memory_bytes"] <= load_accelerator(p["accelerator"]).memory_capacity_bytes
     assert p["binds"] in ("weights", "K/V", "compute", "communication")
+
+
+def test_prefill_moves_p_times_the_decode_bytes():
+  rows = BY_NAME["B"].symbol
+  prompt = BY_NAME["P"].symbol
+  ratio = sym.tp_bytes_per_pass(prompt * rows) / sym.tp_bytes_per_pass(rows)
+  assert sp.simplify(ratio - prompt) == 0
+  values = {BY_NAME["D"].symbol: 7168, BY_NAME["a_act"].symbol: 2,
+            BY_NAME["K"].symbol: 8, BY_NAME["ep"].symbol: 1}
+  assert sym.alltoall_bytes_per_token().subs(values) == 0  # One group: nothing leaves.
+
+
+def test_kv_sizing_cli_per_chip_fit(tmp_path):
+  out = tmp_path / "kv.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.kv_sizing", "--model=llama-3.1-70b",
+       "--context=8192", "--batch=32", "--accelerator=tpu-v5e-16", "--kv_dtype=int8",
+       "--weight_dtype=int8", f"--json_out={out}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  chip = json.loads(out.read_text())["per_chip"]
+  assert chip["layout"]["tp"] == 16
+  # scaling-book: 70 GB int8 weights over 16 chips; 8 K/V heads replicated past tp = 8.
+  assert chip["resident_weight_bytes"] == pytest.approx(70.6e9 / 16, rel=0.01)
+  assert chip["kv_bytes_per_chip"] == pytest.approx(32 * 8192 * 163840 / 8, rel=0.01)
 
 
 def test_plan_cli_json(tmp_path):

@@ -70,7 +70,9 @@ def _memory_model():
                     (S.N, S.N_x, S.q, S.B, S.s, S.tp, S.pp, S.ep, S.u_kv))
 
 
-def _layouts(spec: ModelSpec, device: Accelerator) -> list[tuple[Layout, layout_lib.LinkChoice]]:
+def candidate_layouts(spec: ModelSpec, device: Accelerator
+                      ) -> list[tuple[Layout, layout_lib.LinkChoice]]:
+  """Every layout of the search grid this model and device accept, with its links."""
   eps = EP_CHOICES if spec.is_moe else (1,)
   out = []
   for tp in TP_CHOICES:
@@ -86,9 +88,9 @@ def _layouts(spec: ModelSpec, device: Accelerator) -> list[tuple[Layout, layout_
   return out
 
 
-def _grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
-          weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
-          batches: np.ndarray, workspace_fraction: float) -> dict[str, np.ndarray]:
+def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
+               weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
+               batches: np.ndarray, workspace_fraction: float) -> dict[str, np.ndarray]:
   """Flat arrays, one entry per configuration, of every input the models take."""
   counts = params.parameter_counts(spec)
   terms = layout_lib.model_terms(spec)
@@ -100,7 +102,7 @@ def _grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
       columns.setdefault(name, []).append(value)
 
   for di, device in enumerate(devices):
-    layouts = _layouts(spec, device)
+    layouts = candidate_layouts(spec, device)
     if not layouts:
       continue
     n_layouts, n_b = len(layouts), len(batches)
@@ -176,7 +178,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   if not devices:
     raise errors.InputError("accelerators is empty: give at least one.")
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batches), dtype=float)
-  grid = _grid(spec, devices, context, weight_dtypes, kv_dtypes, batch, workspace_fraction)
+  grid = build_grid(spec, devices, context, weight_dtypes, kv_dtypes, batch, workspace_fraction)
   if "B" not in grid:
     raise errors.InputError(f"no layout of {spec.name} fits any of "
                             f"{', '.join(d.name for d in devices)}'s interconnects.")

@@ -39,7 +39,7 @@ def fewest_chips(spec, device, *, context: int = CONTEXT, weight_dtype: str = "b
   inputs = workload.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype)
   experts = params.parameter_counts(spec).experts_routed * inputs.q
-  candidates = sorted((lay for lay, _ in planner._layouts(spec, device)
+  candidates = sorted((lay for lay, _ in planner.candidate_layouts(spec, device)
                        if lay.microbatches == 1),
                       key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))
   for lay in candidates:

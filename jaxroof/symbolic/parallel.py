@@ -109,6 +109,16 @@ def tp_allreduces_per_pass() -> sp.Expr:
   return 2 * n_blk + 1
 
 
+def tp_bytes_per_pass(rows: sp.Expr) -> sp.Expr:
+  """All-reduced bytes on one pass over `rows` rows: decode B rows, prefill P*B rows."""
+  return tp_allreduces_per_pass() * tp_allreduce_bytes(rows)
+
+
+def alltoall_bytes_per_token() -> sp.Expr:
+  """Bytes one token sends out of its chip per MoE block (dispatch + combine), top-K."""
+  return 2 * alltoall_bytes_per_chip(1)
+
+
 def logits_gather_bytes(rows: sp.Expr) -> sp.Expr:
   """Bytes of the gathered logits (rows, V)."""
   return rows * V * a_act
