@@ -203,6 +203,8 @@ def main(argv: list[str]) -> None:
     given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
     sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given), batch_sizes,
                             layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
+    for row in sweep["rows"]:  # One chip: no communication.
+      row["comm_s"], row["chips"] = 0.0, 1
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"

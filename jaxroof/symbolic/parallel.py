@@ -45,7 +45,7 @@ from typing import Literal
 import sympy as sp
 
 from jaxroof.symbolic.symbols import (
-    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, ep, k, m_mb,
+    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, k, m_mb,
     n_blk, n_r, o_ovl, pp, q, t_comm, t_floor, t_hand, t_hop, t_stage, tp, u_kv)
 
 Algorithm = Literal["ring", "tree"]
@@ -239,8 +239,6 @@ def prefill_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
 
 def fleet_rate(per_replica: sp.Expr) -> sp.Expr:
   """Tokens per second of dp replicas."""
-  from jaxroof.symbolic.symbols import dp
-
   return dp * per_replica
 
 
