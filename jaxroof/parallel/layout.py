@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np

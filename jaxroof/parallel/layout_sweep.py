@@ -14,7 +14,6 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout

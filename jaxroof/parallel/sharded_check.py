@@ -18,7 +18,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxroof.parallel import sharded_toy
 from jaxroof.symbolic import parallel as sym
