@@ -279,3 +279,18 @@ def test_report_single_stream_70b_on_the_fewest_h100s():
   # K/V between them (the model's embedding table is looked up, not streamed: a bit faster).
   by_hand = 2 * 3.35e12 / (141.1e9 + 8192 * 327680)
   assert fewest["per_sequence_tokens_per_s"] == pytest.approx(by_hand, rel=0.03)
+
+
+def test_compare_accelerators_cli_with_a_layout(tmp_path):
+  out = tmp_path / "c.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.compare_accelerators", "--model=llama-3.1-70b",
+       "--context=8192", "--batch_sizes=1,32", "--tp=8", "--accelerators=h100-sxm,l4",
+       f"--json_out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]
+  assert data["refused"] and data["refused"][0].startswith("l4: --tp*--pp*--ep = 8 chips")
+  rows = data["accelerators"][0]["rows"]
+  assert all(r["chips"] == 8 and r["comm_s"] > 0 for r in rows)
+  assert rows[1]["comm_s"] > rows[0]["comm_s"]  # More rows, more bytes per all-reduce.
