@@ -18,24 +18,25 @@ from absl import logging
 import functools
 
 from experiments import _cli
+from experiments import _model_flags
 from experiments import _layout_flags
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
-from jaxroof.specs import kv_sizing
-from jaxroof.specs import parameters as params
 from jaxroof.measure import profiles
 from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
-from jaxroof.specs.models import load_model, shipped_models
+from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 
-_MODEL = flags.DEFINE_string(
-    "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
-    "config.json or its folder.")
+_SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size",
+                              "group_size", "workspace_fraction", "max_new_tokens")
+_MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype
+_BLOCK_SIZE, _GROUP_SIZE, _WORKSPACE = (_SHARED.block_size, _SHARED.group_size,
+                                        _SHARED.workspace_fraction)
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "Tokens each sequence retains (holding K/V). >= 1.", lower_bound=1)
 _BATCH_SIZES = flags.DEFINE_list(
@@ -44,19 +45,6 @@ _BATCH_SIZES = flags.DEFINE_list(
 _ACCELERATORS = flags.DEFINE_string(
     "accelerators", "all",
     f"Comma-separated accelerators, or 'all': {', '.join(known_accelerators())}.")
-_WEIGHT_DTYPE = flags.DEFINE_enum(
-    "weight_dtype", "bf16", list(params.WEIGHT_DTYPES),
-    "Weight dtype (int4 weights multiply at the bf16 rate; see --group_size for scales).")
-_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V dtype.")
-_BLOCK_SIZE = flags.DEFINE_integer(
-    "block_size", kv_sizing.DEFAULT_BLOCK_SIZE,
-    "Tokens per KV page, for the memory fit. >= 1.", lower_bound=1)
-_GROUP_SIZE = flags.DEFINE_integer(
-    "group_size", None, "Weights per quantization scale (2-byte scales) for fp8/int8/int4; "
-    "default: 128 for int4, none (per-channel scales) for fp8/int8. >= 1.", lower_bound=1)
-_WORKSPACE = flags.DEFINE_float(
-    "workspace_fraction", 0.1, "Share of device memory kept free. In [0, 1).",
-    lower_bound=0.0, upper_bound=0.99)
 _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON from `python -m experiments.calibrate`: rows become "
     "calibrated predictions (its factors applied to each device's datasheet figures).")
@@ -100,6 +88,7 @@ def main(argv: list[str]) -> None:
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
+      max_new_tokens=_SHARED.max_new_tokens.value,
       step_model=None if _PROFILE.value is None else profiles.step_model(
           profiles.load_profile(_PROFILE.value), use_profile_ceilings=False),
       sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))

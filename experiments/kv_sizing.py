@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _model_flags
 from experiments import _layout_flags
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout as layout_lib
@@ -29,21 +30,22 @@ from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.report import table
-from jaxroof.specs.accelerators import known_accelerators, load_accelerator
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.specs.models import load_model, shipped_models
+from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 
-# Model and workload.
-_MODEL = flags.DEFINE_string(
-    "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
-    "config.json or its folder.")
+# Model, workload, allocation and device fit: the shared vocabulary.
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction",
+                              "max_new_tokens", "group_size", "memory_gb")
+_MODEL, _ACCELERATOR, _WEIGHT_DTYPE, _KV_DTYPE = (
+    _SHARED.model, _SHARED.accelerator, _SHARED.weight_dtype, _SHARED.kv_dtype)
+_BLOCK_SIZE, _WORKSPACE, _MAX_NEW_TOKENS, _GROUP_SIZE = (
+    _SHARED.block_size, _SHARED.workspace_fraction, _SHARED.max_new_tokens,
+    _SHARED.group_size)
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "Tokens each sequence retains now (holding K/V). >= 1.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences. >= 1.", lower_bound=1)
-_KV_DTYPE = flags.DEFINE_enum(
-    "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
-    "K/V element dtype (also recurrent convolution windows).")
 _STATE_DTYPE = flags.DEFINE_enum(
     "state_dtype", None, list(kv_sizing.KV_DTYPES),
     "Recurrent-state matrix dtype. Default: the config's mamba_ssm_cache_dtype, else "
@@ -51,26 +53,6 @@ _STATE_DTYPE = flags.DEFINE_enum(
 _ASSUME_LLAMA_LIKE = flags.DEFINE_bool(
     "assume_llama_like", False,
     "Read an unsupported model_type as Llama (its fields must be Llama's); labelled.")
-# Allocation.
-_BLOCK_SIZE = flags.DEFINE_integer(
-    "block_size", kv_sizing.DEFAULT_BLOCK_SIZE,
-    "Tokens per KV page; allocation rounds up per sequence and block. >= 1 (1: no paging).",
-    lower_bound=1)
-_MAX_NEW_TOKENS = flags.DEFINE_integer(
-    "max_new_tokens", 0, "Further tokens per sequence reserved up front (tokens). >= 0.",
-    lower_bound=0)
-# Device fit (optional).
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, f"Check the fit on this device: {', '.join(known_accelerators())}.")
-_WEIGHT_DTYPE = flags.DEFINE_enum(
-    "weight_dtype", "bf16", list(params.WEIGHT_DTYPES),
-    "Weight dtype for the memory fit (see --group_size for scales).")
-_GROUP_SIZE = flags.DEFINE_integer(
-    "group_size", None, "Weights per quantization scale (2-byte scales) for fp8/int8/int4; "
-    "default: 128 for int4, none (per-channel scales) for fp8/int8. >= 1.", lower_bound=1)
-_WORKSPACE = flags.DEFINE_float(
-    "workspace_fraction", 0.1, "Share of device memory kept free for workspace. In [0, 1).",
-    lower_bound=0.0, upper_bound=0.99)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 
 UNITS = {
@@ -136,7 +118,7 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
 
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   """Checks the fit on --accelerator, prints it, and returns it for the JSON."""
-  device = load_accelerator(_ACCELERATOR.value)
+  device = _model_flags.device(_SHARED)
   weights = params.weight_bytes(parameter_counts(spec), _WEIGHT_DTYPE.value,
                                 group_size=_GROUP_SIZE.value)["total_bytes"]
   fit = kv_sizing.capacity(sizing, weight_bytes=weights,
@@ -148,12 +130,15 @@ def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
         f"{_gb(sizing.allocated_bytes)} GB with {_WORKSPACE.value:.0%} kept free: {verdict}; "
         f"at most {fit.max_batch} sequences of this context "
         f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
-  return {"accelerator": device.name, **dataclasses.asdict(fit)}
+  what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+  for line in what_ifs:
+    print(line)
+  return {"accelerator": device.name, "what_if": what_ifs, **dataclasses.asdict(fit)}
 
 
 def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   """The per-chip memory fit of the --tp/--pp/--ep/--dp layout, printed and returned."""
-  device = load_accelerator(_ACCELERATOR.value)
+  device = _model_flags.device(_SHARED)
   layout = layout_lib.validate(_layout_flags.layout(_ACCELERATOR.value), spec, device)
   counts = parameter_counts(spec)
   by_part = params.weight_bytes(counts, _WEIGHT_DTYPE.value, group_size=_GROUP_SIZE.value)
@@ -207,7 +192,7 @@ def main(argv: list[str]) -> None:
     result["inputs"]["assume_llama_like"] = True
     result["assumed_llama_like"] = True
     result["model_notes"] = list(spec.notes)
-  if _ACCELERATOR.value:
+  if _ACCELERATOR.value or _SHARED.accelerator_file.value:
     result["capacity"] = _fit(spec, sizing)
     result["fits"] = result["capacity"]["fits"]
     if not _layout_flags.layout(_ACCELERATOR.value).is_single_chip:

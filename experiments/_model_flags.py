@@ -1,0 +1,88 @@
+"""One vocabulary of flags for every experiment that takes a model.
+
+Each shared flag is defined here once, with its units and limits; an
+experiment asks for the ones it uses (`define("model", "accelerator", ...)`)
+and gets their holders back, so `--weight_dtype` means and allows the same in
+`batch_sweep`, `kv_sizing`, `compare_accelerators`, `serving`, `simulate`
+and `plan`. `python -m experiments.list` lists the accepted names.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+from absl import flags
+
+from jaxroof.errors import InputError
+from jaxroof.specs import accelerators
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import models
+from jaxroof.specs import parameters
+from jaxroof.specs import what_if
+from jaxroof.specs.accelerators import Accelerator
+
+_LIST = "(python -m experiments.list shows them all)"
+
+
+def _model() -> flags.FlagHolder:
+  return flags.DEFINE_string(
+      "model", None, f"Shipped model ({', '.join(models.shipped_models())}) or a path to "
+      f"a Hugging Face config.json or its folder {_LIST}.")
+
+
+def _accelerator() -> flags.FlagHolder:
+  return flags.DEFINE_string(
+      "accelerator", None, f"Accelerator slug ({', '.join(accelerators.known_accelerators())}) "
+      f"or a slice such as 8xh100-sxm or tpu-v5e-8 {_LIST}.")
+
+
+DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
+    "model": _model,
+    "accelerator": _accelerator,
+    "accelerator_file": lambda: flags.DEFINE_string(
+        "accelerator_file", None, "Your own accelerator as JSON in the shipped schema "
+        "(jaxroof/specs/data/accelerators.json), instead of --accelerator."),
+    "weight_dtype": lambda: flags.DEFINE_enum(
+        "weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+        "Weight storage dtype (block scales included for int4, mxfp4, nvfp4)."),
+    "kv_dtype": lambda: flags.DEFINE_enum(
+        "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V cache element dtype."),
+    "block_size": lambda: flags.DEFINE_integer(
+        "block_size", 16, "Tokens per K/V page; allocation rounds up per sequence. >= 1 "
+        "(1: no paging).", lower_bound=1),
+    "workspace_fraction": lambda: flags.DEFINE_float(
+        "workspace_fraction", 0.1, "Share of device memory kept free for activations and "
+        "workspace. In [0, 0.99].", lower_bound=0.0, upper_bound=0.99),
+    "max_new_tokens": lambda: flags.DEFINE_integer(
+        "max_new_tokens", 0, "Further tokens per sequence reserved up front (tokens). >= 0.",
+        lower_bound=0),
+    "group_size": lambda: flags.DEFINE_integer(
+        "group_size", None, "Weights per quantization scale (2-byte scales) for quantized "
+        "weights; default: the dtype's own (128 for int4, 32 for mxfp4, 16 for nvfp4). >= 1.",
+        lower_bound=1),
+    "memory_gb": lambda: flags.DEFINE_float(
+        "memory_gb", None, "What-if with --model: device memory in GB instead of the "
+        "datasheet's. > 0.", lower_bound=1e-9, upper_bound=1e5),
+}
+
+
+def define(*names: str) -> types.SimpleNamespace:
+  """Defines the named shared flags; returns their holders by name."""
+  return types.SimpleNamespace(**{name: DEFINITIONS[name]() for name in names})
+
+
+def device(holders: types.SimpleNamespace, *, bandwidth_tbps: float | None = None,
+           tflops: float | None = None) -> Accelerator:
+  """The accelerator the flags name (`--accelerator` or `--accelerator_file`),
+  with any what-if overrides applied and recorded."""
+  path = getattr(holders, "accelerator_file", None)
+  if path is not None and path.value:
+    if holders.accelerator.value:
+      raise InputError("--accelerator and --accelerator_file name two devices: give one.")
+    base = what_if.load_accelerator_file(path.value)
+  else:
+    base = accelerators.load_accelerator(holders.accelerator.value)
+  memory = getattr(holders, "memory_gb", None)
+  return what_if.with_overrides(base, bandwidth_tb_s=bandwidth_tbps, tflops=tflops,
+                                memory_gb=None if memory is None else memory.value)
