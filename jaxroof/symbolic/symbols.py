@@ -24,7 +24,8 @@ class Quantity:
   meaning: str
 
 
-_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": []}
+_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
+                                      "iteration": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -94,9 +95,22 @@ t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
 
+# One scheduler iteration with a mixed batch (`iteration.py`, continuous batching).
+_I = "iteration"
+n_dec = _define("n_dec", "sequences", "decode sequences in the iteration (one token each)", _I)
+S_dec = _define("S_dec", "tokens", "sum of the decode sequences' attended contexts", _I)
+n_pre = _define("n_pre", "tokens", "prompt (prefill chunk) tokens in the iteration", _I)
+S_pre_att = _define("S_pre_att", "positions", "query-key pairs of the prefill chunks' "
+                    "causal attention over their prefixes", _I)
+S_pre_kv = _define("S_pre_kv", "tokens", "positions whose K/V the prefill chunks read or "
+                   "write (prefix plus chunk)", _I)
+o_chunk = _define("o_chunk", "tokens", "prompt tokens already prefilled before a chunk", _I)
+c_chunk = _define("c_chunk", "tokens", "prompt tokens in a prefill chunk", _I)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 
