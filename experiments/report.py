@@ -29,6 +29,7 @@ from jaxroof import files
 from jaxroof.report import lesson
 from jaxroof.measure import records as measure
 from jaxroof.report import plots
+from jaxroof.report import simulation as simulation_report
 from jaxroof.report import table
 from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
@@ -140,6 +141,7 @@ SECTIONS: list[Callable[[str], str]] = [
     arch_report.report_section,
     kernel_benchmark.report_section,
     calibration_section,
+    simulation_report.simulation_section,
 ]
 
 
