@@ -197,3 +197,44 @@ def test_jsonl_trace_round_trip_and_missing_column(tmp_path):
   bad.write_text('{"arrival_s": 0, "prompt_tokens": 4}\n')
   with pytest.raises(InputError, match="line 1.*output_tokens"):
     arrivals.load_trace(bad)
+
+
+def _cli(*args):
+  import os
+  import subprocess
+  import sys
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  return subprocess.run([sys.executable, "-m", "experiments.simulate", *args],
+                        capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cli_writes_the_issue_keys(tmp_path):
+  out = tmp_path / "sim.json"
+  done = _cli("--params_b=1", "--kv_bytes_per_token=100000", "--bandwidth_tbps=1",
+              "--tflops=100", "--layers=16", "--heads=16", "--head_dim=64", "--kv_memory_gb=1",
+              "--num_requests=50", "--arrival_rate=5", "--prompt_tokens=100",
+              "--output_tokens=20", "--scheduler=chunked", "--ttft_ms=100", "--tpot_ms=10",
+              f"--json_out={out}")
+  assert done.returncode == 0, done.stderr
+  import json
+  result = json.loads(out.read_text())
+  m = result["metrics"]
+  for key in ("ttft_s", "tpot_s", "itl_s", "e2el_s"):
+    assert set(m[key]) == {"mean", "median", "p90", "p99"}
+  for key in ("request_throughput_per_s", "output_throughput_tokens_per_s", "goodput_per_s",
+              "completed"):
+    assert key in m
+  assert m["completed"] == 50
+  assert {"iterations", "wall_s"} <= set(result["simulation"])
+
+
+@pytest.mark.parametrize("args, name", [
+    (("--arrival_rate=0",), "arrival_rate"),
+    (("--arrival=trace",), "trace"),
+    (("--model=llama-3-8b",), "accelerator"),
+])
+def test_cli_bad_input_is_one_line(args, name):
+  done = _cli("--num_requests=5", *args)
+  assert done.returncode == 2
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and name in lines[0]

@@ -70,3 +70,26 @@ def serving_metrics(arrival_s, first_token_s, finish_s, output_tokens, itl_s, *,
       "duration_s": duration,
       "goodput_targets": {"ttft_s": ttft_target_s, "tpot_s": tpot_target_s},
   }
+
+
+def _thinned(values: np.ndarray, keep: int) -> list:
+  values = np.asarray(values)
+  if len(values) > keep:
+    values = values[np.linspace(0, len(values) - 1, keep).astype(int)]
+  return values.tolist()
+
+
+def simulation_block(run, total_pages: int, keep: int = 500) -> dict:
+  """The `simulation` block: iterations, wall time, memory and queue over time."""
+  return {
+      "iterations": int(run.iterations),
+      "wall_s": float(run.wall_s),
+      "preemptions": int(run.preemptions),
+      "prefill_tokens": int(run.prefill_tokens),
+      "kv_pages_total": int(total_pages),
+      "kv_pages_peak": int(run.pages_in_use.max()) if len(run.pages_in_use) else 0,
+      "queue_length_max": int(run.queue_length.max()) if len(run.queue_length) else 0,
+      "over_time": {"t_s": _thinned(run.history_s, keep),
+                    "kv_pages_in_use": _thinned(run.pages_in_use, keep),
+                    "queue_length": _thinned(run.queue_length, keep)},
+  }

@@ -36,7 +36,8 @@ def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H
                  d: int, kv_memory_bytes: float, page_bytes: float, page_tokens: int,
                  step_model: StepModel, N_act: float | None = None, max_running: int = 256,
                  max_context: int | None = None, token_budget: int = 512,
-                 batch_window_s: float = 0.0, description: dict | None = None) -> Replica:
+                 batch_window_s: float = 0.0, padded_to=None,
+                 description: dict | None = None) -> Replica:
   """A replica from raw step-model inputs (SI units) and a K/V memory budget."""
   for name, value in (("N", N), ("q", q), ("k", k), ("BW", BW), ("kv_memory_bytes",
                       kv_memory_bytes), ("page_bytes", page_bytes)):
@@ -56,7 +57,7 @@ def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H
       step_s=step, chunk=iteration.chunk_model(), total_pages=total_pages,
       page_tokens=page_tokens, max_running=require_positive_int("max_running", max_running),
       max_context=max_context, token_budget=require_positive_int("token_budget", token_budget),
-      batch_window_s=batch_window_s,
+      batch_window_s=batch_window_s, padded_to=padded_to,
       description={**(description or {}), "step_model": step_model.kind,
                    "inputs": {n: float(v) for n, v in values.items()},
                    "factors": dict(step_model.factors or {}),

@@ -62,6 +62,11 @@ class Replica:
     max_context: the model's longest sequence (prompt + output), or None.
     token_budget: tokens per iteration for "chunked".
     batch_window_s: the static scheduler's batching window.
+    padded_to: for a fixed-shape server (the toy server): prompt length ->
+      padded length of its prefill call. When set, the iteration is costed as
+      computed, not as logical tokens: every decode iteration computes all
+      `max_running` rows over `max_context` slots, and each prefill runs its
+      padded tokens over `max_context` slots.
     description: what the replica is (model, device, step model), for JSON.
   """
 
@@ -73,6 +78,7 @@ class Replica:
   max_context: int | None = None
   token_budget: int = 512
   batch_window_s: float = 0.0
+  padded_to: Callable[[int], int] | None = None
   description: dict = dataclasses.field(default_factory=dict)
 
 
@@ -298,13 +304,16 @@ class _Sim:
     n_dec = len(dec)
     S_dec = float(self.kv[dec].sum()) + n_dec if n_dec else 0.0
     n_pre = S_att = S_kv = 0.0
-    if chunks:
+    if self.r.padded_to is not None:
+      n_dec, S_dec, n_pre, S_att, S_kv = self._padded_mix(n_dec, chunks)
+    elif chunks:
       ch = np.asarray(chunks, float)
       pairs = self.r.chunk(o_chunk=ch[:, 1], c_chunk=ch[:, 2])
       n_pre = float(ch[:, 2].sum())
       S_att = float(np.sum(pairs["attended"]))
       S_kv = float(np.sum(pairs["kv_positions"]))
     step = float(self.r.step_s(float(n_dec), S_dec, n_pre, S_att, S_kv))
+    n_dec = len(dec)
     if not math.isfinite(step) or step <= 0:
       raise InputError(f"the iteration time {step!r} is not a positive number: check the "
                        "model's inputs (bandwidth, FLOP rate, sizes)")
@@ -344,6 +353,20 @@ class _Sim:
           self.dirty = True
     if self.progress is not None and self.iterations % 256 == 0:
       self.progress(self.finished)
+
+  def _padded_mix(self, n_dec: int, chunks: list) -> tuple[float, ...]:
+    """The mix a fixed-shape server computes (see `Replica.padded_to`)."""
+    r = self.r
+    slots, width = r.max_running, r.max_context
+    mix = [0.0] * 5
+    if n_dec:
+      mix[0], mix[1] = float(slots), float(slots * width)
+    for _, _, c in chunks:
+      padded = r.padded_to(c)
+      mix[2] += padded
+      mix[3] += padded * width
+      mix[4] += width
+    return tuple(mix)
 
   def _finish(self, done: list[int], padding: bool) -> None:
     for i in done:

@@ -47,11 +47,12 @@ class Served:
   outputs: list[list[int]]  # Generated token IDs per request.
   prompts: list[np.ndarray]
   iteration_s: np.ndarray  # Measured wall time per iteration.
-  mix: dict[str, np.ndarray]  # `MIX_NAMES` per iteration.
+  mix: dict[str, np.ndarray]  # `MIX_NAMES` per iteration, logical tokens.
+  computed_mix: dict[str, np.ndarray]  # As computed: all rows, padded prompts, all slots.
   wall_s: float
 
 
-def _bucket(length: int) -> int:
+def padded_prompt(length: int) -> int:
   """Padded prompt length: the next power of two >= 16."""
   return max(16, 1 << (int(length) - 1).bit_length())
 
@@ -71,7 +72,7 @@ class ToyServer:
     self.slots = require_positive_int("slots", slots)
     self.max_len = require_positive_int("max_len", max_len)
     self.dtype = params.embed.dtype
-    self.buckets = sorted({_bucket(n) for n in np.asarray(prompt_lengths).tolist()})
+    self.buckets = sorted({padded_prompt(n) for n in np.asarray(prompt_lengths).tolist()})
     self._warm_up()
 
   def _empty(self) -> rows.RowCache:
@@ -104,6 +105,7 @@ class ToyServer:
     itl: list[float] = []
     iteration_s: list[float] = []
     mix: dict[str, list[float]] = {name: [] for name in MIX_NAMES}
+    computed: dict[str, list[float]] = {name: [] for name in MIX_NAMES}
     row_of = [-1] * self.slots  # Request in each row, or -1.
     tokens = np.zeros(self.slots, np.int32)
     lengths = np.zeros(self.slots, np.int64)
@@ -126,11 +128,12 @@ class ToyServer:
       n_dec, S_dec = len(running), float(np.sum(lengths[running] + 1))
       emitted: list[tuple[int, int]] = []  # (row, token) at the iteration's end.
       n_pre = S_att = S_kv = 0.0
+      padded_rows = prefills = 0
       free = [r for r in range(self.slots) if row_of[r] < 0]
       while waiting and free:
         i, r = waiting.pop(0), free.pop(0)
         p = prompts[i]
-        padded = np.zeros((1, _bucket(len(p))), np.int32)
+        padded = np.zeros((1, padded_prompt(len(p))), np.int32)
         padded[0, :len(p)] = p
         last, cache = rows.prefill_row(self.params, cache, jnp.int32(r), jnp.asarray(padded),
                                        jnp.int32(len(p)))
@@ -140,6 +143,8 @@ class ToyServer:
         n_pre += len(p)
         S_att += float(pairs["attended"])
         S_kv += float(pairs["kv_positions"])
+        padded_rows += padded.shape[1]
+        prefills += 1
       if n_dec:
         logits, cache = rows.decode_rows(self.params, cache, jnp.asarray(tokens),
                                          jnp.asarray(decoding))
@@ -150,6 +155,10 @@ class ToyServer:
       iteration_s.append(end - began)
       for name, value in zip(MIX_NAMES, (n_dec, S_dec, n_pre, S_att, S_kv)):
         mix[name].append(float(value))
+      as_computed = (self.slots if n_dec else 0, self.slots * self.max_len if n_dec else 0,
+                     padded_rows, padded_rows * self.max_len, self.max_len * prefills)
+      for name, value in zip(MIX_NAMES, as_computed):
+        computed[name].append(float(value))
       t = end - start
       for r, token in emitted:
         i = row_of[r]
@@ -170,6 +179,7 @@ class ToyServer:
         output_tokens=workload.output_tokens.copy(), itl_s=np.asarray(itl),
         outputs=outputs, prompts=prompts, iteration_s=np.asarray(iteration_s),
         mix={k: np.asarray(v) for k, v in mix.items()},
+        computed_mix={k: np.asarray(v) for k, v in computed.items()},
         wall_s=time.perf_counter() - start)
 
 
