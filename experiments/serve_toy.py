@@ -52,8 +52,9 @@ def main(argv: list[str]) -> None:
   result["toy"]["preset"] = _PRESET.value
   rows = []
   for name, load in result["loads"].items():
-    for source in ("measured", "simulated"):
-      m = load[source]
+    runs = {"measured": load["measured"],
+            **{f"twin {k}": t["simulated"] for k, t in load["twins"].items()}}
+    for source, m in runs.items():
       rows.append([f"{name} {source}", f"{load['arrival_rate_per_s']:.2f}",
                    f"{1e3 * m['ttft_s']['median']:.2f}", f"{1e3 * m['ttft_s']['p90']:.2f}",
                    f"{1e3 * m['itl_s']['median']:.2f}", f"{1e3 * m['itl_s']['p90']:.2f}",

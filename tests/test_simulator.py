@@ -238,3 +238,14 @@ def test_cli_bad_input_is_one_line(args, name):
   assert done.returncode == 2
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and name in lines[0]
+
+
+def test_padded_costing_charges_every_row_and_slot():
+  # A fixed-shape server computes all rows over all slots: the decode cost is
+  # the same with one running sequence as with max_running of them.
+  r = _replica(max_running=4, max_context=64, padded_to=lambda c: 32)
+  one = simulator.simulate(arrivals.Workload(np.array([0.0]), np.array([10]), np.array([3]), {}),
+                           r, "iteration")
+  padded_decode = _sympy_time("bound", n_dec=4, S_dec=4 * 64)
+  padded_prefill = _sympy_time("bound", n_pre=32, S_pre_att=32 * 64, S_pre_kv=64)
+  assert one.finish_s[0] == pytest.approx(padded_prefill + 2 * padded_decode, rel=1e-12)

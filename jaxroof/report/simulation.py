@@ -99,8 +99,9 @@ def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
     for row, key in enumerate(("ttft_s", "itl_s")):
       ax = axes[row, col]
       for source, style, label in (("measured", "-", "measured"),
-                                   ("simulated", "--", "twin (held-out fit)"),
-                                   ("simulated_own_fit", ":", "twin (fit to this run)")):
+                                   ("tokens_held_out", "--", "twin, held-out fit"),
+                                   ("computed_held_out", "-.", "twin (computed), held-out"),
+                                   ("tokens_own_fit", ":", "twin, fit to this run")):
         v = np.asarray(load["cdf"][f"{source}_{key}"])
         ax.plot(v * 1e3, np.arange(1, len(v) + 1) / max(len(v), 1), style, label=label)
       ax.set_xscale("log")

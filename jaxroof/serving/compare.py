@@ -6,7 +6,8 @@
    iterations (`twin.fit_iteration_factors`); the twin's saturation rate
    X_sat is its simulated throughput on the probe's workload;
 3. three loads, light, near the knee and overloaded (0.3, 0.85, 1.5 X_sat,
-   new seeds): each workload is served for real and simulated by the twin
+   new seeds), each after a fresh bursty calibration run whose fit is the
+   held-out twin (a shared CPU's speed drifts within minutes): each workload is served for real and simulated by the twin
    (scheduler "iteration", the server's own policy), and the vLLM metrics of
    both are compared. Each run is also simulated by a twin refitted to that
    run's own iterations, which separates the scheduling model from the drift
@@ -63,10 +64,14 @@ def _errors(sim_m: dict, real_m: dict) -> dict:
   }
 
 
-def _iteration_errors(served, values, factors) -> dict:
-  """Predicted over measured iteration time, split by kind: which term misses."""
+MIXES: dict[str, str] = {"tokens": "mix", "computed": "computed_mix"}
+
+
+def _iteration_errors(served, values, factors, costing) -> dict:
+  """Predicted against measured iteration time, split by kind: which term misses."""
   step = iteration.step_time_function("calibrated", values, factors)
-  predicted = np.asarray(step(*(served.computed_mix[k] for k in toy_server.MIX_NAMES)))
+  mix = getattr(served, MIXES[costing])
+  predicted = np.asarray(step(*(mix[k] for k in toy_server.MIX_NAMES)))
   prefill = served.mix["n_pre"] > 0
   out = {}
   for name, sel in (("decode_only", ~prefill), ("with_prefill", prefill)):
@@ -77,8 +82,8 @@ def _iteration_errors(served, values, factors) -> dict:
   return out
 
 
-def _fit(served_runs, values):
-  mix = {k: np.concatenate([s.computed_mix[k] for s in served_runs])
+def _fit(served_runs, values, costing):
+  mix = {k: np.concatenate([getattr(s, MIXES[costing])[k] for s in served_runs])
          for k in toy_server.MIX_NAMES}
   measured = np.concatenate([s.iteration_s for s in served_runs])
   factors = twin.fit_iteration_factors(mix, measured, values)
@@ -115,46 +120,66 @@ def compare_toy(params, *, slots: int, num_requests: int, prompt_tokens: int,
   calib_w = _workload(0.6 * probe_x, num_requests, seed + 2000, arrival="gamma",
                       burstiness=0.25, **shape)
   calib = server.serve(calib_w, toy_server.prompts_for(calib_w, vocab, seed + 2000))
-  factors, fit = _fit([probe, calib], values)
-  held_out = twin.twin_replica(params, factors, slots=slots, max_len=max_len,
-                               provenance={"fitted_to": "probe + calibration iterations"})
-  x_sat = _twin_saturation(probe_w, held_out)
+  twins, fits = {}, {}
+  for costing in MIXES:
+    factors, fits[costing] = _fit([probe, calib], values, costing)
+    fits[costing]["factors"] = factors
+    twins[costing] = twin.twin_replica(
+        params, factors, slots=slots, max_len=max_len, costing=costing,
+        provenance={"fitted_to": "probe + calibration iterations"})
+  x_sat = _twin_saturation(probe_w, twins["tokens"])
   progress(f"saturation: measured probe {probe_x:.2f}/s, twin {x_sat:.2f}/s; fit median "
-           f"|error| {fit['median_abs_rel_error']:.1%} over {fit['iterations']} iterations")
+           + ", ".join(f"{c} {f['median_abs_rel_error']:.1%}" for c, f in fits.items()))
   loads = {}
   for i, (name, fraction) in enumerate(LOADS.items()):
+    # A fresh held-out calibration just before the run: a shared CPU's speed drifts.
+    cal_w = _workload(0.6 * x_sat, max(4, num_requests // 2), seed + 3000 + i, arrival="gamma",
+                      burstiness=0.25, **shape)
+    cal = server.serve(cal_w, toy_server.prompts_for(cal_w, vocab, seed + 3000 + i))
+    fresh = {}
+    for costing in MIXES:
+      cal_factors, cal_fit = _fit([cal], values, costing)
+      fresh[costing] = (twin.twin_replica(params, cal_factors, slots=slots, max_len=max_len,
+                                          costing=costing,
+                                          provenance={"fitted_to": "calibration run before"}),
+                        cal_factors, cal_fit)
     w = _workload(fraction * x_sat, num_requests, seed + i, **shape)
     load_at_start = os.getloadavg()
     served = server.serve(w, toy_server.prompts_for(w, vocab, seed + i))
     real_m = _served_metrics(served)
-    sim_run, sim_m = _simulate(w, held_out)
-    own_factors, own_fit = _fit([served], values)
-    own_run, own_m = _simulate(w, twin.twin_replica(
-        params, own_factors, slots=slots, max_len=max_len,
-        provenance={"fitted_to": "this run's own iterations"}))
-    errors, own_errors = _errors(sim_m, real_m), _errors(own_m, real_m)
-    loads[name] = {
-        "arrival_rate_per_s": fraction * x_sat, "fraction_of_saturation": fraction,
-        "load_average_1_5_15": list(load_at_start),
-        "measured": real_m, "simulated": sim_m, "relative_error": errors,
-        "within_target": {k: errors[k] is not None and abs(errors[k]) <= v
-                          for k, v in TARGETS.items()},
-        "iteration_time": _iteration_errors(served, values, factors),
-        "simulated_own_fit": own_m, "relative_error_own_fit": own_errors,
-        "own_fit": {"factors": own_factors, **own_fit},
-        "within_target_own_fit": {k: own_errors[k] is not None and abs(own_errors[k]) <= v
-                                  for k, v in TARGETS.items()},
-        "cdf": {"measured_ttft_s": _thin(served.first_token_s - served.arrival_s),
-                "simulated_ttft_s": _thin(sim_run.first_token_s - sim_run.arrival_s),
-                "simulated_own_fit_ttft_s": _thin(own_run.first_token_s - own_run.arrival_s),
-                "measured_itl_s": _thin(served.itl_s), "simulated_itl_s": _thin(sim_run.itl_s),
-                "simulated_own_fit_itl_s": _thin(own_run.itl_s)},
-        "wall_s": served.wall_s,
-    }
-    progress(f"{name}: rate {fraction * x_sat:.2f}/s, held-out twin errors "
-             + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items() if v is not None)
-             + "; own-fit twin " + ", ".join(f"{k} {v:+.1%}" for k, v in own_errors.items()
-                                            if v is not None))
+    entry = {"arrival_rate_per_s": fraction * x_sat, "fraction_of_saturation": fraction,
+             "load_average_1_5_15": list(load_at_start), "measured": real_m,
+             "measured_iteration_s": {
+                 "count": int(len(served.iteration_s)),
+                 **{f"p{q}": float(np.percentile(served.iteration_s, q)) for q in (10, 50, 90)}},
+             "twins": {},
+             "cdf": {"measured_ttft_s": _thin(served.first_token_s - served.arrival_s),
+                     "measured_itl_s": _thin(served.itl_s)},
+             "wall_s": served.wall_s}
+    for costing in MIXES:
+      own_factors, own_fit = _fit([served], values, costing)
+      own = twin.twin_replica(params, own_factors, slots=slots, max_len=max_len,
+                              costing=costing, provenance={"fitted_to": "this run"})
+      for fit_name, replica_, factors in (
+          ("held_out", fresh[costing][0], fresh[costing][1]),
+          ("first_calibration", twins[costing], fits[costing]["factors"]),
+          ("own_fit", own, own_factors)):
+        sim_run, sim_m = _simulate(w, replica_)
+        errors = _errors(sim_m, real_m)
+        key = f"{costing}_{fit_name}"
+        entry["twins"][key] = {
+            "simulated": sim_m, "relative_error": errors,
+            "within_target": {k: errors[k] is not None and abs(errors[k]) <= v
+                              for k, v in TARGETS.items()},
+            "iteration_time": _iteration_errors(served, values, factors, costing),
+            **({"fit": {"factors": own_factors, **own_fit}} if fit_name == "own_fit" else {}),
+            **({"fit": {"factors": fresh[costing][1], **fresh[costing][2]}}
+               if fit_name == "held_out" else {})}
+        entry["cdf"][f"{key}_ttft_s"] = _thin(sim_run.first_token_s - sim_run.arrival_s)
+        entry["cdf"][f"{key}_itl_s"] = _thin(sim_run.itl_s)
+        progress(f"{name} ({fraction * x_sat:.2f}/s), twin {key}: "
+                 + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items() if v is not None))
+    loads[name] = entry
   return {
       "label": "measurement (toy server, wall clock) vs calibrated prediction (simulated twin)",
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -170,13 +195,18 @@ def compare_toy(params, *, slots: int, num_requests: int, prompt_tokens: int,
                  "are on the host"),
       "saturation_requests_per_s": {"twin": x_sat, "measured_probe": probe_x},
       "twin": {"how": ("calibrated iteration model (jaxroof.symbolic.iteration) fitted to the "
-                       "server's own iterations: 'simulated' uses a probe (all at once) and a "
-                       "bursty calibration run with seeds apart from the compared runs "
-                       "(held out); 'simulated_own_fit' refits on each compared run's own "
+                       "server's own iterations: 'held_out' is fitted to a bursty calibration "
+                       "run (its own seed) served just before each compared run; "
+                       "'first_calibration' to the probe and first calibration run at the "
+                       "start (exposed to the shared CPU's drift); 'own_fit' refits on each compared run's own "
                        "iterations, isolating the scheduling and queueing model from drift "
                        "in the machine's speed"),
-               "factors": factors, "nominal_ceilings": {"BW": values["BW"], "F": values["F"]},
-               **fit},
+               "costings": {"tokens": "iterations costed by their logical tokens (the "
+                                      "simulator's rule)",
+                            "computed": "costed as the fixed-shape server computes: all rows, "
+                                        "prompts padded to powers of two, every slot"},
+               "held_out_fits": fits,
+               "nominal_ceilings": {"BW": values["BW"], "F": values["F"]}},
       "targets": TARGETS,
       "loads": loads,
   }

@@ -8,7 +8,7 @@ row that was already running. Tokens are greedy (argmax) and are returned at
 the iteration's end, as a streaming server sends them, so every request's
 token times are iteration end times on the wall clock (`time.perf_counter`,
 after `block_until_ready`). Requests arrive on the wall clock at the
-workload's `arrival_s`.
+workload's `arrival_s`; while idle the loop spins on the clock (no sleep).
 
 Timing rules: every shape is compiled and run once before the clock starts
 (prompts are padded to a few bucket lengths, so there are few shapes), and
@@ -120,7 +120,10 @@ class ToyServer:
         next_arrival += 1
       running = [r for r in range(self.slots) if row_of[r] >= 0]
       if not running and not waiting:
-        time.sleep(max(0.0, arrival[next_arrival] - now))
+        # Spin, as a serving loop polls: a sleep would add the OS's wake-up
+        # latency (milliseconds on a loaded machine) to the next TTFT.
+        while time.perf_counter() - start < arrival[next_arrival]:
+          pass
         continue
       began = time.perf_counter()
       decoding = np.zeros(self.slots, bool)

@@ -87,8 +87,13 @@ def fit_iteration_factors(mix: dict[str, np.ndarray], measured_s: np.ndarray,
 
 
 def twin_replica(params: Params, factors: dict[str, float], *, slots: int, max_len: int,
-                 provenance: dict) -> replica.Replica:
-  """The simulator replica of the toy server: `slots` rows of `max_len` positions."""
+                 provenance: dict, costing: str = "tokens") -> replica.Replica:
+  """The simulator replica of the toy server: `slots` rows of `max_len` positions.
+
+  `costing` "tokens" costs each iteration by its logical tokens (the
+  simulator's own rule); "computed" by what the fixed-shape server computes
+  (all rows, padded prompts, every slot; `Replica.padded_to`).
+  """
   values = toy_model_values(params)
   model = StepModel.calibrated(factors, provenance=provenance)
   return replica.from_numbers(
@@ -96,6 +101,6 @@ def twin_replica(params: Params, factors: dict[str, float], *, slots: int, max_l
       L=int(values["L"]), H=int(values["H"]), d=int(values["d"]),
       kv_memory_bytes=slots * max_len * values["k"], page_bytes=max_len * values["k"],
       page_tokens=max_len, step_model=model, max_running=slots, max_context=max_len,
-      padded_to=toy_server.padded_prompt,
+      padded_to=toy_server.padded_prompt if costing == "computed" else None,
       description={"model": "toy", "fitted_to": "the toy server's own iterations",
-                   "costed_as": "computed (all rows, padded prompts, all slots)"})
+                   "costing": costing, **provenance})
