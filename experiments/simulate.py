@@ -178,8 +178,8 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  r = _replica()
   w = _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value)
+  r = _replica()
   bar, progress = _progress(len(w))
   run = simulator.simulate(w, r, _SCHEDULER.value, progress)
   if bar is not None:

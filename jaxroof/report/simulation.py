@@ -20,6 +20,13 @@ from jaxroof.specs.models import load_model
 plt = plots.plt
 
 
+def _log_x(ax) -> None:
+  """Log x axis with plain major labels and no minor labels."""
+  ax.set_xscale("log")
+  ax.xaxis.set_minor_formatter(plots.matplotlib.ticker.NullFormatter())
+  ax.xaxis.set_major_formatter(plots.matplotlib.ticker.ScalarFormatter())
+
+
 def metrics_rows(results: dict[str, dict]) -> list[list[str]]:
   """One row per run: TTFT, TPOT, ITL, E2EL (median / p90 / p99, ms) and rates."""
   rows = []
@@ -49,7 +56,7 @@ def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[
         ax.plot(v * 1e3, np.arange(1, len(v) + 1) / len(v), label=name,
                 linestyle=values.get("style", "-"), color=values.get("color"))
   for ax, label in zip(axes, ("TTFT (ms)", "ITL (ms)")):
-    ax.set_xscale("log")
+    _log_x(ax)
     ax.set_xlabel(label)
     ax.set_ylabel("fraction of requests" if "TTFT" in label else "fraction of gaps")
     ax.grid(alpha=0.3)
@@ -104,7 +111,7 @@ def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
                                    ("tokens_own_fit", ":", "twin, fit to this run")):
         v = np.asarray(load["cdf"][f"{source}_{key}"])
         ax.plot(v * 1e3, np.arange(1, len(v) + 1) / max(len(v), 1), style, label=label)
-      ax.set_xscale("log")
+      _log_x(ax)
       ax.set_xlabel(("TTFT" if key == "ttft_s" else "ITL") + " (ms)")
       ax.grid(alpha=0.3)
       if row == 0:
