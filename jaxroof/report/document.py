@@ -24,6 +24,7 @@ from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
 from jaxroof.report import plots
+from jaxroof.report import simulation as simulation_report
 from jaxroof.report import specs as specs_report
 from jaxroof.report import table
 from jaxroof.report import toy as toy_summary
@@ -141,6 +142,10 @@ def _parallel_section(ctx: Context) -> str:
   return parallel_report.report_section(ctx.out_dir)
 
 
+def _simulation_section(ctx: Context) -> str:
+  return simulation_report.simulation_section(ctx.out_dir)
+
+
 def _kernels_section(ctx: Context) -> str:
   return kernel_benchmark.report_section(ctx.out_dir, ctx.results_dir)
 
@@ -152,6 +157,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     toy_section,
     _specs_section,
     _parallel_section,
+    _simulation_section,
     _kernels_section,
     calibration_section,
 ]

@@ -59,6 +59,11 @@ def _overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   return larger * ((a / larger) ** p + (b / larger) ** p) ** (1 / p)
 
 
+def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
+  """The fitted overlap of two times (public for the iteration model)."""
+  return _overlap(a, b)
+
+
 def _terms() -> dict[str, sp.Expr]:
   """The calibrated step's named expressions, built from `formulas`."""
   weight_s = formulas.memory_time(formulas.weight_traffic(N, q), eta_w * BW)

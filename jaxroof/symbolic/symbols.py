@@ -25,7 +25,7 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "parallel": []}
+                                      "parallel": [], "iteration": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -130,10 +130,24 @@ t_comm = _define("t_comm", "s", "communication time on a step's critical path", 
 t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
 t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
 
+# One scheduler iteration with a mixed batch (`iteration.py`, continuous batching).
+_I = "iteration"
+n_dec = _define("n_dec", "sequences", "decode sequences in the iteration (one token each)", _I)
+S_dec = _define("S_dec", "tokens", "sum of the decode sequences' attended contexts", _I)
+n_pre = _define("n_pre", "tokens", "prompt (prefill chunk) tokens in the iteration", _I)
+S_pre_att = _define("S_pre_att", "positions", "query-key pairs of the prefill chunks' "
+                    "causal attention over their prefixes", _I)
+S_pre_kv = _define("S_pre_kv", "tokens", "positions whose K/V the prefill chunks read or "
+                   "write (prefix plus chunk)", _I)
+o_chunk = _define("o_chunk", "tokens", "prompt tokens already prefilled before a chunk", _I)
+c_chunk = _define("c_chunk", "tokens", "prompt tokens in a prefill chunk", _I)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
+
+ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 

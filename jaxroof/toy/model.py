@@ -44,14 +44,19 @@ def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 
 
 def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-  """Rotates coordinate pairs (i, i + e/2) of x (b, t, n, e) by position."""
+  """Rotates coordinate pairs (i, i + e/2) of x (b, t, n, e) by position.
+
+  `positions` is (t,), shared by every row, or (b, t), one per row.
+  """
   e = x.shape[-1]
   half = e // 2
   dtype = _compute_dtype(x.dtype)
   inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)  # shape=(e/2,)
-  angle = positions.astype(dtype)[:, None] * inv_freq[None, :]  # (t, e/2)
-  cos = jnp.cos(angle)[None, :, None, :]
-  sin = jnp.sin(angle)[None, :, None, :]
+  angle = positions.astype(dtype)[..., None] * inv_freq  # (t, e/2) or (b, t, e/2)
+  if angle.ndim == 2:
+    angle = angle[None]
+  cos = jnp.cos(angle)[:, :, None, :]
+  sin = jnp.sin(angle)[:, :, None, :]
   x1, x2 = x[..., :half].astype(dtype), x[..., half:].astype(dtype)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
   return rotated.astype(x.dtype)
@@ -62,9 +67,11 @@ def _attention(
 ) -> jax.Array:
   """Grouped-KV attention of q (b, t, h, e) over k, v (b, s, k, e).
 
-  `mask` (t, s) is True where a query may read a key slot.
+  `mask` (t, s), or (b, t, s) per row, is True where a query may read a key slot.
   """
   b, t, h, e = q.shape
+  if mask.ndim == 3:
+    mask = mask[:, None, None]  # (b, 1, 1, t, s) against (b, k, g, t, s).
   kv_heads = k.shape[2]
   dtype = _compute_dtype(q.dtype)
   q = q.reshape(b, t, kv_heads, h // kv_heads, e)
@@ -89,7 +96,8 @@ def _dropout(x: jax.Array, rate: float, keep: jax.Array | None) -> jax.Array:
 def _embed(params: Params, ids: jax.Array, positions: jax.Array) -> jax.Array:
   x = params.embed[ids]  # (b, t, D)
   if params.pos_embed is not None:
-    x = x + params.pos_embed[positions][None]
+    table = params.pos_embed[positions]  # (t, D) or (b, t, D)
+    x = x + (table if positions.ndim == 2 else table[None])
   return x
 
 

@@ -1,0 +1,213 @@
+"""Simulate one serving replica under continuous batching (vLLM `bench serve` metrics).
+
+Simulated predictions: each iteration's time is the iteration model of
+`jaxroof.symbolic.iteration` (analytic bound, or calibrated with --profile)
+for its mix of decodes and prefill chunks; K/V is paged from the model's
+layer schedule. Give a shipped model on an accelerator
+(`--model=llama-3-8b --accelerator=h100-sxm --context=2048`) or raw numbers
+(`--params_b --bytes_per_weight --kv_bytes_per_token --bandwidth_tbps
+--tflops --layers --heads --head_dim --kv_memory_gb`), and optionally
+`--profile` (a calibration profile: its fitted factors and measured ceilings).
+
+  python -m experiments.simulate --model=llama-3-8b --accelerator=h100-sxm \
+      --context=2048 --num_requests=2000 --arrival_rate=20 --scheduler=chunked \
+      --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
+      --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
+
+--plot_out writes the TTFT/ITL CDFs there, and beside it `<stem>_kv.png`
+(K/V pages and queue over time) and `<stem>_goodput.png` (goodput against
+arrival rate for the three schedulers, at up to --goodput_requests requests).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from experiments import _cli
+from jaxroof import files
+from jaxroof.errors import InputError
+from jaxroof.measure import profiles
+from jaxroof.report import simulation as sim_report
+from jaxroof.report import table
+from jaxroof.serving import arrivals, metrics, replica, simulator
+from jaxroof.specs.accelerators import load_accelerator
+from jaxroof.specs.models import load_model
+from jaxroof.symbolic.step_model import StepModel
+
+# The model: a shipped model on an accelerator ...
+_MODEL = flags.DEFINE_string("model", None, "Shipped model name or HF config path (needs "
+                             "--accelerator and --context).")
+_ACCELERATOR = flags.DEFINE_string("accelerator", None, "Accelerator slug, e.g. h100-sxm.")
+_CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
+                                "token are taken (sliding windows, states).", lower_bound=1)
+_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model.")
+_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model.")
+# ... or raw numbers.
+_PARAMS_B = flags.DEFINE_float("params_b", None, "Raw: billions of weights read and "
+                               "multiplied per iteration.")
+_BYTES_PER_WEIGHT = flags.DEFINE_float("bytes_per_weight", 2.0, "Raw: bytes per weight.")
+_KV_BYTES_PER_TOKEN = flags.DEFINE_float("kv_bytes_per_token", None, "Raw: K/V bytes per token.")
+_BANDWIDTH_TBPS = flags.DEFINE_float("bandwidth_tbps", None, "Raw: memory bandwidth, TB/s.")
+_TFLOPS = flags.DEFINE_float("tflops", None, "Raw: dense TFLOP/s.")
+_LAYERS = flags.DEFINE_integer("layers", None, "Raw: attention blocks.", lower_bound=1)
+_HEADS = flags.DEFINE_integer("heads", None, "Raw: query heads per block.", lower_bound=1)
+_HEAD_DIM = flags.DEFINE_integer("head_dim", None, "Raw: coordinates per head.", lower_bound=1)
+_KV_MEMORY_GB = flags.DEFINE_float("kv_memory_gb", None, "Raw: memory for K/V pages, GB.")
+_MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longest sequence.",
+                                    lower_bound=1)
+_PROFILE = flags.DEFINE_string("profile", None, "Calibration profile JSON: calibrated "
+                               "iterations with its factors and measured ceilings.")
+# The workload.
+_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "Requests to simulate.")
+_ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 10.0, "Mean arrivals per second.")
+_ARRIVAL = flags.DEFINE_enum("arrival", "poisson", ["poisson", "gamma", "trace"], "Arrivals.")
+_BURSTINESS = flags.DEFINE_float("burstiness", 1.0, "Gamma shape (1: Poisson, < 1: burstier).")
+_TRACE = flags.DEFINE_string("trace", None, "JSONL/CSV trace with arrival_s, prompt_tokens, "
+                             "output_tokens (--arrival=trace).")
+_PROMPT_TOKENS = flags.DEFINE_float("prompt_tokens", 1000, "Mean prompt length (tokens).")
+_OUTPUT_TOKENS = flags.DEFINE_float("output_tokens", 200, "Mean output length (tokens).")
+_PROMPT_DIST = flags.DEFINE_enum("prompt_distribution", "fixed", list(arrivals.LENGTHS),
+                                 "Prompt lengths: fixed (exact), uniform, lognormal.")
+_OUTPUT_DIST = flags.DEFINE_enum("output_distribution", "fixed", list(arrivals.LENGTHS),
+                                 "Output lengths: fixed (exact), uniform, lognormal.")
+_PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.0, "Uniform: half-width / mean; "
+                                    "lognormal: coefficient of variation.")
+_OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.")
+# The scheduling.
+_SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
+                               "static, iteration (Orca) or chunked (Sarathi).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of arrivals and lengths.")
+_MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "Most running sequences.", lower_bound=1)
+_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per iteration.",
+                                     lower_bound=1)
+_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching window, ms.",
+                                      lower_bound=0.0)
+_BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per K/V page.", lower_bound=1)
+# The targets and outputs.
+_TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
+_TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
+_PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
+_GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
+                                         "goodput-vs-rate plot.", lower_bound=1)
+
+for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
+                       (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (_TTFT_MS, "ms"),
+                       (_TPOT_MS, "ms"), (_PARAMS_B, "billions"), (_BYTES_PER_WEIGHT, "B"),
+                       (_KV_BYTES_PER_TOKEN, "B"), (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"),
+                       (_KV_MEMORY_GB, "GB"), (_NUM_REQUESTS, "requests")):
+  _cli.require_positive(_holder, _unit)
+
+
+def _step_model() -> StepModel:
+  if _PROFILE.value is None:
+    return StepModel.bound()
+  return profiles.step_model(profiles.load_profile(_PROFILE.value))
+
+
+def _replica(**kw) -> replica.Replica:
+  model = _step_model()
+  common = dict(step_model=model, max_running=_MAX_RUNNING.value,
+                token_budget=_TOKEN_BUDGET.value, batch_window_s=_BATCH_WINDOW_MS.value / 1e3, **kw)
+  if _MODEL.value is not None:
+    if _ACCELERATOR.value is None or _CONTEXT.value is None:
+      raise InputError("model needs --accelerator and --context (or give raw numbers).")
+    return replica.from_model(load_model(_MODEL.value), load_accelerator(_ACCELERATOR.value),
+                              context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
+                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value, **common)
+  raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
+         "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
+         "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
+  missing = [f"--{n}" for n, h in raw.items() if h.value is None]
+  if missing:
+    raise InputError(f"the model is not given: pass --model/--accelerator/--context or the raw "
+                     f"numbers (missing {', '.join(missing)}).")
+  k = _KV_BYTES_PER_TOKEN.value
+  return replica.from_numbers(
+      N=_PARAMS_B.value * 1e9, q=_BYTES_PER_WEIGHT.value, k=k,
+      BW=_BANDWIDTH_TBPS.value * 1e12, F=None if _TFLOPS.value is None else _TFLOPS.value * 1e12,
+      L=_LAYERS.value, H=_HEADS.value, d=_HEAD_DIM.value,
+      kv_memory_bytes=_KV_MEMORY_GB.value * 1e9, page_bytes=_BLOCK_SIZE.value * k,
+      page_tokens=_BLOCK_SIZE.value, max_context=_MAX_CONTEXT.value,
+      description={"model": "raw numbers"}, **common)
+
+
+def _workload(rate: float, n: int) -> arrivals.Workload:
+  if _ARRIVAL.value == "trace":
+    if not _TRACE.value:
+      raise InputError("arrival='trace' needs --trace=PATH (a JSONL or CSV file).")
+    return arrivals.load_trace(_TRACE.value)
+  return arrivals.synthetic(
+      arrival=_ARRIVAL.value, num_requests=n, arrival_rate=rate, seed=_SEED.value,
+      prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
+      prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
+      prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
+      burstiness=_BURSTINESS.value)
+
+
+def _targets() -> dict:
+  return {"ttft_target_s": None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3,
+          "tpot_target_s": None if _TPOT_MS.value is None else _TPOT_MS.value / 1e3}
+
+
+def _progress(total: int):
+  if total < 2000:
+    return None, None
+  from tqdm import tqdm
+  bar = tqdm(total=total, unit="req", desc="simulating", leave=False)
+  return bar, (lambda finished: bar.update(finished - bar.n))
+
+
+def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
+  rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
+  n = min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value)
+  out = {name: [] for name in simulator.SCHEDULERS}
+  for x in rates:
+    w = _workload(x, n)
+    for name in simulator.SCHEDULERS:
+      run = simulator.simulate(w, r, name)
+      m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
+                                  run.output_tokens, run.itl_s, **_targets())
+      out[name].append(m["goodput_per_s"] if m["goodput_per_s"] is not None
+                       else m["request_throughput_per_s"])
+  return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": n}
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  w = _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value)
+  r = _replica()
+  bar, progress = _progress(len(w))
+  run = simulator.simulate(w, r, _SCHEDULER.value, progress)
+  if bar is not None:
+    bar.close()
+  m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
+                              run.itl_s, **_targets())
+  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
+                                       == "bound" else "calibrated iteration model"))
+  print(f"{label}: {_SCHEDULER.value} scheduler, {len(w)} requests")
+  print(table.format_table(sim_report.HEADER, sim_report.metrics_rows({_SCHEDULER.value: m})))
+  print(f"{run.iterations} iterations simulated in {run.wall_s:.2f} s; "
+        f"{run.preemptions} preemptions; peak K/V pages {int(run.pages_in_use.max())} "
+        f"of {r.total_pages}")
+  result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
+            "workload": w.description, "metrics": m,
+            "simulation": metrics.simulation_block(run, r.total_pages)}
+  if _PLOT_OUT.value:
+    stem, _ = os.path.splitext(_PLOT_OUT.value)
+    sim_report.plot_cdfs({_SCHEDULER.value: {"ttft_s": run.first_token_s - run.arrival_s,
+                                             "itl_s": run.itl_s}}, _PLOT_OUT.value, label)
+    sim_report.plot_kv_over_time(run, r.total_pages, f"{stem}_kv.png", label)
+    if _ARRIVAL.value != "trace":
+      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value)
+      result["goodput_vs_rate"] = sweep
+      sim_report.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
+                              f"{stem}_goodput.png", label)
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, result)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

@@ -1,0 +1,1 @@
+"""Serving: whole requests, arrivals, the continuous-batching simulator, the toy server."""

@@ -1,0 +1,168 @@
+"""Request arrivals and lengths for the serving simulator and the toy server.
+
+A workload is three arrays of equal length: arrival times (s, sorted), prompt
+tokens and output tokens (whole numbers >= 1). They come from
+
+  * `poisson(rate)`: exponential gaps of mean 1/rate;
+  * `gamma(rate, burstiness)`: gamma gaps of mean 1/rate and shape
+    `burstiness` (vLLM's `--burstiness`: 1 is Poisson, < 1 burstier, > 1
+    more regular; the gaps' coefficient of variation is 1/sqrt(burstiness));
+  * `load_trace(path)`: a JSONL or CSV file with the columns `arrival_s`
+    (seconds from the start, non-decreasing), `prompt_tokens` and
+    `output_tokens` (whole numbers >= 1), one request per line (CSV: a header
+    line names the columns; JSONL: one object per line).
+
+Lengths are `fixed` (exactly the given value), `uniform` (whole numbers from
+mean*(1-spread) to mean*(1+spread)) or `lognormal` (mean `mean`,
+coefficient of variation `spread`, rounded, at least 1). Every draw uses a
+seeded `numpy.random.Generator`, so a seed fixes the workload.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+
+from jaxroof.errors import InputError, require_choice, require_positive, require_positive_int
+
+ARRIVALS: tuple[str, ...] = ("poisson", "gamma", "trace")
+LENGTHS: tuple[str, ...] = ("fixed", "uniform", "lognormal")
+TRACE_COLUMNS: tuple[str, ...] = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+  """Requests in arrival order."""
+
+  arrival_s: np.ndarray  # float64, non-decreasing.
+  prompt_tokens: np.ndarray  # int64, >= 1.
+  output_tokens: np.ndarray  # int64, >= 1.
+  description: dict
+
+  def __len__(self) -> int:
+    return len(self.arrival_s)
+
+
+def arrival_times(kind: str, num_requests: int, rate: float, rng: np.random.Generator,
+                  burstiness: float = 1.0) -> np.ndarray:
+  """Arrival times (s) of `num_requests` requests at `rate` per second."""
+  require_choice("arrival", kind, ("poisson", "gamma"))
+  num_requests = require_positive_int("num_requests", num_requests)
+  rate = require_positive("arrival_rate", rate)
+  if kind == "poisson":
+    gaps = rng.exponential(1.0 / rate, num_requests)
+  else:
+    shape = require_positive("burstiness", burstiness)
+    gaps = rng.gamma(shape, 1.0 / (rate * shape), num_requests)
+  return np.cumsum(gaps)
+
+
+def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
+            rng: np.random.Generator) -> np.ndarray:
+  """`n` whole lengths >= 1 from `distribution` with `mean` and `spread`."""
+  require_choice(f"{name}_distribution", distribution, LENGTHS)
+  mean = require_positive(name, mean)
+  if distribution == "fixed":
+    if mean != int(mean):
+      raise InputError(f"{name}={mean!r} is not allowed: a fixed length must be a whole number >= 1.")
+    return np.full(n, int(mean), dtype=np.int64)
+  spread = require_positive(f"{name}_spread", spread)
+  if distribution == "uniform":
+    if spread > 1:
+      raise InputError(f"{name}_spread={spread!r} is not allowed: uniform lengths need spread in (0, 1].")
+    lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return rng.integers(lo, hi + 1, n).astype(np.int64)
+  sigma2 = math.log1p(spread ** 2)
+  draws = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
+  return np.maximum(1, np.rint(draws)).astype(np.int64)
+
+
+def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int,
+              prompt_tokens: float, output_tokens: float, prompt_distribution: str = "fixed",
+              output_distribution: str = "fixed", prompt_spread: float = 0.0,
+              output_spread: float = 0.0, burstiness: float = 1.0) -> Workload:
+  """A seeded synthetic workload (arrivals first, then prompt and output lengths)."""
+  rng = np.random.default_rng(seed)
+  times = arrival_times(arrival, num_requests, arrival_rate, rng, burstiness)
+  prompts = lengths("prompt_tokens", prompt_distribution, prompt_tokens, prompt_spread,
+                    num_requests, rng)
+  outputs = lengths("output_tokens", output_distribution, output_tokens, output_spread,
+                    num_requests, rng)
+  description = {"arrival": arrival, "arrival_rate_per_s": float(arrival_rate),
+                 "burstiness": float(burstiness), "num_requests": int(num_requests),
+                 "seed": int(seed),
+                 "prompt_tokens": {"distribution": prompt_distribution, "mean": float(prompt_tokens),
+                                   "spread": float(prompt_spread)},
+                 "output_tokens": {"distribution": output_distribution, "mean": float(output_tokens),
+                                   "spread": float(output_spread)}}
+  return Workload(times, prompts, outputs, description)
+
+
+def _number(path: str, line: int, column: str, text) -> float:
+  try:
+    value = float(text)
+  except (TypeError, ValueError):
+    raise InputError(f"trace={path!r} line {line}: {column}={text!r} is not a number.") from None
+  if not math.isfinite(value):
+    raise InputError(f"trace={path!r} line {line}: {column}={text!r} is not finite.")
+  return value
+
+
+def _rows(path: str):
+  """(line number, {column: text}) per request, from JSONL or CSV."""
+  with open(path, newline="") as f:
+    if path.endswith((".jsonl", ".json")):
+      for line, text in enumerate(f, start=1):
+        if not text.strip():
+          continue
+        try:
+          row = json.loads(text)
+        except json.JSONDecodeError as e:
+          raise InputError(f"trace={path!r} line {line}: not a JSON object ({e.msg}).") from None
+        if not isinstance(row, dict):
+          raise InputError(f"trace={path!r} line {line}: not a JSON object.")
+        yield line, row
+    else:
+      reader = csv.DictReader(f)
+      missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+      if missing:
+        raise InputError(f"trace={path!r} line 1: the header lacks columns {missing} "
+                         f"(needs {list(TRACE_COLUMNS)}).")
+      for row in reader:
+        yield reader.line_num, row
+
+
+def load_trace(path: str | os.PathLike[str]) -> Workload:
+  """Requests from a JSONL or CSV trace (columns `TRACE_COLUMNS`), validated by line."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise InputError(f"trace={path!r} is not a readable file.")
+  times, prompts, outputs = [], [], []
+  for line, row in _rows(path):
+    missing = [c for c in TRACE_COLUMNS if row.get(c) in (None, "")]
+    if missing:
+      raise InputError(f"trace={path!r} line {line}: missing columns {missing}.")
+    t = _number(path, line, "arrival_s", row["arrival_s"])
+    if t < 0 or (times and t < times[-1]):
+      raise InputError(f"trace={path!r} line {line}: arrival_s={t:g} is negative or earlier "
+                       "than the line before (times must be non-decreasing).")
+    lens = []
+    for column in ("prompt_tokens", "output_tokens"):
+      value = _number(path, line, column, row[column])
+      if value < 1 or value != int(value):
+        raise InputError(f"trace={path!r} line {line}: {column}={row[column]!r} is not a "
+                         "whole number >= 1.")
+      lens.append(int(value))
+    times.append(t)
+    prompts.append(lens[0])
+    outputs.append(lens[1])
+  if not times:
+    raise InputError(f"trace={path!r} holds no requests.")
+  return Workload(np.asarray(times, float), np.asarray(prompts, np.int64),
+                  np.asarray(outputs, np.int64),
+                  {"arrival": "trace", "trace": path, "num_requests": len(times)})
