@@ -24,7 +24,8 @@ class Quantity:
   meaning: str
 
 
-_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": []}
+_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
+                                      "serving": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -106,9 +107,23 @@ t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
 
+# Serving: prefill with attention, whole requests, queueing (`prefill.py`, `serving.py`).
+_S = "serving"
+A_f = _define("A_f", "FLOP", "attention FLOPs per (query, key) pair, all blocks", _S)
+C_chunk = _define("C_chunk", "tokens", "prompt tokens per prefill chunk", _S)
+x_over = _define("x_over", "1", "tolerated fractional overhead of chunked prefill", _S)
+n_out = _define("n_out", "tokens", "output tokens generated per request", _S)
+j = _define("j", "1", "index of a step or chunk in a sum", _S)
+lam = _define("lam", "requests/s", "mean arrival rate of requests (Poisson)", _S)
+D = _define("D", "s", "service time of one prefill (deterministic)", _S)
+t_ttft = _define("t_ttft", "s", "time-to-first-token target", _S)
+t_fixed = _define("t_fixed", "s", "per-step time that does not grow with context", _S)
+t_slope = _define("t_slope", "s/token", "per-step time added per retained token", _S)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 

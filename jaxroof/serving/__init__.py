@@ -1,0 +1,1 @@
+"""Serving: whole requests, queueing, the concurrency decision, pools, elasticities."""

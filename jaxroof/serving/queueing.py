@@ -1,0 +1,91 @@
+"""Time to first token under load: an M/D/1 prefill server, means only.
+
+Stated model (`jaxroof.symbolic.serving`): requests arrive as a Poisson
+process at `arrival_rate`; a prefill takes a fixed `service_s`; prefills run
+one at a time with priority over decode steps. Then
+
+  mean wait  = lam*D**2 / (2*(1 - lam*D)),   valid only while lam*D < 1,
+  mean TTFT  = wait + batching window + D.
+
+Past `lam*D >= 1` the queue grows without bound: the result says "unstable"
+and carries no TTFT (never a NaN or a negative wait). Percentiles need the
+simulator; these are means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from jaxroof import errors
+from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.symbols import D, lam, t_ttft, t_window
+
+MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, one "
+         "prefill at a time with priority over decode; means, not percentiles")
+
+
+@functools.cache
+def _evaluators():
+  inputs = (lam, D, t_window, t_ttft)
+  return lambdified({
+      "utilisation": serving_formulas.utilisation(),
+      "wait_s": serving_formulas.md1_wait(),
+      "ttft_s": serving_formulas.ttft(),
+      "max_rate": serving_formulas.max_arrival_rate_for_ttft(),
+  }, inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueResult:
+  """Mean TTFT of one prefill server at one load."""
+
+  arrival_rate_per_s: float
+  service_s: float
+  window_s: float
+  utilisation: float  # lam * D; >= 1 is unstable.
+  stable: bool
+  wait_s: float | None  # None when unstable.
+  ttft_s: float | None  # None when unstable.
+
+  @property
+  def status(self) -> str:
+    return "stable" if self.stable else "unstable"
+
+
+def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0) -> QueueResult:
+  """Mean TTFT at `arrival_rate` requests/s, prefill `service_s`, window `window_s`."""
+  errors.require_non_negative("arrival_rate", arrival_rate)
+  errors.require_positive("service_s", service_s)
+  errors.require_non_negative("batching_window", window_s)
+  out = _evaluators()(lam=arrival_rate, D=service_s, t_window=window_s, t_ttft=1.0)
+  rho = float(out["utilisation"])
+  if rho >= 1:
+    return QueueResult(arrival_rate, service_s, window_s, rho, False, None, None)
+  return QueueResult(arrival_rate, service_s, window_s, rho, True,
+                     float(out["wait_s"]), float(out["ttft_s"]))
+
+
+def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0.0
+                     ) -> float:
+  """Largest arrival rate (requests/s) whose mean TTFT meets the target.
+
+  0 when even an idle server misses it (window + prefill > target); always
+  below the capacity 1/D.
+  """
+  errors.require_positive("ttft target", ttft_target_s)
+  errors.require_positive("service_s", service_s)
+  errors.require_non_negative("batching_window", window_s)
+  if window_s + service_s >= ttft_target_s:
+    return 0.0
+  out = _evaluators()(lam=0.0, D=service_s, t_window=window_s, t_ttft=ttft_target_s)
+  rate = float(out["max_rate"])
+  return rate if math.isfinite(rate) and rate > 0 else 0.0
+
+
+def capacity(service_s: float) -> float:
+  """Arrival rate at which the prefill server saturates: 1/D."""
+  errors.require_positive("service_s", service_s)
+  return 1.0 / service_s
