@@ -232,3 +232,43 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **
       row["fits_in_memory"] = b <= inputs.max_batch_in_memory
     result.append(row)
   return result
+
+
+def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: int,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", **workload_kw: Any
+                 ) -> ServingInputs:
+  """`ServingInputs` for a `ModelSpec` on an `Accelerator` (datasheet figures).
+
+  K/V per token is the payload at the prompt length; the memory fit allocates
+  each sequence's pages for P + G tokens (the output reserved up front), as
+  `specs.kv_sizing` does. MoE weights read are taken at the largest batch that
+  fits (every expert a large batch touches).
+  """
+  from jaxroof.specs import workload  # specs sits below serving.
+
+  limit = spec.max_position_embeddings
+  check_lengths(ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
+                              context_limit=limit if isinstance(limit, int) else None),
+                prompt_tokens, output_tokens)
+  base = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
+                                     weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                     max_new_tokens=output_tokens, **workload_kw)
+  fit = max(base.max_batch_in_memory, 1)
+  at_fit = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
+                                       weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                       max_new_tokens=output_tokens, **workload_kw)
+  memory = {
+      "memory_capacity_bytes": base.memory_capacity_bytes,
+      "resident_weight_bytes": base.resident_weight_bytes,
+      "usable_memory_bytes": base.usable_memory_bytes,
+      "kv_payload_bytes_per_sequence": base.kv_payload_bytes_per_sequence,
+      "kv_allocated_bytes_per_sequence": base.kv_allocated_bytes_per_sequence,
+      "workspace_fraction": base.workspace_fraction, "block_size": base.block_size,
+      "reserved_output_tokens": output_tokens,
+  }
+  return ServingInputs(
+      N=float(at_fit.N[0]), N_act=float(base.N_act), q=base.q, k=base.k, BW=base.BW,
+      F=base.F, layers=spec.num_layers, max_batch_in_memory=base.max_batch_in_memory,
+      context_limit=limit if isinstance(limit, int) else None,
+      label=f"{spec.name} on {device.name}, {weight_dtype} weights, {kv_dtype} K/V",
+      memory=memory, attention_terms=prefill_formulas.attention_terms(spec))
