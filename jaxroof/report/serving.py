@@ -24,7 +24,9 @@ from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 
 REQUEST_HEADERS = ("batch", "prefill ms", "TTFT ms", "token gap ms", "e2e s",
-                   "aggregate tok/s", "per-seq tok/s", "moved by")
+                   "aggregate tok/s (B*G/busy)", "per-seq tok/s", "moved by")
+PEER_HEADERS = ("batch", "prefill s (ours)", "prefill s (peer)", "mean step ms (ours)",
+                "mean step ms (peer)", "total s (ours)", "total s (peer)", "total ratio")
 _LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
 
 
@@ -45,6 +47,14 @@ def request_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
                 else f"{row['per_sequence_tokens_per_s']:,.1f}",
                 row.get("moved_by", "")])
   return out
+
+
+def peer_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+  """Display cells of `serving.peer.compare` rows."""
+  return [[f"{r['batch']}", f"{r['jaxroof_prefill_s']:.4f}", f"{r['peer_prefill_s']:.4f}",
+           f"{r['jaxroof_mean_step_s'] * 1e3:.3f}", f"{r['peer_mean_step_s'] * 1e3:.3f}",
+           f"{r['jaxroof_total_s']:.4f}", f"{r['peer_total_s']:.4f}",
+           f"{r['total_ratio']:.3f}"] for r in rows]
 
 
 def decision_lines(decision: dict[str, Any]) -> list[str]:
@@ -70,6 +80,13 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
   return lines
 
 
+def frontier_batches(batches: Sequence[int], decision: dict[str, Any],
+                     inputs: requests.ServingInputs) -> list[int]:
+  """The swept batches plus the decision and the memory limit, for the frontier plot."""
+  extra = [decision.get("batch"), inputs.max_batch_in_memory]
+  return sorted(set(batches) | {b for b in extra if b is not None and b >= 1})
+
+
 def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
                   title: str, *, kind: str = "bound", token_gap_s: float | None = None,
                   memory_limit: int | None = None) -> None:
@@ -82,15 +99,27 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
   fig, ax = plt.subplots(figsize=(7.5, 5))
   fits = np.ones_like(batch, dtype=bool) if memory_limit is None else batch <= memory_limit
   ax.plot(per_seq, agg, "-", color="tab:blue", alpha=0.5)
-  ax.plot(per_seq[fits], agg[fits], "o", color="tab:blue", label="batch fits in memory")
+  ax.plot(per_seq[fits], agg[fits], "o", color="tab:blue",
+          label="batch" if memory_limit is None else "batch that fits in memory")
   if (~fits).any():
     ax.plot(per_seq[~fits], agg[~fits], "x", color="red", markersize=8,
             label=f"does not fit (B > {memory_limit})")
+  if memory_limit is not None and memory_limit in batch:
+    at = int(np.nonzero(batch == memory_limit)[0][0])
+    ax.axvline(per_seq[at], color="red", linestyle=":",
+               label=f"memory limit: B = {memory_limit} ({per_seq[at]:,.0f} tok/s per sequence)")
   for b, x, y in zip(batch, per_seq, agg):
+    if b == memory_limit or b == decision.get("batch"):
+      continue
     ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
   if token_gap_s is not None:
-    ax.axvline(1 / token_gap_s, color="tab:orange", linestyle="--",
-               label=f"token-gap target {token_gap_s * 1e3:g} ms (= {1 / token_gap_s:,.0f} tok/s)")
+    # The frontier is unloaded; at the load, prefills stretch each gap by 1/(1 - rho).
+    rho = decision.get("utilisation") or 0.0
+    rate = (1 - rho) / token_gap_s if rho < 1 else None
+    if rate is not None:
+      load = f", prefills take {rho:.0%} of the chip" if rho > 0 else ""
+      ax.axvline(rate, color="tab:orange", linestyle="--",
+                 label=f"token-gap target {token_gap_s * 1e3:g} ms{load} (x = {rate:,.0f})")
   if decision.get("batch") is not None:
     ax.plot([decision["per_sequence_tokens_per_s"]], [decision["aggregate_tokens_per_s"]],
             "*", color="tab:green", markersize=16,
@@ -134,7 +163,8 @@ def report_section(out_dir: str) -> str:
   d = decision_lib.decide(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
                           token_gap_s=0.02, ttft_s=0.5, arrival_rate=5.0, window_s=0.005)
   batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-  frontier = decision_lib.frontier(model, inputs, batches, prompt_tokens=prompt,
+  frontier = decision_lib.frontier(model, inputs, frontier_batches(batches, d, inputs),
+                                   prompt_tokens=prompt,
                                    output_tokens=outputs)
   title = (f"llama-3-8b on h100-sxm, prompt {prompt} + {outputs} outputs, bf16 weights and K/V")
   plot_frontier(frontier, d, os.path.join(out_dir, "serving_frontier.png"), title,
