@@ -26,6 +26,7 @@ from jaxroof import files
 from jaxroof.measure import profiles
 from jaxroof.report import plots
 from jaxroof.report import table
+from jaxroof.serving import elasticity
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import model_sweep as model_sweep_lib
@@ -216,6 +217,10 @@ def main(argv: list[str]) -> None:
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
+  scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
+  layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
+  elasticity.annotate_sweep(sweep, _step_model(scale_given_ceilings=scale_given), layers=layers,
+                            **sweep["inputs"]["si"])
   if sweep["kind"] == "calibrated":
     prof = sweep["profile"]
     print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
@@ -224,7 +229,8 @@ def main(argv: list[str]) -> None:
           f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
   else:
     print(f"{title} (analytic bound; GB = 1e9 B)")
-  print(table.format_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])))
+  cells = [c + [r["moved_by"]] for c, r in zip(table.sweep_rows(sweep["rows"]), sweep["rows"])]
+  print(table.format_table(table.SWEEP_HEADERS + ("moved by",), cells))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, sweep)

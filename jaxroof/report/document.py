@@ -23,6 +23,7 @@ from jaxroof.measure import kernel_benchmark
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import plots
+from jaxroof.report import serving as serving_report
 from jaxroof.report import specs as specs_report
 from jaxroof.report import table
 from jaxroof.report import toy as toy_summary
@@ -136,6 +137,10 @@ def _specs_section(ctx: Context) -> str:
   return specs_report.report_section(ctx.out_dir)
 
 
+def _serving_section(ctx: Context) -> str:
+  return serving_report.report_section(ctx.out_dir)
+
+
 def _kernels_section(ctx: Context) -> str:
   return kernel_benchmark.report_section(ctx.out_dir, ctx.results_dir)
 
@@ -146,6 +151,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     sweep_section,
     toy_section,
     _specs_section,
+    _serving_section,
     _kernels_section,
     calibration_section,
 ]

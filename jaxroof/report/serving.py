@@ -115,7 +115,7 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
   if token_gap_s is not None:
     # The frontier is unloaded; at the load, prefills stretch each gap by 1/(1 - rho).
     rho = decision.get("utilisation") or 0.0
-    rate = (1 - rho) / token_gap_s if rho < 1 else None
+    rate = 1 / (token_gap_s * (1 - rho)) if rho < 1 else None
     if rate is not None:
       load = f", prefills take {rho:.0%} of the chip" if rho > 0 else ""
       ax.axvline(rate, color="tab:orange", linestyle="--",

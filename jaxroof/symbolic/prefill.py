@@ -94,6 +94,18 @@ def attention_flops(P: Expr = P, B: Expr = B, A_f: Expr = A_f,
   return B * A_f * attended_pairs(P, W)
 
 
+def masked_attention_flops(P: Expr = P, S: Expr = P, B: Expr = B, A_f: Expr = A_f) -> Expr:
+  """Attention FLOPs a dense masked kernel executes: every one of P queries
+  against all S key slots, `B*A_f*P*S`, masked scores included.
+
+  What a kernel without causal tiling (the toy, LLM-Viewer without flash
+  attention) performs; `attention_flops` counts only the useful lower
+  triangle, about half of it when S = P.
+  """
+  P, S, B, A_f = _s(P, S, B, A_f)
+  return B * A_f * P * S
+
+
 def kv_written_bytes(P: Expr = P, B: Expr = B, k: Expr = k) -> Expr:
   """K/V bytes a prefill writes: every prompt position of every sequence, `B*P*k`."""
   return formulas.retained_kv_bytes(B, P, k)
