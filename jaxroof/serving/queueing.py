@@ -38,6 +38,11 @@ def _evaluators():
   }, inputs)
 
 
+@functools.cache
+def _utilisation():
+  return lambdified({"utilisation": serving_formulas.utilisation()}, (lam, D))
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueResult:
   """Mean TTFT of one prefill server at one load."""
@@ -60,10 +65,10 @@ def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0) -> QueueR
   errors.require_non_negative("arrival_rate", arrival_rate)
   errors.require_positive("service_s", service_s)
   errors.require_non_negative("batching_window", window_s)
-  out = _evaluators()(lam=arrival_rate, D=service_s, t_window=window_s, t_ttft=1.0)
-  rho = float(out["utilisation"])
-  if rho >= 1:
+  rho = float(_utilisation()(lam=arrival_rate, D=service_s)["utilisation"])
+  if rho >= 1:  # Checked first: the wait's formula divides by 1 - rho.
     return QueueResult(arrival_rate, service_s, window_s, rho, False, None, None)
+  out = _evaluators()(lam=arrival_rate, D=service_s, t_window=window_s, t_ttft=1.0)
   return QueueResult(arrival_rate, service_s, window_s, rho, True,
                      float(out["wait_s"]), float(out["ttft_s"]))
 
