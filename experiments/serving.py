@@ -31,6 +31,8 @@ peer (with --compare_peer).
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import flags
 from absl import logging
 
@@ -200,6 +202,11 @@ def main(argv: list[str]) -> None:
                     _OUTPUT_TOKENS.value)
   model = _step_model()
   inputs = _inputs()
+  if model.ceilings is not None:
+    bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
+    inputs = dataclasses.replace(inputs, label=inputs.label.split(", ")[0] + ", "
+                                 + inputs.label.split(", ")[1] + f", the profile's ceilings "
+                                 f"{bw / 1e9:.3g} GB/s, {flops / 1e12:.3g} TFLOP/s")
   prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
   batches = _cli.int_list(_BATCH_SIZES)
   window_s = _BATCHING_WINDOW_MS.value / 1e3

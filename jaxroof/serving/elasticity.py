@@ -58,7 +58,7 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
     return jnp.log(out["step_s"])
 
   with jax.enable_x64(True):  # float64 derivatives, without changing the process's default.
-    grads = jax.vmap(jax.grad(log_step))(jnp.asarray(logs), jnp.asarray(finite))
+    grads = jax.jit(jax.vmap(jax.grad(log_step)))(jnp.asarray(logs), jnp.asarray(finite))
     grads = np.where(finite, np.asarray(grads), 0.0)
   return {name: grads[:, i].reshape(shape) for i, name in enumerate(names)}
 
