@@ -120,8 +120,8 @@ def test_attention_terms_per_layer_kind():
 
 
 def test_unknown_layer_kind_raises_naming_it():
-  with pytest.raises(ValueError, match="linear_attention"):
-    prefill.attention_terms(_spec(["full", "linear_attention"],
+  with pytest.raises(ValueError, match="hyena"):
+    prefill.attention_terms(_spec(["full", "hyena"],
                                   attention=types.SimpleNamespace(num_heads=1, head_dim=2)))
 
 
@@ -135,3 +135,20 @@ def test_real_model_matches_the_full_attention_convention():
       * a.head_dim * 1024 * 1025
   assert int(formulas.attention_flops(1, 1, a.num_heads, a.head_dim)) * spec.num_layers \
       == term.pair_flops
+
+
+def test_chunked_attention_and_state_kinds():
+  attention = types.SimpleNamespace(num_heads=2, head_dim=4, chunk_size=8, sliding_window=None)
+  spec = _spec(["chunked", "mamba2", "linear_attention", "mlp_only"], attention=attention)
+  (term,) = prefill.attention_terms(spec)
+  assert term.kind == "chunked" and term.chunk == 8
+  rows, cols = np.arange(20)[:, None], np.arange(20)[None, :]
+  pairs = ((cols <= rows) & (rows // 8 == cols // 8)).sum()  # Brute force: same chunk.
+  assert prefill.attention_flops_of((term,), 20) == pytest.approx(4 * 2 * 4 * pairs)
+
+
+def test_every_shipped_model_has_prefill_terms():
+  from jaxroof.specs.models import load_model, shipped_models
+
+  for name in shipped_models():
+    prefill.attention_terms(load_model(name))  # Raises on a kind without a mapping.

@@ -64,6 +64,15 @@ def attended_pairs(P: Expr = P, W: Expr | None = None) -> Expr:
                       (sp.expand(capped), True))
 
 
+def chunk_local_pairs(P: Expr = P, W: Expr = W) -> Expr:
+  """(query, key) pairs of one sequence when blocks attend only within chunks
+  of W tokens (Llama 4's chunked attention): a causal triangle per full chunk
+  plus one for the remainder."""
+  P, W = _s(P, W)
+  full, rest = sp.floor(P / W), P - sp.floor(P / W) * W
+  return full * attended_pairs(W) + rest * (rest + 1) / 2
+
+
 def full_attention_pair_flops(H: Expr = H, d: Expr = d) -> Expr:
   """FLOPs per (query, key) pair of ONE full or sliding block: `4*H*d`.
 
@@ -251,6 +260,11 @@ class AttentionTerm:
   pair_flops: float  # All blocks of this kind, per (query, key) pair.
   window: int | None  # Keys a query attends to at most; None: the whole prefix.
   convention: str
+  chunk: int | None = None  # Attends only within chunks of this many tokens.
+
+
+# Blocks whose mixing has no term quadratic in the prompt length.
+_NO_QUADRATIC = ("recurrent", "mamba2", "linear_attention", "mlp_only")
 
 
 def attention_terms(spec: Any) -> tuple[AttentionTerm, ...]:
@@ -260,7 +274,9 @@ def attention_terms(spec: Any) -> tuple[AttentionTerm, ...]:
     full       `4*H*d` per pair per block, every earlier key;
     sliding    the same, at most `sliding_window` keys;
     mla        `2*H*(2*r_kv + d_rope)` per pair per block (latent space);
-    recurrent  none (no quadratic term; its scan FLOPs are left out).
+    chunked    `4*H*d` per pair per block, keys of the query's own chunk only;
+    recurrent, mamba2, linear_attention, mlp_only
+               none (no quadratic term; scan and state FLOPs are left out).
   An unknown kind raises `ValueError` naming it, so a new kind cannot be
   silently counted as free.
   """
@@ -277,7 +293,14 @@ def attention_terms(spec: Any) -> tuple[AttentionTerm, ...]:
       per_block = mla_pair_flops(m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim)
       window = None
       convention = "2*H*(2*r_kv + d_rope) per pair, latent (absorbed) form"
-    elif kind == "recurrent":
+    elif kind == "chunked":
+      a = spec.attention
+      per_block = full_attention_pair_flops(a.num_heads, a.head_dim)
+      terms.append(AttentionTerm(kind, layers, float(layers * per_block), None,
+                                 "4*H*d per pair, within chunks of chunk_size tokens",
+                                 int(a.chunk_size)))
+      continue
+    elif kind in _NO_QUADRATIC:
       continue
     else:
       raise ValueError(
@@ -289,7 +312,13 @@ def attention_terms(spec: Any) -> tuple[AttentionTerm, ...]:
 
 def attention_flops_of(terms: Sequence[AttentionTerm], P: float, B: float = 1) -> float:
   """Causal attention FLOPs of a prefill for a model's attention terms."""
-  return float(sum(attention_flops(P, B, term.pair_flops, term.window) for term in terms))
+  total = 0.0
+  for term in terms:
+    if term.chunk is not None:
+      total += float(B * term.pair_flops * chunk_local_pairs(P, term.chunk))
+    else:
+      total += float(attention_flops(P, B, term.pair_flops, term.window))
+  return total
 
 
 def pair_flops_at(terms: Sequence[AttentionTerm], P: float) -> float:
