@@ -70,14 +70,16 @@ def _largest_meeting(meets, hi: int) -> int:
 def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
            output_tokens: int, token_gap_s: float, ttft_s: float | None = None,
            arrival_rate: float = 0.0, window_s: float = 0.0,
-           aggregate_tokens_per_s: float | None = None) -> dict[str, Any]:
+           aggregate_tokens_per_s: float | None = None,
+           with_elasticities: bool = True) -> dict[str, Any]:
   """The decision for requests of P prompt and G output tokens at a load.
 
   Returns the JSON `decision` block: `batch`, `binds`, `step_s`,
   `aggregate_tokens_per_s`, `per_sequence_tokens_per_s`, `ttft_s`,
   `max_arrival_rate_per_s`, plus `status` ("ok", "infeasible" or
   "unstable"), `reason`, the candidate limits and `elasticities` at the
-  chosen batch. Quantities a status leaves undefined are None, never NaN.
+  chosen batch (unless `with_elasticities` is False). Quantities a status
+  leaves undefined are None, never NaN.
   """
   errors.require_positive("token_gap", token_gap_s)
   if ttft_s is not None:
@@ -150,11 +152,11 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
       aggregate_tokens_per_s=batch / step, per_sequence_tokens_per_s=1 / step,
       loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
       max_arrival_rate_per_s=min(ttft_rate, capacity),
-      shared_capacity_per_s=capacity, compute_bound=compute_bound,
-      elasticities=elasticity.row_elasticities(
-          model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW,
-          F=inputs.F, N_act=None if inputs.N_act == inputs.N else inputs.N_act,
-          L=inputs.layers)[0])
+      shared_capacity_per_s=capacity, compute_bound=compute_bound)
+  if with_elasticities:
+    out["elasticities"] = elasticity.row_elasticities(
+        model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,
+        N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)[0]
   if ttft_s is not None and queue.ttft_s > ttft_s * (1 + _SLACK):
     out.update(status="infeasible", binds="ttft", reason=(
         f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "

@@ -16,6 +16,7 @@ not depend on it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,18 +50,29 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
   flat = np.stack([a.reshape(-1) for a in arrays], axis=-1)  # (points, inputs)
   finite = np.isfinite(flat)
   logs = np.log(np.where(finite, flat, 1.0))
-
-  def log_step(log_x: Any, mask: Any) -> Any:
-    x = dict(zip(names, jnp.where(mask, jnp.exp(log_x), jnp.inf)))
-    n_act = x.get("N_act")
-    out = model.evaluate("jax", B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"],
-                         BW=x["BW"], F=x["F"], N_act=n_act, L=L)
-    return jnp.log(out["step_s"])
-
+  factors = None if model.factors is None else tuple(sorted(model.factors.items()))
+  gradient = _log_gradient(model.kind, factors, None if L is None else float(L), tuple(names))
   with jax.enable_x64(True):  # float64 derivatives, without changing the process's default.
-    grads = jax.jit(jax.vmap(jax.grad(log_step)))(jnp.asarray(logs), jnp.asarray(finite))
+    grads = gradient(jnp.asarray(logs), jnp.asarray(finite))
     grads = np.where(finite, np.asarray(grads), 0.0)
   return {name: grads[:, i].reshape(shape) for i, name in enumerate(names)}
+
+
+@functools.cache
+def _log_gradient(kind: str, factors: tuple | None, L: float | None, names: tuple[str, ...]):
+  """`jit(vmap(grad(log step)))` in log inputs, compiled once per model and inputs."""
+  import jax
+  import jax.numpy as jnp
+
+  model = StepModel.bound() if kind == "bound" else StepModel.calibrated(dict(factors))
+
+  def log_step(log_x, mask):
+    x = dict(zip(names, jnp.where(mask, jnp.exp(log_x), jnp.inf)))
+    out = model.evaluate("jax", B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"],
+                         BW=x["BW"], F=x["F"], N_act=x.get("N_act"), L=L)
+    return jnp.log(out["step_s"])
+
+  return jax.jit(jax.vmap(jax.grad(log_step)))
 
 
 def row_elasticities(model: StepModel, batches: Sequence[int], **inputs: Any

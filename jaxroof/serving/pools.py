@@ -96,7 +96,8 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
   kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   single = float(requests.prefill(inputs, prompt_tokens, 1.0, model)["prefill_s"])
   per_prefill_chip = queueing.max_arrival_rate(ttft_s, single, window_s)
-  decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s, **kw)
+  decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s,
+                                with_elasticities=False, **kw)
   split: dict[str, Any] = {"feasible": False}
   if per_prefill_chip > 0 and decode_only["status"] == "ok":
     per_decode_chip = decode_only["batch"] / ((output_tokens - 1) * decode_only["step_s"])
@@ -114,7 +115,8 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
 
   def works(chips: int) -> dict[str, Any] | None:
     d = decision.decide(model, inputs, token_gap_s=token_gap_s, ttft_s=ttft_s,
-                        arrival_rate=arrival_rate / chips, window_s=window_s, **kw)
+                        arrival_rate=arrival_rate / chips, window_s=window_s,
+                        with_elasticities=False, **kw)
     return d if d["status"] == "ok" else None
 
   chips = 1

@@ -55,13 +55,21 @@ def attended_pairs(P: Expr = P, W: Expr | None = None) -> Expr:
   keys, query j attends to `Min(j, W)`: the full triangle up to W, then W
   keys for each later query.
   """
-  (P,) = _s(P)
+  full, windowed = _pairs_closed_forms()
   if W is None:
-    return sp.factor(sp.summation(j, (j, 1, P)))
-  (W,) = _s(W)
-  capped = sp.summation(j, (j, 1, W)) + sp.summation(W, (j, W + 1, P))
-  return sp.Piecewise((sp.factor(sp.summation(j, (j, 1, P))), P <= W),
-                      (sp.expand(capped), True))
+    return full.subs(_P, sp.sympify(P))
+  return windowed.subs({_P: sp.sympify(P), _W: sp.sympify(W)})
+
+
+_P, _W = P, W  # The closed forms below are in these; callers' arguments replace them.
+
+
+@functools.cache
+def _pairs_closed_forms() -> tuple[Expr, Expr]:
+  """`Sum(j, (j, 1, P))` and `Sum(Min(j, W), (j, 1, P))`, summed once."""
+  full = sp.factor(sp.summation(j, (j, 1, _P)))
+  capped = sp.summation(j, (j, 1, _W)) + sp.summation(_W, (j, _W + 1, _P))
+  return full, sp.Piecewise((full, _P <= _W), (sp.expand(capped), True))
 
 
 def chunk_local_pairs(P: Expr = P, W: Expr = W) -> Expr:
@@ -151,14 +159,15 @@ def _positive_root(equation: sp.Eq, unknown: sp.Symbol) -> Expr:
   product has one positive root, but both look undecided), so undecided roots
   are tried at a sample of distinct positive values.
   """
-  roots = [r for r in sp.solve(equation, unknown) if not r.is_negative]
+  roots = [r for r in sp.solve(equation, unknown, check=False, simplify=False)
+           if not r.is_negative]
   if len(roots) > 1:
     sample = {s: sp.Rational(i + 2, 3) for i, s in enumerate(
         sorted(equation.free_symbols - {unknown}, key=str))}
     roots = [r for r in roots if complex(r.subs(sample)).real > 0]
   if len(roots) != 1:
     raise ArithmeticError(f"expected one non-negative root for {unknown}, got {roots}")
-  return sp.simplify(roots[0])
+  return roots[0]
 
 
 @functools.cache

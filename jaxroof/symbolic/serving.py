@@ -48,7 +48,10 @@ def compute_bound_steps() -> Expr:
   Memory time rises with j, so these are the first ones: the j with
   `memory(P + j) < compute`, counted and clamped to [0, n_out - 1].
   """
-  (crossing,) = sp.solve(sp.Eq(_memory_step(), _compute_step()), j)
+  # Linear in j: `solve_linear` gives the one root without sympy.solve's checks.
+  unknown, crossing = sp.solve_linear(_memory_step() - _compute_step(), symbols=[j])
+  if unknown != j:
+    raise ArithmeticError(f"memory = compute is not linear in j: {crossing}")
   return sp.Min(sp.Max(sp.ceiling(crossing) - 1, 0), n_out - 1)
 
 
