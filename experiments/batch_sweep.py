@@ -22,14 +22,16 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
 from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import elasticity
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
-from jaxroof.specs import model_sweep as model_sweep_lib
 from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic import sweep as sweep_lib
@@ -196,11 +198,11 @@ def _step_model(*, scale_given_ceilings: bool) -> StepModel:
 
 def model_sweep(batch_sizes: list[int]) -> dict:
   """The sweep for --model on --accelerator, with the memory fit of each batch."""
-  return model_sweep_lib.model_sweep(
+  return parallel_sweep.layout_sweep(
       models.load_model(_MODEL.value), accelerators.load_accelerator(_ACCELERATOR.value),
       context=_CONTEXT.value, batch_sizes=batch_sizes, weight_dtype=_WEIGHT_DTYPE.value,
       kv_dtype=_KV_DTYPE.value, model=_step_model(scale_given_ceilings=True),
-      token_gap_s=_token_gap_s())
+      token_gap_s=_token_gap_s(), layout=_layout_flags.layout(_ACCELERATOR.value))
 
 
 def main(argv: list[str]) -> None:
@@ -210,10 +212,15 @@ def main(argv: list[str]) -> None:
     sweep = model_sweep(batch_sizes)
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
   else:
+    if not _layout_flags.layout().is_single_chip:
+      raise InputError("--tp/--pp/--ep/--dp/--chips apply with --model and --accelerator "
+                       "only: the raw-number sweep is one chip.")
     inputs = raw_inputs()
     given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
     sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given), batch_sizes,
                             layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
+    for row in sweep["rows"]:  # One chip: no communication.
+      row["comm_s"], row["chips"] = 0.0, 1
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
@@ -229,8 +236,13 @@ def main(argv: list[str]) -> None:
           f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
   else:
     print(f"{title} (analytic bound; GB = 1e9 B)")
-  cells = [c + [r["moved_by"]] for c, r in zip(table.sweep_rows(sweep["rows"]), sweep["rows"])]
-  print(table.format_table(table.SWEEP_HEADERS + ("moved by",), cells))
+  headers, cells = table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])
+  if any(row.get("comm_s") for row in sweep["rows"]):
+    headers = headers + ("comm ms", "chips")
+    cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"]
+             for c, r in zip(cells, sweep["rows"])]
+  headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, sweep["rows"])]
+  print(table.format_table(headers, cells))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, sweep)

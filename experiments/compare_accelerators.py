@@ -15,8 +15,13 @@ from __future__ import annotations
 from absl import flags
 from absl import logging
 
+import functools
+
 from experiments import _cli
+from experiments import _layout_flags
 from jaxroof.errors import InputError
+from jaxroof.parallel import layout_sweep as parallel_sweep
+from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
 from jaxroof.specs import kv_sizing
@@ -75,13 +80,31 @@ def main(argv: list[str]) -> None:
   if _PLOT_BATCH.value is not None and _PLOT_BATCH.value not in _cli.int_list(_BATCH_SIZES):
     raise InputError(f"--plot_batch={_PLOT_BATCH.value} is not in --batch_sizes: plot a "
                      "swept batch.")
+  layout = _layout_flags.layout()
+  refused = []
+  if not layout.is_single_chip:
+    kept = []
+    for device in devices:
+      try:
+        layout_lib.validate(layout, model, device)
+        kept.append(device)
+      except InputError as e:
+        if len(devices) == 1:
+          raise
+        refused.append(f"{device.name}: {e}")
+    if not kept:
+      raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
+    devices = kept
   result = comparison.compare(
       model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
       step_model=None if _PROFILE.value is None else profiles.step_model(
-          profiles.load_profile(_PROFILE.value), use_profile_ceilings=False))
+          profiles.load_profile(_PROFILE.value), use_profile_ceilings=False),
+      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))
+  result["inputs"]["layout"] = layout.as_dict()
+  result["refused"] = refused
   counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
@@ -93,6 +116,13 @@ def main(argv: list[str]) -> None:
   print(table.format_table(comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)))
   for line in result["assumptions"]:
     print(f"assumes: {line}")
+  if not layout.is_single_chip:
+    for entry in result["accelerators"]:
+      comm = ", ".join(f"B={r['batch']}: {r['comm_s'] * 1e3:.3f} ms ({r['bound']})"
+                       for r in entry["rows"])
+      print(f"communication on {entry['name']}: {comm}")
+  for line in refused:
+    print(f"left out: {line}")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

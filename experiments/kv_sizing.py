@@ -22,6 +22,9 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
+from jaxroof.errors import InputError
+from jaxroof.parallel import layout as layout_lib
 from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
@@ -148,6 +151,29 @@ def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   return {"accelerator": device.name, **dataclasses.asdict(fit)}
 
 
+def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
+  """The per-chip memory fit of the --tp/--pp/--ep/--dp layout, printed and returned."""
+  device = load_accelerator(_ACCELERATOR.value)
+  layout = layout_lib.validate(_layout_flags.layout(_ACCELERATOR.value), spec, device)
+  counts = parameter_counts(spec)
+  by_part = params.weight_bytes(counts, _WEIGHT_DTYPE.value, group_size=_GROUP_SIZE.value)
+  q = by_part["total_bytes"] / counts.total
+  memory = layout_lib.chip_memory(
+      layout, spec, device, resident_weight_bytes=by_part["total_bytes"],
+      expert_weight_bytes=counts.experts_routed * q,
+      kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
+      workspace_fraction=_WORKSPACE.value)
+  per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
+  fits = sizing.batch <= memory.max_batch_per_replica
+  print(f"per chip on tp={layout.tp} pp={layout.pp} ep={layout.ep} dp={layout.dp} "
+        f"({layout.chips} chips): weights {_gb(memory.resident_weight_bytes)} GB + K/V "
+        f"{_gb(per_chip_kv)} GB of {_gb(device.memory_capacity_bytes)} GB: "
+        f"{'fits' if fits else 'does NOT fit'}; at most {memory.max_batch_per_replica} "
+        f"sequences per replica ({layout_lib.model_terms(spec).kv_rule})")
+  return {"layout": layout.as_dict(), "fits": bool(fits),
+          **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv}
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT)
@@ -184,6 +210,11 @@ def main(argv: list[str]) -> None:
   if _ACCELERATOR.value:
     result["capacity"] = _fit(spec, sizing)
     result["fits"] = result["capacity"]["fits"]
+    if not _layout_flags.layout(_ACCELERATOR.value).is_single_chip:
+      result["per_chip"] = _chip_fit(spec, sizing)
+  elif not _layout_flags.layout().is_single_chip:
+    raise InputError("--tp/--pp/--ep/--dp/--chips need --accelerator: the per-chip fit is "
+                     "against its memory.")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -35,7 +35,7 @@ from jaxroof.serving import requests
 from jaxroof.symbolic import serving as serving_formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
-from jaxroof.symbolic.symbols import B, D, n_out, t
+from jaxroof.symbolic.symbols import B, D_pf, n_out, t
 
 SEARCH_LIMIT = 1 << 20  # Sequences: the search stops here when nothing else binds.
 _SLACK = 1e-9  # Relative: a gap equal to the target (12 ms at B = 32) meets it.
@@ -43,12 +43,12 @@ _SLACK = 1e-9  # Relative: a gap equal to the target (12 ms at B = 32) meets it.
 
 @functools.cache
 def _capacity_model():
-  return lambdified({"rate": serving_formulas.shared_capacity_rate()}, (t, D, B, n_out))
+  return lambdified({"rate": serving_formulas.shared_capacity_rate()}, (t, D_pf, B, n_out))
 
 
 def shared_capacity(step_s: float, prefill_s: float, batch: float, output_tokens: int) -> float:
   """Requests/s one chip sustains with `batch` decode slots (`shared_capacity_rate`)."""
-  return float(_capacity_model()(t=step_s, D=prefill_s, B=batch, n_out=output_tokens)["rate"])
+  return float(_capacity_model()(t=step_s, D_pf=prefill_s, B=batch, n_out=output_tokens)["rate"])
 
 
 def _largest_meeting(meets, hi: int) -> int:

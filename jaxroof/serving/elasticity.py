@@ -94,19 +94,24 @@ def moved_by(elasticity: Mapping[str, float]) -> str:
   return f"{name} ({elasticity[name]:+.2f})"
 
 
-def annotate_sweep(sweep: dict[str, Any], model: StepModel, *, N, q, T, k, BW, F=None,
-                   N_act=None, layers=None) -> dict[str, Any]:
+def annotate_sweep(sweep: dict[str, Any], model: StepModel, *, layers=None,
+                   **inputs: Any) -> dict[str, Any]:
   """Adds `elasticities` and `moved_by` to every row of a sweep, in place.
 
-  The inputs are the sweep's own (SI units), N and N_act per batch where
-  they vary (MoE).
+  `inputs` are the sweep's own (SI units: N, q, T, k, BW, F and N_act, N and
+  N_act per batch where they vary); other entries (a parallel layout's
+  communication terms) are not step-model inputs: the elasticities are then
+  those of each chip's memory/compute step, communication left out.
   """
+  names = ("N", "q", "T", "k", "BW", "F", "N_act")
+  step_inputs = {n: inputs.get(n) for n in names}
   batches = [row["batch"] for row in sweep["rows"]]
-  rows = row_elasticities(model, batches, N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act,
-                          L=layers)
+  rows = row_elasticities(model, batches, L=layers, **step_inputs)
   for row, values in zip(sweep["rows"], rows):
     row["elasticities"] = values
     row["moved_by"] = moved_by(values)
-  sweep.setdefault("units", {})
-  sweep["units"] = {**sweep["units"], "elasticities": "d ln(step_s) / d ln(input)"}
+  extra = sorted(set(inputs) - set(names))
+  unit = "d ln(step_s) / d ln(input)" + (
+      f" of the per-chip memory/compute step ({', '.join(extra)} not included)" if extra else "")
+  sweep["units"] = {**sweep.get("units", {}), "elasticities": unit}
   return sweep

@@ -21,7 +21,7 @@ import math
 from jaxroof import errors
 from jaxroof.symbolic import serving as serving_formulas
 from jaxroof.symbolic.evaluate import lambdified
-from jaxroof.symbolic.symbols import D, lam, t_ttft, t_window
+from jaxroof.symbolic.symbols import D_pf, lam, t_ttft, t_window
 
 MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, one "
          "prefill at a time with priority over decode; means, not percentiles")
@@ -29,7 +29,7 @@ MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, on
 
 @functools.cache
 def _evaluators():
-  inputs = (lam, D, t_window, t_ttft)
+  inputs = (lam, D_pf, t_window, t_ttft)
   return lambdified({
       "utilisation": serving_formulas.utilisation(),
       "wait_s": serving_formulas.md1_wait(),
@@ -40,7 +40,7 @@ def _evaluators():
 
 @functools.cache
 def _utilisation():
-  return lambdified({"utilisation": serving_formulas.utilisation()}, (lam, D))
+  return lambdified({"utilisation": serving_formulas.utilisation()}, (lam, D_pf))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +65,10 @@ def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0) -> QueueR
   errors.require_non_negative("arrival_rate", arrival_rate)
   errors.require_positive("service_s", service_s)
   errors.require_non_negative("batching_window", window_s)
-  rho = float(_utilisation()(lam=arrival_rate, D=service_s)["utilisation"])
+  rho = float(_utilisation()(lam=arrival_rate, D_pf=service_s)["utilisation"])
   if rho >= 1:  # Checked first: the wait's formula divides by 1 - rho.
     return QueueResult(arrival_rate, service_s, window_s, rho, False, None, None)
-  out = _evaluators()(lam=arrival_rate, D=service_s, t_window=window_s, t_ttft=1.0)
+  out = _evaluators()(lam=arrival_rate, D_pf=service_s, t_window=window_s, t_ttft=1.0)
   return QueueResult(arrival_rate, service_s, window_s, rho, True,
                      float(out["wait_s"]), float(out["ttft_s"]))
 
@@ -85,7 +85,7 @@ def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0
   errors.require_non_negative("batching_window", window_s)
   if window_s + service_s >= ttft_target_s:
     return 0.0
-  out = _evaluators()(lam=0.0, D=service_s, t_window=window_s, t_ttft=ttft_target_s)
+  out = _evaluators()(lam=0.0, D_pf=service_s, t_window=window_s, t_ttft=ttft_target_s)
   rate = float(out["max_rate"])
   return rate if math.isfinite(rate) and rate > 0 else 0.0
 

@@ -66,6 +66,10 @@ def spec_from_config(config: Mapping[str, Any], *, name: str,
     InputError: unsupported `model_type`, or a needed field missing or invalid.
   """
   model_type = config.get("model_type")
+  if model_type is not None and not isinstance(model_type, str):
+    raise errors.InputError(
+        f"{source}: config field model_type={str(model_type)[:40]!r} is not a name; "
+        f"supported: {', '.join(SUPPORTED_TYPES)}.")
   if model_type is None and "d_model" in config and "n_layer" in config:
     return classic.mamba_ssm(config, name, source)
   if model_type is None:

@@ -69,6 +69,13 @@ class MoESpec:
   router_score_bias: bool = False  # Per-expert score correction (DeepSeek-V3).
   shared_expert_gate: bool = False  # A hidden->1 sigmoid gate on the shared expert.
 
+  def __post_init__(self):
+    if not 1 <= self.experts_per_token <= self.num_experts:
+      raise errors.InputError(
+          f"experts_per_token={self.experts_per_token} is not allowed with "
+          f"num_experts={self.num_experts}: each token is routed to between 1 and "
+          "num_experts experts.")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SSMSpec:

@@ -22,7 +22,7 @@ import functools
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (B, BW, D, F, N, N_act, P, j, k, lam, n_out, q, t, t_ttft,
+from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t, t_ttft,
                                       t_window)
 
 Expr = sp.Expr
@@ -77,7 +77,7 @@ def mean_token_gap() -> Expr:
   return decode_time() / (n_out - 1)
 
 
-def md1_wait(lam: Expr = lam, D: Expr = D) -> Expr:
+def md1_wait(lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """Mean wait in an M/D/1 queue: `lam*D**2/(2*(1 - lam*D))` (lam*D < 1 only)."""
   lam, D = _s(lam, D)
   return lam * D ** 2 / (2 * (1 - lam * D))
@@ -87,12 +87,12 @@ def _s(*values) -> list[Expr]:
   return [sp.sympify(v) for v in values]
 
 
-def ttft(lam: Expr = lam, D: Expr = D, t_window: Expr = t_window) -> Expr:
+def ttft(lam: Expr = lam, D: Expr = D_pf, t_window: Expr = t_window) -> Expr:
   """Mean time to first token: M/D/1 wait, batching window, then the prefill D."""
   return formulas.time_to_first_token(D, t_window, md1_wait(lam, D))
 
 
-def utilisation(lam: Expr = lam, D: Expr = D) -> Expr:
+def utilisation(lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """Fraction of time the prefill server is busy, `lam*D`; >= 1 is unstable."""
   lam, D = _s(lam, D)
   return lam * D
@@ -109,7 +109,7 @@ def max_arrival_rate_for_ttft() -> Expr:
   return sp.factor(roots[0])
 
 
-def loaded_token_gap(t: Expr = t, lam: Expr = lam, D: Expr = D) -> Expr:
+def loaded_token_gap(t: Expr = t, lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """Mean token gap when prefills share the chip with priority: `t/(1 - lam*D)`.
 
   Prefills take the fraction lam*D of the chip's time; decode steps run in
@@ -119,7 +119,7 @@ def loaded_token_gap(t: Expr = t, lam: Expr = lam, D: Expr = D) -> Expr:
   return t / (1 - utilisation(lam, D))
 
 
-def shared_capacity_rate(t: Expr = t, D: Expr = D, B: Expr = B,
+def shared_capacity_rate(t: Expr = t, D: Expr = D_pf, B: Expr = B,
                          n_out: Expr = n_out) -> Expr:
   """Largest arrival rate one chip sustains with B decode slots: `1/(D + (n_out-1)*t/B)`.
 

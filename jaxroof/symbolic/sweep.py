@@ -58,6 +58,8 @@ def estimate_rows(batches: Sequence[int], outputs: dict[str, Any], *,
       row["compute_s"] = None
     row["bound"] = ("memory" if memory_only or row["memory_s"] >= row["compute_s"]
                     else "compute")
+    if row.get("comm_s", 0.0) > max(row["memory_s"], row["compute_s"] or 0.0):
+      row["bound"] = "communication"
     rows.append(row)
   return rows
 
@@ -79,6 +81,7 @@ def sweep(
     crossovers: Mapping[str, float | None] | None = None,
     weights_read: Callable[[np.ndarray], np.ndarray] | None = None,
     max_batch_in_memory: int | None = None,
+    comm_s: float | np.ndarray | None = None,
 ) -> dict[str, Any]:
   """Evaluates a step model, bound or calibrated, at each batch size.
 
@@ -104,6 +107,9 @@ def sweep(
       for the solved answer at batches that were not swept; None: N is fixed.
     max_batch_in_memory: the most sequences whose K/V fits beside the weights,
       a limit on the answer.
+    comm_s: several chips: communication time on the step's path, s (one
+      number or one per batch), added serially; rows gain `comm_s` and may
+      be bound by "communication". None: one chip, rows as before.
 
   Returns:
     `{"kind", "units", "assumptions", "rows", "summary"}`, and for a
@@ -120,7 +126,9 @@ def sweep(
   n_act = None if N_act is None else np.broadcast_to(
       np.asarray(N_act, dtype=float), (len(batches),))
   out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
-                       BW=bw, F=flop_rate, N_act=n_act, L=layers)
+                       BW=bw, F=flop_rate, N_act=n_act, L=layers,
+                       comm_s=None if comm_s is None else np.broadcast_to(
+                           np.asarray(comm_s, dtype=float), (len(batches),)))
   rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
 
   summary = model.summary(N=float(np.max(n_read)), q=q, T=T, k=k, BW=bw, F=flop_rate,
@@ -144,17 +152,23 @@ def sweep(
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
   mark_targets(rows, summary, fits=fits, token_gap_s=token_gap_s)
-  if token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0:
+  if comm_s is not None:
+    notes.append("crossovers leave communication out; step_s and the rates include it")
+  if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0
+      and comm_s is None):
     # The closed form needs one N for every batch.
     gap_batch = float(solved.max_batch_for_token_gap(
         t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
         N_act=float(n_read[0]) if n_act is None else float(n_act[0])))
     summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   if token_gap_s is not None:
+    # Several chips: the answer adds the largest swept communication time (the
+    # collectives grow with batch, so this is conservative between swept batches).
     summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
         lambda batch: np.full(np.shape(batch), float(np.max(n_read)))), dict(
             q=q, T=T, k=k, BW=bw, F=flop_rate, L=layers,
-            N_act=None if n_act is None else float(np.max(n_act)))))
+            N_act=None if n_act is None else float(np.max(n_act)),
+            comm_s=None if comm_s is None else float(np.max(comm_s)))))
   summary["notes"] = notes
   result = {
       "kind": model.kind,

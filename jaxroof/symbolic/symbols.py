@@ -25,7 +25,7 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "serving": []}
+                                      "parallel": [], "serving": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -107,6 +107,29 @@ t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
 
+# Parallel layouts over several chips (`jaxroof.symbolic.parallel`).
+_P = "parallel"
+tp = _define("tp", "chips", "tensor-parallel degree (heads and MLP columns split)", _P)
+pp = _define("pp", "stages", "pipeline stages (blocks split into consecutive groups)", _P)
+ep = _define("ep", "groups", "expert-parallel degree (routed experts spread over groups)", _P)
+dp = _define("dp", "replicas", "data-parallel replicas, each serving its own batch", _P)
+m_mb = _define("m_mb", "microbatches", "microbatches a pipelined batch is split into", _P)
+D = _define("D", "coordinates", "hidden width of the residual stream", _P)
+V = _define("V", "tokens", "vocabulary size", _P)
+a_act = _define("a_act", "B", "bytes per activation element sent between chips", _P)
+n_blk = _define("n_blk", "blocks", "blocks with a tensor-parallel mixer and MLP", _P)
+u_kv = _define("u_kv", "units", "K/V split units: KV heads (1 for an MLA latent)", _P)
+N_x = _define("N_x", "weights", "routed-expert weights read in a step", _P)
+W_ic = _define("W_ic", "B/s", "interconnect bandwidth a chip sends at in a collective", _P)
+t_hop = _define("t_hop", "s", "latency per hop (step) of a collective", _P)
+n_r = _define("n_r", "chips", "ranks taking part in one collective", _P)
+S_b = _define("S_b", "B", "bytes of the array a collective reduces or gathers", _P)
+o_ovl = _define("o_ovl", "1", "fraction of communication hidden under the step (0..1)", _P)
+t_floor = _define("t_floor", "s", "step time of memory and compute alone", _P)
+t_comm = _define("t_comm", "s", "communication time on a step's critical path", _P)
+t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
+t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
+
 # Serving: prefill with attention, whole requests, queueing (`prefill.py`, `serving.py`).
 _S = "serving"
 A_f = _define("A_f", "FLOP", "attention FLOPs per (query, key) pair, all blocks", _S)
@@ -115,15 +138,14 @@ x_over = _define("x_over", "1", "tolerated fractional overhead of chunked prefil
 n_out = _define("n_out", "tokens", "output tokens generated per request", _S)
 j = _define("j", "1", "index of a step or chunk in a sum", _S)
 lam = _define("lam", "requests/s", "mean arrival rate of requests (Poisson)", _S)
-D = _define("D", "s", "service time of one prefill (deterministic)", _S)
+D_pf = _define("D_pf", "s", "service time of one prefill (deterministic)", _S)
 t_ttft = _define("t_ttft", "s", "time-to-first-token target", _S)
-t_fixed = _define("t_fixed", "s", "per-step time that does not grow with context", _S)
-t_slope = _define("t_slope", "s/token", "per-step time added per retained token", _S)
 
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
+PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 

@@ -15,6 +15,11 @@ from jaxroof import errors
 from jaxroof.specs.model_spec import FULL, SLIDING, AttentionSpec, ModelSpec
 
 MISSING = object()
+# Plausibility limits, far above any published model (the deepest have ~130
+# layers; the largest widths ~2e4, vocabularies ~3e5): beyond them a value is a
+# typo or an attack, and a per-layer schedule of it would not fit in memory.
+MAX_LAYERS = 10_000
+MAX_SIZE = 10**9
 LAYER_TYPES = {"full_attention": FULL, "sliding_attention": SLIDING}
 
 
@@ -45,11 +50,14 @@ class Fields:
     return value
 
   def _check_int(self, key: str, value: Any, minimum: int) -> int:
+    limit = MAX_LAYERS if "layers" in key else MAX_SIZE
     if (isinstance(value, bool) or not isinstance(value, (int, float))
-        or not math.isfinite(value) or value != int(value) or value < minimum):
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not minimum <= value <= limit or value != int(value)):
+      shown = repr(value) if len(repr(value)) < 40 else f"{repr(value)[:20]}..."
       raise errors.InputError(
-          f"{self.source}: config field {key}={value!r} is not allowed: it must "
-          f"be a whole number >= {minimum}."
+          f"{self.source}: config field {key}={shown} is not allowed: it must "
+          f"be a whole number in [{minimum}, {limit:,}]."
       )
     return int(value)
 
@@ -101,7 +109,7 @@ def schedule(f: Fields, n: int, rule: Callable[[int], str]) -> tuple[str, ...]:
         f"list one type per block ({n} blocks)."
     )
   for t in types:
-    if t not in LAYER_TYPES:
+    if not isinstance(t, str) or t not in LAYER_TYPES:
       raise errors.InputError(
           f"{f.source}: layer type {t!r} in layer_types is not supported; "
           f"supported: {', '.join(LAYER_TYPES)}."
