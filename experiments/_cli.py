@@ -41,6 +41,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     message = str(e)
+    # A multi-flag validator's message starts by echoing every flag it read
+    # ("flags a=1, b=2, ...: "); its own words name the flags that matter.
+    message = re.sub(r"^flags .*?=.*?: (?=[a-z-]*--)", "", message, count=1)
     suggestion = _suggestion(message)
     if len(message) > 300:  # A huge list flag would be echoed whole.
       message = f"{message[:150]} ... {message[-120:]}"
