@@ -84,13 +84,18 @@ _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON from `experiments.calibrate`: decode steps become "
     "calibrated predictions (prefill stays the bound at the profile's ceilings).")
 # The workload.
-_PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 1024, "Prompt length P, tokens. >= 1.")
-_OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", 128, "Outputs G per request. >= 2.")
+_PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 1024, "Prompt length P, tokens. "
+                                      "1 .. 10,000,000.", upper_bound=10_000_000)
+_OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", 128, "Outputs G per request. "
+                                      "2 .. 1,000,000.", upper_bound=1_000_000)
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", "1,2,4,8,16,32,64,128,256,512",
                                  "Batches (sequences) for the rows and the frontier.")
 _ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 0.0, "Requests/s (Poisson). >= 0.")
 _BATCHING_WINDOW_MS = flags.DEFINE_float("batching_window_ms", 0.0,
                                          "Wait before a prefill starts, ms. >= 0.")
+_PREFILL_BATCH = flags.DEFINE_integer(
+    "prefill_batch", 1, "Prompts prefilled together (the window collects them); batches "
+    "queue as M/D/1 at arrival_rate / prefill_batch.", lower_bound=1, upper_bound=4096)
 # The targets.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Mean time-to-first-token target, ms. > 0.")
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
@@ -212,8 +217,8 @@ def main(argv: list[str]) -> None:
   window_s = _BATCHING_WINDOW_MS.value / 1e3
   gap_s = _TOKEN_GAP_MS.value / 1e3
   ttft_s = None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3
-  load = dict(prompt_tokens=prompt, output_tokens=outputs,
-              arrival_rate=_ARRIVAL_RATE.value, window_s=window_s)
+  load = dict(prompt_tokens=prompt, output_tokens=outputs, arrival_rate=_ARRIVAL_RATE.value,
+              window_s=window_s, prefill_batch=_PREFILL_BATCH.value)
   rows = requests.rows(model, inputs, batches, **load)
   context = prompt + outputs / 2 if inputs.grows else 1.0
   kv = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
@@ -230,6 +235,7 @@ def main(argv: list[str]) -> None:
           "label": inputs.label, "model": _MODEL.value, "accelerator": _ACCELERATOR.value,
           "prompt_tokens": prompt, "output_tokens": outputs, "batch_sizes": batches,
           "arrival_rate_per_s": _ARRIVAL_RATE.value, "batching_window_s": window_s,
+          "prefill_batch": _PREFILL_BATCH.value,
           "ttft_target_s": ttft_s, "token_gap_target_s": gap_s,
           "aggregate_target_tokens_per_s": _AGGREGATE.value,
           "si": {"N": inputs.N, "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,

@@ -218,3 +218,16 @@ def test_pools_count_chips_for_both_layouts():
   assert fewer["status"] != "ok"
   cross = pools.crossovers(BOUND, inputs, prompt_tokens=2048, output_tokens=256)
   assert cross["prefill_tokens_per_step_linear"] == pytest.approx(9.89e14 / 3.35e12 * 2 / 2)
+
+
+def test_batched_prefill_queues_batches():
+  """Batches of b prompts arrive at lam/b: b = 1 is the one-prompt server, and the
+  capacity is b/D."""
+  one = queueing.ttft(10.0, 0.05, 0.0, batch=1)
+  assert one.utilisation == pytest.approx(0.5)
+  four = queueing.ttft(10.0, 0.12, 0.0, batch=4)  # 4 prompts in 0.12 s: 0.03 s each.
+  assert four.utilisation == pytest.approx(10.0 / 4 * 0.12)
+  assert four.wait_s == pytest.approx(queueing.ttft(2.5, 0.12).wait_s)
+  assert queueing.capacity(0.12, 4) == pytest.approx(4 / 0.12)
+  rate = queueing.max_arrival_rate(0.5, 0.12, 0.0, batch=4)
+  assert queueing.ttft(rate, 0.12, 0.0, batch=4).ttft_s == pytest.approx(0.5)

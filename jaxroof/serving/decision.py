@@ -71,7 +71,7 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
            output_tokens: int, token_gap_s: float, ttft_s: float | None = None,
            arrival_rate: float = 0.0, window_s: float = 0.0,
            aggregate_tokens_per_s: float | None = None,
-           with_elasticities: bool = True) -> dict[str, Any]:
+           with_elasticities: bool = True, prefill_batch: int = 1) -> dict[str, Any]:
   """The decision for requests of P prompt and G output tokens at a load.
 
   Returns the JSON `decision` block: `batch`, `binds`, `step_s`,
@@ -89,8 +89,9 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   errors.require_non_negative("arrival_rate", arrival_rate)
   errors.require_non_negative("batching_window", window_s)
   prompt_tokens, output_tokens = requests.check_lengths(inputs, prompt_tokens, output_tokens)
+  prefill_batch = errors.require_positive_int("prefill_batch", prefill_batch)
   kwargs = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                arrival_rate=arrival_rate, window_s=window_s)
+                arrival_rate=arrival_rate, window_s=window_s, prefill_batch=prefill_batch)
   base = requests.evaluate(model, inputs, [1], **kwargs)
   queue = base["queue"]
   single = base["single_prefill_s"]
@@ -99,16 +100,17 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
       "per_sequence_tokens_per_s": None, "ttft_s": queue.ttft_s,
       "max_arrival_rate_per_s": None, "status": "ok", "reason": "",
       "queue_model": queueing.MODEL, "prefill_service_s": single,
-      "utilisation": queue.utilisation,
+      "utilisation": queue.utilisation, "prefill_batch": prefill_batch,
   }
-  ttft_rate = (queueing.max_arrival_rate(ttft_s, single, window_s) if ttft_s is not None
-               else queueing.capacity(single))
+  ttft_rate = (queueing.max_arrival_rate(ttft_s, single, window_s, prefill_batch)
+               if ttft_s is not None else queueing.capacity(single, prefill_batch))
   out["ttft_limited_arrival_rate_per_s"] = ttft_rate
   if not queue.stable:
     out.update(status="unstable", binds="ttft", reason=(
-        f"arrival rate {arrival_rate:g}/s x prefill {single:.4g} s = utilisation "
+        f"arrival rate {arrival_rate:g}/s x prefill {single:.4g} s / {prefill_batch} "
+        f"prompt(s) per prefill = utilisation "
         f"{queue.utilisation:.3g} >= 1: the prefill queue grows without bound "
-        f"(capacity {queueing.capacity(single):.4g} requests/s)"))
+        f"(capacity {queueing.capacity(single, prefill_batch):.4g} requests/s)"))
     return out
 
   def gap(batch: int) -> float:
@@ -146,7 +148,7 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   compute_bound = float(terms["compute_s"]) >= float(terms["memory_s"])
   if binds == "token_gap" and compute_bound:
     binds = "compute"
-  capacity = shared_capacity(step, single, batch, output_tokens)
+  capacity = shared_capacity(step, single / prefill_batch, batch, output_tokens)
   out.update(
       batch=int(batch), binds=binds, step_s=step,
       aggregate_tokens_per_s=batch / step, per_sequence_tokens_per_s=1 / step,

@@ -7,6 +7,11 @@ one at a time with priority over decode steps. Then
   mean wait  = lam*D**2 / (2*(1 - lam*D)),   valid only while lam*D < 1,
   mean TTFT  = wait + batching window + D.
 
+With a batched prefill (`batch` prompts per prefill of `service_s`, the
+batching window collecting them), batches queue instead: arrival rate
+lam/batch, utilisation lam*D/batch, the same M/D/1 wait; the speed-up is
+whatever `prefill(P, batch) < batch * prefill(P, 1)` gives.
+
 Past `lam*D >= 1` the queue grows without bound: the result says "unstable"
 and carries no TTFT (never a NaN or a negative wait). Percentiles need the
 simulator; these are means.
@@ -60,21 +65,25 @@ class QueueResult:
     return "stable" if self.stable else "unstable"
 
 
-def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0) -> QueueResult:
-  """Mean TTFT at `arrival_rate` requests/s, prefill `service_s`, window `window_s`."""
+def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0, batch: int = 1
+         ) -> QueueResult:
+  """Mean TTFT at `arrival_rate` requests/s, prefill `service_s` of `batch`
+  prompts at once, batching window `window_s`."""
+  batch = errors.require_positive_int("prefill_batch", batch)
   errors.require_non_negative("arrival_rate", arrival_rate)
+  arrival_rate = arrival_rate / batch  # Batches of prompts are what queue.
   errors.require_positive("service_s", service_s)
   errors.require_non_negative("batching_window", window_s)
   rho = float(_utilisation()(lam=arrival_rate, D_pf=service_s)["utilisation"])
   if rho >= 1:  # Checked first: the wait's formula divides by 1 - rho.
-    return QueueResult(arrival_rate, service_s, window_s, rho, False, None, None)
+    return QueueResult(arrival_rate * batch, service_s, window_s, rho, False, None, None)
   out = _evaluators()(lam=arrival_rate, D_pf=service_s, t_window=window_s, t_ttft=1.0)
-  return QueueResult(arrival_rate, service_s, window_s, rho, True,
+  return QueueResult(arrival_rate * batch, service_s, window_s, rho, True,
                      float(out["wait_s"]), float(out["ttft_s"]))
 
 
-def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0.0
-                     ) -> float:
+def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0.0,
+                     batch: int = 1) -> float:
   """Largest arrival rate (requests/s) whose mean TTFT meets the target.
 
   0 when even an idle server misses it (window + prefill > target); always
@@ -86,11 +95,11 @@ def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0
   if window_s + service_s >= ttft_target_s:
     return 0.0
   out = _evaluators()(lam=0.0, D_pf=service_s, t_window=window_s, t_ttft=ttft_target_s)
-  rate = float(out["max_rate"])
+  rate = batch * float(out["max_rate"])
   return rate if math.isfinite(rate) and rate > 0 else 0.0
 
 
-def capacity(service_s: float) -> float:
-  """Arrival rate at which the prefill server saturates: 1/D."""
+def capacity(service_s: float, batch: int = 1) -> float:
+  """Arrival rate at which the prefill server saturates: batch/D."""
   errors.require_positive("service_s", service_s)
-  return 1.0 / service_s
+  return batch / service_s

@@ -8,8 +8,9 @@ One row per decode batch B for requests of `prompt_tokens` (P) and
   decode_s         the G - 1 decode steps at contexts P+1 .. P+G-1: closed form
                    (`jaxroof.symbolic.serving.decode_time`) for the bound,
                    the step model summed step by step for a calibrated one;
-  ttft_s           M/D/1 wait for a one-prompt prefill + batching window +
-                   that prefill (`queueing`), the mean at `arrival_rate`;
+  ttft_s           M/D/1 wait for a prefill of `prefill_batch` prompts (default
+                   one) + batching window + that prefill (`queueing`), the
+                   mean at `arrival_rate`;
   mean_token_gap_s decode_s / (G - 1), stretched by 1/(1 - lam*D) because
                    prefills take priority on the chip;
   e2e_s            ttft_s + (G - 1) * mean_token_gap_s;
@@ -179,16 +180,17 @@ def decode_time(model: StepModel, inputs: ServingInputs, batch: Any, prompt_toke
 
 def evaluate(model: StepModel, inputs: ServingInputs, batch: Sequence[int] | np.ndarray, *,
              prompt_tokens: int, output_tokens: int, arrival_rate: float = 0.0,
-             window_s: float = 0.0) -> dict[str, Any]:
+             window_s: float = 0.0, prefill_batch: int = 1) -> dict[str, Any]:
   """Every row quantity as arrays over `batch`, plus the queue at this load.
 
   Returns the `UNITS` columns (None-free arrays; TTFT and loaded gaps are
   `inf` when the load is unstable), `stable`, `queue` (`QueueResult`) and
-  `single_prefill_s` (the M/D/1 service time D).
+  `single_prefill_s` (the M/D/1 service time D: one prefill of
+  `prefill_batch` prompts).
   """
   batch = np.asarray(batch, dtype=float)
-  single = float(prefill(inputs, prompt_tokens, 1.0, model)["prefill_s"])
-  queue = queueing.ttft(arrival_rate, single, window_s)
+  single = float(prefill(inputs, prompt_tokens, float(prefill_batch), model)["prefill_s"])
+  queue = queueing.ttft(arrival_rate, single, window_s, prefill_batch)
   prefill_s = prefill(inputs, prompt_tokens, batch, model)["prefill_s"]
   decode_s = decode_time(model, inputs, batch, prompt_tokens, output_tokens)
   steps = output_tokens - 1
@@ -208,6 +210,7 @@ def evaluate(model: StepModel, inputs: ServingInputs, batch: Sequence[int] | np.
       "stable": queue.stable,
       "queue": queue,
       "single_prefill_s": single,
+      "prefill_batch": prefill_batch,
   }
 
 
