@@ -41,6 +41,7 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     "measure_ops": ("--decode_rows=1", "--prefill_rows=2", "--batch_sizes=1",
                     "--contexts=64", "--d_in=64", "--d_out=64", "--repeats=2"),
     "gpu_bench": ("--out_dir={tmp}/gpu",),
+    "serving": ("--token_gap_ms=12", "--output_tokens=16", "--batch_sizes=1,8"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")

@@ -29,6 +29,7 @@ from jaxroof.measure import profiles
 from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.report import plots
 from jaxroof.report import table
+from jaxroof.serving import elasticity
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
@@ -223,6 +224,10 @@ def main(argv: list[str]) -> None:
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
+  scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
+  layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
+  elasticity.annotate_sweep(sweep, _step_model(scale_given_ceilings=scale_given), layers=layers,
+                            **sweep["inputs"]["si"])
   if sweep["kind"] == "calibrated":
     prof = sweep["profile"]
     print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
@@ -236,6 +241,7 @@ def main(argv: list[str]) -> None:
     headers = headers + ("comm ms", "chips")
     cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"]
              for c, r in zip(cells, sweep["rows"])]
+  headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, sweep["rows"])]
   print(table.format_table(headers, cells))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:

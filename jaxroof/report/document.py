@@ -25,6 +25,7 @@ from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
 from jaxroof.report import plots
 from jaxroof.report import simulation as simulation_report
+from jaxroof.report import serving as serving_report
 from jaxroof.report import specs as specs_report
 from jaxroof.report import table
 from jaxroof.report import toy as toy_summary
@@ -138,6 +139,10 @@ def _specs_section(ctx: Context) -> str:
   return specs_report.report_section(ctx.out_dir)
 
 
+def _serving_section(ctx: Context) -> str:
+  return serving_report.report_section(ctx.out_dir)
+
+
 def _parallel_section(ctx: Context) -> str:
   return parallel_report.report_section(ctx.out_dir)
 
@@ -156,6 +161,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     sweep_section,
     toy_section,
     _specs_section,
+    _serving_section,
     _parallel_section,
     _simulation_section,
     _kernels_section,

@@ -1,1 +1,2 @@
-"""Serving: whole requests, arrivals, the continuous-batching simulator, the toy server."""
+"""Serving: whole requests, queueing, the concurrency decision, pools, elasticities,
+arrivals, the continuous-batching simulator and the toy server."""

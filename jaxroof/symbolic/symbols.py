@@ -25,7 +25,7 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "parallel": [], "iteration": []}
+                                      "parallel": [], "iteration": [], "serving": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -142,9 +142,21 @@ S_pre_kv = _define("S_pre_kv", "tokens", "positions whose K/V the prefill chunks
 o_chunk = _define("o_chunk", "tokens", "prompt tokens already prefilled before a chunk", _I)
 c_chunk = _define("c_chunk", "tokens", "prompt tokens in a prefill chunk", _I)
 
+# Serving: prefill with attention, whole requests, queueing (`prefill.py`, `serving.py`).
+_S = "serving"
+A_f = _define("A_f", "FLOP", "attention FLOPs per (query, key) pair, all blocks", _S)
+C_chunk = _define("C_chunk", "tokens", "prompt tokens per prefill chunk", _S)
+x_over = _define("x_over", "1", "tolerated fractional overhead of chunked prefill", _S)
+n_out = _define("n_out", "tokens", "output tokens generated per request", _S)
+j = _define("j", "1", "index of a step or chunk in a sum", _S)
+lam = _define("lam", "requests/s", "mean arrival rate of requests (Poisson)", _S)
+D_pf = _define("D_pf", "s", "service time of one prefill (deterministic)", _S)
+t_ttft = _define("t_ttft", "s", "time-to-first-token target", _S)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])

@@ -1,0 +1,293 @@
+"""The serving decision: concurrency from token gaps, TTFT under load and memory.
+
+For requests of --prompt_tokens and --output_tokens arriving at --arrival_rate
+(Poisson, requests/s), it prints one row per batch (prefill, TTFT, token gap,
+end-to-end latency, both rates, and the input that moves the step most) and
+the decision: the largest decode concurrency whose mean token gap meets
+--token_gap_ms and that fits in memory (weights + paged K/V reserved for the
+whole request + workspace), what binds it (token_gap, memory, ttft, compute),
+its rates, the mean TTFT at the load (M/D/1) and the load limit. Every number
+is an analytic bound unless --profile makes it a calibrated prediction.
+
+Give a model and an accelerator,
+
+  python -m experiments.serving --model=llama-3-8b --accelerator=h100-sxm \
+      --prompt_tokens=2048 --output_tokens=256 --token_gap_ms=20 --ttft_ms=500 \
+      --arrival_rate=5 --json_out=/tmp/serving.json --plot_out=/tmp/serving.png
+
+or batch_sweep's raw numbers (defaults: the lesson's example, whose 12 ms gap
+gives batch 32 and 9 ms gives 8):
+
+  python -m experiments.serving --token_gap_ms=12
+
+JSON keys: kind, inputs, units, assumptions, requests (rows: batch, prefill_s,
+decode_s, ttft_s, mean_token_gap_s, e2e_s, aggregate_tokens_per_s,
+per_sequence_tokens_per_s, status, elasticities, moved_by), decision (batch,
+binds, step_s, aggregate_tokens_per_s, per_sequence_tokens_per_s, ttft_s,
+max_arrival_rate_per_s, status, reason, ...), elasticities (at the decision),
+prefill_decode (crossovers), pools (with --arrival_rate and --ttft_ms), and
+peer (with --compare_peer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+from absl import logging
+
+from experiments import _cli
+from jaxroof import errors
+from jaxroof import files
+from jaxroof.measure import profiles
+from jaxroof.report import serving as serving_report
+from jaxroof.report import table
+from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import elasticity
+from jaxroof.serving import peer
+from jaxroof.serving import pools
+from jaxroof.serving import queueing
+from jaxroof.serving import requests
+from jaxroof.specs import accelerators
+from jaxroof.specs import models
+from jaxroof.symbolic.step_model import StepModel
+
+# The model: a shipped model on an accelerator ...
+_MODEL = flags.DEFINE_string(
+    "model", None, "Shipped model name (jaxroof/specs/data/models) or a Hugging Face "
+    "config.json path. Needs --accelerator.")
+_ACCELERATOR = flags.DEFINE_string(
+    "accelerator", None, "Accelerator slug, e.g. h100-sxm (jaxroof/specs/data/accelerators.json).")
+_CONTEXT = flags.DEFINE_integer(
+    "context", None, "With --model: tokens each sequence may hold, reserved up front in the "
+    "memory fit (default prompt + outputs). >= prompt_tokens + output_tokens - 1.")
+_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "With --model: bf16, fp8, int8, int4.")
+_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "With --model: the K/V dtype.")
+# ... or batch_sweep's raw numbers.
+_WEIGHTS_GB = flags.DEFINE_float("weights_gb", 16.0, "Weight bytes read per step, GB. > 0.")
+_BYTES_PER_WEIGHT = flags.DEFINE_float("bytes_per_weight", 2.0, "Bytes per weight. > 0.")
+_KV_GB_PER_SEQ = flags.DEFINE_float(
+    "kv_gb_per_seq", None, "K/V each sequence reads per step, GB, fixed (the lesson's view; "
+    "default 0.25 unless --kv_bytes_per_token). > 0.")
+_KV_BYTES_PER_TOKEN = flags.DEFINE_float(
+    "kv_bytes_per_token", None, "K/V bytes per retained token: the context then grows by "
+    "one per decode step. > 0.")
+_BANDWIDTH_TBPS = flags.DEFINE_float("bandwidth_tbps", 2.0, "Memory bandwidth, TB/s. > 0.")
+_TFLOPS = flags.DEFINE_float("tflops", None, "FLOP rate, TFLOP/s. > 0. Omit for memory only.")
+_MEMORY_GB = flags.DEFINE_float(
+    "memory_gb", None, "Raw numbers: device memory, GB, for the memory fit (10% kept as "
+    "workspace). > 0. Omit: memory does not bind.")
+_LAYERS = flags.DEFINE_integer("layers", None, "Raw numbers: blocks, for a profile's "
+                               "per-layer cost. >= 1.", lower_bound=1)
+# ... or a calibrated profile (with either of the above).
+_PROFILE = flags.DEFINE_string(
+    "profile", None, "Profile JSON from `experiments.calibrate`: decode steps become "
+    "calibrated predictions (prefill stays the bound at the profile's ceilings).")
+# The workload.
+_PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 1024, "Prompt length P, tokens. "
+                                      "1 .. 10,000,000.", upper_bound=10_000_000)
+_OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", 128, "Outputs G per request. "
+                                      "2 .. 1,000,000.", upper_bound=1_000_000)
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", "1,2,4,8,16,32,64,128,256,512",
+                                 "Batches (sequences) for the rows and the frontier.")
+_ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 0.0, "Requests/s (Poisson). >= 0.")
+_BATCHING_WINDOW_MS = flags.DEFINE_float("batching_window_ms", 0.0,
+                                         "Wait before a prefill starts, ms. >= 0.")
+_PREFILL_BATCH = flags.DEFINE_integer(
+    "prefill_batch", 1, "Prompts prefilled together (the window collects them); batches "
+    "queue as M/D/1 at arrival_rate / prefill_batch.", lower_bound=1, upper_bound=4096)
+# The targets.
+_TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Mean time-to-first-token target, ms. > 0.")
+_TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
+                                   "Mean gap between a user's tokens (ITL) target, ms. > 0. Required.")
+_AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
+                                "Optional aggregate-rate target, tokens/s. > 0.")
+# Outputs.
+_COMPARE_PEER = flags.DEFINE_enum(
+    "compare_peer", None, ["llm_viewer"], "Put the rows beside a peer's published analysis "
+    "(llm_viewer: Llama-2-7B, A100, prompt 1024, 128 outputs).")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result as JSON here.")
+_PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the frontier PNG here.")
+
+for _holder, _unit in ((_WEIGHTS_GB, "GB"), (_BYTES_PER_WEIGHT, "bytes/weight"),
+                       (_KV_GB_PER_SEQ, "GB"), (_KV_BYTES_PER_TOKEN, "bytes/token"),
+                       (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"), (_MEMORY_GB, "GB"),
+                       (_TTFT_MS, "ms"), (_TOKEN_GAP_MS, "ms"), (_AGGREGATE, "tokens/s")):
+  _cli.require_positive(_holder, _unit)
+_cli.require_positive_int_list(_BATCH_SIZES, "sequences")
+flags.register_validator(_ARRIVAL_RATE.name, lambda v: v >= 0 and v != float("inf"),
+                         message="must be a finite number >= 0 (requests/s)")
+flags.register_validator(_BATCHING_WINDOW_MS.name, lambda v: v >= 0 and v != float("inf"),
+                         message="must be a finite number >= 0 (ms)")
+
+_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
+              _BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)
+
+
+def _check_flags() -> None:
+  """Flag combinations, as one-line errors."""
+  if (_MODEL.value is None) != (_ACCELERATOR.value is None):
+    raise errors.InputError("--model and --accelerator go together.")
+  if _MODEL.value is not None and any(flags.FLAGS[h.name].present for h in _RAW_FLAGS):
+    raise errors.InputError("--model replaces the raw-number flags (--weights_gb, "
+                            "--bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops, --memory_gb).")
+  if _MODEL.value is None and _CONTEXT.value is not None:
+    raise errors.InputError("--context applies only with --model.")
+  if _KV_GB_PER_SEQ.value is not None and _KV_BYTES_PER_TOKEN.value is not None:
+    raise errors.InputError("give --kv_gb_per_seq or --kv_bytes_per_token, not both.")
+  for holder in (_PROMPT_TOKENS, _OUTPUT_TOKENS):
+    if holder.value < 1:
+      raise errors.InputError(f"--{holder.name}={holder.value} is not allowed: it must be >= 1.")
+  if _OUTPUT_TOKENS.value < 2:
+    raise errors.InputError(f"--output_tokens={_OUTPUT_TOKENS.value} is not allowed: it must "
+                            "be >= 2 (one output has no token gap).")
+  _cli.require_flags(_TOKEN_GAP_MS)
+
+
+def _inputs() -> requests.ServingInputs:
+  prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
+  if _MODEL.value is not None:
+    spec = models.load_model(_MODEL.value)
+    device = accelerators.load_accelerator(_ACCELERATOR.value)
+    limit = spec.max_position_embeddings
+    if isinstance(limit, int) and prompt + outputs - 1 > limit:
+      raise errors.InputError(
+          f"--prompt_tokens={prompt} with --output_tokens={outputs} needs "
+          f"{prompt + outputs - 1} positions: beyond {spec.name}'s context "
+          f"(max_position_embeddings = {limit}).")
+    reserve = outputs
+    if _CONTEXT.value is not None:
+      if _CONTEXT.value < prompt + outputs - 1:
+        raise errors.InputError(
+            f"--context={_CONTEXT.value} is not allowed: it must be >= prompt_tokens + "
+            f"output_tokens - 1 = {prompt + outputs - 1}.")
+      reserve = _CONTEXT.value - prompt
+    return requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=reserve,
+                                 weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+  weight_bytes = _WEIGHTS_GB.value * 1e9
+  n = weight_bytes / _BYTES_PER_WEIGHT.value
+  fixed = None
+  per_token = _KV_BYTES_PER_TOKEN.value
+  if per_token is None:
+    fixed = (0.25 if _KV_GB_PER_SEQ.value is None else _KV_GB_PER_SEQ.value) * 1e9
+  max_batch = None
+  memory = {}
+  if _MEMORY_GB.value is not None:
+    per_seq = fixed if fixed is not None else per_token * (prompt + outputs)
+    usable = _MEMORY_GB.value * 1e9 * 0.9 - weight_bytes
+    max_batch = max(int(usable // per_seq), 0)
+    memory = {"memory_capacity_bytes": _MEMORY_GB.value * 1e9, "workspace_fraction": 0.1,
+              "usable_memory_bytes": usable, "kv_allocated_bytes_per_sequence": per_seq}
+  return requests.ServingInputs(
+      N=n, N_act=n, q=_BYTES_PER_WEIGHT.value, k=per_token or 0.0,
+      BW=_BANDWIDTH_TBPS.value * 1e12, F=None if _TFLOPS.value is None else _TFLOPS.value * 1e12,
+      kv_per_sequence_bytes=fixed, layers=_LAYERS.value, max_batch_in_memory=max_batch,
+      label=f"{_WEIGHTS_GB.value:g} GB weights ({_BYTES_PER_WEIGHT.value:g} B/weight), "
+      + (f"{fixed / 1e9:g} GB K/V per sequence" if fixed is not None
+         else f"{per_token:g} B K/V per token")
+      + f", {_BANDWIDTH_TBPS.value:g} TB/s"
+      + (f", {_TFLOPS.value:g} TFLOP/s" if _TFLOPS.value is not None else ", memory only"),
+      memory=memory)
+
+
+def _step_model() -> StepModel:
+  if _PROFILE.value is None:
+    return StepModel.bound()
+  scale_given = _MODEL.value is not None or any(
+      flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
+  return profiles.step_model(profiles.load_profile(_PROFILE.value),
+                             use_profile_ceilings=not scale_given)
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  _check_flags()
+  if _COMPARE_PEER.value:
+    peer.check_case(_MODEL.value, _ACCELERATOR.value, _PROMPT_TOKENS.value,
+                    _OUTPUT_TOKENS.value)
+  model = _step_model()
+  inputs = _inputs()
+  if model.ceilings is not None:
+    bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
+    inputs = dataclasses.replace(inputs, label=inputs.label.split(", ")[0] + ", "
+                                 + inputs.label.split(", ")[1] + f", the profile's ceilings "
+                                 f"{bw / 1e9:.3g} GB/s, {flops / 1e12:.3g} TFLOP/s")
+  prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
+  batches = _cli.int_list(_BATCH_SIZES)
+  window_s = _BATCHING_WINDOW_MS.value / 1e3
+  gap_s = _TOKEN_GAP_MS.value / 1e3
+  ttft_s = None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3
+  load = dict(prompt_tokens=prompt, output_tokens=outputs, arrival_rate=_ARRIVAL_RATE.value,
+              window_s=window_s, prefill_batch=_PREFILL_BATCH.value)
+  rows = requests.rows(model, inputs, batches, **load)
+  context = prompt + outputs / 2 if inputs.grows else 1.0
+  kv = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
+  for row, values in zip(rows, elasticity.row_elasticities(
+      model, batches, N=inputs.N, q=inputs.q, T=context, k=kv, BW=inputs.BW, F=inputs.F,
+      N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)):
+    row["elasticities"] = values
+    row["moved_by"] = elasticity.moved_by(values)
+  decision = decision_lib.decide(model, inputs, token_gap_s=gap_s, ttft_s=ttft_s,
+                                 aggregate_tokens_per_s=_AGGREGATE.value, **load)
+  result = {
+      "kind": model.kind,
+      "inputs": {
+          "label": inputs.label, "model": _MODEL.value, "accelerator": _ACCELERATOR.value,
+          "prompt_tokens": prompt, "output_tokens": outputs, "batch_sizes": batches,
+          "arrival_rate_per_s": _ARRIVAL_RATE.value, "batching_window_s": window_s,
+          "prefill_batch": _PREFILL_BATCH.value,
+          "ttft_target_s": ttft_s, "token_gap_target_s": gap_s,
+          "aggregate_target_tokens_per_s": _AGGREGATE.value,
+          "si": {"N": inputs.N, "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,
+                 "kv_per_sequence_bytes": inputs.kv_per_sequence_bytes, "BW": inputs.BW,
+                 "F": inputs.F, "layers": inputs.layers},
+          "memory": inputs.memory, "max_batch_in_memory": inputs.max_batch_in_memory,
+          "weight_dtype": _WEIGHT_DTYPE.value if _MODEL.value else None,
+          "kv_dtype": _KV_DTYPE.value if _MODEL.value else None,
+      },
+      "units": {**requests.UNITS, "elasticities": "d ln(step_s) / d ln(input)",
+                "max_arrival_rate_per_s": "requests/s"},
+      "assumptions": list(model.assumptions) + [
+          "prefill: analytic bound with causal attention (lower triangle, softmax omitted), "
+          "weights read once, K/V written",
+          "rows: a static batch of B requests (all B prompts prefilled together, then "
+          "G - 1 decode steps at contexts P+1 .. P+G-1)",
+          "TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival",
+          "token gap under load: decode steps stretched by 1/(1 - lam*D)"],
+      "requests": rows,
+      "decision": decision,
+      "elasticities": decision.get("elasticities"),
+      "prefill_decode": pools.crossovers(model, inputs, prompt_tokens=prompt,
+                                         output_tokens=outputs),
+  }
+  if _ARRIVAL_RATE.value > 0 and ttft_s is not None:
+    result["pools"] = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
+                                    arrival_rate=_ARRIVAL_RATE.value, ttft_s=ttft_s,
+                                    token_gap_s=gap_s, window_s=window_s)
+  if _COMPARE_PEER.value:
+    result["peer"] = peer.compare(requests.rows(model, inputs, batches, prompt_tokens=prompt,
+                                                output_tokens=outputs))
+  label = {"bound": "analytic bound", "calibrated": "calibrated prediction"}[model.kind]
+  print(f"Serving {inputs.label}: prompt {prompt}, {outputs} outputs, "
+        f"{_ARRIVAL_RATE.value:g} requests/s ({label}; TTFT: M/D/1 mean)")
+  print(table.format_table(serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)))
+  print("\n".join(serving_report.decision_lines(decision)))
+  if "peer" in result:
+    print(table.format_table(serving_report.PEER_HEADERS,
+                             serving_report.peer_cells(result["peer"]["rows"])))
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, result)
+    logging.info("wrote %s", _JSON_OUT.value)
+  if _PLOT_OUT.value:
+    frontier = decision_lib.frontier(model, inputs,
+                                     serving_report.frontier_batches(batches, decision, inputs),
+                                     prompt_tokens=prompt,
+                                     output_tokens=outputs)
+    title = (f"{inputs.label}\nprompt {prompt} + {outputs} outputs")
+    serving_report.plot_frontier(frontier, decision, _PLOT_OUT.value, title, kind=model.kind,
+                                 token_gap_s=gap_s, memory_limit=inputs.max_batch_in_memory)
+    logging.info("wrote %s", _PLOT_OUT.value)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

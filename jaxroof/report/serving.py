@@ -1,0 +1,236 @@
+"""Serving: the frontier plot, request tables and the report section.
+
+Everything here is an analytic bound unless a calibrated profile was given
+(the caller's JSON says which); TTFT figures are M/D/1 means.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxroof.report import plots
+from jaxroof.report import table
+from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import elasticity
+from jaxroof.serving import pools
+from jaxroof.serving import requests
+from jaxroof.specs.accelerators import load_accelerator
+from jaxroof.specs.models import load_model
+from jaxroof.symbolic import prefill as prefill_formulas
+from jaxroof.symbolic.step_model import StepModel
+
+REQUEST_HEADERS = ("batch", "prefill ms", "TTFT ms", "token gap ms", "e2e s",
+                   "aggregate tok/s (B*G/busy)", "per-seq tok/s", "moved by")
+PEER_HEADERS = ("batch", "prefill s (ours)", "prefill s (peer)", "mean step ms (ours)",
+                "mean step ms (peer)", "total s (ours)", "total s (peer)", "total ratio")
+_LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
+
+
+def request_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+  """Display cells of request rows; "unstable" where the load leaves a value undefined."""
+
+  def ms(value: float | None) -> str:
+    return "unstable" if value is None else f"{value * 1e3:,.2f}"
+
+  out = []
+  for row in rows:
+    batch = f"{row['batch']}" + (" (no fit)" if row.get("fits_in_memory") is False else "")
+    out.append([batch, f"{row['prefill_s'] * 1e3:,.2f}", ms(row["ttft_s"]),
+                ms(row["mean_token_gap_s"]),
+                "unstable" if row["e2e_s"] is None else f"{row['e2e_s']:,.3f}",
+                f"{row['aggregate_tokens_per_s']:,.1f}",
+                "unstable" if row["per_sequence_tokens_per_s"] is None
+                else f"{row['per_sequence_tokens_per_s']:,.1f}",
+                row.get("moved_by", "")])
+  return out
+
+
+def peer_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+  """Display cells of `serving.peer.compare` rows."""
+  return [[f"{r['batch']}", f"{r['jaxroof_prefill_s']:.4f}", f"{r['peer_prefill_s']:.4f}",
+           f"{r['jaxroof_mean_step_s'] * 1e3:.3f}", f"{r['peer_mean_step_s'] * 1e3:.3f}",
+           f"{r['jaxroof_total_s']:.4f}", f"{r['peer_total_s']:.4f}",
+           f"{r['total_ratio']:.3f}"] for r in rows]
+
+
+def decision_lines(decision: dict[str, Any]) -> list[str]:
+  """The decision in words."""
+  if decision["batch"] is None:
+    return [f"decision: {decision['status']} ({decision['binds']} binds): {decision['reason']}"]
+  lines = [
+      f"decision: batch {decision['batch']} ({decision['binds']} binds; status "
+      f"{decision['status']}{': ' + decision['reason'] if decision['reason'] else ''})",
+      f"  mean step {decision['step_s'] * 1e3:.3f} ms unloaded, "
+      f"{decision['loaded_token_gap_s'] * 1e3:.3f} ms with prefills at this load; "
+      f"{decision['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
+      f"{decision['per_sequence_tokens_per_s']:,.1f} per sequence",
+      f"  limits: token gap B <= {decision['token_gap_limit_batch']}, memory B <= "
+      f"{decision['memory_limit_batch'] if decision['memory_limit_batch'] is not None else 'n/a'}",
+      f"  TTFT {decision['ttft_s'] * 1e3:.2f} ms (M/D/1 mean, prefill "
+      f"{decision['prefill_service_s'] * 1e3:.2f} ms, utilisation "
+      f"{decision['utilisation']:.3f}); load limit "
+      f"{decision['max_arrival_rate_per_s']:.4g} requests/s",
+      f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities "
+      + ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()),
+  ]
+  return lines
+
+
+def frontier_batches(batches: Sequence[int], decision: dict[str, Any],
+                     inputs: requests.ServingInputs) -> list[int]:
+  """The swept batches plus the decision and the memory limit, for the frontier plot."""
+  extra = [decision.get("batch"), inputs.max_batch_in_memory]
+  return sorted(set(batches) | {b for b in extra if b is not None and b >= 1})
+
+
+def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
+                  title: str, *, kind: str = "bound", token_gap_s: float | None = None,
+                  memory_limit: int | None = None) -> None:
+  """Aggregate tokens/s against per-sequence tokens/s over batch, decision marked."""
+  import matplotlib.pyplot as plt
+
+  per_seq = np.asarray(frontier["per_sequence_tokens_per_s"])
+  agg = np.asarray(frontier["aggregate_tokens_per_s"])
+  batch = np.asarray(frontier["batch"], dtype=int)
+  fig, ax = plt.subplots(figsize=(7.5, 5))
+  fits = np.ones_like(batch, dtype=bool) if memory_limit is None else batch <= memory_limit
+  ax.plot(per_seq, agg, "-", color="tab:blue", alpha=0.5)
+  ax.plot(per_seq[fits], agg[fits], "o", color="tab:blue",
+          label="batch" if memory_limit is None else "batch that fits in memory")
+  if (~fits).any():
+    ax.plot(per_seq[~fits], agg[~fits], "x", color="red", markersize=8,
+            label=f"does not fit (B > {memory_limit})")
+  if memory_limit is not None and memory_limit in batch:
+    at = int(np.nonzero(batch == memory_limit)[0][0])
+    ax.axvline(per_seq[at], color="red", linestyle=":",
+               label=f"memory limit: B = {memory_limit} ({per_seq[at]:,.0f} tok/s per sequence)")
+  for b, x, y in zip(batch, per_seq, agg):
+    if b == memory_limit or b == decision.get("batch"):
+      continue
+    ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+  if token_gap_s is not None:
+    # The frontier is unloaded; at the load, prefills stretch each gap by 1/(1 - rho).
+    rho = decision.get("utilisation") or 0.0
+    rate = 1 / (token_gap_s * (1 - rho)) if rho < 1 else None
+    if rate is not None:
+      load = f", prefills take {rho:.0%} of the chip" if rho > 0 else ""
+      ax.axvline(rate, color="tab:orange", linestyle="--",
+                 label=f"token-gap target {token_gap_s * 1e3:g} ms{load} (x = {rate:,.0f})")
+  if decision.get("batch") is not None:
+    ax.plot([decision["per_sequence_tokens_per_s"]], [decision["aggregate_tokens_per_s"]],
+            "*", color="tab:green", markersize=16,
+            label=f"decision: B = {decision['batch']} ({decision['binds']} binds)")
+  ax.set_xlabel("per-sequence tokens/s (1 / mean decode step)")
+  ax.set_ylabel("aggregate tokens/s (batch / mean decode step)")
+  ax.set_xlim(left=0)
+  ax.set_ylim(bottom=0)
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8, loc="upper right")
+  ax.set_title(f"{title}\n({_LABEL.get(kind, kind)}; batch labels on points)", fontsize=10)
+  plots.save(fig, path)
+
+
+def _lesson_case() -> tuple[StepModel, requests.ServingInputs]:
+  """The lesson's example: 8e9 BF16 weights, 2 TB/s, 300 FLOP/B, fixed K/V per sequence."""
+  return StepModel.bound(), requests.ServingInputs(
+      N=8e9, N_act=8e9, q=2, k=0.0, BW=2e12, F=6e14, kv_per_sequence_bytes=0.25e9,
+      label="lesson: 16 GB BF16 weights, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
+
+
+def report_section(out_dir: str) -> str:
+  """The serving decision: the lesson's, a real model's frontier, prefill vs decode, elasticities."""
+  model, lesson = _lesson_case()
+  lines = ["## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", ""]
+  rows = []
+  for gap_ms in (12, 9):
+    d = decision_lib.decide(model, lesson, prompt_tokens=1000, output_tokens=128,
+                            token_gap_s=gap_ms / 1e3)
+    rows.append([f"{gap_ms}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
+                 f"{d['aggregate_tokens_per_s']:,.0f}", f"{d['per_sequence_tokens_per_s']:.1f}"])
+  lines += [
+      "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
+      "the largest batch whose token gap meets the target.", "",
+      table.markdown_table(("token gap ms", "batch", "binds", "step ms", "aggregate tok/s",
+                            "per-seq tok/s"), rows), ""]
+
+  spec, device = load_model("llama-3-8b"), load_accelerator("h100-sxm")
+  prompt, outputs = 2048, 256
+  inputs = requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=outputs)
+  d = decision_lib.decide(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
+                          token_gap_s=0.02, ttft_s=0.5, arrival_rate=5.0, window_s=0.005)
+  batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+  frontier = decision_lib.frontier(model, inputs, frontier_batches(batches, d, inputs),
+                                   prompt_tokens=prompt,
+                                   output_tokens=outputs)
+  title = (f"llama-3-8b on h100-sxm, prompt {prompt} + {outputs} outputs, bf16 weights and K/V")
+  plot_frontier(frontier, d, os.path.join(out_dir, "serving_frontier.png"), title,
+                token_gap_s=0.02, memory_limit=inputs.max_batch_in_memory)
+  req = requests.rows(model, inputs, batches, prompt_tokens=prompt, output_tokens=outputs,
+                      arrival_rate=5.0, window_s=0.005)
+  lines += [
+      f"### {title}", "",
+      "Targets: 20 ms token gap, 500 ms TTFT, at 5 requests/s with a 5 ms batching window. "
+      + f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
+      f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
+      f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
+      f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
+      f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s. Rows: a static batch of B "
+      "requests (prefill of all B prompts, then 255 decode steps); TTFT for one prompt "
+      "prefilled on arrival.", "",
+      table.markdown_table(REQUEST_HEADERS[:-1], [c[:-1] for c in request_cells(req)]), "",
+      "![serving frontier](serving_frontier.png)", ""]
+
+  cross = pools.crossovers(model, inputs, prompt_tokens=prompt, output_tokens=outputs)
+  decode_cross = cross["decode_sequences_per_step"]
+  lines += [
+      "### Prefill and decode tuned apart", "",
+      f"Prefill turns compute-bound at about {cross['prefill_tokens_per_step_linear']:,.0f} "
+      f"prompt tokens per step (linear layers, R*q/2; "
+      f"{cross['prefill_tokens_per_step_with_attention']:,.0f} with causal attention and K/V "
+      "writes); decode "
+      + ("never does at this context: each sequence adds more K/V time than compute time"
+         if decode_cross is None else f"at {decode_cross:,.0f} sequences per step")
+      + f". Attention FLOPs overtake the linear FLOPs past a "
+      f"{cross['attention_overtakes_linear_at_prompt']:,.0f}-token prompt. "
+      "So prefill wants a few hundred tokens per step, decode as many sequences as the "
+      "token gap and memory allow.", ""]
+  pool = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
+                       arrival_rate=40.0, ttft_s=0.5, token_gap_s=0.02, window_s=0.005)
+  split, shared = pool["split"], pool["shared"]
+  lines += [
+      "At 40 requests/s: split pools need "
+      + (f"{split['chips']} chips ({split['prefill_chips']} prefill + {split['decode_chips']} "
+         f"decode), {split['goodput_per_chip']:.1f} requests/s per chip"
+         if split["feasible"] else "no feasible split")
+      + "; one shared pool needs "
+      + (f"{shared['chips']} chips (batch {shared['batch']}), "
+         f"{shared['goodput_per_chip']:.1f} requests/s per chip"
+         if shared["feasible"] else "more chips than searched")
+      + ". A shared pool wins with " + "; ".join(pools.SHARED_WINS[:3])
+      + ". The split wins with " + "; ".join(pools.SPLIT_WINS[:3]) + ".", ""]
+
+  el_rows = []
+  for batch in (1, 8, 32, 64, 256):
+    values = elasticity.row_elasticities(model, [batch], N=8e9, q=2, T=1, k=0.5e9, BW=2e12,
+                                         F=6e14)[0]
+    el_rows.append([f"{batch}"] + [f"{values[n]:+.3f}" for n in elasticity.INPUT_NAMES]
+                   + [elasticity.moved_by(values)])
+  lines += [
+      "### What moves the step: the lesson's 0.5 GB case", "",
+      "Elasticities d ln(step)/d ln(x) from `jax.grad` of the lambdified step (16 GB weights, "
+      "0.5 GB K/V per sequence, 2 TB/s, 600 TFLOP/s). Memory binds at every batch, so the "
+      "elasticity to F is exactly 0: faster arithmetic alone would not move the step; "
+      "bandwidth moves it one for one (-1), and the K/V share grows with batch.", "",
+      table.markdown_table(("batch",) + elasticity.INPUT_NAMES + ("moved by",), el_rows),
+      "",
+      "Prefill convention: linear FLOPs 2*N_act*P*B; causal attention over the lower "
+      "triangle, 2*L*H*d*P*(P+1) per sequence for QK^T and PV (softmax omitted); weights "
+      "read once, K/V written; floor = max(memory, compute) "
+      "(`jaxroof.symbolic.prefill`); attention overtakes the linear FLOPs at "
+      f"P = `{prefill_formulas.attention_overtakes_linear_prompt()}` (A_f: attention FLOPs "
+      "per (query, key) pair over all blocks, 4*L*H*d for full attention)."]
+  return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""The serving decision: the largest decode concurrency that meets the targets.
+
+The lesson's rule, "choose concurrency using TTFT, token gaps and memory
+headroom, not the weight-only roofline alone", made computable for any step
+model (bound or calibrated):
+
+  * token gap: the largest B whose mean token gap (unloaded decode step over
+    the request's contexts, stretched by prefills at the given load) meets
+    the target; found by bisection, since the gap rises with B;
+  * memory: the largest B whose weights + allocated K/V (paged, with the
+    output reservation) + workspace fit (`specs.workload`);
+  * the decision is the smaller; what binds is "memory", or "token_gap" --
+    "compute" when the step there is compute-bound (faster arithmetic, not
+    bandwidth, would move it);
+  * TTFT at the load (M/D/1, `queueing`) must meet its target, else the
+    decision is "infeasible" and binds "ttft"; a load at or past the prefill
+    server's capacity is "unstable";
+  * the load limit: the smaller of the arrival rate that keeps mean TTFT on
+    target and the rate the chip sustains with B slots,
+    `1/(D + (G-1)*step/B)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof.serving import elasticity
+from jaxroof.serving import queueing
+from jaxroof.serving import requests
+from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.step_model import StepModel
+from jaxroof.symbolic.symbols import B, D_pf, n_out, t
+
+SEARCH_LIMIT = 1 << 20  # Sequences: the search stops here when nothing else binds.
+_SLACK = 1e-9  # Relative: a gap equal to the target (12 ms at B = 32) meets it.
+
+
+@functools.cache
+def _capacity_model():
+  return lambdified({"rate": serving_formulas.shared_capacity_rate()}, (t, D_pf, B, n_out))
+
+
+def shared_capacity(step_s: float, prefill_s: float, batch: float, output_tokens: int) -> float:
+  """Requests/s one chip sustains with `batch` decode slots (`shared_capacity_rate`)."""
+  return float(_capacity_model()(t=step_s, D_pf=prefill_s, B=batch, n_out=output_tokens)["rate"])
+
+
+def _largest_meeting(meets, hi: int) -> int:
+  """Largest integer B in [1, hi] with meets(B), for meets true then false; 0 if none."""
+  if not meets(1):
+    return 0
+  lo = 1
+  step = 1
+  while lo + step <= hi and meets(lo + step):
+    lo += step
+    step *= 2
+  top = min(lo + step, hi + 1)  # meets(top) is false (or top is past hi).
+  while top - lo > 1:
+    mid = (lo + top) // 2
+    lo, top = (mid, top) if meets(mid) else (lo, mid)
+  return lo
+
+
+def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
+           output_tokens: int, token_gap_s: float, ttft_s: float | None = None,
+           arrival_rate: float = 0.0, window_s: float = 0.0,
+           aggregate_tokens_per_s: float | None = None,
+           with_elasticities: bool = True, prefill_batch: int = 1) -> dict[str, Any]:
+  """The decision for requests of P prompt and G output tokens at a load.
+
+  Returns the JSON `decision` block: `batch`, `binds`, `step_s`,
+  `aggregate_tokens_per_s`, `per_sequence_tokens_per_s`, `ttft_s`,
+  `max_arrival_rate_per_s`, plus `status` ("ok", "infeasible" or
+  "unstable"), `reason`, the candidate limits and `elasticities` at the
+  chosen batch (unless `with_elasticities` is False). Quantities a status
+  leaves undefined are None, never NaN.
+  """
+  errors.require_positive("token_gap", token_gap_s)
+  if ttft_s is not None:
+    errors.require_positive("ttft", ttft_s)
+  if aggregate_tokens_per_s is not None:
+    errors.require_positive("aggregate_tokens_per_s", aggregate_tokens_per_s)
+  errors.require_non_negative("arrival_rate", arrival_rate)
+  errors.require_non_negative("batching_window", window_s)
+  prompt_tokens, output_tokens = requests.check_lengths(inputs, prompt_tokens, output_tokens)
+  prefill_batch = errors.require_positive_int("prefill_batch", prefill_batch)
+  kwargs = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                arrival_rate=arrival_rate, window_s=window_s, prefill_batch=prefill_batch)
+  base = requests.evaluate(model, inputs, [1], **kwargs)
+  queue = base["queue"]
+  single = base["single_prefill_s"]
+  out: dict[str, Any] = {
+      "batch": None, "binds": None, "step_s": None, "aggregate_tokens_per_s": None,
+      "per_sequence_tokens_per_s": None, "ttft_s": queue.ttft_s,
+      "max_arrival_rate_per_s": None, "status": "ok", "reason": "",
+      "queue_model": queueing.MODEL, "prefill_service_s": single,
+      "utilisation": queue.utilisation, "prefill_batch": prefill_batch,
+  }
+  ttft_rate = (queueing.max_arrival_rate(ttft_s, single, window_s, prefill_batch)
+               if ttft_s is not None else queueing.capacity(single, prefill_batch))
+  out["ttft_limited_arrival_rate_per_s"] = ttft_rate
+  if not queue.stable:
+    out.update(status="unstable", binds="ttft", reason=(
+        f"arrival rate {arrival_rate:g}/s x prefill {single:.4g} s / {prefill_batch} "
+        f"prompt(s) per prefill = utilisation "
+        f"{queue.utilisation:.3g} >= 1: the prefill queue grows without bound "
+        f"(capacity {queueing.capacity(single, prefill_batch):.4g} requests/s)"))
+    return out
+
+  def gap(batch: int) -> float:
+    return float(requests.evaluate(model, inputs, [batch], **kwargs)["mean_token_gap_s"][0])
+
+  memory_limit = inputs.max_batch_in_memory
+  hi = SEARCH_LIMIT if memory_limit is None else max(memory_limit, 1)
+  gap_limit = _largest_meeting(lambda b: gap(b) <= token_gap_s * (1 + _SLACK), hi)
+  out["token_gap_limit_batch"] = gap_limit
+  out["memory_limit_batch"] = memory_limit
+  if memory_limit is not None and memory_limit < 1:
+    out.update(status="infeasible", binds="memory",
+               reason="the weights and one sequence's allocated K/V do not fit in memory")
+    return out
+  if gap_limit == 0:
+    out.update(status="infeasible", binds="token_gap", reason=(
+        f"even one sequence's mean token gap ({gap(1) * 1e3:.4g} ms) exceeds the "
+        f"{token_gap_s * 1e3:g} ms target"))
+    return out
+  batch = gap_limit
+  if memory_limit is not None and memory_limit <= gap_limit:
+    binds = "memory"
+    batch = memory_limit
+  elif gap_limit >= SEARCH_LIMIT:
+    binds = "search_limit"
+  else:
+    binds = "token_gap"
+  at = requests.evaluate(model, inputs, [batch], **kwargs)
+  step = float(at["unloaded_token_gap_s"][0])
+  context = _mean_context(inputs, prompt_tokens, output_tokens)
+  bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
+  k = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
+  terms = model.evaluate(B=float(batch), T=context, N=inputs.N, q=inputs.q, k=k, BW=bw,
+                         F=flops, N_act=inputs.N_act, L=inputs.layers)
+  compute_bound = float(terms["compute_s"]) >= float(terms["memory_s"])
+  if binds == "token_gap" and compute_bound:
+    binds = "compute"
+  capacity = shared_capacity(step, single / prefill_batch, batch, output_tokens)
+  out.update(
+      batch=int(batch), binds=binds, step_s=step,
+      aggregate_tokens_per_s=batch / step, per_sequence_tokens_per_s=1 / step,
+      loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
+      max_arrival_rate_per_s=min(ttft_rate, capacity),
+      shared_capacity_per_s=capacity, compute_bound=compute_bound)
+  if with_elasticities:
+    out["elasticities"] = elasticity.row_elasticities(
+        model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,
+        N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)[0]
+  if ttft_s is not None and queue.ttft_s > ttft_s * (1 + _SLACK):
+    out.update(status="infeasible", binds="ttft", reason=(
+        f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "
+        f"{ttft_s * 1e3:g} ms target (largest rate meeting it: {ttft_rate:.4g}/s)"))
+  elif arrival_rate >= capacity:
+    out.update(status="unstable", reason=(
+        f"{arrival_rate:g} requests/s is at or past what batch {batch} sustains "
+        f"({capacity:.4g}/s: prefill plus the request's share of decode steps)"))
+  if aggregate_tokens_per_s is not None:
+    out["meets_aggregate_target"] = batch / step >= aggregate_tokens_per_s * (1 - _SLACK)
+    if not out["meets_aggregate_target"] and out["status"] == "ok":
+      out.update(status="infeasible", reason=(
+          f"{batch / step:,.0f} tokens/s at batch {batch} is below the "
+          f"{aggregate_tokens_per_s:,.0f} tokens/s aggregate target"))
+  return out
+
+
+def _mean_context(inputs: requests.ServingInputs, prompt_tokens: int, output_tokens: int
+                  ) -> float:
+  """Mean retained tokens over the decode steps (1 for a fixed K/V per sequence)."""
+  return prompt_tokens + output_tokens / 2 if inputs.grows else 1.0
+
+
+def frontier(model: StepModel, inputs: requests.ServingInputs, batch_sizes, *,
+             prompt_tokens: int, output_tokens: int) -> dict[str, np.ndarray]:
+  """Aggregate and per-sequence decode rates (1/mean step) over batch, for the plot."""
+  batch = np.asarray(batch_sizes, dtype=float)
+  decode = requests.decode_time(model, inputs, batch, prompt_tokens, output_tokens)
+  step = decode / (output_tokens - 1)
+  return {"batch": batch, "step_s": step, "aggregate_tokens_per_s": batch / step,
+          "per_sequence_tokens_per_s": 1 / step}
+
+
+def finite_or_none(value: float | None) -> float | None:
+  return None if value is None or not math.isfinite(value) else float(value)

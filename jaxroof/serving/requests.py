@@ -1,0 +1,277 @@
+"""Whole requests: prefill, decode steps with a growing context, TTFT, rates.
+
+One row per decode batch B for requests of `prompt_tokens` (P) and
+`output_tokens` (G):
+
+  prefill_s        the bound prefill of the batch's B prompts together
+                   (`jaxroof.symbolic.prefill.floor`, causal attention);
+  decode_s         the G - 1 decode steps at contexts P+1 .. P+G-1: closed form
+                   (`jaxroof.symbolic.serving.decode_time`) for the bound,
+                   the step model summed step by step for a calibrated one;
+  ttft_s           M/D/1 wait for a prefill of `prefill_batch` prompts (default
+                   one) + batching window + that prefill (`queueing`), the
+                   mean at `arrival_rate`;
+  mean_token_gap_s decode_s / (G - 1), stretched by 1/(1 - lam*D) because
+                   prefills take priority on the chip;
+  e2e_s            ttft_s + (G - 1) * mean_token_gap_s;
+  aggregate_tokens_per_s     B*G / (prefill_s + decode_s): a static batch of
+                   B requests served together, as peers' "generate" analysis;
+  per_sequence_tokens_per_s  1 / mean_token_gap_s: the rate one user sees
+                   once tokens flow.
+
+With raw numbers and a fixed K/V per sequence (`kv_per_sequence_bytes`,
+the lesson's view) every decode step reads that K/V and the context does not
+grow; the prompt's K/V writes are that amount too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof.serving import queueing
+from jaxroof.symbolic import prefill as prefill_formulas
+from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.step_model import StepModel
+from jaxroof.symbolic.symbols import A_f, B, BW, F, N, N_act, P, k, n_out, q
+
+UNITS: dict[str, str] = {
+    "batch": "sequences",
+    "prefill_s": "s",
+    "decode_s": "s",
+    "ttft_s": "s",
+    "mean_token_gap_s": "s",
+    "e2e_s": "s",
+    "aggregate_tokens_per_s": "tokens/s",
+    "per_sequence_tokens_per_s": "tokens/s",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingInputs:
+  """A model on a device, in SI units, for whole requests.
+
+  Attributes:
+    N: weights read per step (dense: all; MoE: as read at the largest batch).
+    N_act: weights multiplied per token.
+    q: bytes per weight.
+    k: K/V bytes per retained token (all blocks), for a growing context.
+    BW: memory bandwidth, B/s.
+    F: FLOP/s; None for memory only.
+    pair_flops: prefill attention FLOPs per (query, key) pair, all blocks
+      (`prefill.attention_terms`; 0 for none).
+    kv_per_sequence_bytes: raw numbers: K/V each sequence reads per step, fixed
+      (the context does not grow); None: `k` times the context.
+    layers: blocks, for a calibrated per-layer fixed cost.
+    max_batch_in_memory: sequences that fit (weights + allocated K/V +
+      workspace); None when no capacity is known.
+    context_limit: the model's `max_position_embeddings`, if any.
+    label: what the inputs describe, for titles.
+    memory: the memory fit's figures, for the JSON.
+    windows: (pair_flops, window) per sliding-window kind, for prefill.
+  """
+
+  N: float
+  N_act: float
+  q: float
+  k: float
+  BW: float
+  F: float | None
+  pair_flops: float = 0.0
+  kv_per_sequence_bytes: float | None = None
+  layers: int | None = None
+  max_batch_in_memory: int | None = None
+  context_limit: int | None = None
+  label: str = ""
+  memory: dict[str, Any] = dataclasses.field(default_factory=dict)
+  attention_terms: tuple[prefill_formulas.AttentionTerm, ...] = ()
+
+  @property
+  def grows(self) -> bool:
+    return self.kv_per_sequence_bytes is None
+
+
+def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any) -> tuple[int, int]:
+  """Validates prompt and output lengths: whole, >= 1 and >= 2, within the context."""
+  if not (isinstance(prompt_tokens, (int, np.integer)) and prompt_tokens >= 1):
+    raise errors.InputError(
+        f"prompt_tokens={prompt_tokens!r} is not allowed: it must be a whole number >= 1.")
+  if not (isinstance(output_tokens, (int, np.integer)) and output_tokens >= 2):
+    raise errors.InputError(
+        f"output_tokens={output_tokens!r} is not allowed: it must be a whole number >= 2 "
+        "(one output has no gap between tokens).")
+  limit = inputs.context_limit
+  if limit is not None and prompt_tokens + output_tokens - 1 > limit:
+    raise errors.InputError(
+        f"prompt_tokens + output_tokens - 1 = {prompt_tokens + output_tokens - 1} is not "
+        f"allowed: the model's context is max_position_embeddings = {limit} tokens.")
+  return int(prompt_tokens), int(output_tokens)
+
+
+@functools.cache
+def _prefill_model():
+  inputs = (P, B, N, q, k, BW, F, N_act, A_f)
+  return lambdified({"prefill_s": prefill_formulas.floor(),
+                     "memory_s": prefill_formulas.memory_time(),
+                     "compute_s": prefill_formulas.compute_time()}, inputs)
+
+
+@functools.cache
+def _decode_model():
+  inputs = (B, P, n_out, N, q, k, BW, F, N_act)
+  return lambdified({"decode_s": serving_formulas.decode_time()}, inputs)
+
+
+def _ceilings(model: StepModel, inputs: ServingInputs) -> tuple[float, float]:
+  return model.scaled_ceilings(inputs.BW, inputs.F)
+
+
+def prefill(inputs: ServingInputs, prompt_tokens: int, batch: Any,
+            model: StepModel | None = None) -> dict[str, np.ndarray]:
+  """Bound prefill of `batch` prompts of `prompt_tokens` (a calibrated model's
+  ceilings, when it has its own, replace the given ones; its factors are fitted
+  to decode steps and are not applied)."""
+  bw, flops = _ceilings(model or StepModel.bound(), inputs)
+  batch = np.asarray(batch, dtype=float)
+  k_write = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes / prompt_tokens
+  attention = prefill_formulas.pair_flops_at(inputs.attention_terms, prompt_tokens) \
+      if inputs.attention_terms else inputs.pair_flops
+  out = _prefill_model()(P=float(prompt_tokens), B=batch, N=inputs.N, q=inputs.q,
+                         k=k_write, BW=bw, F=flops, N_act=inputs.N_act, A_f=attention)
+  return {name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape)
+          for name, v in out.items()}
+
+
+def decode_steps(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
+                 output_tokens: int) -> np.ndarray:
+  """Step times (batch, G - 1), step j at context P + j (fixed K/V: context 1)."""
+  bw, flops = _ceilings(model, inputs)
+  batch = np.asarray(batch, dtype=float)[:, None]
+  if inputs.grows:
+    context, k = prompt_tokens + np.arange(1, output_tokens, dtype=float)[None, :], inputs.k
+  else:
+    context, k = np.ones((1, output_tokens - 1)), inputs.kv_per_sequence_bytes
+  out = model.evaluate(B=batch, T=context, N=inputs.N, q=inputs.q, k=k, BW=bw, F=flops,
+                       N_act=inputs.N_act, L=inputs.layers)
+  return np.broadcast_to(np.asarray(out["step_s"], dtype=float),
+                         (batch.shape[0], output_tokens - 1))
+
+
+def decode_time(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
+                output_tokens: int) -> np.ndarray:
+  """Seconds of the G - 1 decode steps per batch: the closed form for the
+  bound with a growing context, the step-by-step sum otherwise."""
+  batch = np.asarray(batch, dtype=float)
+  if model.kind == "bound" and inputs.grows:
+    bw, flops = _ceilings(model, inputs)
+    out = _decode_model()(B=batch, P=float(prompt_tokens), n_out=float(output_tokens),
+                          N=inputs.N, q=inputs.q, k=inputs.k, BW=bw, F=flops,
+                          N_act=inputs.N_act)
+    return np.broadcast_to(np.asarray(out["decode_s"], dtype=float), batch.shape)
+  return decode_steps(model, inputs, batch, prompt_tokens, output_tokens).sum(axis=1)
+
+
+def evaluate(model: StepModel, inputs: ServingInputs, batch: Sequence[int] | np.ndarray, *,
+             prompt_tokens: int, output_tokens: int, arrival_rate: float = 0.0,
+             window_s: float = 0.0, prefill_batch: int = 1) -> dict[str, Any]:
+  """Every row quantity as arrays over `batch`, plus the queue at this load.
+
+  Returns the `UNITS` columns (None-free arrays; TTFT and loaded gaps are
+  `inf` when the load is unstable), `stable`, `queue` (`QueueResult`) and
+  `single_prefill_s` (the M/D/1 service time D: one prefill of
+  `prefill_batch` prompts).
+  """
+  batch = np.asarray(batch, dtype=float)
+  single = float(prefill(inputs, prompt_tokens, float(prefill_batch), model)["prefill_s"])
+  queue = queueing.ttft(arrival_rate, single, window_s, prefill_batch)
+  prefill_s = prefill(inputs, prompt_tokens, batch, model)["prefill_s"]
+  decode_s = decode_time(model, inputs, batch, prompt_tokens, output_tokens)
+  steps = output_tokens - 1
+  stretch = 1.0 / (1.0 - queue.utilisation) if queue.stable else math.inf
+  gap = decode_s / steps * stretch
+  ttft_s = queue.ttft_s if queue.stable else math.inf
+  return {
+      "batch": batch,
+      "prefill_s": prefill_s,
+      "decode_s": decode_s,
+      "unloaded_token_gap_s": decode_s / steps,
+      "ttft_s": np.full(batch.shape, ttft_s),
+      "mean_token_gap_s": gap,
+      "e2e_s": ttft_s + steps * gap,
+      "aggregate_tokens_per_s": batch * output_tokens / (prefill_s + decode_s),
+      "per_sequence_tokens_per_s": 1.0 / gap,
+      "stable": queue.stable,
+      "queue": queue,
+      "single_prefill_s": single,
+      "prefill_batch": prefill_batch,
+  }
+
+
+def _value(x: float) -> float | None:
+  """A finite float, or None (JSON null) for a quantity an unstable load leaves undefined."""
+  return float(x) if math.isfinite(x) else None
+
+
+def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **kwargs: Any
+         ) -> list[dict[str, Any]]:
+  """One row per batch size (keys `UNITS`, plus `status`); `evaluate`'s keywords."""
+  batches = errors.require_positive_ints("batch_sizes", batch_sizes)
+  out = evaluate(model, inputs, batches, **kwargs)
+  result = []
+  for i, b in enumerate(batches):
+    row = {"batch": b}
+    for name in UNITS:
+      if name != "batch":
+        row[name] = _value(out[name][i])
+    row["status"] = out["queue"].status
+    if inputs.max_batch_in_memory is not None:
+      row["fits_in_memory"] = b <= inputs.max_batch_in_memory
+    result.append(row)
+  return result
+
+
+def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: int,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", **workload_kw: Any
+                 ) -> ServingInputs:
+  """`ServingInputs` for a `ModelSpec` on an `Accelerator` (datasheet figures).
+
+  K/V per token is the payload at the prompt length; the memory fit allocates
+  each sequence's pages for P + G tokens (the output reserved up front), as
+  `specs.kv_sizing` does. MoE weights read are taken at the largest batch that
+  fits (every expert a large batch touches).
+  """
+  from jaxroof.specs import workload  # specs sits below serving.
+
+  limit = spec.max_position_embeddings
+  check_lengths(ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
+                              context_limit=limit if isinstance(limit, int) else None),
+                prompt_tokens, output_tokens)
+  base = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
+                                     weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                     max_new_tokens=output_tokens, **workload_kw)
+  fit = max(base.max_batch_in_memory, 1)
+  at_fit = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
+                                       weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                       max_new_tokens=output_tokens, **workload_kw)
+  memory = {
+      "memory_capacity_bytes": base.memory_capacity_bytes,
+      "resident_weight_bytes": base.resident_weight_bytes,
+      "usable_memory_bytes": base.usable_memory_bytes,
+      "kv_payload_bytes_per_sequence": base.kv_payload_bytes_per_sequence,
+      "kv_allocated_bytes_per_sequence": base.kv_allocated_bytes_per_sequence,
+      "workspace_fraction": base.workspace_fraction, "block_size": base.block_size,
+      "reserved_output_tokens": output_tokens,
+  }
+  return ServingInputs(
+      N=float(at_fit.N[0]), N_act=float(base.N_act), q=base.q, k=base.k, BW=base.BW,
+      F=base.F, layers=spec.num_layers, max_batch_in_memory=base.max_batch_in_memory,
+      context_limit=limit if isinstance(limit, int) else None,
+      label=f"{spec.name} on {device.name}, {weight_dtype} weights, {kv_dtype} K/V",
+      memory=memory, attention_terms=prefill_formulas.attention_terms(spec))

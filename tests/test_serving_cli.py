@@ -1,0 +1,100 @@
+"""`python -m experiments.serving` as a user runs it (subprocesses; absl flags are global)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*flags):
+  return subprocess.run([sys.executable, "-m", "experiments.serving", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _no_nan(value):
+  if isinstance(value, dict):
+    return all(_no_nan(v) for v in value.values())
+  if isinstance(value, list):
+    return all(_no_nan(v) for v in value)
+  return not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
+
+
+@pytest.mark.slow
+def test_lesson_decision_json_and_plot(tmp_path):
+  """The lesson's numbers (16 GB weights, 0.25 GB/seq, 2 TB/s): 12 ms gives batch 32."""
+  out, png = tmp_path / "s.json", tmp_path / "s.png"
+  proc = run("--token_gap_ms=12", "--batch_sizes=1,8,32,64", "--output_tokens=16",
+             f"--json_out={out}", f"--plot_out={png}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert {"kind", "inputs", "requests", "decision", "elasticities"} <= set(data)
+  assert data["kind"] == "bound"
+  d = data["decision"]
+  for key in ("batch", "binds", "step_s", "aggregate_tokens_per_s",
+              "per_sequence_tokens_per_s", "ttft_s", "max_arrival_rate_per_s"):
+    assert key in d
+  assert d["batch"] == (2e12 * 0.012 - 16e9) / 0.25e9  # 32, from the lesson's numbers.
+  for row in data["requests"]:
+    for key in ("batch", "prefill_s", "ttft_s", "mean_token_gap_s", "e2e_s",
+                "aggregate_tokens_per_s", "per_sequence_tokens_per_s", "elasticities"):
+      assert key in row
+  assert set(data["elasticities"]) >= {"BW", "F", "N", "q", "k", "T", "B"}
+  assert data["elasticities"]["F"] == 0.0
+  assert png.read_bytes()[:4] == b"\x89PNG"
+  assert "moved by" in proc.stdout and "decision: batch 32" in proc.stdout
+
+
+@pytest.mark.slow
+def test_model_on_accelerator_with_load(tmp_path):
+  out = tmp_path / "s.json"
+  proc = run("--model=llama-3-8b", "--accelerator=h100-sxm", "--prompt_tokens=2048",
+             "--output_tokens=128", "--token_gap_ms=20", "--ttft_ms=500", "--arrival_rate=5",
+             "--batching_window_ms=5", "--batch_sizes=1,64", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  d = data["decision"]
+  assert d["status"] == "ok" and d["binds"] in ("token_gap", "memory", "compute")
+  assert d["batch"] <= data["inputs"]["max_batch_in_memory"]
+  assert d["ttft_s"] > 0.005 and d["max_arrival_rate_per_s"] > 5
+  assert {"split", "shared"} <= set(data["pools"])
+  assert _no_nan(data)
+
+
+@pytest.mark.slow
+def test_arrival_rate_beyond_capacity_is_unstable_not_nan(tmp_path):
+  out = tmp_path / "s.json"
+  proc = run("--token_gap_ms=12", "--arrival_rate=1000", "--batch_sizes=1,32",
+             "--output_tokens=16", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["decision"]["status"] == "unstable"
+  assert all(r["status"] == "unstable" and r["ttft_s"] is None for r in data["requests"])
+  assert _no_nan(data)
+  assert "unstable" in proc.stdout
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--token_gap_ms=0",), "--token_gap_ms"),
+    (("--token_gap_ms=12", "--ttft_ms=-1"), "--ttft_ms"),
+    (("--token_gap_ms=12", "--prompt_tokens=0"), "--prompt_tokens"),
+    (("--token_gap_ms=12", "--output_tokens=1"), "--output_tokens"),
+    (("--token_gap_ms=12", "--arrival_rate=-2"), "--arrival_rate"),
+    (("--prompt_tokens=10",), "--token_gap_ms"),
+    (("--token_gap_ms=12", "--model=llama-2-7b", "--accelerator=a100-40gb",
+      "--prompt_tokens=4000", "--output_tokens=128"), "--prompt_tokens"),
+    (("--token_gap_ms=12", "--compare_peer=llm_viewer"), "--compare_peer"),
+])
+def test_bad_input_is_one_line(tmp_path, flags, needle):
+  out = tmp_path / "s.json"
+  proc = run(*flags, f"--json_out={out}")
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error:"), proc.stderr
+  assert not out.exists()
