@@ -26,6 +26,7 @@ from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
 from jaxroof.specs.parameters import parameter_counts
+from jaxroof.symbolic.step_model import StepModel
 
 _MODEL = flags.DEFINE_string(
     "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
@@ -54,10 +55,21 @@ _WORKSPACE = flags.DEFINE_float(
 _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON from `python -m experiments.calibrate`: rows become "
     "calibrated predictions (its factors applied to each device's datasheet figures).")
+_WHAT_IF = flags.DEFINE_bool(
+    "what_if", False, "Allow --profile fitted on another device kind than an accelerator "
+    "compared (its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates against batch here.")
 
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
+
+
+def _profile_model(devices) -> StepModel:
+  """--profile's calibrated model, refused for other device kinds without --what_if."""
+  prof = profiles.load_profile(_PROFILE.value)
+  notes = [note for device in devices
+           for note in profiles.check_applies(prof, device.name, what_if=_WHAT_IF.value)]
+  return profiles.step_model(prof, use_profile_ceilings=False, notes=tuple(notes))
 
 
 def main(argv: list[str]) -> None:
@@ -70,8 +82,7 @@ def main(argv: list[str]) -> None:
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
-      step_model=None if _PROFILE.value is None else profiles.step_model(
-          profiles.load_profile(_PROFILE.value), use_profile_ceilings=False))
+      step_model=None if _PROFILE.value is None else _profile_model(devices))
   counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "

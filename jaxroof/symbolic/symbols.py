@@ -24,7 +24,8 @@ class Quantity:
   meaning: str
 
 
-_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": []}
+_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
+                                      "prefill_factors": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -94,9 +95,17 @@ t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
 
+# Calibration from users' measurements: prefill (`prefill_calibrated.py`).
+eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
+                        "prefill (linear layers and causal attention)",
+                        "prefill_factors")
+L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
+                 "prompt", _A)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 
