@@ -40,6 +40,7 @@ def _synthetic_records():
   return records
 
 
+@pytest.mark.slow
 def test_recovers_known_factors_from_noisy_synthetic_rows():
   truth = {"eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6,
            "t0_step": 3e-4, "t0_layer": 0.0, "r_ovl": 1.0}
@@ -234,3 +235,32 @@ def test_cli_fits_the_shipped_trtllm_rows(tmp_path):
   assert all(0 < result["factors"][n] <= 1 for n in user_fit.EFFICIENCIES)
   prof = profiles.load_profile(profile)
   assert prof.accelerator == "a100-80gb" and prof.source["engine"] == "TensorRT-LLM"
+
+
+@pytest.mark.slow
+def test_batch_sweep_applies_a_user_profile_to_its_own_device_only(tmp_path):
+  factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4,
+             "t0_layer": 1e-6, "r_ovl": 1.0}
+  prof = profiles.Profile(device_kind="NVIDIA H200", platform="", backend="TensorRT-LLM",
+                          dtype="fp8", jax_version="0", created="", ceilings={},
+                          factors=factors, fit={"heldout_median_rel_error": 0.2,
+                                                "heldout_max_rel_error": 0.5},
+                          accelerator="h200")
+  path, out = tmp_path / "p.json", tmp_path / "s.json"
+  profiles.save_profile(prof, path)
+
+  def sweep(accelerator, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.batch_sweep", "--model=llama-2-7b",
+         f"--accelerator={accelerator}", "--context=1024", "--batch_sizes=1,8",
+         f"--profile={path}", f"--json_out={out}", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+  proc = sweep("h200")
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(out.read_text())["kind"] == "calibrated"
+  proc = sweep("h100-sxm")
+  assert proc.returncode != 0 and "--what_if" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  proc = sweep("h100-sxm", "--what_if")
+  assert proc.returncode == 0, proc.stderr

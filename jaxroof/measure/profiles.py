@@ -200,6 +200,10 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
   ceilings = None
   if use_profile_ceilings and measured_bw and measured_f:
     ceilings = (measured_bw, measured_f)
+  elif profile.accelerator:
+    notes.append("the given (datasheet) BW and F were scaled by the profile's "
+                 "factors, which are fractions of the datasheet figures of "
+                 f"{profile.accelerator}")
   elif use_profile_ceilings:
     notes.append("the profile has no measured ceilings for its dtype: the "
                  "given (datasheet) BW and F were scaled by its factors")

@@ -314,7 +314,9 @@ def heldout_by_model(rows: Sequence[um.Row], **fit_kw) -> dict[str, Any]:
   if len(names) < MIN_MODELS:
     raise errors.InputError(
         f"models={names!r}: held-out rows are chosen by model, so a fit needs rows "
-        f"of at least {MIN_MODELS} models (and {MIN_ROWS} rows without each).")
+        f"of at least {MIN_MODELS} models (and {MIN_ROWS} rows without each): add rows "
+        "of another model on this device (e.g. --rows_out of --from_vllm merged into "
+        "one --from_csv file).")
   folds, report = [], []
   for name in names:
     train = [r for r in rows if r.model != name]
