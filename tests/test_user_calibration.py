@@ -264,3 +264,19 @@ def test_batch_sweep_applies_a_user_profile_to_its_own_device_only(tmp_path):
   assert "Traceback" not in proc.stderr
   proc = sweep("h100-sxm", "--what_if")
   assert proc.returncode == 0, proc.stderr
+
+
+def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
+  # Keys of sglang.bench_serving's JSONL (VLLM_FORMAT.md §4); one run per line.
+  run = {"backend": "sglang", "dataset_name": "random", "request_rate": 4.0,
+         "max_concurrency": None, "duration": 50.0, "completed": 200,
+         "total_input_tokens": 200 * 1000, "total_output_tokens": 200 * 300,
+         "mean_e2e_latency_ms": 6000.0, "mean_ttft_ms": 100.0, "mean_tpot_ms": 20.0,
+         "median_itl_ms": 19.0, "concurrency": 23.9}
+  path = tmp_path / "sglang.jsonl"
+  path.write_text(json.dumps(run) + "\n" + json.dumps(dict(run, max_concurrency=8)) + "\n")
+  first, capped = vllm_results.read_results([str(path)], model="llama-3-8b",
+                                            accelerator="h100-sxm").rows
+  assert first.batch == 24  # 200 requests / 50 s x 6 s in flight each.
+  assert first.context == 1150 and first.time_s == pytest.approx(0.019)
+  assert capped.batch == 8 and capped.line == 2
