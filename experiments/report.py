@@ -33,6 +33,7 @@ from jaxroof.report import table
 from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
 from jaxroof.report import toy as toy_summary
+from jaxroof.report import user_calibration as user_calibration_report
 from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
@@ -140,6 +141,7 @@ SECTIONS: list[Callable[[str], str]] = [
     arch_report.report_section,
     kernel_benchmark.report_section,
     calibration_section,
+    user_calibration_report.report_section,
 ]
 
 
