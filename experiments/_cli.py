@@ -7,28 +7,83 @@ one line naming the parameter, and the process exits 2 without a traceback.
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
+import math
+import re
 import sys
 from collections.abc import Callable
 
 from absl import app
 from absl import flags
 
+from jaxroof import files
 from jaxroof.errors import InputError
 
 _HINT = "(see --helpshort for what each flag allows)"
+
+
+_ENUM_ERROR = re.compile(r"flag --[\w.]+=(?P<value>.*?): value should be one of <(?P<choices>[^>]*)>")
+
+
+def _suggestion(message: str) -> str:
+  """' Did you mean ...?' for an enum flag's misspelt value ('' if none is close)."""
+  match = _ENUM_ERROR.search(message)
+  if not match:
+    return ""
+  value, choices = match["value"], match["choices"].split("|")
+  close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+  return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f"error: {e} {_HINT}", file=sys.stderr)
+    message = str(e)
+    suggestion = _suggestion(message)
+    if len(message) > 300:  # A huge list flag would be echoed whole.
+      message = f"{message[:150]} ... {message[-120:]}"
+    print(f"error: {message}{suggestion} {_HINT}", file=sys.stderr)
     sys.exit(2)
 
 
+# Output flags every experiment may define, and the kind of file each takes.
+OUTPUT_FLAGS: dict[str, str] = {"json_out": "json", "plot_out": "plot",
+                                "profile_out": "json", "summary_out": "json"}
+
+
+def check_outputs() -> None:
+  """Checks every set output flag before any work starts (see `files.check_output_path`)."""
+  given = {}
+  for name, kind in OUTPUT_FLAGS.items():
+    if name in flags.FLAGS and flags.FLAGS[name].value:
+      given[f"--{name}"] = files.check_output_path(f"--{name}", flags.FLAGS[name].value, kind)
+  files.check_distinct(given)
+
+
+# No count this tool takes (tokens, sequences, layers, sizes, seeds) is
+# physically above this; a larger one is a typo, and would hang or overflow.
+MAX_INT_FLAG = 2**31 - 1
+
+
+def check_numeric_flags() -> None:
+  """Refuses nan and inf in any float flag, and integers beyond `MAX_INT_FLAG`,
+  naming the flag (absl accepts all of them)."""
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    if isinstance(value, float) and not math.isfinite(value):
+      raise InputError(f"--{name}={value} is not a finite number.")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_FLAG:
+      raise InputError(f"--{name}={value} is too large: at most {MAX_INT_FLAG:,}.")
+
+
 def run(main: Callable[[list[str]], int | None]) -> None:
-  """Runs an absl `main`, turning bad input into a one-line error."""
+  """Runs an absl `main`, turning bad input into a one-line error.
+
+  Before `main`: every output path is checked (so hours of work never end
+  in an unwritable path) and no float flag may be nan or inf.
+  """
 
   def guarded(argv: list[str]) -> int | None:
     # jax logs at INFO that it found no TPU library on every start; not news.
@@ -37,6 +92,8 @@ def run(main: Callable[[list[str]], int | None]) -> None:
       print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
       sys.exit(2)
     try:
+      check_numeric_flags()
+      check_outputs()
       return main(argv)
     except InputError as e:
       print(f"error: {e}", file=sys.stderr)
@@ -48,12 +105,21 @@ def run(main: Callable[[list[str]], int | None]) -> None:
   app.run(guarded, flags_parser=_parse_flags)
 
 
-def require_positive(holder: flags.FlagHolder, unit: str) -> None:
-  """Validates that a numeric flag, when set, is a finite number > 0."""
+PLAUSIBLE = (1e-9, 1e9)  # A flag's physical range in its own unit (e.g. TB/s, ms, GB).
+
+
+def require_positive(holder: flags.FlagHolder, unit: str,
+                     within: tuple[float, float] = PLAUSIBLE) -> None:
+  """Validates that a numeric flag, when set, lies in a physical range > 0.
+
+  The default range, 1e-9 to 1e9 in the flag's own unit, keeps subnormal
+  and huge values (which would print inf) out of every formula.
+  """
+  low, high = within
   flags.register_validator(
       holder.name,
-      lambda v: v is None or (v > 0 and v != float("inf")),
-      message=f"must be a finite number > 0 ({unit})",
+      lambda v: v is None or (math.isfinite(v) and low <= v <= high),
+      message=f"must be a number in [{low:g}, {high:g}] ({unit})",
   )
 
 

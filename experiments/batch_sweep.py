@@ -22,13 +22,17 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
 from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.specs import accelerators
-from jaxroof.specs import model_sweep as model_sweep_lib
+from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
+from jaxroof.specs import parameters
 from jaxroof.symbolic import sweep as sweep_lib
 from jaxroof.symbolic.step_model import StepModel
 
@@ -57,8 +61,10 @@ _MODEL = flags.DEFINE_string(
     "Hugging Face config.json (or its folder). Needs --accelerator and --context.")
 _ACCELERATOR = flags.DEFINE_string(
     "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/specs/data/accelerators.json).")
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model: bf16, fp8, int8, int4.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model (independent of weights).")
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "Weight dtype with --model.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+                              "K/V dtype with --model (independent of weights).")
 # Sweep and output.
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",
@@ -147,7 +153,19 @@ _CEILING_SOURCES = {"profile": "the profile's measured ceilings",
 
 def summary_lines(summary: dict) -> list[str]:
   """Human-readable summary of a sweep's solved quantities."""
-  lines = [
+  lines = []
+  if "answer_binds" in summary:
+    gap_ms = summary["token_gap_s"] * 1e3
+    limit = {"token_gap": f"the {gap_ms:g} ms token gap",
+             "memory_capacity": "memory capacity"}[summary["answer_binds"]]
+    if summary["answer_batch"] is None:
+      lines.append(f"ANSWER: no batch meets a {gap_ms:g} ms token gap (limited by {limit})")
+    else:
+      lines.append(f"ANSWER: largest batch for a {gap_ms:g} ms token gap: "
+                   f"B = {summary['answer_batch']:,}, limited by {limit} "
+                   f"(step {summary['answer_step_s'] * 1e3:,.2f} ms, "
+                   f"{summary['answer_step_bound']}-bound)")
+  lines += [
       f"weight/KV crossover: B = {summary['weight_kv_crossover_batch']:,.1f} sequences",
       f"memory-limited rate (B -> oo): {summary['memory_limit_tokens_per_s']:,.1f} tokens/s",
   ]
@@ -186,12 +204,12 @@ def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None
 
 def model_sweep(batch_sizes: list[int]) -> dict:
   """The sweep for --model on --accelerator, with the memory fit of each batch."""
-  return model_sweep_lib.model_sweep(
+  return parallel_sweep.layout_sweep(
       models.load_model(_MODEL.value), accelerators.load_accelerator(_ACCELERATOR.value),
       context=_CONTEXT.value, batch_sizes=batch_sizes, weight_dtype=_WEIGHT_DTYPE.value,
       kv_dtype=_KV_DTYPE.value,
       model=_step_model(scale_given_ceilings=True, accelerator=_ACCELERATOR.value),
-      token_gap_s=_token_gap_s())
+      token_gap_s=_token_gap_s(), layout=_layout_flags.layout(_ACCELERATOR.value))
 
 
 def main(argv: list[str]) -> None:
@@ -201,10 +219,15 @@ def main(argv: list[str]) -> None:
     sweep = model_sweep(batch_sizes)
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
   else:
+    if not _layout_flags.layout().is_single_chip:
+      raise InputError("--tp/--pp/--ep/--dp/--chips apply with --model and --accelerator "
+                       "only: the raw-number sweep is one chip.")
     inputs = raw_inputs()
     given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
     sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given), batch_sizes,
                             layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
+    for row in sweep["rows"]:  # One chip: no communication.
+      row["comm_s"], row["chips"] = 0.0, 1
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
@@ -216,7 +239,12 @@ def main(argv: list[str]) -> None:
           f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
   else:
     print(f"{title} (analytic bound; GB = 1e9 B)")
-  print(table.format_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])))
+  headers, cells = table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])
+  if any(row.get("comm_s") for row in sweep["rows"]):
+    headers = headers + ("comm ms", "chips")
+    cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"]
+             for c, r in zip(cells, sweep["rows"])]
+  print(table.format_table(headers, cells))
   print("\n".join(summary_lines(sweep["summary"])))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, sweep)

@@ -29,7 +29,9 @@ import numpy as np
 from absl import flags, logging
 
 from experiments import _cli
+from jaxroof.toy import weights
 from jaxroof import errors, timing
+from jaxroof.symbolic import formulas
 from jaxroof import files
 from jaxroof.toy import config as config_lib
 from jaxroof.toy.model import generate, generate_uncached
@@ -38,16 +40,13 @@ from jaxroof.toy.weights import init_params, num_weights
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # Model.
-_PRESET = flags.DEFINE_string(
-    "preset", "cpu_bench",
-    f"Model sizes: one of {', '.join(config_lib.PRESETS)}.")
+_PRESET = flags.DEFINE_enum("preset", "cpu_bench", list(config_lib.PRESETS), "Model sizes.")
 _BLOCKS = flags.DEFINE_integer(
     "blocks", None, "Override the preset's blocks (>= 1).", lower_bound=1)
 _WIDTH = flags.DEFINE_integer(
     "width", None, "Override the preset's residual width (>= 1).",
     lower_bound=1)
-_DTYPE = flags.DEFINE_string(
-    "dtype", "float32", f"Weights and K/V: {' or '.join(DTYPES)}.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(DTYPES), "Weights and K/V.")
 
 # Workload.
 _BATCH = flags.DEFINE_integer(
@@ -61,7 +60,8 @@ _NEW_TOKENS = flags.DEFINE_integer(
 _REPEATS = flags.DEFINE_integer(
     "repeats", 5, "Timed runs of each path after one warm-up (>= 1).",
     lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt. In [0, 2**32).",
+                             lower_bound=0, upper_bound=2**32 - 1)
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Write inputs, results and units as JSON to this path.")
 
@@ -85,6 +85,8 @@ def main(argv: list[str]) -> int:
         f"prompt_len + new_tokens = {prompt_len + steps} is not allowed: the"
         f" preset's learned table has max_positions={config.max_positions}.")
 
+  weights.require_fits(config, jnp.dtype(dtype).itemsize, batch=batch,
+                       positions=prompt_len + steps)
   params_key, ids_key = jax.random.split(jax.random.key(_SEED.value))
   params = init_params(config, params_key, dtype)
   ids = jax.random.randint(ids_key, (batch, prompt_len), 0,
@@ -156,7 +158,7 @@ def main(argv: list[str]) -> int:
                           " step (static shapes, later slots masked)",
         # Rows run through the model per sequence (a count, not a time).
         "positions_processed": {
-            "cached": prompt_len + steps - 1,
+            "cached": int(formulas.positions_with_kv(prompt_len, steps)),
             "recompute": steps * (prompt_len + steps),
         },
         "units": {"*_s": "s", "speedup": "1 (recompute / cached medians)",

@@ -28,7 +28,7 @@ From measurements you already have (no timing here; see
   python -m experiments.calibrate --from_csv=tests/data/trtllm_0.9.0_steps.csv \
       --carry_over --json_out=results/carry_over_trtllm.json
   python -m experiments.calibrate --from_vllm=a.json,b.json --model=llama-3.1-70b \
-      --accelerator=a100-40gb --tp=8 --rows_out=rows.csv
+      --accelerator=a100-40gb --served_tp=8 --rows_out=rows.csv
 
 `--from_vllm` maps each run to one decode step analytically (not yet through
 the continuous-batching simulator; the assumptions are in the output).
@@ -49,6 +49,7 @@ from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
 from jaxroof import errors
+from jaxroof.report import calibration as calibration_report
 from jaxroof import files
 from jaxroof.measure import records as measure
 from jaxroof.measure import profiles
@@ -56,14 +57,15 @@ from jaxroof.measure import user_fit
 from jaxroof.measure import user_measurements
 from jaxroof.measure import vllm_results
 from jaxroof.report import table
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters
 
 # Calibration.
 _BUDGET_S = flags.DEFINE_float(
     "budget_s", 600.0,
     "Wall-clock budget of the calibration, seconds (> 0; under 150 s a "
     "sparser grid is measured).")
-_DTYPE = flags.DEFINE_string(
-    "dtype", "float32", f"Weights and K/V: {', '.join(measure.DTYPES)}.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 7, "Passes over the points while the budget lasts (>= 1); each "
     "point keeps its lower-quartile round (the 3rd fastest of 7).",
@@ -110,15 +112,18 @@ _CARRY_OVER = flags.DEFINE_bool(
     "model on the same device, and report errors of calibrated vs bound.")
 _MODEL = flags.DEFINE_string(
     "model", None, "With --from_vllm: the shipped model (or config path) the runs served.")
-_TP = flags.DEFINE_integer("tp", 1, "With --from_vllm: tensor-parallel chips.",
-                           lower_bound=1)
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16",
-                                    "With --from_vllm: the served weights' dtype.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "With --from_vllm: the K/V dtype.")
+_SERVED_TP = flags.DEFINE_integer(
+    "served_tp", 1, "With --from_vllm: tensor-parallel chips the runs were served on "
+    "(their per-chip traffic is split as the CSV's tp column is).", lower_bound=1,
+    upper_bound=1024)
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "With --from_vllm: the served weights' dtype.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+                              "With --from_vllm: the K/V dtype.")
 _ROWS_OUT = flags.DEFINE_string(
     "rows_out", None, "With --from_vllm: write the derived rows as the documented CSV.")
-_FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of the user fit.",
-                                  lower_bound=10)
+_FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of the user fit, "
+                                  "in [10, 100000].", lower_bound=10, upper_bound=100_000)
 
 _cli.require_positive(_BUDGET_S, "s")
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
@@ -147,6 +152,7 @@ def _print_points(rows: list[dict]) -> None:
 def calibrate() -> None:
   dtype = _DTYPE.value
   measure.require_dtype(dtype)
+  calibration_job.check_budget("--budget_s", _BUDGET_S.value)
   job = calibration_job.run(
       _BUDGET_S.value, dtype=dtype, rounds=_ROUNDS.value,
       repeats=_REPEATS.value, heldout_fraction=_HELDOUT.value,
@@ -157,16 +163,16 @@ def calibrate() -> None:
         f"{len(job.points)} points in {job.elapsed_s:.0f} s.")
   print("Ceilings (measurement):")
   print(table.format_table(("ceiling", "value"),
-                           calibration_job.ceiling_rows(job.ceilings)))
+                           calibration_report.ceiling_rows(job.ceilings)))
   print(f"Calibrated model: step = {calibration.readable_step()}")
   print(table.format_table(("factor", "value", "meaning"),
-                           calibration_job.factor_rows(prof.factors)))
+                           calibration_report.factor_rows(prof.factors)))
   _print_points(job.points)
   fit = prof.fit
   print(f"held-out relative error: median "
         f"{fit['heldout_median_rel_error']:.1%}, max "
         f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points)")
-  calibration_job.write_results(job, json_out=_JSON_OUT.value,
+  calibration_report.write_results(job, json_out=_JSON_OUT.value,
                                 profile_out=_PROFILE_OUT.value,
                                 plot_out=_PLOT_OUT.value)
 
@@ -200,8 +206,8 @@ def validate() -> None:
         "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"},
     })
   if _PLOT_OUT.value:
-    calibration_job.plot(rows, _PLOT_OUT.value,
-                         calibration_job.title(prof) + " (validation)")
+    calibration_report.plot(rows, _PLOT_OUT.value,
+                         calibration_report.title(prof) + " (validation)")
 
 
 def _print_user_rows(rows: list[dict], title: str) -> None:
@@ -275,7 +281,7 @@ def from_vllm() -> None:
         "neither the shipped model nor the device.")
   measurements = vllm_results.read_results(
       _FROM_VLLM.value, model=_MODEL.value, accelerator=_ACCELERATOR.value,
-      tp=_TP.value, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+      tp=_SERVED_TP.value, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
   print(f"{vllm_results.ASSUMPTIONS[0]}.")
   if _ROWS_OUT.value:
     files.write_text(_ROWS_OUT.value, vllm_results.rows_to_csv(measurements.rows))

@@ -15,13 +15,19 @@ from __future__ import annotations
 from absl import flags
 from absl import logging
 
+import functools
+
 from experiments import _cli
+from experiments import _layout_flags
+from jaxroof.errors import InputError
+from jaxroof.parallel import layout_sweep as parallel_sweep
+from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.measure import profiles
-from jaxroof.report import comparison as comparison_report
+from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
@@ -59,7 +65,13 @@ _WHAT_IF = flags.DEFINE_bool(
     "what_if", False, "Allow --profile fitted on another device kind than an accelerator "
     "compared (its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
-_PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates against batch here.")
+_PLOT_OUT = flags.DEFINE_string(
+    "plot_out", None, "Write a PNG here: both rates at one batch, a sorted bar per accelerator.")
+_PLOT_BATCH = flags.DEFINE_integer(
+    "plot_batch", None, "The swept batch the plot shows (default: the largest). >= 1.",
+    lower_bound=1)
+_TOP_N = flags.DEFINE_integer(
+    "top_n", 12, "Accelerators the plot shows, best first. >= 1.", lower_bound=1)
 
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 
@@ -77,12 +89,33 @@ def main(argv: list[str]) -> None:
   _cli.require_flags(_MODEL, _CONTEXT)
   model = load_model(_MODEL.value)
   devices = load_accelerators(_ACCELERATORS.value)
+  if _PLOT_BATCH.value is not None and _PLOT_BATCH.value not in _cli.int_list(_BATCH_SIZES):
+    raise InputError(f"--plot_batch={_PLOT_BATCH.value} is not in --batch_sizes: plot a "
+                     "swept batch.")
+  layout = _layout_flags.layout()
+  refused = []
+  if not layout.is_single_chip:
+    kept = []
+    for device in devices:
+      try:
+        layout_lib.validate(layout, model, device)
+        kept.append(device)
+      except InputError as e:
+        if len(devices) == 1:
+          raise
+        refused.append(f"{device.name}: {e}")
+    if not kept:
+      raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
+    devices = kept
   result = comparison.compare(
       model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
-      step_model=None if _PROFILE.value is None else _profile_model(devices))
+      step_model=None if _PROFILE.value is None else _profile_model(devices),
+      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))
+  result["inputs"]["layout"] = layout.as_dict()
+  result["refused"] = refused
   counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
         f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
@@ -94,11 +127,18 @@ def main(argv: list[str]) -> None:
   print(table.format_table(comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)))
   for line in result["assumptions"]:
     print(f"assumes: {line}")
+  if not layout.is_single_chip:
+    for entry in result["accelerators"]:
+      comm = ", ".join(f"B={r['batch']}: {r['comm_s'] * 1e3:.3f} ms ({r['bound']})"
+                       for r in entry["rows"])
+      print(f"communication on {entry['name']}: {comm}")
+  for line in refused:
+    print(f"left out: {line}")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    comparison_report.plot(result, _PLOT_OUT.value)
+    comparison_report.plot(result, _PLOT_OUT.value, batch=_PLOT_BATCH.value, top_n=_TOP_N.value)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

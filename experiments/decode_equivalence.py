@@ -17,6 +17,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from jaxroof.toy import weights
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.toy import breakers, check
@@ -42,8 +43,7 @@ _MLP_DIM = flags.DEFINE_integer(
 _VOCAB = flags.DEFINE_integer(
     "vocab", LESSON.vocab_size, "Vocabulary size (> every prompt ID).",
     lower_bound=1)
-_POSITIONS = flags.DEFINE_string(
-    "positions", "rope", f"Position encoding: {' or '.join(POSITION_KINDS)}.")
+_POSITIONS = flags.DEFINE_enum("positions", "rope", list(POSITION_KINDS), "Position encoding.")
 
 # Request.
 _PROMPT = flags.DEFINE_list(
@@ -52,17 +52,18 @@ _PROMPT = flags.DEFINE_list(
 _STEPS = flags.DEFINE_integer(
     "steps", 2, "Decode steps after prefill (>= 0); outputs = steps + 1.",
     lower_bound=0)
-_LAYOUT = flags.DEFINE_string(
-    "layout", "fixed", f"KV state layout: {' or '.join(check.LAYOUTS)}.")
+_LAYOUT = flags.DEFINE_enum("layout", "fixed", list(check.LAYOUTS), "KV state layout.")
 
 # Check.
-_BREAK = flags.DEFINE_string(
-    "break", "", "Change that breaks reuse: one of "
-    f"{', '.join(breakers.BREAKS)}; empty for the correct run.")
+_BREAK = flags.DEFINE_enum(
+    "break", None, list(breakers.BREAKS),
+    "Change that breaks reuse; omit for the correct run.")
 _TOLERANCE = flags.DEFINE_float(
     "tolerance", 1e-10, "Largest max|cached - fresh| / max|fresh| that "
-    "counts as agreement (> 0).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the break.")
+    "counts as agreement, in [1e-15, 1] (float64 resolves ~1e-16).",
+    lower_bound=1e-15, upper_bound=1.0)
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the break. In [0, 2**32).",
+                             lower_bound=0, upper_bound=2**32 - 1)
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Write inputs, results and units as JSON to this path.")
 
@@ -123,6 +124,7 @@ def main(argv: list[str]) -> int:
   layout = errors.require_choice("layout", _LAYOUT.value, check.LAYOUTS)
   config = _config()
   prompt = check.check_prompt(_prompt(), config.vocab_size)
+  weights.require_fits(config, 8, batch=1, positions=len(prompt) + _STEPS.value + 1)
   result = check.lesson_check(
       config, prompt, _STEPS.value, break_name=break_name, layout=layout,
       seed=_SEED.value, tolerance=_TOLERANCE.value)

@@ -6,7 +6,12 @@ Analytic bounds from the model's config.json (jaxroof.specs.kv_sizing):
       --accelerator=h100-sxm --max_new_tokens=1024 --json_out=/tmp/kv.json
 
 --model takes a shipped name (see jaxroof/specs/data/models/) or a path to a
-Hugging Face config.json, or the folder holding one.
+Hugging Face config.json, or the folder holding one. An unsupported
+model_type is refused unless --assume_llama_like reads it as Llama (labelled).
+Hybrids (Qwen3-Next, Jamba, Nemotron-H) also get vLLM's hybrid page policy:
+
+  python -m experiments.kv_sizing --model=qwen3-next-80b-a3b --context=262144 \
+      --state_dtype=bf16
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
+from jaxroof.errors import InputError
+from jaxroof.parallel import layout as layout_lib
 from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
@@ -34,7 +42,15 @@ _CONTEXT = flags.DEFINE_integer(
     "context", None, "Tokens each sequence retains now (holding K/V). >= 1.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences. >= 1.", lower_bound=1)
 _KV_DTYPE = flags.DEFINE_enum(
-    "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V (and state) element dtype.")
+    "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+    "K/V element dtype (also recurrent convolution windows).")
+_STATE_DTYPE = flags.DEFINE_enum(
+    "state_dtype", None, list(kv_sizing.KV_DTYPES),
+    "Recurrent-state matrix dtype. Default: the config's mamba_ssm_cache_dtype, else "
+    "--kv_dtype for Mamba-1 and fp32 for Mamba-2 and Gated DeltaNet.")
+_ASSUME_LLAMA_LIKE = flags.DEFINE_bool(
+    "assume_llama_like", False,
+    "Read an unsupported model_type as Llama (its fields must be Llama's); labelled.")
 # Allocation.
 _BLOCK_SIZE = flags.DEFINE_integer(
     "block_size", kv_sizing.DEFAULT_BLOCK_SIZE,
@@ -77,23 +93,40 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
         f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
         f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
         "(analytic bound; GB = 1e9 B)")
+  if spec.assumed_llama_like:
+    print(f"ASSUMED Llama-like: model_type {spec.model_type!r} is not supported; read as "
+          "Llama because --assume_llama_like was given")
   print(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B active "
         f"per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
-  rows = [[k.kind, k.layers, k.window or "-", f"{k.bytes_per_token:,.0f}",
-           f"{k.state_bytes:,.0f}", k.retained_tokens, _gb(k.payload_bytes),
+  rows = [[k.kind, k.layers, k.window or "-",
+           f"{k.bytes_per_token:,.0f}" if k.bytes_per_token else "-",
+           f"{k.state_bytes:,.0f} ({k.state_dtype})" if k.state_dtype else "-",
+           k.retained_tokens if not k.state_dtype else "-", _gb(k.payload_bytes),
            _gb(k.allocated_bytes), _gb(k.allocated_bytes_windowed_as_full)]
           for k in sizing.kinds]
-  rows.append(["total", spec.num_layers, "-",
-               f"{sum(k.bytes_per_token for k in sizing.kinds):,.0f}",
+  rows.append(["total", sum(k.layers for k in sizing.kinds), "-", "-",
                f"{sum(k.state_bytes for k in sizing.kinds):,.0f}", "-",
                _gb(sizing.payload_bytes_per_sequence), _gb(sizing.allocated_bytes_per_sequence),
                _gb(sizing.allocated_bytes_windowed_as_full_per_sequence)])
   print(table.format_table(
-      ("kind", "blocks", "window", "B/token", "state B", "tokens kept",
-       "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
+      ("kind", "blocks", "cap (tokens)", "B/token while kept", "state B/seq",
+       "tokens kept", "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
+  capped = [k for k in sizing.kinds if k.window]
+  for k in capped:
+    print(f"{k.kind} blocks: {k.bytes_per_token:,.0f} B per token up to {k.window:,} tokens, "
+          f"at most {k.bytes_per_token * k.window / 1e9:,.4f} GB per sequence")
   print(f"payload per sequence = {sizing.payload_formula} bytes (T = retained tokens)")
-  print(f"K/V bytes per token of the blocks that keep every token: "
-        f"{sizing.kv_bytes_per_token:,.0f}")
+  growing = (f"{sizing.kv_bytes_per_token:,.0f}" if sizing.kv_bytes_per_token else
+             "0 (no block keeps every token: per-sequence bytes stop growing at the cap)")
+  print(f"K/V bytes per token of the blocks that keep every token: {growing}")
+  pages = sizing.hybrid_pages
+  if pages:
+    print(f"vLLM hybrid page policy: attention pages of {pages.block_size} tokens "
+          f"({pages.page_bytes:,.0f} B per layer) hold one layer's state "
+          f"({pages.state_bytes_per_layer:,.0f} B, vLLM shapes; padded "
+          f"{pages.state_padding_fraction:.2%}); per sequence "
+          f"{_gb(pages.allocated_bytes_per_sequence)} GB allocated vs "
+          f"{_gb(pages.payload_bytes_per_sequence)} GB payload")
   print(f"batch of {sizing.batch}: payload {_gb(sizing.payload_bytes)} GB, allocated "
         f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
         f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
@@ -118,13 +151,37 @@ def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   return {"accelerator": device.name, **dataclasses.asdict(fit)}
 
 
+def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
+  """The per-chip memory fit of the --tp/--pp/--ep/--dp layout, printed and returned."""
+  device = load_accelerator(_ACCELERATOR.value)
+  layout = layout_lib.validate(_layout_flags.layout(_ACCELERATOR.value), spec, device)
+  counts = parameter_counts(spec)
+  by_part = params.weight_bytes(counts, _WEIGHT_DTYPE.value, group_size=_GROUP_SIZE.value)
+  q = by_part["total_bytes"] / counts.total
+  memory = layout_lib.chip_memory(
+      layout, spec, device, resident_weight_bytes=by_part["total_bytes"],
+      expert_weight_bytes=counts.experts_routed * q,
+      kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
+      workspace_fraction=_WORKSPACE.value)
+  per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
+  fits = sizing.batch <= memory.max_batch_per_replica
+  print(f"per chip on tp={layout.tp} pp={layout.pp} ep={layout.ep} dp={layout.dp} "
+        f"({layout.chips} chips): weights {_gb(memory.resident_weight_bytes)} GB + K/V "
+        f"{_gb(per_chip_kv)} GB of {_gb(device.memory_capacity_bytes)} GB: "
+        f"{'fits' if fits else 'does NOT fit'}; at most {memory.max_batch_per_replica} "
+        f"sequences per replica ({layout_lib.model_terms(spec).kv_rule})")
+  return {"layout": layout.as_dict(), "fits": bool(fits),
+          **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv}
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT)
-  spec = load_model(_MODEL.value)
+  spec = load_model(_MODEL.value, assume_llama_like=_ASSUME_LLAMA_LIKE.value)
   sizing = kv_sizing.size_kv(spec, context=_CONTEXT.value, batch=_BATCH.value,
                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
-                             max_new_tokens=_MAX_NEW_TOKENS.value)
+                             max_new_tokens=_MAX_NEW_TOKENS.value,
+                             state_dtype=_STATE_DTYPE.value)
   _print_sizing(spec, sizing)
   counts = parameter_counts(spec)
   result = {
@@ -144,9 +201,20 @@ def main(argv: list[str]) -> None:
       "params_breakdown": counts.breakdown(),
       **sizing.to_dict(),
   }
+  if _STATE_DTYPE.value:
+    result["inputs"]["state_dtype"] = _STATE_DTYPE.value
+  if spec.assumed_llama_like:
+    result["inputs"]["assume_llama_like"] = True
+    result["assumed_llama_like"] = True
+    result["model_notes"] = list(spec.notes)
   if _ACCELERATOR.value:
     result["capacity"] = _fit(spec, sizing)
     result["fits"] = result["capacity"]["fits"]
+    if not _layout_flags.layout(_ACCELERATOR.value).is_single_chip:
+      result["per_chip"] = _chip_fit(spec, sizing)
+  elif not _layout_flags.layout().is_single_chip:
+    raise InputError("--tp/--pp/--ep/--dp/--chips need --accelerator: the per-chip fit is "
+                     "against its memory.")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -30,10 +30,9 @@ from jaxroof.report import table
 
 _CAL = op_sweeps.CALIBRATION
 
-_BACKEND = flags.DEFINE_string(
-    "backend", "xla", "xla (every device) or pallas (GPU/TPU only).")
-_DTYPE = flags.DEFINE_string(
-    "dtype", "float32", f"Operands: {', '.join(measure.DTYPES)}.")
+_BACKEND = flags.DEFINE_enum("backend", "xla", ["xla", "pallas"],
+                             "xla (every device) or pallas (GPU/TPU only).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Operands.")
 # Linear layer.
 _D_IN = flags.DEFINE_integer(
     "d_in", 4096, "Linear layer input features (>= 1).", lower_bound=1)

@@ -4,37 +4,18 @@ Writes `<out_dir>/README.md` (a Markdown summary) and its PNG plots:
 
   python -m experiments.report --out_dir=report
 
-Each section is a function `(out_dir) -> Markdown`; later layers add theirs
-to `SECTIONS`. Every number is labelled: analytic bound, calibrated prediction
-or measurement.
+The sections live in `jaxroof.report.document` (`SECTIONS`). Every number is
+labelled: analytic bound, calibrated prediction or measurement.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-from collections.abc import Callable
-
-import jax
 from absl import flags
-from absl import logging
 
 from experiments import _cli
-from jaxroof.measure import kernel_benchmark
-from jaxroof.report import specs as arch_report
 from jaxroof.measure import calibration_job
-from jaxroof.symbolic import catalogue
-from jaxroof import files
-from jaxroof.report import lesson
-from jaxroof.measure import records as measure
-from jaxroof.report import plots
-from jaxroof.report import table
-from jaxroof.symbolic.sweep import decode_sweep
-from jaxroof.toy import check as toy_check
-from jaxroof.report import toy as toy_summary
-from jaxroof.report import user_calibration as user_calibration_report
-from jaxroof.toy.config import LESSON, LESSON_PROMPT
+from jaxroof.measure import records
+from jaxroof.report import document
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
 _CALIBRATION_BUDGET_S = flags.DEFINE_float(
@@ -43,132 +24,13 @@ _CALIBRATION_BUDGET_S = flags.DEFINE_float(
     lower_bound=0.0)
 
 
-def lesson_section(out_dir: str) -> str:
-  """Every worked number and quiz answer of the lesson, recomputed."""
-  del out_dir  # Unused.
-  claims = lesson.all_claims()
-  rows = [[c.section, c.claim, table.fmt(c.expected), table.fmt(c.computed), c.unit,
-           "yes" if c.agrees else "**NO**"] for c in claims]
-  agree = sum(c.agrees for c in claims)
-  return "\n".join([
-      "## The lesson, recomputed (analytic bounds)",
-      "",
-      f"{agree} of {len(claims)} claims of `seed/weight-reuse-lesson.txt` agree with "
-      "the symbolic model (`python -m experiments.lesson`).",
-      "",
-      table.markdown_table(("section", "claim", "lesson", "ours", "unit", "agrees"), rows),
-  ])
-
-
-def crossovers_section(out_dir: str) -> str:
-  """Closed forms of the derived quantities, with the lesson's numbers."""
-  del out_dir  # Unused.
-  values = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14, R=300, B=32, P=1000,
-                t_gap=0.012, t_window=0.01, t_queue=0.02)
-  rows = []
-  for item in catalogue.evaluate(values):
-    if item["derived_by"] == "formula" and item["name"] not in (
-        "step_floor", "ridge_point", "prefill_time", "time_to_first_token"):
-      continue
-    value = item["note"] or table.fmt(item["value"])
-    rows.append([item["name"], f"${item['latex']}$", item["derived_by"], value, item["unit"]])
-  return "\n".join([
-      "## Derived quantities (closed forms)",
-      "",
-      "At the lesson's example: N = 8e9 weights, q = 2 B, T·k = 0.25 GB per sequence, "
-      "BW = 2 TB/s, F = 600 TFLOP/s (a 300 FLOP/B ridge), B = 32 for the step floor, "
-      "a 12 ms token-gap target, a 1,000-token prompt, 10 ms batching window and "
-      "20 ms queueing wait.",
-      "",
-      table.markdown_table(("quantity", "closed form", "derived by", "value", "unit"), rows),
-  ])
-
-
-def sweep_section(out_dir: str) -> str:
-  """The lesson's batch sweep on a 300 FLOP/B device, with its plot."""
-  sweep = decode_sweep([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-                       N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14)
-  plots.plot_sweep(sweep, os.path.join(out_dir, "batch_sweep.png"),
-                   "8B BF16, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
-  s = sweep["summary"]
-  crossover = s["compute_crossover_batch"]
-  return "\n".join([
-      "## Batch sweep (analytic bound)",
-      "",
-      "Aggregate throughput rises towards the memory-only limit of "
-      f"{s['memory_limit_tokens_per_s']:,.0f} tokens/s while each user's rate falls; "
-      f"K/V traffic passes the weights at B = {s['weight_kv_crossover_batch']:,.0f}. "
-      + ("Memory binds at every batch: the plateau is not a compute limit."
-         if crossover is None else f"Compute binds from B = {crossover:,.0f}."),
-      "",
-      table.markdown_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])),
-      "",
-      "![batch sweep](batch_sweep.png)",
-  ])
-
-
-def toy_section(out_dir: str) -> str:
-  """The float64 decode check on the lesson's toy, and the cache benchmark on file."""
-  del out_dir  # Unused.
-  steps = 2
-  result = toy_check.lesson_check(LESSON, LESSON_PROMPT, steps)
-  report = toy_check.result_json(result, config=LESSON, prompt=LESSON_PROMPT, steps=steps,
-                                 break_name=None, layout="fixed", seed=0)
-  parts = [toy_summary.decode_equivalence_section(report)]
-  bench = os.path.join("results", "bench_decode_cpu.json")
-  if os.path.exists(bench):
-    with open(bench, encoding="utf-8") as f:
-      parts.append(toy_summary.bench_decode_section(json.load(f)))
-    parts.append(f"(From `{bench}`, measured earlier; rerun with "
-                 f"`python -m experiments.bench_decode --json_out={bench}`.)")
-  return "\n".join(parts)
-
-
-def calibration_section(out_dir: str) -> str:
-  """A short calibration on this device (measurements and calibrated factors)."""
-  budget = _CALIBRATION_BUDGET_S.value
-  if budget == 0:
-    return ("## Calibration on this device\n\nSkipped (`--calibration_budget_s=0`); "
-            "`python -m experiments.calibrate` measures and fits a profile.")
-  return calibration_job.report_section(out_dir, budget)
-
-
-SECTIONS: list[Callable[[str], str]] = [
-    lesson_section,
-    crossovers_section,
-    sweep_section,
-    toy_section,
-    arch_report.report_section,
-    kernel_benchmark.report_section,
-    calibration_section,
-    user_calibration_report.report_section,
-]
-
-
-def build(out_dir: str) -> str:
-  """Runs every section and writes `<out_dir>/README.md`; returns its path."""
-  os.makedirs(out_dir, exist_ok=True)
-  parts = [
-      "# jaxroof report",
-      "",
-      f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
-      f"with jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.default_backend()}).",
-      "Labels: *analytic bound* (the symbolic model under the lesson's assumptions), "
-      "*calibrated prediction* (bound scaled by fitted efficiency factors), "
-      "*measurement* (timed on this device).",
-  ]
-  for section in SECTIONS:
-    logging.info("report: %s", section.__name__)
-    parts += ["", section(out_dir)]
-  path = os.path.join(out_dir, "README.md")
-  files.write_text(path, "\n".join(parts) + "\n")
-  return path
-
-
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  measure.keep_allocations()  # Before any timing; see jaxroof.measure.records.
-  path = build(_OUT_DIR.value)
+  if _CALIBRATION_BUDGET_S.value:
+    calibration_job.check_budget("--calibration_budget_s", _CALIBRATION_BUDGET_S.value)
+  records.keep_allocations()  # Before any timing; see jaxroof.measure.records.
+  path = document.build(document.Context(
+      out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value))
   print(f"wrote {path}")
 
 

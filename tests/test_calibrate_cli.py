@@ -26,6 +26,7 @@ def run(module, *flags):
 @pytest.mark.parametrize("flags, needle", [
     (("--validate",), "--profile"),
     (("--budget_s=0",), "--budget_s"),
+    (("--budget_s=10",), "at least 25 s"),
     (("--heldout_fraction=0.9",), "--heldout_fraction"),
     (("--validate", "--profile=/nonexistent/p.json"), "does not exist"),
 ])

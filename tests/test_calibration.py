@@ -9,6 +9,7 @@ import sympy as sp
 from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
+from jaxroof.report import calibration as calibration_report
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.symbolic import formulas
 from jaxroof.measure import op_sweeps
@@ -159,7 +160,7 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path):
   data = job.to_json()
   assert {"heldout_median_rel_error", "heldout_max_rel_error", "factors",
           "training_points", "heldout_points"} <= set(data)
-  calibration_job.write_results(job, json_out=str(tmp_path / "c.json"),
+  calibration_report.write_results(job, json_out=str(tmp_path / "c.json"),
                                 profile_out=str(tmp_path / "p.json"),
                                 plot_out=str(tmp_path / "c.png"))
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
@@ -169,7 +170,7 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path):
                                   repeats=2)
   assert rows[0]["batch"] == 2 and rows[0]["predicted_s"] > 0
   assert rows[0]["measured_s"] > 0 and rows[0]["set"] == "validation"
-  text = calibration_job.section_markdown(job)
+  text = calibration_report.section_markdown(job)
   assert "held-out" in text and "calibration.png" in text
   assert "measurement" in text and "calibrated" in text
 

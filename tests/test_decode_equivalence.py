@@ -74,8 +74,9 @@ def test_experiment_bad_input_is_one_line_and_writes_nothing(tmp_path):
   path = tmp_path / "d.json"
   proc = _run("decode_equivalence", "--break=revison", f"--json_out={path}")
   assert proc.returncode == 2
-  assert "error: break='revison'" in proc.stderr
-  assert "revision" in proc.stderr and "Traceback" not in proc.stderr
+  assert "error: flag --break=revison" in proc.stderr
+  assert "Did you mean 'revision'?" in proc.stderr and "Traceback" not in proc.stderr
+  assert proc.stderr.count("\n") == 1
   assert not path.exists()
 
 

@@ -9,7 +9,6 @@ the flags and exits).
 from __future__ import annotations
 
 import ast
-import os
 import pathlib
 import pkgutil
 import subprocess

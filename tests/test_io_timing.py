@@ -6,6 +6,7 @@ import os
 import pytest
 
 from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.timing import time_call
 
 
@@ -42,3 +43,30 @@ def test_bad_arguments():
     time_call(lambda: 0, [], repeats=1)
   with pytest.raises(ValueError):
     time_call(lambda: 0, [()], repeats=0)
+
+
+@pytest.mark.parametrize("make, kind, message", [
+    (lambda d: str(d) + "/", "json", "is a folder"),
+    (lambda d: str(d / "x.xyz"), "json", "unknown extension"),
+    (lambda d: str(d / "noext"), "plot", "unknown extension"),
+    (lambda d: "/dev/null", "json", "not a regular file"),
+    (lambda d: str(d / "missing" / "a.json"), "json", "does not exist"),
+    (lambda d: "", "json", "is empty"),
+])
+def test_bad_output_paths_are_refused_before_work(tmp_path, make, kind, message):
+  with pytest.raises(InputError, match=message):
+    files.check_output_path("--out", make(tmp_path), kind)
+
+
+def test_the_same_file_twice_is_refused(tmp_path):
+  path = str(tmp_path / "a.json")
+  with pytest.raises(InputError, match="same file"):
+    files.check_distinct({"--json_out": path, "--profile_out": path})
+
+
+def test_atomic_write_never_replaces_a_special_file_and_names_the_users_path(tmp_path):
+  fifo = tmp_path / "fifo.json"
+  os.mkfifo(fifo)
+  with pytest.raises(InputError, match="not a regular file"):
+    files.write_json(fifo, {"a": 1})
+  assert fifo.is_fifo() and not list(tmp_path.glob(".tmp-*"))

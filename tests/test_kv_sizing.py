@@ -31,11 +31,55 @@ def _raw(name):
   return json.loads((MODELS_DIR / f"{name}.json").read_text())
 
 
+FP32 = 4
+
+
+def independent_hybrid_kv(c):
+  """The same triple for the hybrid types, from their raw fields (issue 16).
+
+  States: the matrix in fp32 (Mamba-2, Gated DeltaNet; Mamba-1 in the K/V
+  dtype), the convolution window of kernel taps in bf16.
+  """
+  kind = c["model_type"]
+  if kind == "llama4":
+    t = c["text_config"]
+    n = t["num_hidden_layers"]
+    per_block = 2 * t["num_key_value_heads"] * t["head_dim"] * BF16
+    nope = sum((i + 1) % 4 == 0 for i in range(n))  # Global NoPE blocks.
+    return per_block * nope, per_block * (n - nope), 0
+  n = c["num_hidden_layers"]
+  if kind == "qwen3_next":
+    full = n // c["full_attention_interval"]
+    per_block = 2 * c["num_key_value_heads"] * c["head_dim"] * BF16
+    hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv = (2 * hk * dk + hv * dv) * c["linear_conv_kernel_dim"] * BF16
+    return per_block * full, 0, (n - full) * (hv * dk * dv * FP32 + conv)
+  if kind == "nemotron_h":
+    pattern = c["hybrid_override_pattern"]
+    head_dim = c.get("attention_head_dim") or c["head_dim"]
+    per_block = 2 * c["num_key_value_heads"] * head_dim * BF16
+    heads, dim, ds = c["mamba_num_heads"], c["mamba_head_dim"], c["ssm_state_size"]
+    conv = (heads * dim + 2 * c["n_groups"] * ds) * c["conv_kernel"] * BF16
+    return per_block * pattern.count("*"), 0, pattern.count("M") * (heads * dim * ds * FP32 + conv)
+  if kind == "jamba":
+    attn = sum(i % c["attn_layer_period"] == c["attn_layer_offset"] for i in range(n))
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    per_block = 2 * c["num_key_value_heads"] * head_dim * BF16
+    inner = c["mamba_expand"] * c["hidden_size"]
+    state = inner * (c["mamba_d_state"] + c["mamba_d_conv"]) * BF16
+    return per_block * attn, 0, (n - attn) * state
+  return None
+
+
 def independent_kv(c):
   """(bytes/token of blocks keeping every token, of windowed blocks, state bytes)."""
+  hybrid = independent_hybrid_kv(c)
+  if hybrid is not None:
+    return hybrid
   n = c["num_hidden_layers"]
   kind = c["model_type"]
-  if kind == "deepseek_v3":
+  if kind in ("deepseek_v3", "kimi_k2"):
     return (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16 * n, 0, 0
   if kind == "mamba":
     return 0, 0, n * c["intermediate_size"] * (c["state_size"] + c["conv_kernel"]) * BF16
@@ -47,7 +91,7 @@ def independent_kv(c):
     windowed = (n + 1) // 2  # Even-indexed blocks.
   elif kind == "gemma3_text":
     windowed = n - n // c["sliding_window_pattern"]
-  elif kind == "mistral" and c.get("sliding_window"):
+  elif kind in ("mistral", "phi3") and c.get("sliding_window"):
     windowed = n
   else:
     windowed = 0  # Llama, Mixtral; Qwen with use_sliding_window false.

@@ -144,11 +144,13 @@ def test_ceilings_measure_and_round_trip():
 def test_op_sweeps_label_backend_and_refuse_interpreted_pallas():
   linear = op_sweeps.linear_sweep([1, 4], d_in=32, d_out=16, repeats=2)
   assert [r.shapes["rows"] for r in linear] == [1, 4]
-  assert linear[1].flops == 2 * 32 * 16 * 4 and linear[1].bytes == 32 * 16 * 4
+  # Weights once, x read, output written (4 B each): (32*16 + 4*32 + 4*16) * 4.
+  assert linear[1].flops == 2 * 32 * 16 * 4
+  assert linear[1].bytes == (32 * 16 + 4 * 32 + 4 * 16) * 4
   attention = op_sweeps.attention_sweep(
       [(2, 16)], heads=4, kv_heads=2, head_dim=8, repeats=2)
   assert attention[0].backend == "xla"
-  assert attention[0].bytes == 2 * 16 * 2 * 2 * 8 * 4
+  assert attention[0].bytes == (2 * 16 * 2 * 2 * 8 + 2 * 2 * 4 * 8) * 4
   if jax.default_backend() == "cpu":
     with pytest.raises(errors.InputError, match="pallas"):
       op_sweeps.linear_sweep([1], d_in=8, d_out=8, backend="pallas")

@@ -126,3 +126,20 @@ def test_a_users_tied_llama_config():
   counts = parameter_counts(spec)
   assert counts.total == pytest.approx(1.24e9, rel=0.01)
   assert counts.lm_head == 0 and counts.active_matmul == counts.total  # Head multiplies.
+
+
+@pytest.mark.parametrize("dtype, bits_per_weight", [
+    # OCP MX v1.0: E2M1 + one 8-bit E8M0 scale per 32 (gpt-oss card: "4.25 bits").
+    ("mxfp4", 4 + 8 / 32),
+    # NVFP4: E2M1 + one FP8 E4M3 scale per 16 (NVIDIA: 3.5x smaller than FP16).
+    ("nvfp4", 4 + 8 / 16),
+])
+def test_fp4_formats_store_their_block_scales(dtype, bits_per_weight):
+  assert params.bytes_per_weight(dtype) == pytest.approx(bits_per_weight / 8)
+
+
+def test_nvfp4_matches_nvidias_stated_ratios():
+  """NVIDIA: NVFP4 reduces memory ~3.5x versus FP16 and ~1.8x versus FP8."""
+  nvfp4 = params.bytes_per_weight("nvfp4")
+  assert params.bytes_per_weight("fp16") / nvfp4 == pytest.approx(3.5, abs=0.1)
+  assert params.bytes_per_weight("fp8") / nvfp4 == pytest.approx(1.8, abs=0.05)

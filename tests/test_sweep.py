@@ -100,3 +100,33 @@ def test_catalogue_step_floor_agrees_with_the_sweep_for_moe():
                     2 * 1.3e10 * 512 / 9.89e14)
   assert floor["value"] == pytest.approx(independent, rel=1e-12)
   assert swept == pytest.approx(independent, rel=1e-12)
+
+
+@pytest.mark.parametrize("gap_ms, batch", [(12, 32), (9, 8)])
+def test_answer_is_the_lessons_decision(gap_ms, batch):
+  """The lesson: a 12 ms token gap allows 32 sequences, 9 ms allows 8
+  ((16 GB + B * 0.25 GB) / 2 TB/s <= gap)."""
+  summary = decode_sweep([1, 2, 4], **LESSON, F=6e14, token_gap_s=gap_ms / 1e3)["summary"]
+  assert summary["answer_batch"] == batch
+  assert summary["answer_binds"] == "token_gap"
+  assert summary["answer_step_bound"] == "memory"
+
+
+def test_answer_with_weights_varying_by_batch_matches_brute_force():
+  """MoE-like: N grows with B; the answer is the largest whole B whose step
+  meets the gap, checked against evaluating every B."""
+  def weights(batch):
+    return 1e9 + 7e9 * (1 - (1 - 0.25) ** np.asarray(batch, dtype=float))
+  gap = 0.006
+  summary = decode_sweep([1], N=np.array([weights(1)]), q=2, T=1, k=1e7, BW=2e12, F=1e15,
+                         N_act=2e9, token_gap_s=gap, weights_read=weights)["summary"]
+  batch = np.arange(1, 5000, dtype=float)
+  step = np.maximum((weights(batch) * 2 + batch * 1e7) / 2e12, 2 * 2e9 * batch / 1e15)
+  assert summary["answer_batch"] == int(batch[step <= gap].max())
+
+
+def test_answer_stops_at_memory_capacity():
+  summary = decode_sweep([1], **LESSON, token_gap_s=1.0, max_batch_in_memory=50)["summary"]
+  assert (summary["answer_batch"], summary["answer_binds"]) == (50, "memory_capacity")
+  none = decode_sweep([1], **LESSON, token_gap_s=0.001)["summary"]
+  assert none["answer_batch"] is None and none["answer_binds"] == "token_gap"

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroof import errors
+from jaxroof.symbolic import formulas
 from jaxroof.measure import records as measure
 
 # Sizes per platform: arrays far beyond the last-level cache (32 MB L3 on the
@@ -125,7 +126,8 @@ def matmul_rate(n: int, dtype: Any, *, warmup: int = 2,
   return measure.measure(
       jax.jit(jnp.matmul), [(a, b), (b, a)], op="matmul",
       shapes={"m": n, "k": n, "n": n}, dtype=dtype.name, warmup=warmup,
-      repeats=repeats, flops=2.0 * n**3, bytes=3.0 * n * n * dtype.itemsize,
+      repeats=repeats, flops=float(formulas.linear_flops(n * n, n)),
+      bytes=float(formulas.linear_bytes(n, n, n, dtype.itemsize)),
       extra={"precision": "default"})
 
 

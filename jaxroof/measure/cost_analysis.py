@@ -99,7 +99,7 @@ def linear_cost(rows: int, d_in: int, d_out: int,
                                              dtype.itemsize)
   return CostRow("linear", {"rows": rows, "d_in": d_in, "d_out": d_out},
                  dtype.name, flops, traffic, costs["compiled"],
-                 costs["lowered"], "weights N*q only")
+                 costs["lowered"], "weights once, x read, output written")
 
 
 def attention_cost(batch: int, context: int, heads: int, kv_heads: int,
@@ -118,7 +118,7 @@ def attention_cost(batch: int, context: int, heads: int, kv_heads: int,
                  {"batch": batch, "context": context, "heads": heads,
                   "kv_heads": kv_heads, "head_dim": head_dim},
                  dtype.name, flops, traffic, costs["compiled"],
-                 costs["lowered"], "K/V B*T*k read once")
+                 costs["lowered"], "K/V read once, queries read, outputs written")
 
 
 def decode_step_cost(bench: op_sweeps.DecodeStepBench, batch: int,

@@ -147,8 +147,11 @@ class DecodeStepBench:
     """
     p = self.model_point(batch, context)
     if blocks is not None:
-      p["N"] = p["N_act"] = p["N"] - (p["L"] - blocks) * p["N_block"]
-      p["k"] = p["k"] * blocks / p["L"]
+      c = self.config
+      head = p["N"] - p["L"] * p["N_block"]
+      p["N"] = p["N_act"] = head + blocks * p["N_block"]
+      p["k"] = float(formulas.kv_bytes_per_position(blocks, c.num_kv_heads, c.head_dim,
+                                                    p["q"]))
     out = step_model("numpy")(B=p["B"], T=p["T"], N=p["N"], q=p["q"], k=p["k"], BW=1.0,
                               F=1.0, N_act=p["N_act"])
     return (float(formulas.linear_flops(p["N_act"], p["B"])),
@@ -207,7 +210,7 @@ class DecodeStepBench:
     """
     batch = errors.require_positive_int("batch", batch)
     context = errors.require_positive_int("context", context)
-    cache_bytes = batch * (context + 1) * self.inputs.k
+    cache_bytes = float(formulas.retained_kv_bytes(batch, context + 1, self.inputs.k))
     if cache_sets is None:
       cache_sets = 2 if cache_bytes < 256e6 else 1
     start = time.perf_counter()
@@ -434,10 +437,10 @@ def linear_args(rows: int, d_in: int, d_out: int, dtype: Any, sets: int,
 
 def linear_analytic(rows: int, d_in: int, d_out: int,
                     itemsize: int) -> tuple[float, float]:
-  """(FLOPs, bytes) of x @ w by the step model: 2*N*B and N*q (weights)."""
-  n = d_in * d_out
-  return (float(formulas.linear_flops(n, rows)),
-          float(formulas.weight_traffic(n, itemsize)))
+  """(FLOPs, bytes) of x @ w: `formulas.linear_flops` and `formulas.linear_bytes`
+  (the weights once, x read, the output written)."""
+  return (float(formulas.linear_flops(d_in * d_out, rows)),
+          float(formulas.linear_bytes(rows, d_in, d_out, itemsize)))
 
 
 def linear_sweep(
@@ -474,14 +477,11 @@ def attention_args(batch: int, context: int, heads: int, kv_heads: int,
 
 def attention_analytic(batch: int, context: int, heads: int, kv_heads: int,
                        head_dim: int, itemsize: int) -> tuple[float, float]:
-  """(FLOPs, bytes) of one layer's decode attention.
-
-  Bytes: the retained K/V, `B*T*k` with k = 2*H_kv*d*b for one block.
-  FLOPs: q.k and p.v, 2*d multiply-adds each per query head and position.
-  """
-  k = formulas.kv_bytes_per_position(1, kv_heads, head_dim, itemsize)
-  traffic = formulas.retained_kv_bytes(batch, context, k)
-  return 4.0 * batch * context * heads * head_dim, float(traffic)
+  """(FLOPs, bytes) of one layer's decode attention: `formulas.attention_flops`
+  and `formulas.attention_bytes` (the retained K/V, the queries and outputs)."""
+  return (float(formulas.attention_flops(batch, context, heads, head_dim)),
+          float(formulas.attention_bytes(batch, context, heads, kv_heads, head_dim,
+                                         itemsize)))
 
 
 def attention_sweep(
@@ -495,7 +495,8 @@ def attention_sweep(
   dtype = jnp.dtype(dtype)
   records = []
   for batch, context in points:
-    nbytes = 2 * batch * context * kv_heads * head_dim * dtype.itemsize
+    nbytes = formulas.retained_kv_bytes(
+        batch, context, formulas.kv_bytes_per_position(1, kv_heads, head_dim, dtype.itemsize))
     sets = 2 if nbytes < 256e6 else 1
     args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
                           sets)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from jaxroof.specs import comparison
-from jaxroof.report import comparison as comparison_report
+from jaxroof.report import device_comparison as comparison_report
 from jaxroof.specs import kv_sizing
 from jaxroof.report import table
 from jaxroof.specs.accelerators import load_accelerators

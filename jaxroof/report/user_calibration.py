@@ -14,8 +14,8 @@ from typing import Any
 
 from jaxroof.report import table
 
-CARRY_OVER = "results/carry_over_trtllm_0.9.0.json"
-USER_CALIBRATIONS = "results/user_calibration_*_trtllm_0.9.0.json"
+CARRY_OVER = "carry_over_trtllm_0.9.0.json"
+USER_CALIBRATIONS = "user_calibration_*_trtllm_0.9.0.json"
 
 
 def _percent(value: float | None) -> str:
@@ -42,12 +42,12 @@ def carry_over_rows(result: dict[str, Any]) -> list[list[str]]:
           for p in result["pairs"] if "skipped" not in p]
 
 
-def report_section(out_dir: str) -> str:
+def report_section(results_dir: str) -> str:
   """Markdown of the committed user-calibration results (none: a pointer)."""
-  del out_dir  # Unused: the section reads committed results.
   lines = ["## Calibration from published measurements", ""]
-  paths = sorted(glob.glob(USER_CALIBRATIONS))
-  if not paths and not os.path.exists(CARRY_OVER):
+  paths = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
+  carry_path = os.path.join(results_dir, CARRY_OVER)
+  if not paths and not os.path.exists(carry_path):
     return "\n".join(lines + [
         "No results yet: `python -m experiments.calibrate --from_csv=PATH "
         "--accelerator=SLUG --json_out=PATH`."])
@@ -61,11 +61,11 @@ def report_section(out_dir: str) -> str:
         table.markdown_table(("accelerator", "rows", "fitted factors",
                               "held-out median (calibrated)", "held-out max (calibrated)",
                               "held-out median (bound)"), heldout_rows(results)), ""]
-  if os.path.exists(CARRY_OVER):
-    result = _load(CARRY_OVER)
+  if os.path.exists(carry_path):
+    result = _load(carry_path)
     lines += [
         "Carry-over: factors fitted on one model's rows predict another model on the "
-        f"same device (`{CARRY_OVER}`). All predicted rows: calibrated median "
+        f"same device (`results/{CARRY_OVER}`). All predicted rows: calibrated median "
         f"{_percent(result['median_rel_error'])}, bound median "
         f"{_percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
         f"as accurate as the bound) met: {'yes' if result['meets_targets'] else 'no'}.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,11 @@ from jaxroof.specs import names
 TABLE = Path(__file__).parent / "data" / "accelerators.json"
 
 # The matmul dtype a weight dtype runs at: fp8 and int8 weights with matching
-# activations (W8A8); int4 weights are dequantized to bf16 (W4A16).
+# activations (W8A8); int4 weights are dequantized to bf16 (W4A16); FP4 formats
+# run at the device's fp4 rate where it has one (Blackwell, MI355X), else
+# dequantized to bf16.
 COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8",
-                 "int4": "bf16"}
+                 "int4": "bf16", "mxfp4": "fp4", "nvfp4": "fp4"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,7 @@ class Accelerator:
   memory_type: str
   sources: Mapping[str, str]
   decisions: tuple[str, ...] = ()
+  links: Links | None = None  # Scale-up and scale-out figures (several chips).
 
   def compute_dtype(self, weight_dtype: str) -> str:
     """The dtype whose FLOP rate a matmul with these weights runs at.
@@ -63,7 +67,74 @@ class Accelerator:
                                       self.memory_bandwidth_bytes_per_s))
 
 
-def _from_entry(slug: str, entry: Mapping[str, Any]) -> Accelerator:
+# Per-hop latency used where the vendor publishes none: scaling-book's ICI
+# figure ("typically around 1us", sharding.md @0819a7d), an assumption.
+ASSUMED_HOP_LATENCY_S = 1e-6
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Links:
+  """How chips of this kind talk: the scale-up fabric, its domain, scale-out.
+
+  `collective_bytes_per_s` is the rate one chip sends at in a ring
+  collective: its whole scale-up egress on a switched or fully connected
+  fabric (NVLink/NVSwitch, xGMI mesh, Gaudi RoCE mesh), or two links (both
+  ring neighbours of one torus axis) on a TPU or Trainium torus, as
+  scaling-book's W_ici is. `scale_out_bytes_per_s` is None where no figure
+  was found: layouts beyond `domain_chips` are then refused.
+  """
+
+  technology: str
+  topology: str
+  unidirectional_bytes_per_s: float
+  per_link_bytes_per_s: float | None
+  collective_bytes_per_s: float
+  domain_chips: int
+  domain_unit: str
+  hop_latency_s: float
+  hop_latency_basis: str  # "published", "model constant" or "assumed".
+  scale_out_bytes_per_s: float | None
+  slice_shapes: tuple[str, ...] = ()
+
+
+def _links(entry: Mapping[str, Any]) -> Links | None:
+  up = entry.get("scale_up")
+  if not up:
+    return None
+  unidirectional = float(up["unidirectional_gb_s"]) * 1e9
+  per_link = up.get("per_link_unidirectional_gb_s")
+  per_link = None if per_link is None else float(per_link) * 1e9
+  torus = "torus" in up.get("topology", "")
+  collective = 2 * per_link if torus and per_link else unidirectional
+  hop = entry.get("hop_latency", {})
+  if hop.get("value_us") is not None:
+    latency, basis = hop["value_us"] * 1e-6, "published" if "assumption" not in hop.get(
+        "kind", "") else "assumed (scaling-book)"
+  elif "nccl_ring_per_step_us" in hop.get("modeling_assumptions", {}):
+    latency, basis = (hop["modeling_assumptions"]["nccl_ring_per_step_us"]["LL"] * 1e-6,
+                      "model constant (NCCL tuning.cc, ring LL, per step)")
+  elif "nccl_pci_ring_per_step_us" in hop.get("modeling_assumptions", {}):
+    latency, basis = (hop["modeling_assumptions"]["nccl_pci_ring_per_step_us"]["LL"] * 1e-6,
+                      "model constant (NCCL tuning.cc, PCI ring LL, per step)")
+  else:
+    latency, basis = ASSUMED_HOP_LATENCY_S, "assumed (scaling-book's ICI 1 us; none published)"
+  domain = entry.get("scale_up_domain", {})
+  out = entry.get("scale_out", {}).get("per_chip_unidirectional_gb_s")
+  return Links(
+      technology=(up.get("generation") or "") if up.get("technology", "") in (
+          up.get("generation") or "") else f"{up.get('technology')} {up.get('generation') or ''}".strip(),
+      topology=up.get("topology", ""),
+      unidirectional_bytes_per_s=unidirectional, per_link_bytes_per_s=per_link,
+      collective_bytes_per_s=collective,
+      domain_chips=int(domain.get("max_single_slice_chips") or domain.get("chips") or 1),
+      domain_unit=domain.get("unit", ""), hop_latency_s=latency, hop_latency_basis=basis,
+      scale_out_bytes_per_s=None if out is None else float(out) * 1e9,
+      slice_shapes=tuple(shapes) if isinstance(shapes := domain.get("slice_shapes"), list)
+      else ())
+
+
+def entry_to_accelerator(slug: str, entry: Mapping[str, Any]) -> Accelerator:
+  """An `Accelerator` from one entry of the shipped schema (TB/s, GB, TFLOP/s)."""
   return Accelerator(
       name=slug,
       full_name=entry["name"],
@@ -77,13 +148,14 @@ def _from_entry(slug: str, entry: Mapping[str, Any]) -> Accelerator:
       memory_type=entry["memory_type"],
       sources=dict(entry["sources"]),
       decisions=tuple(entry["decisions"]),
+      links=_links(entry),
   )
 
 
 @functools.cache
 def _table() -> dict[str, Accelerator]:
   entries = json.loads(TABLE.read_text(encoding="utf-8"))["accelerators"]
-  return {slug: _from_entry(slug, e) for slug, e in entries.items()}
+  return {slug: entry_to_accelerator(slug, e) for slug, e in entries.items()}
 
 
 def known_accelerators() -> tuple[str, ...]:
@@ -100,8 +172,36 @@ def load_accelerator(name: str) -> Accelerator:
   if not isinstance(name, str):
     raise errors.InputError(f"accelerator={name!r} is not a name: give one of "
                             f"{', '.join(known_accelerators())}.")
-  slug = names.require_known("accelerator", name.strip().lower(), known_accelerators())
-  return _table()[slug]
+  return parse_slice(name)[0]
+
+
+_SLICE_PREFIX = re.compile(r"^(\d+)x(.+)$")  # "8xh100-sxm"
+_SLICE_SUFFIX = re.compile(r"^(.+?)-(\d+)$")  # "tpu-v5e-8"
+
+
+def parse_slice(name: str) -> tuple[Accelerator, int | None]:
+  """An accelerator slug or a slice name: (device, chips or None for a bare slug).
+
+  Slices: `8xh100-sxm` (chips x slug) or `tpu-v5e-8` (slug-chips). A slug
+  that itself ends in digits (e.g. "mi300x") is matched as a slug first.
+
+  Raises:
+    InputError: an unknown slug, or zero chips.
+  """
+  text = name.strip().lower()
+  known = known_accelerators()
+  if text in known:
+    return _table()[text], None
+  for pattern, slug_group, chips_group in ((_SLICE_PREFIX, 2, 1), (_SLICE_SUFFIX, 1, 2)):
+    match = pattern.match(text)
+    if match and match.group(slug_group) in known:
+      chips = int(match.group(chips_group))
+      if chips < 1:
+        raise errors.InputError(f"accelerator={name!r} has {chips} chips: a slice needs "
+                                "at least 1 (e.g. 8xh100-sxm or tpu-v5e-8).")
+      return _table()[match.group(slug_group)], chips
+  slug = names.require_known("accelerator", text, known)
+  return _table()[slug], None
 
 
 def load_accelerators(names: str) -> list[Accelerator]:

@@ -18,25 +18,21 @@ from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.workload import crossover_batches
-from jaxroof.symbolic.step_model import StepModel
+from jaxroof.symbolic.step_model import BOUND_UNITS, StepModel
 
-UNITS = {
-    "ridge_flop_per_byte": "FLOP/B", "compute_crossover_batch": "sequences",
-    "weight_kv_crossover_batch": "sequences", "max_batch_in_memory": "sequences",
-    "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s",
-    "flops_per_s": "FLOP/s", "resident_weight_bytes": "B", "batch": "sequences",
-    "weight_bytes": "B", "kv_bytes": "B", "traffic_bytes": "B", "memory_s": "s",
-    "compute_s": "s", "step_s": "s", "aggregate_tokens_per_s": "tokens/s",
-    "per_sequence_tokens_per_s": "tokens/s",
-}
+UNITS = {**BOUND_UNITS,
+         "ridge_flop_per_byte": "FLOP/B", "max_batch_in_memory": "sequences",
+         "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s",
+         "flops_per_s": "FLOP/s", "resident_weight_bytes": "B",
+         "comm_s": "s", "chips": "chips"}
 SUMMARY_BEST = {"ridge_flop_per_byte": min, "compute_crossover_batch": min,
                 "max_batch_in_memory": max}
 ROW_BEST = {"step_s": min, "aggregate_tokens_per_s": max, "per_sequence_tokens_per_s": max}
 
 
 def _entry(spec: ModelSpec, device: Accelerator, batch: list[int], model: StepModel,
-           **kw) -> dict[str, Any]:
-  swept = model_sweep(spec, device, batch_sizes=batch, model=model, **kw)
+           sweeper=model_sweep, **kw) -> dict[str, Any]:
+  swept = sweeper(spec, device, batch_sizes=batch, model=model, **kw)
   inputs, summary = swept["inputs"], swept["summary"]
   cross = crossover_batches(spec, device, context=kw["context"],
                             weight_dtype=kw["weight_dtype"], kv_dtype=kw["kv_dtype"],
@@ -85,19 +81,20 @@ def _best(entries: list[dict], batch: list[int]) -> dict[str, Any]:
 def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: int,
             batch_sizes: Sequence[int], weight_dtype: str = "bf16",
             kv_dtype: str = "bf16", step_model: StepModel | None = None,
-            **kw: Any) -> dict[str, Any]:
+            sweeper=None, **kw: Any) -> dict[str, Any]:
   """Per accelerator: ridge point, crossovers, max batch, and a row per batch.
 
   With a calibrated `step_model`, rows are calibrated predictions: its fitted
   factors and fixed costs applied to each device's datasheet figures (a
   what-if: the factors were measured on the profile's device). Extra keywords
   (`block_size`, `workspace_fraction`, `max_new_tokens`, `group_size`) go to
-  `workload.decode_step_inputs`.
+  `workload.decode_step_inputs`. `sweeper` replaces `model_sweep` (same
+  signature), e.g. a multi-chip layout's sweep.
   """
   batch = [int(b) for b in batch_sizes]
   step = step_model or StepModel.bound()
-  entries = [_entry(model, d, batch, step, context=context, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, **kw) for d in accelerators]
+  entries = [_entry(model, d, batch, step, sweeper=sweeper or model_sweep, context=context,
+                    weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw) for d in accelerators]
   shared = [a for a in entries[0]["_assumptions"]
             if not a.startswith("datasheet") and a not in step.assumptions]
   for e in entries:

@@ -9,7 +9,6 @@ name or path with `jaxroof.specs.models.load_model`. Parameter counts come from 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jaxroof import errors
 
@@ -17,8 +16,13 @@ from jaxroof import errors
 FULL = "full"  # Keeps K/V for every retained token.
 SLIDING = "sliding"  # Keeps K/V for the last `sliding_window` tokens.
 MLA = "mla"  # Keeps a compressed latent plus a RoPE key per token.
-RECURRENT = "recurrent"  # Keeps a fixed-size state per sequence (SSM).
-LAYER_KINDS = (FULL, SLIDING, MLA, RECURRENT)
+RECURRENT = "recurrent"  # Keeps a fixed-size state per sequence (Mamba-1 SSM).
+CHUNKED = "chunked"  # Attends within chunks of `chunk_size` tokens (Llama 4).
+LINEAR_ATTENTION = "linear_attention"  # Gated DeltaNet: fixed state per sequence.
+MAMBA2 = "mamba2"  # Mamba-2 SSM: fixed state per sequence.
+NO_MIXER = "mlp_only"  # A block with an MLP and no token mixer (Nemotron-H '-').
+LAYER_KINDS = (FULL, SLIDING, MLA, RECURRENT, CHUNKED, LINEAR_ATTENTION, MAMBA2, NO_MIXER)
+STATE_KINDS = (RECURRENT, LINEAR_ATTENTION, MAMBA2)  # A fixed state per sequence.
 
 
 
@@ -34,6 +38,9 @@ class AttentionSpec:
   o_bias: bool = False  # Bias on the output projection.
   qk_norm: bool = False  # RMSNorm over q and k heads (Qwen3, Gemma 3).
   sinks: bool = False  # One learned attention-sink logit per head (gpt-oss).
+  chunk_size: int | None = None  # Tokens per chunk of CHUNKED blocks (Llama 4).
+  output_gate: bool = False  # q_proj also emits a sigmoid output gate (Qwen3-Next).
+  qk_norm_flat: bool = False  # q/k norms over all heads at once (OLMo 2).
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,6 +67,14 @@ class MoESpec:
   expert_bias: bool = False  # Biases inside each expert (gpt-oss).
   router_bias: bool = False  # Bias on the router logits (gpt-oss).
   router_score_bias: bool = False  # Per-expert score correction (DeepSeek-V3).
+  shared_expert_gate: bool = False  # A hidden->1 sigmoid gate on the shared expert.
+
+  def __post_init__(self):
+    if not 1 <= self.experts_per_token <= self.num_experts:
+      raise errors.InputError(
+          f"experts_per_token={self.experts_per_token} is not allowed with "
+          f"num_experts={self.num_experts}: each token is routed to between 1 and "
+          "num_experts experts.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +87,35 @@ class SSMSpec:
   dt_rank: int
   proj_bias: bool = False
   conv_bias: bool = True
+  inner_norms: bool = False  # RMSNorms on dt, B and C (Jamba).
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearAttentionSpec:
+  """A Gated DeltaNet linear-attention mixer (Qwen3-Next)."""
+
+  num_key_heads: int
+  num_value_heads: int
+  key_head_dim: int
+  value_head_dim: int
+  conv_kernel: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mamba2Spec:
+  """A Mamba-2 mixer (Nemotron-H): heads x head_dim channels, grouped B/C."""
+
+  num_heads: int
+  head_dim: int
+  state_size: int
+  n_groups: int
+  conv_kernel: int
+  proj_bias: bool = False
+  conv_bias: bool = True
+
+  @property
+  def inner_size(self) -> int:
+    return self.num_heads * self.head_dim
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,7 +133,14 @@ class ModelSpec:
     tie_word_embeddings: the LM head reuses the embedding table.
     norms_per_layer: hidden-size norm vectors per block (plus one final).
     mlp_bias: biases on the dense MLP projections.
-    attention, mla, moe, ssm: the parts the layer kinds need, else None.
+    attention, mla, moe, ssm, linear, mamba2: the parts the layer kinds
+      need, else None.
+    mlp_layers: per block, True where it has a dense MLP; None: every block
+      that is not MoE (Nemotron-H's Mamba and attention blocks have none).
+    mlp_gated: MLPs (dense and experts) have a gate projection (SwiGLU);
+      False: up and down only (Nemotron-H's squared ReLU).
+    state_dtype: the recurrent-state dtype the config asks for, if any.
+    assumed_llama_like: read by the Llama fallback for an unknown type.
     max_position_embeddings: the config's context limit, if it gives one.
     torch_dtype: the checkpoint's stored dtype, as the config says.
     source: where the config came from (path, or URL for shipped ones).
@@ -112,6 +163,12 @@ class ModelSpec:
   mla: MLASpec | None = None
   moe: MoESpec | None = None
   ssm: SSMSpec | None = None
+  linear: LinearAttentionSpec | None = None
+  mamba2: Mamba2Spec | None = None
+  mlp_layers: tuple[bool, ...] | None = None
+  mlp_gated: bool = True
+  state_dtype: str | None = None
+  assumed_llama_like: bool = False
   max_position_embeddings: int | None = None
   torch_dtype: str | None = None
   source: str = ""
@@ -126,14 +183,22 @@ class ModelSpec:
       )
     for kind in self.layer_kinds:
       errors.require_choice("layer kind", kind, LAYER_KINDS)
-    needs = {FULL: "attention", SLIDING: "attention", MLA: "mla", RECURRENT: "ssm"}
-    for kind in set(self.layer_kinds):
+    needs = {FULL: "attention", SLIDING: "attention", MLA: "mla", RECURRENT: "ssm",
+             CHUNKED: "attention", LINEAR_ATTENTION: "linear", MAMBA2: "mamba2"}
+    for kind in set(self.layer_kinds) & set(needs):
       if getattr(self, needs[kind]) is None:
         raise errors.InputError(f"{self.name}: {kind} blocks need `{needs[kind]}`.")
     if SLIDING in self.layer_kinds and not self.attention.sliding_window:
       raise errors.InputError(
           f"{self.name}: sliding-window blocks but no sliding_window length."
       )
+    if CHUNKED in self.layer_kinds and not self.attention.chunk_size:
+      raise errors.InputError(
+          f"{self.name}: chunked-attention blocks but no attention_chunk_size.")
+    if self.mlp_layers is not None and len(self.mlp_layers) != len(self.layer_kinds):
+      raise errors.InputError(
+          f"{self.name}: {len(self.mlp_layers)} dense-MLP flags for "
+          f"{len(self.layer_kinds)} blocks.")
     if any(self.moe_layers) and self.moe is None:
       raise errors.InputError(f"{self.name}: MoE blocks need `moe`.")
 
@@ -144,6 +209,13 @@ class ModelSpec:
   def layers_of(self, kind: str) -> int:
     """Blocks of one attention/mixer kind."""
     return self.layer_kinds.count(kind)
+
+  @property
+  def num_dense_mlp_layers(self) -> int:
+    """Blocks with a dense (not routed) MLP."""
+    if self.mlp_layers is None:
+      return self.num_layers - self.num_moe_layers
+    return sum(self.mlp_layers)
 
   @property
   def num_moe_layers(self) -> int:

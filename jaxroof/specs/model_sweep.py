@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jaxroof.specs import parameters
 from jaxroof.specs import workload
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
@@ -55,8 +56,11 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
                                         group_size=kwargs.get("group_size"))
     crossovers = {"weight_kv_crossover_batch": solved.weight_kv_crossover_batch,
                   "compute_crossover_batch": solved.compute_crossover_batch}
+  counts = parameters.parameter_counts(spec)
   result = sweep(model, list(batch_sizes), fits=inputs.fits, layers=spec.num_layers,
-                 token_gap_s=token_gap_s, crossovers=crossovers, **step_inputs)
+                 token_gap_s=token_gap_s, crossovers=crossovers,
+                 weights_read=lambda batch: parameters.weights_read_per_step(counts, batch),
+                 max_batch_in_memory=inputs.max_batch_in_memory, **step_inputs)
   result["assumptions"] = list(inputs.assumptions) + (
       result["assumptions"] if model.kind == "calibrated" else [])
   result["inputs"] = {

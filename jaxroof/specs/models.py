@@ -26,21 +26,38 @@ def shipped_models() -> tuple[str, ...]:
   return tuple(sorted(p.stem for p in MODELS_DIR.glob("*.json")))
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # Real config.json files are a few kB.
+
+
 def _read_json(path: Path) -> dict[str, Any]:
+  """A config.json as a dict; every way a file can be wrong is one InputError.
+
+  Accepts what Python's JSON reader accepts (`Infinity` appears in real
+  Nemotron-H configs); the schema of `hf_config` then checks the values.
+  """
+  where = f"model={str(path)!r}"
+  if not path.is_file():
+    raise errors.InputError(f"{where} is not a regular file.")
   try:
-    text = path.read_text(encoding="utf-8")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+      raise errors.InputError(
+          f"{where} is over {MAX_CONFIG_BYTES // 2**20} MiB: not a config.json.")
+    text = path.read_bytes().decode("utf-8")
   except OSError as e:
-    raise errors.InputError(f"model={str(path)!r} cannot be read: {e.strerror}.") from None
+    raise errors.InputError(f"{where} cannot be read: {e.strerror}.") from None
+  except UnicodeDecodeError:
+    raise errors.InputError(f"{where} is not UTF-8 text: give a config.json.") from None
   try:
     config = json.loads(text)
   except json.JSONDecodeError as e:
     raise errors.InputError(
-        f"model={str(path)!r} is not valid JSON: {e.msg} at line {e.lineno}, "
-        f"column {e.colno}."
+        f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}."
     ) from None
+  except RecursionError:
+    raise errors.InputError(f"{where} is nested too deeply to be a config.json.") from None
   if not isinstance(config, dict):
     raise errors.InputError(
-        f"model={str(path)!r} is not a config.json: expected a JSON object, got "
+        f"{where} is not a config.json: expected a JSON object, got "
         f"{type(config).__name__}."
     )
   return config
@@ -58,7 +75,7 @@ def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
           f"model={name_or_path!r} is a folder without a config.json in it."
       )
     return path.resolve().name, path / "config.json", False
-  if path.is_file():
+  if path.exists():
     name = path.parent.resolve().name if path.name == "config.json" else path.stem
     return name, path, False
   if path.suffix == ".json" or os.sep in name_or_path:
@@ -69,27 +86,33 @@ def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
 
 
 @functools.lru_cache(maxsize=64)
-def _load(name_or_path: str) -> ModelSpec:
+def _load(name_or_path: str, assume_llama_like: bool) -> ModelSpec:
   name, path, shipped = _resolve(name_or_path)
   config = _read_json(path)
   source = str(path)
   if shipped:
     url = config.get(SOURCE_KEY, {}).get("config_url")
     source = url or f"jaxroof/specs/data/models/{path.name}"
-  return hf_config.spec_from_config(config, name=name, source=source)
+  return hf_config.spec_from_config(config, name=name, source=source,
+                                    assume_llama_like=assume_llama_like)
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSpec:
   """A `ModelSpec` from a shipped slug, a `config.json` path or its folder.
 
   Raises:
     InputError: an unknown name (listing the shipped ones and the closest
       match), a missing or malformed file, an unsupported `model_type`, or a
       config missing a field that has no default.
+
+  JSON is read as Python's `json` reads it, so the bare `Infinity` some
+  published configs hold (Nemotron-H) is accepted; sizes must still be finite
+  whole numbers. `assume_llama_like` reads an unknown `model_type` as Llama,
+  labelled in the spec's notes (`hf_config.spec_from_config`).
   """
   if not isinstance(name_or_path, str) or not name_or_path.strip():
     raise errors.InputError(
         f"model={name_or_path!r} is not allowed: give a shipped name "
         f"({', '.join(shipped_models())}) or a path to a config.json."
     )
-  return _load(name_or_path)
+  return _load(name_or_path, bool(assume_llama_like))

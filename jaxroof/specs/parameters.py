@@ -26,18 +26,26 @@ import numpy as np
 
 from jaxroof.symbolic import architecture as arch_formulas
 from jaxroof import errors
-from jaxroof.specs.model_spec import FULL, MLA, RECURRENT, SLIDING, ModelSpec
+from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, MLA, NO_MIXER,
+                                      RECURRENT, SLIDING, STATE_KINDS, ModelSpec)
 
-# Bits per stored weight, and the default weights per scale (None: per-tensor
-# or per-channel scales, whose bytes are negligible).
-WEIGHT_DTYPES: dict[str, tuple[int, int | None]] = {
-    "bf16": (16, None),
-    "fp16": (16, None),
-    "fp8": (8, None),
-    "int8": (8, None),
-    "int4": (4, 128),
+# Bits per stored weight, the default weights per scale (None: per-tensor or
+# per-channel scales, whose bytes are negligible) and the bytes of one scale.
+#   mxfp4: OCP Microscaling v1.0, E2M1 elements with one E8M0 (1 B) scale per
+#          block of 32: 4.25 bits/weight (gpt-oss model card, arXiv 2508.10925).
+#   nvfp4: E2M1 with one FP8 E4M3 (1 B) scale per 16, plus one FP32 per tensor
+#          (negligible): 4.5 bits/weight (NVIDIA's NVFP4 format).
+#   int4:  weight-only groups of 128 with a bf16 scale (GPTQ/AWQ convention).
+WEIGHT_DTYPES: dict[str, tuple[int, int | None, float]] = {
+    "bf16": (16, None, 0.0),
+    "fp16": (16, None, 0.0),
+    "fp8": (8, None, 0.0),
+    "int8": (8, None, 0.0),
+    "int4": (4, 128, 2.0),
+    "mxfp4": (4, 32, 1.0),
+    "nvfp4": (4, 16, 1.0),
 }
-DEFAULT_SCALE_BYTES = 2.0  # One fp16/bf16 scale per group.
+DEFAULT_SCALE_BYTES = 2.0  # One fp16/bf16 scale per group, when a group is asked for.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,7 +58,7 @@ class ParamCounts:
   experts_routed: int  # Every routed expert of every MoE block.
   experts_shared: int  # Always-on shared experts.
   router: int  # Router weights and biases.
-  recurrent: int  # SSM mixers (Mamba).
+  recurrent: int  # Recurrent mixers: Mamba-1, Mamba-2, Gated DeltaNet.
   norms: int  # Per-block norm vectors plus the final norm.
   lm_head: int  # Output projection (0 when tied to the embeddings).
   moe_layers: int = 0
@@ -96,9 +104,11 @@ class ParamCounts:
 def _attention_block(spec: ModelSpec) -> int:
   a, h = spec.attention, spec.hidden_size
   q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-  weights = h * q + 2 * h * kv + q * h
-  biases = (q + 2 * kv) * a.qkv_bias + h * a.o_bias
-  return weights + biases + 2 * a.head_dim * a.qk_norm + a.num_heads * a.sinks
+  gate = q * a.output_gate  # Qwen3-Next: q_proj emits the gate too.
+  weights = h * (q + gate) + 2 * h * kv + q * h
+  biases = (q + gate + 2 * kv) * a.qkv_bias + h * a.o_bias
+  norms = (q + kv if a.qk_norm_flat else 2 * a.head_dim) * a.qk_norm
+  return weights + biases + norms + a.num_heads * a.sinks
 
 
 def _mla_block(spec: ModelSpec) -> int:
@@ -122,16 +132,41 @@ def _recurrent_block(spec: ModelSpec) -> int:
   dt_proj = s.dt_rank * inner + inner
   a_and_d = inner * s.state_size + inner
   out_proj = inner * h + h * s.proj_bias
-  return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj
+  inner_norms = (s.dt_rank + 2 * s.state_size) * s.inner_norms
+  return in_proj + conv + x_proj + dt_proj + a_and_d + out_proj + inner_norms
 
 
-def _gated_mlp(hidden: int, units: int, bias: bool) -> int:
-  """Gate, up and down projections (SwiGLU/GeGLU), with optional biases."""
-  return 3 * hidden * units + (2 * units + hidden) * bias
+def _linear_attention_block(spec: ModelSpec) -> int:
+  """Gated DeltaNet: qkvz and beta/alpha projections, conv, A and dt, gated norm, out."""
+  g, h = spec.linear, spec.hidden_size
+  keys, values = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
+  in_proj = h * (2 * keys + 2 * values) + h * 2 * g.num_value_heads
+  conv = (2 * keys + values) * g.conv_kernel
+  return in_proj + conv + 2 * g.num_value_heads + g.value_head_dim + values * h
 
 
-_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, MLA: _mla_block,
-           RECURRENT: _recurrent_block}
+def _mamba2_block(spec: ModelSpec) -> int:
+  """Mamba-2: in_proj to (z, x, B, C, dt), conv over (x, B, C), A, D, dt bias, norm, out."""
+  m, h = spec.mamba2, spec.hidden_size
+  inner, groups = m.inner_size, 2 * m.n_groups * m.state_size
+  projected = 2 * inner + groups + m.num_heads
+  in_proj = h * projected + projected * m.proj_bias
+  conv = (inner + groups) * (m.conv_kernel + m.conv_bias)
+  return in_proj + conv + 3 * m.num_heads + inner + inner * h + h * m.proj_bias
+
+
+def _gated_mlp(hidden: int, units: int, bias: bool, gated: bool = True) -> int:
+  """Gate, up and down projections (SwiGLU/GeGLU), with optional biases.
+
+  Ungated (`gated=False`, squared ReLU): up and down only.
+  """
+  return (2 + gated) * hidden * units + ((1 + gated) * units + hidden) * bias
+
+
+_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, CHUNKED: _attention_block,
+           MLA: _mla_block, RECURRENT: _recurrent_block,
+           LINEAR_ATTENTION: _linear_attention_block, MAMBA2: _mamba2_block,
+           NO_MIXER: lambda spec: 0}
 
 
 def parameter_counts(spec: ModelSpec) -> ParamCounts:
@@ -140,22 +175,23 @@ def parameter_counts(spec: ModelSpec) -> ParamCounts:
   attention = recurrent = 0
   for kind in spec.layer_kinds:
     count = _MIXERS[kind](spec)
-    if kind == RECURRENT:
+    if kind in STATE_KINDS:
       recurrent += count
     else:
       attention += count
-  dense_blocks = spec.num_layers - spec.num_moe_layers
   mlp = 0
   if spec.intermediate_size:
-    mlp = dense_blocks * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)
+    mlp = spec.num_dense_mlp_layers * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias,
+                                                 spec.mlp_gated)
   routed = shared = router = expert = 0
   moe = spec.moe
   if spec.is_moe:
-    expert = _gated_mlp(h, moe.expert_intermediate_size, moe.expert_bias)
+    expert = _gated_mlp(h, moe.expert_intermediate_size, moe.expert_bias, spec.mlp_gated)
     routed = spec.num_moe_layers * moe.num_experts * expert
     shared = spec.num_moe_layers * moe.num_shared_experts * _gated_mlp(
-        h, moe.shared_intermediate_size, False)
-    per_router = moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
+        h, moe.shared_intermediate_size, False, spec.mlp_gated)
+    per_router = (moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
+                  + h * moe.shared_expert_gate)
     router = spec.num_moe_layers * per_router
   embeddings = spec.vocab_size * h
   return ParamCounts(
@@ -195,21 +231,24 @@ def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarr
 
 
 def bytes_per_weight(dtype: str, group_size: int | None = None,
-                     scale_bytes: float = DEFAULT_SCALE_BYTES) -> float:
+                     scale_bytes: float | None = None) -> float:
   """Bytes per stored weight, group-scale overhead included.
 
   bf16/fp16: 2. fp8/int8: 1 (per-tensor or per-channel scales, negligible,
-  unless `group_size` is given). int4: 0.5 + scale_bytes/group_size, with
-  groups of 128 by default (0.515625 with 2-byte scales).
+  unless `group_size` is given, then 2-byte scales). int4: 0.5 + 2/128 =
+  0.515625 by default. mxfp4: 0.5 + 1/32 = 0.53125. nvfp4: 0.5 + 1/16 =
+  0.5625. `scale_bytes` overrides the dtype's scale size.
   """
   errors.require_choice("weight_dtype", dtype, tuple(WEIGHT_DTYPES))
-  bits, default_group = WEIGHT_DTYPES[dtype]
+  bits, default_group, default_scale = WEIGHT_DTYPES[dtype]
+  if scale_bytes is None:
+    scale_bytes = default_scale if default_group else DEFAULT_SCALE_BYTES
   if group_size is not None:
     errors.require_positive_int("group_size", group_size)
     if bits >= 16:
       raise errors.InputError(
           f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
-          "only quantized dtypes (fp8, int8, int4) have group scales."
+          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales."
       )
   errors.require_non_negative("scale_bytes", scale_bytes)
   group = group_size or default_group
@@ -220,7 +259,7 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
 
 def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *,
                  group_size: int | None = None,
-                 scale_bytes: float = DEFAULT_SCALE_BYTES) -> dict[str, float]:
+                 scale_bytes: float | None = None) -> dict[str, float]:
   """Bytes of the total and active weights, every weight stored in `dtype`.
 
   Assumes norms, biases and embeddings are stored like the rest; they are

@@ -17,10 +17,11 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.specs import kv_sizing
+from jaxroof.symbolic import architecture
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator, load_accelerator
 from jaxroof.symbolic.evaluate import step_model
-from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs.model_spec import LINEAR_ATTENTION, MAMBA2, ModelSpec
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 
@@ -71,11 +72,12 @@ class DecodeInputs:
 def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
            batch: np.ndarray, weight_dtype: str, kv_dtype: str, block_size: int,
            workspace_fraction: float, max_new_tokens: int = 0,
-           group_size: int | None = None) -> DecodeInputs:
+           group_size: int | None = None, state_dtype: str | None = None) -> DecodeInputs:
   counts = parameter_counts(model)
   q = params.bytes_per_weight(weight_dtype, group_size)
   sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype,
-                             block_size=block_size, max_new_tokens=max_new_tokens)
+                             block_size=block_size, max_new_tokens=max_new_tokens,
+                             state_dtype=state_dtype)
   resident = counts.total * q
   fit = kv_sizing.capacity(sizing, weight_bytes=resident,
                            memory_capacity_bytes=accelerator.memory_capacity_bytes,
@@ -95,14 +97,21 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
       f"memory fit: all {counts.total / 1e9:.3g}B weights + batch x allocated K/V "
       f"(pages of {block_size} tokens) <= capacity x (1 - {workspace_fraction:g})",
   ]
+  states = [k for k in sizing.kinds if k.state_dtype]
+  if states and any(k.kind in (LINEAR_ATTENTION, MAMBA2) for k in states):
+    held = ", ".join(f"{k.layers} {k.kind} blocks {k.state_bytes / 1e6:,.1f} MB "
+                     f"({k.state_dtype} state)" for k in states)
+    assumptions.append(f"each sequence's recurrent state read once per step and held "
+                       f"in memory whatever its length: {held} (in k = payload / T)")
   if compute_dtype != weight_dtype:
     assumptions.append(f"{weight_dtype} weights multiply at the {compute_dtype} rate")
   if not counts.tied:
     assumptions.append("the embedding lookup reads one row per sequence, not the table")
   if model.is_moe:
     assumptions.append(
-        "uniform routing (assumption): each MoE block reads E*(1 - (1 - k/E)**B) "
-        f"distinct experts of {counts.num_experts}, top-{counts.experts_per_token}")
+        "uniform routing (assumption): each MoE block reads "
+        f"{architecture.expected_distinct_experts()} distinct experts of E = "
+        f"{counts.num_experts}, top-K = {counts.experts_per_token}")
   return DecodeInputs(
       model=model.name, accelerator=accelerator.name, context=context,
       batch_sizes=batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
@@ -127,6 +136,7 @@ def decode_step_inputs(
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
     max_new_tokens: int = 0,
     group_size: int | None = None,
+    state_dtype: str | None = None,
 ) -> DecodeInputs:
   """Step-model inputs for decoding `batch_sizes` sequences of `context` tokens.
 
@@ -141,6 +151,9 @@ def decode_step_inputs(
     workspace_fraction: share of device memory kept free, in [0, 1).
     max_new_tokens: further tokens per sequence reserved up front (fit only).
     group_size: weights per quantization scale (`params.bytes_per_weight`).
+    state_dtype: recurrent-state matrix dtype (`kv_sizing.size_kv`); the
+      state bytes per sequence enter the step's K/V traffic through k and
+      the memory fit through the allocation.
   """
   context = errors.require_positive_int("context", context)
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batch_sizes))
@@ -148,7 +161,8 @@ def decode_step_inputs(
   return _build(model, accelerator, context=context, batch=batch,
                 weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                 block_size=block_size, workspace_fraction=workspace_fraction,
-                max_new_tokens=max_new_tokens, group_size=group_size)
+                max_new_tokens=max_new_tokens, group_size=group_size,
+                state_dtype=state_dtype)
 
 
 @dataclasses.dataclass(frozen=True)

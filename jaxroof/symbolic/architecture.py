@@ -9,21 +9,27 @@ Per-layer terms (a model sums them over its layer schedule):
   full attention   2*H_kv*d*b bytes per retained token;
   sliding window   the same per token, for at most W tokens;
   latent (MLA)     (r_kv + d_rope)*b bytes per retained token;
-  recurrent (SSM)  d_inner*(d_state + d_conv)*b bytes per sequence, fixed.
+  recurrent (SSM)  d_inner*(d_state + d_conv)*b bytes per sequence, fixed;
+  chunked local    the same per token as full, for at most W_chunk tokens;
+  linear attention (Gated DeltaNet) H_lv*d_lk*d_lv*b_s + conv window, fixed;
+  Mamba-2          H_m*d_m*d_state*b_s + conv window, fixed.
+
+Recurrent states keep their matrix in the state dtype (b_s bytes, fp32 in
+most engines) and their convolution window (d_conv taps per channel) in b.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 
 import sympy as sp
 
 from jaxroof.symbolic import formulas
+from jaxroof.symbolic.evaluate import formula_function
 from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
     ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
-    W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w)
+    W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w,
+    P, H_lk, H_lv, H_m, W_chunk, b_s, c_state, d_lk, d_lv, d_m, n_g)
 
 Expr = sp.Expr
 
@@ -161,7 +167,101 @@ def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) 
   return bits / 8 + s_b / G
 
 
-@functools.cache
+def chunked_tokens(T: Expr = T, W_chunk: Expr = W_chunk) -> Expr:
+  """Tokens a chunked-local-attention block keeps: `Min(T, W_chunk)`.
+
+  A query attends only to the tokens of its own chunk of W_chunk positions
+  (`chunked_attended_tokens`), so no block needs more than one chunk of
+  K/V; engines hold a chunk-sized buffer (Hugging Face's chunked cache).
+  """
+  T, W_chunk = _s(T, W_chunk)
+  return sp.Min(T, W_chunk)
+
+
+def chunked_attended_tokens(T: Expr = T, W_chunk: Expr = W_chunk) -> Expr:
+  """Positions the newest query of a chunked block attends to: its own chunk so far."""
+  T, W_chunk = _s(T, W_chunk)
+  return T - W_chunk * sp.floor((T - 1) / W_chunk)
+
+
+def mamba1_state_bytes(
+    d_inner: Expr = d_inner, d_state: Expr = d_state, d_conv: Expr = d_conv,
+    b_s: Expr = b_s, b: Expr = b,
+) -> Expr:
+  """State of ONE Mamba-1 block per sequence with the SSM matrix in its own dtype.
+
+  `ssm_state_bytes` with b_s bytes for the d_inner x d_state matrix and b
+  for the d_inner x d_conv convolution window (equal when b_s = b).
+  """
+  d_inner, d_state, d_conv, b_s, b = _s(d_inner, d_state, d_conv, b_s, b)
+  return d_inner * d_state * b_s + d_inner * d_conv * b
+
+
+def linear_attention_state_bytes(
+    H_lk: Expr = H_lk, H_lv: Expr = H_lv, d_lk: Expr = d_lk, d_lv: Expr = d_lv,
+    d_conv: Expr = d_conv, b_s: Expr = b_s, b: Expr = b,
+) -> Expr:
+  """State of ONE Gated DeltaNet block per sequence, whatever its length.
+
+  One d_lk x d_lv matrix per value head (H_lv*d_lk*d_lv elements, b_s
+  bytes each) plus the short convolution window over the q, k and v
+  channels ((2*H_lk*d_lk + H_lv*d_lv) channels x d_conv taps, b bytes).
+  """
+  H_lk, H_lv, d_lk, d_lv, d_conv, b_s, b = _s(H_lk, H_lv, d_lk, d_lv, d_conv, b_s, b)
+  return H_lv * d_lk * d_lv * b_s + (2 * H_lk * d_lk + H_lv * d_lv) * d_conv * b
+
+
+def mamba2_state_bytes(
+    H_m: Expr = H_m, d_m: Expr = d_m, d_state: Expr = d_state, n_g: Expr = n_g,
+    d_conv: Expr = d_conv, b_s: Expr = b_s, b: Expr = b,
+) -> Expr:
+  """State of ONE Mamba-2 block per sequence, whatever its length.
+
+  The SSM state, H_m heads x d_m coordinates x d_state (b_s bytes each),
+  plus the convolution window over x, B and C ((H_m*d_m + 2*n_g*d_state)
+  channels x d_conv taps, b bytes).
+  """
+  H_m, d_m, d_state, n_g, d_conv, b_s, b = _s(H_m, d_m, d_state, n_g, d_conv, b_s, b)
+  return H_m * d_m * d_state * b_s + (H_m * d_m + 2 * n_g * d_state) * d_conv * b
+
+
+def hybrid_block_size(state: Expr = s, per_token: Expr = k, align: Expr = 16) -> Expr:
+  """Tokens per attention page when one page must hold one layer's state.
+
+  vLLM's hybrid rule (`HybridAttentionMambaModelConfig`): with `per_token`
+  the K/V bytes of one token in one attention layer and `state` one layer's
+  recurrent state, `align*ceiling(state/(align*per_token))` tokens, so both
+  share one pool of equal pages (the state page padded up to it).
+  """
+  state, per_token, align = _s(state, per_token, align)
+  return align * sp.ceiling(state / (align * per_token))
+
+
+def recurrent_prefill_flops(P: Expr = P, n: Expr | None = None,
+                            c_state: Expr = c_state) -> Expr:
+  """FLOPs a linear-attention or Mamba block spends on its state over a P-token prompt.
+
+  `c_state*P*n` for a state of n elements: every prompt token updates and
+  reads the whole state once, so the cost is linear in P, with no P**2
+  term (chunked scan kernels reorder the work but keep this count's order).
+  n defaults to a Gated DeltaNet state, H_lv*d_lk*d_lv (Mamba-2: H_m*d_m*d_state).
+  """
+  n = H_lv * d_lk * d_lv if n is None else n
+  P, n, c_state = _s(P, n, c_state)
+  return c_state * P * n
+
+
+def attention_prefill_flops(P: Expr = P, H: Expr = H, d: Expr = d) -> Expr:
+  """FLOPs of causal attention over a P-token prompt in ONE block: `2*H*d*P*(P + 1)`.
+
+  `Q K^T` and `P V` over the P*(P + 1)/2 causal pairs, 2 FLOPs per
+  multiply-add each, for H query heads of d coordinates: quadratic in P,
+  which the recurrent blocks' `recurrent_prefill_flops` avoids.
+  """
+  P, H, d = _s(P, H, d)
+  return 2 * H * d * P * (P + 1)
+
+
 def numpy_function(formula: Callable[..., Expr]) -> Callable[..., object]:
   """`formula`'s closed form lambdified once for numpy (array arguments).
 
@@ -169,5 +269,4 @@ def numpy_function(formula: Callable[..., Expr]) -> Callable[..., object]:
   `numpy_function(expected_distinct_experts)(B_array, 8, 2)` evaluates the
   same expression sympy prints.
   """
-  defaults = [v.default for v in inspect.signature(formula).parameters.values()]
-  return sp.lambdify(tuple(defaults), formula(), modules="numpy", cse=True)
+  return formula_function(formula)

@@ -16,6 +16,7 @@ N; MoE: active weights, while N counts the weights the step actually reads).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -51,6 +52,21 @@ def lambdified(outputs: Mapping[str, sp.Expr], inputs: Sequence[sp.Symbol],
     if missing:
       raise TypeError(f"missing inputs {missing}; expected {list(input_names)}")
     return dict(zip(names, fn(*(values[n] for n in input_names))))
+
+  return evaluate
+
+
+@functools.cache
+def formula_function(formula: Callable[..., sp.Expr], backend: Backend = "numpy"
+                     ) -> Callable[..., Any]:
+  """A formula function's closed form as a numeric function of its own
+  arguments, in order (their defaults are the symbols): `lambdified` once."""
+  symbols = tuple(p.default for p in inspect.signature(formula).parameters.values())
+  fn = lambdified({"value": formula()}, symbols, backend)
+  names = tuple(str(s) for s in symbols)
+
+  def evaluate(*args: Any) -> Any:
+    return fn(**dict(zip(names, args)))["value"]
 
   return evaluate
 
@@ -117,3 +133,19 @@ def summary_model(backend: Backend = "numpy") -> Evaluator:
                                    solved.memory_limit_rate(),
                                    solved.compute_crossover_batch())))
   return _dense_default(lambdified(exprs, SUMMARY_INPUTS, backend))
+
+
+@functools.cache
+def communication_model(backend: Backend = "numpy") -> Evaluator:
+  """Adds communication to a step: `f(B=, t_floor=, t_comm=, o_ovl=)` ->
+  `step_s`, `aggregate_tokens_per_s`, `per_sequence_tokens_per_s`.
+
+  `jaxroof.symbolic.parallel.with_overlap`: serial at `o_ovl = 0`.
+  """
+  from jaxroof.symbolic import parallel  # Deferred: single-chip users never need it.
+  from jaxroof.symbolic.symbols import o_ovl, t_comm, t_floor
+
+  step = parallel.with_overlap(t_floor, t_comm, o_ovl)
+  outputs = {"step_s": step, "aggregate_tokens_per_s": formulas.aggregate_rate(B, step),
+             "per_sequence_tokens_per_s": formulas.per_sequence_rate(step)}
+  return lambdified(outputs, (B, t_floor, t_comm, o_ovl), backend)

@@ -119,15 +119,25 @@ class StepModel:
     return BW, (math.inf if F is None else F)
 
   def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F,
-               N_act=None, L=None) -> dict[str, Any]:
+               N_act=None, L=None, comm_s=None) -> dict[str, Any]:
     """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
-    calibrated per-layer fixed cost; None leaves it out."""
+    calibrated per-layer fixed cost; None leaves it out. `comm_s` (several
+    chips: communication on the step's path, s) adds to the step serially
+    and is returned as an output; None leaves the outputs as they were."""
     if self.kind == "bound":
-      return evaluate.step_model(backend)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, N_act=N_act)
-    values = with_dense_default(
-        {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
-         "L": 0.0 if L is None else L})
-    return calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+      out = evaluate.step_model(backend)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, N_act=N_act)
+    else:
+      values = with_dense_default(
+          {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
+           "L": 0.0 if L is None else L})
+      out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+    if comm_s is None:
+      return out
+    out = dict(out)
+    out.update(evaluate.communication_model(backend)(B=B, t_floor=out["step_s"],
+                                                     t_comm=comm_s, o_ovl=0.0))
+    out["comm_s"] = comm_s
+    return out
 
   def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:
     """Crossovers and rate limits (solved symbolically), as floats."""

@@ -9,7 +9,7 @@ same columns either way, plus the calibrated terms when there are any.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,8 @@ def estimate_rows(batches: Sequence[int], outputs: dict[str, Any], *,
       row["compute_s"] = None
     row["bound"] = ("memory" if memory_only or row["memory_s"] >= row["compute_s"]
                     else "compute")
+    if row.get("comm_s", 0.0) > max(row["memory_s"], row["compute_s"] or 0.0):
+      row["bound"] = "communication"
     rows.append(row)
   return rows
 
@@ -77,6 +79,9 @@ def sweep(
     fits: Sequence[bool] | None = None,
     token_gap_s: float | None = None,
     crossovers: Mapping[str, float | None] | None = None,
+    weights_read: Callable[[np.ndarray], np.ndarray] | None = None,
+    max_batch_in_memory: int | None = None,
+    comm_s: float | np.ndarray | None = None,
 ) -> dict[str, Any]:
   """Evaluates a step model, bound or calibrated, at each batch size.
 
@@ -98,6 +103,13 @@ def sweep(
     crossovers: the weight/KV and compute crossover batches when the caller
       solved them for weights that vary with batch (MoE); they replace the
       crossovers of the largest N.
+    weights_read: N as a function of batch (MoE: the distinct experts read),
+      for the solved answer at batches that were not swept; None: N is fixed.
+    max_batch_in_memory: the most sequences whose K/V fits beside the weights,
+      a limit on the answer.
+    comm_s: several chips: communication time on the step's path, s (one
+      number or one per batch), added serially; rows gain `comm_s` and may
+      be bound by "communication". None: one chip, rows as before.
 
   Returns:
     `{"kind", "units", "assumptions", "rows", "summary"}`, and for a
@@ -114,7 +126,9 @@ def sweep(
   n_act = None if N_act is None else np.broadcast_to(
       np.asarray(N_act, dtype=float), (len(batches),))
   out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
-                       BW=bw, F=flop_rate, N_act=n_act, L=layers)
+                       BW=bw, F=flop_rate, N_act=n_act, L=layers,
+                       comm_s=None if comm_s is None else np.broadcast_to(
+                           np.asarray(comm_s, dtype=float), (len(batches),)))
   rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
 
   summary = model.summary(N=float(np.max(n_read)), q=q, T=T, k=k, BW=bw, F=flop_rate,
@@ -138,12 +152,23 @@ def sweep(
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
   mark_targets(rows, summary, fits=fits, token_gap_s=token_gap_s)
-  if token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0:
+  if comm_s is not None:
+    notes.append("crossovers leave communication out; step_s and the rates include it")
+  if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0
+      and comm_s is None):
     # The closed form needs one N for every batch.
     gap_batch = float(solved.max_batch_for_token_gap(
         t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
         N_act=float(n_read[0]) if n_act is None else float(n_act[0])))
     summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
+  if token_gap_s is not None:
+    # Several chips: the answer adds the largest swept communication time (the
+    # collectives grow with batch, so this is conservative between swept batches).
+    summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
+        lambda batch: np.full(np.shape(batch), float(np.max(n_read)))), dict(
+            q=q, T=T, k=k, BW=bw, F=flop_rate, L=layers,
+            N_act=None if n_act is None else float(np.max(n_act)),
+            comm_s=None if comm_s is None else float(np.max(comm_s)))))
   summary["notes"] = notes
   result = {
       "kind": model.kind,
@@ -158,6 +183,53 @@ def sweep(
                           "BW": bw, "F": None if math.isinf(flop_rate) else flop_rate,
                           "given_BW": BW, "given_F": F}
   return result
+
+
+def largest_batch_within(step_s: Callable[[np.ndarray], np.ndarray], limit_s: float,
+                         upper: int = 2**40) -> int:
+  """The largest whole batch B >= 1 with `step_s(B) <= limit_s` (0 if none).
+
+  The step time rises with B (more K/V, more FLOPs), so a doubling search
+  then a bisection over whole numbers finds it in ~80 evaluations. A step
+  equal to the limit meets it (to a relative 1e-12, for float rounding).
+  """
+  def within(batch: int) -> bool:
+    return bool(np.asarray(step_s(np.array([float(batch)])))[0] <= limit_s * (1 + 1e-12))
+
+  if not within(1):
+    return 0
+  lo, hi = 1, 2
+  while hi < upper and within(hi):
+    lo, hi = hi, 2 * hi
+  if hi >= upper:
+    return upper
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if within(mid) else (lo, mid)
+  return lo
+
+
+def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | None,
+            weights_read: Callable[[np.ndarray], np.ndarray], inputs: dict[str, Any]
+            ) -> dict[str, Any]:
+  """The solved answer to a token-gap target: the largest batch that meets it
+  and fits, what limits it, and which term binds the step there."""
+  def step_s(batch: np.ndarray) -> np.ndarray:
+    return model.evaluate(B=batch, N=weights_read(batch), **inputs)["step_s"]
+
+  limits = {"token_gap": largest_batch_within(step_s, token_gap_s)}
+  if max_batch_in_memory is not None:
+    limits["memory_capacity"] = int(max_batch_in_memory)
+  binds = min(limits, key=limits.get)  # Ties: the token gap, listed first.
+  batch = limits[binds]
+  if batch < 1:
+    return {"answer_batch": None, "answer_binds": binds, "answer_step_bound": None}
+  out = model.evaluate(B=np.array([float(batch)]), N=weights_read(np.array([float(batch)])),
+                       **inputs)
+  memory_s, compute_s = float(out["memory_s"][0]), float(np.asarray(out["compute_s"])[0])
+  return {"answer_batch": batch, "answer_binds": binds,
+          "answer_step_s": float(np.asarray(out["step_s"])[0]),
+          "answer_step_bound": "memory" if memory_s >= compute_s else "compute"}
 
 
 def decode_sweep(batch_sizes: Sequence[int], **kwargs: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "prefill_factors": []}
+                                      "prefill_factors": [], "parallel": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -85,6 +85,18 @@ bits = _define("bits", "bit", "bits per stored weight", _A)
 G = _define("G", "weights", "weights sharing one quantization scale", _A)
 s_b = _define("s_b", "B", "bytes per quantization scale", _A)
 
+# Hybrid architectures (issue 16): chunked attention, linear attention, Mamba-2.
+W_chunk = _define("W_chunk", "tokens", "chunked-local-attention chunk (attention_chunk_size)", _A)
+H_lk = _define("H_lk", "heads", "linear-attention key heads (Gated DeltaNet)", _A)
+H_lv = _define("H_lv", "heads", "linear-attention value heads (Gated DeltaNet)", _A)
+d_lk = _define("d_lk", "coordinates", "coordinates per linear-attention key head", _A)
+d_lv = _define("d_lv", "coordinates", "coordinates per linear-attention value head", _A)
+H_m = _define("H_m", "heads", "Mamba-2 heads", _A)
+d_m = _define("d_m", "coordinates", "coordinates per Mamba-2 head", _A)
+n_g = _define("n_g", "groups", "Mamba-2 B/C groups (n_groups)", _A)
+b_s = _define("b_s", "B", "bytes per recurrent-state element (state dtype)", _A)
+c_state = _define("c_state", "FLOP/element", "FLOPs per state element per token (update and read-out)", _A)
+
 # Calibrated model: efficiency factors and fixed costs (`calibrated.py`).
 _C = "factors"
 eta_w = _define("eta_w", "1", "achieved fraction of BW streaming weights", _C)
@@ -102,10 +114,34 @@ eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
 L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
                  "prompt", _A)
 
+# Parallel layouts over several chips (`jaxroof.symbolic.parallel`).
+_P = "parallel"
+tp = _define("tp", "chips", "tensor-parallel degree (heads and MLP columns split)", _P)
+pp = _define("pp", "stages", "pipeline stages (blocks split into consecutive groups)", _P)
+ep = _define("ep", "groups", "expert-parallel degree (routed experts spread over groups)", _P)
+dp = _define("dp", "replicas", "data-parallel replicas, each serving its own batch", _P)
+m_mb = _define("m_mb", "microbatches", "microbatches a pipelined batch is split into", _P)
+D = _define("D", "coordinates", "hidden width of the residual stream", _P)
+V = _define("V", "tokens", "vocabulary size", _P)
+a_act = _define("a_act", "B", "bytes per activation element sent between chips", _P)
+n_blk = _define("n_blk", "blocks", "blocks with a tensor-parallel mixer and MLP", _P)
+u_kv = _define("u_kv", "units", "K/V split units: KV heads (1 for an MLA latent)", _P)
+N_x = _define("N_x", "weights", "routed-expert weights read in a step", _P)
+W_ic = _define("W_ic", "B/s", "interconnect bandwidth a chip sends at in a collective", _P)
+t_hop = _define("t_hop", "s", "latency per hop (step) of a collective", _P)
+n_r = _define("n_r", "chips", "ranks taking part in one collective", _P)
+S_b = _define("S_b", "B", "bytes of the array a collective reduces or gathers", _P)
+o_ovl = _define("o_ovl", "1", "fraction of communication hidden under the step (0..1)", _P)
+t_floor = _define("t_floor", "s", "step time of memory and compute alone", _P)
+t_comm = _define("t_comm", "s", "communication time on a step's critical path", _P)
+t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
+t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
+
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
+PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 

@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxroof import errors
 from jaxroof.toy.config import ToyConfig
 
 # Einsum letters used throughout the model:
@@ -119,3 +120,24 @@ def _init_params(config: ToyConfig, key: jax.Array, dtype: jnp.dtype):
 def num_weights(params: Params) -> int:
   """Weights in the pytree (embedding tables included)."""
   return sum(x.size for x in jax.tree_util.tree_leaves(params))
+
+
+MEMORY_LIMIT_BYTES = 4e9  # The toy runs on a 2 GB-budget machine; leave room to spare.
+
+
+def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int,
+                 limit_bytes: float = MEMORY_LIMIT_BYTES) -> float:
+  """Estimates the toy's memory (weights, K/V cache, logits) without allocating
+  it, and refuses a configuration over `limit_bytes`, naming the estimate."""
+  shapes = jax.eval_shape(lambda key: init_params(config, key, jnp.float32),
+                          jax.random.key(0))
+  weights = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
+  cache = 2 * config.num_blocks * batch * positions * config.num_kv_heads * config.head_dim
+  logits = batch * positions * config.vocab_size
+  total = float((weights + cache + logits) * itemsize)
+  if total > limit_bytes:
+    raise errors.InputError(
+        f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch} x "
+        f"{positions} positions of K/V and logits at {itemsize} B) over the "
+        f"{limit_bytes / 1e9:g} GB limit: use smaller sizes.")
+  return total

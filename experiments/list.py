@@ -1,0 +1,79 @@
+"""What `--model`, `--accelerator` and the dtype flags accept, with sources.
+
+  python -m experiments.list                 # models and accelerators
+  python -m experiments.list --what=dtypes   # weight and K/V dtypes
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from experiments import _cli
+from jaxroof import files
+from jaxroof.report import table
+from jaxroof.specs import accelerators
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import models
+from jaxroof.specs import parameters
+
+_WHAT = flags.DEFINE_enum("what", "all", ["all", "models", "accelerators", "dtypes"],
+                          "What to list.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write the lists as JSON here.")
+
+
+def model_rows() -> list[dict]:
+  rows = []
+  for name in models.shipped_models():
+    spec = models.load_model(name)
+    counts = parameters.parameter_counts(spec)
+    rows.append({"name": name, "layers": spec.num_layers,
+                 "parameters": counts.total, "active_parameters": counts.active,
+                 "kinds": sorted(set(spec.layer_kinds)), "source": spec.source})
+  return rows
+
+
+def accelerator_rows() -> list[dict]:
+  rows = []
+  for name in accelerators.known_accelerators():
+    device = accelerators.load_accelerator(name)
+    rows.append({"name": name, "full_name": device.full_name,
+                 "memory_bytes": device.memory_capacity_bytes,
+                 "bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
+                 "dense_flops_per_s": dict(device.flops_per_s), "tdp_w": device.tdp_w})
+  return rows
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  what = _WHAT.value
+  out: dict = {}
+  if what in ("all", "models"):
+    out["models"] = model_rows()
+    print(table.format_table(
+        ("model (--model)", "layers", "params B", "active B", "layer kinds"),
+        [[r["name"], r["layers"], f"{r['parameters'] / 1e9:,.2f}",
+          f"{r['active_parameters'] / 1e9:,.2f}", ", ".join(r["kinds"])]
+         for r in out["models"]]))
+    print("or give a path to a Hugging Face config.json (or its folder).\n")
+  if what in ("all", "accelerators"):
+    out["accelerators"] = accelerator_rows()
+    print(table.format_table(
+        ("accelerator (--accelerator)", "name", "memory GB", "TB/s", "bf16 TFLOP/s"),
+        [[r["name"], r["full_name"], f"{r['memory_bytes'] / 1e9:,.0f}",
+          f"{r['bandwidth_bytes_per_s'] / 1e12:,.2f}",
+          f"{r['dense_flops_per_s'].get('bf16', 0) / 1e12:,.0f}"]
+         for r in out["accelerators"]]))
+    print("or give your own with --accelerator_file=PATH (the same JSON schema).\n")
+  if what in ("all", "dtypes"):
+    out["weight_dtypes"] = {d: parameters.bytes_per_weight(d) for d in parameters.WEIGHT_DTYPES}
+    out["kv_dtypes"] = dict(kv_sizing.KV_DTYPES)
+    print("weight dtypes (bytes/weight, scales included): " + ", ".join(
+        f"{d} {q:g}" for d, q in out["weight_dtypes"].items()))
+    print("K/V dtypes (bytes/element): " + ", ".join(
+        f"{d} {b:g}" for d, b in out["kv_dtypes"].items()))
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, out)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

@@ -1,0 +1,277 @@
+"""A parallel layout (tp, pp, ep, dp) of a real model on real chips, validated.
+
+`Layout` holds the four degrees; `validate` checks them against a model and an
+accelerator (every error is one line naming the flag); `links` picks the
+interconnect figures a layout's collectives run at; `model_terms` reads
+the symbolic layer's architecture inputs (blocks, width, K/V split units)
+from a `ModelSpec`; `per_chip` turns single-device step inputs into the
+per-chip ones and the communication time of `jaxroof.symbolic.parallel`.
+
+Chips per replica = tp x pp x ep (experts spread over ep groups of tp x pp
+chips); the fleet is dp replicas. A layout stays within the scale-up domain
+(an NVLink node, a TPU slice) unless a scale-out figure is recorded, then
+all its collectives run at the scale-out per-chip rate (the slower link binds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof.specs import parameters as params
+from jaxroof.specs.accelerators import Accelerator
+from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic import symbols as S
+
+DEFAULT_ACTIVATION_BYTES = 2.0  # bf16 activations on the wire.
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Degrees of parallelism; `microbatches` splits a pipelined decode batch."""
+
+  tp: int = 1
+  pp: int = 1
+  ep: int = 1
+  dp: int = 1
+  microbatches: int = 1
+
+  def __post_init__(self):
+    for flag in ("tp", "pp", "ep", "dp", "microbatches"):
+      value = getattr(self, flag)
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise errors.InputError(f"--{flag}={value!r} is not allowed: give a whole number >= 1.")
+
+  @property
+  def chips_per_replica(self) -> int:
+    return self.tp * self.pp * self.ep
+
+  @property
+  def chips(self) -> int:
+    return self.chips_per_replica * self.dp
+
+  @property
+  def is_single_chip(self) -> bool:
+    return self.chips == 1
+
+  def as_dict(self) -> dict[str, int]:
+    return {"tp": self.tp, "pp": self.pp, "ep": self.ep, "dp": self.dp,
+            "microbatches": self.microbatches, "chips": self.chips,
+            "chips_per_replica": self.chips_per_replica}
+
+
+def from_slice(layout: Layout, chips: int | None) -> Layout:
+  """Reconciles a slice's chip count (`--chips`, `8xh100-sxm`) with a layout.
+
+  A slice with the default layout is tensor parallel over all its chips; a
+  slice with a layout must hold exactly tp x pp x ep x dp chips.
+  """
+  if chips is None:
+    return layout
+  if isinstance(chips, bool) or not isinstance(chips, (int, np.integer)) or chips < 1:
+    raise errors.InputError(f"--chips={chips!r} is not allowed: give a whole number >= 1.")
+  if layout.chips == 1:
+    return dataclasses.replace(layout, tp=int(chips))
+  if layout.chips != chips:
+    raise errors.InputError(
+        f"--chips={chips} does not match tp*pp*ep*dp = {layout.chips}: give a layout whose "
+        "product is the slice's chips, or leave the layout out (tp = chips).")
+  return layout
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTerms:
+  """Architecture inputs of `jaxroof.symbolic.parallel` for one model."""
+
+  blocks: int  # n_blk: blocks with a tensor-parallel mixer and MLP.
+  width: int  # D.
+  vocab: int  # V.
+  heads: int  # Query heads (0 for a model without attention).
+  kv_units: int  # u_kv: K/V heads, 1 for MLA, channels for SSM state.
+  kv_rule: str
+  moe_blocks: int  # L_moe.
+  experts: int
+  top_k: int
+
+
+def model_terms(spec: ModelSpec) -> ModelTerms:
+  if spec.mla is not None:
+    heads, units = spec.mla.num_heads, 1
+    rule = "MLA latent shared by all heads: replicated on every tensor rank"
+  elif spec.attention is not None:
+    heads, units = spec.attention.num_heads, spec.attention.num_kv_heads
+    rule = (f"{units} K/V heads split across tp, replicated once tp > {units}"
+            + ("; sliding-window blocks split the same way" if spec.attention.sliding_window
+               else ""))
+  else:
+    heads, units = 0, spec.ssm.inner_size if spec.ssm else 1
+    rule = "recurrent state split by channels across tp"
+  moe = spec.moe
+  return ModelTerms(blocks=spec.num_layers, width=spec.hidden_size, vocab=spec.vocab_size,
+                    heads=heads, kv_units=units, kv_rule=rule,
+                    moe_blocks=spec.num_moe_layers,
+                    experts=moe.num_experts if moe else 0,
+                    top_k=moe.experts_per_token if moe else 0)
+
+
+def validate(layout: Layout, spec: ModelSpec, device: Accelerator) -> Layout:
+  """Checks a layout against a model and a device; returns it.
+
+  Raises:
+    InputError: one line naming the flag and what is allowed.
+  """
+  terms = model_terms(spec)
+  tp = layout.tp
+  if terms.heads and terms.heads % tp:
+    allowed = [x for x in range(1, terms.heads + 1) if terms.heads % x == 0]
+    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {terms.heads} query "
+                            f"heads: allowed tp values are {allowed}.")
+  if spec.attention is not None and spec.mla is None:
+    kv = terms.kv_units
+    if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
+      raise errors.InputError(f"--tp={tp} neither divides nor is a multiple of {spec.name}'s "
+                              f"{kv} K/V heads: heads cannot be split or replicated evenly.")
+  if not terms.heads and spec.ssm is not None and spec.ssm.inner_size % tp:
+    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
+                            "SSM channels.")
+  if layout.pp > spec.num_layers:
+    raise errors.InputError(f"--pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
+                            f"blocks: allowed 1..{spec.num_layers}.")
+  if layout.ep > 1:
+    if not spec.is_moe:
+      raise errors.InputError(f"--ep={layout.ep} needs a mixture-of-experts model; "
+                              f"{spec.name} is dense: use --ep=1.")
+    if terms.experts % layout.ep:
+      raise errors.InputError(f"--ep={layout.ep} does not divide {spec.name}'s "
+                              f"{terms.experts} experts.")
+  links(layout, device)
+  return layout
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkChoice:
+  bytes_per_s: float  # W_ic.
+  hop_latency_s: float  # t_hop.
+  network: str  # "scale-up" or "scale-out" (or "none" for one chip).
+  note: str
+
+
+def links(layout: Layout, device: Accelerator) -> LinkChoice:
+  """The interconnect figures one replica's collectives run at.
+
+  Raises:
+    InputError: a replica larger than the scale-up domain with no scale-out
+      figure recorded.
+  """
+  net = device.links
+  if layout.chips_per_replica == 1:
+    return LinkChoice(1.0, 0.0, "none", "one chip per replica: no communication")
+  if net is None:
+    raise errors.InputError(f"--tp/--pp/--ep: {device.name} has no interconnect figures; "
+                            "use tp = pp = ep = 1.")
+  if layout.chips_per_replica <= net.domain_chips:
+    return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
+                      f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
+                      f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
+                      f"({net.hop_latency_basis})")
+  if net.scale_out_bytes_per_s is None:
+    raise errors.InputError(
+        f"--tp*--pp*--ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
+        f"domain of {net.domain_chips} ({net.domain_unit}) and no scale-out figure is "
+        f"recorded: allowed tp*pp*ep <= {net.domain_chips} (use --dp for more chips).")
+  rate = min(net.scale_out_bytes_per_s, net.collective_bytes_per_s)
+  return LinkChoice(rate, net.hop_latency_s, "scale-out",
+                    f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "
+                    f"scale-up domain: collectives at the scale-out {rate / 1e9:g} GB/s per chip "
+                    f"(the slower link binds), {net.hop_latency_s * 1e6:g} us per hop")
+
+
+@functools.cache
+def decode_model(algorithm: str = "ring"):
+  """The lambdified per-chip decode step of `jaxroof.symbolic.parallel`."""
+  inputs = (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb,
+            S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.W_ic, S.t_hop, S.o_ovl)
+  return lambdified(sym.decode_outputs(algorithm), inputs)
+
+
+@functools.cache
+def prefill_model(algorithm: str = "ring"):
+  inputs = (S.P, S.N, S.N_x, S.q, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.L_moe, S.K,
+            S.n_blk, S.D, S.V, S.a_act, S.W_ic, S.t_hop, S.o_ovl)
+  return lambdified(sym.prefill_outputs(algorithm), inputs)
+
+
+def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
+                  activation_bytes: float = DEFAULT_ACTIVATION_BYTES,
+                  overlap: float = 0.0) -> dict[str, Any]:
+  """The layout's and model's symbol values (tp, pp, ..., W_ic, t_hop) by name."""
+  terms = model_terms(spec)
+  return {"tp": float(layout.tp), "pp": float(layout.pp), "ep": float(layout.ep),
+          "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
+          "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
+          "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
+          "a_act": activation_bytes, "W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s,
+          "o_ovl": overlap}
+
+
+def expert_weights_read(spec: ModelSpec, batch: np.ndarray) -> np.ndarray:
+  """N_x: routed-expert weights a step reads at each batch (0 for a dense model)."""
+  counts = params.parameter_counts(spec)
+  if not counts.moe_layers:
+    return np.zeros_like(np.asarray(batch, dtype=float))
+  rows = 0.0 if counts.tied else np.asarray(batch, dtype=float) * counts.hidden_size
+  return params.weights_read_per_step(counts, batch) - counts.read_every_step - rows
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipMemory:
+  """Per-chip memory of a layout: resident weights, K/V per sequence, fit."""
+
+  resident_weight_bytes: float
+  kv_allocated_bytes_per_sequence: float
+  usable_bytes: float
+  max_batch_per_replica: int
+
+
+def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
+                resident_weight_bytes: float, expert_weight_bytes: float,
+                kv_allocated_bytes_per_sequence: float,
+                workspace_fraction: float) -> ChipMemory:
+  """Weights and K/V on the busiest chip, and the batch a replica fits.
+
+  Dense weights divide by tp*pp, routed experts by tp*pp*ep; each chip keeps
+  `Max(1/tp, 1/u_kv) / pp` of a sequence's K/V, and a replica's sequences
+  split over its ep groups.
+  """
+  terms = model_terms(spec)
+  resident = ((resident_weight_bytes - expert_weight_bytes) / (layout.tp * layout.pp)
+              + expert_weight_bytes / layout.chips_per_replica)
+  share = max(1 / layout.tp, 1 / terms.kv_units) / layout.pp
+  kv = kv_allocated_bytes_per_sequence * share
+  usable = device.memory_capacity_bytes * (1 - workspace_fraction) - resident
+  per_group = int(np.floor(usable / kv)) if usable > 0 and kv > 0 else 0
+  if usable > 0 and kv == 0:
+    per_group = 10**9
+  return ChipMemory(resident, kv, usable, max(per_group, 0) * layout.ep)
+
+
+def layout_assumptions(layout: Layout, spec: ModelSpec, link: LinkChoice) -> list[str]:
+  terms = model_terms(spec)
+  return [
+      f"layout tp={layout.tp} pp={layout.pp} ep={layout.ep} dp={layout.dp} "
+      f"({layout.chips_per_replica} chips per replica, {layout.chips} in all)",
+      "tensor parallel (Megatron): 2 all-reduces of (B, D) activations per block and 1 for "
+      "the vocabulary-split embedding lookup, ring algorithm, bf16 on the wire; logits "
+      "all-gathered; embedding and LM head split by vocabulary",
+      f"K/V: {terms.kv_rule}",
+      "pipeline: one microbatch, stages in series; each hand-off (B, D) one hop",
+      "experts: routed experts over ep groups, the rest replicated; two all-to-alls per MoE "
+      "block; sequences split over the groups",
+      f"communication serial with memory and compute (no overlap): {link.note}",
+  ]

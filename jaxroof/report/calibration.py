@@ -1,0 +1,144 @@
+"""The calibration, displayed: ceilings and factors as tables, measured vs
+predicted as a plot, and the report's calibration section."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxroof import files
+from jaxroof.measure import calibration_job
+from jaxroof.measure import ceilings
+from jaxroof.measure import profiles
+from jaxroof.report import plots
+from jaxroof.report import table
+from jaxroof.symbolic import calibrated
+from jaxroof.symbolic.symbols import FACTOR_QUANTITIES
+
+
+def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
+         title: str) -> None:
+  """Measured against calibrated step time, log-log, with 10%/25% bands."""
+  fig, ax = plots.plt.subplots(figsize=(6.5, 6))
+  styles = {"train": ("o", "tab:blue", "training"),
+            "heldout": ("s", "tab:red", "held out"),
+            "validation": ("D", "tab:green", "validation")}
+  values = [v for p in points for v in (p["measured_s"], p["predicted_s"])]
+  low, high = min(values) / 1.5, max(values) * 1.5
+  line = np.geomspace(low, high, 50)
+  ax.plot(line, line, color="black", linewidth=1, label="predicted = measured")
+  for band, shade in ((0.10, 0.25), (0.25, 0.12)):
+    ax.fill_between(line, line * (1 - band), line * (1 + band), color="gray",
+                    alpha=shade, linewidth=0, label=f"±{band:.0%}")
+  for subset, (marker, color, label) in styles.items():
+    chosen = [p for p in points if p.get("set", "validation") == subset]
+    if chosen:
+      ax.scatter([p["measured_s"] for p in chosen],
+                 [p["predicted_s"] for p in chosen], marker=marker,
+                 color=color, label=f"{label} ({len(chosen)})", s=24)
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlim(low, high)
+  ax.set_ylim(low, high)
+  ax.set_xlabel("measured step time, s")
+  ax.set_ylabel("calibrated prediction, s")
+  ax.set_title(title, fontsize=9)
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8, loc="upper left")
+  plots.save(fig, path)
+
+
+def title(prof: profiles.Profile) -> str:
+  return (f"Toy decode step on {prof.device_kind} ({prof.platform}, "
+          f"{prof.backend}, {prof.dtype}): measured vs calibrated")
+
+
+def factor_rows(factors: Mapping[str, float]) -> list[list[str]]:
+  """Display cells of fitted factors with units and meanings."""
+  out = []
+  for quantity in FACTOR_QUANTITIES:
+    name = str(quantity.symbol)
+    value = factors[name]
+    shown = (f"{value * 1e6:,.1f} µs" if quantity.unit == "s"
+             else f"{value:.3f}")
+    out.append([f"`{name}`", shown, quantity.meaning])
+  return out
+
+
+def ceiling_rows(c: ceilings.Ceilings) -> list[list[str]]:
+  rows = [["sustained bandwidth (BW)", f"{c.bandwidth_Bps / 1e9:,.1f} GB/s"],
+          ["read (sum) bandwidth", f"{c.read_bandwidth_Bps / 1e9:,.1f} GB/s"],
+          ["copy bandwidth (read + write)",
+           f"{c.copy_bandwidth_Bps / 1e9:,.1f} GB/s"]]
+  rows += [[f"matmul {dtype} (F)", f"{rate / 1e9:,.1f} GFLOP/s"]
+           for dtype, rate in c.flops_per_s.items()]
+  return rows
+
+
+def section_markdown(job: calibration_job.CalibrationRun) -> str:
+  """The report's Markdown for a job whose plot is `calibration.png`."""
+  prof = job.profile
+  fit = prof.fit
+  loads = [p["load_avg_1m"] for p in job.points if p["load_avg_1m"] is not None]
+  load = (f" The 1-minute load average during the timings was "
+          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores (this "
+          "process included); each point keeps its lower-quartile round, so "
+          "rounds slowed by other processes do not count." if loads else "")
+  return "\n".join([
+      "## Calibration on this device (measurement, calibrated prediction)",
+      "",
+      f"A {job.budget_s:.0f}-second calibration on {prof.device_kind} "
+      f"({prof.platform}), backend {prof.backend}, {prof.dtype}, jax "
+      f"{prof.jax_version}: {len(job.points)} decode steps of the toy "
+      f"Transformer measured ({prof.method}).{load}",
+      "",
+      "Device ceilings (*measurement*):",
+      "",
+      table.markdown_table(("ceiling", "value"), ceiling_rows(job.ceilings)),
+      "",
+      "Fitted factors of the *calibrated* model "
+      f"`step = {calibrated.readable_step()}`:",
+      "",
+      table.markdown_table(("factor", "value", "meaning"),
+                           factor_rows(prof.factors)),
+      "",
+      f"Relative error of the calibrated prediction on "
+      f"{fit['heldout_points']} held-out points: median "
+      f"{fit['heldout_median_rel_error']:.1%}, max "
+      f"{fit['heldout_max_rel_error']:.1%} (training: median "
+      f"{fit['train_median_rel_error']:.1%}, max "
+      f"{fit['train_max_rel_error']:.1%}). A longer run "
+      "(`python -m experiments.calibrate --budget_s=600`) measures more "
+      "points and rounds.",
+      "",
+      "![measured vs calibrated step time](calibration.png)",
+  ])
+
+
+def report_section(out_dir: str, budget_s: float = 60.0) -> str:
+  """Runs a short calibration here; writes its plot and profile to out_dir.
+
+  Returns the Markdown section: measured ceilings, fitted factors, held-out
+  errors and the plot, each labelled measurement or calibrated.
+  """
+  job = calibration_job.run(budget_s)
+  slug = "".join(ch if ch.isalnum() else "_"
+                 for ch in job.profile.device_kind.lower())
+  write_results(job, json_out=None,
+                profile_out=os.path.join(out_dir, f"profile_{slug}.json"),
+                plot_out=os.path.join(out_dir, "calibration.png"))
+  return section_markdown(job)
+
+
+def write_results(job: calibration_job.CalibrationRun, *, json_out: str | None,
+                  profile_out: str | None, plot_out: str | None) -> None:
+  """Writes the job's JSON, profile and plot, each atomically, if asked."""
+  if json_out:
+    files.write_json(json_out, job.to_json())
+  if profile_out:
+    profiles.save_profile(job.profile, profile_out)
+  if plot_out:
+    plot(job.points, plot_out, title(job.profile))

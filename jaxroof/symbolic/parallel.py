@@ -1,0 +1,277 @@
+"""Several chips: per-chip traffic, collectives, their time, and the step.
+
+A replica of the model spans `tp * pp * ep` chips; `dp` replicas serve
+independent batches. The layout rules, stated once here and shared by the
+planner, the sweeps and the sharded toy:
+
+  * Tensor parallel `tp` (Megatron): Q/K/V projections split by heads, the
+    output projection by rows, the MLP's up projection by columns and its
+    down projection by rows. Each block then needs two all-reduces of the
+    (rows, D) activations (after attention and after the MLP); a
+    reduce-scatter + all-gather pair moves the same bytes (AR = RS + AG).
+  * K/V: heads split across `tp`; once `tp` exceeds the K/V heads each head is
+    replicated `tp / H_kv` times, so a chip keeps `Max(1/tp, 1/u_kv)` of the
+    K/V, `u_kv` the K/V heads. MLA keeps one latent shared by all heads:
+    `u_kv = 1`, replicated on every tensor rank. Sliding windows cap the
+    retained tokens per block (already in k) and split by heads like full
+    attention. Recurrent (SSM) state splits by channels (`u_kv` = channels).
+  * Embedding table and LM head: split by vocabulary across `tp`. The lookup
+    is a masked gather plus one all-reduce of (rows, D); the logits are
+    all-gathered, (rows, V).
+  * Pipeline `pp`: consecutive blocks per stage; weights and K/V divide by
+    `pp`; one hand-off of (rows, D) between consecutive stages. A decode step
+    of `m_mb` microbatches takes `Max(m_mb, pp)` stage times plus the
+    hand-offs (the bubble is `1 - m_mb / Max(m_mb, pp)`).
+  * Expert parallel `ep` (MoE): routed experts spread over `ep` groups of
+    `tp * pp` chips; everything else is replicated over the groups, and a
+    replica's sequences split over them (attention data-parallel). Per MoE
+    block two all-to-alls (dispatch, combine) each send
+    `rows * K * D * a * (ep - 1) / ep` bytes per chip.
+  * Data parallel `dp`: independent replicas; fleet rate = dp x replica rate.
+
+Collective times (per chip sending at `W_ic`, `t_hop` per step):
+ring all-reduce `2 (n-1)/n S/W + 2 (n-1) t_hop`; tree (recursive halving and
+doubling, Rabenseifner) the same bandwidth term with `2 log2(n) t_hop`;
+all-gather half of each; all-to-all `(n-1)/n S/W + (n-1) t_hop` (pairwise on
+a switched fabric). Communication adds to the step (`o_ovl = 0`, serial) or
+hides up to the floor (`o_ovl = 1`: the larger binds).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import sympy as sp
+
+from jaxroof.symbolic.symbols import (
+    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, k, m_mb,
+    n_blk, n_r, o_ovl, pp, q, t_comm, t_floor, t_hand, t_hop, t_stage, tp, u_kv)
+
+Algorithm = Literal["ring", "tree"]
+ALGORITHMS: tuple[str, ...] = ("ring", "tree")
+
+
+# Per-chip shares.
+def chips_per_replica() -> sp.Expr:
+  """Chips one replica spans."""
+  return tp * pp * ep
+
+
+def per_chip_weights(N: sp.Expr = N, N_x: sp.Expr = N_x) -> sp.Expr:
+  """Weights one chip holds or reads: the dense part over tp*pp, experts also over ep."""
+  return (N - N_x) / (tp * pp) + N_x / (tp * pp * ep)
+
+
+def kv_share() -> sp.Expr:
+  """Share of a sequence's K/V one tensor rank keeps (replicated once tp > u_kv)."""
+  return sp.Max(1 / tp, 1 / u_kv)
+
+
+def rows_per_pass(B: sp.Expr = B) -> sp.Expr:
+  """Rows one chip processes per microbatch pass (sequences split over ep groups)."""
+  return B / (m_mb * ep)
+
+
+def per_chip_kv_bytes(B: sp.Expr = B) -> sp.Expr:
+  """K/V bytes one chip reads in one microbatch pass of its stage."""
+  return rows_per_pass(B) * T * k * kv_share() / pp
+
+
+def per_chip_stage_memory_s(B: sp.Expr = B) -> sp.Expr:
+  return (per_chip_weights() * q + per_chip_kv_bytes(B)) / BW
+
+
+def per_chip_stage_compute_s(B: sp.Expr = B) -> sp.Expr:
+  """Linear FLOPs of one pass (balanced over every chip of the replica) over F."""
+  return 2 * (B / m_mb) * N_act / (tp * pp * ep) / F
+
+
+def path_inputs() -> dict[str, sp.Expr]:
+  """Single-device step inputs that give one microbatch's path through pp stages.
+
+  With one microbatch the token gap is `pp` stage times, and `pp * Max(a, b)
+  = Max(pp a, pp b)`: the step model evaluated with these N, k and N_act
+  (and the B sequences) plus the path's communication is `decode_outputs`.
+  """
+  return {"N": pp * per_chip_weights(), "k": k * kv_share() / ep,
+          "N_act": N_act / (tp * ep)}
+
+
+# Collectives: bytes.
+def tp_allreduce_bytes(rows: sp.Expr) -> sp.Expr:
+  """Bytes of one tensor-parallel all-reduce operand: (rows, D) activations."""
+  return rows * D * a_act
+
+
+def tp_allreduces_per_pass() -> sp.Expr:
+  """All-reduces on one token's path: 2 per block and 1 for the embedding lookup."""
+  return 2 * n_blk + 1
+
+
+def tp_bytes_per_pass(rows: sp.Expr) -> sp.Expr:
+  """All-reduced bytes on one pass over `rows` rows: decode B rows, prefill P*B rows."""
+  return tp_allreduces_per_pass() * tp_allreduce_bytes(rows)
+
+
+def alltoall_bytes_per_token() -> sp.Expr:
+  """Bytes one token sends out of its chip per MoE block (dispatch + combine), top-K."""
+  return 2 * alltoall_bytes_per_chip(1)
+
+
+def logits_gather_bytes(rows: sp.Expr) -> sp.Expr:
+  """Bytes of the gathered logits (rows, V)."""
+  return rows * V * a_act
+
+
+def alltoall_bytes_per_chip(rows: sp.Expr) -> sp.Expr:
+  """Bytes one chip sends in one MoE all-to-all (dispatch or combine), top-K."""
+  return rows * K * D * a_act * (ep - 1) / ep
+
+
+def handoff_bytes(rows: sp.Expr) -> sp.Expr:
+  return rows * D * a_act
+
+
+# Collectives: time.
+def _log2(x: sp.Expr) -> sp.Expr:
+  return sp.log(x) / sp.log(2)
+
+
+def allreduce_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "ring") -> sp.Expr:
+  """Time of an all-reduce of S bytes over n ranks (bandwidth + latency per hop)."""
+  hops = 2 * (n - 1) if algorithm == "ring" else 2 * _log2(n)
+  return 2 * (n - 1) / n * S / W_ic + hops * t_hop
+
+
+def allgather_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "ring") -> sp.Expr:
+  """Time of an all-gather whose gathered result is S bytes (also a reduce-scatter of S)."""
+  hops = (n - 1) if algorithm == "ring" else _log2(n)
+  return (n - 1) / n * S / W_ic + hops * t_hop
+
+
+def alltoall_time(sent: sp.Expr, n: sp.Expr = n_r) -> sp.Expr:
+  """Pairwise all-to-all: each chip sends `sent` bytes in n - 1 exchanges."""
+  return sent / W_ic + (n - 1) * t_hop
+
+
+def handoff_time(S: sp.Expr = S_b) -> sp.Expr:
+  """Point-to-point send of S bytes to the next stage, one hop."""
+  return S / W_ic + t_hop
+
+
+def path_comm_s(rows: sp.Expr, algorithm: Algorithm = "ring") -> sp.Expr:
+  """Communication on one microbatch's path through every stage (no hand-offs).
+
+  Tensor all-reduces and the logits gather over tp; the MoE all-to-alls over
+  ep (two per MoE block).
+  """
+  tensor = (tp_allreduces_per_pass() * allreduce_time(tp_allreduce_bytes(rows), tp, algorithm)
+            + allgather_time(logits_gather_bytes(rows), tp, algorithm))
+  experts = 2 * L_moe * alltoall_time(alltoall_bytes_per_chip(rows), ep)
+  return tensor + experts
+
+
+def handoffs_s(rows: sp.Expr) -> sp.Expr:
+  """Hand-offs along one microbatch's path: pp - 1 of them."""
+  return (pp - 1) * handoff_time(handoff_bytes(rows))
+
+
+# The step.
+def with_overlap(floor: sp.Expr = t_floor, comm: sp.Expr = t_comm,
+                 overlap: sp.Expr = o_ovl) -> sp.Expr:
+  """Step time with communication: serial at overlap 0, the larger at 1."""
+  return floor + comm - overlap * sp.Min(floor, comm)
+
+
+def pipeline_step(stage: sp.Expr = t_stage, hand: sp.Expr = t_hand) -> sp.Expr:
+  """A decode step (one token per sequence) through pp stages, m_mb microbatches."""
+  return sp.Max(m_mb, pp) * stage + (pp - 1) * hand
+
+
+def bubble_fraction() -> sp.Expr:
+  """Share of a stage's time idle in a decode step (0 once m_mb >= pp)."""
+  return 1 - m_mb / sp.Max(m_mb, pp)
+
+
+def decode_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
+  """Named per-chip expressions of one decode step of one replica.
+
+  `comm_s` is the communication on a token's path (per step), `step_s` the
+  token gap; the rates are per replica (times dp for the fleet).
+  """
+  rows = rows_per_pass()
+  memory = per_chip_stage_memory_s()
+  compute = per_chip_stage_compute_s()
+  floor = sp.Max(memory, compute)
+  stage_comm = path_comm_s(rows, algorithm) / pp
+  stage = with_overlap(floor, stage_comm, o_ovl)
+  hand = handoff_time(handoff_bytes(rows))
+  step = pipeline_step(stage, hand)
+  passes = sp.Max(m_mb, pp)
+  return {
+      "weight_bytes": per_chip_weights() * q,
+      "kv_bytes": per_chip_kv_bytes() * m_mb,
+      "memory_s": passes * memory,
+      "compute_s": passes * compute,
+      "comm_s": passes * stage_comm + (pp - 1) * hand,
+      "step_s": step,
+      "aggregate_tokens_per_s": B / step,
+      "per_sequence_tokens_per_s": 1 / step,
+      "bubble_fraction": bubble_fraction(),
+  }
+
+
+def prefill_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
+  """One prompt of P tokens through the replica: linear terms and communication.
+
+  Attention FLOPs omitted as in `formulas.prefill_time`; the prompt's P rows
+  pass the pp stages in series (no microbatching), each stage reading its
+  weights once and the tensor all-reduces carrying (P, D) activations.
+  """
+  memory = pp * per_chip_weights() * q / BW
+  compute = 2 * P * N_act / (tp * ep * F)
+  comm = path_comm_s(P, algorithm) + handoffs_s(P)
+  return {"prefill_memory_s": memory, "prefill_compute_s": compute,
+          "prefill_comm_s": comm,
+          "prefill_s": with_overlap(sp.Max(memory, compute), comm, o_ovl)}
+
+
+def fleet_rate(per_replica: sp.Expr) -> sp.Expr:
+  """Tokens per second of dp replicas."""
+  return dp * per_replica
+
+
+# The degree beyond which communication binds.
+def _tp_comm_and_memory(latency: bool) -> tuple[sp.Expr, sp.Expr]:
+  """Decode on tp chips, pp = ep = m = 1, tp <= u_kv, ring all-reduces only."""
+  hop = t_hop if latency else 0
+  one = 2 * (tp - 1) / tp * tp_allreduce_bytes(B) / W_ic + 2 * (tp - 1) * hop
+  comm = tp_allreduces_per_pass() * one
+  memory = (N * q + B * T * k) / (tp * BW)
+  return comm, memory
+
+
+@functools.cache
+def comm_bound_degree(latency: bool = True) -> sp.Expr:
+  """The tp at which the all-reduces take as long as the per-chip memory time.
+
+  Solved with `sympy.solve` from `_tp_comm_and_memory` (memory-bound decode,
+  tp within the K/V heads, logits gather left out); beyond it communication
+  binds. Without latency: `1 + M W / X` in closed form.
+  """
+  comm, memory = _tp_comm_and_memory(latency)
+  roots = [r for r in sp.solve(sp.Eq(comm, memory), tp) if _may_be_positive(r)]
+  if len(roots) != 1:
+    raise ArithmeticError(f"expected one positive root for tp, got {roots}")
+  return sp.simplify(roots[0])
+
+
+def _may_be_positive(expr: sp.Expr) -> bool:
+  value = expr.subs({s: 1 for s in expr.free_symbols})
+  return bool(sp.re(sp.N(value)) > 0)
+
+
+def comm_bound_equation(latency: bool = True) -> tuple[sp.Expr, sp.Expr]:
+  """(communication, memory) time as functions of tp: the defining equation's sides."""
+  return _tp_comm_and_memory(latency)

@@ -1,0 +1,66 @@
+"""User accelerator files and datasheet overrides (what-ifs)."""
+
+import json
+
+import pytest
+
+from jaxroof.errors import InputError
+from jaxroof.specs import accelerators
+from jaxroof.specs import what_if
+
+ENTRY = {"name": "My NPU", "memory_capacity_gb": 64, "memory_bandwidth_tb_s": 1.5,
+         "dense_tflops": {"bf16": 300, "fp8": 600}, "tdp_w": 350}
+
+
+def _write(tmp_path, data, name="my-npu.json"):
+  path = tmp_path / name
+  path.write_text(json.dumps(data))
+  return path
+
+
+def test_a_user_file_in_the_shipped_schema_loads(tmp_path):
+  device = what_if.load_accelerator_file(_write(tmp_path, {"accelerators": {"npu": ENTRY}}))
+  assert device.name == "npu"
+  assert device.memory_bandwidth_bytes_per_s == 1.5e12
+  assert device.ridge_point("bf16") == pytest.approx(300e12 / 1.5e12)
+  bare = what_if.load_accelerator_file(_write(tmp_path, ENTRY))
+  assert bare.name == "my-npu" and bare.flops("fp8") == 600e12
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"memory_capacity_gb": None}, "memory_capacity_gb"),
+    ({"memory_bandwidth_tb_s": -1}, "memory_bandwidth_tb_s"),
+    ({"memory_bandwidth_tb_s": "fast"}, "memory_bandwidth_tb_s"),
+    ({"dense_tflops": {"fp8": 10}}, "dense_tflops"),
+    ({"dense_tflops": {"bf16": float("nan")}}, "dense_tflops.bf16"),
+    ({"memory_capacity_gb": 1e9}, "memory_capacity_gb"),
+])
+def test_bad_fields_are_refused_naming_the_field(tmp_path, change, field):
+  entry = {**ENTRY, **change}
+  with pytest.raises(InputError, match=field.replace(".", r"\.")):
+    what_if.load_accelerator_file(_write(tmp_path, entry))
+
+
+def test_missing_fields_and_bad_files_are_refused(tmp_path):
+  entry = dict(ENTRY)
+  del entry["dense_tflops"]
+  with pytest.raises(InputError, match="lacks dense_tflops"):
+    what_if.load_accelerator_file(_write(tmp_path, entry))
+  bad = tmp_path / "bad.json"
+  bad.write_bytes(b"\xff\xfe")
+  with pytest.raises(InputError, match="not a readable JSON"):
+    what_if.load_accelerator_file(bad)
+  with pytest.raises(InputError, match="does not exist"):
+    what_if.load_accelerator_file(tmp_path / "none.json")
+
+
+def test_overrides_replace_the_datasheet_and_say_so():
+  h100 = accelerators.load_accelerator("h100-sxm")
+  faster = what_if.with_overrides(h100, bandwidth_tb_s=4.0, memory_gb=96)
+  assert faster.memory_bandwidth_bytes_per_s == 4e12
+  assert faster.memory_capacity_bytes == 96e9
+  assert faster.flops_per_s == h100.flops_per_s
+  assert sum("what-if" in d for d in faster.decisions) == 2
+  assert what_if.with_overrides(h100) is h100
+  with pytest.raises(InputError, match="--tflops"):
+    what_if.with_overrides(h100, tflops=0)
