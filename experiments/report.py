@@ -21,7 +21,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
-from jaxroof.measure import kernel_benchmark
+from jaxroof.report import kernels as kernels_report
 from jaxroof.report import specs as arch_report
 from jaxroof.measure import calibration_job
 from jaxroof.symbolic import catalogue
@@ -138,7 +138,7 @@ SECTIONS: list[Callable[[str], str]] = [
     sweep_section,
     toy_section,
     arch_report.report_section,
-    kernel_benchmark.report_section,
+    kernels_report.report_section,
     calibration_section,
 ]
 

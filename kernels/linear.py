@@ -30,6 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
+from kernels import base
 from kernels import device_timing
 from kernels._backend import (
     MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
@@ -38,6 +39,7 @@ from kernels._backend import (
 OP_NAME = "linear"
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MAX_ROWS = 64  # Up to this many rows the heuristic streams weights.
+SMALL_ROWS = 16  # Up to this many rows the heuristic prefers split_k=1.
 _F32 = jnp.float32
 # Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
 _EXACT = lax.Precision.HIGHEST
@@ -175,7 +177,7 @@ def linear(
   target = _backend.resolve_target(platform, interpret)
   if config is None:
     config = autotune.choose_config(TUNABLE, (x, w), target)
-  validate(config, problem, target.rules)
+  TUNABLE.validate(config, problem, target.rules)
   return _linear_call(x, w, config=config, target=target)
 
 
@@ -297,11 +299,9 @@ def why_invalid(
 ) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  for name in ("block_m", "block_n", "block_k", "split_k", "group_m",
-               "num_warps", "num_stages"):
-    value = getattr(c, name)
-    if not isinstance(value, int) or value < 1:
-      return f"{name}={value!r} must be a whole number >= 1"
+  reason = base.why_not_positive(c)
+  if reason:
+    return reason
   if p.dtype not in SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.k % (c.split_k * c.block_k):
@@ -320,8 +320,8 @@ def why_invalid(
       return f"num_warps={c.num_warps} must be a power of two <= 16"
     tiles = c.block_m * c.block_k + c.block_k * c.block_n
     smem = c.num_stages * tiles * p.itemsize
-    if smem > _backend.TRITON_SMEM_BUDGET_BYTES:
-      return f"num_stages*tile bytes={smem} exceed the shared memory budget"
+    if smem >= _backend.TRITON_SMEM_BUDGET_BYTES:
+      return f"num_stages*tile bytes={smem} reach the shared memory budget"
   elif rules == "mosaic_tpu":
     sublanes = 8 * (4 // p.itemsize)
     if c.split_k != 1:
@@ -342,66 +342,53 @@ def why_invalid(
   return None
 
 
-def validate(config: LinearConfig, problem: LinearProblem,
-             rules: str) -> None:
-  """Raises InputError if `config` cannot run `problem` under `rules`."""
-  reason = why_invalid(config, problem, rules)
-  if reason:
-    raise InputError(f"config {config} does not fit {problem}: {reason}.")
-
-
-def _fit(problem: LinearProblem, base: LinearConfig, rules: str,
-         splits: list[int]) -> LinearConfig:
-  for split in splits:
-    config = dataclasses.replace(base, split_k=split)
-    if why_invalid(config, problem, rules) is None:
-      return config
-  raise InputError(
-      f"no linear config fits {problem} for {rules}: "
-      f"{why_invalid(dataclasses.replace(base, split_k=1), problem, rules)}."
-      " N and K must be multiples of 16 (128 on TPU); or use `reference`."
-  )
+_ADVICE = " N and K must be multiples of 16 (128 on TPU); or use `reference`."
 
 
 def heuristic(problem: LinearProblem, rules: str) -> LinearConfig:
   """A config that fits `problem`, chosen without timing anything.
 
   GPU, decode (M <= 64): one row tile, narrow column tiles and split-K so
-  about 264 programs (two per H100/H200 SM) stream the weights, deep
-  pipelining. GPU, prefill: 128x128 tiles, grouped launch order, 8 warps.
+  about two programs per SM of the device (`base.target_programs`) stream
+  the weights, deep pipelining; at M <= 16 split_k=1 comes first (no
+  partial-sum epilogue, which costs as much as the rows are few). GPU, prefill: 128x128 tiles, grouped launch order, 8 warps.
   TPU: tiles up to 512x512, K steps up to 1024. Interpreter: the GPU
   shape with at most 2 splits.
   """
   p = problem
   if rules == "mosaic_tpu":
     sublanes = 8 * (4 // p.itemsize)
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=min(512, -(-p.m // sublanes) * sublanes),
         block_n=largest_pow2_divisor(p.n, 512, 128) or p.n,
         block_k=largest_pow2_divisor(p.k, 1024, 128) or p.k,
     )
-    return _fit(p, base, rules, [1])
+    return TUNABLE.first_fitting([first], p, rules, fallback=first,
+                                 advice=_ADVICE)
   block_n_cap, block_k_cap = (64, 128) if p.m <= DECODE_MAX_ROWS else (128, 64)
   block_n = largest_pow2_divisor(p.n, block_n_cap, MIN_DOT) or MIN_DOT
   block_k = largest_pow2_divisor(p.k, block_k_cap, MIN_DOT) or MIN_DOT
   if p.m <= DECODE_MAX_ROWS:
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=max(MIN_DOT, next_power_of_two(p.m)), block_n=block_n,
         block_k=block_k, num_warps=4, num_stages=4,
     )
-    want = max(1, math.ceil(264 / (p.n // block_n)))
+    want = max(1, math.ceil(base.target_programs(rules) / (p.n // block_n)))
     splits = [min(16, next_power_of_two(want))]
   else:
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=128 if p.m >= 128 else 64, block_n=block_n, block_k=block_k,
         group_m=8, num_warps=8 if block_n >= 128 else 4, num_stages=3,
     )
     splits = [1]
   if rules == "interpret":
     splits = [min(2, splits[0])]
-  while splits[-1] > 1:
-    splits.append(splits[-1] // 2)
-  return _fit(p, base, rules, splits)
+  splits = base.halvings(splits[0])
+  if p.m <= SMALL_ROWS and rules == "triton":
+    splits = [1, *splits]
+  return TUNABLE.first_fitting(
+      (dataclasses.replace(first, split_k=s) for s in splits), p, rules,
+      fallback=dataclasses.replace(first, split_k=1), advice=_ADVICE)
 
 
 def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
@@ -436,14 +423,6 @@ def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
         for bm, bn, bk, nw, ns in shapes
     ]
   return list(dict.fromkeys([first, *grid]))
-
-
-def config_space(problem: LinearProblem, rules: str) -> list[LinearConfig]:
-  """The candidates that fit `problem` under `rules`."""
-  return [
-      c for c in candidates(problem, rules)
-      if why_invalid(c, problem, rules) is None
-  ]
 
 
 # Autotuning hooks -------------------------------------------------------------
@@ -485,3 +464,5 @@ TUNABLE = autotune.TunableOp(
     key_fields=("dtype", "k", "n"),
     bucketed_fields=("m",),  # Rows: the batch (decode) or tokens (prefill).
 )
+validate = TUNABLE.validate
+config_space = TUNABLE.config_space
