@@ -50,8 +50,10 @@ timeout 60 "$PY" -c 'import jax; print("gpu_bench:", jax.__version__, jax.device
 cat "$OUT/devices.txt"
 
 if [[ $DRY -eq 1 ]]; then
-  LIMIT_S=89
-  FLAGS=(--dry_run --budget_s=86 --case_timeout_s=25 --calibrate_budget_s=40
+  # 89 s; a test on a loaded shared machine may allow more.
+  LIMIT_S="${GPU_BENCH_DRY_RUN_LIMIT_S:-89}"
+  FLAGS=(--dry_run "--budget_s=$((LIMIT_S - 3))" --case_timeout_s=40
+         --calibrate_budget_s=60
          --repeats=3 --max_candidates=2 "--results_dir=$OUT/results")
 else
   LIMIT_S=400  # The benchmark's share of the 8 minutes; the tests follow.
