@@ -324,8 +324,8 @@ def why_invalid(
     if not is_power_of_two(c.num_warps) or c.num_warps > 16:
       return f"num_warps={c.num_warps} must be a power of two <= 16"
     smem = c.num_stages * 2 * c.block_k * p.head_dim * p.itemsize
-    if smem >= _backend.TRITON_SMEM_BUDGET_BYTES:
-      return f"num_stages*K/V chunk bytes={smem} reach the shared memory budget"
+    if smem > _backend.TRITON_SMEM_BUDGET_BYTES:
+      return f"num_stages*K/V chunk bytes={smem} exceed the shared memory budget"
   elif rules == "mosaic_tpu":
     if c.kv_heads_per_block != p.kv_heads and c.kv_heads_per_block % 8:
       return (

@@ -10,9 +10,11 @@ Layouts: x (M, K), w (K, N), output (M, N) in x's dtype, f32 accumulation.
 
 Each program computes one (block_m, block_n) output tile over a K range,
 looping over it in block_k steps; with `split_k > 1` the K ranges of one tile
-are separate programs whose float32 partial sums are added in plain jnp. Rows
-of x are padded to a multiple of block_m (a copy of x only, which is small in
-decode), because a Triton block past the array's edge is not masked.
+are separate programs whose float32 partial sums are added in plain jnp. A
+Triton block past the array's edge is not masked, so when x has fewer rows
+than one row tile (decode) the GPU kernel masks its loads of x and stores of
+the output by row; with several row tiles, and on TPU, rows of x are padded to
+a multiple of block_m (a copy of x only).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 from jaxroof.errors import InputError
 from kernels import _backend
+from kernels import _linear_tpu
 from kernels import autotune
 from kernels import base
 from kernels import device_timing
@@ -121,21 +124,38 @@ def _linear_kernel(
     o_ref,  # (block_m, block_n): output dtype, or float32 partial sums
     *,
     block_k: int,
+    valid_rows: int | None = None,
 ):
-  """One output tile over one K range, in block_k steps."""
+  """One output tile over one K range, in block_k steps.
+
+  With `valid_rows` (x has fewer rows than the tile), rows at or past it are
+  neither read from x (they load as 0) nor written to the output.
+  """
   block_m, k_range = x_ref.shape
   block_n = w_ref.shape[1]
 
+  def load_x(offset):
+    window = x_ref.at[:, pl.ds(offset, block_k)]  # (block_m, block_k)
+    if valid_rows is None:
+      return window[...]
+    row = lax.broadcasted_iota(jnp.int32, (block_m, block_k), 0)
+    return pltriton.load(window, mask=row < valid_rows, other=0)
+
   def step(i, acc):
     offset = pl.multiple_of(i * block_k, block_k)
-    x = x_ref[:, pl.ds(offset, block_k)]  # (block_m, block_k)
     w = w_ref[pl.ds(offset, block_k), :]  # (block_k, block_n)
-    return acc + jnp.dot(x, w, precision=_EXACT, preferred_element_type=_F32)
+    return acc + jnp.dot(load_x(offset), w, precision=_EXACT,
+                         preferred_element_type=_F32)
 
   acc = lax.fori_loop(
       0, k_range // block_k, step, jnp.zeros((block_m, block_n), _F32)
   )
-  o_ref[...] = acc.astype(o_ref.dtype)
+  out = acc.astype(o_ref.dtype)
+  if valid_rows is None:
+    o_ref[...] = out
+  else:
+    row = lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
+    pltriton.store(o_ref, out, mask=row < valid_rows)
 
 
 def tile_of(t, *, num_m: int, num_n: int, group_m: int):
@@ -187,21 +207,26 @@ def _linear_call(x, w, *, config: LinearConfig, target: Target):
   c = config
   num_m = pl.cdiv(p.m, c.block_m)
   num_n = p.n // c.block_n
-  if num_m * c.block_m != p.m:
+  masked = target.platform != "tpu" and p.m < c.block_m
+  if num_m * c.block_m != p.m and not masked:
     x = jnp.pad(x, ((0, num_m * c.block_m - p.m), (0, 0)))
   tile = functools.partial(tile_of, num_m=num_m, num_n=num_n,
                            group_m=c.group_m)
   if target.platform == "tpu":
-    out = _linear_call_tpu(x, w, config=c, target=target, tile=tile,
-                           tiles=num_m * num_n)
+    out = _linear_tpu.linear_call(x, w, config=c, target=target, tile=tile,
+                                  tiles=num_m * num_n, name=OP_NAME)
   else:
     out = _linear_call_gpu(x, w, config=c, target=target, tile=tile,
-                           tiles=num_m * num_n)
+                           tiles=num_m * num_n,
+                           valid_rows=p.m if masked else None)
   return out[: p.m]
 
 
-def _linear_call_gpu(x, w, *, config, target, tile, tiles):
-  """Triton structure: a K loop inside each program; split-K as a grid axis."""
+def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows):
+  """Triton structure: a K loop inside each program; split-K as a grid axis.
+
+  `valid_rows`: x's rows when fewer than one tile (masked, not padded).
+  """
   c = config
   rows, k = x.shape
   n = w.shape[1]
@@ -219,7 +244,8 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles):
     out_spec = pl.BlockSpec((c.block_m, c.block_n), o_index)
   grid = (tiles, c.split_k)
   out = pl.pallas_call(
-      functools.partial(_linear_kernel, block_k=c.block_k),
+      functools.partial(_linear_kernel, block_k=c.block_k,
+                        valid_rows=valid_rows),
       grid=grid,
       in_specs=[
           pl.BlockSpec((c.block_m, k_range), lambda t, s: (tile(t)[0], s)),
@@ -239,56 +265,6 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles):
   if c.split_k > 1:
     out = out.sum(axis=0).astype(x.dtype)
   return out
-
-
-def _linear_kernel_tpu(
-    x_ref,  # (block_m, block_k)
-    w_ref,  # (block_k, block_n)
-    o_ref,  # (block_m, block_n)
-    acc_ref,  # (block_m, block_n) float32 scratch in VMEM
-):
-  """One output tile, one K step: the K grid axis runs in order on a core."""
-
-  @pl.when(pl.program_id(1) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision=_EXACT,
-                         preferred_element_type=_F32)
-
-  @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
-  def _():
-    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def _linear_call_tpu(x, w, *, config, target, tile, tiles):
-  """Mosaic TPU structure: K as the last grid axis, f32 accumulator in VMEM.
-
-  Blocks are copied into VMEM, so full-K windows (the GPU structure) would
-  not fit for large K; split_k is always 1 here.
-  """
-  c = config
-  rows, k = x.shape
-  grid = (tiles, k // c.block_k)
-  return pl.pallas_call(
-      _linear_kernel_tpu,
-      grid=grid,
-      in_specs=[
-          pl.BlockSpec((c.block_m, c.block_k), lambda t, s: (tile(t)[0], s)),
-          pl.BlockSpec((c.block_k, c.block_n), lambda t, s: (s, tile(t)[1])),
-      ],
-      out_specs=pl.BlockSpec((c.block_m, c.block_n), lambda t, s: tile(t)),
-      out_shape=jax.ShapeDtypeStruct((rows, w.shape[1]), x.dtype),
-      scratch_shapes=[pltpu.VMEM((c.block_m, c.block_n), _F32)],
-      compiler_params=_backend.compiler_params(
-          target,
-          num_warps=c.num_warps,
-          num_stages=c.num_stages,
-          dimension_semantics=("parallel", "arbitrary"),
-      ),
-      interpret=target.interpret,
-      name=OP_NAME,
-  )(x, w)
 
 
 # Configs ----------------------------------------------------------------------
@@ -320,8 +296,8 @@ def why_invalid(
       return f"num_warps={c.num_warps} must be a power of two <= 16"
     tiles = c.block_m * c.block_k + c.block_k * c.block_n
     smem = c.num_stages * tiles * p.itemsize
-    if smem >= _backend.TRITON_SMEM_BUDGET_BYTES:
-      return f"num_stages*tile bytes={smem} reach the shared memory budget"
+    if smem > _backend.TRITON_SMEM_BUDGET_BYTES:
+      return f"num_stages*tile bytes={smem} exceed the shared memory budget"
   elif rules == "mosaic_tpu":
     sublanes = 8 * (4 // p.itemsize)
     if c.split_k != 1:
