@@ -9,6 +9,7 @@ against the reference and the lengths example inputs use.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from jaxroof.errors import InputError, require_choice, require_finite
+from kernels import device_timing
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 # What the autotuner checks a candidate's output on, for its cache record.
@@ -135,3 +137,34 @@ def example_lengths(key: jax.Array, batch: int, max_len: int,
   return lens.at[-1].set(max_len) if batch > 1 else lens
 
 
+
+def example_args(problem: Any, key: jax.Array, *, lengths: str = "full"):
+  """Random contiguous-cache inputs (q, k, v, lengths) for a decode problem.
+
+  `problem` has batch, heads, kv_heads, max_len, head_dim and dtype;
+  `lengths` as for `example_lengths`.
+  """
+  kq, kk, kv, kl = jax.random.split(key, 4)
+  p = problem
+  dtype = jnp.dtype(p.dtype)
+  q = jax.random.normal(kq, (p.batch, p.heads, p.head_dim), dtype)
+  shape = (p.batch, p.max_len, p.kv_heads, p.head_dim)
+  k = jax.random.normal(kk, shape, dtype)
+  v = jax.random.normal(kv, shape, dtype)
+  return q, k, v, example_lengths(kl, p.batch, p.max_len, lengths)
+
+
+def with_ragged_lengths(args, key: jax.Array):
+  """(q, k, v, lengths) with ragged lengths instead (`example_lengths`)."""
+  q, k, v, _ = args
+  batch, max_len = k.shape[:2]
+  return q, k, v, example_lengths(key, batch, max_len, "ragged")
+
+
+def contiguous_chain_feed(args, out):
+  """Next call's args: q from the output, one K and one V element rewritten.
+
+  As a decode step writes its new row (see `device_timing.poke`).
+  """
+  q, k, v, lengths = args
+  return out, device_timing.poke(k, out), device_timing.poke(v, out), lengths

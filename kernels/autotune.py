@@ -401,6 +401,15 @@ def default_timer(repeats: int = 10, warmup: int = 2,
   return timer
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChainTiming:
+  """Chained timing with a chain length known in advance (compile once)."""
+
+  inner: int
+  repeats: int = 10
+  warmup: int = 2
+
+
 # (arguments, the reference's output on them): what a candidate must match.
 Check = tuple[tuple[Any, ...], Any]
 
@@ -412,14 +421,26 @@ def _try_candidate(
     checks: Sequence[Check],
     target: Target,
     timer: Timer,
+    chain: ChainTiming | None = None,
 ) -> Trial:
   """Compiles, checks (on every check's arguments) and times one config.
 
   The check arguments have the timed arguments' shapes, so the kernel
   compiles once. The timer gets the jitted kernel, whose compiled executable
-  is cached, so timing single calls does not compile it again.
+  is cached, so timing single calls does not compile it again. With `chain`
+  (calls per chain known in advance) only the chain is compiled: its first
+  output is checked and the same executable is timed.
   """
-  fn = jax.jit(functools.partial(op.kernel, config=config, target=target))
+  kernel = functools.partial(op.kernel, config=config, target=target)
+  if chain is None:
+    fn = jax.jit(kernel)
+  else:
+    chained = jax.jit(
+        device_timing.chain_with_first(kernel, op.chain_feed, chain.inner))
+    fn = lambda *a: chained(*a)[0]  # noqa: E731
+    timer = lambda _, timed_args, __: device_timing.time_chain(  # noqa: E731
+        chained, timed_args, inner=chain.inner, warmup=chain.warmup,
+        repeats=chain.repeats)
   compile_s = None
   err = 0.0
   for check_args, expected in checks:
@@ -458,6 +479,7 @@ def tune(
     save: bool = True,
     seed: int = 0,
     on_trial: Callable[[Trial], None] | None = None,
+    chain: ChainTiming | None = None,
 ) -> TuneResult:
   """Tries the op's candidate configs on `problem`; caches and returns the best.
 
@@ -477,6 +499,8 @@ def tune(
     seed: for the random arguments.
     on_trial: called with each trial as soon as it is decided (the GPU run
       prints and flushes it, so a crash loses no finished trial).
+    chain: when given, each candidate compiles only its timed chain, which
+      also yields the output checked (`timer` is then not used).
 
   Returns:
     A `TuneResult`; when no candidate is valid, the heuristic (tuned=False).
@@ -515,7 +539,8 @@ def tune(
       trials.append(Trial(config=config, status="skipped",
                           reason=f"time budget of {time_budget_s} s spent"))
     else:
-      trials.append(_try_candidate(op, config, args, checks, target, timer))
+      trials.append(_try_candidate(op, config, args, checks, target, timer,
+                                   chain))
     if on_trial is not None:
       on_trial(trials[-1])
   ok = [t for t in trials if t.status == "ok"]

@@ -34,10 +34,11 @@ from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
 from kernels import base
-from kernels import device_timing
+from kernels import _attention
 from kernels._attention import (  # noqa: F401 - part of this module's API.
     CHECK_NOTE, LENGTHS, SUPPORTED_DTYPES, attend_chunk, check_lengths,
-    combine_splits, default_scale, example_lengths, init_state, tolerance,
+    combine_splits, default_scale, example_args, example_lengths, init_state,
+    tolerance, with_ragged_lengths,
 )
 from kernels._backend import (
     MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
@@ -400,39 +401,6 @@ def candidates(
   return list(dict.fromkeys([first, *grid]))
 
 
-# Autotuning hooks -------------------------------------------------------------
-
-
-def example_args(
-    problem: DecodeProblem, key: jax.Array, *, lengths: str = "full"
-):
-  """Random inputs for `problem`; `lengths` as for `example_lengths`."""
-  kq, kk, kv, kl = jax.random.split(key, 4)
-  p = problem
-  dtype = jnp.dtype(p.dtype)
-  q = jax.random.normal(kq, (p.batch, p.heads, p.head_dim), dtype)
-  shape = (p.batch, p.max_len, p.kv_heads, p.head_dim)
-  k = jax.random.normal(kk, shape, dtype)
-  v = jax.random.normal(kv, shape, dtype)
-  return q, k, v, example_lengths(kl, p.batch, p.max_len, lengths)
-
-
-def with_ragged_lengths(args, key: jax.Array):
-  """(q, k, v, lengths) with ragged lengths instead (`example_lengths`)."""
-  q, k, v, _ = args
-  batch, max_len = k.shape[:2]
-  return q, k, v, example_lengths(key, batch, max_len, "ragged")
-
-
-def _chain_feed(args, out):
-  """Next call's args: q from the output, one K and one V element rewritten.
-
-  As a decode step writes its new row (see `device_timing.poke`).
-  """
-  q, k, v, lengths = args
-  return out, device_timing.poke(k, out), device_timing.poke(v, out), lengths
-
-
 TUNABLE = autotune.TunableOp(
     name=OP_NAME,
     config_type=DecodeAttentionConfig,
@@ -443,11 +411,11 @@ TUNABLE = autotune.TunableOp(
     why_invalid=why_invalid,
     heuristic=heuristic,
     tolerance=tolerance,
-    chain_feed=_chain_feed,
+    chain_feed=_attention.contiguous_chain_feed,
     example_args=example_args,
     key_fields=("dtype", "heads", "kv_heads", "head_dim"),
     bucketed_fields=("batch", "max_len"),
-    check_args=with_ragged_lengths,
+    check_args=_attention.with_ragged_lengths,
     check_note=CHECK_NOTE,
     timing_note="example_args: every length max_len",
 )

@@ -310,9 +310,9 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
              ) -> dict[str, Any]:
   """Tunes, times and compares one case; returns its JSON record.
 
-  Each candidate is compiled once for its check and once as the timed chain,
-  whose length comes from the analytic bytes (`chain_length`, at most
-  `max_inner`), so no single call is timed to choose it. `on_trial` sees
+  With measured ceilings each candidate is compiled once, as its timed
+  chain (whose first output is checked), the chain length coming from the
+  analytic bytes (`chain_length`, at most `max_inner`). `on_trial` sees
   every tuning trial as it is decided.
   """
   target = _backend.resolve_target()
@@ -325,6 +325,8 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
       max_candidates=max_candidates, time_budget_s=tune_budget_s,
       timer=autotune.default_timer(repeats=max(3, repeats // 2), inner=inner),
       progress=False, on_trial=on_trial,
+      chain=None if inner is None else autotune.ChainTiming(
+          inner=inner, repeats=max(3, repeats // 2)),
   )
   kernel = functools.partial(case.op.kernel, config=tuned.config,
                              target=target)
