@@ -49,8 +49,9 @@ _REPEATS = flags.DEFINE_integer(
     lower_bound=3,
 )
 _BUDGET_S = flags.DEFINE_float(
-    "budget_s", 420.0, "Seconds for the whole run; no stage starts that "
-    "could not get 30 s of it.", lower_bound=1.0,
+    "budget_s", 420.0, "Seconds for the whole run; a stage starts only with "
+    "a third of its timeout (at most 30 s) left after the time kept for the "
+    "calibration.", lower_bound=1.0,
 )
 _CASE_TIMEOUT_S = flags.DEFINE_float(
     "case_timeout_s", 75.0, "Seconds a case's subprocess may take.",

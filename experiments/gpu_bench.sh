@@ -52,8 +52,8 @@ cat "$OUT/devices.txt"
 if [[ $DRY -eq 1 ]]; then
   # 89 s; a test on a loaded shared machine may allow more.
   LIMIT_S="${GPU_BENCH_DRY_RUN_LIMIT_S:-89}"
-  FLAGS=(--dry_run "--budget_s=$((LIMIT_S - 3))" --case_timeout_s=40
-         --calibrate_budget_s=60
+  FLAGS=(--dry_run "--budget_s=$((LIMIT_S - 3))" --case_timeout_s=25
+         --calibrate_budget_s=45
          --repeats=3 --max_candidates=2 "--results_dir=$OUT/results")
 else
   LIMIT_S=400  # The benchmark's share of the 8 minutes; the tests follow.

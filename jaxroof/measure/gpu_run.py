@@ -144,8 +144,8 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   models = DRY_MODELS if dry_run else GPU_MODELS
   dtype = "float32" if dry_run else "bfloat16"
   main = models["calibration"]
-  rows = (1, 4, 16) if dry_run else (1, 16, 64, 256, 1024, 2048)
-  points = ((1, 64), (4, 128)) if dry_run else (
+  rows = (1, 16) if dry_run else (1, 16, 64, 256, 1024, 2048)
+  points = ((4, 128),) if dry_run else (
       (1, 1024), (16, 1024), (64, 2048), (32, 8192))
   backend = "xla" if dry_run else "pallas"
   sweeps = {"backend": backend, "dtype": dtype, "linear": [],
@@ -202,6 +202,8 @@ class Stage:
   # A flag that gets the seconds left to the run (less a margin), capped at
   # its planned value, so the stage plans its work to end before it is cut.
   budget_flag: str | None = None
+  # Whether earlier stages must leave this stage its whole timeout.
+  reserved: bool = False
 
 
 def plan(*, dry_run: bool, quick: bool, case_timeout_s: float,
@@ -215,7 +217,7 @@ def plan(*, dry_run: bool, quick: bool, case_timeout_s: float,
   if calibrate_budget_s > 0:
     stages.append(Stage(name="calibrate", flags=("--stage=calibrate",),
                         timeout_s=calibrate_budget_s + _STAGE_MARGIN_S,
-                        budget_flag="calibrate_budget_s"))
+                        budget_flag="calibrate_budget_s", reserved=True))
   return stages
 
 
@@ -223,8 +225,9 @@ def drive(command: Sequence[str], out_dir: str, stages: Sequence[Stage], *,
           budget_s: float, dry_run: bool, say: Say = print) -> int:
   """Runs each stage as `command + stage.flags` in its own subprocess.
 
-  A stage that would not finish within `budget_s` (counted from now, at its
-  own timeout) is skipped; one that fails or times out is recorded and the
+  A stage that could not get a third of its timeout (at most 30 s) of
+  `budget_s` (counted from now), less the time reserved for later stages
+  marked `reserved`, is skipped; one that fails or times out is recorded and the
   next one starts. Output streams through as it comes.
 
   Returns:
@@ -234,13 +237,16 @@ def drive(command: Sequence[str], out_dir: str, stages: Sequence[Stage], *,
   summary = {**header(dry_run), "stages": {}, "skipped": [], "errors": {},
              "ceilings": {}, "cases": {}}
   summary_path = os.path.join(out_dir, "summary.json")
-  for stage in stages:
+  for index, stage in enumerate(stages):
     elapsed = time.monotonic() - start
-    if elapsed + min(stage.timeout_s, 30) > budget_s:
+    reserved = sum(s.timeout_s for s in stages[index + 1:] if s.reserved)
+    available = budget_s - elapsed - reserved
+    if min(stage.timeout_s / 3, 30) > available:
       summary["skipped"].append(stage.name)
-      say(f"{stage.name}: skipped ({elapsed:.0f} s of {budget_s:.0f} s spent)")
+      say(f"{stage.name}: skipped ({elapsed:.0f} s of {budget_s:.0f} s spent, "
+          f"{reserved:.0f} s kept for later stages)")
       continue
-    limit = min(stage.timeout_s, budget_s - elapsed)
+    limit = min(stage.timeout_s, available)
     extra = ()
     if stage.budget_flag:
       planned = stage.timeout_s - _STAGE_MARGIN_S
