@@ -19,7 +19,7 @@ import jax
 from absl import logging
 
 from jaxroof import files
-from jaxroof.measure import kernel_benchmark
+from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
@@ -153,7 +153,7 @@ def _simulation_section(ctx: Context) -> str:
 
 
 def _kernels_section(ctx: Context) -> str:
-  return kernel_benchmark.report_section(ctx.out_dir, ctx.results_dir)
+  return kernels_report.report_section(ctx.out_dir, ctx.results_dir)
 
 
 def _user_calibration_section(ctx: Context) -> str:
