@@ -427,6 +427,16 @@ def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
                           backend=backend, flops=flops, bytes=traffic)
 
 
+MEMORY_LIMIT_BYTES = 4e9  # Operands of one timed op on a 24 GB, 2 GB-budget machine.
+
+
+def require_memory(nbytes: float, what: str, limit: float = MEMORY_LIMIT_BYTES) -> None:
+  """Refuses, before allocating, operands over `limit` (their analytic bytes)."""
+  if nbytes > limit:
+    raise errors.InputError(f"{what} needs about {nbytes / 1e9:,.1f} GB of operands, over "
+                            f"the {limit / 1e9:g} GB limit: use smaller sizes.")
+
+
 def linear_args(rows: int, d_in: int, d_out: int, dtype: Any, sets: int,
                 seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
   """`sets` independent (x, w) pairs: x (rows, d_in), w (d_in, d_out)."""
@@ -453,8 +463,9 @@ def linear_sweep(
   dtype = jnp.dtype(dtype)
   records = []
   for m in errors.require_positive_ints("rows", rows):
-    args = linear_args(m, d_in, d_out, dtype, sets=2)
     flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
+    require_memory(2 * traffic, f"linear rows={m} d_in={d_in} d_out={d_out}")
+    args = linear_args(m, d_in, d_out, dtype, sets=2)
     record = _time_op("linear", backend, args,
                       shapes={"rows": m, "d_in": d_in, "d_out": d_out},
                       dtype=dtype.name, flops=flops, traffic=traffic,
@@ -498,10 +509,12 @@ def attention_sweep(
     nbytes = formulas.retained_kv_bytes(
         batch, context, formulas.kv_bytes_per_position(1, kv_heads, head_dim, dtype.itemsize))
     sets = 2 if nbytes < 256e6 else 1
-    args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
-                          sets)
     flops, traffic = attention_analytic(batch, context, heads, kv_heads,
                                         head_dim, dtype.itemsize)
+    require_memory(sets * traffic, f"decode_attention batch={batch} context={context} "
+                   f"heads={heads} kv_heads={kv_heads} head_dim={head_dim}")
+    args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
+                          sets)
     record = _time_op(
         "decode_attention", backend, args,
         shapes={"batch": batch, "context": context, "heads": heads,
