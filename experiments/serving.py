@@ -37,6 +37,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
@@ -44,6 +45,7 @@ from jaxroof.report import serving as serving_report
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import elasticity
+from jaxroof.serving import multichip
 from jaxroof.serving import peer
 from jaxroof.serving import pools
 from jaxroof.serving import queueing
@@ -133,6 +135,9 @@ def _check_flags() -> None:
                             "--bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops, --memory_gb).")
   if _MODEL.value is None and _CONTEXT.value is not None:
     raise errors.InputError("--context applies only with --model.")
+  if _MODEL.value is None and _layout_flags.layout().chips > 1:
+    raise errors.InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and "
+                            "--accelerator.")
   if _KV_GB_PER_SEQ.value is not None and _KV_BYTES_PER_TOKEN.value is not None:
     raise errors.InputError("give --kv_gb_per_seq or --kv_bytes_per_token, not both.")
   for holder in (_PROMPT_TOKENS, _OUTPUT_TOKENS):
@@ -148,7 +153,7 @@ def _inputs() -> requests.ServingInputs:
   prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
   if _MODEL.value is not None:
     spec = models.load_model(_MODEL.value)
-    device = accelerators.load_accelerator(_ACCELERATOR.value)
+    device = _layout_flags.accelerator(_ACCELERATOR.value)
     limit = spec.max_position_embeddings
     if isinstance(limit, int) and prompt + outputs - 1 > limit:
       raise errors.InputError(
@@ -162,8 +167,9 @@ def _inputs() -> requests.ServingInputs:
             f"--context={_CONTEXT.value} is not allowed: it must be >= prompt_tokens + "
             f"output_tokens - 1 = {prompt + outputs - 1}.")
       reserve = _CONTEXT.value - prompt
-    return requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=reserve,
-                                 weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+    return multichip.model_inputs(spec, device, layout=_layout_flags.layout(_ACCELERATOR.value),
+                                  prompt_tokens=prompt, output_tokens=reserve,
+                                  weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
   weight_bytes = _WEIGHTS_GB.value * 1e9
   n = weight_bytes / _BYTES_PER_WEIGHT.value
   fixed = None
@@ -217,7 +223,8 @@ def main(argv: list[str]) -> None:
   window_s = _BATCHING_WINDOW_MS.value / 1e3
   gap_s = _TOKEN_GAP_MS.value / 1e3
   ttft_s = None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3
-  load = dict(prompt_tokens=prompt, output_tokens=outputs, arrival_rate=_ARRIVAL_RATE.value,
+  load = dict(prompt_tokens=prompt, output_tokens=outputs,
+              arrival_rate=_ARRIVAL_RATE.value / inputs.replicas,
               window_s=window_s, prefill_batch=_PREFILL_BATCH.value)
   rows = requests.rows(model, inputs, batches, **load)
   context = prompt + outputs / 2 if inputs.grows else 1.0
@@ -235,6 +242,8 @@ def main(argv: list[str]) -> None:
           "label": inputs.label, "model": _MODEL.value, "accelerator": _ACCELERATOR.value,
           "prompt_tokens": prompt, "output_tokens": outputs, "batch_sizes": batches,
           "arrival_rate_per_s": _ARRIVAL_RATE.value, "batching_window_s": window_s,
+          "arrival_rate_per_replica_s": _ARRIVAL_RATE.value / inputs.replicas,
+          "layout": _layout_flags.layout(_ACCELERATOR.value).as_dict(),
           "prefill_batch": _PREFILL_BATCH.value,
           "ttft_target_s": ttft_s, "token_gap_target_s": gap_s,
           "aggregate_target_tokens_per_s": _AGGREGATE.value,
@@ -245,7 +254,7 @@ def main(argv: list[str]) -> None:
           "weight_dtype": _WEIGHT_DTYPE.value if _MODEL.value else None,
           "kv_dtype": _KV_DTYPE.value if _MODEL.value else None,
       },
-      "units": {**requests.UNITS, "elasticities": "d ln(step_s) / d ln(input)",
+      "units": {**requests.UNITS, **requests.LAYOUT_UNITS, "elasticities": "d ln(step_s) / d ln(input)",
                 "max_arrival_rate_per_s": "requests/s"},
       "assumptions": list(model.assumptions) + [
           "prefill: analytic bound with causal attention (lower triangle, softmax omitted), "
@@ -253,7 +262,8 @@ def main(argv: list[str]) -> None:
           "rows: a static batch of B requests (all B prompts prefilled together, then "
           "G - 1 decode steps at contexts P+1 .. P+G-1)",
           "TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival",
-          "token gap under load: decode steps stretched by 1/(1 - lam*D)"],
+          "token gap under load: decode steps stretched by 1/(1 - lam*D)"]
+      + multichip.assumptions(inputs),
       "requests": rows,
       "decision": decision,
       "elasticities": decision.get("elasticities"),
@@ -262,7 +272,7 @@ def main(argv: list[str]) -> None:
   }
   if _ARRIVAL_RATE.value > 0 and ttft_s is not None:
     result["pools"] = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                                    arrival_rate=_ARRIVAL_RATE.value, ttft_s=ttft_s,
+                                    arrival_rate=load["arrival_rate"], ttft_s=ttft_s,
                                     token_gap_s=gap_s, window_s=window_s)
   if _COMPARE_PEER.value:
     result["peer"] = peer.compare(requests.rows(model, inputs, batches, prompt_tokens=prompt,

@@ -26,6 +26,7 @@ import os
 from absl import flags
 
 from experiments import _cli
+from experiments import _layout_flags
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
@@ -114,9 +115,13 @@ def _replica(**kw) -> replica.Replica:
   if _MODEL.value is not None:
     if _ACCELERATOR.value is None or _CONTEXT.value is None:
       raise InputError("model needs --accelerator and --context (or give raw numbers).")
-    return replica.from_model(load_model(_MODEL.value), load_accelerator(_ACCELERATOR.value),
+    return replica.from_model(load_model(_MODEL.value),
+                              _layout_flags.accelerator(_ACCELERATOR.value),
                               context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
-                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value, **common)
+                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
+                              layout=_layout_flags.layout(_ACCELERATOR.value), **common)
+  if _layout_flags.layout().chips > 1:
+    raise InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and --accelerator.")
   raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
          "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
          "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
@@ -177,8 +182,9 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  w = _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value)
   r = _replica()
+  replicas = _layout_flags.layout(_ACCELERATOR.value).dp
+  w = _workload(_ARRIVAL_RATE.value / replicas, _NUM_REQUESTS.value)
   bar, progress = _progress(len(w))
   run = simulator.simulate(w, r, _SCHEDULER.value, progress)
   if bar is not None:
@@ -195,13 +201,19 @@ def main(argv: list[str]) -> None:
   result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
             "workload": w.description, "metrics": m,
             "simulation": metrics.simulation_block(run, r.total_pages)}
+  if replicas > 1:
+    result["fleet"] = {
+        "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "
+        "one replica simulated, the fleet's throughputs are dp times its",
+        "request_throughput_per_s": m["request_throughput_per_s"] * replicas,
+        "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"] * replicas}
   if _PLOT_OUT.value:
     stem, _ = os.path.splitext(_PLOT_OUT.value)
     sim_report.plot_cdfs({_SCHEDULER.value: {"ttft_s": run.first_token_s - run.arrival_s,
                                              "itl_s": run.itl_s}}, _PLOT_OUT.value, label)
     sim_report.plot_kv_over_time(run, r.total_pages, f"{stem}_kv.png", label)
     if _ARRIVAL.value != "trace":
-      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value)
+      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value / replicas)
       result["goodput_vs_rate"] = sweep
       sim_report.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
                               f"{stem}_goodput.png", label)
