@@ -182,9 +182,9 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  r = _replica()
   replicas = _layout_flags.layout(_ACCELERATOR.value).dp
   w = _workload(_ARRIVAL_RATE.value / replicas, _NUM_REQUESTS.value)
+  r = _replica()
   bar, progress = _progress(len(w))
   run = simulator.simulate(w, r, _SCHEDULER.value, progress)
   if bar is not None:
