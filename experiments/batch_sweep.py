@@ -205,7 +205,7 @@ def summary_lines(summary: dict) -> list[str]:
                    f"{summary['max_batch_for_token_gap']:,.1f}")
   if "max_batch_in_memory" in summary:
     lines.append(f"largest batch that fits in memory: {summary['max_batch_in_memory']:,}")
-  lines += [f"note: {n}" for n in summary["notes"]]
+  lines += [f"note: {n}" for n in summary["notes"] + summary.get("rate_notes", [])]
   return lines
 
 

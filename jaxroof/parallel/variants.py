@@ -84,7 +84,7 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
   """One `layout_sweep` per (weight dtype, K/V dtype, context), rows tagged and normalised.
 
   Each sweep is exactly the single-combination sweep, plus the tags and the
-  normalised rates on its rows and `notes` in its summary.
+  normalised rates on its rows and their `rate_notes` in its summary.
   """
   layout = layout or Layout()
   out = []
@@ -97,7 +97,7 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
     for row in sweep["rows"]:
       row.update(weight_dtype=weight_dtype, kv_dtype=kv_dtype, context=context)
     notes = normalise_rows(sweep["rows"], device, layout.chips, price_per_hour=price_per_hour)
-    sweep["summary"]["notes"].extend(notes)
+    sweep["summary"]["rate_notes"] = notes
     sweep["units"] = {**sweep["units"], **RATE_UNITS}
     out.append(sweep)
   return out
