@@ -38,6 +38,7 @@ from absl import logging
 
 from experiments import _cli
 from experiments import _layout_flags
+from experiments import _model_flags
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
@@ -50,21 +51,19 @@ from jaxroof.serving import peer
 from jaxroof.serving import pools
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
-from jaxroof.specs import accelerators
 from jaxroof.specs import models
 from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
-_MODEL = flags.DEFINE_string(
-    "model", None, "Shipped model name (jaxroof/specs/data/models) or a Hugging Face "
-    "config.json path. Needs --accelerator.")
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, "Accelerator slug, e.g. h100-sxm (jaxroof/specs/data/accelerators.json).")
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction", "group_size")
+_MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
+_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
+_MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype,
+               _SHARED.block_size, _SHARED.workspace_fraction, _SHARED.group_size)
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "With --model: tokens each sequence may hold, reserved up front in the "
     "memory fit (default prompt + outputs). >= prompt_tokens + output_tokens - 1.")
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "With --model: bf16, fp8, int8, int4.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "With --model: the K/V dtype.")
 # ... or batch_sweep's raw numbers.
 _WEIGHTS_GB = flags.DEFINE_float("weights_gb", 16.0, "Weight bytes read per step, GB. > 0.")
 _BYTES_PER_WEIGHT = flags.DEFINE_float("bytes_per_weight", 2.0, "Bytes per weight. > 0.")
@@ -128,8 +127,12 @@ _RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKE
 
 def _check_flags() -> None:
   """Flag combinations, as one-line errors."""
-  if (_MODEL.value is None) != (_ACCELERATOR.value is None):
-    raise errors.InputError("--model and --accelerator go together.")
+  device = _ACCELERATOR.value is not None or bool(_SHARED.accelerator_file.value)
+  if (_MODEL.value is None) == device:
+    raise errors.InputError("--model and --accelerator (or --accelerator_file) go together.")
+  if _MODEL.value is None and any(flags.FLAGS[h.name].present for h in _MODEL_ONLY):
+    raise errors.InputError("--accelerator_file, --weight_dtype, --kv_dtype, --block_size, "
+                            "--workspace_fraction and --group_size apply only with --model.")
   if _MODEL.value is not None and any(flags.FLAGS[h.name].present for h in _RAW_FLAGS):
     raise errors.InputError("--model replaces the raw-number flags (--weights_gb, "
                             "--bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops, --memory_gb).")
@@ -153,7 +156,7 @@ def _inputs() -> requests.ServingInputs:
   prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
   if _MODEL.value is not None:
     spec = models.load_model(_MODEL.value)
-    device = _layout_flags.accelerator(_ACCELERATOR.value)
+    device = _model_flags.device(_SHARED)
     limit = spec.max_position_embeddings
     if isinstance(limit, int) and prompt + outputs - 1 > limit:
       raise errors.InputError(
@@ -169,7 +172,10 @@ def _inputs() -> requests.ServingInputs:
       reserve = _CONTEXT.value - prompt
     return multichip.model_inputs(spec, device, layout=_layout_flags.layout(_ACCELERATOR.value),
                                   prompt_tokens=prompt, output_tokens=reserve,
-                                  weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+                                  weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+                                  block_size=_SHARED.block_size.value,
+                                  workspace_fraction=_SHARED.workspace_fraction.value,
+                                  group_size=_SHARED.group_size.value)
   weight_bytes = _WEIGHTS_GB.value * 1e9
   n = weight_bytes / _BYTES_PER_WEIGHT.value
   fixed = None

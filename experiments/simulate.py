@@ -27,24 +27,24 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _layout_flags
+from experiments import _model_flags
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.report import simulation as sim_report
 from jaxroof.report import table
 from jaxroof.serving import arrivals, metrics, replica, simulator
-from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
-_MODEL = flags.DEFINE_string("model", None, "Shipped model name or HF config path (needs "
-                             "--accelerator and --context).")
-_ACCELERATOR = flags.DEFINE_string("accelerator", None, "Accelerator slug, e.g. h100-sxm.")
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction")
+_MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
+_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
+_BLOCK_SIZE = _SHARED.block_size
 _CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
                                 "token are taken (sliding windows, states).", lower_bound=1)
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model.")
 # ... or raw numbers.
 _PARAMS_B = flags.DEFINE_float("params_b", None, "Raw: billions of weights read and "
                                "multiplied per iteration.")
@@ -85,7 +85,6 @@ _TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per i
                                      lower_bound=1)
 _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching window, ms.",
                                       lower_bound=0.0)
-_BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per K/V page.", lower_bound=1)
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
@@ -113,12 +112,14 @@ def _replica(**kw) -> replica.Replica:
   common = dict(step_model=model, max_running=_MAX_RUNNING.value,
                 token_budget=_TOKEN_BUDGET.value, batch_window_s=_BATCH_WINDOW_MS.value / 1e3, **kw)
   if _MODEL.value is not None:
-    if _ACCELERATOR.value is None or _CONTEXT.value is None:
-      raise InputError("model needs --accelerator and --context (or give raw numbers).")
-    return replica.from_model(load_model(_MODEL.value),
-                              _layout_flags.accelerator(_ACCELERATOR.value),
+    if (_ACCELERATOR.value is None and not _SHARED.accelerator_file.value) \
+        or _CONTEXT.value is None:
+      raise InputError("model needs --accelerator (or --accelerator_file) and --context (or "
+                       "give raw numbers).")
+    return replica.from_model(load_model(_MODEL.value), _model_flags.device(_SHARED),
                               context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
                               kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
+                              workspace_fraction=_SHARED.workspace_fraction.value,
                               layout=_layout_flags.layout(_ACCELERATOR.value), **common)
   if _layout_flags.layout().chips > 1:
     raise InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and --accelerator.")
