@@ -177,3 +177,16 @@ def test_simulate_cli_with_a_layout(tmp_path):
   assert data["fleet"]["replicas"] == 2
   assert data["fleet"]["request_throughput_per_s"] == pytest.approx(
       2 * data["metrics"]["request_throughput_per_s"])
+
+
+@pytest.mark.parametrize("module, flags, needle", [
+    ("serving", ("--token_gap_ms=20", "--model=llama-3-8b", "--accelerator=h100-sxm",
+                 "--weight_dtype=fp7"), "--weight_dtype"),
+    ("serving", ("--token_gap_ms=20", "--block_size=32"), "--block_size"),
+    ("simulate", ("--model=llama-3-8b", "--accelerator=h100-sxm", "--context=64",
+                  "--block_size=0"), "--block_size"),
+])
+def test_shared_model_flags_refuse_bad_values_in_one_line(module, flags, needle):
+  proc = _run(module, *flags)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
