@@ -79,6 +79,9 @@ def check_numeric_flags() -> None:
       raise InputError(f"--{name}={value} is not a finite number.")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_FLAG:
       raise InputError(f"--{name}={value} is too large: at most {MAX_INT_FLAG:,}.")
+    if name == "seed" and isinstance(value, int) and not 0 <= value < 2**32:
+      raise InputError(f"--seed={value} is not allowed: seeds are whole numbers in "
+                       "[0, 2**32).")
 
 
 def run(main: Callable[[list[str]], int | None]) -> None:

@@ -88,6 +88,9 @@ _PROFILE = flags.DEFINE_string(
     "calibrated predictions (fitted efficiency factors and fixed costs). With raw numbers it "
     "predicts for the profiled device unless --bandwidth_tbps/--tflops are given; with "
     "--accelerator it scales that device's datasheet figures.")
+_WHAT_IF = flags.DEFINE_bool(
+    "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
+    "(its factors applied as a what-if).")
 _LAYERS = flags.DEFINE_integer(
     "layers", None, "Blocks of the model, for the profile's per-layer fixed cost (raw "
     "numbers only; --model knows its own). >= 1.", lower_bound=1)
@@ -213,12 +216,16 @@ def _token_gap_s() -> float | None:
   return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
 
 
-def _step_model(*, scale_given_ceilings: bool) -> StepModel:
-  """The bound, or with --profile its calibrated model."""
+def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None
+                ) -> StepModel:
+  """The bound, or with --profile its calibrated model (checked against the device)."""
   if _PROFILE.value is None:
     return StepModel.bound()
-  return profiles.step_model(profiles.load_profile(_PROFILE.value),
-                             use_profile_ceilings=not scale_given_ceilings)
+  prof = profiles.load_profile(_PROFILE.value)
+  notes = (profiles.check_applies(prof, accelerator, what_if=_WHAT_IF.value)
+           if accelerator else [])
+  return profiles.step_model(prof, use_profile_ceilings=not scale_given_ceilings,
+                             notes=tuple(notes))
 
 
 def _what_if(holder: flags.FlagHolder) -> float | None:
@@ -235,7 +242,9 @@ def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
       models.load_model(_MODEL.value), device,
       contexts=[int(c) for c in _CONTEXT.value], weight_dtypes=_WEIGHT_DTYPE.value,
       kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
-      model=_step_model(scale_given_ceilings=True), token_gap_s=_token_gap_s(),
+      model=_step_model(scale_given_ceilings=True,
+                        accelerator=_ACCELERATOR.value or device.name),
+      token_gap_s=_token_gap_s(),
       layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
       block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
       max_new_tokens=_SHARED.max_new_tokens.value, group_size=_SHARED.group_size.value)

@@ -19,6 +19,20 @@ every context) and compares it with a profile's prediction:
       --profile=results/profile_cpu.json --batch_sizes=3,48,200 \
       --contexts=300,1500 --json_out=results/validation_cpu.json
 
+From measurements you already have (no timing here; see
+`jaxroof.measure.user_measurements` for the CSV/JSONL columns):
+
+  python -m experiments.calibrate --from_csv=tests/data/trtllm_0.9.0_steps.csv \
+      --accelerator=h200 --profile_out=results/profile_h200_trtllm.json \
+      --json_out=results/user_calibration_h200.json
+  python -m experiments.calibrate --from_csv=tests/data/trtllm_0.9.0_steps.csv \
+      --carry_over --json_out=results/carry_over_trtllm.json
+  python -m experiments.calibrate --from_vllm=a.json,b.json --model=llama-3.1-70b \
+      --accelerator=a100-40gb --served_tp=8 --rows_out=rows.csv
+
+`--from_vllm` maps each run to one decode step analytically (not yet through
+the continuous-batching simulator; the assumptions are in the output).
+
 Figures are labelled: ceilings and step times are measurements (device,
 backend, dtype, timing method in the JSON); predictions are calibrated.
 """
@@ -34,11 +48,17 @@ from experiments import _cli
 from jaxroof.measure import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.measure import calibration_job
+from jaxroof import errors
 from jaxroof.report import calibration as calibration_report
 from jaxroof import files
 from jaxroof.measure import records as measure
 from jaxroof.measure import profiles
+from jaxroof.measure import user_fit
+from jaxroof.measure import user_measurements
+from jaxroof.measure import vllm_results
 from jaxroof.report import table
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters
 
 # Calibration.
 _BUDGET_S = flags.DEFINE_float(
@@ -75,6 +95,35 @@ _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Write inputs, points, factors and errors as JSON here.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", None, "Write a PNG of measured vs predicted step time here.")
+
+# From users' measurements.
+_FROM_CSV = flags.DEFINE_string(
+    "from_csv", None, "Fit to measured step times in this CSV (or .jsonl): columns model, "
+    "accelerator, phase, batch, time_s, context|prompt_tokens, optional weight_dtype, "
+    "kv_dtype, tp, source.")
+_FROM_VLLM = flags.DEFINE_list(
+    "from_vllm", None, "Fit to vLLM `bench serve` result JSONs (or SGLang bench_serving "
+    "JSONL), comma-separated; needs --model and --accelerator.")
+_ACCELERATOR = flags.DEFINE_string(
+    "accelerator", None, "Accelerator slug of the rows to fit (required when the file "
+    "holds several devices, and with --from_vllm).")
+_CARRY_OVER = flags.DEFINE_bool(
+    "carry_over", False, "With --from_csv: fit on each model's rows, predict every other "
+    "model on the same device, and report errors of calibrated vs bound.")
+_MODEL = flags.DEFINE_string(
+    "model", None, "With --from_vllm: the shipped model (or config path) the runs served.")
+_SERVED_TP = flags.DEFINE_integer(
+    "served_tp", 1, "With --from_vllm: tensor-parallel chips the runs were served on "
+    "(their per-chip traffic is split as the CSV's tp column is).", lower_bound=1,
+    upper_bound=1024)
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "With --from_vllm: the served weights' dtype.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+                              "With --from_vllm: the K/V dtype.")
+_ROWS_OUT = flags.DEFINE_string(
+    "rows_out", None, "With --from_vllm: write the derived rows as the documented CSV.")
+_FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of the user fit, "
+                                  "in [10, 100000].", lower_bound=10, upper_bound=100_000)
 
 _cli.require_positive(_BUDGET_S, "s")
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
@@ -161,8 +210,100 @@ def validate() -> None:
                          calibration_report.title(prof) + " (validation)")
 
 
+def _print_user_rows(rows: list[dict], title: str) -> None:
+  print(title)
+  headers = ("line", "model", "phase", "batch", "context/prompt", "tp", "measured ms",
+             "calibrated ms", "error", "bound ms", "bound error")
+  cells = [[r["line"], r["model"], r["phase"], r["batch"],
+            r["context"] or r["prompt_tokens"], r["tp"], f"{r['measured_s'] * 1e3:,.2f}",
+            f"{r['calibrated_s'] * 1e3:,.2f}", f"{r['calibrated_rel_error']:.1%}",
+            f"{r['bound_s'] * 1e3:,.2f}", f"{r['bound_rel_error']:.1%}"] for r in rows]
+  print(table.format_table(headers, cells))
+
+
+def _percent(value) -> str:
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def fit_measurements(measurements: user_measurements.Measurements) -> None:
+  """Fits a profile to measured rows; prints and writes the result."""
+  prof, result = user_fit.calibrate(measurements, accelerator=_ACCELERATOR.value,
+                                    steps=_FIT_STEPS.value)
+  print(f"Calibration of {result['accelerator']} from {len(measurements.rows)} measured "
+        f"rows of {measurements.path} (engine: {prof.backend}).")
+  print(table.format_table(
+      ("factor", "value", "status"),
+      [[name, f"{value:.4g}", "fitted" if name in result["free_factors"]
+        else result["fixed_factors"].get(name, "")]
+       for name, value in result["factors"].items()]))
+  for flag in result["flags"]:
+    print(f"FLAG: {flag}")
+  _print_user_rows(result["heldout_rows"],
+                   "Held-out rows (leave-one-model-out; calibrated prediction vs "
+                   "measurement, and the analytic bound):")
+  print(f"held-out relative error: calibrated median "
+        f"{_percent(result['heldout_median_rel_error'])}, max "
+        f"{_percent(result['heldout_max_rel_error'])}; bound median "
+        f"{_percent(result['bound_heldout_median_rel_error'])}, max "
+        f"{_percent(result['bound_heldout_max_rel_error'])}")
+  if _PROFILE_OUT.value:
+    profiles.save_profile(prof, _PROFILE_OUT.value)
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, result)
+
+
+def carry_over(measurements: user_measurements.Measurements) -> None:
+  """The carry-over study: fit on one model, predict another, per device."""
+  result = user_fit.carry_over(measurements, steps=_FIT_STEPS.value)
+  headers = ("device", "fit on", "predict", "relation", "free factors",
+             "calibrated median", "bound median")
+  cells = [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
+            ", ".join(p["free"]), _percent(p["calibrated"]["median_rel_error"]),
+            _percent(p["bound"]["median_rel_error"])]
+           for p in result["pairs"] if "skipped" not in p]
+  print(f"Carry-over from {measurements.path} (engine: {measurements.engine}):")
+  print(table.format_table(headers, cells))
+  for p in result["pairs"]:
+    if "skipped" in p:
+      print(f"skipped {p['accelerator']} {p['fit_model']} -> {p['target']}: {p['skipped']}")
+  print(f"all predicted rows: calibrated median {_percent(result['median_rel_error'])}, "
+        f"max {_percent(result['max_rel_error'])}; bound median "
+        f"{_percent(result['bound_median_rel_error'])}; targets (median <= 10%, "
+        f"calibrated >= 2x better than bound) met: {result['meets_targets']}")
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, result)
+
+
+def from_vllm() -> None:
+  if not _MODEL.value or not _ACCELERATOR.value:
+    raise errors.InputError(
+        "--from_vllm needs --model=NAME and --accelerator=SLUG: the result files name "
+        "neither the shipped model nor the device.")
+  measurements = vllm_results.read_results(
+      _FROM_VLLM.value, model=_MODEL.value, accelerator=_ACCELERATOR.value,
+      tp=_SERVED_TP.value, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+  print(f"{vllm_results.ASSUMPTIONS[0]}.")
+  if _ROWS_OUT.value:
+    files.write_text(_ROWS_OUT.value, vllm_results.rows_to_csv(measurements.rows))
+  fit_measurements(measurements)
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  if _FROM_CSV.value and _FROM_VLLM.value:
+    raise errors.InputError("give one of --from_csv and --from_vllm, not both.")
+  if _FROM_CSV.value:
+    accelerator = None if _CARRY_OVER.value else _ACCELERATOR.value
+    measurements = user_measurements.read_measurements(
+        _FROM_CSV.value, accelerator=accelerator, several_devices=_CARRY_OVER.value)
+    if _CARRY_OVER.value:
+      carry_over(measurements)
+    else:
+      fit_measurements(measurements)
+    return
+  if _FROM_VLLM.value:
+    from_vllm()
+    return
   if _VALIDATE.value:
     validate()
   else:

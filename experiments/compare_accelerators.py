@@ -31,6 +31,7 @@ from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
+from jaxroof.symbolic.step_model import StepModel
 
 _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size",
                               "group_size", "workspace_fraction", "max_new_tokens")
@@ -48,6 +49,9 @@ _ACCELERATORS = flags.DEFINE_string(
 _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON from `python -m experiments.calibrate`: rows become "
     "calibrated predictions (its factors applied to each device's datasheet figures).")
+_WHAT_IF = flags.DEFINE_bool(
+    "what_if", False, "Allow --profile fitted on another device kind than an accelerator "
+    "compared (its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", None, "Write a PNG here: both rates at one batch, a sorted bar per accelerator.")
@@ -58,6 +62,14 @@ _TOP_N = flags.DEFINE_integer(
     "top_n", 12, "Accelerators the plot shows, best first. >= 1.", lower_bound=1)
 
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
+
+
+def _profile_model(devices) -> StepModel:
+  """--profile's calibrated model, refused for other device kinds without --what_if."""
+  prof = profiles.load_profile(_PROFILE.value)
+  notes = [note for device in devices
+           for note in profiles.check_applies(prof, device.name, what_if=_WHAT_IF.value)]
+  return profiles.step_model(prof, use_profile_ceilings=False, notes=tuple(notes))
 
 
 def main(argv: list[str]) -> None:
@@ -89,8 +101,7 @@ def main(argv: list[str]) -> None:
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
       max_new_tokens=_SHARED.max_new_tokens.value,
-      step_model=None if _PROFILE.value is None else profiles.step_model(
-          profiles.load_profile(_PROFILE.value), use_profile_ceilings=False),
+      step_model=None if _PROFILE.value is None else _profile_model(devices),
       sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))
   result["inputs"]["layout"] = layout.as_dict()
   result["refused"] = refused

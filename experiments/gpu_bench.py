@@ -1,26 +1,24 @@
-"""GPU benchmark: measured ceilings, autotuned Pallas kernels against XLA.
+"""GPU benchmark: ceilings, autotuned Pallas kernels against XLA, calibration.
 
-  PYTHONPATH=. bash experiments/gpu_bench.sh OUT   # GPU tests, then this
-  python -m experiments.gpu_bench --out_dir=OUT    # this alone
+  PYTHONPATH=. bash experiments/gpu_bench.sh OUT            # the GPU run
+  PYTHONPATH=. bash experiments/gpu_bench.sh --dry_run OUT  # same, on a CPU
+  python -m experiments.gpu_bench --out_dir=OUT             # this alone
 
-Needs a GPU: without one it says so and exits 1. It measures the device's
-copy bandwidth and bf16 matmul rate, then for each case (decode attention,
-paged decode attention, the linear layer at decode and prefill row counts)
-autotunes the Pallas kernel, times it and XLA's own, and writes, as each case
-finishes: OUT/ceilings.json, OUT/<case>.json (time, achieved bytes/s and
-FLOP/s, fractions of the ceilings, XLA's times, the issue's targets),
-OUT/summary.json and the tuning cache OUT/autotune_cache/. Cases run in
-priority order; none starts after --budget_s. The logic lives in
-`jaxroof.measure.kernel_benchmark`; this file is kept short on purpose.
+Without --stage it drives the run: every stage (the ceilings, each kernel
+case, the op sweeps with calibration and validation) runs as
+`python -m experiments.gpu_bench --stage=...` in its own subprocess with its
+own timeout, so a CUDA fault or Triton abort ends one stage only. Each stage
+writes its JSON as it finishes, and OUT/summary.json is rewritten after each.
+Needs a GPU unless --dry_run (interpreted kernels on tiny shapes; times mean
+nothing). The logic lives in `jaxroof.measure.gpu_run` and
+`jaxroof.measure.kernel_benchmark`.
 """
 
 from __future__ import annotations
 
-import datetime
+import functools
 import os
 import sys
-import time
-import traceback
 import warnings
 
 import jax
@@ -28,13 +26,21 @@ from absl import flags
 
 from experiments._cli import run
 from jaxroof.errors import InputError
-from jaxroof.files import write_json
-from kernels import _backend
-from jaxroof.measure import kernel_benchmark as benchmark
+from jaxroof.measure import gpu_run
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Folder for the JSON results (required; created)."
 )
+_STAGE = flags.DEFINE_enum(
+    "stage", "all", ["all", "ceilings", "case", "calibrate"],
+    "all drives every stage in its own subprocess; the others run one.",
+)
+_CASE = flags.DEFINE_string("case", None, "With --stage=case: which case.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Run the whole path on a CPU: interpreted kernels, "
+    "tiny shapes and toy (plumbing only, times mean nothing).",
+)
+_QUICK = flags.DEFINE_bool("quick", False, "Small GPU shapes (a smoke run).")
 _MAX_CANDIDATES = flags.DEFINE_integer(
     "max_candidates", 12, "Configs tried per case at most.", lower_bound=1
 )
@@ -43,16 +49,36 @@ _REPEATS = flags.DEFINE_integer(
     lower_bound=3,
 )
 _BUDGET_S = flags.DEFINE_float(
-    "budget_s", 330.0, "Seconds after which no further case starts.",
-    lower_bound=0.0,
+    "budget_s", 420.0, "Seconds for the whole run; a stage starts only with "
+    "a third of its timeout (at most 30 s) left after the time kept for the "
+    "calibration.", lower_bound=1.0,
+)
+_CASE_TIMEOUT_S = flags.DEFINE_float(
+    "case_timeout_s", 75.0, "Seconds a case's subprocess may take.",
+    lower_bound=1.0,
 )
 _TUNE_BUDGET_S = flags.DEFINE_float(
-    "tune_budget_s", 40.0, "Seconds of tuning per case; candidates left then "
+    "tune_budget_s", 30.0, "Seconds of tuning per case; candidates left then "
     "are skipped.", lower_bound=0.0,
 )
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "Small shapes and ceilings (a smoke run, minutes less)."
+_CALIBRATE_BUDGET_S = flags.DEFINE_float(
+    "calibrate_budget_s", 150.0, "Seconds for op sweeps, calibration and "
+    "validation of the toy; 0 skips them.", lower_bound=0.0,
 )
+_RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", "results", "Where the calibrated profile is written.",
+)
+
+
+def _say(line: str) -> None:
+  print(line, flush=True)
+
+
+def _child_flags() -> list[str]:
+  """The flags every stage's subprocess shares with this driver."""
+  names = ("out_dir", "dry_run", "quick", "max_candidates", "repeats",
+           "tune_budget_s", "calibrate_budget_s", "results_dir")
+  return [flags.FLAGS[name].serialize() for name in names]
 
 
 def main(argv: list[str]) -> int:
@@ -61,56 +87,38 @@ def main(argv: list[str]) -> int:
     raise InputError("--out_dir is required: the folder for the results.")
   warnings.filterwarnings("ignore", message="(?i).*triton.*",
                           category=DeprecationWarning)
-  start = time.perf_counter()
-  if jax.default_backend() != "gpu":
+  dry_run = _DRY_RUN.value
+  if not dry_run and jax.default_backend() != "gpu":
     print(f"gpu_bench: NO GPU: jax's default backend is "
           f"{jax.default_backend()!r} ({jax.devices()}); this benchmark only "
-          "runs on a GPU. Nothing was measured.", file=sys.stderr)
+          "runs on a GPU (or with --dry_run). Nothing was measured.",
+          file=sys.stderr)
     return 1
   out_dir = _OUT_DIR.value
-  header = {
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-      "device_kind": _backend.device_kind(),
-      "device_count": jax.device_count(),
-      "jax_version": jax.__version__,
-      "timing": "kernels.device_timing.time_chained: chained dependent calls "
-                "in one jit, wall-clock with block_until_ready, median of "
-                f"{_REPEATS.value} chains, per call",
-  }
-  ceilings = benchmark.measure_ceilings(_REPEATS.value, _QUICK.value)
-  write_json(os.path.join(out_dir, "ceilings.json"), {**header, **ceilings})
-  print(f"ceilings on {header['device_kind']}: copy "
-        f"{ceilings['copy']['bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
-        f"{ceilings['matmul']['flop_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
-  summary = {**header, "ceilings": ceilings, "cases": {}, "skipped": [],
-             "errors": {}}
-  cases = benchmark.QUICK_CASES if _QUICK.value else benchmark.CASES
-  for case in cases:
-    if time.perf_counter() - start > _BUDGET_S.value:
-      summary["skipped"].append(case.name)
-      continue
-    try:
-      record = benchmark.run_case(
-          case, ceilings, out_dir, _REPEATS.value, _MAX_CANDIDATES.value,
-          _TUNE_BUDGET_S.value,
-      )
-    except Exception:  # noqa: BLE001 - one case must not stop the others.
-      summary["errors"][case.name] = traceback.format_exc(limit=4)
-      print(f"{case.name}: ERROR\n{summary['errors'][case.name]}",
-            file=sys.stderr, flush=True)
-    else:
-      record = {**header, **record}
-      write_json(os.path.join(out_dir, f"{case.name}.json"), record)
-      summary["cases"][case.name] = {
-          k: record[k] for k in ("config", "pallas", "xla_best_median_s",
-                                 "pallas_over_xla_best", "targets")
-      }
-      print(benchmark.summary_line(record), flush=True)
-    summary["elapsed_s"] = time.perf_counter() - start
-    write_json(os.path.join(out_dir, "summary.json"), summary)
-  if summary["skipped"]:
-    print(f"skipped (time budget): {', '.join(summary['skipped'])}")
-  return 3 if summary["errors"] else 0
+  os.makedirs(out_dir, exist_ok=True)
+  stage = _STAGE.value
+  if stage == "ceilings":
+    gpu_run.ceilings_stage(out_dir, dry_run=dry_run, say=_say)
+  elif stage == "case":
+    if not _CASE.value:
+      raise InputError("--case is required with --stage=case.")
+    gpu_run.case_stage(
+        out_dir, _CASE.value, dry_run=dry_run, quick=_QUICK.value,
+        repeats=_REPEATS.value, max_candidates=_MAX_CANDIDATES.value,
+        tune_budget_s=_TUNE_BUDGET_S.value, say=_say)
+  elif stage == "calibrate":
+    gpu_run.calibration_stage(
+        out_dir, _RESULTS_DIR.value, dry_run=dry_run,
+        budget_s=_CALIBRATE_BUDGET_S.value, say=_say)
+  else:
+    stages = gpu_run.plan(dry_run=dry_run, quick=_QUICK.value,
+                          case_timeout_s=_CASE_TIMEOUT_S.value,
+                          calibrate_budget_s=_CALIBRATE_BUDGET_S.value)
+    command = [sys.executable, "-m", "experiments.gpu_bench",
+               *_child_flags()]
+    return gpu_run.drive(command, out_dir, stages, budget_s=_BUDGET_S.value,
+                         dry_run=dry_run, say=functools.partial(_say))
+  return 0
 
 
 if __name__ == "__main__":

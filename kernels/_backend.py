@@ -170,19 +170,42 @@ def device_kind_slug(kind: str | None = None) -> str:
   return re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_") or "unknown"
 
 
+# The GPU whose lowering rules cross-lowering for cuda uses without a GPU.
+CROSS_LOWERING_GPU_KIND = "NVIDIA H100 80GB HBM3"
+CROSS_LOWERING_GPU_CORES = 132
+
+
+def _abstract_device(platform: str) -> Any | None:
+  """The abstract device cross-lowering for `platform` stands in with.
+
+  None when the platform's lowering needs none: the TPU lowering always asks
+  for the TPU generation; the Pallas GPU lowering asks for GPU info only
+  from jax 0.11 (feature-detected by `pltriton.get_gpu_info`), and on older
+  versions an abstract mesh is not needed.
+  """
+  if platform == "tpu":
+    return jax.sharding.AbstractDevice(
+        device_kind=CROSS_LOWERING_TPU_KIND, num_cores=1, platform="tpu")
+  if platform in ("cuda", "rocm") and hasattr(pltriton, "get_gpu_info"):
+    return jax.sharding.AbstractDevice(
+        device_kind=CROSS_LOWERING_GPU_KIND,
+        num_cores=CROSS_LOWERING_GPU_CORES, platform=platform)
+  return None
+
+
 @contextlib.contextmanager
 def _lowering_context(platform: str) -> Iterator[None]:
-  """Lets the Mosaic TPU lowering run where no TPU is attached.
+  """Lets a platform's lowering run where no such device is attached.
 
-  The Mosaic lowering asks the default device for its TPU generation; an
-  abstract mesh with a TPU abstract device answers instead.
+  The Mosaic TPU lowering (and, from jax 0.11, the Pallas GPU lowering) asks
+  the default device what it is; an abstract mesh of one abstract device of
+  that platform answers instead. On the platform itself nothing changes.
   """
-  if platform != "tpu" or jax.default_backend() == "tpu":
+  native = {"tpu": "tpu", "cuda": "gpu", "rocm": "gpu"}.get(platform)
+  device = _abstract_device(platform)
+  if device is None or jax.default_backend() == native:
     yield
     return
-  device = jax.sharding.AbstractDevice(
-      device_kind=CROSS_LOWERING_TPU_KIND, num_cores=1, platform="tpu"
-  )
   mesh = jax.sharding.AbstractMesh((1,), ("_",), abstract_device=device)
   with jax.sharding.use_abstract_mesh(mesh):
     yield

@@ -27,26 +27,25 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxroof.errors import InputError, require_choice, require_finite
+from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
-from kernels import device_timing
+from kernels import base
+from kernels import _attention
+from kernels._attention import (  # noqa: F401 - part of this module's API.
+    CHECK_NOTE, LENGTHS, SUPPORTED_DTYPES, attend_chunk, check_lengths,
+    combine_splits, default_scale, example_args, example_lengths, init_state,
+    tolerance, with_ragged_lengths,
+)
 from kernels._backend import (
     MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
 )
 
 OP_NAME = "decode_attention"
-# What the autotuner checks a candidate's output on, for its cache record.
-CHECK_NOTE = ("the timed arguments with ragged lengths, including 1 and "
-              "max_len (with_ragged_lengths), then the timed arguments")
-SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 _F32 = jnp.float32
-# Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
-_EXACT = lax.Precision.HIGHEST
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,29 +128,6 @@ def problem_of(q, k, v, lengths) -> DecodeProblem:
   )
 
 
-def check_lengths(lengths, max_len: int) -> None:
-  """Checks 1 <= lengths <= max_len when the values are known (not traced)."""
-  try:
-    values = np.asarray(lengths)
-  except (jax.errors.TracerArrayConversionError,
-          jax.errors.ConcretizationTypeError):
-    return  # Traced under jit: the values are not known yet.
-  bad = np.flatnonzero((values < 1) | (values > max_len))
-  if bad.size:
-    i = int(bad[0])
-    raise InputError(
-        f"lengths[{i}]={int(values[i])} is not allowed: each length must be "
-        f"in 1..{max_len} (max_len)."
-    )
-
-
-def default_scale(head_dim: int, scale: float | None) -> float:
-  """1/sqrt(head_dim) unless a scale is given."""
-  if scale is None:
-    return 1.0 / math.sqrt(head_dim)
-  return require_finite("scale", scale)
-
-
 def reference(q, k, v, lengths, *, scale: float | None = None):
   """Plain jnp decode attention in float32: the definition of correct."""
   batch, heads, head_dim = q.shape
@@ -171,58 +147,7 @@ def reference(q, k, v, lengths, *, scale: float | None = None):
   return out.reshape(batch, heads, head_dim).astype(q.dtype)
 
 
-def tolerance(dtype) -> tuple[float, float]:
-  """(rtol, atol) against the reference for outputs of order one."""
-  if jnp.dtype(dtype) == jnp.float32:
-    return 2e-5, 2e-5
-  return 2e-2, 2e-2
-
-
 # Kernel -----------------------------------------------------------------------
-
-
-def init_state(block_h: int, head_dim: int):
-  """Online-softmax state (acc, running max, running sum), all float32."""
-  return (
-      jnp.zeros((block_h, head_dim), _F32),
-      jnp.full((block_h, 1), jnp.finfo(_F32).min, _F32),
-      jnp.zeros((block_h, 1), _F32),
-  )
-
-
-def attend_chunk(q, keys, vals, first, length, state, *, scale: float):
-  """One online-softmax step of q over a chunk of K/V positions.
-
-  Args:
-    q: (block_h, head_dim) query rows.
-    keys, vals: (chunk, head_dim) K and V of positions first, first + 1, ...
-    first: the sequence position of the chunk's first row.
-    length: the sequence's length; positions >= length are masked, and
-      their values zeroed so that NaN in unused cache slots cannot leak.
-    state: (acc, m, l) from `init_state` or the previous chunk.
-    scale: softmax scale.
-
-  Returns:
-    The updated state. The chunk must hold at least one valid position.
-  """
-  acc, m, l = state
-  chunk = keys.shape[0]
-  # (block_h, head_dim) x (chunk, head_dim) -> (block_h, chunk)
-  s = lax.dot_general(
-      q, keys, (((1,), (1,)), ((), ())), precision=_EXACT,
-      preferred_element_type=_F32,
-  )
-  row = first + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
-  col = first + lax.broadcasted_iota(jnp.int32, (chunk, 1), 0)
-  s = jnp.where(row < length, s * scale, -jnp.inf)
-  m_next = jnp.maximum(m, s.max(axis=1, keepdims=True))
-  correction = jnp.exp(m - m_next)
-  p = jnp.exp(s - m_next)
-  l_next = l * correction + p.sum(axis=1, keepdims=True)
-  vals = jnp.where(col < length, vals, 0)
-  pv = jnp.dot(p.astype(vals.dtype), vals, precision=_EXACT,
-               preferred_element_type=_F32)
-  return acc * correction + pv, m_next, l_next
 
 
 def _decode_kernel(
@@ -230,14 +155,17 @@ def _decode_kernel(
     q_ref,  # (heads_per_block, block_h, head_dim)
     k_ref,  # (split_len, heads_per_block, head_dim)
     v_ref,  # (split_len, heads_per_block, head_dim)
-    o_ref,  # (heads_per_block, block_h, head_dim) float32, unnormalised
-    m_ref,  # (heads_per_block, block_h, 1) float32, running max
-    l_ref,  # (heads_per_block, block_h, 1) float32, running sum
-    *,
+    *out_refs,
     block_k: int,
     scale: float,
 ):
-  """One (sequence, KV-head block, split): online softmax over its range."""
+  """One (sequence, KV-head block, split): online softmax over its range.
+
+  `out_refs` is (o, m, l) per split, each (heads_per_block, block_h, ...)
+  float32 with o unnormalised, for the combine; with a single split it is
+  just the output (heads_per_block, block_h, head_dim), normalised here, in
+  q's dtype: nothing is left to combine.
+  """
   split_len, heads_per_block, head_dim = k_ref.shape
   block_h = q_ref.shape[1]
   start = pl.program_id(2) * split_len
@@ -259,21 +187,13 @@ def _decode_kernel(
     acc, m, l = lax.fori_loop(
         0, n_chunks, step, init_state(block_h, head_dim)
     )
-    o_ref[h] = acc
-    m_ref[h] = m
-    l_ref[h] = l
-
-
-def combine_splits(o, m, l):
-  """Log-sum-exp merge over axis 2 of per-split (o, m, l); returns o / l.
-
-  A split with no valid position has m = finfo.min and l = 0, so its weight
-  exp(m - max) is 0; split 0 always holds position 0, so the sum is positive.
-  """
-  m_max = m.max(axis=2, keepdims=True)
-  weight = jnp.exp(m - m_max)
-  total = (weight * l).sum(axis=2)
-  return (weight * o).sum(axis=2) / total
+    if len(out_refs) == 1:
+      out_refs[0][h] = (acc / l).astype(out_refs[0].dtype)
+    else:
+      o_ref, m_ref, l_ref = out_refs
+      o_ref[h] = acc
+      m_ref[h] = m
+      l_ref[h] = l
 
 
 def decode_attention(
@@ -309,7 +229,7 @@ def decode_attention(
   target = _backend.resolve_target(platform, interpret)
   if config is None:
     config = autotune.choose_config(TUNABLE, (q, k, v, lengths), target)
-  validate(config, problem, target.rules)
+  TUNABLE.validate(config, problem, target.rules)
   return _decode_call(
       q, k, v, lengths, config=config, target=target,
       scale=default_scale(problem.head_dim, scale),
@@ -319,7 +239,7 @@ def decode_attention(
 def _decode_call(
     q, k, v, lengths, *, config, target: Target, scale: float | None = None
 ):
-  """The pallas_call and the combine, for a validated config."""
+  """The pallas_call (and, with several splits, the combine)."""
   p = problem_of(q, k, v, lengths)
   scale = default_scale(p.head_dim, scale)
   hb = config.kv_heads_per_block
@@ -335,7 +255,17 @@ def _decode_call(
   part_spec = lambda last: pl.BlockSpec(  # noqa: E731
       (None, hb, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0)
   )
-  o, m, l = pl.pallas_call(
+  if config.num_splits == 1:
+    out_specs = pl.BlockSpec(
+        (None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0))
+    out_shape = jax.ShapeDtypeStruct(
+        (p.batch, p.kv_heads, p.block_h, p.head_dim), q.dtype)
+  else:
+    out_specs = [part_spec(p.head_dim), part_spec(1), part_spec(1)]
+    out_shape = [jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
+                 jax.ShapeDtypeStruct((*part, 1), _F32),
+                 jax.ShapeDtypeStruct((*part, 1), _F32)]
+  out = pl.pallas_call(
       functools.partial(_decode_kernel, block_k=config.block_k, scale=scale),
       grid=grid,
       in_specs=[
@@ -346,12 +276,8 @@ def _decode_call(
           kv_spec,
           kv_spec,
       ],
-      out_specs=[part_spec(p.head_dim), part_spec(1), part_spec(1)],
-      out_shape=[
-          jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
-          jax.ShapeDtypeStruct((*part, 1), _F32),
-          jax.ShapeDtypeStruct((*part, 1), _F32),
-      ],
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=_backend.compiler_params(
           target,
           num_warps=config.num_warps,
@@ -361,7 +287,9 @@ def _decode_call(
       interpret=target.interpret,
       name=OP_NAME,
   )(lengths, qg, k, v)
-  out = combine_splits(o, m, l)[:, :, : p.group]
+  if config.num_splits > 1:
+    out = combine_splits(*out)
+  out = out[:, :, : p.group]
   return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)
 
 
@@ -373,11 +301,9 @@ def why_invalid(
 ) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  for name in ("block_k", "num_splits", "kv_heads_per_block", "num_warps",
-               "num_stages"):
-    value = getattr(c, name)
-    if not isinstance(value, int) or value < 1:
-      return f"{name}={value!r} must be a whole number >= 1"
+  reason = base.why_not_positive(c)
+  if reason:
+    return reason
   if p.dtype not in SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.max_len % (c.num_splits * c.block_k):
@@ -400,7 +326,7 @@ def why_invalid(
       return f"num_warps={c.num_warps} must be a power of two <= 16"
     smem = c.num_stages * 2 * c.block_k * p.head_dim * p.itemsize
     if smem > _backend.TRITON_SMEM_BUDGET_BYTES:
-      return f"num_stages*K/V chunk bytes={smem} exceed shared memory budget"
+      return f"num_stages*K/V chunk bytes={smem} exceed the shared memory budget"
   elif rules == "mosaic_tpu":
     if c.kv_heads_per_block != p.kv_heads and c.kv_heads_per_block % 8:
       return (
@@ -415,21 +341,13 @@ def why_invalid(
   return None
 
 
-def validate(
-    config: DecodeAttentionConfig, problem: DecodeProblem, rules: str
-) -> None:
-  """Raises InputError if `config` cannot run `problem` under `rules`."""
-  reason = why_invalid(config, problem, rules)
-  if reason:
-    raise InputError(f"config {config} does not fit {problem}: {reason}.")
-
-
 def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
   """A config that fits `problem`, chosen without timing anything.
 
   GPU: one KV head per program, chunks of 64 positions (128 for small heads),
-  and enough splits for about 256 programs, so the KV reads of a small batch
-  still spread over every SM. TPU: all KV heads in one block (layout rules),
+  and enough splits for two programs per SM of the device
+  (`base.target_programs`), so the KV reads of a small batch still spread
+  over every SM. TPU: all KV heads in one block (layout rules),
   large chunks, two splits for the two cores of a megacore. Interpreter: two
   splits so the combine is exercised, nothing else matters.
 
@@ -439,30 +357,24 @@ def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
   p = problem
   if rules == "mosaic_tpu":
     block_k = largest_pow2_divisor(p.max_len, 512, 128)
-    base = DecodeAttentionConfig(block_k=block_k or 128,
-                                 kv_heads_per_block=p.kv_heads)
+    first = DecodeAttentionConfig(block_k=block_k or 128,
+                                  kv_heads_per_block=p.kv_heads)
     splits = [2, 1, 4, 8, 16, 32, 64]
   else:
     cap = 64 if p.head_dim >= 128 else 128
     block_k = largest_pow2_divisor(p.max_len, cap, MIN_DOT)
-    base = DecodeAttentionConfig(block_k=block_k or MIN_DOT)
+    first = DecodeAttentionConfig(block_k=block_k or MIN_DOT)
     if rules == "interpret":
       splits = [2, 1]
     else:
-      want = max(1, math.ceil(256 / (p.batch * p.kv_heads)))
-      first = min(next_power_of_two(want), 64)
-      splits = [first]
-      while splits[-1] > 1:
-        splits.append(splits[-1] // 2)
-  for s in splits:
-    config = dataclasses.replace(base, num_splits=s)
-    if why_invalid(config, p, rules) is None:
-      return config
-  raise InputError(
-      f"no decode attention config fits {p} for {rules}: "
-      f"{why_invalid(dataclasses.replace(base, num_splits=1), p, rules)}. "
-      "Allocate the cache with max_len a multiple of 128, or use `reference`."
-  )
+      programs = base.target_programs(rules)
+      want = max(1, math.ceil(programs / (p.batch * p.kv_heads)))
+      splits = base.halvings(min(next_power_of_two(want), 64))
+  return TUNABLE.first_fitting(
+      (dataclasses.replace(first, num_splits=s) for s in splits), p, rules,
+      fallback=dataclasses.replace(first, num_splits=1),
+      advice=" Allocate the cache with max_len a multiple of 128, or use "
+      "`reference`.")
 
 
 def candidates(
@@ -489,72 +401,6 @@ def candidates(
   return list(dict.fromkeys([first, *grid]))
 
 
-def config_space(
-    problem: DecodeProblem, rules: str
-) -> list[DecodeAttentionConfig]:
-  """The candidates that fit `problem` under `rules`."""
-  return [
-      c for c in candidates(problem, rules)
-      if why_invalid(c, problem, rules) is None
-  ]
-
-
-# Autotuning hooks -------------------------------------------------------------
-
-
-LENGTHS = ("full", "ragged")
-
-
-def example_lengths(key: jax.Array, batch: int, max_len: int,
-                    lengths: str = "full") -> jax.Array:
-  """int32[batch] sequence lengths for example inputs.
-
-  Args:
-    key: for the random lengths.
-    batch: sequences.
-    max_len: the longest allowed length.
-    lengths: "full" (all max_len) or "ragged": random in 1..max_len, the
-      first 1 and (batch >= 2) the last max_len, so empty splits, ragged
-      tails and full sequences all occur.
-  """
-  require_choice("lengths", lengths, LENGTHS)
-  if lengths == "full":
-    return jnp.full((batch,), max_len, jnp.int32)
-  lens = jax.random.randint(key, (batch,), 1, max_len + 1, jnp.int32)
-  lens = lens.at[0].set(1)
-  return lens.at[-1].set(max_len) if batch > 1 else lens
-
-
-def example_args(
-    problem: DecodeProblem, key: jax.Array, *, lengths: str = "full"
-):
-  """Random inputs for `problem`; `lengths` as for `example_lengths`."""
-  kq, kk, kv, kl = jax.random.split(key, 4)
-  p = problem
-  dtype = jnp.dtype(p.dtype)
-  q = jax.random.normal(kq, (p.batch, p.heads, p.head_dim), dtype)
-  shape = (p.batch, p.max_len, p.kv_heads, p.head_dim)
-  k = jax.random.normal(kk, shape, dtype)
-  v = jax.random.normal(kv, shape, dtype)
-  return q, k, v, example_lengths(kl, p.batch, p.max_len, lengths)
-
-
-def with_ragged_lengths(args, key: jax.Array):
-  """(q, k, v, lengths) with ragged lengths instead (`example_lengths`)."""
-  q, k, v, _ = args
-  batch, max_len = k.shape[:2]
-  return q, k, v, example_lengths(key, batch, max_len, "ragged")
-
-
-def _chain_feed(args, out):
-  """Next call's args: q from the output, one K and one V element rewritten.
-
-  As a decode step writes its new row (see `device_timing.poke`).
-  """
-  q, k, v, lengths = args
-  return out, device_timing.poke(k, out), device_timing.poke(v, out), lengths
-
-
 TUNABLE = autotune.TunableOp(
     name=OP_NAME,
     config_type=DecodeAttentionConfig,
@@ -565,11 +411,13 @@ TUNABLE = autotune.TunableOp(
     why_invalid=why_invalid,
     heuristic=heuristic,
     tolerance=tolerance,
-    chain_feed=_chain_feed,
+    chain_feed=_attention.contiguous_chain_feed,
     example_args=example_args,
     key_fields=("dtype", "heads", "kv_heads", "head_dim"),
     bucketed_fields=("batch", "max_len"),
-    check_args=with_ragged_lengths,
+    check_args=_attention.with_ragged_lengths,
     check_note=CHECK_NOTE,
     timing_note="example_args: every length max_len",
 )
+validate = TUNABLE.validate
+config_space = TUNABLE.config_space

@@ -10,9 +10,11 @@ Layouts: x (M, K), w (K, N), output (M, N) in x's dtype, f32 accumulation.
 
 Each program computes one (block_m, block_n) output tile over a K range,
 looping over it in block_k steps; with `split_k > 1` the K ranges of one tile
-are separate programs whose float32 partial sums are added in plain jnp. Rows
-of x are padded to a multiple of block_m (a copy of x only, which is small in
-decode), because a Triton block past the array's edge is not masked.
+are separate programs whose float32 partial sums are added in plain jnp. A
+Triton block past the array's edge is not masked, so when x has fewer rows
+than one row tile (decode) the GPU kernel masks its loads of x and stores of
+the output by row; with several row tiles, and on TPU, rows of x are padded to
+a multiple of block_m (a copy of x only).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 from jaxroof.errors import InputError
 from kernels import _backend
+from kernels import _linear_tpu
 from kernels import autotune
+from kernels import base
 from kernels import device_timing
 from kernels._backend import (
     MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
@@ -38,6 +42,7 @@ from kernels._backend import (
 OP_NAME = "linear"
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MAX_ROWS = 64  # Up to this many rows the heuristic streams weights.
+SMALL_ROWS = 16  # Up to this many rows the heuristic prefers split_k=1.
 _F32 = jnp.float32
 # Without it the Triton lowering runs float32 dots in TF32 (10-bit mantissa).
 _EXACT = lax.Precision.HIGHEST
@@ -119,21 +124,38 @@ def _linear_kernel(
     o_ref,  # (block_m, block_n): output dtype, or float32 partial sums
     *,
     block_k: int,
+    valid_rows: int | None = None,
 ):
-  """One output tile over one K range, in block_k steps."""
+  """One output tile over one K range, in block_k steps.
+
+  With `valid_rows` (x has fewer rows than the tile), rows at or past it are
+  neither read from x (they load as 0) nor written to the output.
+  """
   block_m, k_range = x_ref.shape
   block_n = w_ref.shape[1]
 
+  def load_x(offset):
+    window = x_ref.at[:, pl.ds(offset, block_k)]  # (block_m, block_k)
+    if valid_rows is None:
+      return window[...]
+    row = lax.broadcasted_iota(jnp.int32, (block_m, block_k), 0)
+    return pltriton.load(window, mask=row < valid_rows, other=0)
+
   def step(i, acc):
     offset = pl.multiple_of(i * block_k, block_k)
-    x = x_ref[:, pl.ds(offset, block_k)]  # (block_m, block_k)
     w = w_ref[pl.ds(offset, block_k), :]  # (block_k, block_n)
-    return acc + jnp.dot(x, w, precision=_EXACT, preferred_element_type=_F32)
+    return acc + jnp.dot(load_x(offset), w, precision=_EXACT,
+                         preferred_element_type=_F32)
 
   acc = lax.fori_loop(
       0, k_range // block_k, step, jnp.zeros((block_m, block_n), _F32)
   )
-  o_ref[...] = acc.astype(o_ref.dtype)
+  out = acc.astype(o_ref.dtype)
+  if valid_rows is None:
+    o_ref[...] = out
+  else:
+    row = lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
+    pltriton.store(o_ref, out, mask=row < valid_rows)
 
 
 def tile_of(t, *, num_m: int, num_n: int, group_m: int):
@@ -175,7 +197,7 @@ def linear(
   target = _backend.resolve_target(platform, interpret)
   if config is None:
     config = autotune.choose_config(TUNABLE, (x, w), target)
-  validate(config, problem, target.rules)
+  TUNABLE.validate(config, problem, target.rules)
   return _linear_call(x, w, config=config, target=target)
 
 
@@ -185,21 +207,26 @@ def _linear_call(x, w, *, config: LinearConfig, target: Target):
   c = config
   num_m = pl.cdiv(p.m, c.block_m)
   num_n = p.n // c.block_n
-  if num_m * c.block_m != p.m:
+  masked = target.platform != "tpu" and p.m < c.block_m
+  if num_m * c.block_m != p.m and not masked:
     x = jnp.pad(x, ((0, num_m * c.block_m - p.m), (0, 0)))
   tile = functools.partial(tile_of, num_m=num_m, num_n=num_n,
                            group_m=c.group_m)
   if target.platform == "tpu":
-    out = _linear_call_tpu(x, w, config=c, target=target, tile=tile,
-                           tiles=num_m * num_n)
+    out = _linear_tpu.linear_call(x, w, config=c, target=target, tile=tile,
+                                  tiles=num_m * num_n, name=OP_NAME)
   else:
     out = _linear_call_gpu(x, w, config=c, target=target, tile=tile,
-                           tiles=num_m * num_n)
+                           tiles=num_m * num_n,
+                           valid_rows=p.m if masked else None)
   return out[: p.m]
 
 
-def _linear_call_gpu(x, w, *, config, target, tile, tiles):
-  """Triton structure: a K loop inside each program; split-K as a grid axis."""
+def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows):
+  """Triton structure: a K loop inside each program; split-K as a grid axis.
+
+  `valid_rows`: x's rows when fewer than one tile (masked, not padded).
+  """
   c = config
   rows, k = x.shape
   n = w.shape[1]
@@ -217,7 +244,8 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles):
     out_spec = pl.BlockSpec((c.block_m, c.block_n), o_index)
   grid = (tiles, c.split_k)
   out = pl.pallas_call(
-      functools.partial(_linear_kernel, block_k=c.block_k),
+      functools.partial(_linear_kernel, block_k=c.block_k,
+                        valid_rows=valid_rows),
       grid=grid,
       in_specs=[
           pl.BlockSpec((c.block_m, k_range), lambda t, s: (tile(t)[0], s)),
@@ -239,56 +267,6 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles):
   return out
 
 
-def _linear_kernel_tpu(
-    x_ref,  # (block_m, block_k)
-    w_ref,  # (block_k, block_n)
-    o_ref,  # (block_m, block_n)
-    acc_ref,  # (block_m, block_n) float32 scratch in VMEM
-):
-  """One output tile, one K step: the K grid axis runs in order on a core."""
-
-  @pl.when(pl.program_id(1) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision=_EXACT,
-                         preferred_element_type=_F32)
-
-  @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
-  def _():
-    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def _linear_call_tpu(x, w, *, config, target, tile, tiles):
-  """Mosaic TPU structure: K as the last grid axis, f32 accumulator in VMEM.
-
-  Blocks are copied into VMEM, so full-K windows (the GPU structure) would
-  not fit for large K; split_k is always 1 here.
-  """
-  c = config
-  rows, k = x.shape
-  grid = (tiles, k // c.block_k)
-  return pl.pallas_call(
-      _linear_kernel_tpu,
-      grid=grid,
-      in_specs=[
-          pl.BlockSpec((c.block_m, c.block_k), lambda t, s: (tile(t)[0], s)),
-          pl.BlockSpec((c.block_k, c.block_n), lambda t, s: (s, tile(t)[1])),
-      ],
-      out_specs=pl.BlockSpec((c.block_m, c.block_n), lambda t, s: tile(t)),
-      out_shape=jax.ShapeDtypeStruct((rows, w.shape[1]), x.dtype),
-      scratch_shapes=[pltpu.VMEM((c.block_m, c.block_n), _F32)],
-      compiler_params=_backend.compiler_params(
-          target,
-          num_warps=c.num_warps,
-          num_stages=c.num_stages,
-          dimension_semantics=("parallel", "arbitrary"),
-      ),
-      interpret=target.interpret,
-      name=OP_NAME,
-  )(x, w)
-
-
 # Configs ----------------------------------------------------------------------
 
 
@@ -297,11 +275,9 @@ def why_invalid(
 ) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  for name in ("block_m", "block_n", "block_k", "split_k", "group_m",
-               "num_warps", "num_stages"):
-    value = getattr(c, name)
-    if not isinstance(value, int) or value < 1:
-      return f"{name}={value!r} must be a whole number >= 1"
+  reason = base.why_not_positive(c)
+  if reason:
+    return reason
   if p.dtype not in SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.k % (c.split_k * c.block_k):
@@ -342,66 +318,53 @@ def why_invalid(
   return None
 
 
-def validate(config: LinearConfig, problem: LinearProblem,
-             rules: str) -> None:
-  """Raises InputError if `config` cannot run `problem` under `rules`."""
-  reason = why_invalid(config, problem, rules)
-  if reason:
-    raise InputError(f"config {config} does not fit {problem}: {reason}.")
-
-
-def _fit(problem: LinearProblem, base: LinearConfig, rules: str,
-         splits: list[int]) -> LinearConfig:
-  for split in splits:
-    config = dataclasses.replace(base, split_k=split)
-    if why_invalid(config, problem, rules) is None:
-      return config
-  raise InputError(
-      f"no linear config fits {problem} for {rules}: "
-      f"{why_invalid(dataclasses.replace(base, split_k=1), problem, rules)}."
-      " N and K must be multiples of 16 (128 on TPU); or use `reference`."
-  )
+_ADVICE = " N and K must be multiples of 16 (128 on TPU); or use `reference`."
 
 
 def heuristic(problem: LinearProblem, rules: str) -> LinearConfig:
   """A config that fits `problem`, chosen without timing anything.
 
   GPU, decode (M <= 64): one row tile, narrow column tiles and split-K so
-  about 264 programs (two per H100/H200 SM) stream the weights, deep
-  pipelining. GPU, prefill: 128x128 tiles, grouped launch order, 8 warps.
+  about two programs per SM of the device (`base.target_programs`) stream
+  the weights, deep pipelining; at M <= 16 split_k=1 comes first (no
+  partial-sum epilogue, which costs as much as the rows are few). GPU, prefill: 128x128 tiles, grouped launch order, 8 warps.
   TPU: tiles up to 512x512, K steps up to 1024. Interpreter: the GPU
   shape with at most 2 splits.
   """
   p = problem
   if rules == "mosaic_tpu":
     sublanes = 8 * (4 // p.itemsize)
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=min(512, -(-p.m // sublanes) * sublanes),
         block_n=largest_pow2_divisor(p.n, 512, 128) or p.n,
         block_k=largest_pow2_divisor(p.k, 1024, 128) or p.k,
     )
-    return _fit(p, base, rules, [1])
+    return TUNABLE.first_fitting([first], p, rules, fallback=first,
+                                 advice=_ADVICE)
   block_n_cap, block_k_cap = (64, 128) if p.m <= DECODE_MAX_ROWS else (128, 64)
   block_n = largest_pow2_divisor(p.n, block_n_cap, MIN_DOT) or MIN_DOT
   block_k = largest_pow2_divisor(p.k, block_k_cap, MIN_DOT) or MIN_DOT
   if p.m <= DECODE_MAX_ROWS:
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=max(MIN_DOT, next_power_of_two(p.m)), block_n=block_n,
         block_k=block_k, num_warps=4, num_stages=4,
     )
-    want = max(1, math.ceil(264 / (p.n // block_n)))
+    want = max(1, math.ceil(base.target_programs(rules) / (p.n // block_n)))
     splits = [min(16, next_power_of_two(want))]
   else:
-    base = LinearConfig(
+    first = LinearConfig(
         block_m=128 if p.m >= 128 else 64, block_n=block_n, block_k=block_k,
         group_m=8, num_warps=8 if block_n >= 128 else 4, num_stages=3,
     )
     splits = [1]
   if rules == "interpret":
     splits = [min(2, splits[0])]
-  while splits[-1] > 1:
-    splits.append(splits[-1] // 2)
-  return _fit(p, base, rules, splits)
+  splits = base.halvings(splits[0])
+  if p.m <= SMALL_ROWS and rules == "triton":
+    splits = [1, *splits]
+  return TUNABLE.first_fitting(
+      (dataclasses.replace(first, split_k=s) for s in splits), p, rules,
+      fallback=dataclasses.replace(first, split_k=1), advice=_ADVICE)
 
 
 def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
@@ -436,14 +399,6 @@ def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
         for bm, bn, bk, nw, ns in shapes
     ]
   return list(dict.fromkeys([first, *grid]))
-
-
-def config_space(problem: LinearProblem, rules: str) -> list[LinearConfig]:
-  """The candidates that fit `problem` under `rules`."""
-  return [
-      c for c in candidates(problem, rules)
-      if why_invalid(c, problem, rules) is None
-  ]
 
 
 # Autotuning hooks -------------------------------------------------------------
@@ -485,3 +440,5 @@ TUNABLE = autotune.TunableOp(
     key_fields=("dtype", "k", "n"),
     bucketed_fields=("m",),  # Rows: the batch (decode) or tokens (prefill).
 )
+validate = TUNABLE.validate
+config_space = TUNABLE.config_space

@@ -2,9 +2,12 @@
 
 The cache is a pool of fixed-size pages shared by all sequences; sequence b's
 positions [i*page_size, (i+1)*page_size) live in page `block_tables[b, i]`.
-Same math and flash-decoding splits as `kernels.decode_attention` (whose
-online-softmax step and combine this reuses); only where a chunk of K/V comes
-from differs: one page per inner step, looked up in the block table.
+Same math and flash-decoding splits as `kernels.decode_attention` (the
+online-softmax step and combine of `kernels._attention`); only where a chunk
+of K/V comes from differs: one page per inner step, looked up in the block
+table. The kernel clamps each page id it reads into 0..num_pages-1, so a bad
+table entry under jit (where values are not checked) reads a wrong page
+rather than memory outside the pool.
 
 Layouts:
   q:             (batch, heads, head_dim)
@@ -36,8 +39,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxroof.errors import InputError
+from kernels import _attention
 from kernels import _backend
 from kernels import autotune
+from kernels import base
 from kernels import decode_attention
 from kernels import device_timing
 from kernels._backend import MIN_DOT, Target, is_power_of_two, next_power_of_two
@@ -165,10 +170,6 @@ def reference(q, k_pages, v_pages, block_tables, lengths, *,
   )
 
 
-def tolerance(dtype) -> tuple[float, float]:
-  return decode_attention.tolerance(dtype)
-
-
 def _paged_kernel(
     tables_ref,  # (batch, pages_per_seq) int32, whole array
     lengths_ref,  # (batch,) int32, whole array
@@ -183,7 +184,7 @@ def _paged_kernel(
     scale: float,
 ):
   """One (sequence, KV head, split): online softmax over its pages."""
-  _, page_size, head_dim = k_ref.shape
+  num_pages, page_size, head_dim = k_ref.shape
   b = pl.program_id(0)
   first_page = pl.program_id(2) * pages_per_split
   length = lengths_ref[b]
@@ -193,14 +194,14 @@ def _paged_kernel(
   q = q_ref[...]
 
   def step(i, state):
-    page = tables_ref[b, first_page + i]
-    return decode_attention.attend_chunk(
+    page = jnp.clip(tables_ref[b, first_page + i], 0, num_pages - 1)
+    return _attention.attend_chunk(
         q, k_ref[page], v_ref[page], start + i * page_size, length, state,
         scale=scale,
     )
 
   acc, m, l = lax.fori_loop(
-      0, n_pages, step, decode_attention.init_state(q.shape[0], head_dim)
+      0, n_pages, step, _attention.init_state(q.shape[0], head_dim)
   )
   o_ref[...] = acc
   m_ref[...] = m
@@ -225,14 +226,14 @@ def paged_decode_attention(
     InputError: bad shapes or dtypes, a config that does not fit, or TPU.
   """
   problem = problem_of(q, k_pages, v_pages, block_tables, lengths)
-  decode_attention.check_lengths(lengths, problem.max_len)
+  _attention.check_lengths(lengths, problem.max_len)
   check_block_tables(block_tables, lengths, problem.num_pages,
                      problem.page_size)
   target = _backend.resolve_target(platform, interpret)
   args = (q, k_pages, v_pages, block_tables, lengths)
   if config is None:
     config = autotune.choose_config(TUNABLE, args, target)
-  validate(config, problem, target.rules)
+  TUNABLE.validate(config, problem, target.rules)
   return _paged_call(*args, config=config, target=target, scale=scale)
 
 
@@ -240,7 +241,7 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
                 target: Target, scale: float | None = None):
   """The pallas_call and the combine, for a validated config."""
   p = problem_of(q, k_pages, v_pages, block_tables, lengths)
-  scale = decode_attention.default_scale(p.head_dim, scale)
+  scale = _attention.default_scale(p.head_dim, scale)
   qg = q.reshape(p.batch, p.kv_heads, p.group, p.head_dim)
   qg = jnp.pad(qg, ((0, 0), (0, 0), (0, p.block_h - p.group), (0, 0)))
   grid = (p.batch, p.kv_heads, config.num_splits)
@@ -284,7 +285,7 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
       interpret=target.interpret,
       name=OP_NAME,
   )(block_tables, lengths, qg, k_pages, v_pages)
-  out = decode_attention.combine_splits(o, m, l)[:, :, : p.group]
+  out = _attention.combine_splits(o, m, l)[:, :, : p.group]
   return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)
 
 
@@ -292,11 +293,10 @@ def why_invalid(config: PagedAttentionConfig, problem: PagedProblem,
                 rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  for name in ("num_splits", "num_warps", "num_stages"):
-    value = getattr(c, name)
-    if not isinstance(value, int) or value < 1:
-      return f"{name}={value!r} must be a whole number >= 1"
-  if p.dtype not in decode_attention.SUPPORTED_DTYPES:
+  reason = base.why_not_positive(c)
+  if reason:
+    return reason
+  if p.dtype not in _attention.SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported"
   if rules == "mosaic_tpu":
     return "paged decode attention has no TPU kernel in jaxroof"
@@ -315,31 +315,17 @@ def why_invalid(config: PagedAttentionConfig, problem: PagedProblem,
   return None
 
 
-def validate(config: PagedAttentionConfig, problem: PagedProblem,
-             rules: str) -> None:
-  reason = why_invalid(config, problem, rules)
-  if reason:
-    raise InputError(f"config {config} does not fit {problem}: {reason}.")
-
-
 def heuristic(problem: PagedProblem, rules: str) -> PagedAttentionConfig:
-  """About 256 programs on a GPU (as for contiguous decode); 2 splits else."""
+  """Two programs per SM on a GPU (as for contiguous decode); 2 splits else."""
   p = problem
+  first = 2
   if rules == "triton":
-    want = max(1, math.ceil(256 / (p.batch * p.kv_heads)))
-    splits = [min(64, next_power_of_two(want))]
-  else:
-    splits = [2]
-  while splits[-1] > 1:
-    splits.append(splits[-1] // 2)
-  for s in splits:
-    config = PagedAttentionConfig(num_splits=s)
-    if why_invalid(config, p, rules) is None:
-      return config
-  raise InputError(
-      f"no paged attention config fits {p} for {rules}: "
-      f"{why_invalid(PagedAttentionConfig(), p, rules)}."
-  )
+    programs = base.target_programs(rules)
+    first = min(64, next_power_of_two(
+        max(1, math.ceil(programs / (p.batch * p.kv_heads)))))
+  return TUNABLE.first_fitting(
+      (PagedAttentionConfig(num_splits=s) for s in base.halvings(first)), p,
+      rules, fallback=PagedAttentionConfig())
 
 
 def candidates(problem: PagedProblem, rules: str) -> list[PagedAttentionConfig]:
@@ -357,13 +343,6 @@ def candidates(problem: PagedProblem, rules: str) -> list[PagedAttentionConfig]:
       for w in (4,)
   ]
   return list(dict.fromkeys([first, *grid]))
-
-
-def config_space(problem: PagedProblem,
-                 rules: str) -> list[PagedAttentionConfig]:
-  """The candidates that fit `problem` under `rules`."""
-  return [c for c in candidates(problem, rules)
-          if why_invalid(c, problem, rules) is None]
 
 
 def example_args(problem: PagedProblem, key: jax.Array, *,
@@ -386,7 +365,7 @@ def example_args(problem: PagedProblem, key: jax.Array, *,
     )
   order = jax.random.permutation(kt, p.num_pages)[:needed]
   tables = order.reshape(p.batch, p.pages_per_seq).astype(jnp.int32)
-  lens = decode_attention.example_lengths(kl, p.batch, p.max_len, lengths)
+  lens = _attention.example_lengths(kl, p.batch, p.max_len, lengths)
   return q, k_pages, v_pages, tables, lens
 
 
@@ -394,7 +373,7 @@ def with_ragged_lengths(args, key: jax.Array):
   """The paged arguments with ragged lengths (`example_lengths`) instead."""
   q, k_pages, v_pages, tables, _ = args
   max_len = tables.shape[1] * k_pages.shape[1]
-  lens = decode_attention.example_lengths(key, q.shape[0], max_len, "ragged")
+  lens = _attention.example_lengths(key, q.shape[0], max_len, "ragged")
   return q, k_pages, v_pages, tables, lens
 
 
@@ -414,13 +393,16 @@ TUNABLE = autotune.TunableOp(
     candidates=candidates,
     why_invalid=why_invalid,
     heuristic=heuristic,
-    tolerance=tolerance,
+    tolerance=_attention.tolerance,
     chain_feed=_chain_feed,
     example_args=example_args,
     # Not num_pages: the pool is sized by memory, not by the problem.
     key_fields=("dtype", "heads", "kv_heads", "head_dim", "page_size"),
     bucketed_fields=("batch", "max_len"),
     check_args=with_ragged_lengths,
-    check_note=decode_attention.CHECK_NOTE,
+    check_note=_attention.CHECK_NOTE,
     timing_note="example_args: every length pages_per_seq*page_size",
 )
+tolerance = _attention.tolerance
+validate = TUNABLE.validate
+config_space = TUNABLE.config_space

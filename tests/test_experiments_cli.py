@@ -144,7 +144,7 @@ def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
   assert rows[32]["step_s"] == pytest.approx(0.024, rel=1e-6)
   assert rows[1]["meets_token_gap"] and not rows[32]["meets_token_gap"]
   proc = run("compare_accelerators", "--model=llama-3-8b", "--context=1024",
-             "--batch_sizes=1", "--accelerators=h100-sxm", f"--profile={path}",
+             "--batch_sizes=1", "--accelerators=h100-sxm", f"--profile={path}", "--what_if",
              f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   assert json.loads(out.read_text())["kind"] == "calibrated"

@@ -13,6 +13,7 @@ from absl.testing import absltest, parameterized
 from jaxroof.errors import InputError
 from kernels import _backend
 from jaxroof.measure import kernel_benchmark as gpu_bench
+from jaxroof.report import kernels as kernels_report
 from kernels import decode_attention as da
 from kernels import linear
 from kernels import testing
@@ -112,7 +113,7 @@ class ReportSectionTest(absltest.TestCase):
 
   def test_without_results_it_says_how_to_get_them(self):
     root = self.create_tempdir().full_path
-    text = gpu_bench.report_section("unused", root=root)
+    text = kernels_report.report_section("unused", root=root)
     self.assertIn("No GPU benchmark", text)
     self.assertIn("experiments/gpu_bench.sh", text)
 
@@ -137,7 +138,7 @@ class ReportSectionTest(absltest.TestCase):
       os.makedirs(os.path.join(root, name))
       with open(os.path.join(root, name, "summary.json"), "w") as f:
         json.dump(data, f)
-    text = gpu_bench.report_section("unused", root=root)
+    text = kernels_report.report_section("unused", root=root)
     self.assertIn("NVIDIA H200", text)
     self.assertIn("| decode_attention_x | 250.0 | 4.30 |", text)
     self.assertIn("copy_bw>=0.8: **FAIL**", text)

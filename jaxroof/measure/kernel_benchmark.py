@@ -4,9 +4,9 @@ The library behind `experiments/gpu_bench.py`. For each case (an op at a
 shape): autotune the Pallas kernel, time the winner and XLA's own (jit of the
 reference; for attention also `jax.nn.dot_product_attention`, xla and cudnn),
 and relate each time to the analytic traffic and FLOPs (`jaxroof.symbolic.formulas`)
-and to this device's measured ceilings (copy bandwidth: an elementwise
-negate of a 1 GiB array, bytes read plus written; bf16 matmul rate: an XLA
-8192^3 matmul).
+and to this device's measured ceilings (`jaxroof.measure.ceilings`: copy
+bandwidth, bytes read plus written of an in-place update, and the bf16
+matmul rate). The Markdown of the results is `jaxroof.report.kernels`.
 
 Every time is a measurement on the device at hand, timed by
 `kernels.device_timing.time_chained` (chained dependent calls in one jit,
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import sympy as sp
 
-from jaxroof.symbolic import formulas
-from jaxroof.report import table
 from jaxroof.errors import InputError
+from jaxroof.measure import ceilings as ceilings_lib
+from jaxroof.symbolic import formulas
 from kernels import _backend
 from kernels import autotune
 from kernels import decode_attention as da
@@ -40,8 +38,6 @@ from kernels import linear
 from kernels import paged_attention as pa
 
 BF16 = "bfloat16"
-COPY_BYTES = 2**30
-MATMUL_SIZE = 8192
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +71,26 @@ def linear_case(m, k, n) -> Case:
   p = linear.LinearProblem(m=m, k=k, n=n, dtype=BF16)
   return Case(name=f"linear_m{m}_k{k}_n{n}_bf16", op=linear.TUNABLE,
               problem=p)
+
+
+# Tiny float32 shapes for the dry run on a CPU (interpreted: plumbing only).
+DRY_RUN_CASES = (
+    Case(name="dry_linear_m16_k64_n32_f32", op=linear.TUNABLE,
+         problem=linear.LinearProblem(m=16, k=64, n=32, dtype="float32")),
+    Case(name="dry_decode_attention_b2_h4_kv2_t64_d16_f32", op=da.TUNABLE,
+         problem=da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64,
+                                  head_dim=16, dtype="float32")),
+    Case(name="dry_paged_attention_b2_h4_kv2_t64_d16_p16_f32", op=pa.TUNABLE,
+         problem=pa.PagedProblem(batch=2, heads=4, kv_heads=2, head_dim=16,
+                                 num_pages=8, page_size=16, pages_per_seq=4,
+                                 dtype="float32")),
+)
+
+
+def cases_by_name(dry_run: bool, quick: bool) -> dict[str, Case]:
+  """The cases a run measures, in priority order, by name."""
+  cases = DRY_RUN_CASES if dry_run else QUICK_CASES if quick else CASES
+  return {case.name: case for case in cases}
 
 
 # In priority order: the issue's targets first. K/V reads of the first three
@@ -156,56 +172,81 @@ def analytic(case: Case,
 # Measurements -----------------------------------------------------------------
 
 
-def _rates(timing, work: dict[str, float], ceilings: dict[str, Any]):
-  """A timing with achieved rates and fractions of the measured ceilings."""
+def _rates(timing, work: dict[str, float],
+           ceilings: dict[str, Any] | None) -> dict[str, Any]:
+  """A timing with achieved rates and fractions of the measured ceilings.
+
+  Without ceilings (their measurement failed) the fractions are None.
+  """
   seconds = timing.median_s
   bytes_per_s = work["bytes"] / seconds
   flop_per_s = work["flops"] / seconds
+  copy = (ceilings or {}).get("copy", {}).get("bytes_per_s")
+  matmul = (ceilings or {}).get("matmul", {}).get("flop_per_s")
   return {
       "timing": timing.to_json(),
       "median_s": seconds,
       "bytes_per_s": bytes_per_s,
       "flop_per_s": flop_per_s,
-      "fraction_of_copy_bandwidth":
-          bytes_per_s / ceilings["copy"]["bytes_per_s"],
-      "fraction_of_matmul_rate":
-          flop_per_s / ceilings["matmul"]["flop_per_s"],
+      "fraction_of_copy_bandwidth": bytes_per_s / copy if copy else None,
+      "fraction_of_matmul_rate": flop_per_s / matmul if matmul else None,
   }
 
 
-def time_per_call(fn, args, feed, repeats):
+def time_per_call(fn, args, feed, repeats, inner: int | None = None):
   """Per-call device time (see `kernels.device_timing`)."""
-  return device_timing.time_chained(fn, args, feed=feed, repeats=repeats)
+  return device_timing.time_chained(fn, args, feed=feed, repeats=repeats,
+                                    inner=inner)
 
 
-def measure_ceilings(repeats: int, quick: bool) -> dict[str, Any]:
-  """Copy bandwidth and bf16 matmul rate of this device, measured."""
-  copy_bytes = COPY_BYTES // (16 if quick else 1)
-  x = jnp.ones((copy_bytes // 2,), jnp.bfloat16)
-  copy = time_per_call(lambda a: -a, (x,), lambda args, out: (out,), repeats)
-  del x
-  size = MATMUL_SIZE // (4 if quick else 1)
-  key_a, key_b = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(key_a, (size, size), jnp.bfloat16)
-  b = (jax.random.normal(key_b, (size, size), jnp.float32)
-       / math.sqrt(size)).astype(jnp.bfloat16)
-  matmul = time_per_call(lambda x, y: x @ y, (a, b),
-                         lambda args, out: (out, args[1]), repeats)
+def chain_length(work: dict[str, float], ceilings: dict[str, Any] | None, *,
+                 target_s: float = 0.05, max_inner: int = 1000) -> int | None:
+  """Calls per timed chain so that a chain lasts about `target_s`.
+
+  From the analytic bytes at the measured copy bandwidth (the fastest a call
+  can be), so no single call has to be timed (nor compiled) to choose it.
+  None (without ceilings) lets `device_timing` time single calls instead.
+  """
+  copy = (ceilings or {}).get("copy", {}).get("bytes_per_s")
+  if not copy:
+    return None
+  fastest_s = work["bytes"] / copy
+  return max(1, min(max_inner, int(target_s / max(fastest_s, 1e-9))))
+
+
+def ceilings_record(measured: ceilings_lib.Ceilings) -> dict[str, Any]:
+  """The benchmark's view of measured ceilings: copy B/s, bf16 FLOP/s."""
   return {
-      "copy": {
-          "what": f"jit(lambda a: -a) on a {copy_bytes}-byte bf16 array; "
-                  "bytes = read + written",
-          "bytes": 2 * copy_bytes,
-          "timing": copy.to_json(),
-          "bytes_per_s": 2 * copy_bytes / copy.median_s,
-      },
-      "matmul": {
-          "what": f"XLA bf16 matmul {size}x{size}x{size}",
-          "flops": 2.0 * size**3,
-          "timing": matmul.to_json(),
-          "flop_per_s": 2.0 * size**3 / matmul.median_s,
-      },
+      "what": "jaxroof.measure.ceilings.measure_ceilings (best round's "
+              "median; copy: in-place update, bytes read + written)",
+      "device_kind": measured.device_kind,
+      "copy": {"bytes_per_s": measured.copy_bandwidth_Bps},
+      "read": {"bytes_per_s": measured.read_bandwidth_Bps},
+      "matmul": {"flop_per_s": measured.flop_rate(BF16), "dtype": BF16},
+      "measured": measured.to_json(),
   }
+
+
+def measure_device_ceilings(*, quick: bool, repeats: int = 5,
+                            rounds: int = 2) -> dict[str, Any]:
+  """This device's ceilings, or {"error": ...} when measuring them fails.
+
+  A failure (out of memory, a driver fault) must not stop the benchmark: its
+  records then carry times and rates without fractions of the ceilings.
+  `quick` shrinks the arrays (the dry run on a CPU).
+  """
+  dtypes = (BF16, "float32")  # float32 for the dry run's toy calibration.
+  try:
+    if quick:
+      measured = ceilings_lib.measure_ceilings(
+          dtypes, bandwidth_bytes=8 * 2**20, matmul_size=256, repeats=3,
+          rounds=1)
+    else:
+      measured = ceilings_lib.measure_ceilings(dtypes, repeats=repeats,
+                                               rounds=rounds)
+  except Exception as e:  # noqa: BLE001 - any failure falls back to none.
+    return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+  return ceilings_record(measured)
 
 
 def dot_product_attention(implementation: str) -> Callable[..., Any]:
@@ -231,9 +272,14 @@ def xla_variants(case: Case) -> dict[str, Callable[..., Any]]:
 
 
 def check_targets(case: Case, work, pallas, xla_best) -> dict[str, Any]:
-  """The issue's H200 targets that apply to this case, with pass/fail."""
+  """The issue's H200 targets that apply to this case, with pass/fail.
+
+  Fractions of ceilings are judged only when the ceilings were measured.
+  """
   verdicts = {}
   p = case.problem
+  if pallas["fraction_of_copy_bandwidth"] is None:
+    return verdicts
   if case.op is da.TUNABLE and work["kv_bytes"] >= 1e9:
     verdicts["attention_fraction_of_copy_bw>=0.8"] = {
         "value": pallas["fraction_of_copy_bandwidth"], "threshold": 0.8,
@@ -258,26 +304,39 @@ def check_targets(case: Case, work, pallas, xla_best) -> dict[str, Any]:
 
 
 def run_case(case: Case, ceilings, out_dir: str, repeats: int,
-             max_candidates: int, tune_budget_s: float) -> dict[str, Any]:
-  """Tunes, times and compares one case; returns its JSON record."""
+             max_candidates: int, tune_budget_s: float, *,
+             max_inner: int = 1000,
+             on_trial: Callable[[autotune.Trial], None] | None = None,
+             ) -> dict[str, Any]:
+  """Tunes, times and compares one case; returns its JSON record.
+
+  With measured ceilings each candidate is compiled once, as its timed
+  chain (whose first output is checked), the chain length coming from the
+  analytic bytes (`chain_length`, at most `max_inner`). `on_trial` sees
+  every tuning trial as it is decided.
+  """
   target = _backend.resolve_target()
   args = case.op.example_args(case.problem, jax.random.key(1))
+  work = analytic(case)
+  inner = chain_length(work, ceilings, max_inner=max_inner)
   tuned = autotune.tune(
       case.op, case.problem, target=target, args=args,
       cache_dir=os.path.join(out_dir, "autotune_cache"),
       max_candidates=max_candidates, time_budget_s=tune_budget_s,
-      timer=autotune.default_timer(repeats=max(3, repeats // 2)),
-      progress=True,
+      timer=autotune.default_timer(repeats=max(3, repeats // 2), inner=inner),
+      progress=False, on_trial=on_trial,
+      chain=None if inner is None else autotune.ChainTiming(
+          inner=inner, repeats=max(3, repeats // 2)),
   )
-  work = analytic(case)
   kernel = functools.partial(case.op.kernel, config=tuned.config,
                              target=target)
-  pallas = _rates(time_per_call(kernel, args, case.op.chain_feed, repeats),
-                  work, ceilings)
+  pallas = _rates(
+      time_per_call(kernel, args, case.op.chain_feed, repeats, inner),
+      work, ceilings)
   xla = {}
   for name, fn in xla_variants(case).items():
     try:
-      timing = time_per_call(fn, args, case.op.chain_feed, repeats)
+      timing = time_per_call(fn, args, case.op.chain_feed, repeats, inner)
       xla[name] = _rates(timing, work, ceilings)
     except Exception as e:  # noqa: BLE001 - e.g. cudnn refuses the shape.
       xla[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -319,77 +378,11 @@ def summary_line(record: dict[str, Any]) -> str:
       f"{name}={'PASS' if t['pass'] else 'FAIL'}"
       for name, t in record["targets"].items()
   )
+  fractions = " ".join(
+      f"{label} {p[key]:5.1%}" if p[key] is not None else f"{label}   n/a"
+      for label, key in (("copy", "fraction_of_copy_bandwidth"),
+                         ("mm", "fraction_of_matmul_rate")))
   return (f"{record['case']:52s} {p['median_s'] * 1e6:9.1f} us "
           f"{p['bytes_per_s'] / 1e12:6.2f} TB/s "
           f"{p['flop_per_s'] / 1e12:7.1f} TFLOP/s "
-          f"copy {p['fraction_of_copy_bandwidth']:5.1%} "
-          f"mm {p['fraction_of_matmul_rate']:5.1%} xla {xla_text} us "
-          f"{verdicts}")
-
-
-# Report section ---------------------------------------------------------------
-
-RESULTS_ROOT = "results"
-
-
-def latest_summary(
-    root: str = RESULTS_ROOT,
-) -> tuple[str, dict[str, Any]] | None:
-  """The newest `summary.json` written by experiments/gpu_bench under root."""
-  found = []
-  for folder, _, files in os.walk(root):
-    if "summary.json" in files:
-      path = os.path.join(folder, "summary.json")
-      with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-      if "ceilings" in data and "cases" in data:
-        found.append((data.get("date", ""), path, data))
-  if not found:
-    return None
-  _, path, data = max(found, key=lambda item: item[0])
-  return path, data
-
-
-def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
-  """Markdown: the latest GPU benchmark (measurements), or why there is none."""
-  del out_dir  # Unused: the section has no plot.
-  latest = latest_summary(root)
-  title = "## Kernels on a GPU (measurements)"
-  if latest is None:
-    return "\n".join([
-        title, "",
-        f"No GPU benchmark under `{root}/` yet. On a machine with a GPU run "
-        "`PYTHONPATH=. bash experiments/gpu_bench.sh OUT` and commit "
-        "`OUT/*.json`. On the CPU the Pallas kernels are only interpreted "
-        "(correctness, never speed) and cross-lowered for Triton and Mosaic.",
-    ])
-  path, data = latest
-  copy = data["ceilings"]["copy"]["bytes_per_s"]
-  matmul = data["ceilings"]["matmul"]["flop_per_s"]
-  rows = []
-  for name, case in data["cases"].items():
-    p = case["pallas"]
-    xla = case.get("xla_best_median_s")
-    verdicts = ", ".join(
-        f"{k}: {'pass' if t['pass'] else '**FAIL**'}"
-        for k, t in case["targets"].items()
-    ) or "-"
-    rows.append([
-        name, f"{p['median_s'] * 1e6:.1f}", f"{p['bytes_per_s'] / 1e12:.2f}",
-        f"{p['flop_per_s'] / 1e12:.1f}",
-        f"{p['fraction_of_copy_bandwidth']:.0%}",
-        f"{p['fraction_of_matmul_rate']:.0%}",
-        f"{xla * 1e6:.1f}" if xla else "-", verdicts,
-    ])
-  skipped = data.get("skipped", []) + list(data.get("errors", {}))
-  return "\n".join([
-      title, "",
-      f"Measured on {data['device_kind']} with jax {data['jax_version']} on "
-      f"{data['date'][:10]} (`{path}`). Ceilings (measured): copy "
-      f"{copy / 1e12:.2f} TB/s (read + write), bf16 matmul "
-      f"{matmul / 1e12:.0f} TFLOP/s. Times: {data['timing']}. Rates use "
-      "analytic bytes and FLOPs (all lengths full).", "",
-      table.markdown_table(
-          ("case", "Pallas us", "TB/s", "TFLOP/s", "of copy BW",
-           "of matmul", "XLA best us", "targets"), rows),
-  ] + ([f"\nNot measured: {', '.join(skipped)}."] if skipped else []))
+          f"{fractions} xla {xla_text} us {verdicts}")

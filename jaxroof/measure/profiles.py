@@ -24,7 +24,7 @@ from jaxroof import files
 from jaxroof.symbolic.step_model import StepModel
 
 KIND = "profile"
-VERSION = 1
+VERSION = 2  # 2 adds accelerator, source, prefill_factors (all optional).
 REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend",
             "jax_version", "created")
 
@@ -45,6 +45,10 @@ class Profile:
     fit: held-out and training errors, point counts, loss, statistic.
     model: what was timed (toy configs, their step-model inputs, grid).
     method: how each point was timed.
+    accelerator: the shipped slug the factors were fitted on (profiles from
+      users' measurements), or None (toy profiles: see `device_kind`).
+    source: where users' measurements came from: file, engine, date, rows.
+    prefill_factors: factors of the calibrated prefill, where fitted.
     path: the file it was loaded from (not stored).
   """
 
@@ -59,6 +63,9 @@ class Profile:
   fit: Mapping[str, Any]
   model: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   method: str = ""
+  accelerator: str | None = None
+  source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  prefill_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
   path: str | None = None
 
   @property
@@ -92,6 +99,11 @@ class Profile:
     where = f"profile={path!r}" if path else "profile"
     if not isinstance(data, Mapping):
       raise errors.InputError(f"{where} is not a JSON object.")
+    version = data.get("version", 1)
+    if not isinstance(version, int) or version > VERSION:
+      raise errors.InputError(
+          f"{where} has version {version!r}: this jaxroof reads versions up to "
+          f"{VERSION}.")
     missing = [name for name in REQUIRED if name not in data]
     if missing:
       raise errors.InputError(
@@ -137,7 +149,45 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
   return Profile.from_json(data, path=path)
 
 
-def step_model(profile: Profile, *, use_profile_ceilings: bool = True) -> StepModel:
+def _family(slug: str) -> str:
+  """The device family of a slug ("h100" of "h100-sxm")."""
+  return slug.split("-")[0]
+
+
+def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
+                  ) -> list[str]:
+  """Refuses a profile fitted on one device kind for another accelerator.
+
+  A profile's factors are what one device and implementation achieve; on
+  another accelerator they are a what-if, allowed only when asked for. A
+  profile from users' measurements names its slug; a toy profile names jax's
+  device kind, which matches when it contains the slug's family (e.g.
+  "NVIDIA H100 80GB HBM3" and h100-sxm).
+
+  Returns:
+    Notes to show (empty when the profile is the accelerator's own).
+
+  Raises:
+    InputError: a mismatch without `what_if`.
+  """
+  slug = accelerator.strip().lower()
+  if profile.accelerator:
+    same = profile.accelerator == slug
+  else:
+    same = _family(slug) in profile.device_kind.lower().replace(" ", "")
+  if same:
+    return []
+  measured_on = profile.accelerator or profile.device_kind
+  if not what_if:
+    raise errors.InputError(
+        f"profile={profile.path or 'profile'!r} was fitted on {measured_on!r}, not "
+        f"accelerator={slug!r}: its factors belong to that device; give --what_if to "
+        "apply them anyway, as a what-if.")
+  return [f"what-if: factors fitted on {measured_on} applied to {slug}"]
+
+
+def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
+               notes: tuple[str, ...] = ()) -> StepModel:
   """The calibrated `StepModel` of a profile, with its provenance.
 
   The factors are fractions of the ceilings measured with them, so by default
@@ -145,11 +195,15 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True) -> StepMo
   profile has none for its dtype) it scales the BW and F a sweep is given,
   and says so in its notes.
   """
-  notes = []
+  notes = list(notes)
   measured_bw, measured_f = profile.bandwidth(), profile.flop_rate()
   ceilings = None
   if use_profile_ceilings and measured_bw and measured_f:
     ceilings = (measured_bw, measured_f)
+  elif profile.accelerator:
+    notes.append("the given (datasheet) BW and F were scaled by the profile's "
+                 "factors, which are fractions of the datasheet figures of "
+                 f"{profile.accelerator}")
   elif use_profile_ceilings:
     notes.append("the profile has no measured ceilings for its dtype: the "
                  "given (datasheet) BW and F were scaled by its factors")
@@ -167,5 +221,9 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True) -> StepMo
       "heldout_median_rel_error": profile.heldout_median_rel_error,
       "heldout_max_rel_error": profile.heldout_max_rel_error,
   }
+  if profile.accelerator:
+    provenance["accelerator"] = profile.accelerator
+  if profile.source:
+    provenance["source"] = dict(profile.source)
   return StepModel.calibrated(profile.factors, ceilings=ceilings, provenance=provenance,
                               notes=tuple(notes))

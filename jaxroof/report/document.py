@@ -19,7 +19,7 @@ import jax
 from absl import logging
 
 from jaxroof import files
-from jaxroof.measure import kernel_benchmark
+from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
@@ -29,6 +29,7 @@ from jaxroof.report import serving as serving_report
 from jaxroof.report import specs as specs_report
 from jaxroof.report import table
 from jaxroof.report import toy as toy_summary
+from jaxroof.report import user_calibration as user_calibration_report
 from jaxroof.symbolic import catalogue
 from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
@@ -152,7 +153,11 @@ def _simulation_section(ctx: Context) -> str:
 
 
 def _kernels_section(ctx: Context) -> str:
-  return kernel_benchmark.report_section(ctx.out_dir, ctx.results_dir)
+  return kernels_report.report_section(ctx.out_dir, ctx.results_dir)
+
+
+def _user_calibration_section(ctx: Context) -> str:
+  return user_calibration_report.report_section(ctx.results_dir)
 
 
 SECTIONS: list[Callable[[Context], str]] = [
@@ -166,6 +171,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     _simulation_section,
     _kernels_section,
     calibration_section,
+    _user_calibration_section,
 ]
 
 

@@ -76,7 +76,11 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   }
   summary = result["summary"]
   summary["max_batch_in_memory"] = inputs.max_batch_in_memory
-  if model.kind == "calibrated":
+  if model.kind == "calibrated" and model.provenance.get("accelerator") == inputs.accelerator:
+    summary["notes"].append(
+        f"profile fitted on {inputs.accelerator} itself: its factors scale "
+        f"{inputs.accelerator}'s datasheet figures, as in the fit")
+  elif model.kind == "calibrated":
     summary["notes"].append(
         f"profile measured on {model.provenance.get('device_kind', 'another device')}, "
         f"its factors applied to {inputs.accelerator}'s datasheet figures: a what-if, "

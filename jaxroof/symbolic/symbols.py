@@ -25,7 +25,8 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "parallel": [], "iteration": [], "serving": []}
+                                      "parallel": [], "iteration": [], "serving": [],
+                                      "prefill_factors": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -107,6 +108,13 @@ t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
 
+# Calibration from users' measurements: prefill (`prefill_calibrated.py`).
+eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
+                        "prefill (linear layers and causal attention)",
+                        "prefill_factors")
+L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
+                 "prompt", _A)
+
 # Parallel layouts over several chips (`jaxroof.symbolic.parallel`).
 _P = "parallel"
 tp = _define("tp", "chips", "tensor-parallel degree (heads and MLP columns split)", _P)
@@ -157,6 +165,7 @@ QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
+PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])

@@ -1,0 +1,490 @@
+"""Fitting the calibrated factors to users' measured step times, per device.
+
+The decode rows are fitted with `jaxroof.symbolic.calibrated` (eta_w, eta_kv,
+eta_f, t0_step, t0_layer, r_ovl), the prefill rows with
+`jaxroof.symbolic.prefill_calibrated`, which shares eta_w, the fixed costs and
+the overlap and adds its own FLOP efficiency eta_f_prefill. One optax (Adam)
+fit takes both, minimising the mean squared log error.
+
+Physical ranges hold by construction: each efficiency is a sigmoid of a free
+parameter (in (0, 1)), each time and the overlap an exponential (> 0). An
+efficiency that ends within 1% of 1 is flagged: the data want the device
+faster than its datasheet, so a datasheet figure or an input is suspect.
+
+Which factors the data can fix is decided from the Jacobian of log time with
+respect to the free parameters: factors are added in `PRIORITY` order and one
+is kept only if it raises the Jacobian's numerical rank (columns normalised,
+smallest singular value above `RANK_TOLERANCE` of the largest) while fewer
+factors than rows are free. The others keep `FIXED_VALUES` and are listed, with
+the reason, in the result.
+
+Held-out error is leave-one-model-out: each model's rows are predicted by
+factors fitted without any row of that model; the profile's factors are then
+fitted on every row. The bound's error on the same rows is reported beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxroof import errors
+from jaxroof.measure import fitting
+from jaxroof.measure import profiles
+from jaxroof.measure import user_measurements as um
+from jaxroof.specs import accelerators
+from jaxroof.specs import models
+from jaxroof.specs import parameters
+from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import prefill_calibrated
+from jaxroof.symbolic.step_model import StepModel
+
+DECODE_FACTORS = calibrated.FACTOR_NAMES
+ALL_FACTORS = DECODE_FACTORS + ("eta_f_prefill",)
+EFFICIENCIES = ("eta_w", "eta_kv", "eta_f", "eta_f_prefill")
+PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_f", "t0_layer", "r_ovl")
+# Values of factors the data cannot fix: no fixed cost (1 ns, as profiles
+# hold positive factors), p = 2 overlap, and efficiencies typical of tuned
+# kernels (stated with the result).
+FIXED_VALUES = {"eta_w": 0.8, "eta_kv": 0.8, "eta_f": 0.5, "eta_f_prefill": 0.6,
+                "t0_step": 1e-9, "t0_layer": 1e-9, "r_ovl": 1.0}
+# A factor the rows cannot separate from its partner takes the partner's value:
+# K/V reads stream like weight reads; decode matmuls run like prefill's.
+TIES = {"eta_kv": "eta_w", "eta_f": "eta_f_prefill", "eta_f_prefill": "eta_f"}
+RANK_TOLERANCE = 0.2
+ROWS_PER_FACTOR = 2  # At most one free factor per this many rows.
+MIN_ROWS = 3  # Rows a fit needs (decode and prefill together).
+MIN_MODELS = 2  # Models needed to hold one out.
+AT_CEILING = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class UserFit:
+  """Fitted factors of one device, and what was fixed and why."""
+
+  factors: dict[str, float]  # Every name in ALL_FACTORS.
+  free: tuple[str, ...]
+  fixed: dict[str, str]  # name -> reason.
+  flags: tuple[str, ...]
+  loss: float
+  rows: int
+
+
+def _split(rows: Sequence[um.Row]) -> tuple[list[um.Row], list[um.Row]]:
+  return ([r for r in rows if r.phase == "decode"],
+          [r for r in rows if r.phase == "prefill"])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+  decode: dict[str, np.ndarray]
+  prefill: dict[str, np.ndarray]
+  decode_s: np.ndarray
+  prefill_s: np.ndarray
+
+
+def _data(rows: Sequence[um.Row]) -> _Data:
+  decode, prefill = _split(rows)
+  return _Data(
+      decode=um.decode_inputs(decode) if decode else {},
+      prefill=um.prefill_inputs(prefill) if prefill else {},
+      decode_s=np.asarray([r.time_s for r in decode], dtype=np.float64),
+      prefill_s=np.asarray([r.time_s for r in prefill], dtype=np.float64))
+
+
+def _scales(data: _Data) -> dict[str, float]:
+  """Typical magnitudes of the fixed costs, so the parameters are O(1)."""
+  times = np.concatenate([data.decode_s, data.prefill_s])
+  layers = np.concatenate([data.decode.get("L", []), data.prefill.get("L", [])])
+  fastest = float(np.min(times))
+  return {"t0_step": 0.05 * fastest, "t0_layer": 0.05 * fastest / float(np.max(layers)),
+          "r_ovl": 1.0}
+
+
+def _to_factor(name: str, u, scales: Mapping[str, float]):
+  if name in EFFICIENCIES:
+    return jax.nn.sigmoid(u)
+  return jnp.exp(u) * scales[name]
+
+
+def _from_factor(name: str, value: float, scales: Mapping[str, float]) -> float:
+  if name in EFFICIENCIES:
+    return float(np.log(value / (1 - value)))
+  return float(np.log(value / scales[name]))
+
+
+def _log_predictions(data: _Data, factors: Mapping[str, Any]):
+  """Log predicted time of every row (decode first), JAX."""
+  parts = []
+  if data.decode_s.size:
+    f = {n: factors[n] for n in DECODE_FACTORS}
+    parts.append(jnp.log(calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]))
+  if data.prefill_s.size:
+    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
+    parts.append(jnp.log(prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]))
+  return jnp.concatenate(parts)
+
+
+def _relevant(data: _Data) -> list[str]:
+  """Factors the model of these rows contains."""
+  names = set(DECODE_FACTORS) if data.decode_s.size else set()
+  if data.prefill_s.size:
+    names |= set(prefill_calibrated.FACTOR_NAMES)
+  return [n for n in PRIORITY if n in names]
+
+
+def _start(names: Sequence[str], scales: Mapping[str, float]) -> dict[str, float]:
+  start = {"eta_w": 0.7, "eta_kv": 0.7, "eta_f": 0.5, "eta_f_prefill": 0.5,
+           "t0_step": scales["t0_step"], "t0_layer": scales["t0_layer"], "r_ovl": 1.0}
+  return {n: _from_factor(n, start[n], scales) for n in names}
+
+
+def _factors(params: Mapping[str, Any], fixed: Mapping[str, float | str],
+             scales: Mapping[str, float]) -> dict[str, Any]:
+  """Factor values: free ones from parameters, fixed ones by value or tie."""
+  out = {n: _to_factor(n, u, scales) for n, u in params.items()}
+  for name, value in fixed.items():
+    out[name] = out.get(value, FIXED_VALUES[name]) if isinstance(value, str) else value
+  return out
+
+
+def _fixed_values(free: Sequence[str]) -> dict[str, float | str]:
+  """Each factor not free: tied to its partner where that is free, else a value."""
+  return {n: (TIES[n] if TIES.get(n) in free else FIXED_VALUES[n])
+          for n in ALL_FACTORS if n not in free}
+
+
+def _choose_free(data: _Data, scales: Mapping[str, float]
+                 ) -> tuple[list[str], dict[str, str]]:
+  """Factors the data can determine (Jacobian rank), the rest with reasons."""
+  candidates = _relevant(data)
+  start = _start(candidates, scales)
+  fixed_values = {n: FIXED_VALUES[n] for n in ALL_FACTORS if n not in candidates}
+
+  def log_time(vector):
+    params = dict(zip(candidates, vector))
+    return _log_predictions(data, _factors(params, fixed_values, scales))
+
+  jac = np.asarray(jax.jacfwd(log_time)(
+      jnp.asarray([start[n] for n in candidates], jnp.float32)), dtype=np.float64)
+  rows = jac.shape[0]
+  free: list[str] = []
+  fixed: dict[str, str] = {}
+  for i, name in enumerate(candidates):
+    room = max(rows // ROWS_PER_FACTOR, 1)
+    if len(free) >= room:
+      fixed[name] = (f"too few rows: {rows} rows leave room for {room} free "
+                     f"factor(s) (one per {ROWS_PER_FACTOR} rows)")
+      continue
+    trial = jac[:, [candidates.index(n) for n in free] + [i]]
+    norms = np.linalg.norm(trial, axis=0)
+    if norms[-1] < 1e-9 * max(1.0, float(norms.max())):
+      fixed[name] = "the rows do not depend on it (Jacobian column is zero)"
+      continue
+    singular = np.linalg.svd(trial / norms, compute_uv=False)
+    if singular[-1] < RANK_TOLERANCE * singular[0]:
+      fixed[name] = ("the rows cannot separate it from "
+                     f"{', '.join(free)} (Jacobian rank {len(free)} with it added; "
+                     "too few distinct batches, contexts or models)")
+      continue
+    free.append(name)
+  for name in ALL_FACTORS:
+    if name not in candidates:
+      fixed.setdefault(name, "no rows of the phase it belongs to")
+  return free, fixed
+
+
+def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float = 0.05,
+             prior_weight: float = 1e-4) -> UserFit:
+  """Fits one device's factors to measured rows (decode and prefill).
+
+  Raises:
+    InputError: fewer than `MIN_ROWS` rows.
+  """
+  if len(rows) < MIN_ROWS:
+    raise errors.InputError(
+        f"rows={len(rows)} is too few to fit: give at least {MIN_ROWS} measured "
+        "steps of one device.")
+  data = _data(rows)
+  scales = _scales(data)
+  free, fixed = _choose_free(data, scales)
+  start = _start(free, scales)
+  fixed_values = _fixed_values(free)
+  log_measured = jnp.log(jnp.asarray(np.concatenate([data.decode_s, data.prefill_s]),
+                                     jnp.float32))
+  start_j = {n: jnp.float32(v) for n, v in start.items()}
+
+  def loss_fn(params):
+    predicted = _log_predictions(data, _factors(params, fixed_values, scales))
+    prior = sum((params[n] - start_j[n]) ** 2 for n in free)
+    return jnp.mean((predicted - log_measured) ** 2) + prior_weight * prior
+
+  optimizer = optax.adam(learning_rate)
+
+  def step(carry, _):
+    params, state = carry
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, state = optimizer.update(grads, state, params)
+    return (optax.apply_updates(params, updates), state), loss
+
+  @jax.jit
+  def run(params):
+    (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), None,
+                                       length=steps)
+    return params, losses[-1]
+
+  params, loss = run(start_j)
+  factors = {n: float(v) for n, v in _factors(params, fixed_values, scales).items()}
+  flags = tuple(f"{n} = {factors[n]:.3f} is at its ceiling (1): the rows are faster "
+                "than the datasheet allows at this efficiency; check the accelerator "
+                "and dtypes" for n in EFFICIENCIES if n in free and factors[n] > AT_CEILING)
+  fixed_reasons = {
+      n: (f"tied to {fixed_values[n]}" if isinstance(fixed_values[n], str)
+          else f"fixed at {FIXED_VALUES[n]:g}") + f": {why}" for n, why in fixed.items()}
+  return UserFit(factors=factors, free=tuple(free), fixed=fixed_reasons, flags=flags,
+                 loss=float(loss), rows=len(rows))
+
+
+def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float]) -> np.ndarray:
+  """Calibrated prediction (seconds) of each row, in the rows' order."""
+  out = np.empty(len(rows))
+  decode, prefill = _split(rows)
+  index = {id(r): i for i, r in enumerate(rows)}
+  if decode:
+    f = {n: factors[n] for n in DECODE_FACTORS}
+    out[[index[id(r)] for r in decode]] = calibrated.calibrated_model("numpy")(
+        **um.decode_inputs(decode), **f)["step_s"]
+  if prefill:
+    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
+    out[[index[id(r)] for r in prefill]] = prefill_calibrated.prefill_model("numpy")(
+        **um.prefill_inputs(prefill), **f)["step_s"]
+  return out
+
+
+BOUND_NOTE = ("analytic bound at datasheet BW and F: decode = the step floor "
+              "(max of memory and compute time); prefill = weights once, linear and "
+              "causal attention FLOPs at peak, the larger binding, no fixed cost")
+_IDEAL = {"eta_w": 1.0, "eta_f_prefill": 1.0, "t0_step": 0.0, "t0_layer": 0.0,
+          "r_ovl": 1e3}
+
+
+def bound_rows(rows: Sequence[um.Row]) -> np.ndarray:
+  """The analytic bound (seconds) of each row (`BOUND_NOTE`)."""
+  out = np.empty(len(rows))
+  decode, prefill = _split(rows)
+  index = {id(r): i for i, r in enumerate(rows)}
+  if decode:
+    x = um.decode_inputs(decode)
+    out[[index[id(r)] for r in decode]] = StepModel.bound().evaluate(
+        B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"], F=x["F"],
+        N_act=x["N_act"])["step_s"]
+  if prefill:
+    out[[index[id(r)] for r in prefill]] = prefill_calibrated.prefill_model("numpy")(
+        **um.prefill_inputs(prefill), **_IDEAL)["step_s"]
+  return out
+
+
+def _row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
+                heldout: Sequence[bool]) -> list[dict[str, Any]]:
+  measured = np.asarray([r.time_s for r in rows])
+  return [{"line": r.line, "model": r.model, "phase": r.phase, "batch": r.batch,
+           "context": r.context, "prompt_tokens": r.prompt_tokens, "tp": r.tp,
+           "weight_dtype": r.weight_dtype, "kv_dtype": r.kv_dtype,
+           "measured_s": r.time_s, "calibrated_s": float(p), "bound_s": float(b),
+           "calibrated_rel_error": float(abs(p - m) / m),
+           "bound_rel_error": float(abs(b - m) / m), "heldout": bool(h)}
+          for r, p, b, m, h in zip(rows, predicted, bound, measured, heldout)]
+
+
+def heldout_by_model(rows: Sequence[um.Row], **fit_kw) -> dict[str, Any]:
+  """Leave-one-model-out: each model predicted by a fit without its rows.
+
+  Raises:
+    InputError: rows of fewer than `MIN_MODELS` models.
+  """
+  names = sorted({r.model for r in rows})
+  if len(names) < MIN_MODELS:
+    raise errors.InputError(
+        f"models={names!r}: held-out rows are chosen by model, so a fit needs rows "
+        f"of at least {MIN_MODELS} models (and {MIN_ROWS} rows without each): add rows "
+        "of another model on this device (e.g. --rows_out of --from_vllm merged into "
+        "one --from_csv file).")
+  folds, report = [], []
+  for name in names:
+    train = [r for r in rows if r.model != name]
+    test = [r for r in rows if r.model == name]
+    fit = fit_rows(train, **fit_kw)
+    predicted = predict_rows(test, fit.factors)
+    report += _row_report(test, predicted, bound_rows(test), [True] * len(test))
+    folds.append({"heldout_model": name, "trained_on_lines": [r.line for r in train],
+                  "heldout_lines": [r.line for r in test], "free": list(fit.free),
+                  "factors": fit.factors})
+  return {"folds": folds, "rows": report}
+
+
+def _summary(report: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+  return fitting.error_summary([r[key] for r in report])
+
+
+def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
+              **fit_kw) -> tuple[profiles.Profile, dict[str, Any]]:
+  """Fits a device's profile to measured rows; the result JSON beside it."""
+  rows = list(measurements.rows)
+  slugs = measurements.accelerators()
+  slug = accelerator or slugs[0]
+  device = accelerators.load_accelerator(slug)
+  heldout = heldout_by_model(rows, **fit_kw)
+  fit = fit_rows(rows, **fit_kw)
+  predicted, bound = predict_rows(rows, fit.factors), bound_rows(rows)
+  training = _row_report(rows, predicted, bound, [False] * len(rows))
+  held_cal = _summary(heldout["rows"], "calibrated_rel_error")
+  held_bound = _summary(heldout["rows"], "bound_rel_error")
+  train_cal = _summary(training, "calibrated_rel_error")
+  created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  tp_rows = sum(r.tp > 1 for r in rows)
+  notes = [um.TP_ASSUMPTION] if tp_rows else []
+  notes += [f"{n} {why}" for n, why in fit.fixed.items()]
+  notes += list(fit.flags)
+  source = {
+      "file": measurements.path, "engine": measurements.engine or "not named in the rows",
+      "date": created, "rows_used": [r.line for r in rows], "accelerator": device.name,
+      "phases": sorted({r.phase for r in rows}), "models": sorted({r.model for r in rows}),
+      "what": "step times measured by the user's engine; factors are fractions of the "
+              "accelerator's datasheet BW and F",
+  }
+  fit_block = {
+      "heldout_median_rel_error": held_cal["median_rel_error"],
+      "heldout_max_rel_error": held_cal["max_rel_error"],
+      "heldout_points": held_cal["points"],
+      "heldout_method": "leave-one-model-out: each model's rows predicted by factors "
+                        "fitted without any of its rows; the profile's factors are "
+                        "then fitted on every row",
+      "train_median_rel_error": train_cal["median_rel_error"],
+      "train_max_rel_error": train_cal["max_rel_error"],
+      "train_points": train_cal["points"],
+      "bound_heldout_median_rel_error": held_bound["median_rel_error"],
+      "bound_heldout_max_rel_error": held_bound["max_rel_error"],
+      "loss": fit.loss, "statistic": "mean squared log error",
+      "free_factors": list(fit.free), "fixed_factors": fit.fixed, "flags": list(fit.flags),
+  }
+  dtypes = sorted({r.weight_dtype for r in rows})
+  prof = profiles.Profile(
+      device_kind=device.full_name, platform="", backend=source["engine"],
+      dtype=dtypes[0] if len(dtypes) == 1 else ",".join(dtypes),
+      jax_version=jax.__version__, created=created, ceilings={},
+      factors={n: fit.factors[n] for n in DECODE_FACTORS}, fit=fit_block,
+      model={"rows": [r.to_json() for r in rows]},
+      method="user measurements (see source); decode rows fitted with the calibrated "
+             "step, prefill rows with the calibrated prefill",
+      accelerator=device.name, source=source,
+      prefill_factors=({"eta_f_prefill": fit.factors["eta_f_prefill"]}
+                       if "eta_f_prefill" in fit.free else {}))
+  result = {
+      "kind": "user_calibration",
+      "what": "calibrated factors fitted to measured step times (measurements from the "
+              "file named in source); errors of the calibrated prediction and of the "
+              "analytic bound on the same rows",
+      "accelerator": device.name,
+      "source": source,
+      "heldout_median_rel_error": held_cal["median_rel_error"],
+      "heldout_max_rel_error": held_cal["max_rel_error"],
+      "bound_heldout_median_rel_error": held_bound["median_rel_error"],
+      "bound_heldout_max_rel_error": held_bound["max_rel_error"],
+      "factors": fit.factors, "free_factors": list(fit.free), "fixed_factors": fit.fixed,
+      "flags": list(fit.flags), "rows_used": len(rows),
+      "heldout_method": fit_block["heldout_method"], "folds": heldout["folds"],
+      "heldout_rows": heldout["rows"], "training_rows": training,
+      "bound": BOUND_NOTE, "assumptions": list(calibrated.ASSUMPTIONS)
+      + list(prefill_calibrated.ASSUMPTIONS) + notes,
+      "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s",
+                "calibrated_rel_error": "1", "bound_rel_error": "1"},
+  }
+  return prof, result
+
+
+def _relation(fit_model: str, target: str) -> list[str]:
+  a, b = models.load_model(fit_model), models.load_model(target)
+  out = []
+  if a.is_moe != b.is_moe:
+    out.append("dense to MoE" if b.is_moe else "MoE to dense")
+  size_a = parameters.parameter_counts(a).total
+  size_b = parameters.parameter_counts(b).total
+  out.append("small to large" if size_b > size_a else "large to small")
+  return out
+
+
+def carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]:
+  """Fit on one model's rows, predict each other model's, per device.
+
+  For every device and ordered pair of models with rows on it, the factors
+  are fitted to the first model's rows only and predict the second's; the
+  bound's error on the same rows is reported beside it.
+  """
+  pairs, all_rows = [], []
+  for slug in measurements.accelerators():
+    rows = [r for r in measurements.rows if r.accelerator == slug]
+    names = sorted({r.model for r in rows})
+    for fit_model, target in itertools.permutations(names, 2):
+      train = [r for r in rows if r.model == fit_model]
+      test = [r for r in rows if r.model == target]
+      try:
+        fit = fit_rows(train, **fit_kw)
+      except errors.InputError as e:
+        pairs.append({"accelerator": slug, "fit_model": fit_model, "target": target,
+                      "skipped": str(e)})
+        continue
+      report = _row_report(test, predict_rows(test, fit.factors), bound_rows(test),
+                           [True] * len(test))
+      for r in report:
+        r.update(accelerator=slug, fit_model=fit_model)
+      all_rows += report
+      pairs.append({
+          "accelerator": slug, "fit_model": fit_model, "target": target,
+          "relation": _relation(fit_model, target), "fit_rows": len(train),
+          "free": list(fit.free), "factors": fit.factors,
+          "calibrated": _summary(report, "calibrated_rel_error"),
+          "bound": _summary(report, "bound_rel_error")})
+  cal = _summary(all_rows, "calibrated_rel_error")
+  bound = _summary(all_rows, "bound_rel_error")
+  by_relation = {}
+  for relation in ("dense to MoE", "MoE to dense", "small to large", "large to small"):
+    chosen = [r for r in all_rows
+              if relation in _relation(r["fit_model"], r["model"])]
+    by_relation[relation] = {"calibrated": _summary(chosen, "calibrated_rel_error"),
+                             "bound": _summary(chosen, "bound_rel_error")}
+  by_phase = {phase: {"calibrated": _summary([r for r in all_rows if r["phase"] == phase],
+                                             "calibrated_rel_error"),
+                      "bound": _summary([r for r in all_rows if r["phase"] == phase],
+                                        "bound_rel_error")}
+              for phase in um.PHASES}
+  ratio = (bound["median_rel_error"] / cal["median_rel_error"]
+           if cal["median_rel_error"] else None)
+  return {
+      "kind": "carry_over",
+      "what": "factors fitted to one model's measured rows on a device predict another "
+              "model's rows on the same device (calibrated prediction) vs the analytic "
+              "bound; errors relative to the measurement",
+      "file": measurements.path, "engine": measurements.engine,
+      "median_rel_error": cal["median_rel_error"], "max_rel_error": cal["max_rel_error"],
+      "bound_median_rel_error": bound["median_rel_error"],
+      "bound_max_rel_error": bound["max_rel_error"],
+      "bound_over_calibrated_median_error": ratio,
+      "targets": {"median_rel_error_at_most": 0.10, "bound_over_calibrated_at_least": 2.0},
+      "meets_targets": bool(cal["median_rel_error"] is not None
+                            and cal["median_rel_error"] <= 0.10
+                            and ratio is not None and ratio >= 2.0),
+      "points": cal["points"], "by_relation": by_relation, "by_phase": by_phase,
+      "pairs": pairs, "rows": all_rows, "bound": BOUND_NOTE,
+      "assumptions": [um.TP_ASSUMPTION, "bf16 to fp8: no same-device pair in the data "
+                      "(TensorRT-LLM publishes H100/H200 in fp8 and A100 in fp16 only)"],
+      "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s",
+                "calibrated_rel_error": "1", "bound_rel_error": "1"},
+  }

@@ -1,0 +1,76 @@
+"""Calibration from users' measurements, displayed: held-out and carry-over errors.
+
+Reads the result files `experiments.calibrate --from_csv` wrote (under
+`results/`) and shows calibrated prediction vs analytic bound, both against the
+measurements named in the files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from jaxroof.report import table
+
+CARRY_OVER = "carry_over_trtllm_0.9.0.json"
+USER_CALIBRATIONS = "user_calibration_*_trtllm_0.9.0.json"
+
+
+def _percent(value: float | None) -> str:
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def _load(path: str) -> dict[str, Any]:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def heldout_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+  """One display row per device: held-out error of calibrated and bound."""
+  return [[r["accelerator"], str(r["rows_used"]), ", ".join(r["free_factors"]),
+           _percent(r["heldout_median_rel_error"]), _percent(r["heldout_max_rel_error"]),
+           _percent(r["bound_heldout_median_rel_error"])] for r in results]
+
+
+def carry_over_rows(result: dict[str, Any]) -> list[list[str]]:
+  """One display row per (device, fitted model, predicted model)."""
+  return [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
+           _percent(p["calibrated"]["median_rel_error"]),
+           _percent(p["bound"]["median_rel_error"])]
+          for p in result["pairs"] if "skipped" not in p]
+
+
+def report_section(results_dir: str) -> str:
+  """Markdown of the committed user-calibration results (none: a pointer)."""
+  lines = ["## Calibration from published measurements", ""]
+  paths = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
+  carry_path = os.path.join(results_dir, CARRY_OVER)
+  if not paths and not os.path.exists(carry_path):
+    return "\n".join(lines + [
+        "No results yet: `python -m experiments.calibrate --from_csv=PATH "
+        "--accelerator=SLUG --json_out=PATH`."])
+  if paths:
+    results = [_load(p) for p in paths]
+    lines += [
+        f"Measured step times: {results[0]['source']['engine']} rows of "
+        f"`{results[0]['source']['file']}` (see `tests/data/SOURCES.md`). Held out by "
+        "model (leave-one-model-out); calibrated prediction vs analytic bound, "
+        "relative to the measurement.", "",
+        table.markdown_table(("accelerator", "rows", "fitted factors",
+                              "held-out median (calibrated)", "held-out max (calibrated)",
+                              "held-out median (bound)"), heldout_rows(results)), ""]
+  if os.path.exists(carry_path):
+    result = _load(carry_path)
+    lines += [
+        "Carry-over: factors fitted on one model's rows predict another model on the "
+        f"same device (`results/{CARRY_OVER}`). All predicted rows: calibrated median "
+        f"{_percent(result['median_rel_error'])}, bound median "
+        f"{_percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
+        f"as accurate as the bound) met: {'yes' if result['meets_targets'] else 'no'}.",
+        "",
+        table.markdown_table(("accelerator", "fitted on", "predicted", "relation",
+                              "calibrated median", "bound median"),
+                             carry_over_rows(result))]
+  return "\n".join(lines)
