@@ -288,6 +288,12 @@ def main(argv: list[str]) -> None:
         f"{_ARRIVAL_RATE.value:g} requests/s ({label}; TTFT: M/D/1 mean)")
   print(table.format_table(serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)))
   print("\n".join(serving_report.decision_lines(decision)))
+  if decision.get("comm_s") is not None:
+    print(f"  layout: {decision['chips']} chips ({decision['replicas']} replica(s)); "
+          f"communication {decision['comm_s'] * 1e3:.3f} ms of each step at the decision "
+          "(serial; the elasticities are the step's floor without it); fleet "
+          f"{decision['fleet_aggregate_tokens_per_s']:,.0f} tokens/s, load limit "
+          f"{decision['fleet_max_arrival_rate_per_s']:.4g} requests/s")
   if "peer" in result:
     print(table.format_table(serving_report.PEER_HEADERS,
                              serving_report.peer_cells(result["peer"]["rows"])))
