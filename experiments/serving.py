@@ -15,6 +15,15 @@ Give a model and an accelerator,
       --prompt_tokens=2048 --output_tokens=256 --token_gap_ms=20 --ttft_ms=500 \
       --arrival_rate=5 --json_out=/tmp/serving.json --plot_out=/tmp/serving.png
 
+On several chips (--tp --pp --ep, and --dp replicas; or a slice such as
+--accelerator=8xh100-sxm) each replica's step is one chip's traffic along a
+token's path plus the layout's communication, the memory fit is the busiest
+chip's, --arrival_rate is the fleet's (split evenly over the replicas), and
+the decision adds the fleet's rate and load limit:
+
+  python -m experiments.serving --model=llama-3.1-70b --accelerator=h100-sxm \
+      --tp=4 --dp=2 --token_gap_ms=30 --arrival_rate=4
+
 or batch_sweep's raw numbers (defaults: the lesson's example, whose 12 ms gap
 gives batch 32 and 9 ms gives 8):
 

@@ -14,6 +14,11 @@ layer schedule. Give a shipped model on an accelerator
       --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
       --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
 
+--tp --pp --ep (with --model) simulate one replica of that layout: one
+chip's traffic along a token's path, each iteration's communication added,
+K/V pages on the busiest chip; --dp splits --arrival_rate over that many
+alike replicas and reports the fleet's throughputs.
+
 --plot_out writes the TTFT/ITL CDFs there, and beside it `<stem>_kv.png`
 (K/V pages and queue over time) and `<stem>_goodput.png` (goodput against
 arrival rate for the three schedulers, at up to --goodput_requests requests).
