@@ -61,6 +61,7 @@ from jaxroof.serving import pools
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
 from jaxroof.specs import models
+from jaxroof.specs import what_if
 from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
@@ -130,8 +131,12 @@ flags.register_validator(_ARRIVAL_RATE.name, lambda v: v >= 0 and v != float("in
 flags.register_validator(_BATCHING_WINDOW_MS.name, lambda v: v >= 0 and v != float("inf"),
                          message="must be a finite number >= 0 (ms)")
 
-_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
-              _BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)
+_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN)
+_WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)  # With --model: datasheet replaced.
+
+
+def _given(holder: flags.FlagHolder) -> float | None:
+  return holder.value if flags.FLAGS[holder.name].present else None
 
 
 def _check_flags() -> None:
@@ -144,7 +149,8 @@ def _check_flags() -> None:
                             "--workspace_fraction and --group_size apply only with --model.")
   if _MODEL.value is not None and any(flags.FLAGS[h.name].present for h in _RAW_FLAGS):
     raise errors.InputError("--model replaces the raw-number flags (--weights_gb, "
-                            "--bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops, --memory_gb).")
+                            "--bytes_per_weight, --kv_*); with it --bandwidth_tbps, --tflops "
+                            "and --memory_gb are what-ifs on the datasheet.")
   if _MODEL.value is None and _CONTEXT.value is not None:
     raise errors.InputError("--context applies only with --model.")
   if _MODEL.value is None and _layout_flags.layout().chips > 1:
@@ -165,7 +171,9 @@ def _inputs() -> requests.ServingInputs:
   prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
   if _MODEL.value is not None:
     spec = models.load_model(_MODEL.value)
-    device = _model_flags.device(_SHARED)
+    device = what_if.with_overrides(
+        _model_flags.device(_SHARED, bandwidth_tbps=_given(_BANDWIDTH_TBPS),
+                            tflops=_given(_TFLOPS)), memory_gb=_given(_MEMORY_GB))
     limit = spec.max_position_embeddings
     if isinstance(limit, int) and prompt + outputs - 1 > limit:
       raise errors.InputError(
@@ -179,12 +187,15 @@ def _inputs() -> requests.ServingInputs:
             f"--context={_CONTEXT.value} is not allowed: it must be >= prompt_tokens + "
             f"output_tokens - 1 = {prompt + outputs - 1}.")
       reserve = _CONTEXT.value - prompt
-    return multichip.model_inputs(spec, device, layout=_layout_flags.layout(_ACCELERATOR.value),
-                                  prompt_tokens=prompt, output_tokens=reserve,
-                                  weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
-                                  block_size=_SHARED.block_size.value,
-                                  workspace_fraction=_SHARED.workspace_fraction.value,
-                                  group_size=_SHARED.group_size.value)
+    inputs = multichip.model_inputs(
+        spec, device, layout=_layout_flags.layout(_ACCELERATOR.value), prompt_tokens=prompt,
+        output_tokens=reserve, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+        block_size=_SHARED.block_size.value,
+        workspace_fraction=_SHARED.workspace_fraction.value,
+        group_size=_SHARED.group_size.value)
+    what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+    return dataclasses.replace(inputs, label=inputs.label + (" (what-if)" if what_ifs else ""),
+                               memory={**inputs.memory, "what_if": what_ifs})
   weight_bytes = _WEIGHTS_GB.value * 1e9
   n = weight_bytes / _BYTES_PER_WEIGHT.value
   fixed = None

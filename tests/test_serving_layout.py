@@ -190,3 +190,19 @@ def test_shared_model_flags_refuse_bad_values_in_one_line(module, flags, needle)
   proc = _run(module, *flags)
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_serving_what_if_with_a_model_is_labelled(tmp_path):
+  """--bandwidth_tbps with --model: twice the datasheet's 3.35 TB/s halves memory-bound steps."""
+  base, fast = tmp_path / "b.json", tmp_path / "f.json"
+  args = ("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=20",
+          "--batch_sizes=1,8", "--output_tokens=16")
+  assert _run("serving", *args, f"--json_out={base}").returncode == 0
+  proc = _run("serving", *args, "--bandwidth_tbps=6.7", f"--json_out={fast}")
+  assert proc.returncode == 0, proc.stderr
+  assert "what-if" in proc.stdout
+  a, b = json.loads(base.read_text()), json.loads(fast.read_text())
+  assert len(b["inputs"]["memory"]["what_if"]) == 1 and not a["inputs"]["memory"]["what_if"]
+  for ra, rb in zip(a["requests"], b["requests"]):
+    assert rb["decode_s"] == pytest.approx(ra["decode_s"] / 2, rel=1e-9)
