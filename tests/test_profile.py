@@ -118,3 +118,26 @@ def test_calibrated_model_sweep_checks_input():
   with pytest.raises(errors.InputError, match="layers"):
     sweep(profiles.step_model(make_profile()), [1], **LESSON, layers=0)
   assert calibration.FACTOR_NAMES == tuple(IDEAL)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"ceilings": [1]}, "ceilings is not a JSON object"),
+    ({"fit": "x"}, "fit is not a JSON object"),
+    ({"ceilings": {"bandwidth_Bps": float("nan")}}, "bandwidth_Bps"),
+    ({"ceilings": {"bandwidth_Bps": -5.0}}, "bandwidth_Bps"),
+    ({"ceilings": {"flops_per_s": {"float32": "fast"}}}, "flops_per_s.float32"),
+    ({"device_kind": ["cpu"]}, "device_kind"),
+    ({"model": {"configs": {"calibration": {"bogus": 1}}}}, "unknown fields"),
+])
+def test_malformed_profiles_are_refused_naming_the_field(tmp_path, change, needle):
+  data = {**make_profile().to_json(), **change}
+  path = tmp_path / "p.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(errors.InputError, match=needle):
+    profiles.load_profile(path)
+
+
+def test_an_efficiency_above_one_is_flagged():
+  prof = make_profile({**IDEAL, "eta_f": 1.32})
+  model = profiles.step_model(prof)
+  assert any("eta_f=1.32 is above 1" in note for note in model.notes)

@@ -7,7 +7,7 @@ log space with Adam, and predictions are scored against measurements.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -80,6 +80,17 @@ def fit_factors(
     prior = sum((log_factors[n] - start[n]) ** 2 for n in FACTOR_NAMES)
     return data + prior_weight * prior
 
+  params, loss = minimize(loss_fn, start, steps=steps, learning_rate=learning_rate)
+  return Fit(factors={n: float(jnp.exp(v)) for n, v in params.items()},
+             loss=float(loss), steps=steps, learning_rate=learning_rate)
+
+
+def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,
+             learning_rate: float) -> tuple[Any, jax.Array]:
+  """Full-batch Adam (optax) for `steps` steps, run as one jitted `lax.scan`.
+
+  Returns the final parameters (a pytree like `start`) and the last loss.
+  """
   optimizer = optax.adam(learning_rate)
 
   def step(carry, _):
@@ -94,9 +105,7 @@ def fit_factors(
         step, (params, optimizer.init(params)), None, length=steps)
     return params, losses[-1]
 
-  params, loss = run(start)
-  return Fit(factors={n: float(jnp.exp(v)) for n, v in params.items()},
-             loss=float(loss), steps=steps, learning_rate=learning_rate)
+  return run(start)
 
 
 def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]

@@ -22,6 +22,7 @@ from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.symbolic.step_model import StepModel
+from jaxroof.toy.config import ToyConfig
 
 KIND = "profile"
 VERSION = 2  # 2 adds accelerator, source, prefill_factors (all optional).
@@ -118,11 +119,47 @@ class Profile:
           f"{', '.join(calibration.FACTOR_NAMES)}.")
     for name, value in factors.items():
       errors.require_positive(f"{where} factors.{name}", value)
+    _check_schema(data, where)
     fields = {f.name for f in dataclasses.fields(cls)} - {"path"}
     kwargs = {name: data[name] for name in fields if name in data}
     kwargs["factors"] = {n: float(v) for n, v in factors.items()}
     kwargs.setdefault("platform", "")
     return cls(**kwargs, path=path)
+
+
+_TEXT_FIELDS = ("device_kind", "platform", "backend", "dtype", "jax_version", "created")
+_OBJECT_FIELDS = ("ceilings", "fit", "model")
+
+
+def _check_schema(data: Mapping[str, Any], where: str) -> None:
+  """Types and ranges of every field a profile's reader uses, before any use."""
+  for name in _TEXT_FIELDS:
+    if name in data and not isinstance(data[name], str):
+      raise errors.InputError(f"{where} {name}={str(data[name])[:40]!r} is not text.")
+  for name in _OBJECT_FIELDS:
+    if name in data and not isinstance(data[name], Mapping):
+      raise errors.InputError(f"{where} {name} is not a JSON object.")
+  ceilings = data["ceilings"]
+  for name in ("bandwidth_Bps", "copy_bandwidth_Bps", "read_bandwidth_Bps"):
+    if ceilings.get(name) is not None:
+      errors.require_positive(f"{where} ceilings.{name}", ceilings[name])
+  rates = ceilings.get("flops_per_s", {})
+  if not isinstance(rates, Mapping):
+    raise errors.InputError(f"{where} ceilings.flops_per_s is not a JSON object.")
+  for dtype, rate in rates.items():
+    errors.require_positive(f"{where} ceilings.flops_per_s.{dtype}", rate)
+  for name, value in data["fit"].items():
+    if name.endswith("_rel_error") and value is not None:
+      errors.require_non_negative(f"{where} fit.{name}", value)
+  configs = data.get("model", {}).get("configs", {})
+  if not isinstance(configs, Mapping):
+    raise errors.InputError(f"{where} model.configs is not a JSON object.")
+  known = {f.name for f in dataclasses.fields(ToyConfig)}
+  for model, config in configs.items():
+    unknown = sorted(set(config) - known) if isinstance(config, Mapping) else ["(not an object)"]
+    if unknown:
+      raise errors.InputError(f"{where} model.configs.{model} has unknown fields "
+                              f"{unknown}: allowed {sorted(known)}.")
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
@@ -142,6 +179,8 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         "`python -m experiments.calibrate --profile_out=PATH`.") from None
   except (OSError, UnicodeDecodeError) as e:
     raise errors.InputError(f"profile={path!r} cannot be read: {e}.") from None
+  except RecursionError:
+    raise errors.InputError(f"profile={path!r} is nested too deeply.") from None
   except json.JSONDecodeError as e:
     raise errors.InputError(
         f"profile={path!r} is not valid JSON (line {e.lineno}): give a "
@@ -195,7 +234,10 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
   profile has none for its dtype) it scales the BW and F a sweep is given,
   and says so in its notes.
   """
-  notes = list(notes)
+  notes = list(notes) + [
+      f"{name}={value:.3g} is above 1 (more than the measured ceiling): the fit absorbed "
+      "something the model does not name; treat its predictions with care"
+      for name, value in profile.factors.items() if name.startswith("eta_") and value > 1]
   measured_bw, measured_f = profile.bandwidth(), profile.flop_rate()
   ceilings = None
   if use_profile_ceilings and measured_bw and measured_f:

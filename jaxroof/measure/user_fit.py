@@ -34,7 +34,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxroof import errors
 from jaxroof.measure import fitting
@@ -227,21 +226,7 @@ def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float 
     prior = sum((params[n] - start_j[n]) ** 2 for n in free)
     return jnp.mean((predicted - log_measured) ** 2) + prior_weight * prior
 
-  optimizer = optax.adam(learning_rate)
-
-  def step(carry, _):
-    params, state = carry
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, state = optimizer.update(grads, state, params)
-    return (optax.apply_updates(params, updates), state), loss
-
-  @jax.jit
-  def run(params):
-    (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), None,
-                                       length=steps)
-    return params, losses[-1]
-
-  params, loss = run(start_j)
+  params, loss = fitting.minimize(loss_fn, start_j, steps=steps, learning_rate=learning_rate)
   factors = {n: float(v) for n, v in _factors(params, fixed_values, scales).items()}
   flags = tuple(f"{n} = {factors[n]:.3f} is at its ceiling (1): the rows are faster "
                 "than the datasheet allows at this efficiency; check the accelerator "

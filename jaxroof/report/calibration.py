@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import calibration_job
 from jaxroof.measure import ceilings
@@ -118,13 +119,27 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
   ])
 
 
+# The report's calibration keeps its caches small (the main job stays within about
+# 2 GB); `experiments.calibrate` sweeps the full grid.
+REPORT_MAX_TOKENS = 65_536
+
+
 def report_section(out_dir: str, budget_s: float = 60.0) -> str:
   """Runs a short calibration here; writes its plot and profile to out_dir.
 
   Returns the Markdown section: measured ceilings, fitted factors, held-out
   errors and the plot, each labelled measurement or calibrated.
   """
-  job = calibration_job.run(budget_s)
+  points = [point for point in calibration_job.default_points(budget_s)
+            if point.batch * point.context <= REPORT_MAX_TOKENS]
+  try:
+    job = calibration_job.run(budget_s, points=points)
+  except errors.InputError as e:  # A busy machine may measure too few points.
+    return "\n".join([
+        "## Calibration on this device (measurement)", "",
+        f"The {budget_s:.0f}-second calibration could not fit a profile on this run: {e} "
+        "Other processes may have slowed the timings; `python -m experiments.calibrate "
+        "--budget_s=240` measures more points."])
   slug = "".join(ch if ch.isalnum() else "_"
                  for ch in job.profile.device_kind.lower())
   write_results(job, json_out=None,

@@ -89,14 +89,20 @@ def _qwen3(f: Fields, name: str) -> ModelSpec:
                attention=_qwen3_attention(f, window, head_dim=128))
 
 
+def qwen_moe_layers(f: Fields, n: int, experts: int) -> tuple[bool, ...]:
+  """Qwen's MoE schedule: every `decoder_sparse_step`-th block routes, except
+  the `mlp_only_layers`; none when the config has no experts."""
+  step = f.int("decoder_sparse_step", default=1)
+  dense_only = set(f.int_list("mlp_only_layers", []))
+  return tuple(experts > 0 and i not in dense_only and (i + 1) % step == 0
+               for i in range(n))
+
+
 def _qwen3_moe(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   kinds, window = _qwen_schedule(f, n, first_windowed=0)  # No such field: all.
   experts = f.int("num_experts", "num_local_experts", default=128, minimum=0)
-  step = f.int("decoder_sparse_step", default=1)
-  dense_only = set(f.int_list("mlp_only_layers", []))
-  moe_layers = tuple(experts > 0 and i not in dense_only and (i + 1) % step == 0
-                     for i in range(n))
+  moe_layers = qwen_moe_layers(f, n, experts)
   moe = None
   if any(moe_layers):
     moe = MoESpec(

@@ -26,6 +26,7 @@ from jaxroof import errors
 from jaxroof.specs.model_spec import (FULL, LINEAR_ATTENTION, MAMBA2, NO_MIXER, RECURRENT,
                                       LinearAttentionSpec, Mamba2Spec, ModelSpec, MoESpec,
                                       SSMSpec)
+from jaxroof.specs.readers import classic
 from jaxroof.specs.readers.fields import MISSING, Fields, attention, spec
 
 _STATE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -72,10 +73,7 @@ def _qwen3_next(f: Fields, name: str) -> ModelSpec:
       value_head_dim=f.int("linear_value_head_dim", default=128),
       conv_kernel=f.int("linear_conv_kernel_dim", default=4))
   experts = f.int("num_experts", default=512, minimum=0)
-  step = f.int("decoder_sparse_step", default=1)
-  dense_only = set(f.int_list("mlp_only_layers", []))
-  moe_layers = tuple(experts > 0 and i not in dense_only and (i + 1) % step == 0
-                     for i in range(n))
+  moe_layers = classic.qwen_moe_layers(f, n, experts)
   moe = None
   if any(moe_layers):
     moe = MoESpec(
