@@ -67,9 +67,32 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
 }
 
 
-def define(*names: str) -> types.SimpleNamespace:
-  """Defines the named shared flags; returns their holders by name."""
-  return types.SimpleNamespace(**{name: DEFINITIONS[name]() for name in names})
+LISTABLE: dict[str, tuple[tuple[str, ...], str]] = {
+    "weight_dtype": (tuple(parameters.WEIGHT_DTYPES), "Weight storage dtype (block scales "
+                     "included for int4, mxfp4, nvfp4)"),
+    "kv_dtype": (tuple(kv_sizing.KV_DTYPES), "K/V cache element dtype"),
+}
+
+
+def _list_flag(name: str) -> flags.FlagHolder:
+  """A comma-separated form of a choice flag: one value, or several to compare."""
+  allowed, meaning = LISTABLE[name]
+  holder = flags.DEFINE_list(name, "bf16", f"{meaning}; several, comma-separated, compare "
+                             f"in one run. Allowed: {', '.join(allowed)}.")
+  flags.register_validator(
+      name, lambda values: bool(values) and all(v in allowed for v in values),
+      message=f"each value must be one of {', '.join(allowed)}")
+  return holder
+
+
+def define(*names: str, lists: tuple[str, ...] = ()) -> types.SimpleNamespace:
+  """Defines the named shared flags; returns their holders by name.
+
+  Names in `lists` (of `LISTABLE`) take comma-separated values: the holder's
+  value is then a list.
+  """
+  return types.SimpleNamespace(**{
+      name: _list_flag(name) if name in lists else DEFINITIONS[name]() for name in names})
 
 
 def device(holders: types.SimpleNamespace, *, bandwidth_tbps: float | None = None,

@@ -8,6 +8,17 @@ Analytic bounds from the symbolic step model (jaxroof.symbolic.formulas):
 Give either raw numbers or a shipped model and accelerator
 (`--model=llama-3-8b --accelerator=h100-sxm --context=4096`), in which case
 batches whose weights, K/V and workspace do not fit the device are marked.
+With --model, --bandwidth_tbps, --tflops and --memory_gb replace the
+datasheet's figures (a labelled what-if), and --weight_dtype, --kv_dtype
+and --context take comma-separated lists: every combination in one table
+and one figure, each JSON row naming its own weight_dtype, kv_dtype and
+context (one combination keeps the single sweep's JSON). Model rows also
+give the rates per chip, per kW of TDP and, with --price_per_hour, tokens
+per dollar:
+
+  python -m experiments.batch_sweep --model=llama-3-8b --accelerator=h100-sxm \
+      --weight_dtype=bf16,fp8 --kv_dtype=bf16,fp8 --context=4096,32768 \
+      --price_per_hour=2.5 --json_out=/tmp/cmp.json --plot_out=/tmp/cmp.png
 
 Defaults are the lesson's example (16 GB of BF16 weights, 0.25 GB of K/V per
 sequence, 2 TB/s):
@@ -23,17 +34,15 @@ from absl import logging
 
 from experiments import _cli
 from experiments import _layout_flags
+from experiments import _model_flags
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
-from jaxroof.parallel import layout_sweep as parallel_sweep
+from jaxroof.parallel import variants
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import elasticity
-from jaxroof.specs import accelerators
-from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
-from jaxroof.specs import parameters
 from jaxroof.symbolic import sweep as sweep_lib
 from jaxroof.symbolic.step_model import StepModel
 
@@ -49,23 +58,26 @@ _KV_GB_PER_SEQ = flags.DEFINE_float(
     "--kv_bytes_per_token and --context are given.")
 _KV_BYTES_PER_TOKEN = flags.DEFINE_float(
     "kv_bytes_per_token", None, "K/V bytes per retained token (all layers). > 0.")
-_CONTEXT = flags.DEFINE_integer(
-    "context", None, "Retained tokens per sequence (with --kv_bytes_per_token). >= 1.")
+_CONTEXT = flags.DEFINE_list(
+    "context", None, "Retained tokens per sequence (with --kv_bytes_per_token, one value; "
+    "with --model, one or several comma-separated). Whole numbers >= 1.")
 # Device.
 _BANDWIDTH_TBPS = flags.DEFINE_float(
     "bandwidth_tbps", 2.0, "Sustained memory bandwidth, TB/s (1e12 B/s). > 0.")
 _TFLOPS = flags.DEFINE_float(
-    "tflops", None, "Sustained FLOP rate, TFLOP/s (1e12). > 0. Omit for memory only.")
-# Or: a model on an accelerator, in place of the raw numbers above.
-_MODEL = flags.DEFINE_string(
-    "model", None, "Shipped model name (see jaxroof/specs/data/models) or a path to a "
-    "Hugging Face config.json (or its folder). Needs --accelerator and --context.")
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, "Accelerator slug, e.g. h100-sxm (see jaxroof/specs/data/accelerators.json).")
-_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
-                                  "Weight dtype with --model.")
-_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
-                              "K/V dtype with --model (independent of weights).")
+    "tflops", None, "Sustained FLOP rate, TFLOP/s (1e12). > 0. Omit for memory only. With "
+    "--model: a what-if replacing the datasheet's dense rate.")
+# Or: a model on an accelerator, in place of the raw numbers above (shared flags).
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",
+                              "group_size", "memory_gb", lists=("weight_dtype", "kv_dtype"))
+_MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
+_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
+_MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.block_size, _SHARED.workspace_fraction,
+               _SHARED.max_new_tokens, _SHARED.group_size, _SHARED.memory_gb)
+_PRICE_PER_HOUR = flags.DEFINE_float(
+    "price_per_hour", None, "With --model: price of one chip for an hour (any currency); "
+    "adds tokens_per_dollar to the rows. > 0.")
 # Sweep and output.
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,2,4,8,16,32,64,128,256,512,1024",
@@ -90,11 +102,15 @@ _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write a PNG of both rates her
 
 for _holder, _unit in ((_WEIGHTS_GB, "GB"), (_BYTES_PER_WEIGHT, "bytes/weight"),
                        (_KV_GB_PER_SEQ, "GB per sequence"),
-                       (_KV_BYTES_PER_TOKEN, "bytes/token"), (_CONTEXT, "tokens"),
+                       (_KV_BYTES_PER_TOKEN, "bytes/token"),
                        (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"),
-                       (_TOKEN_GAP_MS, "ms")):
+                       (_TOKEN_GAP_MS, "ms"), (_PRICE_PER_HOUR, "per chip-hour")):
   _cli.require_positive(_holder, _unit)
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
+flags.register_validator(
+    _CONTEXT.name, lambda values: values is None or (
+        bool(values) and all(v.isdigit() and 1 <= int(v) <= 10**8 for v in values)),
+    message="must be comma-separated whole numbers in [1, 1e8] (tokens)")
 
 
 @flags.multi_flags_validator(
@@ -113,27 +129,36 @@ def _kv_flags_consistent(values: dict) -> bool:
 
 _RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
               _BANDWIDTH_TBPS, _TFLOPS)
+_WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS)  # With --model: replace the datasheet's figures.
 
 
 @flags.multi_flags_validator(
-    (_MODEL.name, _ACCELERATOR.name, _CONTEXT.name, _WEIGHT_DTYPE.name, _KV_DTYPE.name)
-    + tuple(h.name for h in _RAW_FLAGS),
-    message="--model needs --accelerator and --context, and replaces the raw-number "
-    "flags (--weights_gb, --bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops); "
-    "--weight_dtype and --kv_dtype apply only with --model",
+    (_MODEL.name, _ACCELERATOR.name, _SHARED.accelerator_file.name, _CONTEXT.name,
+     _WEIGHT_DTYPE.name, _KV_DTYPE.name) + tuple(h.name for h in _RAW_FLAGS),
+    message="--model needs --accelerator (or --accelerator_file) and --context, and "
+    "replaces --weights_gb, --bytes_per_weight and --kv_* (--bandwidth_tbps, --tflops and "
+    "--memory_gb become what-ifs); --weight_dtype, --kv_dtype, --block_size, "
+    "--workspace_fraction, --max_new_tokens, --group_size, --memory_gb, --accelerator_file "
+    "and --price_per_hour apply only with --model",
 )
 def _model_flags_consistent(values: dict) -> bool:
-  if values[_MODEL.name] is None and values[_ACCELERATOR.name] is None:
-    return not any(flags.FLAGS[h.name].present for h in (_WEIGHT_DTYPE, _KV_DTYPE))
-  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS)
-  return (values[_MODEL.name] is not None and values[_ACCELERATOR.name] is not None
+  device = values[_ACCELERATOR.name] is not None or values[_SHARED.accelerator_file.name]
+  if values[_MODEL.name] is None and not device:
+    return not any(flags.FLAGS[h.name].present
+                   for h in (_WEIGHT_DTYPE, _KV_DTYPE, _PRICE_PER_HOUR) + _MODEL_ONLY)
+  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS
+                  if h.name not in {w.name for w in _WHAT_IF_FLAGS})
+  return (values[_MODEL.name] is not None and bool(device)
           and values[_CONTEXT.name] is not None and not raw_given)
 
 
 def raw_inputs() -> dict:
   """The sweep's inputs in SI units, from the raw-number flags."""
   if _KV_BYTES_PER_TOKEN.value is not None:
-    T, k = float(_CONTEXT.value), _KV_BYTES_PER_TOKEN.value
+    if len(_CONTEXT.value) != 1:
+      raise InputError(f"--context={','.join(_CONTEXT.value)} is not allowed with raw numbers: "
+                       "give one context (lists compare dtypes and contexts with --model).")
+    T, k = float(_CONTEXT.value[0]), _KV_BYTES_PER_TOKEN.value
   else:
     # Only the product T*k matters here: fold the context into k.
     T, k = 1.0, (0.25 if _KV_GB_PER_SEQ.value is None else _KV_GB_PER_SEQ.value) * 1e9
@@ -183,7 +208,7 @@ def summary_lines(summary: dict) -> list[str]:
                    f"{summary['max_batch_for_token_gap']:,.1f}")
   if "max_batch_in_memory" in summary:
     lines.append(f"largest batch that fits in memory: {summary['max_batch_in_memory']:,}")
-  lines += [f"note: {n}" for n in summary["notes"]]
+  lines += [f"note: {n}" for n in summary["notes"] + summary.get("rate_notes", [])]
   return lines
 
 
@@ -203,22 +228,51 @@ def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None
                              notes=tuple(notes))
 
 
-def model_sweep(batch_sizes: list[int]) -> dict:
-  """The sweep for --model on --accelerator, with the memory fit of each batch."""
-  return parallel_sweep.layout_sweep(
-      models.load_model(_MODEL.value), accelerators.load_accelerator(_ACCELERATOR.value),
-      context=_CONTEXT.value, batch_sizes=batch_sizes, weight_dtype=_WEIGHT_DTYPE.value,
-      kv_dtype=_KV_DTYPE.value,
-      model=_step_model(scale_given_ceilings=True, accelerator=_ACCELERATOR.value),
-      token_gap_s=_token_gap_s(), layout=_layout_flags.layout(_ACCELERATOR.value))
+def _what_if(holder: flags.FlagHolder) -> float | None:
+  return holder.value if flags.FLAGS[holder.name].present else None
+
+
+def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
+  """One sweep per (weight dtype, K/V dtype, context) for --model on the device, with
+  the memory fit of each batch; and the what-if notes (datasheet figures replaced)."""
+  device = _model_flags.device(_SHARED, bandwidth_tbps=_what_if(_BANDWIDTH_TBPS),
+                               tflops=_what_if(_TFLOPS))
+  what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+  sweeps = variants.variant_sweeps(
+      models.load_model(_MODEL.value), device,
+      contexts=[int(c) for c in _CONTEXT.value], weight_dtypes=_WEIGHT_DTYPE.value,
+      kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
+      model=_step_model(scale_given_ceilings=True,
+                        accelerator=_ACCELERATOR.value or device.name),
+      token_gap_s=_token_gap_s(),
+      layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
+      block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
+      max_new_tokens=_SHARED.max_new_tokens.value, group_size=_SHARED.group_size.value)
+  for sweep in sweeps:
+    sweep["inputs"]["what_if"] = what_ifs
+    sweep["assumptions"] = list(sweep["assumptions"]) + what_ifs
+  return sweeps, what_ifs
+
+
+def _tagged_cells(sweeps: list[dict], cells: list[list[str]]) -> list[list[str]]:
+  """Table cells with the combination's weight dtype, K/V dtype and context in front."""
+  rows = [row for sweep in sweeps for row in sweep["rows"]]
+  return [[r["weight_dtype"], r["kv_dtype"], f"{r['context']:,}"] + c
+          for r, c in zip(rows, cells)]
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   batch_sizes = _cli.int_list(_BATCH_SIZES)
+  sweeps, what_ifs = [], []
   if _MODEL.value:
-    sweep = model_sweep(batch_sizes)
-    title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}, context {_CONTEXT.value}"
+    sweeps, what_ifs = model_sweeps(batch_sizes)
+    sweep = sweeps[0]
+    title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}" + (
+        f", context {sweep['inputs']['context']}, {sweep['inputs']['weight_dtype']} weights, "
+        f"{sweep['inputs']['kv_dtype']} K/V" if len(sweeps) == 1 else "")
+    if what_ifs:
+      title += " (what-if)"
   else:
     if not _layout_flags.layout().is_single_chip:
       raise InputError("--tp/--pp/--ep/--dp/--chips apply with --model and --accelerator "
@@ -234,8 +288,9 @@ def main(argv: list[str]) -> None:
     title = "Decode batch sweep"
   scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
   layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
-  elasticity.annotate_sweep(sweep, _step_model(scale_given_ceilings=scale_given), layers=layers,
-                            **sweep["inputs"]["si"])
+  for each in sweeps or [sweep]:
+    elasticity.annotate_sweep(each, _step_model(scale_given_ceilings=scale_given),
+                              layers=layers, **each["inputs"]["si"])
   if sweep["kind"] == "calibrated":
     prof = sweep["profile"]
     print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
@@ -244,19 +299,38 @@ def main(argv: list[str]) -> None:
           f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
   else:
     print(f"{title} (analytic bound; GB = 1e9 B)")
-  headers, cells = table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])
-  if any(row.get("comm_s") for row in sweep["rows"]):
+  for line in what_ifs:
+    print(line)
+  rows = [row for each in sweeps or [sweep] for row in each["rows"]]
+  headers, cells = table.SWEEP_HEADERS, table.sweep_rows(rows)
+  if any(row.get("comm_s") for row in rows):
     headers = headers + ("comm ms", "chips")
-    cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"]
-             for c, r in zip(cells, sweep["rows"])]
-  headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, sweep["rows"])]
+    cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"] for c, r in zip(cells, rows)]
+  if sweeps:
+    headers = headers + ("tok/s/chip", "tok/s/kW") + (
+        ("tok/$",) if _PRICE_PER_HOUR.value else ())
+    cells = [c + [f"{r['tokens_per_s_per_chip']:,.1f}",
+                  "n/a" if r["tokens_per_s_per_kw"] is None else f"{r['tokens_per_s_per_kw']:,.1f}"]
+             + ([f"{r['tokens_per_dollar']:,.0f}"] if _PRICE_PER_HOUR.value else [])
+             for c, r in zip(cells, rows)]
+  headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, rows)]
+  if len(sweeps) > 1:
+    headers, cells = ("weights", "K/V", "context") + headers, _tagged_cells(sweeps, cells)
   print(table.format_table(headers, cells))
-  print("\n".join(summary_lines(sweep["summary"])))
+  for each in sweeps if len(sweeps) > 1 else [sweep]:
+    if len(sweeps) > 1:
+      print(f"-- {each['inputs']['weight_dtype']} weights, {each['inputs']['kv_dtype']} K/V, "
+            f"context {each['inputs']['context']:,}:")
+    print("\n".join(summary_lines(each["summary"])))
+  document = variants.combined(sweeps) if len(sweeps) > 1 else sweep
   if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value, sweep)
+    files.write_json(_JSON_OUT.value, document)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    plots.plot_sweep(sweep, _PLOT_OUT.value, title)
+    if len(sweeps) > 1:
+      plots.plot_variants(sweeps, _PLOT_OUT.value, title)
+    else:
+      plots.plot_sweep(sweep, _PLOT_OUT.value, title)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

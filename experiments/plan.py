@@ -16,15 +16,14 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _model_flags
 from jaxroof import files
 from jaxroof.parallel import planner
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
-from jaxroof.specs.models import load_model, shipped_models
+from jaxroof.specs.models import load_model
 
-_MODEL = flags.DEFINE_string(
-    "model", None, f"Shipped model ({', '.join(shipped_models())}) or a path to a "
-    "config.json or its folder.")
+_MODEL = _model_flags.define("model").model
 _CONTEXT = flags.DEFINE_integer("context", None, "Tokens each sequence retains. >= 1.",
                                 lower_bound=1)
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,

@@ -15,6 +15,15 @@ Give a model and an accelerator,
       --prompt_tokens=2048 --output_tokens=256 --token_gap_ms=20 --ttft_ms=500 \
       --arrival_rate=5 --json_out=/tmp/serving.json --plot_out=/tmp/serving.png
 
+On several chips (--tp --pp --ep, and --dp replicas; or a slice such as
+--accelerator=8xh100-sxm) each replica's step is one chip's traffic along a
+token's path plus the layout's communication, the memory fit is the busiest
+chip's, --arrival_rate is the fleet's (split evenly over the replicas), and
+the decision adds the fleet's rate and load limit:
+
+  python -m experiments.serving --model=llama-3.1-70b --accelerator=h100-sxm \
+      --tp=4 --dp=2 --token_gap_ms=30 --arrival_rate=4
+
 or batch_sweep's raw numbers (defaults: the lesson's example, whose 12 ms gap
 gives batch 32 and 9 ms gives 8):
 
@@ -37,6 +46,8 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _layout_flags
+from experiments import _model_flags
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
@@ -44,25 +55,25 @@ from jaxroof.report import serving as serving_report
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import elasticity
+from jaxroof.serving import multichip
 from jaxroof.serving import peer
 from jaxroof.serving import pools
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
-from jaxroof.specs import accelerators
 from jaxroof.specs import models
+from jaxroof.specs import what_if
 from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
-_MODEL = flags.DEFINE_string(
-    "model", None, "Shipped model name (jaxroof/specs/data/models) or a Hugging Face "
-    "config.json path. Needs --accelerator.")
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, "Accelerator slug, e.g. h100-sxm (jaxroof/specs/data/accelerators.json).")
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction", "group_size")
+_MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
+_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
+_MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype,
+               _SHARED.block_size, _SHARED.workspace_fraction, _SHARED.group_size)
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "With --model: tokens each sequence may hold, reserved up front in the "
     "memory fit (default prompt + outputs). >= prompt_tokens + output_tokens - 1.")
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "With --model: bf16, fp8, int8, int4.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "With --model: the K/V dtype.")
 # ... or batch_sweep's raw numbers.
 _WEIGHTS_GB = flags.DEFINE_float("weights_gb", 16.0, "Weight bytes read per step, GB. > 0.")
 _BYTES_PER_WEIGHT = flags.DEFINE_float("bytes_per_weight", 2.0, "Bytes per weight. > 0.")
@@ -120,19 +131,31 @@ flags.register_validator(_ARRIVAL_RATE.name, lambda v: v >= 0 and v != float("in
 flags.register_validator(_BATCHING_WINDOW_MS.name, lambda v: v >= 0 and v != float("inf"),
                          message="must be a finite number >= 0 (ms)")
 
-_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
-              _BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)
+_RAW_FLAGS = (_WEIGHTS_GB, _BYTES_PER_WEIGHT, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN)
+_WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)  # With --model: datasheet replaced.
+
+
+def _given(holder: flags.FlagHolder) -> float | None:
+  return holder.value if flags.FLAGS[holder.name].present else None
 
 
 def _check_flags() -> None:
   """Flag combinations, as one-line errors."""
-  if (_MODEL.value is None) != (_ACCELERATOR.value is None):
-    raise errors.InputError("--model and --accelerator go together.")
+  device = _ACCELERATOR.value is not None or bool(_SHARED.accelerator_file.value)
+  if (_MODEL.value is None) == device:
+    raise errors.InputError("--model and --accelerator (or --accelerator_file) go together.")
+  if _MODEL.value is None and any(flags.FLAGS[h.name].present for h in _MODEL_ONLY):
+    raise errors.InputError("--accelerator_file, --weight_dtype, --kv_dtype, --block_size, "
+                            "--workspace_fraction and --group_size apply only with --model.")
   if _MODEL.value is not None and any(flags.FLAGS[h.name].present for h in _RAW_FLAGS):
     raise errors.InputError("--model replaces the raw-number flags (--weights_gb, "
-                            "--bytes_per_weight, --kv_*, --bandwidth_tbps, --tflops, --memory_gb).")
+                            "--bytes_per_weight, --kv_*); with it --bandwidth_tbps, --tflops "
+                            "and --memory_gb are what-ifs on the datasheet.")
   if _MODEL.value is None and _CONTEXT.value is not None:
     raise errors.InputError("--context applies only with --model.")
+  if _MODEL.value is None and _layout_flags.layout().chips > 1:
+    raise errors.InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and "
+                            "--accelerator.")
   if _KV_GB_PER_SEQ.value is not None and _KV_BYTES_PER_TOKEN.value is not None:
     raise errors.InputError("give --kv_gb_per_seq or --kv_bytes_per_token, not both.")
   for holder in (_PROMPT_TOKENS, _OUTPUT_TOKENS):
@@ -148,7 +171,9 @@ def _inputs() -> requests.ServingInputs:
   prompt, outputs = _PROMPT_TOKENS.value, _OUTPUT_TOKENS.value
   if _MODEL.value is not None:
     spec = models.load_model(_MODEL.value)
-    device = accelerators.load_accelerator(_ACCELERATOR.value)
+    device = what_if.with_overrides(
+        _model_flags.device(_SHARED, bandwidth_tbps=_given(_BANDWIDTH_TBPS),
+                            tflops=_given(_TFLOPS)), memory_gb=_given(_MEMORY_GB))
     limit = spec.max_position_embeddings
     if isinstance(limit, int) and prompt + outputs - 1 > limit:
       raise errors.InputError(
@@ -162,8 +187,15 @@ def _inputs() -> requests.ServingInputs:
             f"--context={_CONTEXT.value} is not allowed: it must be >= prompt_tokens + "
             f"output_tokens - 1 = {prompt + outputs - 1}.")
       reserve = _CONTEXT.value - prompt
-    return requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=reserve,
-                                 weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value)
+    inputs = multichip.model_inputs(
+        spec, device, layout=_layout_flags.layout(_ACCELERATOR.value), prompt_tokens=prompt,
+        output_tokens=reserve, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+        block_size=_SHARED.block_size.value,
+        workspace_fraction=_SHARED.workspace_fraction.value,
+        group_size=_SHARED.group_size.value)
+    what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+    return dataclasses.replace(inputs, label=inputs.label + (" (what-if)" if what_ifs else ""),
+                               memory={**inputs.memory, "what_if": what_ifs})
   weight_bytes = _WEIGHTS_GB.value * 1e9
   n = weight_bytes / _BYTES_PER_WEIGHT.value
   fixed = None
@@ -217,7 +249,8 @@ def main(argv: list[str]) -> None:
   window_s = _BATCHING_WINDOW_MS.value / 1e3
   gap_s = _TOKEN_GAP_MS.value / 1e3
   ttft_s = None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3
-  load = dict(prompt_tokens=prompt, output_tokens=outputs, arrival_rate=_ARRIVAL_RATE.value,
+  load = dict(prompt_tokens=prompt, output_tokens=outputs,
+              arrival_rate=_ARRIVAL_RATE.value / inputs.replicas,
               window_s=window_s, prefill_batch=_PREFILL_BATCH.value)
   rows = requests.rows(model, inputs, batches, **load)
   context = prompt + outputs / 2 if inputs.grows else 1.0
@@ -235,6 +268,8 @@ def main(argv: list[str]) -> None:
           "label": inputs.label, "model": _MODEL.value, "accelerator": _ACCELERATOR.value,
           "prompt_tokens": prompt, "output_tokens": outputs, "batch_sizes": batches,
           "arrival_rate_per_s": _ARRIVAL_RATE.value, "batching_window_s": window_s,
+          "arrival_rate_per_replica_s": _ARRIVAL_RATE.value / inputs.replicas,
+          "layout": _layout_flags.layout(_ACCELERATOR.value).as_dict(),
           "prefill_batch": _PREFILL_BATCH.value,
           "ttft_target_s": ttft_s, "token_gap_target_s": gap_s,
           "aggregate_target_tokens_per_s": _AGGREGATE.value,
@@ -245,7 +280,7 @@ def main(argv: list[str]) -> None:
           "weight_dtype": _WEIGHT_DTYPE.value if _MODEL.value else None,
           "kv_dtype": _KV_DTYPE.value if _MODEL.value else None,
       },
-      "units": {**requests.UNITS, "elasticities": "d ln(step_s) / d ln(input)",
+      "units": {**requests.UNITS, **requests.LAYOUT_UNITS, "elasticities": "d ln(step_s) / d ln(input)",
                 "max_arrival_rate_per_s": "requests/s"},
       "assumptions": list(model.assumptions) + [
           "prefill: analytic bound with causal attention (lower triangle, softmax omitted), "
@@ -253,7 +288,8 @@ def main(argv: list[str]) -> None:
           "rows: a static batch of B requests (all B prompts prefilled together, then "
           "G - 1 decode steps at contexts P+1 .. P+G-1)",
           "TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival",
-          "token gap under load: decode steps stretched by 1/(1 - lam*D)"],
+          "token gap under load: decode steps stretched by 1/(1 - lam*D)"]
+      + multichip.assumptions(inputs),
       "requests": rows,
       "decision": decision,
       "elasticities": decision.get("elasticities"),
@@ -262,7 +298,7 @@ def main(argv: list[str]) -> None:
   }
   if _ARRIVAL_RATE.value > 0 and ttft_s is not None:
     result["pools"] = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                                    arrival_rate=_ARRIVAL_RATE.value, ttft_s=ttft_s,
+                                    arrival_rate=load["arrival_rate"], ttft_s=ttft_s,
                                     token_gap_s=gap_s, window_s=window_s)
   if _COMPARE_PEER.value:
     result["peer"] = peer.compare(requests.rows(model, inputs, batches, prompt_tokens=prompt,
@@ -272,6 +308,12 @@ def main(argv: list[str]) -> None:
         f"{_ARRIVAL_RATE.value:g} requests/s ({label}; TTFT: M/D/1 mean)")
   print(table.format_table(serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)))
   print("\n".join(serving_report.decision_lines(decision)))
+  if decision.get("comm_s") is not None:
+    print(f"  layout: {decision['chips']} chips ({decision['replicas']} replica(s)); "
+          f"communication {decision['comm_s'] * 1e3:.3f} ms of each step at the decision "
+          "(serial; the elasticities are the step's floor without it); fleet "
+          f"{decision['fleet_aggregate_tokens_per_s']:,.0f} tokens/s, load limit "
+          f"{decision['fleet_max_arrival_rate_per_s']:.4g} requests/s")
   if "peer" in result:
     print(table.format_table(serving_report.PEER_HEADERS,
                              serving_report.peer_cells(result["peer"]["rows"])))

@@ -14,6 +14,11 @@ layer schedule. Give a shipped model on an accelerator
       --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
       --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
 
+--tp --pp --ep (with --model) simulate one replica of that layout: one
+chip's traffic along a token's path, each iteration's communication added,
+K/V pages on the busiest chip; --dp splits --arrival_rate over that many
+alike replicas and reports the fleet's throughputs.
+
 --plot_out writes the TTFT/ITL CDFs there, and beside it `<stem>_kv.png`
 (K/V pages and queue over time) and `<stem>_goodput.png` (goodput against
 arrival rate for the three schedulers, at up to --goodput_requests requests).
@@ -26,24 +31,25 @@ import os
 from absl import flags
 
 from experiments import _cli
+from experiments import _layout_flags
+from experiments import _model_flags
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.report import simulation as sim_report
 from jaxroof.report import table
 from jaxroof.serving import arrivals, metrics, replica, simulator
-from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
-_MODEL = flags.DEFINE_string("model", None, "Shipped model name or HF config path (needs "
-                             "--accelerator and --context).")
-_ACCELERATOR = flags.DEFINE_string("accelerator", None, "Accelerator slug, e.g. h100-sxm.")
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction")
+_MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
+_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
+_BLOCK_SIZE = _SHARED.block_size
 _CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
                                 "token are taken (sliding windows, states).", lower_bound=1)
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weight dtype with --model.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype with --model.")
 # ... or raw numbers.
 _PARAMS_B = flags.DEFINE_float("params_b", None, "Raw: billions of weights read and "
                                "multiplied per iteration.")
@@ -84,7 +90,6 @@ _TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per i
                                      lower_bound=1)
 _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching window, ms.",
                                       lower_bound=0.0)
-_BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per K/V page.", lower_bound=1)
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
@@ -112,11 +117,17 @@ def _replica(**kw) -> replica.Replica:
   common = dict(step_model=model, max_running=_MAX_RUNNING.value,
                 token_budget=_TOKEN_BUDGET.value, batch_window_s=_BATCH_WINDOW_MS.value / 1e3, **kw)
   if _MODEL.value is not None:
-    if _ACCELERATOR.value is None or _CONTEXT.value is None:
-      raise InputError("model needs --accelerator and --context (or give raw numbers).")
-    return replica.from_model(load_model(_MODEL.value), load_accelerator(_ACCELERATOR.value),
+    if (_ACCELERATOR.value is None and not _SHARED.accelerator_file.value) \
+        or _CONTEXT.value is None:
+      raise InputError("model needs --accelerator (or --accelerator_file) and --context (or "
+                       "give raw numbers).")
+    return replica.from_model(load_model(_MODEL.value), _model_flags.device(_SHARED),
                               context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
-                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value, **common)
+                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
+                              workspace_fraction=_SHARED.workspace_fraction.value,
+                              layout=_layout_flags.layout(_ACCELERATOR.value), **common)
+  if _layout_flags.layout().chips > 1:
+    raise InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and --accelerator.")
   raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
          "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
          "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
@@ -177,7 +188,8 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  w = _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value)
+  replicas = _layout_flags.layout(_ACCELERATOR.value).dp
+  w = _workload(_ARRIVAL_RATE.value / replicas, _NUM_REQUESTS.value)
   r = _replica()
   bar, progress = _progress(len(w))
   run = simulator.simulate(w, r, _SCHEDULER.value, progress)
@@ -195,13 +207,19 @@ def main(argv: list[str]) -> None:
   result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
             "workload": w.description, "metrics": m,
             "simulation": metrics.simulation_block(run, r.total_pages)}
+  if replicas > 1:
+    result["fleet"] = {
+        "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "
+        "one replica simulated, the fleet's throughputs are dp times its",
+        "request_throughput_per_s": m["request_throughput_per_s"] * replicas,
+        "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"] * replicas}
   if _PLOT_OUT.value:
     stem, _ = os.path.splitext(_PLOT_OUT.value)
     sim_report.plot_cdfs({_SCHEDULER.value: {"ttft_s": run.first_token_s - run.arrival_s,
                                              "itl_s": run.itl_s}}, _PLOT_OUT.value, label)
     sim_report.plot_kv_over_time(run, r.total_pages, f"{stem}_kv.png", label)
     if _ARRIVAL.value != "trace":
-      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value)
+      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value / replicas)
       result["goodput_vs_rate"] = sweep
       sim_report.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
                               f"{stem}_goodput.png", label)

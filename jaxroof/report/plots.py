@@ -61,3 +61,38 @@ def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) 
   left.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=8, loc="center right")
   left.grid(True, alpha=0.3)
   save(fig, path)
+
+
+def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str],
+                  title: str) -> None:
+  """Aggregate rate against batch for several (weight dtype, K/V dtype, context) sweeps.
+
+  One line per combination; batches that do not fit memory are drawn as
+  crosses and the line stops being solid there.
+  """
+  fig, axis = plt.subplots(figsize=(11, 5))
+  for index, sweep in enumerate(sweeps):
+    inputs, rows = sweep["inputs"], sweep["rows"]
+    color = f"C{index % 10}"
+    marker = "osd^v<>ph*"[index // 10 % 10]
+    label = (f"{inputs['weight_dtype']} weights, {inputs['kv_dtype']} K/V, "
+             f"context {inputs['context']:,}")
+    fits = [r for r in rows if r.get("fits_in_memory") is not False]
+    misfits = [r for r in rows if r.get("fits_in_memory") is False]
+    axis.plot([r["batch"] for r in fits], [r["aggregate_tokens_per_s"] for r in fits],
+              marker=marker, linestyle="-", color=color,
+              label=f"{label} (fits up to B={sweep['summary'].get('max_batch_in_memory', 0):,})")
+    if misfits:
+      axis.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits],
+                "x:", color=color)
+  axis.set_xscale("log", base=2)
+  axis.set_yscale("log")
+  axis.set_xlabel("batch (sequences per replica)")
+  axis.set_ylabel("aggregate tokens/s per replica")
+  kind = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
+  axis.set_title(f"{title} ({kind.get(sweeps[0]['kind'], sweeps[0]['kind'])}); "
+                 "x: does not fit memory", fontsize=9)
+  axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  axis.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  save(fig, path)

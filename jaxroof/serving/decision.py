@@ -146,7 +146,10 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   terms = model.evaluate(B=float(batch), T=context, N=inputs.N, q=inputs.q, k=k, BW=bw,
                          F=flops, N_act=inputs.N_act, L=inputs.layers)
   compute_bound = float(terms["compute_s"]) >= float(terms["memory_s"])
-  if binds == "token_gap" and compute_bound:
+  comm = float(requests.comm_s(inputs, float(batch)))
+  if binds == "token_gap" and comm >= max(float(terms["compute_s"]), float(terms["memory_s"])):
+    binds = "communication"
+  elif binds == "token_gap" and compute_bound:
     binds = "compute"
   capacity = shared_capacity(step, single / prefill_batch, batch, output_tokens)
   out.update(
@@ -155,6 +158,11 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
       loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
       max_arrival_rate_per_s=min(ttft_rate, capacity),
       shared_capacity_per_s=capacity, compute_bound=compute_bound)
+  if inputs.comm is not None or inputs.replicas > 1:
+    out.update(comm_s=comm, chips=inputs.chips_per_replica * inputs.replicas,
+               replicas=inputs.replicas,
+               fleet_aggregate_tokens_per_s=batch / step * inputs.replicas,
+               fleet_max_arrival_rate_per_s=min(ttft_rate, capacity) * inputs.replicas)
   if with_elasticities:
     out["elasticities"] = elasticity.row_elasticities(
         model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,

@@ -36,11 +36,16 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.serving import queueing
+from jaxroof.symbolic import parallel as parallel_formulas
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic import serving as serving_formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
+from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.symbols import A_f, B, BW, F, N, N_act, P, k, n_out, q
+
+COMM_SYMBOLS: tuple[str, ...] = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
+                                 "W_ic", "t_hop")
 
 UNITS: dict[str, str] = {
     "batch": "sequences",
@@ -52,6 +57,8 @@ UNITS: dict[str, str] = {
     "aggregate_tokens_per_s": "tokens/s",
     "per_sequence_tokens_per_s": "tokens/s",
 }
+LAYOUT_UNITS: dict[str, str] = {"comm_s": "s", "chips": "chips",
+                                "fleet_tokens_per_s": "tokens/s"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +83,15 @@ class ServingInputs:
     label: what the inputs describe, for titles.
     memory: the memory fit's figures, for the JSON.
     windows: (pair_flops, window) per sliding-window kind, for prefill.
+    comm: a multi-chip replica's layout and link figures (`COMM_SYMBOLS` by
+      name, `jaxroof.parallel.layout.symbol_values`); None for one chip. N,
+      N_act and k are then one chip's along a token's path
+      (`jaxroof.symbolic.parallel.path_inputs`).
+    attention_share: share of the prefill attention FLOPs one chip does
+      (1/(tp*ep) on a layout, like the linear FLOPs).
+    replicas: data-parallel replicas (dp): fleet rates are this many times a
+      replica's.
+    chips_per_replica: tp*pp*ep.
   """
 
   N: float
@@ -92,10 +108,38 @@ class ServingInputs:
   label: str = ""
   memory: dict[str, Any] = dataclasses.field(default_factory=dict)
   attention_terms: tuple[prefill_formulas.AttentionTerm, ...] = ()
+  comm: dict[str, float] | None = None
+  attention_share: float = 1.0
+  replicas: int = 1
+  chips_per_replica: int = 1
 
   @property
   def grows(self) -> bool:
     return self.kv_per_sequence_bytes is None
+
+
+@functools.cache
+def _comm_model():
+  inputs = (B,) + tuple(getattr(S, name) for name in COMM_SYMBOLS)
+  return lambdified({"comm_s": parallel_formulas.pass_comm_s(B)}, inputs)
+
+
+def comm_s(inputs: ServingInputs, rows: Any) -> np.ndarray:
+  """Communication of one pass of `rows` token rows through the replica (0 on one chip).
+
+  `jaxroof.symbolic.parallel.pass_comm_s`: a decode step passes B rows, a
+  batched prefill P*B.
+  """
+  if inputs.comm is None:
+    return np.zeros_like(np.asarray(rows, dtype=float))
+  return pass_comm_s(inputs.comm, rows)
+
+
+def pass_comm_s(comm: dict[str, float], rows: Any) -> np.ndarray:
+  """`parallel.pass_comm_s` at `rows` for a layout's `COMM_SYMBOLS` values."""
+  rows = np.asarray(rows, dtype=float)
+  out = _comm_model()(B=rows, **{name: comm[name] for name in COMM_SYMBOLS})
+  return np.broadcast_to(np.asarray(out["comm_s"], dtype=float), rows.shape)
 
 
 def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any) -> tuple[int, int]:
@@ -144,9 +188,14 @@ def prefill(inputs: ServingInputs, prompt_tokens: int, batch: Any,
   attention = prefill_formulas.pair_flops_at(inputs.attention_terms, prompt_tokens) \
       if inputs.attention_terms else inputs.pair_flops
   out = _prefill_model()(P=float(prompt_tokens), B=batch, N=inputs.N, q=inputs.q,
-                         k=k_write, BW=bw, F=flops, N_act=inputs.N_act, A_f=attention)
-  return {name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape)
-          for name, v in out.items()}
+                         k=k_write, BW=bw, F=flops, N_act=inputs.N_act,
+                         A_f=attention * inputs.attention_share)
+  result = {name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape)
+            for name, v in out.items()}
+  if inputs.comm is not None:  # Serial with the floor (no overlap), as the decode step.
+    result["comm_s"] = comm_s(inputs, prompt_tokens * batch)
+    result["prefill_s"] = result["prefill_s"] + result["comm_s"]
+  return result
 
 
 def decode_steps(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
@@ -160,8 +209,11 @@ def decode_steps(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tok
     context, k = np.ones((1, output_tokens - 1)), inputs.kv_per_sequence_bytes
   out = model.evaluate(B=batch, T=context, N=inputs.N, q=inputs.q, k=k, BW=bw, F=flops,
                        N_act=inputs.N_act, L=inputs.layers)
-  return np.broadcast_to(np.asarray(out["step_s"], dtype=float),
-                         (batch.shape[0], output_tokens - 1))
+  steps = np.broadcast_to(np.asarray(out["step_s"], dtype=float),
+                          (batch.shape[0], output_tokens - 1))
+  if inputs.comm is not None:
+    steps = steps + comm_s(inputs, batch)
+  return steps
 
 
 def decode_time(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
@@ -174,7 +226,10 @@ def decode_time(model: StepModel, inputs: ServingInputs, batch: Any, prompt_toke
     out = _decode_model()(B=batch, P=float(prompt_tokens), n_out=float(output_tokens),
                           N=inputs.N, q=inputs.q, k=inputs.k, BW=bw, F=flops,
                           N_act=inputs.N_act)
-    return np.broadcast_to(np.asarray(out["decode_s"], dtype=float), batch.shape)
+    total = np.broadcast_to(np.asarray(out["decode_s"], dtype=float), batch.shape)
+    if inputs.comm is not None:
+      total = total + (output_tokens - 1) * comm_s(inputs, batch)
+    return total
   return decode_steps(model, inputs, batch, prompt_tokens, output_tokens).sum(axis=1)
 
 
@@ -231,6 +286,9 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **
       if name != "batch":
         row[name] = _value(out[name][i])
     row["status"] = out["queue"].status
+    row["comm_s"] = float(comm_s(inputs, float(b)))
+    row["chips"] = inputs.chips_per_replica * inputs.replicas
+    row["fleet_tokens_per_s"] = _value(out["aggregate_tokens_per_s"][i] * inputs.replicas)
     if inputs.max_batch_in_memory is not None:
       row["fits_in_memory"] = b <= inputs.max_batch_in_memory
     result.append(row)

@@ -237,6 +237,19 @@ def prefill_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
           "prefill_s": with_overlap(sp.Max(memory, compute), comm, o_ovl)}
 
 
+def pass_comm_s(rows: sp.Expr = B, algorithm: Algorithm = "ring") -> sp.Expr:
+  """Communication of one pass of `rows` token rows through a replica (one microbatch).
+
+  The rows split over the ep groups (`rows_per_pass` at m_mb = 1); the tensor
+  and expert collectives on the path plus the pp - 1 hand-offs. At rows = B
+  it is `decode_outputs`' `comm_s` with one microbatch; the serving layer
+  takes it per decode step (B rows), per batched prefill (P*B rows) and per
+  simulator iteration (its decode plus prefill-chunk tokens).
+  """
+  per_group = rows / ep
+  return path_comm_s(per_group, algorithm) + handoffs_s(per_group)
+
+
 def fleet_rate(per_replica: sp.Expr) -> sp.Expr:
   """Tokens per second of dp replicas."""
   return dp * per_replica
