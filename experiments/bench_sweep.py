@@ -18,6 +18,7 @@ import numpy as np
 from absl import flags
 
 from experiments import _cli
+from jaxroof.errors import InputError
 from jaxroof import files
 from jaxroof.symbolic.evaluate import step_model
 from jaxroof.timing import time_call
@@ -33,6 +34,9 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the timings as JSON her
 _MODEL = dict(N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
 
 
+MEMORY_LIMIT_BYTES = 4e9
+
+
 def _grid(batches: int, contexts: int) -> tuple[np.ndarray, np.ndarray]:
   batch = np.arange(1, batches + 1, dtype=np.float64)[:, None]
   context = np.linspace(128, 131072, contexts, dtype=np.float64)[None, :]
@@ -41,8 +45,13 @@ def _grid(batches: int, contexts: int) -> tuple[np.ndarray, np.ndarray]:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  points = _BATCHES.value * _CONTEXTS.value
+  # Each output of the step model is a float64 array of every point, ~10 of them.
+  if points * 8 * 10 > MEMORY_LIMIT_BYTES:
+    raise InputError(f"--batches x --contexts = {points:,} points need about "
+                     f"{points * 80 / 1e9:,.1f} GB, over the {MEMORY_LIMIT_BYTES / 1e9:g} GB "
+                     "limit: give fewer points.")
   batch, context = _grid(_BATCHES.value, _CONTEXTS.value)
-  points = batch.size * context.size
   m = _MODEL
   results = {}
 

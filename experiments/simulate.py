@@ -66,7 +66,9 @@ _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longe
 _PROFILE = flags.DEFINE_string("profile", None, "Calibration profile JSON: calibrated "
                                "iterations with its factors and measured ceilings.")
 # The workload.
-_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "Requests to simulate.")
+_NUM_REQUESTS = flags.DEFINE_integer(
+    "num_requests", 1000, "Requests to simulate. In [1, 1,000,000] (about 10,000 "
+    "requests/s simulate on a 2-core CPU).", lower_bound=1, upper_bound=1_000_000)
 _ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 10.0, "Mean arrivals per second.")
 _ARRIVAL = flags.DEFINE_enum("arrival", "poisson", ["poisson", "gamma", "trace"], "Arrivals.")
 _BURSTINESS = flags.DEFINE_float("burstiness", 1.0, "Gamma shape (1: Poisson, < 1: burstier).")
@@ -96,7 +98,8 @@ _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most thi
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
-                                         "goodput-vs-rate plot.", lower_bound=1)
+                                         "goodput-vs-rate plot. In [1, 100,000].",
+                                         lower_bound=1, upper_bound=100_000)
 
 for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
                        (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (_TTFT_MS, "ms"),

@@ -7,7 +7,6 @@ sweep (an independent wiring of the same symbolic terms), from the
 Megatron collective count written out by hand, or from properties.
 """
 
-import dataclasses
 import json
 import math
 import os

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from jaxroof.serving import percentiles, replica
 from jaxroof.symbolic.step_model import StepModel
