@@ -116,6 +116,11 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
                 max_context=spec.max_position_embeddings, token_budget=token_budget,
                 batch_window_s=batch_window_s)
   if layout.chips_per_replica == 1:
+    if inputs.usable_memory_bytes <= 0:
+      raise InputError(
+          f"model={spec.name!r} does not fit on one {accelerator.name}: its weights "
+          f"({inputs.resident_weight_bytes / 1e9:,.1f} GB) leave no memory for K/V; split it "
+          "with --tp/--pp/--ep or choose a larger device.")
     return from_numbers(
         N=float(inputs.N[0]), k=inputs.k, H=H, N_act=inputs.N_act,
         kv_memory_bytes=inputs.usable_memory_bytes,
