@@ -59,6 +59,8 @@ from jaxroof.serving import multichip
 from jaxroof.serving import peer
 from jaxroof.serving import pools
 from jaxroof.serving import queueing
+from jaxroof.serving import percentiles
+from jaxroof.serving import replica
 from jaxroof.serving import requests
 from jaxroof.specs import models
 from jaxroof.specs import what_if
@@ -117,6 +119,11 @@ _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
 _COMPARE_PEER = flags.DEFINE_enum(
     "compare_peer", None, ["llm_viewer"], "Put the rows beside a peer's published analysis "
     "(llm_viewer: Llama-2-7B, A100, prompt 1024, 128 outputs).")
+_SIMULATE_REQUESTS = flags.DEFINE_integer(
+    "simulate_requests", 0, "With --model and --arrival_rate: simulate this many requests "
+    "at the decision's load (iteration-level batching, at most the decided batch running) "
+    "for TTFT/TPOT/ITL percentiles beside the means. 0 skips it. In [0, 100,000].",
+    lower_bound=0, upper_bound=100_000)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result as JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the frontier PNG here.")
 
@@ -231,6 +238,33 @@ def _step_model() -> StepModel:
                              use_profile_ceilings=not scale_given)
 
 
+def _percentiles(model: StepModel, decision: dict, prompt: int, outputs: int,
+                 arrival_rate: float, ttft_s: float | None, gap_s: float) -> dict:
+  """The simulator at the decision: percentiles the analytic means cannot give."""
+  if _MODEL.value is None or arrival_rate <= 0 or not decision.get("batch"):
+    raise errors.InputError("--simulate_requests needs --model, --arrival_rate > 0 and a "
+                            "feasible decision (a batch that meets the targets).")
+  spec = models.load_model(_MODEL.value)
+  device = what_if.with_overrides(
+      _model_flags.device(_SHARED, bandwidth_tbps=_given(_BANDWIDTH_TBPS),
+                          tflops=_given(_TFLOPS)), memory_gb=_given(_MEMORY_GB))
+  replica_ = replica.from_model(
+      spec, device, context=prompt + outputs, step_model=model,
+      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+      block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
+      max_running=int(decision["batch"]), layout=_layout_flags.layout(_ACCELERATOR.value))
+  out = percentiles.simulated_percentiles(
+      replica_, arrival_rate=arrival_rate, prompt_tokens=prompt, output_tokens=outputs,
+      ttft_s=ttft_s, token_gap_s=gap_s, num_requests=_SIMULATE_REQUESTS.value)
+  m = out["metrics"]
+  print(f"simulated ({out['num_requests']} requests at {arrival_rate:g}/s per replica, "
+        f"at most {decision['batch']} running): TTFT median/p90/p99 "
+        f"{m['ttft_s']['median'] * 1e3:.1f}/{m['ttft_s']['p90'] * 1e3:.1f}/"
+        f"{m['ttft_s']['p99'] * 1e3:.1f} ms; ITL {m['itl_s']['median'] * 1e3:.2f}/"
+        f"{m['itl_s']['p90'] * 1e3:.2f}/{m['itl_s']['p99'] * 1e3:.2f} ms")
+  return out
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _check_flags()
@@ -300,6 +334,9 @@ def main(argv: list[str]) -> None:
     result["pools"] = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
                                     arrival_rate=load["arrival_rate"], ttft_s=ttft_s,
                                     token_gap_s=gap_s, window_s=window_s)
+  if _SIMULATE_REQUESTS.value:
+    result["percentiles"] = _percentiles(model, decision, prompt, outputs,
+                                         load["arrival_rate"], ttft_s, gap_s)
   if _COMPARE_PEER.value:
     result["peer"] = peer.compare(requests.rows(model, inputs, batches, prompt_tokens=prompt,
                                                 output_tokens=outputs))

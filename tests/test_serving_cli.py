@@ -98,3 +98,20 @@ def test_bad_input_is_one_line(tmp_path, flags, needle):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error:"), proc.stderr
   assert not out.exists()
+
+
+def test_simulated_percentiles_sit_beside_the_means(tmp_path):
+  out = tmp_path / "s.json"
+  proc = run("--model=llama-3-8b", "--accelerator=h100-sxm", "--prompt_tokens=512",
+             "--output_tokens=32", "--token_gap_ms=20", "--ttft_ms=500", "--arrival_rate=5",
+             "--simulate_requests=200", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads(out.read_text())
+  sim = result["percentiles"]
+  assert sim["kind"] == "simulated" and sim["num_requests"] == 200
+  ttft = sim["metrics"]["ttft_s"]
+  assert ttft["median"] <= ttft["p90"] <= ttft["p99"]
+  # At a light load the median TTFT is near the analytic prefill (one prompt alone).
+  assert ttft["median"] == pytest.approx(result["decision"]["ttft_s"], rel=0.5)
+  bad = run("--simulate_requests=200", "--token_gap_ms=12")
+  assert bad.returncode == 2 and "--simulate_requests" in bad.stderr
