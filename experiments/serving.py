@@ -119,6 +119,9 @@ _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
 _COMPARE_PEER = flags.DEFINE_enum(
     "compare_peer", None, ["llm_viewer"], "Put the rows beside a peer's published analysis "
     "(llm_viewer: Llama-2-7B, A100, prompt 1024, 128 outputs).")
+_WHAT_IF = flags.DEFINE_bool(
+    "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
+    "(its factors applied as a what-if).")
 _SIMULATE_REQUESTS = flags.DEFINE_integer(
     "simulate_requests", 0, "With --model and --arrival_rate: simulate this many requests "
     "at the decision's load (iteration-level batching, at most the decided batch running) "
@@ -234,8 +237,10 @@ def _step_model() -> StepModel:
     return StepModel.bound()
   scale_given = _MODEL.value is not None or any(
       flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
-  return profiles.step_model(profiles.load_profile(_PROFILE.value),
-                             use_profile_ceilings=not scale_given)
+  prof = profiles.load_profile(_PROFILE.value)
+  notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
+           if _ACCELERATOR.value else [])
+  return profiles.step_model(prof, use_profile_ceilings=not scale_given, notes=tuple(notes))
 
 
 def _percentiles(model: StepModel, decision: dict, prompt: int, outputs: int,

@@ -95,6 +95,9 @@ _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
+_WHAT_IF = flags.DEFINE_bool(
+    "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
+    "(its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
@@ -112,7 +115,10 @@ for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens")
 def _step_model() -> StepModel:
   if _PROFILE.value is None:
     return StepModel.bound()
-  return profiles.step_model(profiles.load_profile(_PROFILE.value))
+  prof = profiles.load_profile(_PROFILE.value)
+  notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
+           if _ACCELERATOR.value else [])
+  return profiles.step_model(prof, notes=tuple(notes))
 
 
 def _replica(**kw) -> replica.Replica:

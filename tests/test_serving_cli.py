@@ -115,3 +115,14 @@ def test_simulated_percentiles_sit_beside_the_means(tmp_path):
   assert ttft["median"] == pytest.approx(result["decision"]["ttft_s"], rel=0.5)
   bad = run("--simulate_requests=200", "--token_gap_ms=12")
   assert bad.returncode == 2 and "--simulate_requests" in bad.stderr
+
+
+def test_a_profile_from_another_device_needs_what_if():
+  profile = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "results", "profile_cpu.json")
+  proc = run("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=30",
+             f"--profile={profile}")
+  assert proc.returncode == 2 and "--what_if" in proc.stderr
+  proc = run("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=30",
+             f"--profile={profile}", "--what_if")
+  assert proc.returncode == 0, proc.stderr
