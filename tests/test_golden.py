@@ -36,7 +36,6 @@ def _diff(path: str, want, got, out: list[str]) -> None:
     out.append(f"{path}: {str(want)[:80]!r} -> {str(got)[:80]!r}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(cases.CASES))
 def test_experiment_json_matches_golden(name):
   want = json.loads((GOLDEN / f"{name}.json").read_text())

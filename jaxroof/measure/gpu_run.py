@@ -35,6 +35,7 @@ from jaxroof.measure import calibration_job
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import kernel_benchmark as benchmark
 from jaxroof.measure import op_sweeps
+from jaxroof.measure import profiles
 from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.toy.config import ToyConfig
 
@@ -174,9 +175,8 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   slug = "".join(ch if ch.isalnum() else "_"
                  for ch in job.profile.device_kind.lower())
   profile_path = os.path.join(results_dir, f"profile_gpu_{slug}.json")
-  calibration_job.write_results(
-      job, json_out=os.path.join(out_dir, "calibration.json"),
-      profile_out=profile_path, plot_out=None)
+  files.write_json(os.path.join(out_dir, "calibration.json"), job.to_json())
+  profiles.save_profile(job.profile, profile_path)
   say(f"profile written to {profile_path}")
   rows_out = calibration_job.validate(
       job.profile, DRY_VALIDATION_POINTS if dry_run else VALIDATION_POINTS,
