@@ -40,7 +40,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    message = str(e)
+    message = str(e).strip().splitlines()[0]  # absl may report several: the first.
     # A multi-flag validator's message starts by echoing every flag it read
     # ("flags a=1, b=2, ...: "); its own words name the flags that matter.
     message = re.sub(r"^flags .*?=.*?: (?=[a-z-]*--)", "", message, count=1)
