@@ -14,6 +14,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import experiments
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -142,6 +144,7 @@ def test_no_two_modules_share_a_name():
   assert not shared, shared
 
 
+@pytest.mark.slow  # The fuzz tier starts and runs every experiment in the default tiers.
 def test_every_experiment_starts_and_lists_its_flags():
   modules = [m.name for m in pkgutil.iter_modules(experiments.__path__)
              if not m.name.startswith("_")]
