@@ -10,6 +10,7 @@ import json
 import pytest
 
 from jaxroof.specs import accelerators
+from jaxroof.specs import what_if
 from jaxroof.specs.accelerators import TABLE, known_accelerators, load_accelerator, load_accelerators
 from jaxroof.errors import InputError
 
@@ -64,6 +65,69 @@ def test_compute_dtype_falls_back_to_bf16_without_a_native_path():
   assert h100.flops("fp8") == pytest.approx(2 * h100.flops("bf16"), rel=1e-3)
   assert h100.compute_dtype("int4") == "bf16"  # Weight-only: dequantized to bf16.
   assert load_accelerator("tpu-v5p").compute_dtype("fp8") == "bf16"
+  assert h100.compute_dtype("mxfp4") == "bf16"  # Hopper has no FP4 datapath.
+  assert "fallback" in h100.compute_note("mxfp4") and "h100-sxm" in h100.compute_note("mxfp4")
+  assert "fallback" not in h100.compute_note("fp8")
+
+
+# Dense low-precision tensor rates, TFLOP/s, from the cited datasheets:
+#   b200  FP4 9000 / FP8 4500: glennklockwood.com/garden/processors/B200 (HGX B200,
+#         1,000 W; its sparse figures 18000 / 9000 halved); scaling-book gpus.md
+#         FLOPs table (B200 fp4 9.0e15).
+#   gb200 FP4 10000 / FP8 5000: glennklockwood B200 page (GB200 variant, 1,200 W);
+#         NVL72 rack 1,440 PF FP4 sparse / 72 GPUs / 2 = 10000.
+#   mi355x MXFP4 10100 / FP8 5000: AMD dense figures as tabled in stas00
+#         ml-engineering compute/accelerator/README.md (note 22).
+#   h100-sxm FP8 1978.9: NVIDIA H100 SXM datasheet 3,958 with sparsity / 2.
+#   mi300x FP8 2614.9: ROCm mi300.md (Matrix FP8 2614.9).
+#   tpu7x FP8 4614: cloud.google.com/tpu/docs/tpu7x.
+#   gaudi3 FP8 1835: Intel Hot Chips 2024 Gaudi 3 slides (BF16/FP8 matrix 1835).
+DATASHEET_LOW_PRECISION = [
+    ("b200", "nvfp4", 9000), ("b200", "mxfp4", 9000), ("b200", "fp8", 4500),
+    ("gb200", "nvfp4", 10000), ("gb200", "mxfp4", 1440e3 / 72 / 2),
+    ("gb200", "fp8", 5000), ("mi355x", "mxfp4", 10100), ("mi355x", "fp8", 5000),
+    ("h100-sxm", "fp8", 3958 / 2), ("h200", "fp8", 3958 / 2), ("mi300x", "fp8", 2614.9),
+    ("tpu7x", "fp8", 4614), ("gaudi3", "fp8", 1835), ("trainium2", "fp8", 1299),
+]
+
+
+@pytest.mark.parametrize("slug, weight_dtype, tflops", DATASHEET_LOW_PRECISION)
+def test_low_precision_weights_run_at_the_datasheet_rate(slug, weight_dtype, tflops):
+  device = load_accelerator(slug)
+  assert device.compute_dtype(weight_dtype) == weight_dtype
+  assert device.flops(weight_dtype) == pytest.approx(tflops * 1e12, rel=0.002)
+
+
+@pytest.mark.parametrize("slug, weight_dtype", [
+    ("a100-80gb", "fp8"), ("a100-40gb", "fp8"), ("mi250x", "fp8"), ("tpu-v5e", "fp8"),
+    ("h100-sxm", "mxfp4"), ("h200", "nvfp4"), ("mi300x", "mxfp4"), ("mi355x", "nvfp4"),
+    ("tpu7x", "nvfp4"), ("l40s", "mxfp4")])
+def test_formats_without_a_datapath_fall_back_to_bf16_and_say_so(slug, weight_dtype):
+  """No published rate (Ampere/CDNA2 lack FP8; only Blackwell has NVFP4, only
+  Blackwell and CDNA4 have MXFP4): the bf16 rate, labelled as a fallback."""
+  device = load_accelerator(slug)
+  assert device.flops(weight_dtype) == device.flops("bf16")
+  assert "fallback" in device.compute_note(weight_dtype)
+
+
+def test_fp4_doubles_fp8_where_both_exist():
+  """A property of every published FP4 datapath: twice the FP8 rate or more."""
+  for slug in known_accelerators():
+    device = load_accelerator(slug)
+    for fp4 in ("mxfp4", "nvfp4"):
+      if fp4 in device.flops_per_s:
+        assert device.flops_per_s[fp4] >= 2 * device.flops_per_s["fp8"] * 0.999, slug
+
+
+def test_every_entry_states_its_low_precision_rates_and_passes_the_user_schema():
+  """Every shipped entry lists fp8, mxfp4 and nvfp4 (a number, or null for no
+  datapath) with a source, and passes the validation a user's file gets."""
+  entries = json.loads(TABLE.read_text())["accelerators"]
+  for slug, e in entries.items():
+    assert {"fp8", "mxfp4", "nvfp4"} <= set(e["dense_tflops"]), slug
+    for dtype in ("mxfp4", "nvfp4"):
+      assert dtype in e["sources"]["dense_tflops"], slug
+    what_if.check_entry(slug, e, slug)
 
 
 def test_unknown_names_list_the_known_ones_and_the_closest():

@@ -34,6 +34,11 @@ def test_a_user_file_in_the_shipped_schema_loads(tmp_path):
     ({"dense_tflops": {"fp8": 10}}, "dense_tflops"),
     ({"dense_tflops": {"bf16": float("nan")}}, "dense_tflops.bf16"),
     ({"memory_capacity_gb": 1e9}, "memory_capacity_gb"),
+    ({"dense_tflops": {"bf16": 100, "fp8": -5}}, "dense_tflops.fp8"),
+    ({"dense_tflops": {"bf16": 100, "mxfp4": "fast"}}, "dense_tflops.mxfp4"),
+    ({"dense_tflops": {"bf16": 100, "nvfp4": True}}, "dense_tflops.nvfp4"),
+    ({"dense_tflops": {"bf16": 100, "fp4": 400}}, "dense_tflops.fp4"),
+    ({"dense_tflops": {"bf16": None, "fp8": 200}}, "dense_tflops"),
 ])
 def test_bad_fields_are_refused_naming_the_field(tmp_path, change, field):
   entry = {**ENTRY, **change}
@@ -64,3 +69,14 @@ def test_overrides_replace_the_datasheet_and_say_so():
   assert what_if.with_overrides(h100) is h100
   with pytest.raises(InputError, match="--tflops"):
     what_if.with_overrides(h100, tflops=0)
+
+
+def test_low_precision_rates_in_a_user_file_set_the_compute_rate(tmp_path):
+  """fp8/mxfp4/nvfp4 given: weights in that format multiply at it; null or
+  absent: they fall back to bf16, and the note says so."""
+  entry = {**ENTRY, "dense_tflops": {"bf16": 100, "fp8": 200, "mxfp4": 400, "nvfp4": None}}
+  device = what_if.load_accelerator_file(_write(tmp_path, entry))
+  assert device.flops("fp8") == 200e12 and device.flops("mxfp4") == 400e12
+  assert device.compute_dtype("nvfp4") == "bf16" and device.flops("nvfp4") == 100e12
+  assert "fallback" in device.compute_note("nvfp4")
+  assert "fallback" not in device.compute_note("mxfp4")

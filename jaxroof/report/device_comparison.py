@@ -29,7 +29,8 @@ def summary_rows(result: dict[str, Any]) -> list[list[str]]:
   best = result["best"]
   return [[e["name"], f"{e['memory_capacity_bytes'] / 1e9:,.1f}",
            f"{e['memory_bandwidth_bytes_per_s'] / 1e12:,.3f}",
-           f"{e['flops_per_s'] / 1e12:,.1f} {e['compute_dtype']}",
+           f"{e['flops_per_s'] / 1e12:,.1f} {e['compute_dtype']}"
+           + (" (fallback)" if e.get("compute_fallback") else ""),
            _mark(f"{e['ridge_flop_per_byte']:,.1f}", e["name"] in best["ridge_flop_per_byte"]),
            _mark(_batches(e["compute_crossover_batch"]),
                  e["name"] in best["compute_crossover_batch"]),

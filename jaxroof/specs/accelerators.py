@@ -22,12 +22,12 @@ from jaxroof.specs import names
 TABLE = Path(__file__).parent / "data" / "accelerators.json"
 
 # The matmul dtype a weight dtype runs at: fp8 and int8 weights with matching
-# activations (W8A8); int4 weights are dequantized to bf16 (W4A16); FP4 formats
-# run at the device's fp4 rate where it has one (Blackwell, MI355X), else
-# dequantized to bf16.
+# activations (W8A8); int4 weights are dequantized to bf16 (W4A16); mxfp4 and
+# nvfp4 run at the device's rate for that FP4 format where it has one
+# (Blackwell both, MI355X mxfp4), else they are dequantized to bf16.
 COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8",
-                 "int4": "bf16", "mxfp4": "fp4", "nvfp4": "fp4"}
-
+                 "int4": "bf16", "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
+FALLBACK_DTYPE = "bf16"  # Where a device has no tensor rate for the weights' format.
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Accelerator:
@@ -38,7 +38,7 @@ class Accelerator:
   vendor: str
   memory_capacity_bytes: float
   memory_bandwidth_bytes_per_s: float
-  flops_per_s: Mapping[str, float]  # Dense, by dtype ("int8": op/s).
+  flops_per_s: Mapping[str, float]  # Dense, by dtype ("int8": op/s); absent: no such path.
   on_chip: Mapping[str, Any]
   interconnect: Mapping[str, Any]
   tdp_w: float | None
@@ -50,12 +50,23 @@ class Accelerator:
   def compute_dtype(self, weight_dtype: str) -> str:
     """The dtype whose FLOP rate a matmul with these weights runs at.
 
-    Falls back to bf16 where the device has no faster path for the dtype
-    (e.g. fp8 on A100 or TPU v5p: weights are upcast).
+    Falls back to bf16 where the device publishes no rate for the format
+    (e.g. fp8 on A100 or TPU v5p, mxfp4 on H100: weights are upcast);
+    `compute_note` says so in words.
     """
     errors.require_choice("weight_dtype", weight_dtype, tuple(COMPUTE_DTYPE))
     dtype = COMPUTE_DTYPE[weight_dtype]
-    return dtype if dtype in self.flops_per_s else "bf16"
+    return dtype if dtype in self.flops_per_s else FALLBACK_DTYPE
+
+  def compute_note(self, weight_dtype: str) -> str:
+    """One line on the rate `weight_dtype` matmuls run at, naming any fallback."""
+    dtype = self.compute_dtype(weight_dtype)
+    rate = f"{self.flops_per_s[dtype] / 1e12:g} dense {dtype} TFLOP/s"
+    if dtype == COMPUTE_DTYPE[weight_dtype]:
+      return f"{weight_dtype} weights multiply at {rate}"
+    return (f"{weight_dtype} weights multiply at {rate}: {self.name} publishes no "
+            f"{COMPUTE_DTYPE[weight_dtype]} tensor rate, so they are dequantized to "
+            f"{dtype} (fallback)")
 
   def flops(self, weight_dtype: str = "bf16") -> float:
     """Dense FLOP/s of matmuls with `weight_dtype` weights."""
@@ -141,7 +152,7 @@ def entry_to_accelerator(slug: str, entry: Mapping[str, Any]) -> Accelerator:
       vendor=entry["vendor"],
       memory_capacity_bytes=entry["memory_capacity_gb"] * 1e9,
       memory_bandwidth_bytes_per_s=entry["memory_bandwidth_tb_s"] * 1e12,
-      flops_per_s={k: v * 1e12 for k, v in entry["dense_tflops"].items()},
+      flops_per_s={k: v * 1e12 for k, v in entry["dense_tflops"].items() if v is not None},
       on_chip=dict(entry["on_chip"]),
       interconnect=dict(entry["interconnect"]),
       tdp_w=entry["tdp_w"],

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxroof.specs.accelerators import Accelerator
+from jaxroof.specs.accelerators import COMPUTE_DTYPE, Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.workload import crossover_batches
@@ -44,6 +44,7 @@ def _entry(spec: ModelSpec, device: Accelerator, batch: list[int], model: StepMo
       "memory_bandwidth_bytes_per_s": inputs["si"]["BW"],
       "flops_per_s": inputs["si"]["F"],
       "compute_dtype": inputs["compute_dtype"],
+      "compute_fallback": inputs["compute_dtype"] != COMPUTE_DTYPE[kw["weight_dtype"]],
       "ridge_flop_per_byte": device.ridge_point(kw["weight_dtype"]),
       "compute_crossover_batch": cross.compute_crossover_batch,
       "weight_kv_crossover_batch": cross.weight_kv_crossover_batch,

@@ -24,6 +24,10 @@ from jaxroof.specs.accelerators import Accelerator
 # typo in units is refused rather than swept.
 _LIMITS = {"memory_capacity_gb": 1e5, "memory_bandwidth_tb_s": 1e3, "dense_tflops": 1e6}
 _REQUIRED = ("name", "memory_capacity_gb", "memory_bandwidth_tb_s", "dense_tflops")
+# The dense rates an entry may give, in TFLOP/s (int8: TOP/s); fp8, mxfp4 and
+# nvfp4 are optional, and null (or absent) means the device has no such
+# datapath, so weights in that format run at the bf16 rate.
+RATE_DTYPES = ("bf16", "fp16", "fp8", "int8", "mxfp4", "nvfp4", "fp32")
 
 
 def _number(where: str, value: Any, limit: float) -> float:
@@ -48,11 +52,15 @@ def check_entry(slug: str, entry: Any, where: str) -> dict[str, Any]:
   for field in ("memory_capacity_gb", "memory_bandwidth_tb_s"):
     _number(f"{where}.{field}", entry[field], _LIMITS[field])
   rates = entry["dense_tflops"]
-  if not isinstance(rates, Mapping) or "bf16" not in rates:
+  if not isinstance(rates, Mapping) or rates.get("bf16") is None:
     raise errors.InputError(f"{where}.dense_tflops={rates!r} must be an object with at "
                             "least a bf16 rate, in TFLOP/s.")
   for dtype, rate in rates.items():
-    _number(f"{where}.dense_tflops.{dtype}", rate, _LIMITS["dense_tflops"])
+    if dtype not in RATE_DTYPES:
+      raise errors.InputError(f"{where}.dense_tflops.{dtype} is not a known rate: give "
+                              f"{', '.join(RATE_DTYPES)} (null: no such datapath).")
+    if rate is not None:
+      _number(f"{where}.dense_tflops.{dtype}", rate, _LIMITS["dense_tflops"])
   tdp = entry.get("tdp_w")
   if tdp is not None:
     _number(f"{where}.tdp_w", tdp, 1e5)

@@ -104,7 +104,7 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
     assumptions.append(f"each sequence's recurrent state read once per step and held "
                        f"in memory whatever its length: {held} (in k = payload / T)")
   if compute_dtype != weight_dtype:
-    assumptions.append(f"{weight_dtype} weights multiply at the {compute_dtype} rate")
+    assumptions.append(accelerator.compute_note(weight_dtype))
   if not counts.tied:
     assumptions.append("the embedding lookup reads one row per sequence, not the table")
   if model.is_moe:
