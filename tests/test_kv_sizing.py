@@ -198,6 +198,22 @@ def test_kv_dtype_is_independent_of_the_weights():
   assert kv_sizing.size_kv(spec, context=4096, kv_dtype="fp32").payload_bytes == bf16 * 2
 
 
+def test_block_scaled_fp8_kv_counts_its_scales():
+  """fp8_block: one 1-byte E8M0 scale per 32 values (OCP MX v1.0 MXFP8), so a
+  Llama-3-8B token (2 x 32 layers x 8 KV heads x 128 = 65,536 values, from its
+  config.json) takes 65,536 + 65,536 / 32 = 67,584 bytes; per-tensor fp8 65,536."""
+  spec = load_model("llama-3-8b")
+  per_token = {dtype: kv_sizing.size_kv(spec, context=1, kv_dtype=dtype,
+                                        block_size=1).payload_bytes
+               for dtype in ("fp8", "fp8_block")}
+  assert per_token == {"fp8": 65_536, "fp8_block": 67_584}
+  assert kv_sizing.kv_bytes_per_element("fp8_block") == 1 + 1 / 32
+  mla = load_model("deepseek-v3")  # MLA latent: the same 1/32 overhead.
+  ratio = (kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8_block").payload_bytes
+           / kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8").payload_bytes)
+  assert ratio == pytest.approx(1.03125)
+
+
 def test_lesson_toy_counts():
   toy = load_model("lesson-toy")
   per_position = kv_sizing.size_kv(toy, context=1).kv_bytes_per_token

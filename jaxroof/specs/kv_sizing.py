@@ -45,7 +45,17 @@ from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MLA,
                                       NO_MIXER, RECURRENT, SLIDING, STATE_KINDS, ModelSpec)
 from jaxroof.symbolic.symbols import T
 
-KV_DTYPES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# Block-scaled FP8 K/V: E4M3 elements with one 1-byte E8M0 scale per block of
+# 32 values (the OCP Microscaling v1.0 MXFP8 scheme), 8/8 + 1/32 = 1.03125 B per
+# element. DeepSeek's FlashMLA FP8 cache (one fp32 scale per 128 values) costs
+# the same 1 + 4/128. Per-tensor "fp8" (vLLM's default: one fp32 k_scale and
+# v_scale per layer) and per-head scales are negligible: 1 B per element.
+FP8_BLOCK_VALUES, FP8_BLOCK_SCALE_BYTES = 32, 1
+KV_DTYPES: dict[str, float] = {
+    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1,
+    "fp8_block": float(af.quantized_bytes_per_weight(8, FP8_BLOCK_VALUES,
+                                                     FP8_BLOCK_SCALE_BYTES)),
+}
 DEFAULT_BLOCK_SIZE = 16  # Tokens per page (vLLM's default).
 HYBRID_PAGE_ALIGN = 16  # vLLM rounds hybrid attention blocks to 16 tokens.
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED)  # Per-head K/V per token.

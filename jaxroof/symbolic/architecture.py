@@ -162,6 +162,8 @@ def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) 
   """Bytes per weight with group scales: `bits/8 + s_b/G`.
 
   E.g. int4 with one 2-byte scale per 128 weights: 0.5 + 2/128 = 0.515625.
+  The same holds for any block-scaled stored value, K/V elements included
+  (fp8 K/V with a 1-byte scale per 32: 1.03125).
   """
   bits, G, s_b = _s(bits, G, s_b)
   return bits / 8 + s_b / G
