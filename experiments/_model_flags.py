@@ -37,6 +37,13 @@ def _accelerator() -> flags.FlagHolder:
       f"or a slice such as 8xh100-sxm or tpu-v5e-8 {_LIST}.")
 
 
+WEIGHT_CHOICES = (parameters.PUBLISHED,) + tuple(parameters.WEIGHT_DTYPES)
+_WEIGHT_HELP = ("Weight storage dtype (block scales included for int4, mxfp4, nvfp4); "
+                "published (default): the model's own checkpoint format, e.g. gpt-oss "
+                "experts in mxfp4 with the rest bf16, DeepSeek-V3 fp8 in 128x128 blocks")
+_KV_HELP = ("K/V cache element dtype; fp8: per-tensor scales (negligible), fp8_block: a "
+            "1-byte scale per 32 values (1.03125 B/element)")
+
 DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
     "model": _model,
     "accelerator": _accelerator,
@@ -44,10 +51,9 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
         "accelerator_file", None, "Your own accelerator as JSON in the shipped schema "
         "(jaxroof/specs/data/accelerators.json), instead of --accelerator."),
     "weight_dtype": lambda: flags.DEFINE_enum(
-        "weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
-        "Weight storage dtype (block scales included for int4, mxfp4, nvfp4)."),
+        "weight_dtype", parameters.PUBLISHED, list(WEIGHT_CHOICES), _WEIGHT_HELP + "."),
     "kv_dtype": lambda: flags.DEFINE_enum(
-        "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "K/V cache element dtype."),
+        "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), _KV_HELP + "."),
     "block_size": lambda: flags.DEFINE_integer(
         "block_size", 16, "Tokens per K/V page; allocation rounds up per sequence. >= 1 "
         "(1: no paging).", lower_bound=1),
@@ -67,17 +73,16 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
 }
 
 
-LISTABLE: dict[str, tuple[tuple[str, ...], str]] = {
-    "weight_dtype": (tuple(parameters.WEIGHT_DTYPES), "Weight storage dtype (block scales "
-                     "included for int4, mxfp4, nvfp4)"),
-    "kv_dtype": (tuple(kv_sizing.KV_DTYPES), "K/V cache element dtype"),
+LISTABLE: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "weight_dtype": (WEIGHT_CHOICES, _WEIGHT_HELP, parameters.PUBLISHED),
+    "kv_dtype": (tuple(kv_sizing.KV_DTYPES), _KV_HELP, "bf16"),
 }
 
 
 def _list_flag(name: str) -> flags.FlagHolder:
   """A comma-separated form of a choice flag: one value, or several to compare."""
-  allowed, meaning = LISTABLE[name]
-  holder = flags.DEFINE_list(name, "bf16", f"{meaning}; several, comma-separated, compare "
+  allowed, meaning, default = LISTABLE[name]
+  holder = flags.DEFINE_list(name, default, f"{meaning}; several, comma-separated, compare "
                              f"in one run. Allowed: {', '.join(allowed)}.")
   flags.register_validator(
       name, lambda values: bool(values) and all(v in allowed for v in values),

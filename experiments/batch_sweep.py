@@ -269,7 +269,7 @@ def main(argv: list[str]) -> None:
     sweeps, what_ifs = model_sweeps(batch_sizes)
     sweep = sweeps[0]
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}" + (
-        f", context {sweep['inputs']['context']}, {sweep['inputs']['weight_dtype']} weights, "
+        f", context {sweep['inputs']['context']}, {sweep['inputs']['weight_dtype_label']} weights, "
         f"{sweep['inputs']['kv_dtype']} K/V" if len(sweeps) == 1 else "")
     if what_ifs:
       title += " (what-if)"
@@ -319,7 +319,7 @@ def main(argv: list[str]) -> None:
   print(table.format_table(headers, cells))
   for each in sweeps if len(sweeps) > 1 else [sweep]:
     if len(sweeps) > 1:
-      print(f"-- {each['inputs']['weight_dtype']} weights, {each['inputs']['kv_dtype']} K/V, "
+      print(f"-- {each['inputs']['weight_dtype_label']} weights, {each['inputs']['kv_dtype']} K/V, "
             f"context {each['inputs']['context']:,}:")
     print("\n".join(summary_lines(each["summary"])))
   document = variants.combined(sweeps) if len(sweeps) > 1 else sweep

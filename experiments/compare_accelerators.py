@@ -107,7 +107,8 @@ def main(argv: list[str]) -> None:
   result["refused"] = refused
   counts = parameter_counts(model)
   print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
-        f"active), context {_CONTEXT.value} tokens, {_WEIGHT_DTYPE.value} weights, "
+        f"active), context {_CONTEXT.value} tokens, {result['inputs']['weight_dtype_label']} "
+        "weights, "
         f"{_KV_DTYPE.value} K/V ({result['kind']}: datasheet figures"
         f"{' scaled by the profile' if _PROFILE.value else ''}; GB = 1e9 B; "
         "* = best of column)")

@@ -119,14 +119,14 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   """Checks the fit on --accelerator, prints it, and returns it for the JSON."""
   device = _model_flags.device(_SHARED)
-  weights = params.weight_bytes(parameter_counts(spec), _WEIGHT_DTYPE.value,
-                                group_size=_GROUP_SIZE.value)["total_bytes"]
+  fmt = params.weight_format(spec, _WEIGHT_DTYPE.value, _GROUP_SIZE.value)
+  weights = fmt.resident_bytes(parameter_counts(spec))
   fit = kv_sizing.capacity(sizing, weight_bytes=weights,
                            memory_capacity_bytes=device.memory_capacity_bytes,
                            workspace_fraction=_WORKSPACE.value)
   verdict = "fits" if fit.fits else "does NOT fit"
   print(f"{device.name} ({device.full_name}, {_gb(device.memory_capacity_bytes)} GB): "
-        f"{_WEIGHT_DTYPE.value} weights {_gb(weights)} GB + allocated K/V "
+        f"{fmt.label} weights {_gb(weights)} GB + allocated K/V "
         f"{_gb(sizing.allocated_bytes)} GB with {_WORKSPACE.value:.0%} kept free: {verdict}; "
         f"at most {fit.max_batch} sequences of this context "
         f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
@@ -141,11 +141,10 @@ def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   device = _model_flags.device(_SHARED)
   layout = layout_lib.validate(_layout_flags.layout(_ACCELERATOR.value), spec, device)
   counts = parameter_counts(spec)
-  by_part = params.weight_bytes(counts, _WEIGHT_DTYPE.value, group_size=_GROUP_SIZE.value)
-  q = by_part["total_bytes"] / counts.total
+  fmt = params.weight_format(spec, _WEIGHT_DTYPE.value, _GROUP_SIZE.value)
   memory = layout_lib.chip_memory(
-      layout, spec, device, resident_weight_bytes=by_part["total_bytes"],
-      expert_weight_bytes=counts.experts_routed * q,
+      layout, spec, device, resident_weight_bytes=fmt.resident_bytes(counts),
+      expert_weight_bytes=counts.experts_routed * fmt.part_bytes_per_weight("experts_routed"),
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=_WORKSPACE.value)
   per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
@@ -169,12 +168,15 @@ def main(argv: list[str]) -> None:
                              state_dtype=_STATE_DTYPE.value)
   _print_sizing(spec, sizing)
   counts = parameter_counts(spec)
+  fmt = params.weight_format(spec, _WEIGHT_DTYPE.value, _GROUP_SIZE.value)
+  print(f"weight dtype: {fmt.label}: {fmt.describe()}")
   result = {
       "kind": "bound",
       "inputs": {"model": _MODEL.value, "context": sizing.context, "batch": sizing.batch,
                  "kv_dtype": sizing.kv_dtype, "block_size": sizing.block_size,
                  "max_new_tokens": sizing.max_new_tokens, "accelerator": _ACCELERATOR.value,
-                 "weight_dtype": _WEIGHT_DTYPE.value, "group_size": _GROUP_SIZE.value,
+                 "weight_dtype": fmt.dtype, "weight_format": fmt.describe(),
+                 "group_size": _GROUP_SIZE.value,
                  "workspace_fraction": _WORKSPACE.value},
       "units": UNITS,
       "model": {"name": spec.name, "model_type": spec.model_type, "source": spec.source,

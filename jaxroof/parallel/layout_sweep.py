@@ -78,7 +78,8 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   counts = params.parameter_counts(spec)
   memory = layout_lib.chip_memory(
       layout, spec, device, resident_weight_bytes=inputs.resident_weight_bytes,
-      expert_weight_bytes=counts.experts_routed * inputs.q,
+      expert_weight_bytes=counts.experts_routed * inputs.weight_format.part_bytes_per_weight(
+          "experts_routed"),
       kv_allocated_bytes_per_sequence=inputs.kv_allocated_bytes_per_sequence,
       workspace_fraction=inputs.workspace_fraction)
   fits = batch <= memory.max_batch_per_replica
@@ -100,7 +101,10 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
       "through the pp stages; rates are per replica, fleet_tokens_per_s for dp replicas")
   result["inputs"] = {
       "model": inputs.model, "accelerator": inputs.accelerator, "context": context,
-      "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+      "weight_dtype": inputs.weight_dtype, "kv_dtype": kv_dtype,
+      "weight_dtype_label": inputs.weight_format.label,
+      "weight_format": inputs.weight_format.describe(),
+      "weight_dtype_published": inputs.weight_format.published,
       "compute_dtype": inputs.compute_dtype, "batch_sizes": list(batch_sizes),
       "layout": layout.as_dict(), "network": link.network, "link_note": link.note,
       "interconnect_bytes_per_s": link.bytes_per_s, "hop_latency_s": link.hop_latency_s,

@@ -94,8 +94,9 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
     sweep = layout_sweep(spec, device, context=context, batch_sizes=batch_sizes, layout=layout,
                          weight_dtype=weight_dtype, kv_dtype=kv_dtype, model=model,
                          token_gap_s=token_gap_s, **workload_kw)
-    for row in sweep["rows"]:
-      row.update(weight_dtype=weight_dtype, kv_dtype=kv_dtype, context=context)
+    for row in sweep["rows"]:  # The stored dtype ("published" resolved).
+      row.update(weight_dtype=sweep["inputs"]["weight_dtype"], kv_dtype=kv_dtype,
+                 context=context)
     notes = normalise_rows(sweep["rows"], device, layout.chips, price_per_hour=price_per_hour)
     sweep["summary"]["rate_notes"] = notes
     sweep["units"] = {**sweep["units"], **RATE_UNITS}

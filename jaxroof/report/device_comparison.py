@@ -99,7 +99,8 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], *, batch: int | N
   kind = "analytic bound" if result["kind"] == "bound" else "calibrated prediction"
   shown = f"top {len(entries)} of {len(result['accelerators'])}"
   fig.suptitle(f"{result['model']}, context {inputs['context']:,} tokens, "
-               f"{inputs['weight_dtype']} weights, {inputs['kv_dtype']} K/V, batch {batch} "
+               f"{inputs.get('weight_dtype_label', inputs['weight_dtype'])} weights, "
+               f"{inputs['kv_dtype']} K/V, batch {batch} "
                f"({kind}; {shown}; hatched = does not fit in memory)", fontsize=10)
   fig.tight_layout()
   plots.save(fig, path)

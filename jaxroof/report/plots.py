@@ -75,7 +75,8 @@ def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str],
     inputs, rows = sweep["inputs"], sweep["rows"]
     color = f"C{index % 10}"
     marker = "osd^v<>ph*"[index // 10 % 10]
-    label = (f"{inputs['weight_dtype']} weights, {inputs['kv_dtype']} K/V, "
+    label = (f"{inputs.get('weight_dtype_label', inputs['weight_dtype'])} weights, "
+             f"{inputs['kv_dtype']} K/V, "
              f"context {inputs['context']:,}")
     fits = [r for r in rows if r.get("fits_in_memory") is not False]
     misfits = [r for r in rows if r.get("fits_in_memory") is False]

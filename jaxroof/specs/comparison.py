@@ -16,6 +16,7 @@ from typing import Any
 
 from jaxroof.specs.accelerators import COMPUTE_DTYPE, Accelerator
 from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs import parameters
 from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.workload import crossover_batches
 from jaxroof.symbolic.step_model import BOUND_UNITS, StepModel
@@ -44,8 +45,8 @@ def _entry(spec: ModelSpec, device: Accelerator, batch: list[int], model: StepMo
       "memory_bandwidth_bytes_per_s": inputs["si"]["BW"],
       "flops_per_s": inputs["si"]["F"],
       "compute_dtype": inputs["compute_dtype"],
-      "compute_fallback": inputs["compute_dtype"] != COMPUTE_DTYPE[kw["weight_dtype"]],
-      "ridge_flop_per_byte": device.ridge_point(kw["weight_dtype"]),
+      "compute_fallback": inputs["compute_dtype"] != COMPUTE_DTYPE[inputs["weight_dtype"]],
+      "ridge_flop_per_byte": device.ridge_point(inputs["weight_dtype"]),
       "compute_crossover_batch": cross.compute_crossover_batch,
       "weight_kv_crossover_batch": cross.weight_kv_crossover_batch,
       "max_batch_in_memory": summary["max_batch_in_memory"],
@@ -94,10 +95,12 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
   """
   batch = [int(b) for b in batch_sizes]
   step = step_model or StepModel.bound()
+  fmt = parameters.weight_format(model, weight_dtype, kw.get("group_size"))
   entries = [_entry(model, d, batch, step, sweeper=sweeper or model_sweep, context=context,
                     weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw) for d in accelerators]
+  device_notes = ("datasheet", f"{fmt.dtype} weights multiply at")  # Per device: in rows.
   shared = [a for a in entries[0]["_assumptions"]
-            if not a.startswith("datasheet") and a not in step.assumptions]
+            if not a.startswith(device_notes) and a not in step.assumptions]
   for e in entries:
     del e["_assumptions"]
   calibrated = []
@@ -113,7 +116,8 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
       "kind": step.kind,
       "model": model.name,
       "inputs": {"model": model.name, "context": context, "batch_sizes": batch,
-                 "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, **kw},
+                 "weight_dtype": fmt.dtype, "weight_dtype_label": fmt.label,
+                 "weight_format": fmt.describe(), "kv_dtype": kv_dtype, **kw},
       "units": UNITS,
       "assumptions": ["datasheet bandwidth and dense FLOP/s of each accelerator taken "
                       "as sustained rates (upper bounds)"] + shared + calibrated,

@@ -143,6 +143,10 @@ class ModelSpec:
     assumed_llama_like: read by the Llama fallback for an unknown type.
     max_position_embeddings: the config's context limit, if it gives one.
     torch_dtype: the checkpoint's stored dtype, as the config says.
+    quant_method: `quantization_config.quant_method` of a checkpoint
+      published quantized (e.g. "fp8", "mxfp4"), else None.
+    quant_weight_block: its `weight_block_size` (e.g. (128, 128)), if given.
+    quant_not_converted: its `modules_to_not_convert` patterns, if given.
     source: where the config came from (path, or URL for shipped ones).
     defaults_used: fields absent from the config, filled with the defaults
       of the Hugging Face config class (`"field=value"`).
@@ -171,6 +175,9 @@ class ModelSpec:
   assumed_llama_like: bool = False
   max_position_embeddings: int | None = None
   torch_dtype: str | None = None
+  quant_method: str | None = None
+  quant_weight_block: tuple[int, ...] = ()
+  quant_not_converted: tuple[str, ...] = ()
   source: str = ""
   defaults_used: tuple[str, ...] = ()
   notes: tuple[str, ...] = ()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from jaxroof.specs import parameters
 from jaxroof.specs import workload
 from jaxroof.specs.accelerators import Accelerator
@@ -60,12 +62,17 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   result = sweep(model, list(batch_sizes), fits=inputs.fits, layers=spec.num_layers,
                  token_gap_s=token_gap_s, crossovers=crossovers,
                  weights_read=lambda batch: parameters.weights_read_per_step(counts, batch),
+                 bytes_per_weight_read=lambda batch: np.broadcast_to(
+                     inputs.weight_format.read_bytes_per_weight(counts, batch), np.shape(batch)),
                  max_batch_in_memory=inputs.max_batch_in_memory, **step_inputs)
   result["assumptions"] = list(inputs.assumptions) + (
       result["assumptions"] if model.kind == "calibrated" else [])
   result["inputs"] = {
       "model": inputs.model, "accelerator": inputs.accelerator, "context": inputs.context,
       "weight_dtype": inputs.weight_dtype, "kv_dtype": inputs.kv_dtype,
+      "weight_dtype_label": inputs.weight_format.label,
+      "weight_format": inputs.weight_format.describe(),
+      "weight_dtype_published": inputs.weight_format.published,
       "compute_dtype": inputs.compute_dtype, "batch_sizes": list(batch_sizes),
       "si": step_inputs,
       "max_batch_in_memory": inputs.max_batch_in_memory,

@@ -273,3 +273,158 @@ def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *,
       "active_bytes": counts.active * q,
       "active_matmul_bytes": counts.active_matmul * q,
   }
+
+
+# The pseudo-dtype that asks for the format a model is published in.
+PUBLISHED = "published"
+# Components a quantized checkpoint stores in its format: the linear layers of
+# attention, MLPs, experts and recurrent mixers. Embeddings, the LM head, the
+# router and the norms stay in 16 bits (gpt-oss's `modules_to_not_convert`;
+# DeepSeek-V3 keeps them bf16, quantizing only its block-scaled linear layers).
+QUANTIZED_PARTS = ("attention", "mlp", "experts_routed", "experts_shared", "recurrent")
+# `modules_to_not_convert` patterns and the component each excludes.
+_NOT_CONVERTED = {"self_attn": "attention", "attn": "attention", "mlp.experts": "experts_routed",
+                  "shared_expert": "experts_shared", "mixer": "recurrent"}
+# A published `torch_dtype` and the weight dtype it is served in: float32 and
+# float64 checkpoints are served in 16 bits (no fp32 weight dtype here).
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "float64": "bf16"}
+COMPUTE_REST = "bf16"  # The matmul rate of the 16-bit part of a mixed format.
+# fp8 block-scaled checkpoints (DeepSeek-V3, Kimi K2) store one float32
+# `weight_scale_inv` per block of weight_block_size weights.
+FP8_BLOCK_SCALE_BYTES = 4.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightFormat:
+  """How a model's weights are stored: `dtype` for `parts` (None: every
+  weight), `rest_dtype` for the others; `published` when the model's own
+  checkpoint says so (`basis` names how)."""
+
+  dtype: str
+  parts: tuple[str, ...] | None = None
+  rest_dtype: str = "bf16"
+  group_size: int | None = None
+  scale_bytes: float | None = None
+  published: bool = False
+  basis: str = ""
+
+  @property
+  def q(self) -> float:
+    """Bytes per weight of `dtype`, scales included."""
+    return bytes_per_weight(self.dtype, self.group_size, self.scale_bytes)
+
+  @property
+  def q_rest(self) -> float:
+    return bytes_per_weight(self.rest_dtype)
+
+  @property
+  def mixed(self) -> bool:
+    return self.parts is not None and self.q != self.q_rest
+
+  @property
+  def label(self) -> str:
+    """The dtype, marked when it is the model's published one: 'mxfp4 (published)'."""
+    return f"{self.dtype} (published)" if self.published else self.dtype
+
+  def describe(self) -> str:
+    """Which weights are stored how, and where the format comes from."""
+    if self.parts is None:
+      text = (f"every weight stored as {self.dtype} ({self.q:g} B/weight, group scales "
+              "included)")
+    else:
+      text = (f"{', '.join(self.parts)} weights stored as {self.dtype} ({self.q:g} B/weight, "
+              f"scales included), the others as {self.rest_dtype} ({self.q_rest:g} B/weight)")
+    if self.published:
+      return f"{text}: the published format ({self.basis})"
+    return f"{text} ({self.basis})" if self.basis else text
+
+  def quantized(self, counts: ParamCounts) -> int:
+    """Stored weights in `dtype`."""
+    if self.parts is None:
+      return counts.total
+    return sum(getattr(counts, p) for p in self.parts)
+
+  def part_bytes_per_weight(self, part: str) -> float:
+    """Bytes per weight of one component (`ParamCounts.COMPONENTS`)."""
+    return self.q if self.parts is None or part in self.parts else self.q_rest
+
+  def resident_bytes(self, counts: ParamCounts) -> float:
+    """Bytes of every stored weight (`mixed_bytes_per_weight` x total)."""
+    return counts.total * self.bytes_per_weight(counts.total, self.quantized(counts))
+
+  def bytes_per_weight(self, weights: np.ndarray | float,
+                       quantized: np.ndarray | float) -> np.ndarray | float:
+    """Mean bytes per weight when `quantized` of `weights` are in `dtype`."""
+    if not self.mixed:
+      return self.q
+    return arch_formulas.numpy_function(arch_formulas.mixed_bytes_per_weight)(
+        weights, quantized, self.q_rest, self.q)
+
+  def read_bytes_per_weight(self, counts: ParamCounts,
+                            batch: Sequence[float] | np.ndarray) -> np.ndarray | float:
+    """Mean bytes per weight a decode step reads, per batch size (`q` of the
+    step model): a scalar unless the format is mixed."""
+    if not self.mixed:
+      return self.q
+    B = np.asarray(batch, dtype=float)
+    read = weights_read_per_step(counts, B)
+    fixed = sum(getattr(counts, p) for p in self.parts if p != "experts_routed")
+    routed = 0.0
+    if "experts_routed" in self.parts and counts.moe_layers:
+      routed = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(
+          B, 0, counts.routed_expert, counts.moe_layers, counts.num_experts,
+          counts.experts_per_token)
+    return np.asarray(self.bytes_per_weight(read, fixed + routed), dtype=float)
+
+
+def _excluded(patterns: Sequence[str]) -> set[str]:
+  return {part for pattern in patterns for key, part in _NOT_CONVERTED.items()
+          if key in pattern}
+
+
+def published_format(spec) -> WeightFormat:
+  """The format a model's config says its checkpoint is published in.
+
+  `quantization_config` first: mxfp4 (gpt-oss: the linear layers not in
+  `modules_to_not_convert`, i.e. the experts, in MXFP4 with E8M0 scales per 32)
+  and fp8 (DeepSeek-V3, Kimi K2: block-scaled E4M3 with one float32 scale per
+  weight_block_size block). Otherwise `torch_dtype`: bfloat16 -> bf16,
+  float16 -> fp16, float32 -> bf16 (served in 16 bits). Anything else: bf16,
+  saying so.
+  """
+  method, dtype = spec.quant_method, spec.torch_dtype
+  counts = parameter_counts(spec)
+  parts = tuple(p for p in QUANTIZED_PARTS if getattr(counts, p)
+                and p not in _excluded(spec.quant_not_converted))
+  if method == "mxfp4":
+    return WeightFormat(dtype="mxfp4", parts=parts, published=True,
+                        basis="quantization_config quant_method mxfp4")
+  if method == "fp8":
+    block = int(np.prod(spec.quant_weight_block)) if spec.quant_weight_block else None
+    where = (f"{'x'.join(map(str, spec.quant_weight_block))} blocks, float32 scales"
+             if block else "per-tensor scales")
+    return WeightFormat(dtype="fp8", parts=parts, group_size=block,
+                        scale_bytes=FP8_BLOCK_SCALE_BYTES if block else None,
+                        published=True, basis=f"quantization_config fp8, {where}")
+  if method is not None:
+    return WeightFormat(dtype="bf16", published=False,
+                        basis=f"quant_method {method!r} is not modelled: bf16 assumed")
+  served = _TORCH_DTYPES.get(str(dtype).lower()) if dtype else None
+  if served is None:
+    return WeightFormat(dtype="bf16", published=False,
+                        basis=f"torch_dtype {dtype!r} not known: bf16 assumed")
+  note = "" if served in ("bf16", "fp16") and dtype in ("bfloat16", "float16") else (
+      ", served in bf16")
+  return WeightFormat(dtype=served, published=True, basis=f"torch_dtype {dtype}{note}")
+
+
+def weight_format(spec, weight_dtype: str, group_size: int | None = None) -> WeightFormat:
+  """`published` -> the model's own format; any other dtype: every weight in it."""
+  if weight_dtype == PUBLISHED:
+    fmt = published_format(spec)
+    if group_size is not None:
+      bytes_per_weight(fmt.dtype, group_size)  # Refuses a group for 16-bit formats.
+      fmt = dataclasses.replace(fmt, group_size=group_size, scale_bytes=None)
+    return fmt
+  bytes_per_weight(weight_dtype, group_size)  # Validates both.
+  return WeightFormat(dtype=weight_dtype, group_size=group_size)

@@ -42,12 +42,12 @@ class DecodeInputs:
   accelerator: str
   context: int  # Tokens each sequence retains (T).
   batch_sizes: np.ndarray  # Sequences per step, int.
-  weight_dtype: str
+  weight_dtype: str  # The stored format's dtype (the quantized parts' for a mixed one).
   kv_dtype: str
   compute_dtype: str  # The dtype whose FLOP rate F is.
   N: np.ndarray  # Weights read per step, per batch size.
   N_act: float  # Weights multiplied per token.
-  q: float  # Bytes per weight, group scales included.
+  q: float | np.ndarray  # Bytes per weight read, scales included; per batch if mixed.
   k: float  # K/V (or state) bytes read per retained token per sequence.
   BW: float  # Datasheet memory bandwidth, B/s.
   F: float  # Datasheet dense FLOP/s of `compute_dtype`.
@@ -61,6 +61,7 @@ class DecodeInputs:
   workspace_fraction: float
   block_size: int
   assumptions: tuple[str, ...]
+  weight_format: params.WeightFormat | None = None  # How the weights are stored.
 
   def step_kwargs(self) -> dict[str, object]:
     """Keyword arguments for `evaluate.step_model("numpy")`."""
@@ -74,11 +75,13 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
            workspace_fraction: float, max_new_tokens: int = 0,
            group_size: int | None = None, state_dtype: str | None = None) -> DecodeInputs:
   counts = parameter_counts(model)
-  q = params.bytes_per_weight(weight_dtype, group_size)
+  fmt = params.weight_format(model, weight_dtype, group_size)
+  weight_dtype = fmt.dtype
+  q = fmt.read_bytes_per_weight(counts, batch)
   sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype,
                              block_size=block_size, max_new_tokens=max_new_tokens,
                              state_dtype=state_dtype)
-  resident = counts.total * q
+  resident = fmt.resident_bytes(counts)
   fit = kv_sizing.capacity(sizing, weight_bytes=resident,
                            memory_capacity_bytes=accelerator.memory_capacity_bytes,
                            workspace_fraction=workspace_fraction)
@@ -91,7 +94,7 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
       f"datasheet figures of {accelerator.name} as sustained rates: "
       f"{accelerator.memory_bandwidth_bytes_per_s / 1e12:g} TB/s, "
       f"{accelerator.flops(weight_dtype) / 1e12:g} dense {compute_dtype} TFLOP/s",
-      f"every weight stored as {weight_dtype} ({q:g} B/weight, group scales included)",
+      fmt.describe(),
       f"K/V as {kv_dtype}; the step reads the payload: sliding-window blocks at most "
       "their window, recurrent state once per sequence",
       f"memory fit: all {counts.total / 1e9:.3g}B weights + batch x allocated K/V "
@@ -105,6 +108,9 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
                        f"in memory whatever its length: {held} (in k = payload / T)")
   if compute_dtype != weight_dtype:
     assumptions.append(accelerator.compute_note(weight_dtype))
+  if fmt.mixed and compute_dtype != params.COMPUTE_REST:
+    assumptions.append(f"the {fmt.rest_dtype} weights multiplied at the {compute_dtype} "
+                       "rate too (optimistic where they are a large share of N_act)")
   if not counts.tied:
     assumptions.append("the embedding lookup reads one row per sequence, not the table")
   if model.is_moe:
@@ -126,7 +132,7 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
       kv_payload_bytes_per_sequence=sizing.payload_bytes_per_sequence,
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=workspace_fraction, block_size=block_size,
-      assumptions=tuple(assumptions))
+      assumptions=tuple(assumptions), weight_format=fmt)
 
 
 def decode_step_inputs(
@@ -145,7 +151,8 @@ def decode_step_inputs(
     accelerator: the device (`load_accelerator`).
     context: tokens each sequence retains, >= 1.
     batch_sizes: sequences per step, whole numbers >= 1.
-    weight_dtype: one of `params.WEIGHT_DTYPES`.
+    weight_dtype: one of `params.WEIGHT_DTYPES`, or "published": the model's
+      own format (`params.published_format`), mixed where the checkpoint is.
     kv_dtype: one of `kv_sizing.KV_DTYPES`.
     block_size: tokens per KV page for the memory fit.
     workspace_fraction: share of device memory kept free, in [0, 1).
@@ -157,7 +164,7 @@ def decode_step_inputs(
   """
   context = errors.require_positive_int("context", context)
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batch_sizes))
-  params.bytes_per_weight(weight_dtype, group_size)  # Validates these first.
+  params.weight_format(model, weight_dtype, group_size)  # Validates these first.
   return _build(model, accelerator, context=context, batch=batch,
                 weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                 block_size=block_size, workspace_fraction=workspace_fraction,
@@ -210,7 +217,8 @@ def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: in
 
   def outputs(batch: np.ndarray) -> dict:
     kwargs = dict(base.step_kwargs(), B=batch,
-                  N=params.weights_read_per_step(counts, batch))
+                  N=params.weights_read_per_step(counts, batch),
+                  q=base.weight_format.read_bytes_per_weight(counts, batch))
     return f(**kwargs)
 
   def compute_gap(batch: np.ndarray) -> np.ndarray:

@@ -29,7 +29,7 @@ from jaxroof.symbolic.evaluate import formula_function
 from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
     ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
     W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w,
-    P, H_lk, H_lv, H_m, W_chunk, b_s, c_state, d_lk, d_lv, d_m, n_g)
+    P, H_lk, H_lv, H_m, W_chunk, b_s, c_state, d_lk, d_lv, d_m, n_g, N, N_lp, q_lp)
 
 Expr = sp.Expr
 
@@ -167,6 +167,18 @@ def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) 
   """
   bits, G, s_b = _s(bits, G, s_b)
   return bits / 8 + s_b / G
+
+
+def mixed_bytes_per_weight(N: Expr = N, N_lp: Expr = N_lp, q: Expr = q,
+                           q_lp: Expr = q_lp) -> Expr:
+  """Bytes per weight over N weights of which N_lp are in a quantized format.
+
+  `(N_lp*q_lp + (N - N_lp)*q) / N`: the rest keep q bytes each (bf16: 2).
+  gpt-oss ships its experts in MXFP4 (q_lp = 0.53125) and the rest in bf16,
+  so what a step reads per weight moves with the experts' share of N.
+  """
+  N, N_lp, q, q_lp = _s(N, N_lp, q, q_lp)
+  return (N_lp * q_lp + (N - N_lp) * q) / N
 
 
 def chunked_tokens(T: Expr = T, W_chunk: Expr = W_chunk) -> Expr:

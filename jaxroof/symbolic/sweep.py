@@ -26,8 +26,13 @@ def check_step_inputs(batch_sizes: Sequence[int], *, N, q, T, k, BW, F=None,
                       N_act=None) -> tuple[list[int], np.ndarray]:
   """Validates a sweep's inputs; returns the batch sizes and N per batch."""
   batches = errors.require_positive_ints("batch_sizes", batch_sizes)
-  for name, value in (("q", q), ("T", T), ("k", k), ("BW", BW)):
+  for name, value in (("T", T), ("k", k), ("BW", BW)):
     errors.require_positive(name, value)
+  if np.ndim(q) == 0:
+    errors.require_positive("q", q)
+  else:
+    for i, value in enumerate(np.asarray(q, dtype=float).ravel()):
+      errors.require_positive(f"q[{i}]", value)
   if F is not None:
     errors.require_positive("F", F)
   try:
@@ -69,7 +74,7 @@ def sweep(
     batch_sizes: Sequence[int],
     *,
     N: float | np.ndarray,
-    q: float,
+    q: float | np.ndarray,
     T: float,
     k: float,
     BW: float,
@@ -82,6 +87,7 @@ def sweep(
     weights_read: Callable[[np.ndarray], np.ndarray] | None = None,
     max_batch_in_memory: int | None = None,
     comm_s: float | np.ndarray | None = None,
+    bytes_per_weight_read: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, Any]:
   """Evaluates a step model, bound or calibrated, at each batch size.
 
@@ -89,7 +95,8 @@ def sweep(
     model: the step model (`StepModel.bound()` or a calibrated one).
     batch_sizes: sequences per step, each a whole number >= 1.
     N: weights read per step (an array over batch sizes for MoE).
-    q: bytes per weight.
+    q: bytes per weight read (one per batch size for a mixed-precision
+      format, whose share of quantized weights moves with the experts read).
     T: retained tokens per sequence.
     k: KV bytes per retained token.
     BW: sustained memory bandwidth, bytes/s (a calibrated model with its own
@@ -107,6 +114,8 @@ def sweep(
       for the solved answer at batches that were not swept; None: N is fixed.
     max_batch_in_memory: the most sequences whose K/V fits beside the weights,
       a limit on the answer.
+    bytes_per_weight_read: q as a function of batch, where q varies (a mixed
+      format), for the solved answer; None: q is fixed.
     comm_s: several chips: communication time on the step's path, s (one
       number or one per batch), added serially; rows gain `comm_s` and may
       be bound by "communication". None: one chip, rows as before.
@@ -123,6 +132,8 @@ def sweep(
     layers = errors.require_positive_int("layers", layers)
   memory_only = F is None and model.ceilings is None
   bw, flop_rate = model.scaled_ceilings(BW, F)
+  q_read = np.broadcast_to(np.asarray(q, dtype=float), (len(batches),))
+  q = float(q_read[0]) if np.ptp(q_read) == 0 else q_read
   n_act = None if N_act is None else np.broadcast_to(
       np.asarray(N_act, dtype=float), (len(batches),))
   out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
@@ -131,7 +142,8 @@ def sweep(
                            np.asarray(comm_s, dtype=float), (len(batches),)))
   rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
 
-  summary = model.summary(N=float(np.max(n_read)), q=q, T=T, k=k, BW=bw, F=flop_rate,
+  widest = int(np.argmax(n_read))
+  summary = model.summary(N=float(n_read[widest]), q=float(q_read[widest]), T=T, k=k, BW=bw, F=flop_rate,
                           N_act=None if n_act is None else float(np.max(n_act)), L=layers)
   notes = list(model.notes)
   if model.kind == "calibrated" and layers is None:
@@ -155,7 +167,7 @@ def sweep(
   if comm_s is not None:
     notes.append("crossovers leave communication out; step_s and the rates include it")
   if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0
-      and comm_s is None):
+      and np.ptp(q_read) == 0 and comm_s is None):
     # The closed form needs one N for every batch.
     gap_batch = float(solved.max_batch_for_token_gap(
         t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
@@ -165,8 +177,9 @@ def sweep(
     # Several chips: the answer adds the largest swept communication time (the
     # collectives grow with batch, so this is conservative between swept batches).
     summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
-        lambda batch: np.full(np.shape(batch), float(np.max(n_read)))), dict(
-            q=q, T=T, k=k, BW=bw, F=flop_rate, L=layers,
+        lambda batch: np.full(np.shape(batch), float(np.max(n_read)))),
+        bytes_per_weight_read or (lambda batch: np.full(np.shape(batch), float(q_read[widest]))),
+        dict(T=T, k=k, BW=bw, F=flop_rate, L=layers,
             N_act=None if n_act is None else float(np.max(n_act)),
             comm_s=None if comm_s is None else float(np.max(comm_s)))))
   summary["notes"] = notes
@@ -210,12 +223,14 @@ def largest_batch_within(step_s: Callable[[np.ndarray], np.ndarray], limit_s: fl
 
 
 def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | None,
-            weights_read: Callable[[np.ndarray], np.ndarray], inputs: dict[str, Any]
+            weights_read: Callable[[np.ndarray], np.ndarray],
+            bytes_per_weight_read: Callable[[np.ndarray], np.ndarray], inputs: dict[str, Any]
             ) -> dict[str, Any]:
   """The solved answer to a token-gap target: the largest batch that meets it
   and fits, what limits it, and which term binds the step there."""
   def step_s(batch: np.ndarray) -> np.ndarray:
-    return model.evaluate(B=batch, N=weights_read(batch), **inputs)["step_s"]
+    return model.evaluate(B=batch, N=weights_read(batch), q=bytes_per_weight_read(batch),
+                          **inputs)["step_s"]
 
   limits = {"token_gap": largest_batch_within(step_s, token_gap_s)}
   if max_batch_in_memory is not None:
@@ -224,8 +239,8 @@ def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | Non
   batch = limits[binds]
   if batch < 1:
     return {"answer_batch": None, "answer_binds": binds, "answer_step_bound": None}
-  out = model.evaluate(B=np.array([float(batch)]), N=weights_read(np.array([float(batch)])),
-                       **inputs)
+  at = np.array([float(batch)])
+  out = model.evaluate(B=at, N=weights_read(at), q=bytes_per_weight_read(at), **inputs)
   memory_s, compute_s = float(out["memory_s"][0]), float(np.asarray(out["compute_s"])[0])
   return {"answer_batch": batch, "answer_binds": binds,
           "answer_step_s": float(np.asarray(out["step_s"])[0]),

@@ -138,6 +138,12 @@ t_comm = _define("t_comm", "s", "communication time on a step's critical path", 
 t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
 t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
 
+# Mixed-precision weights (issue 14: a published format quantizes some parts only,
+# e.g. gpt-oss's experts in MXFP4 with attention and embeddings in bf16).
+N_lp = _define("N_lp", "weights", "weights read in a step stored in the quantized format", _A)
+q_lp = _define("q_lp", "B/weight", "bytes per weight of the quantized format, scales "
+               "included", _A)
+
 # One scheduler iteration with a mixed batch (`iteration.py`, continuous batching).
 _I = "iteration"
 n_dec = _define("n_dec", "sequences", "decode sequences in the iteration (one token each)", _I)

@@ -137,6 +137,24 @@ def attention(f: Fields, *, window: int | None, heads: Any = MISSING,
                        sliding_window=window, **flags)
 
 
+def _quantization(config: Any) -> dict[str, Any]:
+  """The published quantization a config declares (method, block, exclusions).
+
+  Malformed or absent entries read as "not quantized": the weights' format
+  is a default the user can override, never a reason to refuse a config.
+  """
+  if not isinstance(config, dict) or not isinstance(config.get("quant_method"), str):
+    return {}
+  block = config.get("weight_block_size")
+  skip = config.get("modules_to_not_convert")
+  return {
+      "quant_method": config["quant_method"].strip().lower(),
+      "quant_weight_block": tuple(int(v) for v in block) if isinstance(block, list) and all(
+          isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block) else (),
+      "quant_not_converted": tuple(str(v) for v in skip) if isinstance(skip, list) else (),
+  }
+
+
 def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
           moe_layers: tuple[bool, ...] | None = None, vocab: Any = MISSING,
           intermediate: Any = MISSING, tie: bool = False,
@@ -162,6 +180,7 @@ def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
                                  default=tie),
       max_position_embeddings=f.config.get("max_position_embeddings"),
       torch_dtype=f.config.get("torch_dtype", f.config.get("dtype")),
+      **_quantization(f.config.get("quantization_config")),
       source=f.source,
       defaults_used=tuple(f.defaults_used),
       notes=tuple(f.notes),
