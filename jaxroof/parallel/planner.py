@@ -120,7 +120,7 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
         size = n_layouts * n_b
         add(device=np.full(size, di), wdt=np.full(size, wi), kdt=np.full(size, ki),
             B=b, N=np.tile(inputs.N, n_layouts), N_x=np.tile(n_x, n_layouts),
-            q=np.full(size, inputs.q), k=np.full(size, inputs.k),
+            q=np.tile(np.broadcast_to(inputs.q, (n_b,)), n_layouts), k=np.full(size, inputs.k),
             BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
             N_act=np.full(size, inputs.N_act), W_ic=w_ic, t_hop=hop,
             s=np.full(size, inputs.kv_allocated_bytes_per_sequence),

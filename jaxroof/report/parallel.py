@@ -38,7 +38,7 @@ def fewest_chips(spec, device, *, context: int = CONTEXT, weight_dtype: str = "b
   """
   inputs = workload.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-  experts = params.parameter_counts(spec).experts_routed * inputs.q
+  experts = params.parameter_counts(spec).experts_routed * inputs.expert_bytes_per_weight
   candidates = sorted((lay for lay, _ in planner.candidate_layouts(spec, device)
                        if lay.microbatches == 1),
                       key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))

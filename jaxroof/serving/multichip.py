@@ -80,7 +80,9 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
   counts = params.parameter_counts(spec)
   memory = layout_lib.chip_memory(
       layout, spec, device, resident_weight_bytes=single.memory["resident_weight_bytes"],
-      expert_weight_bytes=counts.experts_routed * single.q,
+      expert_weight_bytes=counts.experts_routed * params.weight_format(
+          spec, weight_dtype, workload_kw.get("group_size")).part_bytes_per_weight(
+              "experts_routed"),
       kv_allocated_bytes_per_sequence=single.memory["kv_allocated_bytes_per_sequence"],
       workspace_fraction=single.memory["workspace_fraction"])
   fit = max(memory.max_batch_per_replica, 1)

@@ -19,6 +19,8 @@ and pooled over the ep groups. One simulated replica stands for each of dp.
 
 from __future__ import annotations
 
+import numpy as np
+
 from jaxroof.errors import InputError, require_positive, require_positive_int
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
@@ -110,8 +112,8 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
            "a page holds block_size positions of every block's K/V (sliding-window and "
            "recurrent blocks counted as at a block_size context)"]
   description = {"model": spec.name, "accelerator": accelerator.name, "context": context,
-                 "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "notes": notes}
-  common = dict(q=inputs.q, BW=inputs.BW, F=inputs.F, L=L, d=d, page_tokens=block_size,
+                 "weight_dtype": inputs.weight_dtype, "kv_dtype": kv_dtype, "notes": notes}
+  common = dict(q=float(np.ravel(inputs.q)[0]), BW=inputs.BW, F=inputs.F, L=L, d=d, page_tokens=block_size,
                 step_model=step_model, max_running=max_running,
                 max_context=spec.max_position_embeddings, token_budget=token_budget,
                 batch_window_s=batch_window_s)
@@ -130,7 +132,8 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
   link = layout_lib.links(layout, accelerator)
   memory = layout_lib.chip_memory(
       layout, spec, accelerator, resident_weight_bytes=inputs.resident_weight_bytes,
-      expert_weight_bytes=params.parameter_counts(spec).experts_routed * inputs.q,
+      expert_weight_bytes=(params.parameter_counts(spec).experts_routed
+                           * inputs.expert_bytes_per_weight),
       kv_allocated_bytes_per_sequence=page.allocated_bytes_per_sequence,
       workspace_fraction=workspace_fraction)
   if memory.usable_bytes <= 0:

@@ -328,8 +328,10 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       "reserved_output_tokens": output_tokens,
   }
   return ServingInputs(
-      N=float(at_fit.N[0]), N_act=float(base.N_act), q=base.q, k=base.k, BW=base.BW,
+      N=float(at_fit.N[0]), N_act=float(base.N_act), q=float(np.ravel(at_fit.q)[0]),
+      k=base.k, BW=base.BW,
       F=base.F, layers=spec.num_layers, max_batch_in_memory=base.max_batch_in_memory,
       context_limit=limit if isinstance(limit, int) else None,
-      label=f"{spec.name} on {device.name}, {weight_dtype} weights, {kv_dtype} K/V",
+      label=f"{spec.name} on {device.name}, {base.weight_format.label} weights, "
+            f"{kv_dtype} K/V",
       memory=memory, attention_terms=prefill_formulas.attention_terms(spec))
