@@ -42,6 +42,25 @@ def test_each_combination_is_its_single_sweep():
           i["weight_dtype"], i["kv_dtype"], i["context"])
 
 
+def test_published_in_a_list_is_its_single_sweep_and_tags_the_stored_dtype():
+  """gpt-oss's published format (experts mxfp4, rest bf16) beside bf16 and
+  fp8_block K/V: each combination equals its own run, rows name the dtype."""
+  spec, device = load_model("gpt-oss-20b"), load_accelerator("b200")
+  sweeps = variants.variant_sweeps(spec, device, contexts=[4096],
+                                   weight_dtypes=["published", "bf16"],
+                                   kv_dtypes=["bf16", "fp8_block"], batch_sizes=BATCHES)
+  assert [(s["rows"][0]["weight_dtype"], s["rows"][0]["kv_dtype"]) for s in sweeps] == [
+      ("mxfp4", "bf16"), ("mxfp4", "fp8_block"), ("bf16", "bf16"), ("bf16", "fp8_block")]
+  assert sweeps[0]["inputs"]["weight_dtype_label"] == "mxfp4 (published)"
+  for sweep, weight_dtype in zip(sweeps, ["published"] * 2 + ["bf16"] * 2):
+    alone = layout_sweep(spec, device, context=4096, batch_sizes=BATCHES,
+                         weight_dtype=weight_dtype, kv_dtype=sweep["inputs"]["kv_dtype"])
+    for row, single in zip(sweep["rows"], alone["rows"]):
+      assert {k: row[k] for k in single} == single
+  published, bf16 = sweeps[0]["rows"][0], sweeps[2]["rows"][0]
+  assert published["weight_bytes"] < 0.6 * bf16["weight_bytes"]
+
+
 def test_rates_per_chip_per_kw_and_per_dollar():
   # h100-sxm: 700 W TDP (shipped table, glennklockwood.com/garden/processors/h100).
   device = load_accelerator("h100-sxm")

@@ -143,3 +143,73 @@ def test_nvfp4_matches_nvidias_stated_ratios():
   nvfp4 = params.bytes_per_weight("nvfp4")
   assert params.bytes_per_weight("fp16") / nvfp4 == pytest.approx(3.5, abs=0.1)
   assert params.bytes_per_weight("fp8") / nvfp4 == pytest.approx(1.8, abs=0.05)
+
+
+# Published formats (issue 14 §5). gpt-oss model card (arXiv 2508.10925) Table 1:
+# gpt-oss-20b's checkpoint is 12.8 GiB with its MoE weights in MXFP4 (4.25 bits)
+# and the rest in bf16; its config.json's quantization_config says mxfp4 with
+# self_attn, router, embed_tokens and lm_head not converted.
+def test_gpt_oss_published_checkpoint_size_matches_the_model_card():
+  spec = load_model("gpt-oss-20b")
+  fmt = params.weight_format(spec, params.PUBLISHED)
+  assert fmt.dtype == "mxfp4" and fmt.published and fmt.parts == ("experts_routed",)
+  assert fmt.label == "mxfp4 (published)"
+  assert fmt.resident_bytes(parameter_counts(spec)) / 2**30 == pytest.approx(12.8, rel=0.01)
+  # Every weight in MXFP4 (the explicit dtype) is smaller than the checkpoint.
+  uniform = params.weight_format(spec, "mxfp4")
+  assert not uniform.published and uniform.parts is None
+  assert uniform.resident_bytes(parameter_counts(spec)) < 0.9 * 12.8 * 2**30
+
+
+def test_mixed_step_bytes_count_experts_at_mxfp4_and_the_rest_at_bf16():
+  """At batch 1 a step reads every non-expert weight once (bf16, 2 B), one
+  embedding row (bf16) and top-K = 4 experts per MoE block (0.53125 B)."""
+  spec = load_model("gpt-oss-20b")
+  counts = parameter_counts(spec)
+  fmt = params.weight_format(spec, params.PUBLISHED)
+  q = fmt.read_bytes_per_weight(counts, [1, 8, 64, 4096])
+  n = params.weights_read_per_step(counts, [1, 8, 64, 4096])
+  expected_b1 = ((counts.read_every_step + counts.hidden_size) * 2
+                 + counts.moe_layers * counts.experts_per_token * counts.routed_expert * 0.53125)
+  assert q[0] * n[0] == pytest.approx(expected_b1, rel=1e-12)
+  assert all(0.53125 < v < 2 for v in q)
+  assert q[0] > q[1] > q[2]  # More experts read: a larger MXFP4 share (rows aside).
+
+
+@pytest.mark.parametrize("name, dtype", [
+    ("llama-3-8b", "bf16"), ("llama-2-7b", "fp16"), ("mixtral-8x7b", "bf16"),
+    ("deepseek-v3", "fp8"), ("kimi-k2", "fp8"), ("gpt-oss-20b", "mxfp4")])
+def test_published_dtype_follows_the_config(name, dtype):
+  """torch_dtype (bfloat16 / float16) or quantization_config.quant_method."""
+  fmt = params.published_format(load_model(name))
+  assert fmt.dtype == dtype and fmt.published
+
+
+def test_float32_configs_are_served_in_bf16_and_say_so():
+  fmt = params.published_format(load_model("gemma-2-9b"))  # torch_dtype float32
+  assert fmt.dtype == "bf16" and "float32" in fmt.describe() and "bf16" in fmt.describe()
+
+
+def test_deepseek_fp8_blocks_count_their_float32_scales():
+  """DeepSeek-V3's config: fp8 e4m3 with weight_block_size [128, 128], one
+  float32 scale per block: 1 + 4/16384 B per quantized weight; embeddings,
+  LM head, router and norms stay bf16. So the checkpoint is just over one byte
+  per weight and about half the bf16 size."""
+  spec = load_model("deepseek-v3")
+  counts = parameter_counts(spec)
+  fmt = params.weight_format(spec, params.PUBLISHED)
+  assert fmt.q == 1 + 4 / 16384 and fmt.group_size == 128 * 128
+  assert "router" not in fmt.parts and "embeddings" not in fmt.parts
+  resident = fmt.resident_bytes(counts)
+  assert 1.0 * counts.total < resident < 1.01 * counts.total
+  assert resident == pytest.approx(
+      sum(n * (fmt.q if part in fmt.parts else 2) for part, n in counts.breakdown().items()))
+
+
+def test_published_group_size_override_and_bad_values():
+  spec = load_model("gpt-oss-20b")
+  assert params.weight_format(spec, params.PUBLISHED, group_size=16).q == 0.5 + 1 / 16
+  with pytest.raises(InputError, match="group_size"):
+    params.weight_format(load_model("llama-3-8b"), params.PUBLISHED, group_size=32)
+  with pytest.raises(InputError, match="weight_dtype"):
+    params.weight_format(spec, "fp4")
