@@ -82,6 +82,42 @@ def test_crossovers_json_has_expressions_and_latex(tmp_path):
   assert bad.returncode == 2 and "Known:" in bad.stderr
 
 
+def test_crossovers_for_a_real_model_agree_with_the_sweep_and_filter(tmp_path):
+  """llama-3-8b on h100-sxm at 8k: the closed-form weight/KV crossover equals
+  the one batch_sweep solves numerically (N barely moves with B: embedding
+  rows); --only prints just the named ones; t_queue=0 and t_window=0 are
+  allowed and leave TTFT = prefill."""
+  from jaxroof.specs import workload
+  out = tmp_path / "c.json"
+  proc = run("crossovers", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=8192",
+             "--only=weight_kv_crossover_batch,time_to_first_token,prefill_time",
+             "--values=t_queue=0,t_window=0", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  document = json.loads(out.read_text())
+  items = {q["name"]: q for q in document["quantities"]}
+  assert set(items) == {"weight_kv_crossover_batch", "time_to_first_token", "prefill_time"}
+  solved = workload.crossover_batches(workload.load_model("llama-3-8b"),
+                                      workload.load_accelerator("h100-sxm"), context=8192)
+  assert items["weight_kv_crossover_batch"]["value"] == pytest.approx(
+      solved.weight_kv_crossover_batch, rel=1e-3)
+  assert items["time_to_first_token"]["value"] == items["prefill_time"]["value"]
+  assert document["inputs"]["model"] == "llama-3-8b" and document["values"]["T"] == 8192
+  assert "weight_kv_crossover_batch" in proc.stdout and "ridge_point" not in proc.stdout
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--only=foo",), "--only='foo'"),
+    (("--context=4096",), "only with --model"),
+    (("--model=llama-3-8b", "--accelerator=h100-sxm"), "--context"),
+    (("--values=t_gap=0",), "t_gap"),
+    (("--values=t_queue=-1",), "t_queue"),
+])
+def test_crossovers_bad_flags_are_one_line(flags, needle):
+  proc = run("crossovers", *flags)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+
+
 def test_report_writes_summary_and_plots(tmp_path):
   proc = run("report", f"--out_dir={tmp_path}", "--calibration_budget_s=0")
   assert proc.returncode == 0, proc.stderr

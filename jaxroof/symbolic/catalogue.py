@@ -62,8 +62,15 @@ CATALOGUE: tuple[Derived, ...] = (
 )
 
 
+NAMES: tuple[str, ...] = tuple(item.name for item in CATALOGUE)
+# Symbols for which zero is a meaningful value: no queueing wait, no batching
+# window, no outputs emitted yet. Every other symbol must be > 0.
+ZERO_ALLOWED = frozenset({"t_queue", "t_window", "g"})
+
+
 def parse_values(pairs: list[str]) -> dict[str, float]:
-  """Parses `NAME=NUMBER` pairs; names must be model symbols, numbers > 0."""
+  """Parses `NAME=NUMBER` pairs; names must be model symbols, numbers > 0
+  (>= 0 for the waits and counts in `ZERO_ALLOWED`)."""
   values = {}
   for pair in pairs:
     name, sep, number = pair.partition("=")
@@ -71,7 +78,8 @@ def parse_values(pairs: list[str]) -> dict[str, float]:
     if not sep:
       raise errors.InputError(f"--values entry {pair!r} is not NAME=NUMBER.")
     errors.require_choice("--values symbol", name, sorted(BY_NAME))
-    values[name] = errors.require_positive(f"--values {name}", number)
+    check = errors.require_non_negative if name in ZERO_ALLOWED else errors.require_positive
+    values[name] = check(f"--values {name}", number)
   return values
 
 
@@ -110,7 +118,20 @@ def _batch_note(name: str, value: float | None) -> str:
   return _BELOW_ONE[name] if value < 1 else ""
 
 
-def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
+def require_names(names: list[str], flag: str = "--only") -> tuple[str, ...]:
+  """The named quantities, each checked against `NAMES` (one-line error)."""
+  chosen = [n.strip() for n in names if n.strip()]
+  if not chosen:
+    raise errors.InputError(f"{flag} is empty: give one or more of {', '.join(NAMES)}.")
+  for name in chosen:
+    if name not in NAMES:
+      raise errors.InputError(f"{flag}={name!r} is not a quantity: give one or more of "
+                              f"{', '.join(NAMES)}.")
+  return tuple(dict.fromkeys(chosen))
+
+
+def evaluate(values: Mapping[str, float],
+             only: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
   """Closed forms plus their numbers at `values` (None where symbols are missing).
 
   A solved batch below one sequence is reported as None with a note saying
@@ -119,6 +140,8 @@ def evaluate(values: Mapping[str, float]) -> list[dict[str, Any]]:
   values = with_dense_default(dict(values))
   out = []
   for item, form in zip(CATALOGUE, closed_forms()):
+    if only is not None and item.name not in only:
+      continue
     expr = item.expression()
     subs = {BY_NAME[n].symbol: sp.Float(v) for n, v in values.items()}
     number = expr.subs(subs)
