@@ -114,6 +114,14 @@ def run(main: Callable[[list[str]], int | None]) -> None:
 PLAUSIBLE = (1e-9, 1e9)  # A flag's physical range in its own unit (e.g. TB/s, ms, GB).
 
 
+def define_progress() -> flags.FlagHolder:
+  """`--progress` (default on; `--noprogress` turns it off): a bar with the time left
+  on stderr, shown only on a terminal (`jaxroof.progress`)."""
+  return flags.DEFINE_boolean(
+      "progress", True, "Show a progress bar with the time left on stderr when it is a "
+      "terminal (--noprogress, or the env var JAXROOF_NO_PROGRESS=1: never).")
+
+
 def require_positive(holder: flags.FlagHolder, unit: str,
                      within: tuple[float, float] = PLAUSIBLE) -> None:
   """Validates that a numeric flag, when set, lies in a physical range > 0.

@@ -20,10 +20,12 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import files
+from jaxroof import progress
 from jaxroof.serving import arrivals, replica, simulator
 from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
 
+_PROGRESS = _cli.define_progress()
 _NUM_REQUESTS = flags.DEFINE_integer("num_requests", 10_000, "Requests per run.", lower_bound=1)
 _ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 20.0, "Poisson arrivals per second.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per scheduler.", lower_bound=1)
@@ -45,7 +47,8 @@ def main(argv: list[str]) -> None:
   for name in _SCHEDULERS.value:
     simulator.simulate(w, r, name)  # Warm-up (lambdify caches, allocator).
     walls, iterations = [], 0
-    for _ in range(_REPEATS.value):
+    for _ in progress.bar(range(_REPEATS.value), desc=name, unit="run",
+                          requested=_PROGRESS.value):
       start = time.perf_counter()
       run = simulator.simulate(w, r, name)
       walls.append(time.perf_counter() - start)

@@ -25,6 +25,7 @@ from jaxroof.parallel import layout_sweep as parallel_sweep
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
+from jaxroof import progress
 from jaxroof.measure import profiles
 from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import table
@@ -38,6 +39,7 @@ _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size",
 _MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE, _GROUP_SIZE, _WORKSPACE = (_SHARED.block_size, _SHARED.group_size,
                                         _SHARED.workspace_fraction)
+_PROGRESS = _cli.define_progress()
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "Tokens each sequence retains (holding K/V). >= 1.", lower_bound=1)
 _BATCH_SIZES = flags.DEFINE_list(
@@ -96,7 +98,9 @@ def main(argv: list[str]) -> None:
       raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
     devices = kept
   result = comparison.compare(
-      model, devices, context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
+      model, progress.bar(devices, desc="accelerators", unit="device",
+                          requested=_PROGRESS.value),
+      context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,

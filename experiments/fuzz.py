@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 
-import tqdm
 from absl import flags
 
 import experiments
@@ -29,7 +28,9 @@ from experiments import _cli
 from experiments import _fuzzing
 from jaxroof import errors
 from jaxroof import files
+from jaxroof import progress
 
+_PROGRESS = _cli.define_progress()
 _EXPERIMENTS = flags.DEFINE_list(
     "experiments", [], "Experiments to fuzz (default: every one but this).")
 _LIMIT = flags.DEFINE_integer(
@@ -75,8 +76,8 @@ def main(argv: list[str]) -> int:
   rows: list[dict] = []
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
     futures = [pool.submit(_worker, name, seed) for name, seed in jobs]
-    for future in tqdm.tqdm(concurrent.futures.as_completed(futures), total=len(futures),
-                            desc="experiments", unit="exp"):
+    for future in progress.bar(concurrent.futures.as_completed(futures), total=len(futures),
+                               desc="experiments", unit="exp", requested=_PROGRESS.value):
       rows.extend(future.result())
   outcomes = [_fuzzing.Outcome(_fuzzing.Case(r["experiment"], tuple(r["args"]),
                                              r["must_refuse"], r["kind"]),

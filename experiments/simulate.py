@@ -34,6 +34,7 @@ from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
 from jaxroof import files
+from jaxroof import progress
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.report import simulation as sim_report
@@ -48,6 +49,7 @@ _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weigh
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE = _SHARED.block_size
+_PROGRESS = _cli.define_progress()
 _CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
                                 "token are taken (sliding windows, states).", lower_bound=1)
 # ... or raw numbers.
@@ -173,10 +175,10 @@ def _targets() -> dict:
 
 
 def _progress(total: int):
-  if total < 2000:
+  """A bar over the simulated requests (runs of 2,000 or more), and its callback."""
+  if total < 2000 or not progress.enabled(_PROGRESS.value):
     return None, None
-  from tqdm import tqdm
-  bar = tqdm(total=total, unit="req", desc="simulating", leave=False)
+  bar = progress.bar(total=total, unit="req", desc="simulating", requested=_PROGRESS.value)
   return bar, (lambda finished: bar.update(finished - bar.n))
 
 
@@ -184,7 +186,7 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
   rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
   n = min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value)
   out = {name: [] for name in simulator.SCHEDULERS}
-  for x in rates:
+  for x in progress.bar(rates, desc="goodput sweep", unit="rate", requested=_PROGRESS.value):
     w = _workload(x, n)
     for name in simulator.SCHEDULERS:
       run = simulator.simulate(w, r, name)
@@ -200,8 +202,8 @@ def main(argv: list[str]) -> None:
   replicas = _layout_flags.layout(_ACCELERATOR.value).dp
   w = _workload(_ARRIVAL_RATE.value / replicas, _NUM_REQUESTS.value)
   r = _replica()
-  bar, progress = _progress(len(w))
-  run = simulator.simulate(w, r, _SCHEDULER.value, progress)
+  bar, on_progress = _progress(len(w))
+  run = simulator.simulate(w, r, _SCHEDULER.value, on_progress)
   if bar is not None:
     bar.close()
   m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,

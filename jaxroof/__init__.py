@@ -9,7 +9,7 @@ The package is layered by folder; imports point down, never up:
   specs/             models, parameter counts, KV sizing, accelerators, workloads
   symbolic/          sympy: symbols, formulas, solved forms, lambdify (no jax)
 
-Leaf utilities used by every layer: `errors`, `files`, `timing`.
+Leaf utilities used by every layer: `errors`, `files`, `timing`, `progress`.
 This file imports nothing, so `import jaxroof.symbolic` never pulls in jax.
 """
 

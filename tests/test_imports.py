@@ -22,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Layer of each package prefix; a module may import its own layer or lower.
 LAYERS: dict[str, int] = {
-    "jaxroof.errors": 0, "jaxroof.files": 0, "jaxroof.timing": 0,
+    "jaxroof.errors": 0, "jaxroof.files": 0, "jaxroof.timing": 0, "jaxroof.progress": 0,
     "jaxroof.symbolic": 1,
     "jaxroof.specs": 2,
     "jaxroof.toy": 3, "kernels": 3,
