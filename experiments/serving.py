@@ -63,6 +63,7 @@ from jaxroof.serving import percentiles
 from jaxroof.serving import replica
 from jaxroof.serving import requests
 from jaxroof.specs import models
+from jaxroof.specs import parameters
 from jaxroof.specs import what_if
 from jaxroof.symbolic.step_model import StepModel
 
@@ -147,6 +148,12 @@ _WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS, _MEMORY_GB)  # With --model: datashe
 
 def _given(holder: flags.FlagHolder) -> float | None:
   return holder.value if flags.FLAGS[holder.name].present else None
+
+
+def _weight_format() -> parameters.WeightFormat:
+  """How --weight_dtype stores the --model's weights ("published": its own format)."""
+  return parameters.weight_format(models.load_model(_MODEL.value), _WEIGHT_DTYPE.value,
+                                  _SHARED.group_size.value)
 
 
 def _check_flags() -> None:
@@ -316,7 +323,8 @@ def main(argv: list[str]) -> None:
                  "kv_per_sequence_bytes": inputs.kv_per_sequence_bytes, "BW": inputs.BW,
                  "F": inputs.F, "layers": inputs.layers},
           "memory": inputs.memory, "max_batch_in_memory": inputs.max_batch_in_memory,
-          "weight_dtype": _WEIGHT_DTYPE.value if _MODEL.value else None,
+          "weight_dtype": _weight_format().dtype if _MODEL.value else None,
+          "weight_format": _weight_format().describe() if _MODEL.value else None,
           "kv_dtype": _KV_DTYPE.value if _MODEL.value else None,
       },
       "units": {**requests.UNITS, **requests.LAYOUT_UNITS, "elasticities": "d ln(step_s) / d ln(input)",
