@@ -187,7 +187,8 @@ def test_published_dtype_follows_the_config(name, dtype):
 
 def test_float32_configs_are_served_in_bf16_and_say_so():
   fmt = params.published_format(load_model("gemma-2-9b"))  # torch_dtype float32
-  assert fmt.dtype == "bf16" and "float32" in fmt.describe() and "bf16" in fmt.describe()
+  assert fmt.dtype == "bf16" and not fmt.published and fmt.label == "bf16"
+  assert "float32" in fmt.describe() and "served in bf16" in fmt.describe()
 
 
 def test_deepseek_fp8_blocks_count_their_float32_scales():

@@ -283,11 +283,11 @@ PUBLISHED = "published"
 # DeepSeek-V3 keeps them bf16, quantizing only its block-scaled linear layers).
 QUANTIZED_PARTS = ("attention", "mlp", "experts_routed", "experts_shared", "recurrent")
 # `modules_to_not_convert` patterns and the component each excludes.
-_NOT_CONVERTED = {"self_attn": "attention", "attn": "attention", "mlp.experts": "experts_routed",
+_NOT_CONVERTED = {"attn": "attention", "mlp.experts": "experts_routed",
                   "shared_expert": "experts_shared", "mixer": "recurrent"}
-# A published `torch_dtype` and the weight dtype it is served in: float32 and
-# float64 checkpoints are served in 16 bits (no fp32 weight dtype here).
-_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "float64": "bf16"}
+# A published 16-bit `torch_dtype` and its weight dtype. float32 (and float64)
+# checkpoints are served in 16 bits: bf16, labelled as not the published dtype.
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 COMPUTE_REST = "bf16"  # The matmul rate of the 16-bit part of a mixed format.
 # fp8 block-scaled checkpoints (DeepSeek-V3, Kimi K2) store one float32
 # `weight_scale_inv` per block of weight_block_size weights.
@@ -382,15 +382,15 @@ def _excluded(patterns: Sequence[str]) -> set[str]:
           if key in pattern}
 
 
-def published_format(spec) -> WeightFormat:
+def published_format(spec: ModelSpec) -> WeightFormat:
   """The format a model's config says its checkpoint is published in.
 
   `quantization_config` first: mxfp4 (gpt-oss: the linear layers not in
   `modules_to_not_convert`, i.e. the experts, in MXFP4 with E8M0 scales per 32)
   and fp8 (DeepSeek-V3, Kimi K2: block-scaled E4M3 with one float32 scale per
   weight_block_size block). Otherwise `torch_dtype`: bfloat16 -> bf16,
-  float16 -> fp16, float32 -> bf16 (served in 16 bits). Anything else: bf16,
-  saying so.
+  float16 -> fp16. Anything else (float32 configs such as Gemma 2's, or an
+  unmodelled quant_method): bf16, not marked published, saying why.
   """
   method, dtype = spec.quant_method, spec.torch_dtype
   counts = parameter_counts(spec)
@@ -409,17 +409,17 @@ def published_format(spec) -> WeightFormat:
   if method is not None:
     return WeightFormat(dtype="bf16", published=False,
                         basis=f"quant_method {method!r} is not modelled: bf16 assumed")
-  served = _TORCH_DTYPES.get(str(dtype).lower()) if dtype else None
+  served = _TORCH_DTYPES.get(str(dtype).lower())
   if served is None:
     return WeightFormat(dtype="bf16", published=False,
-                        basis=f"torch_dtype {dtype!r} not known: bf16 assumed")
-  note = "" if served in ("bf16", "fp16") and dtype in ("bfloat16", "float16") else (
-      ", served in bf16")
-  return WeightFormat(dtype=served, published=True, basis=f"torch_dtype {dtype}{note}")
+                        basis=f"config torch_dtype {dtype}: served in bf16, assumed")
+  return WeightFormat(dtype=served, published=True, basis=f"torch_dtype {dtype}")
 
 
-def weight_format(spec, weight_dtype: str, group_size: int | None = None) -> WeightFormat:
+def weight_format(spec: ModelSpec, weight_dtype: str,
+                  group_size: int | None = None) -> WeightFormat:
   """`published` -> the model's own format; any other dtype: every weight in it."""
+  errors.require_choice("weight_dtype", weight_dtype, (PUBLISHED,) + tuple(WEIGHT_DTYPES))
   if weight_dtype == PUBLISHED:
     fmt = published_format(spec)
     if group_size is not None:
