@@ -29,6 +29,7 @@ COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8",
                  "int4": "bf16", "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
 FALLBACK_DTYPE = "bf16"  # Where a device has no tensor rate for the weights' format.
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Accelerator:
   """One device's datasheet figures (SI units) and where they came from."""
