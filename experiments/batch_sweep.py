@@ -257,7 +257,7 @@ def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
 def _tagged_cells(sweeps: list[dict], cells: list[list[str]]) -> list[list[str]]:
   """Table cells with the combination's weight dtype, K/V dtype and context in front."""
   rows = [row for sweep in sweeps for row in sweep["rows"]]
-  return [[r["weight_dtype"], r["kv_dtype"], f"{r['context']:,}"] + c
+  return [[r["weight_dtype_label"], r["kv_dtype"], f"{r['context']:,}"] + c
           for r, c in zip(rows, cells)]
 
 

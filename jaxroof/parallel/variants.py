@@ -95,7 +95,8 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
                          weight_dtype=weight_dtype, kv_dtype=kv_dtype, model=model,
                          token_gap_s=token_gap_s, **workload_kw)
     for row in sweep["rows"]:  # The stored dtype ("published" resolved).
-      row.update(weight_dtype=sweep["inputs"]["weight_dtype"], kv_dtype=kv_dtype,
+      row.update(weight_dtype=sweep["inputs"]["weight_dtype"],
+                 weight_dtype_label=sweep["inputs"]["weight_dtype_label"], kv_dtype=kv_dtype,
                  context=context)
     notes = normalise_rows(sweep["rows"], device, layout.chips, price_per_hour=price_per_hour)
     sweep["summary"]["rate_notes"] = notes
@@ -104,12 +105,16 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
   return out
 
 
+# Inputs that describe one combination's weight format, kept per combination.
+_PER_FORMAT = ("weight_dtype_label", "weight_format", "weight_dtype_published")
+
+
 def combined(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
   """Several tagged sweeps as one document: every row, one summary per combination."""
   first = sweeps[0]
   tags = [{tag: sweep["rows"][0][tag] for tag in TAGS} for sweep in sweeps]
   inputs = {key: value for key, value in first["inputs"].items()
-            if key not in ("weight_dtype", "kv_dtype", "context", "si")}
+            if key not in ("weight_dtype", "kv_dtype", "context", "si", *_PER_FORMAT)}
   inputs.update(weight_dtypes=list(dict.fromkeys(t["weight_dtype"] for t in tags)),
                 kv_dtypes=list(dict.fromkeys(t["kv_dtype"] for t in tags)),
                 contexts=list(dict.fromkeys(t["context"] for t in tags)))
@@ -118,8 +123,9 @@ def combined(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
       "units": first["units"],
       "assumptions": first["assumptions"],
       "inputs": inputs,
-      "combinations": [{**tag, "si": sweep["inputs"].get("si")} for tag, sweep in
-                       zip(tags, sweeps)],
+      "combinations": [{**tag, "si": sweep["inputs"].get("si"),
+                        **{key: sweep["inputs"].get(key) for key in _PER_FORMAT}}
+                       for tag, sweep in zip(tags, sweeps)],
       "rows": [row for sweep in sweeps for row in sweep["rows"]],
       "summaries": [{**tag, **sweep["summary"]} for tag, sweep in zip(tags, sweeps)],
   }
