@@ -1,0 +1,95 @@
+"""The summary as the report's opening: one screen of Markdown, a figure, a JSON file.
+
+`report_section(subject, out_dir, results_dir)` writes `summary.json` and
+`summary.png` into `out_dir` and returns the Markdown (`jaxroof.report.summary`
+computes the figures).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jaxroof import files
+from jaxroof.report import plots
+from jaxroof.report import summary as summary_lib
+from jaxroof.report import table
+
+JSON_NAME = "summary.json"
+PLOT_NAME = "summary.png"
+
+
+def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
+  """Aggregate tokens/s at each accelerator's answer, sorted, batch and binding labelled."""
+  import matplotlib.pyplot as plt
+
+  entries = sorted(summary["accelerators"],
+                   key=lambda e: (e["bound"]["aggregate_tokens_per_s"] or 0.0))
+  fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(entries) + 1.8))
+  top = max((e["bound"]["aggregate_tokens_per_s"] or 0.0) for e in entries) or 1.0
+  for y, e in enumerate(entries):
+    b, c = e["bound"], e["calibrated"]
+    rate = b["aggregate_tokens_per_s"] if e["fits"] and b["status"] == "ok" else None
+    if rate is None:
+      why = "does not fit in memory" if not e["fits"] else f"no answer ({b['binds']})"
+      ax.text(top * 0.01, y, why, va="center", fontsize=8, color="red")
+      continue
+    best = e["accelerator"] == summary["best"]
+    ax.barh(y, rate, color="tab:green" if best else "tab:blue", alpha=0.8,
+            label="analytic bound (best: green)" if y == len(entries) - 1 else None)
+    binds = summary_lib.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
+    ax.text(rate + top * 0.01, y, f"B = {b['batch']:,} ({binds}), {b['loaded_token_gap_s'] * 1e3:.1f} ms",
+            va="center", fontsize=8)
+    if c is not None and c["batch"] is not None:
+      ax.plot([c["aggregate_tokens_per_s"]], [y], "D", color="tab:orange", markersize=7,
+              label="calibrated prediction (shipped profile)")
+  handles, labels = ax.get_legend_handles_labels()
+  unique = dict(zip(labels, handles))
+  ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+  ax.set_yticks(range(len(entries)), [e["accelerator"] for e in entries])
+  ax.set_xlim(0, top * 1.55)
+  ax.set_xlabel("aggregate tokens/s (one chip, at the batch that meets the targets)")
+  ax.set_ylabel("accelerator (one chip)")
+  ax.grid(True, axis="x", alpha=0.3)
+  ax.set_title(title, fontsize=9)
+  plots.save(fig, path)
+
+
+def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str) -> str:
+  """The opening summary, as Markdown; writes its JSON and figure into `out_dir`."""
+  summary = summary_lib.summarise(subject, results_dir)
+  files.write_json(os.path.join(out_dir, JSON_NAME), summary)
+  targets = (f"mean token gap <= {subject.token_gap_s * 1e3:g} ms, mean TTFT <= "
+             f"{subject.ttft_s * 1e3:g} ms"
+             + (f" at {subject.arrival_rate:g} requests/s (M/D/1)" if subject.arrival_rate
+                else " (one prompt, idle prefill)"))
+  plot_summary(summary, os.path.join(out_dir, PLOT_NAME),
+               f"{subject.describe()}\n{targets} (analytic bound; orange: calibrated)")
+  served = summary["serving"]
+  lines = [
+      f"## Summary: serving {subject.model} at {subject.context:,} tokens",
+      "",
+      f"**{subject.describe()}; targets: {targets}.** "
+      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it on one chip"
+      + (f"; the highest rate is on **{summary['best']}**." if summary["best"] else "."),
+      "Each row: the largest decode batch whose mean token gap meets the target and whose "
+      "weights + paged K/V (reserved for the whole request) fit in 90% of memory "
+      "(`jaxroof.serving.decision`). *Analytic bound* from datasheet figures; *calibrated "
+      "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
+      "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements, "
+      "held-out errors in the calibration section).",
+      "",
+      table.markdown_table(summary_lib.HEADERS, summary_lib.table_rows(summary)),
+      "",
+      "What would move it:",
+      "",
+      *summary_lib.what_moves_lines(summary),
+      "",
+      f"![summary]({PLOT_NAME})",
+      "",
+      f"(`{JSON_NAME}` beside this file holds every figure; `python -m experiments.serving "
+      f"--model={subject.model} --accelerator=SLUG --prompt_tokens={subject.prompt_tokens} "
+      f"--output_tokens={subject.output_tokens} --token_gap_ms={subject.token_gap_s * 1e3:g} "
+      f"--ttft_ms={subject.ttft_s * 1e3:g}` gives one accelerator in full.)",
+  ]
+  return "\n".join(lines)
