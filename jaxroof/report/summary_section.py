@@ -36,18 +36,23 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
       continue
     best = e["accelerator"] == summary["best"]
     ax.barh(y, rate, color="tab:green" if best else "tab:blue", alpha=0.8,
-            label="analytic bound (best: green)" if y == len(entries) - 1 else None)
+            label="analytic bound, highest rate" if best else "analytic bound")
     binds = summary_lib.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
-    ax.text(rate + top * 0.01, y, f"B = {b['batch']:,} ({binds}), {b['loaded_token_gap_s'] * 1e3:.1f} ms",
-            va="center", fontsize=8)
+    ax.text(rate + top * 0.01, y, f"B = {b['batch']:,}, {binds} binds; gap "
+            f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
     if c is not None and c["batch"] is not None:
       ax.plot([c["aggregate_tokens_per_s"]], [y], "D", color="tab:orange", markersize=7,
               label="calibrated prediction (shipped profile)")
+      ax.annotate(f"B = {c['batch']:,}", (c["aggregate_tokens_per_s"], y),
+                  textcoords="offset points", xytext=(0, -13), ha="center", fontsize=7,
+                  bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
   handles, labels = ax.get_legend_handles_labels()
   unique = dict(zip(labels, handles))
   ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
   ax.set_yticks(range(len(entries)), [e["accelerator"] for e in entries])
-  ax.set_xlim(0, top * 1.55)
+  ax.set_ylim(-0.7, len(entries) - 0.4)
+  ax.set_xlim(0, top * 1.6)
+  ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
   ax.set_xlabel("aggregate tokens/s (one chip, at the batch that meets the targets)")
   ax.set_ylabel("accelerator (one chip)")
   ax.grid(True, axis="x", alpha=0.3)
