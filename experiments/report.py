@@ -21,13 +21,11 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _model_flags
-from jaxroof.errors import InputError
 from jaxroof.measure import calibration_job
 from jaxroof.measure import records
 from jaxroof.report import document
 from jaxroof.report import summary
 from jaxroof.specs import accelerators as accelerator_specs
-from jaxroof.specs import models
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md, summary.json and "
                                "the PNG plots.")
@@ -62,38 +60,16 @@ flags.register_validator(_ARRIVAL_RATE.name, lambda v: 0 <= v < 1e9,
                          message="must be a finite number >= 0 (requests/s)")
 
 
-def _accelerators() -> tuple[str, ...]:
-  """The validated slugs of --accelerators ('all': every shipped one)."""
-  known = accelerator_specs.known_accelerators()
-  names = [v.strip().lower() for v in _ACCELERATORS.value if v.strip()]
-  if names == ["all"]:
-    return tuple(known)
-  bad = [n for n in names if n not in known]
-  if not names or bad:
-    raise InputError(f"--accelerators={','.join(_ACCELERATORS.value)} is not allowed: "
-                     f"{', '.join(bad) or 'empty'} unknown; give slugs of {', '.join(known)} "
-                     "(comma-separated), or all.")
-  return tuple(dict.fromkeys(names))
-
-
 def subject() -> summary.Subject:
-  """The report's subject from the flags, each checked with a one-line error."""
-  if _MODEL.value not in models.shipped_models():
-    raise InputError(f"--model={_MODEL.value} is not allowed: give a shipped model, one of "
-                     f"{', '.join(models.shipped_models())}.")
-  limit = models.load_model(_MODEL.value).max_position_embeddings
-  if _CONTEXT.value <= _OUTPUT_TOKENS.value or (
-      isinstance(limit, int) and _CONTEXT.value > limit + 1):
-    raise InputError(
-        f"--context={_CONTEXT.value} is not allowed: it must exceed --output_tokens="
-        f"{_OUTPUT_TOKENS.value}" + (f" and be at most {limit + 1} ({_MODEL.value}'s "
-                                     f"max_position_embeddings + 1)" if isinstance(limit, int)
-                                     else "") + ".")
-  return summary.Subject(
-      model=_MODEL.value, context=_CONTEXT.value, accelerators=_accelerators(),
+  """The report's subject from the flags, checked (one-line errors naming the flag)."""
+  chosen = summary.Subject(
+      model=_MODEL.value, context=_CONTEXT.value,
+      accelerators=summary.accelerator_list(_ACCELERATORS.value),
       output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
       ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
       kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
+  chosen.check()
+  return chosen
 
 
 def main(argv: list[str]) -> None:

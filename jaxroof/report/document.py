@@ -23,6 +23,7 @@ from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
+from jaxroof.report import paths
 from jaxroof.report import plots
 from jaxroof.report import simulation as simulation_report
 from jaxroof.report import summary as summary_lib
@@ -37,7 +38,8 @@ from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
 from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPOSITORY = paths.REPOSITORY
+in_repository = paths.in_repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +50,6 @@ class Context:
   results_dir: str = os.path.join(REPOSITORY, "results")
   calibration_budget_s: float = 60.0
   subject: summary_lib.Subject = summary_lib.Subject()
-
-
-def in_repository(path: str) -> str:
-  """A path as the report names it: relative to the repository root."""
-  return os.path.relpath(path, REPOSITORY).replace(os.sep, "/")
 
 
 def lesson_section(ctx: Context) -> str:

@@ -24,8 +24,8 @@ from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import requests
-from jaxroof.specs.accelerators import load_accelerator
-from jaxroof.specs.models import load_model
+from jaxroof.specs.accelerators import known_accelerators, load_accelerator
+from jaxroof.specs.models import load_model, shipped_models
 from jaxroof.symbolic.step_model import StepModel
 
 DEFAULT_MODEL = "llama-3-8b"
@@ -73,14 +73,37 @@ class Subject:
     return self.context - self.output_tokens
 
   def check(self) -> None:
-    """Refuses a context that leaves no prompt, as a one-line error."""
-    if self.prompt_tokens < 1:
-      raise InputError(f"--context={self.context} is not allowed: it must exceed "
-                       f"--output_tokens={self.output_tokens} (the prompt is the rest).")
+    """Refuses an unknown model or accelerator, or a context that leaves no prompt or
+    passes the model's, each as one line naming the flag, the value and what is allowed."""
+    shipped = shipped_models()
+    if self.model not in shipped:
+      raise InputError(f"--model={self.model} is not allowed: give a shipped model, one of "
+                       f"{', '.join(shipped)}.")
+    known = known_accelerators()
+    bad = [a for a in self.accelerators if a not in known]
+    if not self.accelerators or bad:
+      raise InputError(f"--accelerators={','.join(self.accelerators)} is not allowed: "
+                       f"{', '.join(bad) or 'none given'}; give slugs of {', '.join(known)} "
+                       "(comma-separated), or all.")
+    limit = load_model(self.model).max_position_embeddings
+    top = limit + 1 if isinstance(limit, int) else None  # Positions: prompt + outputs - 1.
+    if self.prompt_tokens < 1 or (top is not None and self.context > top):
+      raise InputError(
+          f"--context={self.context} is not allowed: it must exceed --output_tokens="
+          f"{self.output_tokens} (the prompt is the rest)"
+          + (f" and be at most {top:,} ({self.model}'s max_position_embeddings + 1)"
+             if top is not None else "") + ".")
 
   def describe(self) -> str:
     return (f"{self.model}, context {self.context:,} tokens ({self.prompt_tokens:,} prompt + "
             f"{self.output_tokens} outputs), {self.weight_dtype} weights, {self.kv_dtype} K/V")
+
+
+def accelerator_list(values: list[str]) -> tuple[str, ...]:
+  """Slugs of a comma-list flag's values, lower-cased, in order, once each; 'all' is
+  every shipped accelerator (unknown ones are left for `Subject.check`)."""
+  names = [v.strip().lower() for v in values if v.strip()]
+  return known_accelerators() if names == ["all"] else tuple(dict.fromkeys(names))
 
 
 def _decide(subject: Subject, slug: str, model: StepModel, **dtypes: str) -> tuple[
@@ -252,7 +275,8 @@ def what_moves_lines(summary: dict[str, Any]) -> list[str]:
       lines.append(f"- With {alt['change']}: {alt['status']} ({alt['binds']}).")
       continue
     lines.append(
-        f"- With {alt['change']}: batch {alt['batch']:,} ({BINDS.get(alt['binds'], alt['binds'])}), "
+        f"- With {alt['change']}: batch {alt['batch']:,} "
+        f"({BINDS.get(alt['binds'], alt['binds'])}), "
         f"{_ms(alt['loaded_token_gap_s'])} ms token gap, {_rate(alt['aggregate_tokens_per_s'])} "
         f"tokens/s (x{alt['aggregate_tokens_per_s'] / b['aggregate_tokens_per_s']:.2f}).")
   return lines
