@@ -164,7 +164,9 @@ def _serving_section(ctx: Context) -> str:
   s = ctx.subject
   best = summary_lib.summarise(s, ctx.results_dir)["best"]
   if best is None:
-    return serving_report.report_section(ctx.out_dir)
+    return (f"No listed accelerator serves {s.model} on one chip at these targets (see the "
+            "summary and the multi-chip section); the deep dive shows llama-3-8b on h100-sxm "
+            "instead.\n\n" + serving_report.report_section(ctx.out_dir))
   return serving_report.report_section(
       ctx.out_dir, model_name=s.model, accelerator=best, prompt=s.prompt_tokens,
       outputs=s.output_tokens, token_gap_s=s.token_gap_s, ttft_s=s.ttft_s,

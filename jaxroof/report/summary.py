@@ -22,7 +22,10 @@ from typing import Any
 
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.parallel.layout import Layout
+from jaxroof.report import parallel as parallel_report
 from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import multichip
 from jaxroof.serving import requests
 from jaxroof.specs.accelerators import known_accelerators, load_accelerator
 from jaxroof.specs.models import load_model, shipped_models
@@ -34,7 +37,7 @@ DEFAULT_ACCELERATORS = ("l40s", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x
                         "tpu-v5e", "tpu-v6e")
 PROFILE_PATTERN = "profile_{slug}_trtllm_0.9.0.json"  # Under the results folder.
 BINDS = {
-    "memory": "memory capacity (K/V fills HBM)",
+    "memory": "memory capacity (weights + K/V fill it)",
     "token_gap": "token-gap target (bandwidth-bound step)",
     "compute": "token-gap target (compute-bound step)",
     "communication": "token-gap target (communication)",
@@ -83,7 +86,7 @@ class Subject:
     bad = [a for a in self.accelerators if a not in known]
     if not self.accelerators or bad:
       raise InputError(f"--accelerators={','.join(self.accelerators)} is not allowed: "
-                       f"{', '.join(bad) or 'none given'}; give slugs of {', '.join(known)} "
+                       f"{'unknown: ' + ', '.join(bad) if bad else 'none given'}; give slugs of {', '.join(known)} "
                        "(comma-separated), or all.")
     limit = load_model(self.model).max_position_embeddings
     top = limit + 1 if isinstance(limit, int) else None  # Positions: prompt + outputs - 1.
@@ -106,17 +109,34 @@ def accelerator_list(values: list[str]) -> tuple[str, ...]:
   return known_accelerators() if names == ["all"] else tuple(dict.fromkeys(names))
 
 
-def _decide(subject: Subject, slug: str, model: StepModel, **dtypes: str) -> tuple[
-    dict[str, Any], requests.ServingInputs]:
+def _decide(subject: Subject, slug: str, model: StepModel, layout: Layout | None = None,
+            memory_binds: bool = True, **dtypes: str) -> tuple[dict[str, Any],
+                                                            requests.ServingInputs]:
+  """The serving decision on one replica of `layout` (default one chip)."""
   kinds = {"weight_dtype": subject.weight_dtype, "kv_dtype": subject.kv_dtype, **dtypes}
-  inputs = requests.model_inputs(load_model(subject.model), load_accelerator(slug),
-                                 prompt_tokens=subject.prompt_tokens,
-                                 output_tokens=subject.output_tokens, **kinds)
+  inputs = multichip.model_inputs(load_model(subject.model), load_accelerator(slug),
+                                  layout=layout, prompt_tokens=subject.prompt_tokens,
+                                  output_tokens=subject.output_tokens, **kinds)
+  if not memory_binds:
+    inputs = dataclasses.replace(inputs, max_batch_in_memory=None)
   decision = decision_lib.decide(model, inputs, prompt_tokens=subject.prompt_tokens,
                                  output_tokens=subject.output_tokens,
                                  token_gap_s=subject.token_gap_s, ttft_s=subject.ttft_s,
-                                 arrival_rate=subject.arrival_rate)
+                                 arrival_rate=subject.arrival_rate,
+                                 with_elasticities=memory_binds)
   return decision, inputs
+
+
+def layout_name(layout: Layout) -> str:
+  """"tp4", "tp8 pp2", "tp2 ep4": the parallel degrees above one."""
+  parts = [f"{n}{getattr(layout, n)}" for n in ("tp", "pp", "ep") if getattr(layout, n) > 1]
+  return " ".join(parts) or "1 chip"
+
+
+def _fewest_chips(subject: Subject, slug: str, **dtypes: str) -> Layout | None:
+  kinds = {"weight_dtype": subject.weight_dtype, "kv_dtype": subject.kv_dtype, **dtypes}
+  return parallel_report.fewest_chips(load_model(subject.model), load_accelerator(slug),
+                                      context=subject.context, **kinds)
 
 
 def _calibrated_model(slug: str, results_dir: str) -> tuple[StepModel, str] | None:
@@ -138,11 +158,25 @@ def _headline(decision: dict[str, Any]) -> dict[str, Any]:
 
 
 def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str, Any]:
-  """One accelerator's answer: fit, bound decision, calibrated decision if shipped."""
+  """One accelerator's answer: fit, bound decision, calibrated decision if shipped.
+
+  A model that does not fit one chip is placed on the fewest chips whose
+  memory holds it (tensor parallel first: `report.parallel.fewest_chips`).
+  """
   decision, inputs = _decide(subject, slug, StepModel.bound())
+  layout = Layout()
+  if not inputs.max_batch_in_memory:
+    wider = _fewest_chips(subject, slug)
+    if wider is not None:
+      layout = wider
+      decision, inputs = _decide(subject, slug, StepModel.bound(), layout)
   memory = inputs.memory
+  chips = layout.chips_per_replica
   entry = {
       "accelerator": slug,
+      "layout": {"tp": layout.tp, "pp": layout.pp, "ep": layout.ep},
+      "layout_name": layout_name(layout),
+      "chips": chips,
       "memory_gb": memory["memory_capacity_bytes"] / 1e9,
       "weights_gb": memory["resident_weight_bytes"] / 1e9,
       "kv_allocated_gb_per_sequence": memory["kv_allocated_bytes_per_sequence"] / 1e9,
@@ -151,35 +185,36 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
       "bound": _headline(decision),
       "calibrated": None,
   }
+  rate = entry["bound"]["aggregate_tokens_per_s"]
+  entry["aggregate_tokens_per_s_per_chip"] = None if rate is None else rate / chips
   calibrated = _calibrated_model(slug, results_dir)
-  if calibrated is not None and entry["fits"]:
+  if calibrated is not None and entry["fits"] and chips == 1:
     model, source = calibrated
     cal, _ = _decide(subject, slug, model)
     entry["calibrated"] = {**_headline(cal), "profile": source}
   return entry
 
 
-def gap_only_limit(subject: Subject, slug: str) -> int | None:
+def _layout(entry: dict[str, Any]) -> Layout:
+  return Layout(**entry["layout"])
+
+
+def gap_only_limit(subject: Subject, entry: dict[str, Any]) -> int | None:
   """The largest batch the token-gap target alone allows (memory not counted)."""
-  inputs = requests.model_inputs(load_model(subject.model), load_accelerator(slug),
-                                 prompt_tokens=subject.prompt_tokens,
-                                 output_tokens=subject.output_tokens,
-                                 weight_dtype=subject.weight_dtype, kv_dtype=subject.kv_dtype)
-  decision = decision_lib.decide(
-      StepModel.bound(), dataclasses.replace(inputs, max_batch_in_memory=None),
-      prompt_tokens=subject.prompt_tokens, output_tokens=subject.output_tokens,
-      token_gap_s=subject.token_gap_s, arrival_rate=subject.arrival_rate,
-      with_elasticities=False)
+  decision, _ = _decide(subject, entry["accelerator"], StepModel.bound(), _layout(entry),
+                        memory_binds=False)
   return decision.get("token_gap_limit_batch")
 
 
 def what_moves(subject: Subject, entry: dict[str, Any]) -> list[dict[str, Any]]:
-  """The same decision with fp8 K/V and with fp8 weights (those not already fp8)."""
+  """The same decision with fp8 K/V and with fp8 weights (those not already fp8),
+  on the same chips."""
   out = []
   for field in ("kv_dtype", "weight_dtype"):
     if getattr(subject, field) == "fp8":
       continue
-    decision, _ = _decide(subject, entry["accelerator"], StepModel.bound(), **{field: "fp8"})
+    decision, _ = _decide(subject, entry["accelerator"], StepModel.bound(), _layout(entry),
+                          **{field: "fp8"})
     out.append({"change": f"{field}=fp8", **_headline(decision)})
   return out
 
@@ -193,18 +228,18 @@ def summarise(subject: Subject, results_dir: str) -> dict[str, Any]:
   subject.check()
   entries = [accelerator_entry(subject, slug, results_dir) for slug in subject.accelerators]
   serving = [e for e in entries if e["fits"] and e["bound"]["status"] == "ok"]
-  best = max(serving, key=lambda e: e["bound"]["aggregate_tokens_per_s"], default=None)
+  best = max(serving, key=lambda e: e["aggregate_tokens_per_s_per_chip"], default=None)
   return {
       "kind": "report_summary",
       "subject": {**dataclasses.asdict(subject), "prompt_tokens": subject.prompt_tokens},
-      "label": "analytic bound from datasheet figures (one chip); calibrated prediction "
+      "label": "analytic bound from datasheet figures (one chip, or the fewest chips that "
+               "hold the model); calibrated prediction "
                "where a profile fitted to this accelerator's measured step times ships",
       "accelerators": entries,
       "serving": [e["accelerator"] for e in serving],
       "best": None if best is None else best["accelerator"],
       "what_moves_best": [] if best is None else what_moves(subject, best),
-      "best_token_gap_only_batch": None if best is None
-      else gap_only_limit(subject, best["accelerator"]),
+      "best_token_gap_only_batch": None if best is None else gap_only_limit(subject, best),
       "units": {"memory_gb": "GB (1e9 B)", "step_s": "s", "loaded_token_gap_s": "s",
                 "ttft_s": "s (M/D/1 mean)", "aggregate_tokens_per_s": "tokens/s",
                 "max_arrival_rate_per_s": "requests/s",
@@ -226,49 +261,80 @@ def _top_two(values: dict[str, float]) -> str:
   return ", ".join(f"{n} {values[n]:+.2f}" for n in names)
 
 
+def _missed(decision: dict[str, Any], subject: dict[str, Any]) -> str:
+  """Why a decision failed, short: which target, by how much."""
+  if decision["binds"] == "ttft" and decision["ttft_s"] is not None:
+    return (f"TTFT target missed: {_ms(decision['ttft_s'])} ms > "
+            f"{_ms(subject['ttft_s'])} ms")
+  if decision["binds"] == "token_gap":
+    return f"token-gap target missed at B = 1 (> {_ms(subject['token_gap_s'])} ms)"
+  return decision["reason"] or decision["status"]
+
+
 def table_rows(summary: dict[str, Any]) -> list[list[str]]:
-  """Display rows: one per accelerator, the best first among those that serve."""
+  """Display rows, one per accelerator in the order given."""
   rows = []
   for e in summary["accelerators"]:
     b, c = e["bound"], e["calibrated"]
     if not e["fits"]:
-      rows.append([e["accelerator"], f"no ({e['weights_gb']:,.1f} GB weights, "
-                   f"{e['memory_gb']:,.0f} GB)", "-", "-", "-", "-", "-", "-", "-"])
+      rows.append([e["accelerator"], f"no: {e['weights_gb']:,.1f} GB of weights, "
+                   f"{e['memory_gb']:,.0f} GB a chip, no layout within reach holds it",
+                   "-", "-", "-", "-", "-", "-", "-"])
       continue
     served = b["status"] == "ok"
+    chips = e["chips"]
+    where = "1 chip" if chips == 1 else f"{e['layout_name']} ({chips} chips)"
+    rate = _rate(b["aggregate_tokens_per_s"]) + (
+        "" if chips == 1 or b["aggregate_tokens_per_s"] is None
+        else f" ({_rate(e['aggregate_tokens_per_s_per_chip'])}/chip)")
     rows.append([
         e["accelerator"] + (" **best**" if e["accelerator"] == summary["best"] else ""),
-        f"yes, B <= {e['max_batch_in_memory']:,}" if served else f"no: {b['binds']}",
-        f"{b['batch']}" if b["batch"] is not None else "-",
-        _ms(b["loaded_token_gap_s"]), _ms(b["ttft_s"]), _rate(b["aggregate_tokens_per_s"]),
-        BINDS.get(b["binds"], b["binds"]) if served else (b["reason"] or "-"),
+        ("yes: " if served else "no: ") + f"{where}, B <= {e['max_batch_in_memory']:,}",
+        f"{b['batch']:,}" if b["batch"] is not None else "-",
+        _ms(b.get("loaded_token_gap_s")), _ms(b["ttft_s"]), rate,
+        BINDS.get(b["binds"], b["binds"]) if served else _missed(b, summary["subject"]),
         _top_two(b["elasticities"]) if b.get("elasticities") else "-",
         "-" if c is None or c["batch"] is None else
-        f"B {c['batch']}, {_ms(c['loaded_token_gap_s'])} ms, {_rate(c['aggregate_tokens_per_s'])}"
-        f" tok/s ({BINDS.get(c['binds'], c['binds']).split(' (')[0]})"])
+        f"B {c['batch']:,}, {_ms(c['loaded_token_gap_s'])} ms, "
+        f"{_rate(c['aggregate_tokens_per_s'])} tok/s "
+        f"({BINDS.get(c['binds'], c['binds']).split(' (')[0]})"])
   return rows
 
 
-HEADERS = ("accelerator", "serves it? (fits in memory)", "batch", "token gap ms", "TTFT ms",
-           "aggregate tok/s", "binds", "step moved by", "calibrated prediction")
+HEADERS = ("accelerator", "serves it? (chips that hold it, batch in memory)", "batch",
+           "token gap ms", "TTFT ms", "aggregate tok/s (B / step)", "binds", "step moved by",
+           "calibrated prediction")
+
+
+def _ceiling_words(values: dict[str, float]) -> str:
+  """Which ceiling moves the step, in words, from the BW and F elasticities."""
+  bw, flops = abs(values.get("BW", 0.0)), abs(values.get("F", 0.0))
+  if bw >= flops:
+    return (f"bandwidth moves the step {bw:.0%} for 1%; a faster FLOP rate "
+            + ("would not" if flops < 0.005 else f"{flops:.0%}"))
+  return (f"compute binds: the FLOP rate moves the step {flops:.0%} for 1%; bandwidth "
+          + ("would not" if bw < 0.005 else f"{bw:.0%}"))
 
 
 def what_moves_lines(summary: dict[str, Any]) -> list[str]:
   """Bullets: the best accelerator's limits, elasticities and dtype what-ifs."""
   best = next((e for e in summary["accelerators"] if e["accelerator"] == summary["best"]), None)
   if best is None:
-    return ["No listed accelerator serves it on one chip at these targets: see the multi-chip "
-            "section (`python -m experiments.plan`)."]
+    return ["No listed accelerator serves it at these targets, on one chip or on the fewest "
+            "chips that hold it: see the multi-chip section (`python -m experiments.plan` "
+            "searches layouts, batches and dtypes)."]
   b = best["bound"]
   gap_limit, memory_limit = summary["best_token_gap_only_batch"], b["memory_limit_batch"]
   lines = [
-      f"- On {best['accelerator']}: the token gap alone would allow B <= {gap_limit:,}, memory "
+      f"- On {best['accelerator']}"
+      + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
+      + f": the token gap alone would allow B <= {gap_limit:,}, memory "
       f"alone B <= {memory_limit:,} ({best['weights_gb']:,.1f} GB weights, "
       f"{best['kv_allocated_gb_per_sequence']:,.3f} GB allocated K/V per sequence, "
-      f"{best['memory_gb']:,.0f} GB less 10% workspace); the smaller is the answer.",
+      f"{best['memory_gb']:,.0f} GB a chip less 10% workspace); the smaller is the answer.",
       "- The step's elasticities d ln(step)/d ln(x) at that batch: "
       + ", ".join(f"{k} {v:+.2f}" for k, v in b["elasticities"].items() if abs(v) >= 0.005)
-      + " (BW -1: bandwidth moves it one for one; F 0: faster arithmetic would not).",
+      + f" ({_ceiling_words(b['elasticities'])}).",
   ]
   for alt in summary["what_moves_best"]:
     if alt["batch"] is None:

@@ -23,22 +23,28 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
   """Aggregate tokens/s at each accelerator's answer, sorted, batch and binding labelled."""
   import matplotlib.pyplot as plt
 
-  entries = sorted(summary["accelerators"],
-                   key=lambda e: (e["bound"]["aggregate_tokens_per_s"] or 0.0))
+  def per_chip(e: dict[str, Any]) -> float | None:
+    served = e["fits"] and e["bound"]["status"] == "ok"
+    return e["aggregate_tokens_per_s_per_chip"] if served else None
+
+  entries = sorted(summary["accelerators"], key=lambda e: per_chip(e) or 0.0)
   fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(entries) + 1.8))
-  top = max((e["bound"]["aggregate_tokens_per_s"] or 0.0) for e in entries) or 1.0
+  top = max((per_chip(e) or 0.0) for e in entries) or 1.0
   for y, e in enumerate(entries):
     b, c = e["bound"], e["calibrated"]
-    rate = b["aggregate_tokens_per_s"] if e["fits"] and b["status"] == "ok" else None
+    rate = per_chip(e)
     if rate is None:
-      why = "does not fit in memory" if not e["fits"] else f"no answer ({b['binds']})"
+      why = ("does not fit in memory" if not e["fits"]
+             else f"misses the {summary_lib.BINDS.get(b['binds'], b['binds']).split(' (')[0]}"
+             + ("" if e["chips"] == 1 else f" on {e['layout_name']}"))
       ax.text(top * 0.01, y, why, va="center", fontsize=8, color="red")
       continue
     best = e["accelerator"] == summary["best"]
     ax.barh(y, rate, color="tab:green" if best else "tab:blue", alpha=0.8,
             label="analytic bound, highest rate" if best else "analytic bound")
     binds = summary_lib.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
-    ax.text(rate + top * 0.01, y, f"B = {b['batch']:,}, {binds} binds; gap "
+    where = "" if e["chips"] == 1 else f"{e['layout_name']}, "
+    ax.text(rate + top * 0.01, y, f"{where}B = {b['batch']:,}, {binds} binds; gap "
             f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
     if c is not None and c["batch"] is not None:
       ax.plot([c["aggregate_tokens_per_s"]], [y], "D", color="tab:orange", markersize=7,
@@ -53,8 +59,9 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
   ax.set_ylim(-0.7, len(entries) - 0.4)
   ax.set_xlim(0, top * 1.6)
   ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
-  ax.set_xlabel("aggregate tokens/s (one chip, at the batch that meets the targets)")
-  ax.set_ylabel("accelerator (one chip)")
+  ax.set_xlabel("aggregate tokens/s per chip (B / step / chips, at the batch that meets "
+                "the targets)")
+  ax.set_ylabel("accelerator (one chip, or the fewest that hold the model)")
   ax.grid(True, axis="x", alpha=0.3)
   ax.set_title(title, fontsize=9)
   plots.save(fig, path)
@@ -70,16 +77,26 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
                 else " (one prompt, idle prefill)"))
   plot_summary(summary, os.path.join(out_dir, PLOT_NAME),
                f"{subject.describe()}\n{targets} (analytic bound; orange: calibrated)")
-  served = summary["serving"]
+  served = [e for e in summary["accelerators"] if e["accelerator"] in summary["serving"]]
+  single = sum(e["chips"] == 1 for e in served)
+  best = next((e for e in served if e["accelerator"] == summary["best"]), None)
   lines = [
       f"## Summary: serving {subject.model} at {subject.context:,} tokens",
       "",
       f"**{subject.describe()}; targets: {targets}.** "
-      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it on one chip"
-      + (f"; the highest rate is on **{summary['best']}**." if summary["best"] else "."),
+      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it ({single} on one "
+      "chip)"
+      + ("." if best is None else
+         f"; the highest rate per chip is on **{best['accelerator']}**"
+         + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
+         + f": batch {best['bound']['batch']:,}, "
+         f"{best['bound']['aggregate_tokens_per_s']:,.0f} tokens/s, "
+         f"{summary_lib.BINDS.get(best['bound']['binds'], best['bound']['binds'])} binds."),
       "Each row: the largest decode batch whose mean token gap meets the target and whose "
-      "weights + paged K/V (reserved for the whole request) fit in 90% of memory "
-      "(`jaxroof.serving.decision`). *Analytic bound* from datasheet figures; *calibrated "
+      "weights + paged K/V (reserved for the whole request) fit in 90% of memory, on one "
+      "chip or, when the model does not fit one, on the fewest chips that hold it (tensor "
+      "parallel first; `jaxroof.serving.decision`). TTFT: the prefill of one prompt "
+      "(M/D/1 mean with queueing under load). *Analytic bound* from datasheet figures; *calibrated "
       "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
       "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements, "
       "held-out errors in the calibration section).",
