@@ -180,3 +180,17 @@ def test_whole_report_names_only_repository_files_in_order(tmp_path):
           "lesson"]
   at = [next(i for i, h in enumerate(headings) if k in h) for k in keys]
   assert at == sorted(at), headings
+
+
+def test_tied_embedding_models_read_one_weight_count_per_batch():
+  """Gemma ties its embeddings: the weights read must still come per batch size
+  (a scalar broke the serving inputs of every tied model)."""
+  from jaxroof.specs import parameters
+  counts = parameters.parameter_counts(load_model("gemma-3-1b"))
+  assert counts.tied
+  read = parameters.weights_read_per_step(counts, [1, 8, 64])
+  assert read.shape == (3,) and read[0] == read[2] == counts.read_every_step
+  entry = summary.accelerator_entry(
+      summary.Subject(model="gemma-3-1b", context=2048, accelerators=("h100-sxm",)),
+      "h100-sxm", RESULTS)
+  assert entry["fits"] and entry["bound"]["batch"] >= 1
