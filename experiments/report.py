@@ -2,8 +2,9 @@
 
 Writes `<out_dir>/README.md` (Markdown), `summary.json` and the PNG plots. It
 opens with the answer for --model at --context on each of --accelerators (one
-chip each): whether it fits, the largest batch meeting --token_gap_ms and
---ttft_ms, its token gap, TTFT and rate, what binds and what would move it.
+chip, or the fewest chips that hold the model): whether it fits, the largest
+batch meeting --token_gap_ms and --ttft_ms, its token gap, TTFT and rate, what
+binds and what would move it.
 Then come serving, multi-chip, accelerators, K/V sizing and calibration; the
 lesson's reproduction and the toy Transformer close it as checks:
 
@@ -34,6 +35,8 @@ _CALIBRATION_BUDGET_S = flags.DEFINE_float(
     "(measure, fit, plot); 0 skips it. Below ~25 s there are too few points to fit.",
     lower_bound=0.0)
 _SHARED = _model_flags.define("weight_dtype", "kv_dtype")
+for _name in ("weight_dtype", "kv_dtype"):
+  flags.declare_key_flag(_name)  # Listed by --helpshort, though defined in _model_flags.
 _MODEL = flags.DEFINE_string(
     "model", summary.DEFAULT_MODEL, "The report's subject: a shipped model "
     "(python -m experiments.list shows them all).")
@@ -42,7 +45,8 @@ _CONTEXT = flags.DEFINE_integer(
     "outputs), tokens. > --output_tokens, at most the model's context.")
 _ACCELERATORS = flags.DEFINE_list(
     "accelerators", ",".join(summary.DEFAULT_ACCELERATORS),
-    "Accelerator slugs to answer for, one chip each, comma-separated, or 'all' "
+    "Accelerator slugs to answer for (one chip, or the fewest that hold the model), "
+    "comma-separated, or 'all' "
     f"({', '.join(accelerator_specs.known_accelerators())}).")
 _OUTPUT_TOKENS = flags.DEFINE_integer(
     "output_tokens", 256, "Outputs per request, tokens; the prompt is the rest of --context. "
