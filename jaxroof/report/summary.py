@@ -310,10 +310,10 @@ def _ceiling_words(values: dict[str, float]) -> str:
   """Which ceiling moves the step, in words, from the BW and F elasticities."""
   bw, flops = abs(values.get("BW", 0.0)), abs(values.get("F", 0.0))
   if bw >= flops:
-    return (f"bandwidth moves the step {bw:.0%} for 1%; a faster FLOP rate "
-            + ("would not" if flops < 0.005 else f"{flops:.0%}"))
-  return (f"compute binds: the FLOP rate moves the step {flops:.0%} for 1%; bandwidth "
-          + ("would not" if bw < 0.005 else f"{bw:.0%}"))
+    return (f"1% more bandwidth cuts the step {bw:.2f}%; a faster FLOP rate "
+            + ("would not move it" if flops < 0.005 else f"{flops:.2f}%"))
+  return (f"compute binds: 1% more FLOP/s cuts the step {flops:.2f}%; more bandwidth "
+          + ("would not move it" if bw < 0.005 else f"{bw:.2f}%"))
 
 
 def what_moves_lines(summary: dict[str, Any]) -> list[str]:

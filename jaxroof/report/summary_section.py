@@ -81,7 +81,8 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
   single = sum(e["chips"] == 1 for e in served)
   best = next((e for e in served if e["accelerator"] == summary["best"]), None)
   lines = [
-      f"## Summary: serving {subject.model} at {subject.context:,} tokens",
+      f"## Summary: serving {subject.model} at {subject.context:,} tokens (analytic bounds; "
+      "calibrated predictions where shown)",
       "",
       f"**{subject.describe()}; targets: {targets}.** "
       f"{len(served)} of {len(summary['accelerators'])} accelerators serve it ({single} on one "
@@ -103,7 +104,7 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
       "",
       table.markdown_table(summary_lib.HEADERS, summary_lib.table_rows(summary)),
       "",
-      "What would move it:",
+      "What would move it (analytic bounds):",
       "",
       *summary_lib.what_moves_lines(summary),
       "",
