@@ -153,7 +153,7 @@ def _calibrated_model(slug: str, results_dir: str) -> tuple[StepModel, str] | No
 def _headline(decision: dict[str, Any]) -> dict[str, Any]:
   keys = ("batch", "binds", "status", "reason", "step_s", "loaded_token_gap_s", "ttft_s",
           "aggregate_tokens_per_s", "per_sequence_tokens_per_s", "max_arrival_rate_per_s",
-          "token_gap_limit_batch", "memory_limit_batch", "elasticities")
+          "token_gap_limit_batch", "memory_limit_batch", "utilisation", "elasticities")
   return {k: decision.get(k) for k in keys}
 
 
@@ -263,6 +263,9 @@ def _top_two(values: dict[str, float]) -> str:
 
 def _missed(decision: dict[str, Any], subject: dict[str, Any]) -> str:
   """Why a decision failed, short: which target, by how much."""
+  if decision["status"] == "unstable" and decision["batch"] is None:
+    return (f"prefill queue unstable: utilisation {decision['utilisation']:.2f} >= 1 at "
+            f"{subject['arrival_rate']:g} requests/s")
   if decision["binds"] == "ttft" and decision["ttft_s"] is not None:
     return (f"TTFT target missed: {_ms(decision['ttft_s'])} ms > "
             f"{_ms(subject['ttft_s'])} ms")

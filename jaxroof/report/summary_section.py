@@ -54,14 +54,16 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
                   bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
   handles, labels = ax.get_legend_handles_labels()
   unique = dict(zip(labels, handles))
-  ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+  if unique:
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
   ax.set_yticks(range(len(entries)), [e["accelerator"] for e in entries])
   ax.set_ylim(-0.7, len(entries) - 0.4)
   ax.set_xlim(0, top * 1.6)
-  ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+  if top >= 10:  # Thousands separators; below that (nothing served) the default labels.
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
   ax.set_xlabel("aggregate tokens/s per chip (B / step / chips, at the batch that meets "
                 "the targets)")
-  ax.set_ylabel("accelerator (one chip, or the fewest that hold the model)")
+  ax.set_ylabel("accelerator (tpN: chips)")
   ax.grid(True, axis="x", alpha=0.3)
   ax.set_title(title, fontsize=9)
   plots.save(fig, path)
@@ -85,8 +87,8 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
       "calibrated predictions where shown)",
       "",
       f"**{subject.describe()}; targets: {targets}.** "
-      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it ({single} on one "
-      "chip)"
+      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it"
+      + (f" ({single} on one chip)" if served else "")
       + ("." if best is None else
          f"; the highest rate per chip is on **{best['accelerator']}**"
          + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
@@ -97,7 +99,12 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
       "weights + paged K/V (reserved for the whole request) fit in 90% of memory, on one "
       "chip or, when the model does not fit one, on the fewest chips that hold it (tensor "
       "parallel first; `jaxroof.serving.decision`). TTFT: the prefill of one prompt "
-      "(M/D/1 mean with queueing under load). *Analytic bound* from datasheet figures; *calibrated "
+      "(M/D/1 mean with queueing under load)."
+      + (" The fewest chips are not the best layout: more hold more K/V, so a larger batch "
+         f"(`python -m experiments.plan --model={subject.model} --context={subject.context}` "
+         "searches layouts, batches and dtypes)."
+         if any(e["chips"] > 1 for e in summary["accelerators"]) else "")
+      + " *Analytic bound* from datasheet figures; *calibrated "
       "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
       "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements, "
       "held-out errors in the calibration section).",
