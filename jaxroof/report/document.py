@@ -160,17 +160,21 @@ def _kv_sizing_section(ctx: Context) -> str:
 
 
 def _serving_section(ctx: Context) -> str:
-  """The serving deep dive: the subject on the summary's best accelerator."""
+  """The serving deep dive: the subject on the summary's best accelerator, at the
+  subject's load, or else half the load limit the summary found there."""
   s = ctx.subject
-  best = summary_lib.summarise(s, ctx.results_dir)["best"]
+  result = summary_lib.summarise(s, ctx.results_dir)
+  best = result["best"]
   if best is None:
-    return (f"No listed accelerator serves {s.model} on one chip at these targets (see the "
-            "summary and the multi-chip section); the deep dive shows llama-3-8b on h100-sxm "
-            "instead.\n\n" + serving_report.report_section(ctx.out_dir))
+    return (f"No listed accelerator serves {s.model} at these targets (see the summary and "
+            "the multi-chip section); the deep dive shows llama-3-8b on h100-sxm instead.\n\n"
+            + serving_report.report_section(ctx.out_dir))
   return serving_report.report_section(
       ctx.out_dir, model_name=s.model, accelerator=best, prompt=s.prompt_tokens,
       outputs=s.output_tokens, token_gap_s=s.token_gap_s, ttft_s=s.ttft_s,
-      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype)
+      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
+      layout=summary_lib.best_layout(result),
+      arrival_rate=s.arrival_rate or 0.5 * summary_lib.best_load_limit(result))
 
 
 def _parallel_section(ctx: Context) -> str:

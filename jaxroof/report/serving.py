@@ -15,7 +15,9 @@ import numpy as np
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
+from jaxroof.parallel.layout import Layout
 from jaxroof.serving import elasticity
+from jaxroof.serving import multichip
 from jaxroof.serving import pools
 from jaxroof.serving import requests
 from jaxroof.specs.accelerators import load_accelerator
@@ -144,7 +146,8 @@ def _lesson_case() -> tuple[StepModel, requests.ServingInputs]:
 def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
                    accelerator: str = "h100-sxm", prompt: int = 2048, outputs: int = 256,
                    token_gap_s: float = 0.02, ttft_s: float = 0.5,
-                   weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> str:
+                   weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                   layout: Layout | None = None, arrival_rate: float = 5.0) -> str:
   """The serving decision: the lesson's, a real model's frontier, prefill vs decode, elasticities.
 
   The real model (`model_name` on one `accelerator`, requests of `prompt` +
@@ -166,25 +169,28 @@ def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
                             "per-seq tok/s"), rows), ""]
 
   spec, device = load_model(model_name), load_accelerator(accelerator)
-  inputs = requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=outputs,
-                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=prompt,
+                                  output_tokens=outputs, weight_dtype=weight_dtype,
+                                  kv_dtype=kv_dtype)
   d = decision_lib.decide(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                          token_gap_s=token_gap_s, ttft_s=ttft_s, arrival_rate=5.0,
+                          token_gap_s=token_gap_s, ttft_s=ttft_s, arrival_rate=arrival_rate,
                           window_s=0.005)
   batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
   frontier = decision_lib.frontier(model, inputs, frontier_batches(batches, d, inputs),
                                    prompt_tokens=prompt,
                                    output_tokens=outputs)
-  title = (f"{model_name} on {accelerator}, prompt {prompt:,} + {outputs} outputs, "
+  chips = "" if layout is None or layout.chips_per_replica == 1 else (
+      f" (tp{layout.tp} pp{layout.pp} ep{layout.ep}, {layout.chips_per_replica} chips)")
+  title = (f"{model_name} on {accelerator}{chips}, prompt {prompt:,} + {outputs} outputs, "
            f"{weight_dtype} weights, {kv_dtype} K/V")
   plot_frontier(frontier, d, os.path.join(out_dir, "serving_frontier.png"), title,
                 token_gap_s=token_gap_s, memory_limit=inputs.max_batch_in_memory)
   req = requests.rows(model, inputs, batches, prompt_tokens=prompt, output_tokens=outputs,
-                      arrival_rate=5.0, window_s=0.005)
+                      arrival_rate=arrival_rate, window_s=0.005)
   lines += [
       f"### {title}", "",
-      f"Targets: {token_gap_s * 1e3:g} ms token gap, {ttft_s * 1e3:g} ms TTFT, at 5 "
-      "requests/s with a 5 ms batching window. "
+      f"Targets: {token_gap_s * 1e3:g} ms token gap, {ttft_s * 1e3:g} ms TTFT, at "
+      f"{arrival_rate:.3g} requests/s with a 5 ms batching window. "
       + (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
          f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
          f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "

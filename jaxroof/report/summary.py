@@ -199,6 +199,18 @@ def _layout(entry: dict[str, Any]) -> Layout:
   return Layout(**entry["layout"])
 
 
+def best_load_limit(summary: dict[str, Any]) -> float:
+  """Requests/s the best accelerator sustains at its answer (0 when nothing serves)."""
+  best = next((e for e in summary["accelerators"] if e["accelerator"] == summary["best"]), None)
+  return 0.0 if best is None else float(best["bound"]["max_arrival_rate_per_s"] or 0.0)
+
+
+def best_layout(summary: dict[str, Any]) -> Layout | None:
+  """The layout of the summary's best accelerator (None when nothing serves)."""
+  best = next((e for e in summary["accelerators"] if e["accelerator"] == summary["best"]), None)
+  return None if best is None else _layout(best)
+
+
 def gap_only_limit(subject: Subject, entry: dict[str, Any]) -> int | None:
   """The largest batch the token-gap target alone allows (memory not counted)."""
   decision, _ = _decide(subject, entry["accelerator"], StepModel.bound(), _layout(entry),
