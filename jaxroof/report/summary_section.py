@@ -2,7 +2,7 @@
 
 `report_section(subject, out_dir, results_dir)` writes `summary.json` and
 `summary.png` into `out_dir` and returns the Markdown (`jaxroof.report.summary`
-computes the figures).
+computes the figures, `jaxroof.report.summary_text` words them).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from jaxroof import files
 from jaxroof.report import plots
 from jaxroof.report import summary as summary_lib
+from jaxroof.report import summary_text
 from jaxroof.report import table
 
 JSON_NAME = "summary.json"
@@ -34,15 +35,15 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
     b, c = e["bound"], e["calibrated"]
     rate = per_chip(e)
     if rate is None:
-      why = ("does not fit in memory" if not e["fits"]
-             else f"misses the {summary_lib.BINDS.get(b['binds'], b['binds']).split(' (')[0]}"
+      target = summary_text.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
+      why = ("does not fit in memory" if not e["fits"] else f"misses the {target}"
              + ("" if e["chips"] == 1 else f" on {e['layout_name']}"))
       ax.text(top * 0.01, y, why, va="center", fontsize=8, color="red")
       continue
     best = e["accelerator"] == summary["best"]
     ax.barh(y, rate, color="tab:green" if best else "tab:blue", alpha=0.8,
             label="analytic bound, highest rate" if best else "analytic bound")
-    binds = summary_lib.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
+    binds = summary_text.BINDS.get(b["binds"], b["binds"]).split(" (")[0]
     where = "" if e["chips"] == 1 else f"{e['layout_name']}, "
     ax.text(rate + top * 0.01, y, f"{where}B = {b['batch']:,}, {binds} binds; gap "
             f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
@@ -94,7 +95,7 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
          + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
          + f": batch {best['bound']['batch']:,}, "
          f"{best['bound']['aggregate_tokens_per_s']:,.0f} tokens/s, "
-         f"{summary_lib.BINDS.get(best['bound']['binds'], best['bound']['binds'])} binds."),
+         f"{summary_text.BINDS.get(best['bound']['binds'], best['bound']['binds'])} binds."),
       "Each row: the largest decode batch whose mean token gap meets the target and whose "
       "weights + paged K/V (reserved for the whole request) fit in 90% of memory, on one "
       "chip or, when the model does not fit one, on the fewest chips that hold it (tensor "
@@ -109,11 +110,11 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
       "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements, "
       "held-out errors in the calibration section).",
       "",
-      table.markdown_table(summary_lib.HEADERS, summary_lib.table_rows(summary)),
+      table.markdown_table(summary_text.HEADERS, summary_text.table_rows(summary)),
       "",
       "What would move it (analytic bounds):",
       "",
-      *summary_lib.what_moves_lines(summary),
+      *summary_text.what_moves_lines(summary),
       "",
       f"![summary]({PLOT_NAME})",
       "",
