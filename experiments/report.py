@@ -1,8 +1,16 @@
-"""The main job: lesson, crossovers, sweeps, models, devices, calibration, as a folder.
+"""The main job: a decision document for one model, as a folder.
 
-Writes `<out_dir>/README.md` (a Markdown summary) and its PNG plots:
+Writes `<out_dir>/README.md` (Markdown), `summary.json` and the PNG plots. It
+opens with the answer for --model at --context on each of --accelerators (one
+chip, or the fewest chips that hold the model): whether it fits, the largest
+batch meeting --token_gap_ms and --ttft_ms, its token gap, TTFT and rate, what
+binds and what would move it.
+Then come serving, multi-chip, accelerators, K/V sizing and calibration; the
+lesson's reproduction and the toy Transformer close it as checks:
 
   python -m experiments.report --out_dir=report
+  python -m experiments.report --model=mixtral-8x7b --context=8192 \\
+      --accelerators=h100-sxm,h200,mi300x --token_gap_ms=40
 
 The sections live in `jaxroof.report.document` (`SECTIONS`). Every number is
 labelled: analytic bound, calibrated prediction or measurement.
@@ -13,24 +21,70 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from experiments import _model_flags
 from jaxroof.measure import calibration_job
 from jaxroof.measure import records
 from jaxroof.report import document
+from jaxroof.report import summary
+from jaxroof.specs import accelerators as accelerator_specs
 
-_OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md and the PNG plots.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md, summary.json and "
+                               "the PNG plots.")
 _CALIBRATION_BUDGET_S = flags.DEFINE_float(
     "calibration_budget_s", 60.0, "Seconds for the short calibration on this device "
     "(measure, fit, plot); 0 skips it. Below ~25 s there are too few points to fit.",
     lower_bound=0.0)
+_SHARED = _model_flags.define("weight_dtype", "kv_dtype")
+for _name in ("weight_dtype", "kv_dtype"):
+  flags.declare_key_flag(_name)  # Listed by --helpshort, though defined in _model_flags.
+_MODEL = flags.DEFINE_string(
+    "model", summary.DEFAULT_MODEL, "The report's subject: a shipped model "
+    "(python -m experiments.list shows them all).")
+_CONTEXT = flags.DEFINE_integer(
+    "context", summary.DEFAULT_CONTEXT, "Tokens each sequence holds at its end (prompt + "
+    "outputs), tokens. > --output_tokens, at most the model's context.")
+_ACCELERATORS = flags.DEFINE_list(
+    "accelerators", ",".join(summary.DEFAULT_ACCELERATORS),
+    "Accelerator slugs to answer for (one chip, or the fewest that hold the model), "
+    "comma-separated, or 'all' "
+    f"({', '.join(accelerator_specs.known_accelerators())}).")
+_OUTPUT_TOKENS = flags.DEFINE_integer(
+    "output_tokens", 256, "Outputs per request, tokens; the prompt is the rest of --context. "
+    "2 .. 1,000,000.", lower_bound=2, upper_bound=1_000_000)
+_TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", 30.0, "Mean gap between one user's "
+                                   "tokens (ITL), the target, ms. > 0.")
+_TTFT_MS = flags.DEFINE_float("ttft_ms", 500.0, "Mean time-to-first-token target, ms. > 0.")
+_ARRIVAL_RATE = flags.DEFINE_float(
+    "arrival_rate", 0.0, "Requests/s (Poisson) for the summary's TTFT (M/D/1); 0: one "
+    "prompt on an idle prefill. >= 0.")
+
+for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms")):
+  _cli.require_positive(_holder, _unit)
+flags.register_validator(_ARRIVAL_RATE.name, lambda v: 0 <= v < 1e9,
+                         message="must be a finite number >= 0 (requests/s)")
+
+
+def subject() -> summary.Subject:
+  """The report's subject from the flags, checked (one-line errors naming the flag)."""
+  chosen = summary.Subject(
+      model=_MODEL.value, context=_CONTEXT.value,
+      accelerators=summary.accelerator_list(_ACCELERATORS.value),
+      output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
+      ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
+      kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
+  chosen.check()
+  return chosen
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  chosen = subject()
   if _CALIBRATION_BUDGET_S.value:
     calibration_job.check_budget("--calibration_budget_s", _CALIBRATION_BUDGET_S.value)
   records.keep_allocations()  # Before any timing; see jaxroof.measure.records.
   path = document.build(document.Context(
-      out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value))
+      out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value,
+      subject=chosen))
   print(f"wrote {path}")
 
 

@@ -23,8 +23,11 @@ from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
+from jaxroof.report import paths
 from jaxroof.report import plots
 from jaxroof.report import simulation as simulation_report
+from jaxroof.report import summary as summary_lib
+from jaxroof.report import summary_section
 from jaxroof.report import serving as serving_report
 from jaxroof.report import specs as specs_report
 from jaxroof.report import table
@@ -35,7 +38,8 @@ from jaxroof.symbolic.sweep import decode_sweep
 from jaxroof.toy import check as toy_check
 from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPOSITORY = paths.REPOSITORY
+in_repository = paths.in_repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Context:
   out_dir: str
   results_dir: str = os.path.join(REPOSITORY, "results")
   calibration_budget_s: float = 60.0
+  subject: summary_lib.Subject = summary_lib.Subject()
 
 
 def lesson_section(ctx: Context) -> str:
@@ -57,8 +62,9 @@ def lesson_section(ctx: Context) -> str:
   return "\n".join([
       "## The lesson, recomputed (analytic bounds)",
       "",
-      f"{agree} of {len(claims)} claims of `seed/weight-reuse-lesson.txt` agree with "
-      "the symbolic model (`python -m experiments.lesson`).",
+      f"{agree} of {len(claims)} claims of the weight-reuse lesson (its worked numbers and "
+      "quiz answers, recorded in `jaxroof/report/lesson.py`) agree with the symbolic model "
+      "(`python -m experiments.lesson`).",
       "",
       table.markdown_table(("section", "claim", "lesson", "ours", "unit", "agrees"), rows),
   ])
@@ -122,8 +128,9 @@ def toy_section(ctx: Context) -> str:
   if os.path.exists(bench):
     with open(bench, encoding="utf-8") as f:
       parts.append(toy_summary.bench_decode_section(json.load(f)))
-    parts.append(f"(From `{bench}`, measured earlier; rerun with "
-                 f"`python -m experiments.bench_decode --json_out={bench}`.)")
+    name = in_repository(bench)
+    parts.append(f"(From `{name}`, measured earlier; rerun with "
+                 f"`python -m experiments.bench_decode --json_out={name}`.)")
   return "\n".join(parts)
 
 
@@ -136,16 +143,43 @@ def calibration_section(ctx: Context) -> str:
   return calibration_report.report_section(ctx.out_dir, budget)
 
 
-def _specs_section(ctx: Context) -> str:
-  return specs_report.report_section(ctx.out_dir)
+def summary(ctx: Context) -> str:
+  return summary_section.report_section(ctx.subject, ctx.out_dir, ctx.results_dir)
+
+
+def _accelerators_section(ctx: Context) -> str:
+  s = ctx.subject
+  return specs_report.accelerator_section(
+      ctx.out_dir, model_name=s.model, context=s.context, accelerators=s.accelerators,
+      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype)
+
+
+def _kv_sizing_section(ctx: Context) -> str:
+  return specs_report.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject.model,
+                                        context=ctx.subject.context)
 
 
 def _serving_section(ctx: Context) -> str:
-  return serving_report.report_section(ctx.out_dir)
+  """The serving deep dive: the subject on the summary's best accelerator, at the
+  subject's load, or else half the load limit the summary found there."""
+  s = ctx.subject
+  result = summary_lib.summarise(s, ctx.results_dir)
+  best = result["best"]
+  if best is None:
+    return (f"No listed accelerator serves {s.model} at these targets (see the summary and "
+            "the multi-chip section); the deep dive shows llama-3-8b on h100-sxm instead.\n\n"
+            + serving_report.report_section(ctx.out_dir))
+  return serving_report.report_section(
+      ctx.out_dir, model_name=s.model, accelerator=best, prompt=s.prompt_tokens,
+      outputs=s.output_tokens, token_gap_s=s.token_gap_s, ttft_s=s.ttft_s,
+      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
+      layout=summary_lib.best_layout(result),
+      arrival_rate=s.arrival_rate or 0.5 * summary_lib.best_load_limit(result))
 
 
 def _parallel_section(ctx: Context) -> str:
-  return parallel_report.report_section(ctx.out_dir)
+  return parallel_report.report_section(ctx.out_dir, accelerators=ctx.subject.accelerators,
+                                        model_name=ctx.subject.model)
 
 
 def _simulation_section(ctx: Context) -> str:
@@ -160,18 +194,31 @@ def _user_calibration_section(ctx: Context) -> str:
   return user_calibration_report.report_section(ctx.results_dir)
 
 
+def check_heading(ctx: Context) -> str:
+  """Where the checks start: the lesson and the toy, after the decision."""
+  del ctx  # Unused.
+  return ("---\n\n# Checks: the lesson reproduced, the toy Transformer, the kernels\n\n"
+          "The sections above rest on the symbolic model; these check it against the "
+          "lesson's worked numbers and against a real (toy) Transformer.")
+
+
+# The decision first (summary, serving, multi-chip, accelerators, K/V sizing,
+# calibration), then the checks.
 SECTIONS: list[Callable[[Context], str]] = [
+    summary,
+    _serving_section,
+    _simulation_section,
+    _parallel_section,
+    _accelerators_section,
+    _kv_sizing_section,
+    calibration_section,
+    _user_calibration_section,
+    check_heading,
     lesson_section,
     crossovers_section,
     sweep_section,
     toy_section,
-    _specs_section,
-    _serving_section,
-    _parallel_section,
-    _simulation_section,
     _kernels_section,
-    calibration_section,
-    _user_calibration_section,
 ]
 
 

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from jaxroof.report import paths
 from jaxroof.report import table
 
 RESULTS_ROOT = "results"
@@ -60,7 +61,8 @@ def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
   if latest is None:
     return "\n".join([
         title, "",
-        f"No GPU benchmark under `{root}/` yet. On a machine with a GPU run "
+        f"No GPU benchmark under `{paths.in_repository(root)}/` yet. On a machine with a "
+        "GPU run "
         "`PYTHONPATH=. bash experiments/gpu_bench.sh OUT` and commit "
         "`OUT/*.json`. On the CPU the Pallas kernels are only interpreted "
         "(correctness, never speed) and cross-lowered for Triton and Mosaic.",
@@ -85,7 +87,8 @@ def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
   return "\n".join([
       title, "",
       f"Measured on {data['device_kind']} with jax {data['jax_version']} on "
-      f"{data['date'][:10]} (`{path}`). {_ceilings_text(data['ceilings'])} "
+      f"{data['date'][:10]} (`{paths.in_repository(path)}`). "
+      f"{_ceilings_text(data['ceilings'])} "
       f"Times: {data['timing']}. Rates use analytic bytes and FLOPs (all "
       "lengths full).", "",
       table.markdown_table(

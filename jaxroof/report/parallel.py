@@ -61,13 +61,17 @@ def _cell(lay: Layout | None) -> str:
   return f"{lay.chips_per_replica} ({' '.join(parts)})"
 
 
-def chips_table() -> str:
-  devices = [load_accelerator(a) for a in TABLE_ACCELERATORS]
+def chips_table(accelerators: tuple[str, ...] = TABLE_ACCELERATORS,
+                first: str | None = None) -> str:
+  """Fewest chips per shipped model (rows; `first` on top) and accelerator (columns)."""
+  devices = [load_accelerator(a) for a in accelerators]
+  names = ([first] if first else []) + [m for m in shipped_models() if m != first]
   rows = []
-  for name in shipped_models():
+  for name in names:
     spec = load_model(name)
-    rows.append([name] + [_cell(fewest_chips(spec, d)) for d in devices])
-  return table.markdown_table(("model",) + TABLE_ACCELERATORS, rows)
+    rows.append([f"**{name}**" if name == first else name]
+                + [_cell(fewest_chips(spec, d)) for d in devices])
+  return table.markdown_table(("model",) + tuple(accelerators), rows)
 
 
 def plan_table() -> tuple[str, dict]:
@@ -102,8 +106,10 @@ def single_stream() -> tuple[str, list[dict]]:
                                "tokens/s", "binds"), rows), found
 
 
-def report_section(out_dir: str) -> str:
-  """Markdown of the multi-chip section (analytic bounds)."""
+def report_section(out_dir: str, *, accelerators: tuple[str, ...] = TABLE_ACCELERATORS,
+                   model_name: str | None = None) -> str:
+  """Markdown of the multi-chip section (analytic bounds); the table's columns are
+  `accelerators`, and `model_name` (the report's subject) heads its rows."""
   del out_dir  # Unused: no plot.
   plan_md, plan = plan_table()
   stream_md, stream = single_stream()
@@ -117,7 +123,7 @@ def report_section(out_dir: str) -> str:
       "heads or the interconnect stop it; '-' = no layout within the recorded "
       "interconnect fits):",
       "",
-      chips_table(),
+      chips_table(tuple(accelerators) or TABLE_ACCELERATORS, model_name),
       "",
       f"Worked plan: {PLAN_MODEL} at {CONTEXT} tokens, token gap <= "
       f"{PLAN_TARGETS.token_gap_s * 1e3:g} ms, TTFT <= {PLAN_TARGETS.ttft_s * 1e3:g} ms, "

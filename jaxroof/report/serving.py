@@ -15,7 +15,9 @@ import numpy as np
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
+from jaxroof.parallel.layout import Layout
 from jaxroof.serving import elasticity
+from jaxroof.serving import multichip
 from jaxroof.serving import pools
 from jaxroof.serving import requests
 from jaxroof.specs.accelerators import load_accelerator
@@ -141,8 +143,17 @@ def _lesson_case() -> tuple[StepModel, requests.ServingInputs]:
       label="lesson: 16 GB BF16 weights, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
 
 
-def report_section(out_dir: str) -> str:
-  """The serving decision: the lesson's, a real model's frontier, prefill vs decode, elasticities."""
+def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
+                   accelerator: str = "h100-sxm", prompt: int = 2048, outputs: int = 256,
+                   token_gap_s: float = 0.02, ttft_s: float = 0.5,
+                   weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                   layout: Layout | None = None, arrival_rate: float = 5.0) -> str:
+  """The serving decision: the lesson's, a real model's frontier, prefill vs decode, elasticities.
+
+  The real model (`model_name` on one `accelerator`, requests of `prompt` +
+  `outputs` tokens) is the report's subject; its load is 5 requests/s with a
+  5 ms batching window.
+  """
   model, lesson = _lesson_case()
   lines = ["## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", ""]
   rows = []
@@ -157,30 +168,37 @@ def report_section(out_dir: str) -> str:
       table.markdown_table(("token gap ms", "batch", "binds", "step ms", "aggregate tok/s",
                             "per-seq tok/s"), rows), ""]
 
-  spec, device = load_model("llama-3-8b"), load_accelerator("h100-sxm")
-  prompt, outputs = 2048, 256
-  inputs = requests.model_inputs(spec, device, prompt_tokens=prompt, output_tokens=outputs)
+  spec, device = load_model(model_name), load_accelerator(accelerator)
+  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=prompt,
+                                  output_tokens=outputs, weight_dtype=weight_dtype,
+                                  kv_dtype=kv_dtype)
   d = decision_lib.decide(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                          token_gap_s=0.02, ttft_s=0.5, arrival_rate=5.0, window_s=0.005)
+                          token_gap_s=token_gap_s, ttft_s=ttft_s, arrival_rate=arrival_rate,
+                          window_s=0.005)
   batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
   frontier = decision_lib.frontier(model, inputs, frontier_batches(batches, d, inputs),
                                    prompt_tokens=prompt,
                                    output_tokens=outputs)
-  title = (f"llama-3-8b on h100-sxm, prompt {prompt} + {outputs} outputs, bf16 weights and K/V")
+  chips = "" if layout is None or layout.chips_per_replica == 1 else (
+      f" (tp{layout.tp} pp{layout.pp} ep{layout.ep}, {layout.chips_per_replica} chips)")
+  title = (f"{model_name} on {accelerator}{chips}, prompt {prompt:,} + {outputs} outputs, "
+           f"{weight_dtype} weights, {kv_dtype} K/V")
   plot_frontier(frontier, d, os.path.join(out_dir, "serving_frontier.png"), title,
-                token_gap_s=0.02, memory_limit=inputs.max_batch_in_memory)
+                token_gap_s=token_gap_s, memory_limit=inputs.max_batch_in_memory)
   req = requests.rows(model, inputs, batches, prompt_tokens=prompt, output_tokens=outputs,
-                      arrival_rate=5.0, window_s=0.005)
+                      arrival_rate=arrival_rate, window_s=0.005)
   lines += [
       f"### {title}", "",
-      "Targets: 20 ms token gap, 500 ms TTFT, at 5 requests/s with a 5 ms batching window. "
-      + f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
-      f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
-      f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
-      f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
-      f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s. Rows: a static batch of B "
-      "requests (prefill of all B prompts, then 255 decode steps); TTFT for one prompt "
-      "prefilled on arrival.", "",
+      f"Targets: {token_gap_s * 1e3:g} ms token gap, {ttft_s * 1e3:g} ms TTFT, at "
+      f"{arrival_rate:.3g} requests/s with a 5 ms batching window. "
+      + (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
+         f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
+         f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
+         f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
+         f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s."
+         if d["batch"] is not None else " ".join(decision_lines(d)))
+      + f" Rows: a static batch of B requests (prefill of all B prompts, then {outputs - 1} "
+      "decode steps); TTFT for one prompt prefilled on arrival.", "",
       table.markdown_table(REQUEST_HEADERS[:-1], [c[:-1] for c in request_cells(req)]), "",
       "![serving frontier](serving_frontier.png)", ""]
 
@@ -199,7 +217,8 @@ def report_section(out_dir: str) -> str:
       "So prefill wants a few hundred tokens per step, decode as many sequences as the "
       "token gap and memory allow.", ""]
   pool = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                       arrival_rate=40.0, ttft_s=0.5, token_gap_s=0.02, window_s=0.005)
+                       arrival_rate=40.0, ttft_s=ttft_s, token_gap_s=token_gap_s,
+                       window_s=0.005)
   split, shared = pool["split"], pool["shared"]
   lines += [
       "At 40 requests/s: split pools need "

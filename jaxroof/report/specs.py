@@ -35,13 +35,19 @@ def _schedule(spec) -> str:
   return " + ".join(parts)
 
 
-def kv_sizing_section(out_dir: str) -> str:
-  """Payload and paged allocation per sequence for models of every attention kind."""
+def kv_sizing_section(out_dir: str, *, subject_model: str | None = None,
+                      context: int = KV_CONTEXT) -> str:
+  """Payload and paged allocation per sequence for models of every attention kind.
+
+  The report's subject model, when given, comes first.
+  """
   del out_dir  # Unused.
   rows = []
-  for name in KV_MODELS:
+  names = ([subject_model] if subject_model else []) + [
+      m for m in KV_MODELS if m != subject_model]
+  for name in names:
     spec = load_model(name)
-    z = kv_sizing.size_kv(spec, context=KV_CONTEXT)
+    z = kv_sizing.size_kv(spec, context=context)
     rows.append([name, _schedule(spec), f"{parameter_counts(spec).total / 1e9:,.2f}B",
                  f"{z.kv_bytes_per_token:,.0f}", f"{z.payload_bytes_per_sequence / 1e9:,.3f}",
                  f"{z.allocated_bytes_per_sequence / 1e9:,.3f}",
@@ -53,7 +59,7 @@ def kv_sizing_section(out_dir: str) -> str:
   return "\n".join([
       "## KV sizing of real models (analytic bound)",
       "",
-      f"Per sequence at {KV_CONTEXT} retained tokens, bf16 K/V, pages of "
+      f"Per sequence at {context:,} retained tokens, bf16 K/V, pages of "
       f"{kv_sizing.DEFAULT_BLOCK_SIZE} tokens, no output reserved (GB = 1e9 B). "
       "*B/token* counts the blocks that keep every token; sliding-window blocks keep "
       "at most their window and Mamba keeps a fixed state. *Windowed as full* is the "
@@ -69,19 +75,22 @@ def kv_sizing_section(out_dir: str) -> str:
   ])
 
 
-def accelerator_section(out_dir: str) -> str:
-  """One model on every shipped accelerator, with a plot of both rates."""
-  model = load_model(COMPARE_MODEL)
-  result = comparison.compare(model, load_accelerators("all"), context=COMPARE_CONTEXT,
-                              batch_sizes=COMPARE_BATCHES)
-  comparison_report.plot(result, os.path.join(out_dir, COMPARE_PLOT))
+def accelerator_section(out_dir: str, *, model_name: str = COMPARE_MODEL,
+                        context: int = COMPARE_CONTEXT, accelerators: tuple[str, ...] = (),
+                        weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> str:
+  """One model on the given accelerators (default: every shipped one), with a plot."""
+  model = load_model(model_name)
+  devices = load_accelerators(",".join(accelerators) if accelerators else "all")
+  result = comparison.compare(model, devices, context=context, batch_sizes=COMPARE_BATCHES,
+                              weight_dtype=weight_dtype, kv_dtype=kv_dtype)
   at = str(COMPARE_BATCHES[2])
+  comparison_report.plot(result, os.path.join(out_dir, COMPARE_PLOT), batch=int(at))
   best = result["best"]["by_batch"][at]
   return "\n".join([
       "## Accelerators compared (analytic bound from datasheet figures)",
       "",
-      f"{COMPARE_MODEL}, {COMPARE_CONTEXT} retained tokens per sequence, bf16 weights and "
-      "K/V, one device each, 10% of memory kept free. `*` marks the best of a column "
+      f"{model_name}, {context:,} retained tokens per sequence, {weight_dtype} weights, "
+      f"{kv_dtype} K/V, one device each, 10% of memory kept free. `*` marks the best of a column "
       "(lowest ridge and compute crossover, largest batch that fits). "
       f"At batch {at} the fastest step is on {', '.join(best['step_s']) or 'none'}. "
       "`python -m experiments.compare_accelerators --model=NAME --context=T` gives any "

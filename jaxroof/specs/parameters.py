@@ -221,7 +221,7 @@ def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarr
   so the weight traffic rises with B towards the full model.
   """
   B = np.asarray(batch, dtype=float)
-  rows = 0.0 if counts.tied else B * counts.hidden_size
+  rows = np.zeros_like(B) if counts.tied else B * counts.hidden_size  # One value per batch.
   if not counts.moe_layers:
     return counts.read_every_step + rows
   read = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(
