@@ -212,7 +212,7 @@ def _records(path: str) -> list[tuple[int, dict]]:
     raise errors.InputError(f"measurements={path!r} cannot be read: {e}.") from None
 
 
-_ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI")
+_ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")
 
 
 def read_measurements(path: str | os.PathLike[str], *,
