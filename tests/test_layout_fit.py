@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import numpy as np
@@ -11,6 +12,7 @@ from jaxroof import errors
 from jaxroof.measure import user_fit
 from jaxroof.measure import user_measurements as um
 from jaxroof.parallel import layout_fit
+from jaxroof.report import user_calibration
 
 DATA = pathlib.Path(__file__).parent / "data"
 GPTFAST = DATA / "gptfast_a100_tp_steps.csv"
@@ -126,3 +128,15 @@ def test_gptfast_layout_carry_over_beats_the_bound():
   study = result["studies"]["leave_one_layout_out"]
   assert study["calibrated"]["points"] == 17
   assert study["bound"]["median_rel_error"] >= 2 * study["calibrated"]["median_rel_error"]
+
+
+def test_report_shows_the_layout_carry_over(tmp_path):
+  measurements = um.read_measurements(GPTFAST)
+  rows = [{"layout": "tp2-pp1-ep1", "measured_s": 1.0, "calibrated_s": 1.1, "bound_s": 0.5,
+           "calibrated_rel_error": 0.1, "bound_rel_error": 0.5, "ideal_split_rel_error": 0.2}]
+  summary = layout_fit._summaries(rows)
+  result = {"file": measurements.path, "studies": {"leave_one_layout_out": {
+      **summary, "by_heldout_layout": {"tp2-pp1-ep1": summary}}}}
+  (tmp_path / "layout_carry_over_x.json").write_text(json.dumps(result))
+  text = user_calibration.report_section(str(tmp_path))
+  assert "| leave one layout out | tp2-pp1-ep1 | 1 | 10.0% | 20.0% | 50.0% |" in text
