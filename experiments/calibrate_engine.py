@@ -25,6 +25,8 @@ from jaxroof.measure import profiles
 from jaxroof.serving import engine_fit
 from jaxroof.serving import simulator
 from jaxroof.report import table
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters
 
 _FROM_VLLM = flags.DEFINE_list(
     "from_vllm", None, "vLLM bench serve result JSON files (or SGLang bench_serving JSONL), "
@@ -33,8 +35,9 @@ _MODEL = flags.DEFINE_string("model", None, "Shipped model name the runs served.
 _ACCELERATOR = flags.DEFINE_string("accelerator", None, "Shipped accelerator slug.")
 _SERVED_TP = flags.DEFINE_integer("served_tp", 1, "Tensor-parallel chips of the server.",
                                   lower_bound=1)
-_WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", "bf16", "Weights' dtype.")
-_KV_DTYPE = flags.DEFINE_string("kv_dtype", "bf16", "K/V dtype.")
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "The served weights' dtype.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "The K/V dtype.")
 _SCHEDULER = flags.DEFINE_enum("scheduler", "chunked", list(simulator.SCHEDULERS),
                                "The server's scheduler (vLLM V1: chunked).")
 _MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "vLLM --max-num-seqs.",
@@ -76,6 +79,8 @@ def main(argv: list[str]) -> None:
                     _percent(bound["rel_error"])])
   print(table.format_table(("run", "metric", "measured ms", "calibrated ms", "error",
                             "bound ms", "bound error"), cells))
+  for flag in result["flags"]:
+    print(f"FLAG: {flag}")
   print(f"held-out ({result['heldout_method']}): median "
         f"{_percent(result['heldout_median_rel_error'])}, max "
         f"{_percent(result['heldout_max_rel_error'])}")

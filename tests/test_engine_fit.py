@@ -124,3 +124,16 @@ def test_engine_profile_round_trips(tmp_path, monkeypatch):
   assert loaded.accelerator == "h100-sxm"
   assert loaded.factors["eta_w"] == pytest.approx(TRUTH["eta_w"])
   assert loaded.factors["eta_kv"] == pytest.approx(TRUTH["eta_w"])  # Tied.
+
+
+def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
+  run = _synthetic_run(4.0, seed=3, n=8)
+  bound = engine_fit.simulate_run(run, SETUP, engine_fit.BOUND_FACTORS)
+  too_fast = dataclasses.replace(run, measured={**run.measured,
+                                                "median_tpot_s": bound["median_tpot_s"] / 3})
+  kept, flags = engine_fit.screen([too_fast], SETUP)
+  assert set(kept[0].measured) == {"median_ttft_s", "median_itl_s"}
+  assert len(flags) == 1 and "below the bound" in flags[0]
+  impossible = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 3})
+  with pytest.raises(errors.InputError, match="every measured median is below the bound"):
+    engine_fit.fit_runs([impossible], SETUP)

@@ -67,6 +67,10 @@ MIN_RUNS = 1
 GRID_STEP = math.log(2.0)  # The first simplex: each factor doubled in turn.
 TOLERANCE = 0.01  # Stop when the simplex spans < 1% in every factor.
 MAX_EVALUATIONS = 200
+BOUND_FACTORS = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9}
+# A measured median under this share of the bound's simulated one cannot be
+# reproduced by factors in range: it is left out of the fit and flagged.
+BELOW_BOUND = 0.9
 RESTARTS = 2
 ASSUMPTIONS = (
     "each run replayed by the continuous-batching simulator: per-request lengths from the "
@@ -333,15 +337,51 @@ def _errors(run: BenchRun, simulated: Mapping[str, float | None]) -> dict[str, A
   return out
 
 
+def screen(runs: Sequence[BenchRun], setup: ServingSetup
+           ) -> tuple[list[BenchRun], list[str]]:
+  """The runs with only the metrics the bound does not undercut; a flag per dropped one.
+
+  A median measured below `BELOW_BOUND` of the one simulated at the bound
+  (datasheet speed, no fixed cost) is faster than any factor in range allows:
+  the setup or the benchmark's timing differs from the model, so it would
+  only drag the factors to their limits.
+  """
+  kept_runs, flags = [], []
+  for run in runs:
+    bound = simulate_run(run, setup, BOUND_FACTORS)
+    kept = {}
+    for name, measured in run.measured.items():
+      floor = bound[name]
+      if floor is not None and measured < BELOW_BOUND * floor:
+        flags.append(
+            f"{run.label} {name.removesuffix('_s')} = {measured * 1e3:.1f} ms is below the "
+            f"bound's {floor * 1e3:.1f} ms (simulated at datasheet speed, no fixed cost): no "
+            "factor in range reproduces it, so it is left out of the fit; check the setup "
+            "(model, device, tp, dtypes, scheduler) or how the benchmark timed it")
+      else:
+        kept[name] = measured
+    if kept:
+      kept_runs.append(dataclasses.replace(run, measured=kept))
+  return kept_runs, flags
+
+
 def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict[str, Any]:
   """Factors from every run, leave-one-run-out held-out errors, the bound beside them.
 
+  Metrics below the bound are left out first (`screen`, flagged).
+
   Raises:
-    InputError: no runs.
+    InputError: no runs, or no metric the bound does not undercut.
   """
   if len(runs) < MIN_RUNS:
     raise errors.InputError(f"runs={len(runs)} is too few: give at least {MIN_RUNS} "
                             "benchmark run.")
+  all_runs = list(runs)
+  runs, flags = screen(all_runs, setup)
+  if not runs:
+    raise errors.InputError(
+        f"from_vllm: every measured median is below the bound for model={setup.model!r} on "
+        f"{setup.tp} x {setup.accelerator!r}: {flags[0]}.")
   values, loss, sims = search(runs, setup, **search_kw)
   folds, held = [], []
   if len(runs) >= 2:
@@ -352,13 +392,17 @@ def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict
       held += [e["rel_error"] for e in errs.values() if e["rel_error"] is not None]
       folds.append({"heldout_run": run.label, "trained_on": [r.label for r in train],
                     "factors": _factors(fold_values), "metrics": errs})
-  bound_factors = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9}
   per_run, bound_errs, train_errs = [], [], []
-  for run in runs:
+  fitted = {r.label: set(r.measured) for r in runs}
+  for run in all_runs:
     cal = _errors(run, simulate_run(run, setup, values))
-    bound = _errors(run, simulate_run(run, setup, bound_factors))
-    train_errs += [e["rel_error"] for e in cal.values() if e["rel_error"] is not None]
-    bound_errs += [e["rel_error"] for e in bound.values() if e["rel_error"] is not None]
+    bound = _errors(run, simulate_run(run, setup, BOUND_FACTORS))
+    for name in cal:
+      cal[name]["in_fit"] = name in fitted.get(run.label, set())
+    train_errs += [e["rel_error"] for e in cal.values()
+                   if e["rel_error"] is not None and e["in_fit"]]
+    bound_errs += [bound[n]["rel_error"] for n, e in cal.items()
+                   if bound[n]["rel_error"] is not None and e["in_fit"]]
     per_run.append({"run": run.label, "engine": run.engine,
                     "request_rate": None if math.isinf(run.request_rate) else run.request_rate,
                     "max_concurrency": run.max_concurrency, "requests": len(run.prompt_tokens),
@@ -379,8 +423,9 @@ def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict
       "train": fitting.error_summary(train_errs),
       "bound": {**fitting.error_summary(bound_errs),
                 "what": "simulated with eta = 1 and no fixed cost (the analytic bound "
-                        "iteration)"},
+                        "iteration), on the metrics in the fit"},
       "folds": folds, "runs": per_run, "rows_used": len(runs),
+      "metrics_used": sum(len(r.measured) for r in runs), "flags": flags,
       "assumptions": list(ASSUMPTIONS),
   }
 
