@@ -1,11 +1,12 @@
 """Serving-benchmark results (vLLM `bench serve` JSON, SGLang `bench_serving`
 JSONL) as measured decode steps, by an analytic mapping.
 
-The issue's goal is to fit through the continuous-batching simulator: choose
-the factors whose simulated TTFT/TPOT/ITL reproduce the measured ones. That
-simulator is not on this branch, so this module maps each run to ONE decode
-row with stated assumptions instead (labelled "analytic mapping, not the
-simulator" wherever it is used):
+The fit through the continuous-batching simulator (choose the factors whose
+simulated TTFT/TPOT/ITL reproduce the measured ones) is
+`jaxroof.serving.engine_fit` (`experiments.calibrate_engine`): the serving
+layer sits above this one. This module keeps the analytic mapping of each run
+to ONE decode row, with stated assumptions (labelled "analytic mapping, not
+the simulator" wherever it is used), for rows to merge into a CSV:
 
   batch    = mean requests in flight: Little's law, completed / duration x
              mean end-to-end latency (mean_e2el_ms where written, else
@@ -40,10 +41,10 @@ from jaxroof import errors
 from jaxroof.measure import user_measurements as um
 
 ASSUMPTIONS = (
-    "analytic mapping, not the continuous-batching simulator (not yet on this "
-    "branch): one decode row per run, batch = mean requests in flight (Little's "
-    "law), context = mean input + mean output / 2, step time = median ITL (else "
-    "mean TPOT); TTFT not used",
+    "analytic mapping, not the continuous-batching simulator (that fit is "
+    "jaxroof.serving.engine_fit): one decode row per run, batch = mean requests "
+    "in flight (Little's law), context = mean input + mean output / 2, step time "
+    "= median ITL (else mean TPOT); TTFT not used",
 )
 
 

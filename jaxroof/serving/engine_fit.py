@@ -383,11 +383,16 @@ def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict
         f"from_vllm: every measured median is below the bound for model={setup.model!r} on "
         f"{setup.tp} x {setup.accelerator!r}: {flags[0]}.")
   values, loss, sims = search(runs, setup, **search_kw)
+  # Each fold starts from the full fit and searches one simplex (no restart) with
+  # a third of the evaluations: its held-out run still never enters its loss.
+  fold_kw = {**search_kw, "start": values, "restarts": 0,
+             "max_simulations": max(20, search_kw.get("max_simulations",
+                                                      MAX_EVALUATIONS) // 3)}
   folds, held = [], []
   if len(runs) >= 2:
     for i, run in enumerate(runs):
       train = [r for j, r in enumerate(runs) if j != i]
-      fold_values, _, _ = search(train, setup, start=values, **search_kw)
+      fold_values, _, _ = search(train, setup, **fold_kw)
       errs = _errors(run, simulate_run(run, setup, fold_values))
       held += [e["rel_error"] for e in errs.values() if e["rel_error"] is not None]
       folds.append({"heldout_run": run.label, "trained_on": [r.label for r in train],
