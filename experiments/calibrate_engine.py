@@ -5,8 +5,9 @@ is replayed by the simulator, and the factors are searched whose simulated
 median TTFT, TPOT and ITL reproduce the measured ones
 (`jaxroof.serving.engine_fit`); held out: leave one run out.
 
+  R=tests/data/vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt
   python -m experiments.calibrate_engine \
-      --from_vllm=tests/data/vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_inf.json,tests/data/vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_01.json \
+      --from_vllm=${R}_qps_01.json,${R}_qps_04_16.jsonl,${R}_qps_inf.json \
       --model=llama-3.1-70b --accelerator=a100-40gb --served_tp=8 \
       --profile_out=results/profile_a100-40gb_vllm_engine.json \
       --json_out=results/engine_calibration_vllm_llama70b_a100-40gb_tp8.json

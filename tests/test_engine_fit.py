@@ -57,6 +57,7 @@ def test_rate_inf_arrives_at_once_and_concurrency_drops_ttft():
 
 @pytest.mark.parametrize("change, key", [
     ({"request_rate": -1}, "request_rate"),
+    ({"request_rate": float("nan")}, "request_rate"),
     ({"median_tpot_ms": "fast"}, "median_tpot_ms"),
     ({"median_itl_ms": float("nan")}, "median_itl_ms"),
     ({"burstiness": 0}, "burstiness"),

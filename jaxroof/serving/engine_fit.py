@@ -155,10 +155,10 @@ def parse_run(path: str, line: int, run: Any) -> BenchRun:
   rate = run.get("request_rate", "inf")
   if rate in ("inf", None) or (isinstance(rate, float) and math.isinf(rate)):
     rate = math.inf
-  elif isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+  elif isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
     raise _bad(path, line, "request_rate", rate, 'give a number > 0 or "inf"')
   burst = run.get("burstiness", 1.0)
-  if not isinstance(burst, (int, float)) or isinstance(burst, bool) or burst <= 0:
+  if not isinstance(burst, (int, float)) or isinstance(burst, bool) or not 0 < burst < math.inf:
     raise _bad(path, line, "burstiness", burst, "give a number > 0")
   cap = run.get("max_concurrency")
   if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
