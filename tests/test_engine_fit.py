@@ -85,8 +85,9 @@ def test_heldout_runs_never_enter_the_search(monkeypatch):
   runs = [_synthetic_run(rate, seed) for seed, rate in enumerate((math.inf, 8.0, 2.0))]
   searched = []
 
-  def fake_search(train, setup, **_):
+  def fake_search(train, setup, **kw):
     searched.append({r.line for r in train})
+    assert kw.get("start") is None  # A fold never starts from the fit that saw its run.
     return dict(TRUTH), 0.0, 1
 
   monkeypatch.setattr(engine_fit, "search", fake_search)

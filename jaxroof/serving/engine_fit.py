@@ -383,11 +383,9 @@ def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict
         f"from_vllm: every measured median is below the bound for model={setup.model!r} on "
         f"{setup.tp} x {setup.accelerator!r}: {flags[0]}.")
   values, loss, sims = search(runs, setup, **search_kw)
-  # Each fold starts from the full fit and searches one simplex (no restart) with
-  # a third of the evaluations: its held-out run still never enters its loss.
-  fold_kw = {**search_kw, "start": values, "restarts": 0,
-             "max_simulations": max(20, search_kw.get("max_simulations",
-                                                      MAX_EVALUATIONS) // 3)}
+  # Each fold searches afresh from `START` (not from the full fit, which saw the
+  # held-out run), with the same settings.
+  fold_kw = {k: v for k, v in search_kw.items() if k != "start"}
   folds, held = [], []
   if len(runs) >= 2:
     for i, run in enumerate(runs):
