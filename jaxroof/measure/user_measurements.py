@@ -22,11 +22,12 @@ extension is read as CSV with a header row. Every row is checked, and an
 error names the file, the line and the column.
 
 Rows become the calibrated models' inputs through the specs layer
-(`jaxroof.specs.workload.decode_step_inputs` for decode). Tensor parallelism
-is modelled simply until the multi-chip library lands: with tp chips, each
-chip reads N/tp weights and k/tp K/V bytes per token and does 1/tp of the
-FLOPs (an ideal split); communication is not modelled, so its cost lands in
-the fitted fixed costs. This is stated in every result (`TP_ASSUMPTION`).
+(`jaxroof.specs.workload.decode_step_inputs` for decode). Here tensor
+parallelism is an ideal split: with tp chips, each chip reads N/tp weights
+and k/tp K/V bytes per token and does 1/tp of the FLOPs; communication is not
+modelled, so its cost lands in the fitted fixed costs (`TP_ASSUMPTION`,
+stated in every result). The parallel layer's `jaxroof.parallel.layout_fit`
+models each layout properly (K/V replication, communication, eta_comm).
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ OPTIONAL = ("context", "prompt_tokens", "weight_dtype", "kv_dtype", "tp", "pp", 
             "source")
 DEFAULT_DTYPE = "bf16"
 TP_ASSUMPTION = (
-    "tensor parallelism as an ideal split (until the multi-chip model lands): "
-    "with tp chips each reads N/tp weights and k/tp K/V bytes per token and "
-    "does 1/tp of the FLOPs; communication is not modelled and lands in the "
-    "fitted fixed costs")
+    "tensor parallelism as an ideal split in this fit: with tp chips each reads "
+    "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
+    "communication is not modelled and lands in the fitted fixed costs (the layout "
+    "fit with communication and eta_comm: python -m experiments.calibrate_layouts)")
 
 
 @dataclasses.dataclass(frozen=True)
