@@ -21,14 +21,22 @@ the reason, in the result.
 Held-out error is leave-one-model-out: each model's rows are predicted by
 factors fitted without any row of that model; the profile's factors are then
 fitted on every row. The bound's error on the same rows is reported beside it.
+
+Rows become model inputs through an `InputsFn`. The default,
+`ideal_split_inputs`, is the measure layer's ideal tensor split without
+communication (`user_measurements.TP_ASSUMPTION`); the parallel layer's
+`jaxroof.parallel.layout_fit.layout_inputs` gives per-chip inputs of a real
+layout and the analytic communication of each step, which the fit scales by
+eta_comm (`jaxroof.symbolic.parallel.calibrated_with_comm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -43,22 +51,32 @@ from jaxroof.specs import accelerators
 from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import parallel as parallel_formulas
 from jaxroof.symbolic import prefill_calibrated
+from jaxroof.symbolic import symbols as S
+from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
 
 DECODE_FACTORS = calibrated.FACTOR_NAMES
-ALL_FACTORS = DECODE_FACTORS + ("eta_f_prefill",)
-EFFICIENCIES = ("eta_w", "eta_kv", "eta_f", "eta_f_prefill")
-PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_f", "t0_layer", "r_ovl")
+COMM_FACTORS = ("eta_comm",)
+ALL_FACTORS = DECODE_FACTORS + ("eta_f_prefill",) + COMM_FACTORS
+EFFICIENCIES = ("eta_w", "eta_kv", "eta_f", "eta_f_prefill", "eta_comm")
+PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_comm", "eta_f", "t0_layer",
+            "r_ovl")
 # Values of factors the data cannot fix: no fixed cost (1 ns, as profiles
 # hold positive factors), p = 2 overlap, and efficiencies typical of tuned
-# kernels (stated with the result).
+# kernels (stated with the result); collectives at half their modelled speed
+# (NCCL's small-message all-reduce runs well below the ring model's figures).
 FIXED_VALUES = {"eta_w": 0.8, "eta_kv": 0.8, "eta_f": 0.5, "eta_f_prefill": 0.6,
-                "t0_step": 1e-9, "t0_layer": 1e-9, "r_ovl": 1.0}
+                "t0_step": 1e-9, "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5}
 # A factor the rows cannot separate from its partner takes the partner's value:
 # K/V reads stream like weight reads; decode matmuls run like prefill's.
 TIES = {"eta_kv": "eta_w", "eta_f": "eta_f_prefill", "eta_f_prefill": "eta_f"}
 RANK_TOLERANCE = 0.2
+# A factor whose parameter moves no row's log time by this much per unit is
+# not determined by the rows (e.g. eta_kv at batch 1 and a short context,
+# where K/V is a fraction of a percent of the traffic).
+MIN_SENSITIVITY = 0.01
 ROWS_PER_FACTOR = 2  # At most one free factor per this many rows.
 MIN_ROWS = 3  # Rows a fit needs (decode and prefill together).
 MIN_MODELS = 2  # Models needed to hold one out.
@@ -83,18 +101,61 @@ def _split(rows: Sequence[um.Row]) -> tuple[list[um.Row], list[um.Row]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Data:
+class StepInputs:
+  """Model inputs of rows, each phase in the rows' order, and their communication.
+
+  `decode` holds `calibrated.INPUT_NAMES`, `prefill`
+  `prefill_calibrated.INPUT_NAMES` (one chip's share on a layout); the
+  `*_comm_s` arrays are each row's analytic communication (0 on one chip).
+  """
+
   decode: dict[str, np.ndarray]
   prefill: dict[str, np.ndarray]
+  decode_comm_s: np.ndarray
+  prefill_comm_s: np.ndarray
+
+
+InputsFn = Callable[[Sequence[um.Row]], StepInputs]
+
+
+def ideal_split_inputs(rows: Sequence[um.Row]) -> StepInputs:
+  """The measure layer's inputs: an ideal tp split, no communication (`TP_ASSUMPTION`)."""
+  decode, prefill = _split(rows)
+  return StepInputs(decode=um.decode_inputs(decode) if decode else {},
+                    prefill=um.prefill_inputs(prefill) if prefill else {},
+                    decode_comm_s=np.zeros(len(decode)), prefill_comm_s=np.zeros(len(prefill)))
+
+
+@functools.cache
+def with_comm_model(backend: str = "numpy"):
+  """`f(t_floor=, t_comm=, eta_comm=) -> {"step_s"}`: communication serial, scaled."""
+  return lambdified({"step_s": parallel_formulas.calibrated_with_comm(overlap=0)},
+                    (S.t_floor, S.t_comm, S.eta_comm), backend)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+  inputs: StepInputs
   decode_s: np.ndarray
   prefill_s: np.ndarray
 
+  @property
+  def decode(self) -> dict[str, np.ndarray]:
+    return self.inputs.decode
 
-def _data(rows: Sequence[um.Row]) -> _Data:
+  @property
+  def prefill(self) -> dict[str, np.ndarray]:
+    return self.inputs.prefill
+
+  @property
+  def has_comm(self) -> bool:
+    return bool(np.any(self.inputs.decode_comm_s > 0) or np.any(self.inputs.prefill_comm_s > 0))
+
+
+def _data(rows: Sequence[um.Row], inputs: InputsFn) -> _Data:
   decode, prefill = _split(rows)
   return _Data(
-      decode=um.decode_inputs(decode) if decode else {},
-      prefill=um.prefill_inputs(prefill) if prefill else {},
+      inputs=inputs(rows),
       decode_s=np.asarray([r.time_s for r in decode], dtype=np.float64),
       prefill_s=np.asarray([r.time_s for r in prefill], dtype=np.float64))
 
@@ -123,12 +184,17 @@ def _from_factor(name: str, value: float, scales: Mapping[str, float]) -> float:
 def _log_predictions(data: _Data, factors: Mapping[str, Any]):
   """Log predicted time of every row (decode first), JAX."""
   parts = []
+  comm = with_comm_model("jax")
   if data.decode_s.size:
     f = {n: factors[n] for n in DECODE_FACTORS}
-    parts.append(jnp.log(calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]))
+    floor = calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]
+    parts.append(jnp.log(comm(t_floor=floor, t_comm=data.inputs.decode_comm_s,
+                              eta_comm=factors["eta_comm"])["step_s"]))
   if data.prefill_s.size:
     f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    parts.append(jnp.log(prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]))
+    floor = prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]
+    parts.append(jnp.log(comm(t_floor=floor, t_comm=data.inputs.prefill_comm_s,
+                              eta_comm=factors["eta_comm"])["step_s"]))
   return jnp.concatenate(parts)
 
 
@@ -137,12 +203,15 @@ def _relevant(data: _Data) -> list[str]:
   names = set(DECODE_FACTORS) if data.decode_s.size else set()
   if data.prefill_s.size:
     names |= set(prefill_calibrated.FACTOR_NAMES)
+  if data.has_comm:
+    names |= set(COMM_FACTORS)
   return [n for n in PRIORITY if n in names]
 
 
 def _start(names: Sequence[str], scales: Mapping[str, float]) -> dict[str, float]:
   start = {"eta_w": 0.7, "eta_kv": 0.7, "eta_f": 0.5, "eta_f_prefill": 0.5,
-           "t0_step": scales["t0_step"], "t0_layer": scales["t0_layer"], "r_ovl": 1.0}
+           "t0_step": scales["t0_step"], "t0_layer": scales["t0_layer"], "r_ovl": 1.0,
+           "eta_comm": 0.5}
   return {n: _from_factor(n, start[n], scales) for n in names}
 
 
@@ -188,6 +257,10 @@ def _choose_free(data: _Data, scales: Mapping[str, float]
     if norms[-1] < 1e-9 * max(1.0, float(norms.max())):
       fixed[name] = "the rows do not depend on it (Jacobian column is zero)"
       continue
+    if float(np.max(np.abs(jac[:, i]))) < MIN_SENSITIVITY:
+      fixed[name] = ("the rows hardly depend on it (no row's log time moves by "
+                     f"{MIN_SENSITIVITY:g} per unit of its parameter)")
+      continue
     singular = np.linalg.svd(trial / norms, compute_uv=False)
     if singular[-1] < RANK_TOLERANCE * singular[0]:
       fixed[name] = ("the rows cannot separate it from "
@@ -197,13 +270,17 @@ def _choose_free(data: _Data, scales: Mapping[str, float]
     free.append(name)
   for name in ALL_FACTORS:
     if name not in candidates:
-      fixed.setdefault(name, "no rows of the phase it belongs to")
+      fixed.setdefault(name, "no rows with communication (one chip, or the ideal tp "
+                       "split)" if name in COMM_FACTORS else "no rows of the phase it "
+                       "belongs to")
   return free, fixed
 
 
 def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float = 0.05,
-             prior_weight: float = 1e-4) -> UserFit:
+             prior_weight: float = 1e-4, inputs: InputsFn = ideal_split_inputs) -> UserFit:
   """Fits one device's factors to measured rows (decode and prefill).
+
+  `inputs` turns rows into model inputs (default: the ideal tp split).
 
   Raises:
     InputError: fewer than `MIN_ROWS` rows.
@@ -212,7 +289,7 @@ def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float 
     raise errors.InputError(
         f"rows={len(rows)} is too few to fit: give at least {MIN_ROWS} measured "
         "steps of one device.")
-  data = _data(rows)
+  data = _data(rows, inputs)
   scales = _scales(data)
   free, fixed = _choose_free(data, scales)
   start = _start(free, scales)
@@ -238,58 +315,73 @@ def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float 
                  loss=float(loss), rows=len(rows))
 
 
-def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float]) -> np.ndarray:
+def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float], *,
+                 inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
   """Calibrated prediction (seconds) of each row, in the rows' order."""
   out = np.empty(len(rows))
   decode, prefill = _split(rows)
+  x = inputs(rows)
+  comm = with_comm_model("numpy")
+  eta_comm = factors.get("eta_comm", FIXED_VALUES["eta_comm"])
   index = {id(r): i for i, r in enumerate(rows)}
   if decode:
     f = {n: factors[n] for n in DECODE_FACTORS}
-    out[[index[id(r)] for r in decode]] = calibrated.calibrated_model("numpy")(
-        **um.decode_inputs(decode), **f)["step_s"]
+    floor = calibrated.calibrated_model("numpy")(**x.decode, **f)["step_s"]
+    out[[index[id(r)] for r in decode]] = comm(
+        t_floor=floor, t_comm=x.decode_comm_s, eta_comm=eta_comm)["step_s"]
   if prefill:
     f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    out[[index[id(r)] for r in prefill]] = prefill_calibrated.prefill_model("numpy")(
-        **um.prefill_inputs(prefill), **f)["step_s"]
+    floor = prefill_calibrated.prefill_model("numpy")(**x.prefill, **f)["step_s"]
+    out[[index[id(r)] for r in prefill]] = comm(
+        t_floor=floor, t_comm=x.prefill_comm_s, eta_comm=eta_comm)["step_s"]
   return out
 
 
 BOUND_NOTE = ("analytic bound at datasheet BW and F: decode = the step floor "
               "(max of memory and compute time); prefill = weights once, linear and "
-              "causal attention FLOPs at peak, the larger binding, no fixed cost")
+              "causal attention FLOPs at peak, the larger binding, no fixed cost; on a "
+              "layout, one chip's share plus the analytic communication, serial")
 _IDEAL = {"eta_w": 1.0, "eta_f_prefill": 1.0, "t0_step": 0.0, "t0_layer": 0.0,
           "r_ovl": 1e3}
 
 
-def bound_rows(rows: Sequence[um.Row]) -> np.ndarray:
+def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs
+               ) -> np.ndarray:
   """The analytic bound (seconds) of each row (`BOUND_NOTE`)."""
   out = np.empty(len(rows))
   decode, prefill = _split(rows)
+  inp = inputs(rows)
+  comm = with_comm_model("numpy")
   index = {id(r): i for i, r in enumerate(rows)}
   if decode:
-    x = um.decode_inputs(decode)
-    out[[index[id(r)] for r in decode]] = StepModel.bound().evaluate(
+    x = inp.decode
+    floor = StepModel.bound().evaluate(
         B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"], F=x["F"],
         N_act=x["N_act"])["step_s"]
+    out[[index[id(r)] for r in decode]] = comm(
+        t_floor=floor, t_comm=inp.decode_comm_s, eta_comm=1.0)["step_s"]
   if prefill:
-    out[[index[id(r)] for r in prefill]] = prefill_calibrated.prefill_model("numpy")(
-        **um.prefill_inputs(prefill), **_IDEAL)["step_s"]
+    floor = prefill_calibrated.prefill_model("numpy")(**inp.prefill, **_IDEAL)["step_s"]
+    out[[index[id(r)] for r in prefill]] = comm(
+        t_floor=floor, t_comm=inp.prefill_comm_s, eta_comm=1.0)["step_s"]
   return out
 
 
-def _row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
-                heldout: Sequence[bool]) -> list[dict[str, Any]]:
+def row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
+               heldout: Sequence[bool]) -> list[dict[str, Any]]:
+  """Per row: the measurement, both predictions and their relative errors."""
   measured = np.asarray([r.time_s for r in rows])
   return [{"line": r.line, "model": r.model, "phase": r.phase, "batch": r.batch,
            "context": r.context, "prompt_tokens": r.prompt_tokens, "tp": r.tp,
-           "weight_dtype": r.weight_dtype, "kv_dtype": r.kv_dtype,
+           "pp": r.pp, "ep": r.ep, "weight_dtype": r.weight_dtype, "kv_dtype": r.kv_dtype,
            "measured_s": r.time_s, "calibrated_s": float(p), "bound_s": float(b),
            "calibrated_rel_error": float(abs(p - m) / m),
            "bound_rel_error": float(abs(b - m) / m), "heldout": bool(h)}
           for r, p, b, m, h in zip(rows, predicted, bound, measured, heldout)]
 
 
-def heldout_by_model(rows: Sequence[um.Row], **fit_kw) -> dict[str, Any]:
+def heldout_by_model(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
+                     **fit_kw) -> dict[str, Any]:
   """Leave-one-model-out: each model predicted by a fit without its rows.
 
   Raises:
@@ -306,36 +398,48 @@ def heldout_by_model(rows: Sequence[um.Row], **fit_kw) -> dict[str, Any]:
   for name in names:
     train = [r for r in rows if r.model != name]
     test = [r for r in rows if r.model == name]
-    fit = fit_rows(train, **fit_kw)
-    predicted = predict_rows(test, fit.factors)
-    report += _row_report(test, predicted, bound_rows(test), [True] * len(test))
+    fit = fit_rows(train, inputs=inputs, **fit_kw)
+    predicted = predict_rows(test, fit.factors, inputs=inputs)
+    report += row_report(test, predicted, bound_rows(test, inputs=inputs),
+                          [True] * len(test))
     folds.append({"heldout_model": name, "trained_on_lines": [r.line for r in train],
                   "heldout_lines": [r.line for r in test], "free": list(fit.free),
                   "factors": fit.factors})
   return {"folds": folds, "rows": report}
 
 
-def _summary(report: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+def error_summary_of(report: Sequence[Mapping[str, Any]], key: str) -> dict[str, Any]:
+  """Median and max of one error column of a `row_report`."""
   return fitting.error_summary([r[key] for r in report])
 
 
 def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
+              inputs: InputsFn = ideal_split_inputs, layout_notes: Sequence[str] | None = None,
               **fit_kw) -> tuple[profiles.Profile, dict[str, Any]]:
-  """Fits a device's profile to measured rows; the result JSON beside it."""
+  """Fits a device's profile to measured rows; the result JSON beside it.
+
+  `inputs` and `layout_notes` come from the parallel layer for rows on a
+  layout (`jaxroof.parallel.layout_fit`); by default tp rows are an ideal
+  split and `um.TP_ASSUMPTION` is stated.
+  """
   rows = list(measurements.rows)
   slugs = measurements.accelerators()
   slug = accelerator or slugs[0]
   device = accelerators.load_accelerator(slug)
-  heldout = heldout_by_model(rows, **fit_kw)
-  fit = fit_rows(rows, **fit_kw)
-  predicted, bound = predict_rows(rows, fit.factors), bound_rows(rows)
-  training = _row_report(rows, predicted, bound, [False] * len(rows))
-  held_cal = _summary(heldout["rows"], "calibrated_rel_error")
-  held_bound = _summary(heldout["rows"], "bound_rel_error")
-  train_cal = _summary(training, "calibrated_rel_error")
+  heldout = heldout_by_model(rows, inputs=inputs, **fit_kw)
+  fit = fit_rows(rows, inputs=inputs, **fit_kw)
+  predicted = predict_rows(rows, fit.factors, inputs=inputs)
+  bound = bound_rows(rows, inputs=inputs)
+  training = row_report(rows, predicted, bound, [False] * len(rows))
+  held_cal = error_summary_of(heldout["rows"], "calibrated_rel_error")
+  held_bound = error_summary_of(heldout["rows"], "bound_rel_error")
+  train_cal = error_summary_of(training, "calibrated_rel_error")
   created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   tp_rows = sum(r.tp > 1 for r in rows)
-  notes = [um.TP_ASSUMPTION] if tp_rows else []
+  if layout_notes is not None:
+    notes = list(layout_notes)
+  else:
+    notes = [um.TP_ASSUMPTION] if tp_rows else []
   notes += [f"{n} {why}" for n, why in fit.fixed.items()]
   notes += list(fit.flags)
   source = {
@@ -359,6 +463,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "bound_heldout_max_rel_error": held_bound["max_rel_error"],
       "loss": fit.loss, "statistic": "mean squared log error",
       "free_factors": list(fit.free), "fixed_factors": fit.fixed, "flags": list(fit.flags),
+      "comm_factors": {n: fit.factors[n] for n in COMM_FACTORS},
   }
   dtypes = sorted({r.weight_dtype for r in rows})
   prof = profiles.Profile(
@@ -406,7 +511,8 @@ def _relation(fit_model: str, target: str) -> list[str]:
   return out
 
 
-def carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]:
+def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_inputs,
+               **fit_kw) -> dict[str, Any]:
   """Fit on one model's rows, predict each other model's, per device.
 
   For every device and ordered pair of models with rows on it, the factors
@@ -421,13 +527,13 @@ def carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]:
       train = [r for r in rows if r.model == fit_model]
       test = [r for r in rows if r.model == target]
       try:
-        fit = fit_rows(train, **fit_kw)
+        fit = fit_rows(train, inputs=inputs, **fit_kw)
       except errors.InputError as e:
         pairs.append({"accelerator": slug, "fit_model": fit_model, "target": target,
                       "skipped": str(e)})
         continue
-      report = _row_report(test, predict_rows(test, fit.factors), bound_rows(test),
-                           [True] * len(test))
+      report = row_report(test, predict_rows(test, fit.factors, inputs=inputs),
+                           bound_rows(test, inputs=inputs), [True] * len(test))
       for r in report:
         r.update(accelerator=slug, fit_model=fit_model)
       all_rows += report
@@ -435,19 +541,19 @@ def carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]:
           "accelerator": slug, "fit_model": fit_model, "target": target,
           "relation": _relation(fit_model, target), "fit_rows": len(train),
           "free": list(fit.free), "factors": fit.factors,
-          "calibrated": _summary(report, "calibrated_rel_error"),
-          "bound": _summary(report, "bound_rel_error")})
-  cal = _summary(all_rows, "calibrated_rel_error")
-  bound = _summary(all_rows, "bound_rel_error")
+          "calibrated": error_summary_of(report, "calibrated_rel_error"),
+          "bound": error_summary_of(report, "bound_rel_error")})
+  cal = error_summary_of(all_rows, "calibrated_rel_error")
+  bound = error_summary_of(all_rows, "bound_rel_error")
   by_relation = {}
   for relation in ("dense to MoE", "MoE to dense", "small to large", "large to small"):
     chosen = [r for r in all_rows
               if relation in _relation(r["fit_model"], r["model"])]
-    by_relation[relation] = {"calibrated": _summary(chosen, "calibrated_rel_error"),
-                             "bound": _summary(chosen, "bound_rel_error")}
-  by_phase = {phase: {"calibrated": _summary([r for r in all_rows if r["phase"] == phase],
+    by_relation[relation] = {"calibrated": error_summary_of(chosen, "calibrated_rel_error"),
+                             "bound": error_summary_of(chosen, "bound_rel_error")}
+  by_phase = {phase: {"calibrated": error_summary_of([r for r in all_rows if r["phase"] == phase],
                                              "calibrated_rel_error"),
-                      "bound": _summary([r for r in all_rows if r["phase"] == phase],
+                      "bound": error_summary_of([r for r in all_rows if r["phase"] == phase],
                                         "bound_rel_error")}
               for phase in um.PHASES}
   ratio = (bound["median_rel_error"] / cal["median_rel_error"]

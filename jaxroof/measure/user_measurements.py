@@ -13,6 +13,8 @@ One row is one measured decode step or prefill:
   optional  weight_dtype  bf16 (default), fp16, fp8, int8, int4
             kv_dtype      bf16 (default), fp16, fp8, int8, fp32
             tp            tensor-parallel chips (default 1)
+            pp, ep        pipeline stages and expert-parallel groups (default 1;
+                          fitted only through `jaxroof.parallel.layout_fit`)
             source        free text: where the number comes from
 
 A `.jsonl` file holds one JSON object per line with the same keys; any other
@@ -20,11 +22,12 @@ extension is read as CSV with a header row. Every row is checked, and an
 error names the file, the line and the column.
 
 Rows become the calibrated models' inputs through the specs layer
-(`jaxroof.specs.workload.decode_step_inputs` for decode). Tensor parallelism
-is modelled simply until the multi-chip library lands: with tp chips, each
-chip reads N/tp weights and k/tp K/V bytes per token and does 1/tp of the
-FLOPs (an ideal split); communication is not modelled, so its cost lands in
-the fitted fixed costs. This is stated in every result (`TP_ASSUMPTION`).
+(`jaxroof.specs.workload.decode_step_inputs` for decode). Here tensor
+parallelism is an ideal split: with tp chips, each chip reads N/tp weights
+and k/tp K/V bytes per token and does 1/tp of the FLOPs; communication is not
+modelled, so its cost lands in the fitted fixed costs (`TP_ASSUMPTION`,
+stated in every result). The parallel layer's `jaxroof.parallel.layout_fit`
+models each layout properly (K/V replication, communication, eta_comm).
 """
 
 from __future__ import annotations
@@ -48,13 +51,14 @@ from jaxroof.specs.model_spec import FULL, SLIDING
 
 PHASES = ("decode", "prefill")
 REQUIRED = ("model", "accelerator", "phase", "batch", "time_s")
-OPTIONAL = ("context", "prompt_tokens", "weight_dtype", "kv_dtype", "tp", "source")
+OPTIONAL = ("context", "prompt_tokens", "weight_dtype", "kv_dtype", "tp", "pp", "ep",
+            "source")
 DEFAULT_DTYPE = "bf16"
 TP_ASSUMPTION = (
-    "tensor parallelism as an ideal split (until the multi-chip model lands): "
-    "with tp chips each reads N/tp weights and k/tp K/V bytes per token and "
-    "does 1/tp of the FLOPs; communication is not modelled and lands in the "
-    "fitted fixed costs")
+    "tensor parallelism as an ideal split in this fit: with tp chips each reads "
+    "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
+    "communication is not modelled and lands in the fitted fixed costs (the layout "
+    "fit with communication and eta_comm: python -m experiments.calibrate_layouts)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Row:
   kv_dtype: str
   tp: int
   source: str
+  pp: int = 1
+  ep: int = 1
 
   def to_json(self) -> dict[str, object]:
     return dataclasses.asdict(self)
@@ -169,11 +175,12 @@ def parse_row(path: str, line: int, record: dict) -> Row:
   kv_dtype = str(record.get("kv_dtype") or DEFAULT_DTYPE).strip().lower()
   _check(path, line, "kv_dtype", errors.require_choice, "kv_dtype", kv_dtype,
          tuple(kv_sizing.KV_DTYPES))
-  tp = 1 if _blank(record.get("tp")) else _int(path, line, "tp", record["tp"])
+  tp, pp, ep = (1 if _blank(record.get(c)) else _int(path, line, c, record[c])
+                for c in ("tp", "pp", "ep"))
   return Row(line=line, model=model, accelerator=accelerator, phase=phase,
              batch=batch, time_s=time_s, context=context, prompt_tokens=prompt,
              weight_dtype=weight_dtype, kv_dtype=kv_dtype, tp=tp,
-             source=str(record.get("source") or ""))
+             source=str(record.get("source") or ""), pp=pp, ep=ep)
 
 
 def _records(path: str) -> list[tuple[int, dict]]:
@@ -206,7 +213,7 @@ def _records(path: str) -> list[tuple[int, dict]]:
     raise errors.InputError(f"measurements={path!r} cannot be read: {e}.") from None
 
 
-_ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI")
+_ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")
 
 
 def read_measurements(path: str | os.PathLike[str], *,
@@ -249,8 +256,13 @@ def read_measurements(path: str | os.PathLike[str], *,
   return Measurements(path=path, rows=tuple(rows), engine=engine)
 
 
-def _tp_split(tp: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
-  return [v / tp for v in values]
+def _ideal_split_only(row: Row) -> None:
+  """Pipeline and expert layouts need the parallel layer's per-chip model."""
+  for column in ("pp", "ep"):
+    if getattr(row, column) > 1:
+      raise errors.InputError(
+          f"line {row.line}, column {column!r}: {getattr(row, column)} needs the layout "
+          "fit (python -m experiments.calibrate_layouts); this fit splits by tp only.")
 
 
 def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
@@ -258,6 +270,7 @@ def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
   cols: dict[str, list[float]] = {n: [] for n in ("B", "T", "N", "q", "k", "BW", "F",
                                                   "N_act", "L")}
   for row in rows:
+    _ideal_split_only(row)
     spec = _model(row.model)
     device = accelerators.load_accelerator(row.accelerator)
     step = workload.decode_step_inputs(
@@ -281,6 +294,7 @@ def prefill_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
   cols: dict[str, list[float]] = {n: [] for n in ("B", "P", "N", "q", "BW", "F",
                                                   "N_act", "L", "L_attn", "H", "d")}
   for row in rows:
+    _ideal_split_only(row)
     spec = _model(row.model)
     device = accelerators.load_accelerator(row.accelerator)
     counts = parameters.parameter_counts(spec)

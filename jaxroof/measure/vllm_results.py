@@ -1,11 +1,12 @@
 """Serving-benchmark results (vLLM `bench serve` JSON, SGLang `bench_serving`
 JSONL) as measured decode steps, by an analytic mapping.
 
-The issue's goal is to fit through the continuous-batching simulator: choose
-the factors whose simulated TTFT/TPOT/ITL reproduce the measured ones. That
-simulator is not on this branch, so this module maps each run to ONE decode
-row with stated assumptions instead (labelled "analytic mapping, not the
-simulator" wherever it is used):
+The fit through the continuous-batching simulator (choose the factors whose
+simulated TTFT/TPOT/ITL reproduce the measured ones) is
+`jaxroof.serving.engine_fit` (`experiments.calibrate_engine`): the serving
+layer sits above this one. This module keeps the analytic mapping of each run
+to ONE decode row, with stated assumptions (labelled "analytic mapping, not
+the simulator" wherever it is used), for rows to merge into a CSV:
 
   batch    = mean requests in flight: Little's law, completed / duration x
              mean end-to-end latency (mean_e2el_ms where written, else
@@ -40,14 +41,15 @@ from jaxroof import errors
 from jaxroof.measure import user_measurements as um
 
 ASSUMPTIONS = (
-    "analytic mapping, not the continuous-batching simulator (not yet on this "
-    "branch): one decode row per run, batch = mean requests in flight (Little's "
-    "law), context = mean input + mean output / 2, step time = median ITL (else "
-    "mean TPOT); TTFT not used",
+    "analytic mapping, not the continuous-batching simulator (that fit is "
+    "jaxroof.serving.engine_fit): one decode row per run, batch = mean requests "
+    "in flight (Little's law), context = mean input + mean output / 2, step time "
+    "= median ITL (else mean TPOT); TTFT not used",
 )
 
 
-def _engine(run: dict[str, Any]) -> str:
+def engine_of(run: dict[str, Any]) -> str:
+  """The engine whose benchmark wrote a run ("" when neither format)."""
   if "model_id" in run or "endpoint_type" in run:
     return "vLLM bench serve"
   if "concurrency" in run or "input_throughput" in run:
@@ -55,7 +57,7 @@ def _engine(run: dict[str, Any]) -> str:
   return ""
 
 
-def _runs(path: str) -> list[tuple[int, dict[str, Any]]]:
+def load_runs(path: str) -> list[tuple[int, dict[str, Any]]]:
   """(line, run) pairs: one JSON object, or one per line (JSONL)."""
   try:
     with open(path, encoding="utf-8") as f:
@@ -96,7 +98,7 @@ def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str,
                tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16"
                ) -> um.Row:
   """One benchmark run as a measured decode row (see the module docstring)."""
-  if not isinstance(run, dict) or not _engine(run):
+  if not isinstance(run, dict) or not engine_of(run):
     raise errors.InputError(
         f"{path} line {line}: not a vLLM `bench serve` or SGLang `bench_serving` "
         "result (no model_id, endpoint_type or concurrency key).")
@@ -121,7 +123,7 @@ def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str,
     in_flight = min(in_flight, cap)
   itl = run.get("median_itl_ms")
   step_s = itl / 1e3 if isinstance(itl, (int, float)) and itl > 0 else tpot_s
-  source = (f"{_engine(run)} result {os.path.basename(path)} line {line} "
+  source = (f"{engine_of(run)} result {os.path.basename(path)} line {line} "
             f"({run.get('model_id') or run.get('backend', '')}, request_rate "
             f"{run.get('request_rate')!r}); {ASSUMPTIONS[0]}; mean in flight "
             f"{in_flight:.2f}, mean input {mean_in:.1f}, mean output {mean_out:.1f}")
@@ -142,10 +144,10 @@ def read_results(paths: Sequence[str], *, model: str, accelerator: str, tp: int 
   rows, engines = [], set()
   for path in paths:
     path = os.fspath(path)
-    for line, run in _runs(path):
+    for line, run in load_runs(path):
       rows.append(run_to_row(path, line, run, model=model, accelerator=accelerator,
                              tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype))
-      engines.add(_engine(run))
+      engines.add(engine_of(run))
   return um.Measurements(path=",".join(os.fspath(p) for p in paths), rows=tuple(rows),
                          engine=", ".join(sorted(engines)))
 

@@ -2,7 +2,9 @@
 
 Reads the result files `experiments.calibrate --from_csv` wrote (under
 `results/`) and shows calibrated prediction vs analytic bound, both against the
-measurements named in the files.
+measurements named in the files; then the layout carry-over of
+`experiments.calibrate_layouts --carry_over` and the serving-benchmark fits of
+`experiments.calibrate_engine` (through the simulator), where present.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from jaxroof.report import table
 
 CARRY_OVER = "carry_over_trtllm_0.9.0.json"
 USER_CALIBRATIONS = "user_calibration_*_trtllm_0.9.0.json"
+LAYOUT_CARRY_OVERS = "layout_carry_over_*.json"
+ENGINE_CALIBRATIONS = "engine_calibration_*.json"
 
 
 def _percent(value: float | None) -> str:
@@ -42,12 +46,64 @@ def carry_over_rows(result: dict[str, Any]) -> list[list[str]]:
           for p in result["pairs"] if "skipped" not in p]
 
 
+def layout_rows(result: dict[str, Any]) -> list[list[str]]:
+  """One display row per (study, held-out layout), then the study's total."""
+  out = []
+  for study, block in result["studies"].items():
+    parts = list(block["by_heldout_layout"].items()) + [("all held out", block)]
+    out += [[study.replace("_", " "), key, str(summary["calibrated"]["points"]),
+             _percent(summary["calibrated"]["median_rel_error"]),
+             _percent(summary["ideal_split_calibrated"]["median_rel_error"]),
+             _percent(summary["bound"]["median_rel_error"])] for key, summary in parts]
+  return out
+
+
+def engine_rows(result: dict[str, Any]) -> list[list[str]]:
+  """One display row per (run, metric): measured, simulated calibrated and bound."""
+  out = []
+  for run in result["runs"]:
+    for name, cal in run["calibrated"].items():
+      bound = run["bound"][name]
+      out.append([run["run"], name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
+                  "n/a" if cal["simulated_s"] is None else f"{cal['simulated_s'] * 1e3:.1f}",
+                  _percent(cal["rel_error"]), _percent(bound["rel_error"])])
+  return out
+
+
+def _layout_and_engine_lines(results_dir: str) -> list[str]:
+  lines = []
+  for path in sorted(glob.glob(os.path.join(results_dir, LAYOUT_CARRY_OVERS))):
+    result = _load(path)
+    lines += [
+        "", f"Layout carry-over (`results/{os.path.basename(path)}`, rows of "
+        f"`{result['file']}`): factors with the collective efficiency eta_comm, fitted on "
+        "some tensor-parallel layouts, predict the others on the same device; beside them "
+        "the ideal-split fit (no communication) and the analytic bound. Median relative "
+        "error vs the measurement.", "",
+        table.markdown_table(("study", "held-out layout", "rows", "calibrated (eta_comm)",
+                              "calibrated (ideal split)", "bound"), layout_rows(result))]
+  for path in sorted(glob.glob(os.path.join(results_dir, ENGINE_CALIBRATIONS))):
+    result = _load(path)
+    source = result["source"]
+    lines += [
+        "", f"Serving benchmark through the simulator (`results/{os.path.basename(path)}`: "
+        f"{', '.join(source['engines'])} runs of {source['model']} on {source['tp']}x "
+        f"{source['accelerator']}): factors "
+        + ", ".join(f"{n} = {result['factors'][n]:.3g}" for n in result["searched"])
+        + f"; held out ({result['heldout_method']}): median "
+        f"{_percent(result['heldout_median_rel_error'])}.", "",
+        table.markdown_table(("run", "metric", "measured ms", "simulated ms (calibrated)",
+                              "error", "bound error"), engine_rows(result))]
+  return lines
+
+
 def report_section(results_dir: str) -> str:
   """Markdown of the committed user-calibration results (none: a pointer)."""
   lines = ["## Calibration from published measurements", ""]
   paths = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
   carry_path = os.path.join(results_dir, CARRY_OVER)
-  if not paths and not os.path.exists(carry_path):
+  extra = _layout_and_engine_lines(results_dir)
+  if not paths and not os.path.exists(carry_path) and not extra:
     return "\n".join(lines + [
         "No results yet: `python -m experiments.calibrate --from_csv=PATH "
         "--accelerator=SLUG --json_out=PATH`."])
@@ -73,4 +129,4 @@ def report_section(results_dir: str) -> str:
         table.markdown_table(("accelerator", "fitted on", "predicted", "relation",
                               "calibrated median", "bound median"),
                              carry_over_rows(result))]
-  return "\n".join(lines)
+  return "\n".join(lines + extra)

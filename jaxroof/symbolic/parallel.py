@@ -45,8 +45,8 @@ from typing import Literal
 import sympy as sp
 
 from jaxroof.symbolic.symbols import (
-    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, k, m_mb,
-    n_blk, n_r, o_ovl, pp, q, t_comm, t_floor, t_hand, t_hop, t_stage, tp, u_kv)
+    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, eta_comm, k,
+    m_mb, n_blk, n_r, o_ovl, pp, q, t_comm, t_floor, t_hand, t_hop, t_stage, tp, u_kv)
 
 Algorithm = Literal["ring", "tree"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree")
@@ -182,6 +182,18 @@ def with_overlap(floor: sp.Expr = t_floor, comm: sp.Expr = t_comm,
                  overlap: sp.Expr = o_ovl) -> sp.Expr:
   """Step time with communication: serial at overlap 0, the larger at 1."""
   return floor + comm - overlap * sp.Min(floor, comm)
+
+
+def calibrated_with_comm(floor: sp.Expr = t_floor, comm: sp.Expr = t_comm,
+                         overlap: sp.Expr = o_ovl) -> sp.Expr:
+  """A calibrated step plus communication run at a fraction eta_comm of its modelled speed.
+
+  `comm` is the analytic collective time (`path_comm_s`, bandwidth and
+  per-hop latency at the datasheet link figures); a measured layout fits
+  eta_comm in (0, 1], the one factor both terms share (per-collective
+  software overhead and link efficiency are not separable from step times).
+  """
+  return with_overlap(floor, comm / eta_comm, overlap)
 
 
 def pipeline_step(stage: sp.Expr = t_stage, hand: sp.Expr = t_hand) -> sp.Expr:

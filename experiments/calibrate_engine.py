@@ -1,0 +1,95 @@
+"""Calibrates from serving-benchmark results through the continuous-batching simulator.
+
+Each run of a vLLM `bench serve` result JSON (or SGLang `bench_serving` JSONL)
+is replayed by the simulator, and the factors are searched whose simulated
+median TTFT, TPOT and ITL reproduce the measured ones
+(`jaxroof.serving.engine_fit`); held out: leave one run out.
+
+  R=tests/data/vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt
+  python -m experiments.calibrate_engine \
+      --from_vllm=${R}_qps_01.json,${R}_qps_04_16.jsonl,${R}_qps_inf.json \
+      --model=llama-3.1-70b --accelerator=a100-40gb --served_tp=8 \
+      --profile_out=results/profile_a100-40gb_vllm_engine.json \
+      --json_out=results/engine_calibration_vllm_llama70b_a100-40gb_tp8.json
+
+Numbers are labelled: measured (the files' medians), simulated with the
+fitted factors (calibrated), simulated at the bound (eta = 1, no fixed cost).
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from experiments import _cli
+from jaxroof import files
+from jaxroof.measure import profiles
+from jaxroof.serving import engine_fit
+from jaxroof.serving import simulator
+from jaxroof.report import table
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters
+
+_FROM_VLLM = flags.DEFINE_list(
+    "from_vllm", None, "vLLM bench serve result JSON files (or SGLang bench_serving JSONL), "
+    "comma-separated.")
+_MODEL = flags.DEFINE_string("model", None, "Shipped model name the runs served.")
+_ACCELERATOR = flags.DEFINE_string("accelerator", None, "Shipped accelerator slug.")
+_SERVED_TP = flags.DEFINE_integer("served_tp", 1, "Tensor-parallel chips of the server.",
+                                  lower_bound=1)
+_WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                  "The served weights' dtype.")
+_KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), "The K/V dtype.")
+_SCHEDULER = flags.DEFINE_enum("scheduler", "chunked", list(simulator.SCHEDULERS),
+                               "The server's scheduler (vLLM V1: chunked).")
+_MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "vLLM --max-num-seqs.",
+                                    lower_bound=1)
+_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 2048,
+                                     "vLLM --max-num-batched-tokens (chunked prefill).",
+                                     lower_bound=1)
+_MAX_SIMULATIONS = flags.DEFINE_integer(
+    "max_simulations", engine_fit.MAX_EVALUATIONS,
+    "Loss evaluations per search (each simulates every run once).", lower_bound=10)
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds the replayed arrivals.")
+_PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profile here.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
+flags.mark_flags_as_required(["from_vllm", "model", "accelerator"])
+
+
+def _percent(value) -> str:
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  setup = engine_fit.ServingSetup(
+      model=_MODEL.value, accelerator=_ACCELERATOR.value, tp=_SERVED_TP.value,
+      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value, scheduler=_SCHEDULER.value,
+      max_running=_MAX_RUNNING.value, token_budget=_TOKEN_BUDGET.value, seed=_SEED.value)
+  result = engine_fit.calibrate_engine(_FROM_VLLM.value, setup,
+                                       max_simulations=_MAX_SIMULATIONS.value)
+  print(f"Fitted through the simulator ({result['simulations']} loss evaluations): " +
+        ", ".join(f"{n} = {v:.4g}" for n, v in result["factors"].items()))
+  cells = []
+  for run in result["runs"]:
+    for name, cal in run["calibrated"].items():
+      bound = run["bound"][name]
+      cells.append([run["run"], name, f"{cal['measured_s'] * 1e3:.2f}",
+                    f"{cal['simulated_s'] * 1e3:.2f}" if cal["simulated_s"] else "n/a",
+                    _percent(cal["rel_error"]),
+                    f"{bound['simulated_s'] * 1e3:.2f}" if bound["simulated_s"] else "n/a",
+                    _percent(bound["rel_error"])])
+  print(table.format_table(("run", "metric", "measured ms", "calibrated ms", "error",
+                            "bound ms", "bound error"), cells))
+  for flag in result["flags"]:
+    print(f"FLAG: {flag}")
+  print(f"held-out ({result['heldout_method']}): median "
+        f"{_percent(result['heldout_median_rel_error'])}, max "
+        f"{_percent(result['heldout_max_rel_error'])}")
+  if _PROFILE_OUT.value:
+    profiles.save_profile(engine_fit.engine_profile(result), _PROFILE_OUT.value)
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, result)
+
+
+if __name__ == "__main__":
+  _cli.run(main)

@@ -1,0 +1,141 @@
+"""Serving-benchmark results fitted through the continuous-batching simulator (issue 17)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxroof import errors
+from jaxroof.measure import profiles
+from jaxroof.serving import engine_fit
+
+DATA = pathlib.Path(__file__).parent / "data"
+QPS_1 = DATA / "vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_01.json"
+SETUP = engine_fit.ServingSetup(model="llama-2-7b", accelerator="h100-sxm", max_running=32,
+                                token_budget=1024)
+TRUTH = {"eta_w": 0.55, "eta_f": 0.35, "t0_step": 2e-3}
+
+
+def _synthetic_run(rate: float, seed: int, n: int = 24) -> engine_fit.BenchRun:
+  """A run whose 'measured' medians are the simulator's at TRUTH."""
+  rng = np.random.default_rng(seed)
+  run = engine_fit.BenchRun(
+      path="synthetic.json", line=seed, engine="vLLM bench serve", request_rate=rate,
+      burstiness=1.0, max_concurrency=None, prompt_tokens=rng.integers(200, 1200, n),
+      output_tokens=rng.integers(16, 64, n), measured={})
+  return dataclasses.replace(run, measured=engine_fit.simulate_run(run, SETUP, TRUTH))
+
+
+def test_real_vllm_file_is_read_with_its_lengths_and_medians():
+  # surajssd/llm-k8s @ 58b61c5, qps 1 (tests/data/SOURCES.md): 200 requests, ShareGPT.
+  [run] = engine_fit.read_runs([QPS_1])
+  raw = json.loads(QPS_1.read_text())
+  assert run.request_rate == 1.0 and run.max_concurrency is None
+  assert len(run.prompt_tokens) == 200 and int(run.prompt_tokens.sum()) == 42659
+  assert run.measured["median_tpot_s"] == pytest.approx(raw["median_tpot_ms"] / 1e3)
+  assert run.measured["median_ttft_s"] == pytest.approx(raw["median_ttft_ms"] / 1e3)
+  workload = engine_fit.workload_of(run, seed=0)
+  # A Poisson replay at 1 request/s: 200 arrivals over about 200 s.
+  assert 150 < workload.arrival_s[-1] < 250
+
+
+def test_rate_inf_arrives_at_once_and_concurrency_drops_ttft():
+  run = engine_fit.parse_run("r.json", 1, {
+      "model_id": "m", "request_rate": "inf", "max_concurrency": 4, "completed": 8,
+      "total_input_tokens": 800, "total_output_tokens": 160, "median_ttft_ms": 50.0,
+      "median_tpot_ms": 10.0})
+  assert math.isinf(run.request_rate)
+  assert not engine_fit.workload_of(run, 0).arrival_s.any()
+  assert set(run.measured) == {"median_tpot_s"}  # TTFT is after the client's semaphore.
+  assert list(run.prompt_tokens) == [100] * 8 and list(run.output_tokens) == [20] * 8
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"request_rate": -1}, "request_rate"),
+    ({"request_rate": float("nan")}, "request_rate"),
+    ({"median_tpot_ms": "fast"}, "median_tpot_ms"),
+    ({"median_itl_ms": float("nan")}, "median_itl_ms"),
+    ({"burstiness": 0}, "burstiness"),
+    ({"total_input_tokens": None}, "total_input_tokens"),
+])
+def test_bad_results_are_refused_naming_the_key(change, key):
+  record = {"model_id": "m", "request_rate": 2.0, "completed": 4, "total_input_tokens": 400,
+            "total_output_tokens": 80, "median_tpot_ms": 10.0, "median_ttft_ms": 30.0}
+  with pytest.raises(errors.InputError) as info:
+    engine_fit.parse_run("r.json", 3, {**record, **change})
+  assert f"r.json line 3, key {key!r}" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_not_a_result_and_bad_layout_are_refused(tmp_path):
+  path = tmp_path / "x.json"
+  path.write_text(json.dumps({"hello": 1}))
+  with pytest.raises(errors.InputError, match="not a vLLM"):
+    engine_fit.read_runs([str(path)])
+  run = _synthetic_run(4.0, seed=1, n=4)
+  with pytest.raises(errors.InputError, match="--tp=3 does not divide"):
+    engine_fit.simulate_run(run, dataclasses.replace(SETUP, tp=3), TRUTH)
+
+
+def test_heldout_runs_never_enter_the_search(monkeypatch):
+  runs = [_synthetic_run(rate, seed) for seed, rate in enumerate((math.inf, 8.0, 2.0))]
+  searched = []
+
+  def fake_search(train, setup, **kw):
+    searched.append({r.line for r in train})
+    assert kw.get("start") is None  # A fold never starts from the fit that saw its run.
+    return dict(TRUTH), 0.0, 1
+
+  monkeypatch.setattr(engine_fit, "search", fake_search)
+  result = engine_fit.fit_runs(runs, SETUP)
+  assert searched == [{0, 1, 2}, {1, 2}, {0, 2}, {0, 1}]
+  assert [f["heldout_run"] for f in result["folds"]] == [r.label for r in runs]
+  # At the true factors the simulator reproduces its own medians exactly.
+  assert result["heldout_max_rel_error"] == pytest.approx(0.0, abs=1e-12)
+  assert result["bound"]["median_rel_error"] > 0.2
+
+
+@pytest.mark.slow
+def test_search_recovers_factors_of_simulated_runs():
+  runs = [_synthetic_run(rate, seed) for seed, rate in enumerate((math.inf, 8.0, 2.0))]
+  factors, loss, _ = engine_fit.search(runs, SETUP, max_simulations=120)
+  assert loss < 1e-3  # Medians within ~3% rms.
+  assert factors["eta_f"] == pytest.approx(TRUTH["eta_f"], rel=0.10)
+  assert factors["eta_w"] == pytest.approx(TRUTH["eta_w"], rel=0.15)
+  held = _synthetic_run(4.0, seed=7)
+  predicted = engine_fit.simulate_run(held, SETUP, factors)
+  for name, measured in held.measured.items():
+    assert predicted[name] == pytest.approx(measured, rel=0.10), name
+
+
+def test_engine_profile_round_trips(tmp_path, monkeypatch):
+  monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps({"model_id": "m", "request_rate": 4.0, "completed": 6,
+                              "total_input_tokens": 1200, "total_output_tokens": 120,
+                              "median_tpot_ms": 9.0, "median_ttft_ms": 40.0}))
+  result = engine_fit.calibrate_engine([str(path)], SETUP)
+  assert result["rows_used"] == 1 and result["heldout_median_rel_error"] is None
+  saved = tmp_path / "profile.json"
+  profiles.save_profile(engine_fit.engine_profile(result), saved)
+  loaded = profiles.load_profile(saved)
+  assert loaded.accelerator == "h100-sxm"
+  assert loaded.factors["eta_w"] == pytest.approx(TRUTH["eta_w"])
+  assert loaded.factors["eta_kv"] == pytest.approx(TRUTH["eta_w"])  # Tied.
+
+
+def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
+  run = _synthetic_run(4.0, seed=3, n=8)
+  bound = engine_fit.simulate_run(run, SETUP, engine_fit.BOUND_FACTORS)
+  too_fast = dataclasses.replace(run, measured={**run.measured,
+                                                "median_tpot_s": bound["median_tpot_s"] / 3})
+  kept, flags = engine_fit.screen([too_fast], SETUP)
+  assert set(kept[0].measured) == {"median_ttft_s", "median_itl_s"}
+  assert len(flags) == 1 and "below the bound" in flags[0]
+  impossible = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 3})
+  with pytest.raises(errors.InputError, match="every measured median is below the bound"):
+    engine_fit.fit_runs([impossible], SETUP)
