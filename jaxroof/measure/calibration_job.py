@@ -390,6 +390,8 @@ def run(
     heldout_models: Mapping[str, ToyConfig] | None = None,
     ceilings: ceilings_lib.Ceilings | None = None,
     backend: str | None = None,
+    linear_rows: Sequence[int] | None = None,
+    attention_grid: Sequence[tuple[int, int]] | None = None,
     progress: Progress | None = None,
 ) -> CalibrationRun:
   """Measures, fits, validates on unseen models, profiles: within `budget_s`.
@@ -415,6 +417,10 @@ def run(
     ceilings: already measured ceilings; None measures them.
     backend: the operations' backend; None means "xla" on a CPU and
       "pallas" (the autotuned kernels) on a GPU or TPU.
+    linear_rows: the linear layer's row counts M; None means `LINEAR_ROWS`
+      (`LINEAR_ROWS_QUICK` under `QUICK_BUDGET_S`).
+    attention_grid: decode attention's (batch, context) points; None means
+      `ATTENTION_GRID` (`ATTENTION_GRID_QUICK`).
     progress: called with a line per step of the job.
   """
   del heldout_fraction  # The held-out set is whole models now.
@@ -466,8 +472,9 @@ def run(
   measure.release_memory()
   operations: list[measure.Measurement] = []
   if fit == "ops":
-    rows_m = LINEAR_ROWS_QUICK if quick else LINEAR_ROWS
-    grid = ATTENTION_GRID_QUICK if quick else ATTENTION_GRID
+    rows_m = linear_rows or (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS)
+    grid = attention_grid or (ATTENTION_GRID_QUICK if quick
+                              else ATTENTION_GRID)
     linear_pts = sorted({p for c in configs.values()
                          for p in op_sweeps.linear_points(c, rows_m)})
     attention_pts = sorted({p for c in configs.values()
