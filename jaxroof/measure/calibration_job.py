@@ -60,6 +60,9 @@ _FIT_RESERVE_S = 10.0  # Kept for the fits, the profile and the plot.
 # One cache of a timed point at most (the step's K/V, one copy): with the
 # largest toy's two weight copies, a job stays within about 2 GB resident.
 MAX_KV_BYTES = 512e6
+# Weights below this get a second copy to rotate (so a CPU's 32 MB last-level
+# cache cannot hold them between steps); larger ones stream from memory anyway.
+ROTATE_WEIGHTS_BELOW = 128e6
 # What a calibration must reach on each held-out model to report "ok".
 TARGET_MEDIAN = 0.08
 TARGET_MAX = 0.20
@@ -303,8 +306,11 @@ def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
     mine = [p for p in points if p.model == name]
     # Each model gets its share of the time left, so the last is not starved.
     share = (deadline - time.monotonic()) / (len(names) - index)
-    bench = op_sweeps.DecodeStepBench(configs[name], dtype, name=name,
-                                      seed=seed)
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
+        dtype).itemsize
+    bench = op_sweeps.DecodeStepBench(
+        configs[name], dtype, name=name, seed=seed,
+        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
     records += op_sweeps.decode_step_sweep(
         {name: bench}, mine, rounds=rounds, warmup=warmup, repeats=repeats,
         deadline=time.monotonic() + share, seed=seed, progress=say)
@@ -466,10 +472,16 @@ def run(
   if ceilings is None:
     say(f"ceilings on {jax.devices()[0].device_kind} ({platform})")
     ceilings = ceilings_lib.measure_ceilings(
-        (dtype,), repeats=5 if quick else 10, rounds=2 if quick else 3,
+        (dtype,), repeats=3 if quick else 8, rounds=2 if quick else 3,
         progress=say)
   bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
   measure.release_memory()
+  # The phases share the time the ceilings left: operations, the fit's
+  # steps, then the held-out steps (the reported error) to the end.
+  now = time.monotonic()
+  left = max(end - now, 0.0)
+  ops_deadline = now + 0.3 * left
+  fit_deadline = now + (0.42 if fit == "ops" else 0.55) * left
   operations: list[measure.Measurement] = []
   if fit == "ops":
     rows_m = linear_rows or (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS)
@@ -482,14 +494,12 @@ def run(
     attention_pts = [p for p in attention_pts if 2 * p.sizes[0] * p.sizes[1]
                      * p.sizes[3] * p.sizes[4] * np.dtype(dtype_value).itemsize
                      <= MAX_KV_BYTES]
-    ops_deadline = start + 0.33 * (end - start)
     say(f"operations ({backend}): {len(linear_pts)} linear, "
         f"{len(attention_pts)} attention points")
     operations = op_sweeps.op_sweep(
         linear_pts + attention_pts, dtype=dtype_value, backend=backend,
         rounds=3, deadline=ops_deadline, seed=seed, progress=say)
     measure.release_memory()
-  fit_deadline = start + (0.45 if fit == "ops" else 0.6) * (end - start)
   say(f"fit steps: {len(points)} points of {', '.join(configs)}")
   fit_records_ = _sweep_models(configs, points, dtype_value,
                                deadline=fit_deadline, rounds=rounds,
