@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import itertools
 import math
 import os
@@ -280,7 +279,7 @@ class DecodeStepBench:
                "setup_s": setup_s, "donated_cache": True,
                "load_avg_1m": _load_average()})
     states.clear()  # Free this point's caches before the next point allocates.
-    gc.collect()
+    measure.release_memory()
     return record
 
 
@@ -728,6 +727,7 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
                     repeats=repeats)
   elapsed = time.perf_counter() - start
   del args
+  measure.release_memory()
   return dataclasses.replace(record, extra={
       **record.extra, "arg_sets": sets, "elapsed_s": elapsed,
       "load_avg_1m": _load_average()})
