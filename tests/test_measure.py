@@ -5,6 +5,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxroof.measure import ceilings
@@ -168,3 +169,11 @@ def test_op_sweeps_label_backend_and_refuse_interpreted_pallas():
   if jax.default_backend() == "cpu":
     with pytest.raises(errors.InputError, match="pallas"):
       op_sweeps.linear_sweep([1], d_in=8, d_out=8, backend="pallas")
+
+
+def test_op_sweep_rounds_alternate_between_operations():
+  points = ([op_sweeps.OpPoint("linear", (m, 8, 8)) for m in (1, 2, 4, 8)]
+            + [op_sweeps.OpPoint("decode_attention", (1, 8, 2, 1, 4))])
+  order = op_sweeps._interleaved(points, np.random.default_rng(0))
+  assert sorted(order) == list(range(5))
+  assert points[order[0]].op != points[order[1]].op

@@ -481,7 +481,7 @@ def run(
   now = time.monotonic()
   left = max(end - now, 0.0)
   ops_deadline = now + 0.3 * left
-  fit_deadline = now + (0.42 if fit == "ops" else 0.55) * left
+  fit_deadline = now + 0.5 * left
   operations: list[measure.Measurement] = []
   if fit == "ops":
     rows_m = linear_rows or (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS)

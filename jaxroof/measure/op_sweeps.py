@@ -733,6 +733,24 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
       "load_avg_1m": _load_average()})
 
 
+def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator
+                 ) -> list[int]:
+  """A random order that alternates between the operations.
+
+  So a round cut short by its deadline still holds every operation (each
+  factor's fit needs its own), not only whichever came first.
+  """
+  groups = [list(rng.permutation([i for i, p in enumerate(points)
+                                  if p.op == op]))
+            for op in sorted({p.op for p in points})]
+  order = []
+  while any(groups):
+    for group in groups:
+      if group:
+        order.append(int(group.pop(0)))
+  return order
+
+
 def op_sweep(
     points: Sequence[OpPoint],
     *,
@@ -757,7 +775,7 @@ def op_sweep(
   _check_backend(backend)
   rng = np.random.default_rng(seed)
   measured: dict[OpPoint, list[measure.Measurement]] = {}
-  passes = [rng.permutation(len(points)) for _ in range(rounds)]
+  passes = [_interleaved(points, rng) for _ in range(rounds)]
   for extra in range(max_extra_rounds + 1):
     if extra:
       passes = [rng.permutation([
