@@ -197,7 +197,7 @@ def test_default_points_cover_the_issue_grid_within_memory():
   assert {p.batch for p in main} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
   assert {128, 256, 512, 1024, 2048, 4096} <= {p.context for p in main}
   assert max(op_sweeps.kv_bytes(op_sweeps.MODELS[p.model], "float32", p.batch,
-                                p.context) for p in points) <= 512e6
+                                p.context) for p in points) <= calibration_job.MAX_KV_BYTES
   assert len(calibration_job.default_points(60)) < len(points)
   held = calibration_job.heldout_points(120, op_sweeps.HELDOUT_MODELS)
   assert {p.model for p in held} == set(op_sweeps.HELDOUT_MODELS)

@@ -59,10 +59,11 @@ MIN_BUDGET_S = 25.0  # Below this too few points are measured to fit.
 _FIT_RESERVE_S = 10.0  # Kept for the fits, the profile and the plot.
 # One cache of a timed point at most (the step's K/V, one copy): with the
 # largest toy's two weight copies, a job stays within about 2 GB resident.
-MAX_KV_BYTES = 512e6
+MAX_KV_BYTES = 400e6
 # Weights below this get a second copy to rotate (so a CPU's 32 MB last-level
-# cache cannot hold them between steps); larger ones stream from memory anyway.
-ROTATE_WEIGHTS_BELOW = 128e6
+# cache cannot hold them between steps); larger ones stream from memory anyway
+# (one copy also keeps the job within about 2 GB).
+ROTATE_WEIGHTS_BELOW = 64e6
 # What a calibration must reach on each held-out model to report "ok".
 TARGET_MEDIAN = 0.08
 TARGET_MAX = 0.20

@@ -87,7 +87,7 @@ def heldout_variant(config: config_lib.ToyConfig, kind: str
 # The fit's models (the operations are timed at their shapes; their smallest
 # steps give the fixed costs) and the two held out: every profile's error is
 # measured on models the fit never saw (width 768 / 3 blocks / 4 K/V heads,
-# and width 1280 / 5 blocks / 5 K/V heads, against 1024 / 4 and 2 / 2).
+# and width 1280 / 5 blocks / 4 K/V heads, against 1024 / 4 and 2 / 2).
 FIT_MODELS: dict[str, config_lib.ToyConfig] = {
     "calibration": CALIBRATION, "shallow": SHALLOW}
 HELDOUT_NARROW = heldout_variant(CALIBRATION, "narrow")
@@ -733,6 +733,16 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
       "load_avg_1m": _load_average()})
 
 
+def _guess_op_s(point: OpPoint) -> float:
+  """A rough first guess of an operation's time, only to plan its repeats:
+  100 GFLOP/s and 10 GB/s, whichever binds."""
+  if point.op == "linear":
+    m, d_in, d_out = point.sizes
+    return max(2 * m * d_in * d_out / 1e11, 4 * d_in * d_out / 1e10, 1e-5)
+  batch, context, heads, kv_heads, head_dim = point.sizes
+  return max(8 * batch * context * kv_heads * head_dim / 1e10, 1e-5)
+
+
 def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator
                  ) -> list[int]:
   """A random order that alternates between the operations.
@@ -763,6 +773,7 @@ def op_sweep(
     seed: int = 0,
     spread_limit: float = 0.08,
     max_extra_rounds: int = 2,
+    min_timed_s: float = 0.05,
     progress: Callable[[str], None] | None = None,
 ) -> list[measure.Measurement]:
   """Times operations in rounds of random order; keeps each lower quartile.
@@ -770,7 +781,9 @@ def op_sweep(
   As `decode_step_sweep`: a burst of load hits a few samples of many points,
   points whose fastest rounds disagree by more than `spread_limit` are
   measured again, and nothing starts that would pass `deadline`
-  (`time.monotonic()`). Returns one record per measured point, in order.
+  (`time.monotonic()`). A point gets between 2 and `repeats` timed calls,
+  enough to last `min_timed_s` (long calls need fewer). Returns one record
+  per measured point, in order.
   """
   _check_backend(backend)
   rng = np.random.default_rng(seed)
@@ -788,8 +801,10 @@ def op_sweep(
         cost = 2.0 if not last else last[-1].extra["elapsed_s"]
         if deadline is not None and time.monotonic() + cost > deadline:
           continue
+        planned = last[-1].median_s if last else _guess_op_s(point)
+        count = int(min(repeats, max(2, math.ceil(min_timed_s / planned))))
         record = measure_op(point, dtype, backend, warmup=warmup,
-                            repeats=repeats, seed=seed)
+                            repeats=count, seed=seed)
         measured.setdefault(point, []).append(record)
         if progress:
           progress(f"{point.op} {point.sizes}: {record.median_s * 1e3:.3f} ms")
