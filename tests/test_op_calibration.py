@@ -259,3 +259,21 @@ def test_round_spread_asks_for_more_rounds_when_rounds_disagree():
   assert op_sweeps.round_spread([1.0]) == float("inf")
   assert op_sweeps.round_spread([1.0, 1.05, 3.0]) == pytest.approx(2.0)
   assert op_sweeps.round_spread([1.0, 1.02, 1.04, 2.0]) == pytest.approx(0.04)
+
+
+def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
+  asked = []
+
+  def fake_sweep_models(configs, points, dtype, **kwargs):
+    asked.append(sorted(configs))
+    return synthetic_steps(configs, points)
+
+  monkeypatch.setattr(calibration_job, "_sweep_models", fake_sweep_models)
+  job = calibration_job.run(600, fit="steps", ceilings=CEILINGS)
+  assert asked == [sorted(op_sweeps.MODELS), sorted(op_sweeps.HELDOUT_MODELS)]
+  assert job.profile.fit["method"] == "steps" and not job.operations
+  assert {r["model"] for r in job.rows("heldout")} == set(
+      op_sweeps.HELDOUT_MODELS)
+  for name in ("eta_w", "eta_kv", "eta_f"):
+    assert job.profile.factors[name] == pytest.approx(TRUE[name], rel=0.1)
+  assert job.profile.fit["heldout_median_rel_error"] < 0.03
