@@ -269,7 +269,7 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
     return synthetic_steps(configs, points)
 
   monkeypatch.setattr(calibration_job, "_sweep_models", fake_sweep_models)
-  job = calibration_job.run(600, fit="steps", ceilings=CEILINGS)
+  job = calibration_job.run(120, fit="steps", ceilings=CEILINGS)
   assert asked == [sorted(op_sweeps.MODELS), sorted(op_sweeps.HELDOUT_MODELS)]
   assert job.profile.fit["method"] == "steps" and not job.operations
   assert {r["model"] for r in job.rows("heldout")} == set(
