@@ -1,22 +1,35 @@
 """Calibrates the step model on this device, or validates a profile.
 
-Calibration (the default) measures the device's ceilings and the toy
-Transformer's jit-compiled decode step over a grid of batch (1-256) and
-context (128-4096, batch x context <= 250,000), fits the calibrated model's
-efficiency factors and fixed costs with optax on three quarters of the
-points, and reports the relative error on the held-out quarter, all within
-`--budget_s`:
+Calibration (the default) measures the device's ceilings, then fits the
+calibrated model's factors from the operations the toy Transformer's decode
+step is made of (`--fit=ops`): the linear layer at the fit models' shapes
+over M = 1 ... 2048 rows gives eta_w, eta_f and r_ovl; one layer's decode
+attention over batch x context gives eta_kv; the fit models' smallest decode
+steps give the fixed costs t0_step and t0_layer. On a CPU the operations are
+XLA's; on a GPU or TPU the Pallas kernels. It then times the whole decode
+step of two toy models the fit never saw (`op_sweeps.HELDOUT_MODELS`: other
+width, depth and K/V heads) over batch x context and reports the relative
+error there, per model, with a status that says whether it met its targets
+(median <= 8%, max <= 20% on each). `--fit=steps` fits every factor to the
+fit models' whole steps instead (the error is still on the held-out models).
+All within `--budget_s`:
 
-  python -m experiments.calibrate --budget_s=600 --rounds=7 \
+  python -m experiments.calibrate --budget_s=120 \
       --profile_out=results/profile_cpu.json \
       --json_out=results/calibration_cpu.json \
       --plot_out=results/calibration_cpu.png
+
+A second run can check it repeats (factors within 10%, held-out medians
+within 3 points), written under `repeatability`:
+
+  python -m experiments.calibrate --budget_s=120 \
+      --compare_profile=results/profile_cpu.json --json_out=/tmp/again.json
 
 Validation times the step afresh at the points you choose (every batch with
 every context) and compares it with a profile's prediction:
 
   python -m experiments.calibrate --validate \
-      --profile=results/profile_cpu.json --batch_sizes=3,48,200 \
+      --profile=results/profile_cpu.json --batch_sizes=3,20,48 \
       --contexts=300,1500 --json_out=results/validation_cpu.json
 
 From measurements you already have (no timing here; see
@@ -34,7 +47,9 @@ From measurements you already have (no timing here; see
 the continuous-batching simulator; the assumptions are in the output).
 
 Figures are labelled: ceilings and step times are measurements (device,
-backend, dtype, timing method in the JSON); predictions are calibrated.
+backend, dtype, timing method and load average in the JSON); predictions are
+calibrated. A run that misses its targets says so (`status`, `warnings` and a
+STATUS line), never only a number.
 """
 
 from __future__ import annotations
@@ -96,7 +111,7 @@ _VALIDATE = flags.DEFINE_bool(
 _PROFILE = flags.DEFINE_string(
     "profile", None, "Profile JSON to validate (with --validate).")
 _BATCH_SIZES = flags.DEFINE_list(
-    "batch_sizes", "2,24,96", "Validation batch sizes (sequences), whole "
+    "batch_sizes", "2,24,64", "Validation batch sizes (sequences), whole "
     "numbers >= 1.")
 _CONTEXTS = flags.DEFINE_list(
     "contexts", "200,1500", "Validation contexts (tokens already cached per "
