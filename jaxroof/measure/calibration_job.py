@@ -314,7 +314,8 @@ def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
         param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
     records += op_sweeps.decode_step_sweep(
         {name: bench}, mine, rounds=rounds, warmup=warmup, repeats=repeats,
-        deadline=time.monotonic() + share, seed=seed, progress=say)
+        deadline=time.monotonic() + share, seed=seed, always=mine[:1],
+        progress=say)
     del bench
     measure.release_memory()
   return records
@@ -379,6 +380,19 @@ def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
     warnings.append(f"the load average reached {busiest:.1f} on {cores} "
                     "cores during the timings: other processes competed")
   return status, warnings
+
+
+def _minimum_operations(linear: Sequence[op_sweeps.OpPoint],
+                        attention: Sequence[op_sweeps.OpPoint]
+                        ) -> list[op_sweeps.OpPoint]:
+  """What each operation fit cannot do without, however short the budget:
+  the largest linear layer at its fewest, middle and most rows, and the
+  smallest and largest attention."""
+  largest = max({p.sizes[1:] for p in linear}, key=lambda s: s[0] * s[1])
+  rows = sorted(p for p in linear if p.sizes[1:] == largest)
+  by_tokens = sorted(attention, key=lambda p: p.sizes[0] * p.sizes[1])
+  return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0],
+          by_tokens[-1]]
 
 
 def run(
@@ -499,7 +513,8 @@ def run(
         f"{len(attention_pts)} attention points")
     operations = op_sweeps.op_sweep(
         linear_pts + attention_pts, dtype=dtype_value, backend=backend,
-        rounds=3, deadline=ops_deadline, seed=seed, progress=say)
+        rounds=3, deadline=ops_deadline, seed=seed,
+        always=_minimum_operations(linear_pts, attention_pts), progress=say)
     measure.release_memory()
   say(f"fit steps: {len(points)} points of {', '.join(configs)}")
   fit_records_ = _sweep_models(configs, points, dtype_value,

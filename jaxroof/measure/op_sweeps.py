@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -404,6 +404,7 @@ def decode_step_sweep(
     seed: int = 0,
     spread_limit: float = 0.08,
     max_extra_rounds: int = 3,
+    always: Collection[StepPoint] = (),
     progress: Callable[[str], None] | None = None,
 ) -> list[measure.Measurement]:
   """Measures decode steps at `points` in rounds; keeps each lower quartile.
@@ -428,6 +429,8 @@ def decode_step_sweep(
       exceeds this are measured again (up to `max_extra_rounds` passes,
       while the deadline allows): a shared machine's load comes in bursts.
     max_extra_rounds: see `spread_limit`.
+    always: points measured once even past the deadline (what a fit cannot
+      do without), first.
     progress: called with one line per measured point.
 
   Returns:
@@ -445,6 +448,9 @@ def decode_step_sweep(
         [r.median_s for r in measured[p]]) > spread_limit]
 
   passes = [rng.permutation(len(points)) for _ in range(rounds)]
+  first = [i for i, p in enumerate(points) if p in always]
+  passes[0] = np.asarray(first + [i for i in passes[0] if i not in first],
+                         dtype=int)
   extra = 0
   round_index = -1
   while True:
@@ -467,7 +473,8 @@ def decode_step_sweep(
         cost = last.extra["setup_s"] + (warmup + count) * last.median_s
       else:
         cost = 1.0 + (warmup + repeats + 1) * guess.step_s(point)
-      if deadline is not None and time.monotonic() + cost > deadline:
+      if (deadline is not None and time.monotonic() + cost > deadline
+          and not (point in always and point not in measured)):
         continue
       record = benches[point.model].measure(
           point.batch, point.context, warmup=warmup, repeats=count)
@@ -774,6 +781,7 @@ def op_sweep(
     spread_limit: float = 0.08,
     max_extra_rounds: int = 2,
     min_timed_s: float = 0.05,
+    always: Collection[OpPoint] = (),
     progress: Callable[[str], None] | None = None,
 ) -> list[measure.Measurement]:
   """Times operations in rounds of random order; keeps each lower quartile.
@@ -782,13 +790,16 @@ def op_sweep(
   points whose fastest rounds disagree by more than `spread_limit` are
   measured again, and nothing starts that would pass `deadline`
   (`time.monotonic()`). A point gets between 2 and `repeats` timed calls,
-  enough to last `min_timed_s` (long calls need fewer). Returns one record
-  per measured point, in order.
+  enough to last `min_timed_s` (long calls need fewer). The `always` points
+  are measured first and once even past the deadline (each fit's minimum).
+  Returns one record per measured point, in order.
   """
   _check_backend(backend)
   rng = np.random.default_rng(seed)
   measured: dict[OpPoint, list[measure.Measurement]] = {}
   passes = [_interleaved(points, rng) for _ in range(rounds)]
+  first = [i for i, p in enumerate(points) if p in always]
+  passes[0] = first + [i for i in passes[0] if i not in first]
   for extra in range(max_extra_rounds + 1):
     if extra:
       passes = [rng.permutation([
@@ -799,7 +810,8 @@ def op_sweep(
         point = points[i]
         last = measured.get(point)
         cost = 2.0 if not last else last[-1].extra["elapsed_s"]
-        if deadline is not None and time.monotonic() + cost > deadline:
+        if (deadline is not None and time.monotonic() + cost > deadline
+            and not (point in always and not last)):
           continue
         planned = last[-1].median_s if last else _guess_op_s(point)
         count = int(min(repeats, max(2, math.ceil(min_timed_s / planned))))
