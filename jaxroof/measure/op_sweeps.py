@@ -158,8 +158,8 @@ class DecodeStepBench:
             float(out["traffic_bytes"]))
 
   def _cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
-    c = self.config
-    return (c.num_blocks, batch, context + 1, c.num_kv_heads, c.head_dim)
+    """One block's K (or V) buffer: `context` filled slots and the new one."""
+    return cache_lib.block_shape(self.config, batch, context + 1)
 
   def caches(self, batch: int, context: int, count: int
              ) -> list[cache_lib.FixedCache]:
@@ -167,17 +167,24 @@ class DecodeStepBench:
 
     Slices of one pool of `measure.filler` values, grown on demand (much
     faster than drawing each cache); the values do not change the time of a
-    step. K and V start at different offsets of the pool.
+    step. Each block's K and V start at different offsets of the pool.
     """
     shape = self._cache_shape(batch, context)
     size = math.prod(shape)
-    if self._pool is None or self._pool.size < size + count:
+    blocks = self.config.num_blocks
+    offsets = 2 * blocks * count
+    if self._pool is None or self._pool.size < size + offsets:
       self._pool = None
-      self._pool = measure.filler((size + count,), self.dtype, self.seed + 1)
+      self._pool = measure.filler((size + offsets,), self.dtype, self.seed + 1)
+
+    def buffer(offset: int) -> jax.Array:
+      return self._pool[offset:offset + size].reshape(shape)
+
     return [cache_lib.FixedCache(
-        k=self._pool[i:i + size].reshape(shape),
-        v=self._pool[count - i:count - i + size].reshape(shape),
-        length=jnp.asarray(context, jnp.int32)) for i in range(count)]
+        k_blocks=tuple(buffer(2 * (i * blocks + j)) for j in range(blocks)),
+        v_blocks=tuple(buffer(2 * (i * blocks + j) + 1) for j in range(blocks)),
+        length=jnp.asarray(context, jnp.int32), batch=batch)
+        for i in range(count)]
 
   def compile(self, batch: int, context: int):
     """The step compiled ahead of time for a point (kept for later rounds).
@@ -185,10 +192,8 @@ class DecodeStepBench:
     Its `cost_analysis()` is XLA's count of the step's FLOPs and bytes.
     """
     if (batch, context) not in self._compiled:
-      kv = jax.ShapeDtypeStruct(self._cache_shape(batch, context),
-                                self.dtype)
-      cache = cache_lib.FixedCache(
-          k=kv, v=kv, length=jax.ShapeDtypeStruct((), jnp.int32))
+      cache = jax.eval_shape(lambda: cache_lib.init_cache(
+          self.config, batch, context + 1, self.dtype))
       token = jax.ShapeDtypeStruct((batch,), jnp.int32)
       self._compiled[batch, context] = self._step.lower(
           self.params[0], cache, token).compile()
