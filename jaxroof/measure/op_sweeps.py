@@ -201,22 +201,28 @@ class DecodeStepBench:
             float(out["traffic_bytes"]))
 
   def _cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
-    c = self.config
-    return (c.num_blocks, batch, context + 1, c.num_kv_heads, c.head_dim)
+    """One block's K (or V) buffer: `context` filled slots and the new one."""
+    return cache_lib.block_shape(self.config, batch, context + 1)
 
   def caches(self, batch: int, context: int, count: int
              ) -> list[cache_lib.FixedCache]:
     """`count` caches of `context` filled slots plus the one a step writes.
 
-    Each buffer is written once by a compiled fill (`_pattern`), with no
-    pool or temporary beside it, so a point holds only its own caches; the
-    values do not change the time of a step.
+    Each block's K and V buffer is written once by a compiled fill
+    (`_pattern`), with no pool or temporary beside it, so a point holds only
+    its own caches; the values do not change the time of a step.
     """
     shape = self._cache_shape(batch, context)
+    blocks = self.config.num_blocks
+
+    def buffer(index: int) -> jax.Array:
+      return _pattern(shape, self.dtype, self.seed + index)
+
     return [cache_lib.FixedCache(
-        k=_pattern(shape, self.dtype, self.seed + 2 * i),
-        v=_pattern(shape, self.dtype, self.seed + 2 * i + 1),
-        length=jnp.asarray(context, jnp.int32)) for i in range(count)]
+        k_blocks=tuple(buffer(2 * (i * blocks + j)) for j in range(blocks)),
+        v_blocks=tuple(buffer(2 * (i * blocks + j) + 1) for j in range(blocks)),
+        length=jnp.asarray(context, jnp.int32), batch=batch)
+        for i in range(count)]
 
   def compile(self, batch: int, context: int):
     """The step compiled ahead of time for a point (kept for later rounds).
@@ -224,10 +230,8 @@ class DecodeStepBench:
     Its `cost_analysis()` is XLA's count of the step's FLOPs and bytes.
     """
     if (batch, context) not in self._compiled:
-      kv = jax.ShapeDtypeStruct(self._cache_shape(batch, context),
-                                self.dtype)
-      cache = cache_lib.FixedCache(
-          k=kv, v=kv, length=jax.ShapeDtypeStruct((), jnp.int32))
+      cache = jax.eval_shape(lambda: cache_lib.init_cache(
+          self.config, batch, context + 1, self.dtype))
       token = jax.ShapeDtypeStruct((batch,), jnp.int32)
       self._compiled[batch, context] = self._step.lower(
           self.params[0], cache, token).compile()
