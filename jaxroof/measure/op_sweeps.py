@@ -537,14 +537,15 @@ def _op_fn(op: str, backend: str) -> Callable[..., Any]:
 
 def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
              shapes: dict[str, int], dtype: str, flops: float, traffic: float,
-             warmup: int, repeats: int) -> measure.Measurement:
+             warmup: int, repeats: int, fn: Callable[..., Any] | None = None
+             ) -> measure.Measurement:
   """Wall-clock timing with rotation on the CPU; a chain of calls elsewhere.
 
   On a GPU or TPU a single op lasts about as long as dispatching it, so the
   op is timed inside one jit as a chain of dependent calls
   (`kernels.device_timing`), which charges launches, never dispatch.
   """
-  fn = _op_fn(op, backend)
+  fn = fn or _op_fn(op, backend)
   if _platform() == "cpu":
     return measure.measure(jax.jit(fn), arg_sets, op=op, shapes=shapes,
                            dtype=dtype, backend=backend, warmup=warmup,
@@ -714,6 +715,7 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
                repeats: int, seed: int = 0) -> measure.Measurement:
   """Times one operation point, its operands made afresh and freed after."""
   dtype = jnp.dtype(dtype)
+  fn = None
   if point.op == "linear":
     m, d_in, d_out = point.sizes
     flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
@@ -728,20 +730,48 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
     sets = _rotated_sets(traffic)
     require_memory(sets * traffic, f"decode_attention batch={batch} "
                    f"context={context}")
-    args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
-                          sets, seed)
     shapes = {"batch": batch, "context": context, "heads": heads,
               "kv_heads": kv_heads, "head_dim": head_dim}
+    if backend == "xla":  # As the toy step runs it (see `toy_attention`).
+      args = toy_attention_args(batch, context, heads, kv_heads, head_dim,
+                                dtype, sets, seed)
+      fn = toy_attention
+    else:
+      args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
+                            sets, seed)
   start = time.perf_counter()
   record = _time_op(point.op, backend, args, shapes=shapes, dtype=dtype.name,
                     flops=flops, traffic=traffic, warmup=warmup,
-                    repeats=repeats)
+                    repeats=repeats, fn=fn)
   elapsed = time.perf_counter() - start
   del args
   measure.release_memory()
   return dataclasses.replace(record, extra={
       **record.extra, "arg_sets": sets, "elapsed_s": elapsed,
       "load_avg_1m": _load_average()})
+
+
+def toy_attention(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array,
+                  mask: jax.Array) -> jax.Array:
+  """One layer's decode attention exactly as the toy's step computes it.
+
+  XLA's operations on a CPU are the step's own: its head-major K/V rows
+  (`jaxroof.toy.cache`) and its arrangement of the products, so the
+  operation fit sees what the step runs (the kernel module's reference
+  reads another layout).
+  """
+  return model_lib._attention_rows(q, k_rows, v_rows, mask)  # noqa: SLF001
+
+
+def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int,
+                       head_dim: int, dtype: Any, sets: int, seed: int = 0):
+  """`sets` (q, K rows, V rows, mask) of `toy_attention`, every slot read."""
+  rows = (batch * kv_heads, context, head_dim)
+  mask = jnp.ones((1, context), bool)
+  return [(measure.filler((batch, 1, heads, head_dim), dtype, seed + 3 * i),
+           _pattern(rows, dtype, seed + 3 * i + 1),
+           _pattern(rows, dtype, seed + 3 * i + 2), mask)
+          for i in range(sets)]
 
 
 def _guess_op_s(point: OpPoint) -> float:
