@@ -205,11 +205,12 @@ def test_budget_too_small_is_refused_at_once():
     calibration_job.check_budget("--budget_s", 0)
 
 
-def _profile(factors, median, path="a.json"):
+def _profile(factors, median, path="a.json", fastest=None):
   return profiles.Profile(
       device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
       jax_version="", created="", ceilings={}, factors=factors,
-      fit={"heldout_median_rel_error": median}, path=path)
+      fit={"heldout_median_rel_error": median, "fastest_fit_step_s": fastest},
+      path=path)
 
 
 def test_repeatability_passes_within_ten_percent_and_three_points():
@@ -277,3 +278,21 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
   for name in ("eta_w", "eta_kv", "eta_f"):
     assert job.profile.factors[name] == pytest.approx(TRUE[name], rel=0.1)
   assert job.profile.fit["heldout_median_rel_error"] < 0.03
+
+
+def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
+  tiny = {**TRUE, "t0_step": 1e-5, "t0_layer": 5e-6}
+  moved = {**tiny, "t0_step": 3e-5, "t0_layer": 1e-6}  # 3x and 1/5: 20 us.
+  # Beneath a 5 ms step, 20 us is 0.4% of it: the runs agree.
+  assert calibration_job.compare_profiles(
+      _profile(tiny, 0.06, fastest=5e-3), _profile(moved, 0.06))["pass"]
+  # Without the step's scale they are compared with themselves, and differ.
+  result = calibration_job.compare_profiles(_profile(tiny, 0.06),
+                                            _profile(moved, 0.06))
+  assert result["factors_outside"] == ["t0_step", "t0_layer"]
+  # A fixed cost of the step's own size is still compared with itself.
+  big = {**TRUE, "t0_step": 4e-3}
+  result = calibration_job.compare_profiles(
+      _profile(big, 0.06, fastest=5e-3),
+      _profile({**big, "t0_step": 5e-3}, 0.06))
+  assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)

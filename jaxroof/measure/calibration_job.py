@@ -561,6 +561,7 @@ def run(
                   "heldout_max_rel_error": TARGET_MAX,
                   "per": "held-out model"},
       "heldout_by_model": _errors_by_model(held_rows),
+      "fastest_fit_step_s": min(r.median_s for r in fit_records_),
       "operations": details, "load": load,
   }
   for subset in ("train", "heldout"):
@@ -606,11 +607,21 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
                      ) -> dict[str, Any]:
   """Whether two calibrations agree: factors within 10%, medians 3 points.
 
-  The relative difference of each factor is |current - previous| / previous;
-  the held-out medians' difference is in percentage points.
+  The relative difference of each factor is |current - previous| / previous,
+  except that a fixed cost (t0_step, t0_layer) smaller than the previous
+  run's fastest fit step is compared with that step: a few microseconds
+  beneath a millisecond step are not determined by the fit, and moving them
+  changes no prediction. The held-out medians' difference is in points.
   """
-  diffs = {n: abs(current.factors[n] - previous.factors[n])
-           / previous.factors[n] for n in calibration.FACTOR_NAMES}
+  fastest = previous.fit.get("fastest_fit_step_s")
+  diffs = {}
+  for n in calibration.FACTOR_NAMES:
+    scale = previous.factors[n]
+    if n in op_fit.FIXED_FACTORS and fastest:
+      # A fixed cost far below the fastest step is not determined by it;
+      # its change matters as a share of that step, not of itself.
+      scale = max(scale, fastest)
+    diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
   old, new = (previous.heldout_median_rel_error,
               current.heldout_median_rel_error)
   median_points = (None if old is None or new is None
@@ -628,7 +639,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
       "heldout_median_current": new,
       "heldout_median_diff_points": median_points,
       "criteria": {"factor_rel_diff_max": REPEAT_FACTOR_REL,
-                   "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS},
+                   "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
+                   "fixed_costs_relative_to": (
+                       f"the previous run's fastest fit step ({fastest:.3g} s)"
+                       " where larger than the cost" if fastest else
+                       "themselves")},
       "pass": not failing and median_ok,
   }
 
