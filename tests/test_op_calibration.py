@@ -291,8 +291,8 @@ def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
                                             _profile(moved, 0.06))
   assert result["factors_outside"] == ["t0_step", "t0_layer"]
   # A fixed cost of the step's own size is still compared with itself.
-  big = {**TRUE, "t0_step": 4e-3}
+  big = {**TRUE, "t0_step": 8e-3}
   result = calibration_job.compare_profiles(
       _profile(big, 0.06, fastest=5e-3),
-      _profile({**big, "t0_step": 5e-3}, 0.06))
+      _profile({**big, "t0_step": 1e-2}, 0.06))
   assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)
