@@ -38,6 +38,8 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     "calibrate": ("--budget_s=25",),
     "bench_sweep": ("--batches=64", "--contexts=64", "--repeats=2", "--loop_points=10"),
     "bench_decode": ("--new_tokens=2", "--prompt_len=8", "--repeats=2", "--preset=lesson"),
+    "bench_decode_step": ("--model=lesson", "--batches=1,2", "--contexts=8,16", "--rounds=1",
+                          "--repeats=2", "--bandwidth_mb=8"),
     "measure_ops": ("--decode_rows=1", "--prefill_rows=2", "--batch_sizes=1",
                     "--contexts=64", "--d_in=64", "--d_out=64", "--repeats=2"),
     "gpu_bench": ("--out_dir={tmp}/gpu",),

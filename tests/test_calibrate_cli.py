@@ -29,6 +29,8 @@ def run(module, *flags):
     (("--budget_s=10",), "at least 25 s"),
     (("--heldout_fraction=0.9",), "--heldout_fraction"),
     (("--validate", "--profile=/nonexistent/p.json"), "does not exist"),
+    (("--compare_profile=/nonexistent/p.json",), "does not exist"),
+    (("--fit=bogus",), "--fit"),
 ])
 def test_calibrate_bad_input_is_one_line(flags, needle):
   proc = run("calibrate", *flags)

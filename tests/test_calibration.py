@@ -143,36 +143,46 @@ TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
                            mlp_dim=64)
 
 
+@pytest.mark.slow  # Compiles a dozen decode steps: ~20-40 s on 2 cores.
 def test_job_measures_fits_and_labels_a_profile(tmp_path):
   models = {"tiny": TINY, "tinier": dataclasses.replace(TINY, num_blocks=1)}
-  points = [op_sweeps.StepPoint(m, b, c) for m in models
-            for b in (1, 16) for c in (8, 32)]
+  held = {"held": dataclasses.replace(TINY, num_blocks=3, num_kv_heads=4,
+                                      num_heads=8)}
+  points = [op_sweeps.StepPoint(m, b, 8) for m in models for b in (1, 2)]
+  heldout = [op_sweeps.StepPoint("held", b, c) for b in (1, 16)
+             for c in (8, 32)]
   ceilings = ceilings_lib.measure_ceilings(
       ("float32",), bandwidth_bytes=2**20, matmul_size=64, repeats=2, rounds=1)
-  job = calibration_job.run(60.0, points=points, models=models,
-                            ceilings=ceilings, rounds=1, repeats=2)
+  job = calibration_job.run(60.0, points=points, heldout=heldout,
+                            models=models, heldout_models=held,
+                            ceilings=ceilings, rounds=1, repeats=2,
+                            linear_rows=(1, 16), attention_grid=((1, 8), (4, 32)))
   prof = job.profile
   assert prof.device_kind == ceilings.device_kind and prof.backend == "xla"
   assert set(prof.factors) == set(calibration.FACTOR_NAMES)
-  assert len(job.rows("heldout")) == 2 and len(job.points) == 8
+  assert len(job.rows("heldout")) == 4 and 2 <= len(job.rows("train")) <= 4
+  assert {r["model"] for r in job.rows("heldout")} == {"held"}
   assert prof.fit["heldout_max_rel_error"] >= prof.fit[
       "heldout_median_rel_error"] >= 0
+  assert prof.fit["status"] in ("ok", "inaccurate", "incomplete")
   data = job.to_json()
   assert {"heldout_median_rel_error", "heldout_max_rel_error", "factors",
-          "training_points", "heldout_points"} <= set(data)
+          "training_points", "heldout_points", "fit_models",
+          "heldout_models", "status", "warnings", "load"} <= set(data)
+  assert [m["name"] for m in data["heldout_models"]] == ["held"]
   calibration_report.write_results(job, json_out=str(tmp_path / "c.json"),
                                 profile_out=str(tmp_path / "p.json"),
                                 plot_out=str(tmp_path / "c.png"))
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
   # Validation rebuilds the profile's model and times it afresh.
   loaded = calibration_job.profiles.load_profile(tmp_path / "p.json")
-  rows = calibration_job.validate(loaded, [(2, 16)], model="tiny", rounds=1,
+  rows = calibration_job.validate(loaded, [(2, 16)], model="held", rounds=1,
                                   repeats=2)
   assert rows[0]["batch"] == 2 and rows[0]["predicted_s"] > 0
   assert rows[0]["measured_s"] > 0 and rows[0]["set"] == "validation"
   text = calibration_report.section_markdown(job)
   assert "held-out" in text and "calibration.png" in text
-  assert "measurement" in text and "calibrated" in text
+  assert "measurement" in text and "calibrated" in text and "`held`" in text
 
 
 def test_job_refuses_too_few_points():
@@ -181,10 +191,15 @@ def test_job_refuses_too_few_points():
     calibration_job.fit_records([], ceilings, "float32")
 
 
-def test_default_points_cover_the_issue_grid():
+def test_default_points_cover_the_issue_grid_within_memory():
   points = calibration_job.default_points(600)
   main = [p for p in points if p.model == "calibration"]
   assert {p.batch for p in main} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
   assert {128, 256, 512, 1024, 2048, 4096} <= {p.context for p in main}
-  assert 240_000 < max(p.batch * p.context for p in points) <= 250_000
+  assert max(op_sweeps.kv_bytes(op_sweeps.MODELS[p.model], "float32", p.batch,
+                                p.context) for p in points) <= calibration_job.MAX_KV_BYTES
   assert len(calibration_job.default_points(60)) < len(points)
+  held = calibration_job.heldout_points(120, op_sweeps.HELDOUT_MODELS)
+  assert {p.model for p in held} == set(op_sweeps.HELDOUT_MODELS)
+  assert {1, 256} <= {p.batch for p in held}
+  assert {128, 4096} <= {p.context for p in held}

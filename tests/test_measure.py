@@ -5,6 +5,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxroof.measure import ceilings
@@ -109,12 +110,26 @@ def test_sweep_keeps_each_points_lower_quartile_round():
   points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
   bench = FakeBench({1: [5.0, 4.0, 6.0, 1.0, 7.0],
                      2: [17.0, 19.0, 18.0, 20.0, 11.0]})
-  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=5)
+  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=5,
+                                        max_extra_rounds=0)
   assert [r.shapes["batch"] for r in records] == [1, 2]
   assert records[0].extra["round_medians_s"] == [5.0, 4.0, 6.0, 1.0, 7.0]
   # The second fastest of five: neither the lucky round nor a slow one.
   assert [r.median_s for r in records] == [4.0, 17.0]
   assert op_sweeps.lower_quartile(records[:1]) is records[0]
+
+
+def test_sweep_measures_again_points_whose_fastest_rounds_disagree():
+  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  # Batch 1 settles (its fastest rounds within 8%); batch 2's fastest rounds
+  # are 2.0 and 3.0 apart until two more rounds come in at 2.05 and 2.1.
+  bench = FakeBench({1: [1.0, 1.02, 1.05], 2: [2.0, 3.0, 3.1, 2.05, 2.1]})
+  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=3,
+                                        spread_limit=0.08, max_extra_rounds=3)
+  assert len(records[0].extra["round_medians_s"]) == 3
+  assert records[1].extra["round_medians_s"] == [2.0, 3.0, 3.1, 2.05, 2.1]
+  assert records[1].extra["round_spread"] == pytest.approx(0.05)
+  assert bench.medians == {1: [], 2: []}
 
 
 def test_sweep_skips_points_past_the_deadline():
@@ -154,3 +169,11 @@ def test_op_sweeps_label_backend_and_refuse_interpreted_pallas():
   if jax.default_backend() == "cpu":
     with pytest.raises(errors.InputError, match="pallas"):
       op_sweeps.linear_sweep([1], d_in=8, d_out=8, backend="pallas")
+
+
+def test_op_sweep_rounds_alternate_between_operations():
+  points = ([op_sweeps.OpPoint("linear", (m, 8, 8)) for m in (1, 2, 4, 8)]
+            + [op_sweeps.OpPoint("decode_attention", (1, 8, 2, 1, 4))])
+  order = op_sweeps._interleaved(points, np.random.default_rng(0))
+  assert sorted(order) == list(range(5))
+  assert points[order[0]].op != points[order[1]].op

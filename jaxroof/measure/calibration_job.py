@@ -1,21 +1,34 @@
-"""The calibration job, within a time budget: measure, fit, profile, plot.
+"""The calibration job, within a time budget: measure, fit, validate, profile.
 
 1. Device ceilings (`jaxroof.measure.ceilings`), measured.
-2. The toy model's decode step at a grid of (model, batch, context) points
-   (`jaxroof.measure.op_sweeps`), in rounds while the budget lasts.
-3. A held-out quarter of the points, spread over the grid; optax fits the
-   calibrated model's factors (`jaxroof.symbolic.calibrated`) to the rest.
+2. The fit (`fit="ops"`, the default): the operations the step is made of,
+   timed alone at the fit models' shapes (`op_sweeps.op_sweep`: the linear
+   layer over M = 1 ... 2048, one layer's decode attention over batch x
+   context), then the fit models' smallest decode steps; `op_fit` fits the
+   efficiency factors to the operations and the fixed costs to the steps.
+   `fit="steps"` instead fits every factor to the fit models' decode steps
+   over a batch x context grid (the older end-to-end fit).
+3. Validation: the whole toy decode step of two models the fit never saw
+   (`op_sweeps.HELDOUT_MODELS`: other width, depth and K/V heads), timed over
+   batch x context and predicted from the factors. That held-out error is
+   what the profile reports; `status` says whether it met its targets.
 4. A `Profile` with the factors and the held-out error, and a plot of
    measured against predicted step time.
 
+Every point is timed in rounds, each point's figure is its lower-quartile
+round, points whose fastest rounds disagree are measured again, and the load
+average is recorded with every timing. Benches live one model at a time and
+size their caches from `MAX_KV_BYTES`, so a job stays within about 2 GB.
+
 `validate` times the step afresh at a user's points and compares it with a
-profile's prediction; `report_section` runs a short job for the report.
+profile's prediction; `compare_profiles` checks two calibrations agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,25 +36,57 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxroof.measure import fitting
-from jaxroof.symbolic import calibrated as calibration
-from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof import errors
-from jaxroof.measure import records as measure
+from jaxroof.measure import ceilings as ceilings_lib
+from jaxroof.measure import fitting
+from jaxroof.measure import op_fit
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
+from jaxroof.measure import records as measure
 from jaxroof.measure.op_sweeps import StepPoint
+from jaxroof.symbolic import calibrated as calibration
 from jaxroof.toy.config import ToyConfig
 
 Progress = Callable[[str], None]
 
+FITS = ("ops", "steps")
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (128, 256, 512, 1024, 2048, 4096)
 # Near the 250,000-token cap, which the powers of two stop short of.
 EDGE_POINTS = ((64, 3900), (128, 1950), (256, 976))
-QUICK_BUDGET_S = 150.0  # Below this, the sparser grid.
-MIN_BUDGET_S = 25.0  # Below this too few points are measured to fit (>= 8).
-_FIT_RESERVE_S = 8.0  # Kept for the fit, the profile and the plot.
+QUICK_BUDGET_S = 150.0  # Below this, sparser grids.
+MIN_BUDGET_S = 25.0  # Below this too few points are measured to fit.
+_FIT_RESERVE_S = 10.0  # Kept for the fits, the profile and the plot.
+# One cache of a timed point at most (the step's K/V, one copy): with the
+# largest toy's two weight copies, a job stays within about 2 GB resident.
+MAX_KV_BYTES = 400e6
+# Weights below this get a second copy to rotate (so a CPU's 32 MB last-level
+# cache cannot hold them between steps); larger ones stream from memory anyway
+# (one copy also keeps the job within about 2 GB).
+ROTATE_WEIGHTS_BELOW = 64e6
+# What a calibration must reach on each held-out model to report "ok".
+TARGET_MEDIAN = 0.08
+TARGET_MAX = 0.20
+# Two calibrations agree when (the issue's repeatability criteria):
+REPEAT_FACTOR_REL = 0.10
+REPEAT_MEDIAN_POINTS = 3.0
+# Row counts of the linear layer (M = 1 ... 2048) and attention's points.
+LINEAR_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+LINEAR_ROWS_QUICK = (1, 2, 4, 16, 64, 256, 2048)
+ATTENTION_GRID = ((1, 128), (1, 1024), (1, 4096), (4, 512), (4, 2048),
+                  (16, 256), (16, 1024), (16, 4096), (64, 512), (64, 1024),
+                  (256, 128), (256, 512))
+ATTENTION_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 2048),
+                        (64, 512), (256, 128), (256, 512))
+# The fixed costs' points: each fit model's smallest steps.
+SMALLEST = ((1, 128), (2, 128), (1, 512))
+# Held-out steps: batch 1-256, context 128-4096, spread over the grid.
+HELDOUT_GRID = ((1, 128), (1, 1024), (1, 4096), (2, 512), (4, 1024),
+                (8, 256), (16, 256), (16, 2048), (32, 1024), (64, 512),
+                (128, 256), (256, 128))
+HELDOUT_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 256), (16, 2048),
+                      (64, 512), (256, 128))
+HELDOUT_GRID_SHORT = ((1, 128), (4, 1024), (16, 2048), (64, 512), (256, 128))
 
 
 def check_budget(name: str, budget_s: float) -> float:
@@ -54,15 +99,23 @@ def check_budget(name: str, budget_s: float) -> float:
   return budget_s
 
 
-def default_points(budget_s: float) -> list[StepPoint]:
-  """The calibration grid: batch 1-256 x context 128-4096, <= 250k tokens.
+def _fits_memory(config: ToyConfig, dtype: Any, batch: int, context: int
+                 ) -> bool:
+  return (op_sweeps.kv_bytes(config, dtype, batch, context) <= MAX_KV_BYTES
+          and batch * context <= op_sweeps.MAX_RETAINED_TOKENS)
 
-  The main model over the whole grid (and three points near the cap); its
-  variants (`op_sweeps.MODELS`) at
-  short contexts, where their weights and layers rather than their K/V set
-  the step time (that is what they are there to tell apart); with a budget
-  under `QUICK_BUDGET_S`, sparser grids still.
+
+def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = None,
+                   dtype: Any = "float32") -> list[StepPoint]:
+  """The end-to-end fit's grid (`fit="steps"`): batch 1-256 x context 128-4096.
+
+  The main model over the whole grid (and three points near the 250k-token
+  cap); its variants (`op_sweeps.MODELS`) at short contexts, where their
+  weights and layers rather than their K/V set the step time; with a budget
+  under `QUICK_BUDGET_S`, sparser grids still. Points whose cache would pass
+  `MAX_KV_BYTES` are left out.
   """
+  configs = op_sweeps.MODELS if models is None else models
   quick = budget_s < QUICK_BUDGET_S
   grids = {
       "calibration": (BATCHES[::2], CONTEXTS[::2]) if quick
@@ -73,11 +126,22 @@ def default_points(budget_s: float) -> list[StepPoint]:
                     else ((1, 4, 16, 64), (128, 512)),
   }
   points = [StepPoint(model, b, c)
-            for model, (batches, contexts) in grids.items()
+            for model, (batches, contexts) in grids.items() if model in configs
             for b, c in op_sweeps.decode_grid(batches, contexts)]
   if not quick:
     points += [StepPoint("calibration", b, c) for b, c in EDGE_POINTS]
-  return points
+  return [p for p in points if p.model in configs
+          and _fits_memory(configs[p.model], dtype, p.batch, p.context)]
+
+
+def heldout_points(budget_s: float, models: Mapping[str, ToyConfig],
+                   dtype: Any = "float32") -> list[StepPoint]:
+  """The held-out models' points: batch 1-256 x context 128-4096, sparser on
+  smaller budgets, each within `MAX_KV_BYTES`."""
+  grid = (HELDOUT_GRID if budget_s >= QUICK_BUDGET_S else
+          HELDOUT_GRID_QUICK if budget_s >= 90 else HELDOUT_GRID_SHORT)
+  return [StepPoint(name, b, c) for name, config in models.items()
+          for b, c in grid if _fits_memory(config, dtype, b, c)]
 
 
 def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
@@ -102,7 +166,7 @@ def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
 
 
 def _point_row(record: measure.Measurement, predicted: float,
-               held_out: bool) -> dict[str, Any]:
+               subset: str) -> dict[str, Any]:
   measured = record.median_s
   return {
       "model": record.extra["model"],
@@ -112,11 +176,20 @@ def _point_row(record: measure.Measurement, predicted: float,
       "measured_s": measured,
       "predicted_s": predicted,
       "rel_error": abs(predicted - measured) / measured,
-      "set": "heldout" if held_out else "train",
+      "set": subset,
       "spread": record.spread,
       "round_medians_s": record.extra.get("round_medians_s", [measured]),
+      "round_spread": _finite(record.extra.get("round_spread")),
       "load_avg_1m": record.extra.get("load_avg_1m"),
   }
+
+
+def _finite(value: float | None) -> float | None:
+  return None if value is None or not np.isfinite(value) else float(value)
+
+
+def _named_configs(configs: Mapping[str, ToyConfig]) -> list[dict[str, Any]]:
+  return [{"name": name, **dataclasses.asdict(c)} for name, c in configs.items()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,19 +198,33 @@ class CalibrationRun:
 
   profile: profiles.Profile
   ceilings: ceilings_lib.Ceilings
-  points: list[dict[str, Any]]  # One row per measured point (`_point_row`).
-  records: list[measure.Measurement]
+  points: list[dict[str, Any]]  # One row per measured step (`_point_row`).
+  records: list[measure.Measurement]  # The decode steps.
   elapsed_s: float
   budget_s: float
+  operations: list[measure.Measurement] = dataclasses.field(
+      default_factory=list)
 
   def rows(self, subset: str) -> list[dict[str, Any]]:
     return [p for p in self.points if p["set"] == subset]
 
+  @property
+  def status(self) -> str:
+    return self.profile.fit.get("status", "unknown")
+
+  @property
+  def warnings(self) -> list[str]:
+    return list(self.profile.fit.get("warnings", []))
+
   def to_json(self) -> dict[str, Any]:
     fit = self.profile.fit
+    model = self.profile.model
     return {
         "kind": "calibrated",
-        "what": "calibrated step model fitted to measured toy decode steps",
+        "what": ("calibrated step model: factors fitted from "
+                 + ("operation sweeps and the smallest decode steps"
+                    if fit.get("method") == "ops" else "decode steps")
+                 + " of the fit models; error measured on held-out models"),
         "device_kind": self.profile.device_kind,
         "platform": self.profile.platform,
         "backend": self.profile.backend,
@@ -145,21 +232,31 @@ class CalibrationRun:
         "jax_version": self.profile.jax_version,
         "created": self.profile.created,
         "method": self.profile.method,
+        "fit": fit.get("method"),
+        "status": fit.get("status"),
+        "warnings": list(fit.get("warnings", [])),
+        "targets": fit.get("targets"),
         "heldout_median_rel_error": fit["heldout_median_rel_error"],
         "heldout_max_rel_error": fit["heldout_max_rel_error"],
+        "heldout_by_model": fit.get("heldout_by_model"),
         "train_median_rel_error": fit["train_median_rel_error"],
         "train_max_rel_error": fit["train_max_rel_error"],
+        "fit_models": model.get("fit_models", []),
+        "heldout_models": model.get("heldout_models", []),
         "factors": dict(self.profile.factors),
         "factor_units": dict(calibration.FACTOR_UNITS),
+        "operation_fit": fit.get("operations"),
         "expression": str(calibration.calibrated_step()),
         "readable_expression": calibration.readable_step(),
         "ceilings": self.ceilings.to_json(),
+        "load": fit.get("load"),
         "training_points": self.rows("train"),
         "heldout_points": self.rows("heldout"),
-        "model": dict(self.profile.model),
+        "model": dict(model),
         "budget_s": self.budget_s,
         "elapsed_s": self.elapsed_s,
         "measurements": [r.to_json() for r in self.records],
+        "operations": [r.to_json() for r in self.operations],
     }
 
 
@@ -171,7 +268,11 @@ def fit_records(
     heldout_fraction: float = 0.25,
     seed: int = 0,
 ) -> tuple[fitting.Fit, list[dict[str, Any]]]:
-  """Splits, fits on the training points, predicts every point."""
+  """Splits points of the same models, fits on the rest, predicts every one.
+
+  The older end-to-end check (random points of the fit's own models held
+  out); `run` reports its error on models the fit never saw instead.
+  """
   if len(records) < 8:
     raise errors.InputError(
         f"only {len(records)} points were measured: the fit needs at least 8;"
@@ -185,24 +286,9 @@ def fit_records(
   fit = fitting.fit_factors(
       {n: v[~held_out] for n, v in inputs.items()}, measured[~held_out])
   predicted = fitting.predict(inputs, fit.factors)
-  rows = [_point_row(r, float(p), bool(h))
+  rows = [_point_row(r, float(p), "heldout" if h else "train")
           for r, p, h in zip(records, predicted, held_out)]
   return fit, rows
-
-
-def _fit_summary(fit: fitting.Fit, rows: list[dict[str, Any]]
-                 ) -> dict[str, Any]:
-  summary = {"loss": fit.loss, "steps": fit.steps,
-             "learning_rate": fit.learning_rate,
-             "statistic": op_sweeps.STATISTIC,
-             "objective": "mean squared log error (Adam on log factors)"}
-  for subset in ("train", "heldout"):
-    errs = fitting.error_summary(
-        [r["rel_error"] for r in rows if r["set"] == subset])
-    summary[f"{subset}_median_rel_error"] = errs["median_rel_error"]
-    summary[f"{subset}_max_rel_error"] = errs["max_rel_error"]
-    summary[f"{subset}_points"] = errs["points"]
-  return summary
 
 
 def _now() -> str:
@@ -210,91 +296,356 @@ def _now() -> str:
       timespec="seconds")
 
 
+def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
+                  dtype: Any, *, deadline: float, rounds: int, warmup: int,
+                  repeats: int, seed: int, say: Progress
+                  ) -> list[measure.Measurement]:
+  """Times each model's points with one bench alive at a time (memory)."""
+  records = []
+  names = [n for n in configs if any(p.model == n for p in points)]
+  for index, name in enumerate(names):
+    mine = [p for p in points if p.model == name]
+    # Each model gets its share of the time left, so the last is not starved.
+    share = (deadline - time.monotonic()) / (len(names) - index)
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
+        dtype).itemsize
+    bench = op_sweeps.DecodeStepBench(
+        configs[name], dtype, name=name, seed=seed,
+        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
+    records += op_sweeps.decode_step_sweep(
+        {name: bench}, mine, rounds=rounds, warmup=warmup, repeats=repeats,
+        deadline=time.monotonic() + share, seed=seed, always=mine[:1],
+        progress=say)
+    del bench
+    measure.release_memory()
+  return records
+
+
+def _errors_by_model(rows: Sequence[Mapping[str, Any]]
+                     ) -> dict[str, dict[str, Any]]:
+  out = {}
+  for name in sorted({r["model"] for r in rows}):
+    out[name] = fitting.error_summary(
+        [r["rel_error"] for r in rows if r["model"] == name])
+  return out
+
+
+def _load_summary(records: Sequence[measure.Measurement]) -> dict[str, Any]:
+  loads = [x for r in records for x in (r.extra.get("load_avg_1m"),
+                                        r.extra.get("load_avg_1m_max"))
+           if x is not None]
+  return {"load_avg_1m_min": min(loads) if loads else None,
+          "load_avg_1m_median": float(np.median(loads)) if loads else None,
+          "load_avg_1m_max": max(loads) if loads else None,
+          "cpu_count": os.cpu_count(),
+          "what": "the 1-minute load average at each timing (this process "
+                  "included)"}
+
+
+def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
+           spread_limit: float = 0.08, load: Mapping[str, Any] | None = None
+           ) -> tuple[str, list[str]]:
+  """The run's status and its warnings, from its held-out rows.
+
+  "ok" only when every held-out model is within `TARGET_MEDIAN` and
+  `TARGET_MAX`; "inaccurate" when one is not; "incomplete" when fewer
+  held-out points were measured than planned (the budget ran out).
+  """
+  warnings = []
+  status = "ok"
+  if len(rows) < expected:
+    status = "incomplete"
+    warnings.append(f"only {len(rows)} of {expected} held-out points were "
+                    "measured: give a larger --budget_s")
+  for name, errs in _errors_by_model(rows).items():
+    if errs["median_rel_error"] > TARGET_MEDIAN or (
+        errs["max_rel_error"] > TARGET_MAX):
+      status = "inaccurate" if status == "ok" else status
+      warnings.append(
+          f"held-out model {name}: median {errs['median_rel_error']:.1%}, max "
+          f"{errs['max_rel_error']:.1%} misses the target (median <= "
+          f"{TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%})")
+  if not rows:
+    status = "incomplete"
+  unsettled = [r for r in rows if r["round_spread"] is None
+               or r["round_spread"] > spread_limit]
+  if unsettled:
+    warnings.append(
+        f"{len(unsettled)} of {len(rows)} held-out points still vary by more "
+        f"than {spread_limit:.0%} between their fastest rounds (a busy "
+        "machine?): their errors include that noise")
+  cores = (load or {}).get("cpu_count")
+  busiest = (load or {}).get("load_avg_1m_max")
+  if cores and busiest is not None and busiest > cores:
+    warnings.append(f"the load average reached {busiest:.1f} on {cores} "
+                    "cores during the timings: other processes competed")
+  return status, warnings
+
+
+def _minimum_operations(linear: Sequence[op_sweeps.OpPoint],
+                        attention: Sequence[op_sweeps.OpPoint]
+                        ) -> list[op_sweeps.OpPoint]:
+  """What each operation fit cannot do without, however short the budget:
+  the largest linear layer at its fewest, middle and most rows, and the
+  smallest and largest attention."""
+  largest = max({p.sizes[1:] for p in linear}, key=lambda s: s[0] * s[1])
+  rows = sorted(p for p in linear if p.sizes[1:] == largest)
+  by_tokens = sorted(attention, key=lambda p: p.sizes[0] * p.sizes[1])
+  return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0],
+          by_tokens[-1]]
+
+
 def run(
     budget_s: float,
     *,
     dtype: str = "float32",
+    fit: str = "ops",
     points: Sequence[StepPoint] | None = None,
-    rounds: int = 7,
+    heldout: Sequence[StepPoint] | None = None,
+    rounds: int = 5,
     warmup: int = 1,
     repeats: int = 3,
     heldout_fraction: float = 0.25,
     seed: int = 0,
     models: Mapping[str, ToyConfig] | None = None,
+    heldout_models: Mapping[str, ToyConfig] | None = None,
     ceilings: ceilings_lib.Ceilings | None = None,
+    backend: str | None = None,
+    linear_rows: Sequence[int] | None = None,
+    attention_grid: Sequence[tuple[int, int]] | None = None,
     progress: Progress | None = None,
 ) -> CalibrationRun:
-  """Measures, fits and builds a profile within about `budget_s` seconds.
+  """Measures, fits, validates on unseen models, profiles: within `budget_s`.
 
   Args:
     budget_s: wall-clock budget for the whole job.
-    dtype: weights and K/V of the timed steps.
-    points: where to time the step; None means `default_points(budget_s)`.
-    rounds: passes over the points, while the budget lasts (each point's
+    dtype: weights and K/V of the timed operations and steps.
+    fit: "ops" (operation sweeps, then the fixed costs from the smallest
+      steps) or "steps" (every factor from the fit models' decode steps).
+    points: the fit models' steps to time; None means `SMALLEST` of each
+      (ops) or `default_points` (steps).
+    heldout: the held-out models' steps; None means `heldout_points`.
+    rounds: passes over the points while the budget lasts (each point's
       figure is its lower-quartile round, `op_sweeps.lower_quartile`).
     warmup, repeats: per point and round.
-    heldout_fraction: share of the points the fit never sees.
-    seed: the split and the visiting order.
-    models: name -> toy config of every model in `points`; None means
-      `op_sweeps.MODELS`.
+    heldout_fraction: unused (kept for callers of the older job).
+    seed: the visiting order and the data.
+    models: the fit's models; None means `op_sweeps.FIT_MODELS` (ops) or
+      `op_sweeps.MODELS` (steps).
+    heldout_models: models the fit never sees; None means
+      `op_sweeps.HELDOUT_MODELS` with the default models, else the two
+      `op_sweeps.heldout_variant`s of the first fit model.
     ceilings: already measured ceilings; None measures them.
+    backend: the operations' backend; None means "xla" on a CPU and
+      "pallas" (the autotuned kernels) on a GPU or TPU.
+    linear_rows: the linear layer's row counts M; None means `LINEAR_ROWS`
+      (`LINEAR_ROWS_QUICK` under `QUICK_BUDGET_S`).
+    attention_grid: decode attention's (batch, context) points; None means
+      `ATTENTION_GRID` (`ATTENTION_GRID_QUICK`).
     progress: called with a line per step of the job.
   """
+  del heldout_fraction  # The held-out set is whole models now.
   budget_s = check_budget("budget_s", budget_s)
+  errors.require_choice("fit", fit, FITS)
   dtype_value = measure.require_dtype(dtype)
   measure.keep_allocations()
   start = time.monotonic()
-  deadline = start + budget_s
+  end = start + budget_s - _FIT_RESERVE_S
   say = progress or (lambda _: None)
-  points = list(default_points(budget_s) if points is None else points)
   quick = budget_s < QUICK_BUDGET_S
-  configs = op_sweeps.MODELS if models is None else models
-  unknown = sorted({p.model for p in points} - set(configs))
+  platform = jax.default_backend()
+  backend = backend or ("xla" if platform == "cpu" else "pallas")
+  if models is None:
+    configs = dict(op_sweeps.FIT_MODELS if fit == "ops" else op_sweeps.MODELS)
+    if heldout_models is None:
+      heldout_models = op_sweeps.HELDOUT_MODELS
+  else:
+    configs = dict(models)
+  if heldout_models is None:
+    first = next(iter(configs.values()))
+    heldout_models = {f"heldout_{kind}": op_sweeps.heldout_variant(first, kind)
+                      for kind in ("narrow", "wide")}
+  clash = sorted(set(configs) & set(heldout_models))
+  if clash:
+    raise errors.InputError(f"models {clash} are both fitted and held out: "
+                            "a held-out model must be one the fit never sees.")
+  if points is None:
+    points = ([StepPoint(n, b, c) for n in configs for b, c in SMALLEST]
+              if fit == "ops" else default_points(budget_s, configs, dtype))
+  points = list(points)
+  heldout = list(heldout_points(budget_s, heldout_models, dtype)
+                 if heldout is None else heldout)
+  known = {**configs, **heldout_models}
+  unknown = sorted({p.model for p in points + heldout} - set(known))
   if unknown:
     raise errors.InputError(
-        f"models {unknown} have no config: known {', '.join(configs)}.")
+        f"models {unknown} have no config: known {', '.join(known)}.")
+  if any(p.model in heldout_models for p in points) or any(
+      p.model in configs for p in heldout):
+    raise errors.InputError("a fit point names a held-out model (or a "
+                            "held-out point a fit model).")
   if ceilings is None:
-    say(f"ceilings on {jax.devices()[0].device_kind} "
-        f"({jax.default_backend()})")
+    say(f"ceilings on {jax.devices()[0].device_kind} ({platform})")
     ceilings = ceilings_lib.measure_ceilings(
-        (dtype,), repeats=5 if quick else 10, rounds=2 if quick else 3,
+        (dtype,), repeats=3 if quick else 8, rounds=2 if quick else 3,
         progress=say)
-  names = sorted({p.model for p in points})
-  benches = {name: op_sweeps.DecodeStepBench(
-      configs[name], dtype_value, name=name, seed=seed) for name in names}
-  say(f"{len(points)} points, up to {rounds} rounds, "
-      f"{deadline - time.monotonic():.0f} s left")
-  records = op_sweeps.decode_step_sweep(
-      benches, points, rounds=rounds, warmup=warmup, repeats=repeats,
-      deadline=deadline - _FIT_RESERVE_S, seed=seed, progress=say)
-  fit, rows = fit_records(records, ceilings, dtype,
-                          heldout_fraction=heldout_fraction, seed=seed)
-  device = measure.current_device()
-  fit_info = _fit_summary(fit, rows)
+  bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
+  measure.release_memory()
+  # The phases share the time the ceilings left: operations, the fit's
+  # steps, then the held-out steps (the reported error) to the end.
+  now = time.monotonic()
+  left = max(end - now, 0.0)
+  ops_deadline = now + 0.3 * left
+  fit_deadline = now + 0.5 * left
+  operations: list[measure.Measurement] = []
+  if fit == "ops":
+    rows_m = linear_rows or (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS)
+    grid = attention_grid or (ATTENTION_GRID_QUICK if quick
+                              else ATTENTION_GRID)
+    linear_pts = sorted({p for c in configs.values()
+                         for p in op_sweeps.linear_points(c, rows_m)})
+    attention_pts = sorted({p for c in configs.values()
+                            for p in op_sweeps.attention_points(c, grid)})
+    attention_pts = [p for p in attention_pts if 2 * p.sizes[0] * p.sizes[1]
+                     * p.sizes[3] * p.sizes[4] * np.dtype(dtype_value).itemsize
+                     <= MAX_KV_BYTES]
+    say(f"operations ({backend}): {len(linear_pts)} linear, "
+        f"{len(attention_pts)} attention points")
+    operations = op_sweeps.op_sweep(
+        linear_pts + attention_pts, dtype=dtype_value, backend=backend,
+        rounds=3, deadline=ops_deadline, seed=seed,
+        always=_minimum_operations(linear_pts, attention_pts), progress=say)
+    measure.release_memory()
+  say(f"fit steps: {len(points)} points of {', '.join(configs)}")
+  fit_records_ = _sweep_models(configs, points, dtype_value,
+                               deadline=fit_deadline, rounds=rounds,
+                               warmup=warmup, repeats=repeats, seed=seed,
+                               say=say)
+  say(f"held-out steps: {len(heldout)} points of "
+      f"{', '.join(heldout_models)}")
+  heldout_records = _sweep_models(heldout_models, heldout, dtype_value,
+                                  deadline=end, rounds=rounds, warmup=warmup,
+                                  repeats=repeats, seed=seed + 1, say=say)
+  fit_inputs = model_inputs(fit_records_, bandwidth, flop_rate)
+  details: dict[str, Any] = {}
+  if fit == "ops":
+    factors, details = op_fit.fit_operations(
+        [r for r in operations if r.op == "linear"],
+        [r for r in operations if r.op == "decode_attention"],
+        fit_records_, fit_inputs, bandwidth=bandwidth, flop_rate=flop_rate)
+    loss = None
+  else:
+    if len(fit_records_) < 8:
+      raise errors.InputError(
+          f"only {len(fit_records_)} fit points were measured: the fit needs "
+          "at least 8; give a larger --budget_s.")
+    result = fitting.fit_factors(fit_inputs, np.asarray(
+        [r.median_s for r in fit_records_]))
+    factors, loss = result.factors, result.loss
+  if not heldout_records:
+    raise errors.InputError(
+        "no held-out point was measured: give a larger --budget_s.")
+  rows = [_point_row(r, float(p), "train") for r, p in zip(
+      fit_records_, fitting.predict(fit_inputs, factors))]
+  held_inputs = model_inputs(heldout_records, bandwidth, flop_rate)
+  rows += [_point_row(r, float(p), "heldout") for r, p in zip(
+      heldout_records, fitting.predict(held_inputs, factors))]
+  held_rows = [r for r in rows if r["set"] == "heldout"]
+  load = _load_summary(operations + fit_records_ + heldout_records)
+  status, warnings = assess(held_rows, len(heldout), load=load)
+  fit_info: dict[str, Any] = {
+      "method": fit, "loss": loss, "statistic": op_sweeps.STATISTIC,
+      "objective": "mean squared log error (Adam on log factors)",
+      "status": status, "warnings": warnings,
+      "targets": {"heldout_median_rel_error": TARGET_MEDIAN,
+                  "heldout_max_rel_error": TARGET_MAX,
+                  "per": "held-out model"},
+      "heldout_by_model": _errors_by_model(held_rows),
+      "fastest_fit_step_s": min(r.median_s for r in fit_records_),
+      "operations": details, "load": load,
+  }
+  for subset in ("train", "heldout"):
+    errs = fitting.error_summary(
+        [r["rel_error"] for r in rows if r["set"] == subset])
+    fit_info[f"{subset}_median_rel_error"] = errs["median_rel_error"]
+    fit_info[f"{subset}_max_rel_error"] = errs["max_rel_error"]
+    fit_info[f"{subset}_points"] = errs["points"]
   say(f"held-out relative error: median "
       f"{fit_info['heldout_median_rel_error']:.1%}, max "
-      f"{fit_info['heldout_max_rel_error']:.1%}")
+      f"{fit_info['heldout_max_rel_error']:.1%} ({status})")
+  device = measure.current_device()
   model_info = {
-      "configs": {name: dataclasses.asdict(configs[name]) for name in names},
-      "step_inputs": {name: benches[name].inputs.to_json() for name in names},
-      "points": len(rows),
+      "configs": {name: dataclasses.asdict(c) for name, c in known.items()},
+      "fit_models": _named_configs(configs),
+      "heldout_models": _named_configs(heldout_models),
+      "step_inputs": {name: op_sweeps.step_inputs(c, dtype_value).to_json()
+                      for name, c in known.items()},
+      "points": len(rows), "operations": len(operations),
       "rounds": rounds, "warmup": warmup, "repeats": repeats,
   }
+  timing = (fit_records_ + heldout_records)[0].method
   prof = profiles.Profile(
       device_kind=device.device_kind, platform=device.platform,
-      backend="xla", dtype=dtype, jax_version=device.jax_version,
-      created=_now(),
+      backend=backend if fit == "ops" else "xla", dtype=dtype,
+      jax_version=device.jax_version, created=_now(),
       ceilings={"bandwidth_Bps": ceilings.bandwidth_Bps,
                 "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
                 "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
                 "flops_per_s": dict(ceilings.flops_per_s)},
-      factors=fit.factors, fit=fit_info, model=model_info,
-      method=(f"{records[0].method}; {op_sweeps.STATISTIC} of up to "
-              f"{rounds} rounds visiting the points in random order; "
-              f"cache donated; {measure.allocator()}"))
+      factors=factors, fit=fit_info, model=model_info,
+      method=(f"{timing}; {op_sweeps.STATISTIC} of up to {rounds} rounds "
+              "visiting the points in random order, points whose fastest "
+              "rounds disagree re-measured; cache donated; "
+              f"{measure.allocator()}"))
   return CalibrationRun(profile=prof, ceilings=ceilings, points=rows,
-                        records=records, elapsed_s=time.monotonic() - start,
-                        budget_s=budget_s)
+                        records=fit_records_ + heldout_records,
+                        elapsed_s=time.monotonic() - start, budget_s=budget_s,
+                        operations=operations)
+
+
+def compare_profiles(previous: profiles.Profile, current: profiles.Profile
+                     ) -> dict[str, Any]:
+  """Whether two calibrations agree: factors within 10%, medians 3 points.
+
+  The relative difference of each factor is |current - previous| / previous,
+  except that a fixed cost (t0_step, t0_layer) smaller than the previous
+  run's fastest fit step is compared with that step: a few microseconds
+  beneath a millisecond step are not determined by the fit, and moving them
+  changes no prediction. The held-out medians' difference is in points.
+  """
+  fastest = previous.fit.get("fastest_fit_step_s")
+  diffs = {}
+  for n in calibration.FACTOR_NAMES:
+    scale = previous.factors[n]
+    if n in op_fit.FIXED_FACTORS and fastest:
+      # A fixed cost far below the fastest step is not determined by it;
+      # its change matters as a share of that step, not of itself.
+      scale = max(scale, fastest)
+    diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
+  old, new = (previous.heldout_median_rel_error,
+              current.heldout_median_rel_error)
+  median_points = (None if old is None or new is None
+                   else abs(new - old) * 100)
+  failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
+  median_ok = median_points is not None and (
+      median_points <= REPEAT_MEDIAN_POINTS)
+  return {
+      "previous": previous.path,
+      "previous_created": previous.created,
+      "factor_rel_diff": diffs,
+      "max_factor_rel_diff": max(diffs.values()),
+      "factors_outside": failing,
+      "heldout_median_previous": old,
+      "heldout_median_current": new,
+      "heldout_median_diff_points": median_points,
+      "criteria": {"factor_rel_diff_max": REPEAT_FACTOR_REL,
+                   "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
+                   "fixed_costs_relative_to": (
+                       f"the previous run's fastest fit step ({fastest:.3g} s)"
+                       " where larger than the cost" if fastest else
+                       "themselves")},
+      "pass": not failing and median_ok,
+  }
 
 
 def config_from_profile(prof: profiles.Profile, model: str) -> ToyConfig:
@@ -320,8 +671,9 @@ def validate(
 ) -> list[dict[str, Any]]:
   """Times the toy decode step afresh and compares it with the profile.
 
-  The step is timed like the calibration's points (lower-quartile round), on
-  this device, and predicted from the profile's factors and ceilings.
+  The step is timed like the calibration's points (lower-quartile round,
+  unsettled points re-measured), on this device, and predicted from the
+  profile's factors and ceilings.
 
   Returns:
     Rows of batch, context, predicted_s, measured_s and rel_error, and
@@ -335,6 +687,14 @@ def validate(
         f"({device.device_kind!r}): validate on the device it describes.")
   config = config_from_profile(prof, model)
   dtype = measure.require_dtype(prof.dtype)
+  too_big = [(b, c) for b, c in points if not _fits_memory(config, dtype, b, c)]
+  if too_big:
+    b, c = too_big[0]
+    raise errors.InputError(
+        f"batch={b} x context={c} needs a "
+        f"{op_sweeps.kv_bytes(config, dtype, b, c) / 1e9:.2f} GB cache: "
+        f"allowed up to {MAX_KV_BYTES / 1e9:g} GB and "
+        f"{op_sweeps.MAX_RETAINED_TOKENS:,} tokens per point.")
   bench = op_sweeps.DecodeStepBench(config, dtype, name=model, seed=seed)
   step_points = [StepPoint(model, b, c) for b, c in points]
   records = op_sweeps.decode_step_sweep(
@@ -344,8 +704,7 @@ def validate(
   predicted = fitting.predict(inputs, prof.factors)
   rows = []
   for record, pred in zip(records, predicted):
-    row = _point_row(record, float(pred), held_out=False)
-    row["set"] = "validation"
+    row = _point_row(record, float(pred), "validation")
     row["inside_calibrated_grid"] = (
         BATCHES[0] <= row["batch"] <= BATCHES[-1]
         and CONTEXTS[0] <= row["context"] <= CONTEXTS[-1]

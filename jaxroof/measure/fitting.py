@@ -44,6 +44,7 @@ def fit_factors(
     steps: int = 3000,
     learning_rate: float = 0.05,
     prior_weight: float = 1e-4,
+    free: Sequence[str] | None = None,
 ) -> Fit:
   """Fits the factors to measured step times with optax (Adam).
 
@@ -58,6 +59,9 @@ def fit_factors(
     init: starting factors; None means `initial_factors`.
     steps, learning_rate: Adam's schedule (full batch).
     prior_weight: weight of the pull towards the start.
+    free: the factors to fit (None: all); the others stay at `init`. The
+      operation fits use it: a linear layer's timings decide `eta_w`, `eta_f`
+      and `r_ovl`, attention's `eta_kv`, the smallest steps the fixed costs.
 
   Returns:
     The fitted factors.
@@ -71,18 +75,25 @@ def fit_factors(
   model = calibrated_model("jax")
   x = {n: jnp.asarray(inputs[n], jnp.float32) for n in INPUT_NAMES}
   log_measured = jnp.log(jnp.asarray(measured_s, jnp.float32))
-  start = {n: jnp.log(jnp.float32(init[n])) for n in FACTOR_NAMES}
+  names = FACTOR_NAMES if free is None else tuple(free)
+  unknown = sorted(set(names) - set(FACTOR_NAMES))
+  if unknown or not names:
+    raise ValueError(f"free={free!r}: give some of {FACTOR_NAMES}")
+  start = {n: jnp.log(jnp.float32(init[n])) for n in names}
+  fixed = {n: jnp.float32(init[n]) for n in FACTOR_NAMES if n not in names}
 
   def loss_fn(log_factors):
-    factors = {n: jnp.exp(v) for n, v in log_factors.items()}
+    factors = {**fixed, **{n: jnp.exp(v) for n, v in log_factors.items()}}
     predicted = model(**x, **factors)["step_s"]
     data = jnp.mean((jnp.log(predicted) - log_measured) ** 2)
-    prior = sum((log_factors[n] - start[n]) ** 2 for n in FACTOR_NAMES)
+    prior = sum((log_factors[n] - start[n]) ** 2 for n in names)
     return data + prior_weight * prior
 
   params, loss = minimize(loss_fn, start, steps=steps, learning_rate=learning_rate)
-  return Fit(factors={n: float(jnp.exp(v)) for n, v in params.items()},
-             loss=float(loss), steps=steps, learning_rate=learning_rate)
+  fitted = {n: float(jnp.exp(params[n])) if n in params else float(init[n])
+            for n in FACTOR_NAMES}
+  return Fit(factors=fitted, loss=float(loss), steps=steps,
+             learning_rate=learning_rate)
 
 
 def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,

@@ -70,6 +70,14 @@ DRY_POINTS = tuple(
 # Fresh (batch, context) points to validate the profile at: off the grid.
 VALIDATION_POINTS = ((3, 384), (24, 1536), (96, 768))
 DRY_VALIDATION_POINTS = ((2, 64),)
+# The dry run's calibration on its smallest grids (each step point compiles
+# a step: seconds on a loaded CPU): the fit's and the held-out models' steps,
+# the linear layer's rows and attention's points.
+DRY_FIT_POINTS = tuple(StepPoint(m, 1, 32) for m in DRY_MODELS)
+DRY_HELDOUT_POINTS = tuple(StepPoint(f"heldout_{kind}", b, 32)
+                           for kind in ("narrow", "wide") for b in (1, 8))
+DRY_OPERATIONS = {"linear_rows": (1, 16, 256),
+                  "attention_grid": ((1, 32), (8, 128))}
 
 
 def header(dry_run: bool) -> dict[str, Any]:
@@ -170,7 +178,9 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   validation_s = 0.15 * left
   job = calibration_job.run(
       max(left - validation_s, 1.0), dtype=dtype, models=models,
-      points=list(DRY_POINTS) if dry_run else None, ceilings=ceilings,
+      points=list(DRY_FIT_POINTS) if dry_run else None,
+      heldout=list(DRY_HELDOUT_POINTS) if dry_run else None,
+      **(DRY_OPERATIONS if dry_run else {}), ceilings=ceilings,
       rounds=2 if dry_run else 5, progress=say)
   slug = "".join(ch if ch.isalnum() else "_"
                  for ch in job.profile.device_kind.lower())

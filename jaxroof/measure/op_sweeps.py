@@ -17,17 +17,18 @@ a `jaxroof.measure.records.Measurement`.
 from __future__ import annotations
 
 import dataclasses
-import gc
+import functools
 import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxroof import errors
 from jaxroof.symbolic import formulas
@@ -51,6 +52,49 @@ SHALLOW = dataclasses.replace(CALIBRATION, num_blocks=2)
 WIDE_VOCAB = dataclasses.replace(CALIBRATION, vocab_size=32_768)
 MODELS: dict[str, config_lib.ToyConfig] = {
     "calibration": CALIBRATION, "shallow": SHALLOW, "wide_vocab": WIDE_VOCAB}
+
+
+def _kv_heads(heads: int, target: float, avoid: int) -> int:
+  """The divisor of `heads` nearest `target`, other than `avoid` if possible."""
+  divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+  others = [d for d in divisors if d != avoid] or divisors
+  return min(others, key=lambda d: (abs(d - target), d))
+
+
+def heldout_variant(config: config_lib.ToyConfig, kind: str
+                    ) -> config_lib.ToyConfig:
+  """A toy model a fit on `config` never sees: other width, depth, K/V heads.
+
+  "narrow": 3/4 of the query heads (so of the width), one block fewer,
+  about twice the K/V heads; "wide": 5/4 of the heads, one block more,
+  about 1.5 times the K/V heads. The MLP keeps its ratio to the width and the
+  head size and vocabulary stay, so the variant is a different model of the
+  same family, as a user's model is.
+  """
+  errors.require_choice("kind", kind, ("narrow", "wide"))
+  scale, blocks, kv_scale = ((3, 4), -1, 2.0) if kind == "narrow" else (
+      (5, 4), 1, 1.5)
+  heads = max(1, config.num_heads * scale[0] // scale[1])
+  width = heads * config.head_dim
+  return dataclasses.replace(
+      config, num_heads=heads, width=width,
+      num_kv_heads=_kv_heads(heads, config.num_kv_heads * kv_scale,
+                             config.num_kv_heads),
+      num_blocks=max(1, config.num_blocks + blocks),
+      mlp_dim=max(1, config.mlp_dim * width // config.width))
+
+
+# The fit's models (the operations are timed at their shapes; their smallest
+# steps give the fixed costs) and the two held out: every profile's error is
+# measured on models the fit never saw (width 768 / 3 blocks / 4 K/V heads,
+# and width 1280 / 5 blocks / 4 K/V heads, against 1024 / 4 and 2 / 2).
+FIT_MODELS: dict[str, config_lib.ToyConfig] = {
+    "calibration": CALIBRATION, "shallow": SHALLOW}
+HELDOUT_NARROW = heldout_variant(CALIBRATION, "narrow")
+HELDOUT_WIDE = heldout_variant(CALIBRATION, "wide")
+HELDOUT_MODELS: dict[str, config_lib.ToyConfig] = {
+    "heldout_narrow": HELDOUT_NARROW, "heldout_wide": HELDOUT_WIDE}
+ALL_MODELS: dict[str, config_lib.ToyConfig] = {**MODELS, **HELDOUT_MODELS}
 
 MAX_RETAINED_TOKENS = 250_000  # batch * context of the default grid.
 
@@ -128,10 +172,9 @@ class DecodeStepBench:
     self.name = name
     self.seed = seed
     self.inputs = step_inputs(config, dtype)
-    keys = jax.random.split(jax.random.key(seed), param_sets)
-    self.params = [params_lib.init_params(config, key, dtype) for key in keys]
+    self.params = [filled_params(config, dtype, seed + 100 * i)
+                   for i in range(param_sets)]
     self._step = jax.jit(_step, donate_argnums=1)
-    self._pool: jax.Array | None = None
     self._compiled: dict[tuple[int, int], Any] = {}
 
   def model_point(self, batch: int, context: int) -> dict[str, float]:
@@ -158,26 +201,28 @@ class DecodeStepBench:
             float(out["traffic_bytes"]))
 
   def _cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
-    c = self.config
-    return (c.num_blocks, batch, context + 1, c.num_kv_heads, c.head_dim)
+    """One block's K (or V) buffer: `context` filled slots and the new one."""
+    return cache_lib.block_shape(self.config, batch, context + 1)
 
   def caches(self, batch: int, context: int, count: int
              ) -> list[cache_lib.FixedCache]:
     """`count` caches of `context` filled slots plus the one a step writes.
 
-    Slices of one pool of `measure.filler` values, grown on demand (much
-    faster than drawing each cache); the values do not change the time of a
-    step. K and V start at different offsets of the pool.
+    Each block's K and V buffer is written once by a compiled fill
+    (`_pattern`), with no pool or temporary beside it, so a point holds only
+    its own caches; the values do not change the time of a step.
     """
     shape = self._cache_shape(batch, context)
-    size = math.prod(shape)
-    if self._pool is None or self._pool.size < size + count:
-      self._pool = None
-      self._pool = measure.filler((size + count,), self.dtype, self.seed + 1)
+    blocks = self.config.num_blocks
+
+    def buffer(index: int) -> jax.Array:
+      return _pattern(shape, self.dtype, self.seed + index)
+
     return [cache_lib.FixedCache(
-        k=self._pool[i:i + size].reshape(shape),
-        v=self._pool[count - i:count - i + size].reshape(shape),
-        length=jnp.asarray(context, jnp.int32)) for i in range(count)]
+        k_blocks=tuple(buffer(2 * (i * blocks + j)) for j in range(blocks)),
+        v_blocks=tuple(buffer(2 * (i * blocks + j) + 1) for j in range(blocks)),
+        length=jnp.asarray(context, jnp.int32), batch=batch)
+        for i in range(count)]
 
   def compile(self, batch: int, context: int):
     """The step compiled ahead of time for a point (kept for later rounds).
@@ -185,10 +230,8 @@ class DecodeStepBench:
     Its `cost_analysis()` is XLA's count of the step's FLOPs and bytes.
     """
     if (batch, context) not in self._compiled:
-      kv = jax.ShapeDtypeStruct(self._cache_shape(batch, context),
-                                self.dtype)
-      cache = cache_lib.FixedCache(
-          k=kv, v=kv, length=jax.ShapeDtypeStruct((), jnp.int32))
+      cache = jax.eval_shape(lambda: cache_lib.init_cache(
+          self.config, batch, context + 1, self.dtype))
       token = jax.ShapeDtypeStruct((batch,), jnp.int32)
       self._compiled[batch, context] = self._step.lower(
           self.params[0], cache, token).compile()
@@ -240,8 +283,48 @@ class DecodeStepBench:
                "setup_s": setup_s, "donated_cache": True,
                "load_avg_1m": _load_average()})
     states.clear()  # Free this point's caches before the next point allocates.
-    gc.collect()
+    measure.release_memory()
     return record
+
+
+def _pattern(shape: tuple[int, ...], dtype: Any, seed: int) -> jax.Array:
+  """Bounded, non-constant values of `shape`, computed in place (no copy)."""
+  return _compiled_pattern(shape, jnp.dtype(dtype), jnp.float32(seed))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _compiled_pattern(shape: tuple[int, ...], dtype: Any, offset: jax.Array
+                      ) -> jax.Array:
+  index = lax.iota(jnp.float32, math.prod(shape)).reshape(shape)
+  return jnp.sin(index * 0.618 + offset).astype(dtype)
+
+
+def filled_params(config: config_lib.ToyConfig, dtype: Any, seed: int
+                  ) -> params_lib.Params:
+  """Weights of the toy's shapes, each leaf one small constant per copy.
+
+  Much faster than drawing them (`weights.init_params`, seconds per copy of
+  a 200 MB model on a CPU) and with no compilation per shape: a step's time
+  does not depend on the values, which keep activations finite. Not donated,
+  so host memory may back them.
+  """
+  shapes = jax.eval_shape(
+      lambda key: params_lib.init_params(config, key, dtype),
+      jax.random.key(0))
+  leaves, tree = jax.tree_util.tree_flatten(shapes)
+  value = 0.01 * (1 + seed % 7)
+  return jax.tree_util.tree_unflatten(tree, [
+      jnp.asarray(np.full(leaf.shape, value, jnp.dtype(leaf.dtype)))
+      for leaf in leaves])
+
+
+def kv_bytes(config: config_lib.ToyConfig, dtype: Any, batch: int,
+             context: int) -> float:
+  """Bytes of one K/V cache of a point (context + the written slot)."""
+  per_position = formulas.kv_bytes_per_position(
+      config.num_blocks, config.num_kv_heads, config.head_dim,
+      jnp.dtype(dtype).itemsize)
+  return float(formulas.retained_kv_bytes(batch, context + 1, per_position))
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -288,6 +371,18 @@ class _CostGuess:
 STATISTIC = "lower-quartile round's median"
 
 
+def round_spread(medians: Sequence[float]) -> float:
+  """How far a point's fastest rounds disagree: third fastest / fastest - 1.
+
+  The lower quartile sits among the fastest rounds, so it is settled once
+  they agree; one round alone is never settled (inf).
+  """
+  ordered = sorted(medians)
+  if len(ordered) < 2:
+    return math.inf
+  return ordered[min(2, len(ordered) - 1)] / ordered[0] - 1.0
+
+
 def lower_quartile(records: Sequence[measure.Measurement]
                    ) -> measure.Measurement:
   """The round at the lower quartile of the rounds' medians.
@@ -311,6 +406,9 @@ def decode_step_sweep(
     min_round_s: float = 0.1,
     deadline: float | None = None,
     seed: int = 0,
+    spread_limit: float = 0.08,
+    max_extra_rounds: int = 3,
+    always: Collection[StepPoint] = (),
     progress: Callable[[str], None] | None = None,
 ) -> list[measure.Measurement]:
   """Measures decode steps at `points` in rounds; keeps each lower quartile.
@@ -331,18 +429,45 @@ def decode_step_sweep(
       timed steps to last this long (short steps are the noisiest).
     deadline: stop measuring by then; None means no limit.
     seed: the visiting order.
+    spread_limit: after the planned rounds, points whose `round_spread`
+      exceeds this are measured again (up to `max_extra_rounds` passes,
+      while the deadline allows): a shared machine's load comes in bursts.
+    max_extra_rounds: see `spread_limit`.
+    always: points measured once even past the deadline (what a fit cannot
+      do without), first.
     progress: called with one line per measured point.
 
   Returns:
-    One record per measured point, in the order of `points`.
+    One record per measured point, in the order of `points`; `extra` holds
+    every round's median, their `round_spread` and the highest load seen.
   """
   rng = np.random.default_rng(seed)
   measured: dict[StepPoint, list[measure.Measurement]] = {}
   guess = _CostGuess()
   total = len(points) * rounds
   done = 0
-  for round_index in range(rounds):
-    for i in rng.permutation(len(points)):
+
+  def unsettled() -> list[int]:
+    return [i for i, p in enumerate(points) if p in measured and round_spread(
+        [r.median_s for r in measured[p]]) > spread_limit]
+
+  passes = [rng.permutation(len(points)) for _ in range(rounds)]
+  first = [i for i, p in enumerate(points) if p in always]
+  passes[0] = np.asarray(first + [i for i in passes[0] if i not in first],
+                         dtype=int)
+  extra = 0
+  round_index = -1
+  while True:
+    round_index += 1
+    if round_index < rounds:
+      order = passes[round_index]
+    else:  # Re-measure the points whose fastest rounds disagree.
+      order = rng.permutation(unsettled())
+      if extra >= max_extra_rounds or not len(order):
+        break
+      extra += 1
+      total += len(order)
+    for i in order:
       point = points[i]
       done += 1
       count = repeats
@@ -352,7 +477,8 @@ def decode_step_sweep(
         cost = last.extra["setup_s"] + (warmup + count) * last.median_s
       else:
         cost = 1.0 + (warmup + repeats + 1) * guess.step_s(point)
-      if deadline is not None and time.monotonic() + cost > deadline:
+      if (deadline is not None and time.monotonic() + cost > deadline
+          and not (point in always and point not in measured)):
         continue
       record = benches[point.model].measure(
           point.batch, point.context, warmup=warmup, repeats=count)
@@ -369,8 +495,13 @@ def decode_step_sweep(
   for point in points:
     if point in measured:
       chosen = lower_quartile(measured[point])
+      medians = [r.median_s for r in measured[point]]
+      loads = [r.extra.get("load_avg_1m") for r in measured[point]]
+      loads = [x for x in loads if x is not None]
       extra = {**chosen.extra,
-               "round_medians_s": [r.median_s for r in measured[point]],
+               "round_medians_s": medians,
+               "round_spread": round_spread(medians),
+               "load_avg_1m_max": max(loads) if loads else None,
                "statistic": STATISTIC}
       out.append(dataclasses.replace(chosen, extra=extra))
   return out
@@ -406,14 +537,15 @@ def _op_fn(op: str, backend: str) -> Callable[..., Any]:
 
 def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
              shapes: dict[str, int], dtype: str, flops: float, traffic: float,
-             warmup: int, repeats: int) -> measure.Measurement:
+             warmup: int, repeats: int, fn: Callable[..., Any] | None = None
+             ) -> measure.Measurement:
   """Wall-clock timing with rotation on the CPU; a chain of calls elsewhere.
 
   On a GPU or TPU a single op lasts about as long as dispatching it, so the
   op is timed inside one jit as a chain of dependent calls
   (`kernels.device_timing`), which charges launches, never dispatch.
   """
-  fn = _op_fn(op, backend)
+  fn = fn or _op_fn(op, backend)
   if _platform() == "cpu":
     return measure.measure(jax.jit(fn), arg_sets, op=op, shapes=shapes,
                            dtype=dtype, backend=backend, warmup=warmup,
@@ -528,3 +660,206 @@ def attention_sweep(
     del args
   return records
 
+
+
+# Operation sweeps in rounds, for the calibration's fit -------------------------
+
+# Operand bytes rotated between calls on a CPU: four times a 32 MB last-level
+# cache, so weights stream from memory as in a step, not from the cache.
+_ROTATE_BYTES = 128 * 2**20
+_MAX_SETS = 16
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class OpPoint:
+  """One operation at one shape: a linear layer or a layer's decode attention.
+
+  `linear`: sizes = (rows, d_in, d_out). `decode_attention`: sizes = (batch,
+  context, heads, kv_heads, head_dim).
+  """
+
+  op: str
+  sizes: tuple[int, ...]
+
+
+def linear_points(config: config_lib.ToyConfig, rows: Sequence[int]
+                  ) -> list[OpPoint]:
+  """The toy step's linear layers (distinct shapes) at each row count M."""
+  c = config
+  shapes = sorted({(c.width, c.num_heads * c.head_dim),
+                   (c.width, c.num_kv_heads * c.head_dim),
+                   (c.num_heads * c.head_dim, c.width),
+                   (c.width, c.mlp_dim), (c.mlp_dim, c.width),
+                   (c.width, c.vocab_size)})
+  return [OpPoint("linear", (m, d_in, d_out)) for d_in, d_out in shapes
+          for m in rows]
+
+
+def attention_points(config: config_lib.ToyConfig,
+                     grid: Sequence[tuple[int, int]]) -> list[OpPoint]:
+  """The toy step's decode attention (one layer) at (batch, context)."""
+  c = config
+  return [OpPoint("decode_attention",
+                  (b, t, c.num_heads, c.num_kv_heads, c.head_dim))
+          for b, t in grid]
+
+
+def _rotated_sets(per_set_bytes: float) -> int:
+  """Argument sets whose bytes together defeat a CPU's last-level cache."""
+  if _platform() != "cpu":
+    return 1  # Chained timing uses one set (see `_time_op`).
+  return int(min(_MAX_SETS, max(2, math.ceil(_ROTATE_BYTES / per_set_bytes))))
+
+
+def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
+               repeats: int, seed: int = 0) -> measure.Measurement:
+  """Times one operation point, its operands made afresh and freed after."""
+  dtype = jnp.dtype(dtype)
+  fn = None
+  if point.op == "linear":
+    m, d_in, d_out = point.sizes
+    flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
+    sets = _rotated_sets((m * d_in + d_in * d_out) * dtype.itemsize)
+    require_memory(sets * traffic, f"linear rows={m} d_in={d_in} d_out={d_out}")
+    args = linear_args(m, d_in, d_out, dtype, sets, seed)
+    shapes = {"rows": m, "d_in": d_in, "d_out": d_out}
+  else:
+    batch, context, heads, kv_heads, head_dim = point.sizes
+    flops, traffic = attention_analytic(batch, context, heads, kv_heads,
+                                        head_dim, dtype.itemsize)
+    sets = _rotated_sets(traffic)
+    require_memory(sets * traffic, f"decode_attention batch={batch} "
+                   f"context={context}")
+    shapes = {"batch": batch, "context": context, "heads": heads,
+              "kv_heads": kv_heads, "head_dim": head_dim}
+    if backend == "xla":  # As the toy step runs it (see `toy_attention`).
+      args = toy_attention_args(batch, context, heads, kv_heads, head_dim,
+                                dtype, sets, seed)
+      fn = toy_attention
+    else:
+      args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
+                            sets, seed)
+  start = time.perf_counter()
+  record = _time_op(point.op, backend, args, shapes=shapes, dtype=dtype.name,
+                    flops=flops, traffic=traffic, warmup=warmup,
+                    repeats=repeats, fn=fn)
+  elapsed = time.perf_counter() - start
+  del args
+  measure.release_memory()
+  return dataclasses.replace(record, extra={
+      **record.extra, "arg_sets": sets, "elapsed_s": elapsed,
+      "load_avg_1m": _load_average()})
+
+
+def toy_attention(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array,
+                  mask: jax.Array) -> jax.Array:
+  """One layer's decode attention exactly as the toy's step computes it.
+
+  XLA's operations on a CPU are the step's own: its head-major K/V rows
+  (`jaxroof.toy.cache`) and its arrangement of the products, so the
+  operation fit sees what the step runs (the kernel module's reference
+  reads another layout).
+  """
+  return model_lib._attention_rows(q, k_rows, v_rows, mask)  # noqa: SLF001
+
+
+def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int,
+                       head_dim: int, dtype: Any, sets: int, seed: int = 0):
+  """`sets` (q, K rows, V rows, mask) of `toy_attention`, every slot read."""
+  rows = (batch * kv_heads, context, head_dim)
+  mask = jnp.ones((1, context), bool)
+  return [(measure.filler((batch, 1, heads, head_dim), dtype, seed + 3 * i),
+           _pattern(rows, dtype, seed + 3 * i + 1),
+           _pattern(rows, dtype, seed + 3 * i + 2), mask)
+          for i in range(sets)]
+
+
+def _guess_op_s(point: OpPoint) -> float:
+  """A rough first guess of an operation's time, only to plan its repeats:
+  100 GFLOP/s and 10 GB/s, whichever binds."""
+  if point.op == "linear":
+    m, d_in, d_out = point.sizes
+    return max(2 * m * d_in * d_out / 1e11, 4 * d_in * d_out / 1e10, 1e-5)
+  batch, context, heads, kv_heads, head_dim = point.sizes
+  return max(8 * batch * context * kv_heads * head_dim / 1e10, 1e-5)
+
+
+def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator
+                 ) -> list[int]:
+  """A random order that alternates between the operations.
+
+  So a round cut short by its deadline still holds every operation (each
+  factor's fit needs its own), not only whichever came first.
+  """
+  groups = [list(rng.permutation([i for i, p in enumerate(points)
+                                  if p.op == op]))
+            for op in sorted({p.op for p in points})]
+  order = []
+  while any(groups):
+    for group in groups:
+      if group:
+        order.append(int(group.pop(0)))
+  return order
+
+
+def op_sweep(
+    points: Sequence[OpPoint],
+    *,
+    dtype: Any = jnp.float32,
+    backend: str = "xla",
+    rounds: int = 3,
+    warmup: int = 1,
+    repeats: int = 5,
+    deadline: float | None = None,
+    seed: int = 0,
+    spread_limit: float = 0.08,
+    max_extra_rounds: int = 2,
+    min_timed_s: float = 0.05,
+    always: Collection[OpPoint] = (),
+    progress: Callable[[str], None] | None = None,
+) -> list[measure.Measurement]:
+  """Times operations in rounds of random order; keeps each lower quartile.
+
+  As `decode_step_sweep`: a burst of load hits a few samples of many points,
+  points whose fastest rounds disagree by more than `spread_limit` are
+  measured again, and nothing starts that would pass `deadline`
+  (`time.monotonic()`). A point gets between 2 and `repeats` timed calls,
+  enough to last `min_timed_s` (long calls need fewer). The `always` points
+  are measured first and once even past the deadline (each fit's minimum).
+  Returns one record per measured point, in order.
+  """
+  _check_backend(backend)
+  rng = np.random.default_rng(seed)
+  measured: dict[OpPoint, list[measure.Measurement]] = {}
+  passes = [_interleaved(points, rng) for _ in range(rounds)]
+  first = [i for i, p in enumerate(points) if p in always]
+  passes[0] = first + [i for i in passes[0] if i not in first]
+  for extra in range(max_extra_rounds + 1):
+    if extra:
+      passes = [rng.permutation([
+          i for i, p in enumerate(points) if p in measured
+          and round_spread([r.median_s for r in measured[p]]) > spread_limit])]
+    for order in passes:
+      for i in order:
+        point = points[i]
+        last = measured.get(point)
+        cost = 2.0 if not last else last[-1].extra["elapsed_s"]
+        if (deadline is not None and time.monotonic() + cost > deadline
+            and not (point in always and not last)):
+          continue
+        planned = last[-1].median_s if last else _guess_op_s(point)
+        count = int(min(repeats, max(2, math.ceil(min_timed_s / planned))))
+        record = measure_op(point, dtype, backend, warmup=warmup,
+                            repeats=count, seed=seed)
+        measured.setdefault(point, []).append(record)
+        if progress:
+          progress(f"{point.op} {point.sizes}: {record.median_s * 1e3:.3f} ms")
+  out = []
+  for point in points:
+    if point in measured:
+      chosen = lower_quartile(measured[point])
+      medians = [r.median_s for r in measured[point]]
+      out.append(dataclasses.replace(chosen, extra={
+          **chosen.extra, "round_medians_s": medians,
+          "round_spread": round_spread(medians), "statistic": STATISTIC}))
+  return out

@@ -21,6 +21,7 @@ from typing import Any
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
+from jaxroof.specs import accelerators
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
@@ -188,11 +189,6 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
   return Profile.from_json(data, path=path)
 
 
-def _family(slug: str) -> str:
-  """The device family of a slug ("h100" of "h100-sxm")."""
-  return slug.split("-")[0]
-
-
 def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
                   ) -> list[str]:
   """Refuses a profile fitted on one device kind for another accelerator.
@@ -213,7 +209,7 @@ def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
   if profile.accelerator:
     same = profile.accelerator == slug
   else:
-    same = _family(slug) in profile.device_kind.lower().replace(" ", "")
+    same = accelerators.device_kind_matches(slug, profile.device_kind)
   if same:
     return []
   measured_on = profile.accelerator or profile.device_kind

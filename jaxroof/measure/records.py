@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import gc
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +69,23 @@ def keep_allocations() -> str:
     _ALLOCATOR[0] = ("glibc malloc keeps freed buffers (one arena, no mmap, "
                      "no trim)")
   return _ALLOCATOR[0]
+
+
+def release_memory() -> bool:
+  """Frees what Python no longer holds and hands glibc's free pages back.
+
+  `keep_allocations` turns glibc's automatic trimming off (for stable
+  timings), so a job calls this between its phases: without it the heap keeps
+  every phase's peak and a calibration's resident memory only grows.
+  Returns whether malloc_trim ran (False without glibc).
+  """
+  gc.collect()
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc_trim(0)
+  except (OSError, AttributeError):
+    return False
+  return True
 
 
 def allocator() -> str:

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as Spec
 
 from jaxroof.toy import model as toy_model
-from jaxroof.toy.weights import Params
+from jaxroof.toy.weights import Params, stacked_blocks
 
 AXIS = "tp"
 
@@ -57,7 +57,7 @@ def _check(params: Params, tp: int) -> None:
 
 
 def _weights(params: Params) -> tuple:
-  b = params.blocks
+  b = stacked_blocks(params)  # Placed once, so stacking costs nothing per step.
   return (params.embed, b.attn_norm, b.wq, b.wk, b.wv, b.wo, b.mlp_norm, b.w_up, b.w_down,
           params.final_norm, params.unembed)
 

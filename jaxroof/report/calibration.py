@@ -24,8 +24,8 @@ def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
          title: str) -> None:
   """Measured against calibrated step time, log-log, with 10%/25% bands."""
   fig, ax = plots.plt.subplots(figsize=(6.5, 6))
-  styles = {"train": ("o", "tab:blue", "training"),
-            "heldout": ("s", "tab:red", "held out"),
+  styles = {"train": ("o", "tab:blue", "fit models' steps"),
+            "heldout": ("s", "tab:red", "held-out models"),
             "validation": ("D", "tab:green", "validation")}
   values = [v for p in points for v in (p["measured_s"], p["predicted_s"])]
   low, high = min(values) / 1.5, max(values) * 1.5
@@ -79,22 +79,50 @@ def ceiling_rows(c: ceilings.Ceilings) -> list[list[str]]:
   return rows
 
 
+def _model_list(models: Sequence[Mapping[str, Any]]) -> str:
+  return "; ".join(
+      f"`{m['name']}` (width {m['width']}, {m['num_blocks']} blocks, "
+      f"{m['num_kv_heads']} K/V heads)" for m in models)
+
+
 def section_markdown(job: calibration_job.CalibrationRun) -> str:
   """The report's Markdown for a job whose plot is `calibration.png`."""
   prof = job.profile
   fit = prof.fit
-  loads = [p["load_avg_1m"] for p in job.points if p["load_avg_1m"] is not None]
-  load = (f" The 1-minute load average during the timings was "
-          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores (this "
-          "process included); each point keeps its lower-quartile round, so "
-          "rounds slowed by other processes do not count." if loads else "")
+  load = fit.get("load") or {}
+  load_text = (f" The 1-minute load average during the timings was "
+               f"{load['load_avg_1m_min']:.1f}-{load['load_avg_1m_max']:.1f} "
+               f"on {load['cpu_count']} cores (this process included); each "
+               "point keeps its lower-quartile round and points whose fastest "
+               "rounds disagree are measured again."
+               if load.get("load_avg_1m_max") is not None else "")
+  how = ("efficiency factors fitted to the linear layer and decode attention "
+         "timed alone at the fit models' shapes, fixed costs to their "
+         "smallest decode steps" if fit.get("method") == "ops" else
+         "every factor fitted to the fit models' decode steps")
+  per_model = "; ".join(
+      f"`{name}`: median {e['median_rel_error']:.1%}, max "
+      f"{e['max_rel_error']:.1%} ({e['points']} points)"
+      for name, e in (fit.get("heldout_by_model") or {}).items())
+  status = fit.get("status", "unknown")
+  verdict = ("It meets its targets (median <= "
+             f"{calibration_job.TARGET_MEDIAN:.0%}, max <= "
+             f"{calibration_job.TARGET_MAX:.0%} on each held-out model)."
+             if status == "ok" else
+             f"**Status: {status}. This calibration did not reach its "
+             "accuracy targets; read its factors as rough.** "
+             + " ".join(f"{w}." for w in fit.get("warnings", [])))
   return "\n".join([
       "## Calibration on this device (measurement, calibrated prediction)",
       "",
       f"A {job.budget_s:.0f}-second calibration on {prof.device_kind} "
       f"({prof.platform}), backend {prof.backend}, {prof.dtype}, jax "
-      f"{prof.jax_version}: {len(job.points)} decode steps of the toy "
-      f"Transformer measured ({prof.method}).{load}",
+      f"{prof.jax_version}: {how} ({len(job.operations)} operation points, "
+      f"{len(job.rows('train'))} fit steps; {prof.method}).{load_text}",
+      "",
+      f"Fit models: {_model_list(prof.model.get('fit_models', []))}. Held "
+      f"out (never seen by the fit): "
+      f"{_model_list(prof.model.get('heldout_models', []))}.",
       "",
       "Device ceilings (*measurement*):",
       "",
@@ -107,33 +135,25 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
                            factor_rows(prof.factors)),
       "",
       f"Relative error of the calibrated prediction on "
-      f"{fit['heldout_points']} held-out points: median "
+      f"{fit['heldout_points']} decode steps of the held-out models: median "
       f"{fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} (training: median "
-      f"{fit['train_median_rel_error']:.1%}, max "
-      f"{fit['train_max_rel_error']:.1%}). A longer run "
-      "(`python -m experiments.calibrate --budget_s=600`) measures more "
+      f"{fit['heldout_max_rel_error']:.1%} ({per_model}). {verdict} A longer "
+      "run (`python -m experiments.calibrate --budget_s=240`) measures more "
       "points and rounds.",
       "",
       "![measured vs calibrated step time](calibration.png)",
   ])
 
 
-# The report's calibration keeps its caches small (the main job stays within about
-# 2 GB); `experiments.calibrate` sweeps the full grid.
-REPORT_MAX_TOKENS = 65_536
-
-
 def report_section(out_dir: str, budget_s: float = 60.0) -> str:
   """Runs a short calibration here; writes its plot and profile to out_dir.
 
   Returns the Markdown section: measured ceilings, fitted factors, held-out
-  errors and the plot, each labelled measurement or calibrated.
+  errors (on models the fit never saw), the run's status and the plot, each
+  labelled measurement or calibrated.
   """
-  points = [point for point in calibration_job.default_points(budget_s)
-            if point.batch * point.context <= REPORT_MAX_TOKENS]
   try:
-    job = calibration_job.run(budget_s, points=points)
+    job = calibration_job.run(budget_s)
   except errors.InputError as e:  # A busy machine may measure too few points.
     return "\n".join([
         "## Calibration on this device (measurement)", "",

@@ -175,6 +175,16 @@ def known_accelerators() -> tuple[str, ...]:
   return tuple(sorted(_table()))
 
 
+def device_kind_matches(slug: str, device_kind: str) -> bool:
+  """Whether jax's device kind names this accelerator's family.
+
+  E.g. "NVIDIA H100 80GB HBM3" and h100-sxm: a profile measured on that
+  device describes this accelerator (not a what-if).
+  """
+  family = slug.strip().lower().split("-")[0]
+  return bool(family) and family in device_kind.lower().replace(" ", "")
+
+
 def load_accelerator(name: str) -> Accelerator:
   """The shipped accelerator `name` (a slug, case-insensitive).
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxroof.specs import parameters
 from jaxroof.specs import workload
-from jaxroof.specs.accelerators import Accelerator
+from jaxroof.specs.accelerators import Accelerator, device_kind_matches
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic.sweep import sweep
@@ -83,10 +83,18 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   }
   summary = result["summary"]
   summary["max_batch_in_memory"] = inputs.max_batch_in_memory
+  measured_kind = str(model.provenance.get("device_kind", ""))
   if model.kind == "calibrated" and model.provenance.get("accelerator") == inputs.accelerator:
     summary["notes"].append(
         f"profile fitted on {inputs.accelerator} itself: its factors scale "
         f"{inputs.accelerator}'s datasheet figures, as in the fit")
+  elif (model.kind == "calibrated" and not model.provenance.get("accelerator")
+        and device_kind_matches(inputs.accelerator, measured_kind)):
+    scaled = ("the ceilings measured with them" if model.ceilings is not None
+              else f"{inputs.accelerator}'s datasheet figures")
+    summary["notes"].append(
+        f"profile measured on {measured_kind}, this accelerator: a calibrated "
+        f"prediction, its factors scaling {scaled}")
   elif model.kind == "calibrated":
     summary["notes"].append(
         f"profile measured on {model.provenance.get('device_kind', 'another device')}, "

@@ -2,7 +2,7 @@
 
 Walks the jaxpr of a traced function and adds `2 * output size * contracted
 size` for every `dot_general` (einsum and matmul lower to it), multiplying by
-a loop's trip count (`scan` over the stacked blocks). Element-wise work
+a loop's trip count (a `scan`, e.g. `generate`'s steps). Element-wise work
 (softmax, norms, RoPE) is not counted, as the symbolic model omits it too.
 This is an independent count to hold `jaxroof.symbolic.formulas` against.
 """
@@ -53,6 +53,6 @@ def matmul_weights(params: Params) -> int:
   Norm scales multiply element-wise and the embedding is a lookup, so
   neither counts.
   """
-  blocks = params.blocks
-  return sum(x.size for x in (blocks.wq, blocks.wk, blocks.wv, blocks.wo,
-                              blocks.w_up, blocks.w_down, params.unembed))
+  return params.unembed.size + sum(
+      x.size for blk in params.blocks
+      for x in (blk.wq, blk.wk, blk.wv, blk.wo, blk.w_up, blk.w_down))

@@ -1,9 +1,12 @@
 """The toy Transformer's weights: an immutable pytree and its random init.
 
-The blocks' weights are stacked on a leading axis of size `num_blocks`, so the
-model runs its blocks with one `lax.scan` (one compiled block, whatever the
-depth). The config rides along as static metadata: `jit(f)(params, ...)`
-recompiles only for a new config, shape or dtype.
+Each block's weights are their own arrays (`Params.blocks` is a tuple of
+`BlockParams`), so a compiled step multiplies by each weight where it lies.
+On XLA:CPU, weights stacked on a block axis and run with `lax.scan` were
+sliced, i.e. copied, block by block on every step: the batch-1 decode step
+then moved each weight three times (`experiments.bench_decode_step`). The
+config rides along as static metadata: `jit(f)(params, ...)` recompiles only
+for a new config, shape or dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from jaxroof.toy.config import ToyConfig
 # Einsum letters used throughout the model:
 #   b batch, t query positions, s key slots, D width, F mlp, V vocab,
 #   h query heads, k KV heads, g query heads per KV head, e head coordinates,
-#   l blocks.
+#   l blocks, n (sequence, KV head) rows of the head-major cache.
 
 
 @functools.partial(
@@ -32,16 +35,16 @@ from jaxroof.toy.config import ToyConfig
 )
 @dataclasses.dataclass(frozen=True)
 class BlockParams:
-  """Weights of all blocks, stacked on a leading block axis `l`."""
+  """Weights of one block."""
 
-  attn_norm: jax.Array  # shape=(l, D): RMSNorm scale before attention.
-  wq: jax.Array  # shape=(l, D, h, e).
-  wk: jax.Array  # shape=(l, D, k, e).
-  wv: jax.Array  # shape=(l, D, k, e).
-  wo: jax.Array  # shape=(l, h, e, D).
-  mlp_norm: jax.Array  # shape=(l, D): RMSNorm scale before the MLP.
-  w_up: jax.Array  # shape=(l, D, F).
-  w_down: jax.Array  # shape=(l, F, D).
+  attn_norm: jax.Array  # shape=(D,): RMSNorm scale before attention.
+  wq: jax.Array  # shape=(D, h, e).
+  wk: jax.Array  # shape=(D, k, e).
+  wv: jax.Array  # shape=(D, k, e).
+  wo: jax.Array  # shape=(h, e, D).
+  mlp_norm: jax.Array  # shape=(D,): RMSNorm scale before the MLP.
+  w_up: jax.Array  # shape=(D, F).
+  w_down: jax.Array  # shape=(F, D).
 
 
 @functools.partial(
@@ -55,7 +58,7 @@ class Params:
 
   embed: jax.Array  # shape=(V, D): token embedding.
   pos_embed: jax.Array | None  # shape=(max_positions, D); None with RoPE.
-  blocks: BlockParams
+  blocks: tuple[BlockParams, ...]  # One per block, input side first.
   final_norm: jax.Array  # shape=(D,).
   unembed: jax.Array  # shape=(D, V): output head.
   config: ToyConfig
@@ -97,16 +100,18 @@ def _init_params(config: ToyConfig, key: jax.Array, dtype: jnp.dtype):
     w[name] = sample[start:start + size].reshape(shape) / fan_in**0.5
     start += size
 
-  blocks = BlockParams(
-      attn_norm=jnp.ones((l, width), dtype),
-      wq=w["wq"],
-      wk=w["wk"],
-      wv=w["wv"],
-      wo=w["wo"],
-      mlp_norm=jnp.ones((l, width), dtype),
-      w_up=w["w_up"],
-      w_down=w["w_down"],
-  )
+  # Drawn stacked (the same numbers for a seed whatever the layout), then
+  # returned one array per block and weight.
+  blocks = tuple(BlockParams(
+      attn_norm=jnp.ones((width,), dtype),
+      wq=w["wq"][i],
+      wk=w["wk"][i],
+      wv=w["wv"][i],
+      wo=w["wo"][i],
+      mlp_norm=jnp.ones((width,), dtype),
+      w_up=w["w_up"][i],
+      w_down=w["w_down"][i],
+  ) for i in range(l))
   return Params(
       embed=w["embed"],
       pos_embed=w.get("pos_embed"),
@@ -141,3 +146,12 @@ def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int
         f"{positions} positions of K/V and logits at {itemsize} B) over the "
         f"{limit_bytes / 1e9:g} GB limit: use smaller sizes.")
   return total
+
+
+def stacked_blocks(params: Params) -> BlockParams:
+  """All blocks' weights stacked on a leading block axis `l` (a copy).
+
+  For code that places or scans every block's weight as one array (the
+  tensor-parallel toy); the model itself reads each block's own arrays.
+  """
+  return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params.blocks)

@@ -1,0 +1,144 @@
+"""The calibrated model's factors, fitted from operation timings.
+
+The calibrated step (`jaxroof.symbolic.calibrated`) is a sum of terms, and
+each term belongs to one operation, so each factor is fitted where its
+operation is timed alone:
+
+* `eta_w`, `eta_f`, `r_ovl`: the linear layer x (M, d_in) @ w (d_in, d_out) at
+  the toy step's shapes over M = 1 ... 2048, as the step's `linear_s` with
+  N = d_in * d_out weights and B = M rows;
+* `eta_kv`: one layer's decode attention over batch x context, as the
+  step's `kv_s` with that layer's K/V bytes per position;
+* `t0_step`, `t0_layer`: the smallest whole decode steps of the fit's models
+  (two depths), the other factors held at their operation values.
+
+A single operation call has a fixed cost of its own (dispatch, launch) that a
+step does not pay per operation; each operation fit absorbs it in a nuisance
+`t0_step` that is not carried over. All fits go through
+`fitting.fit_factors` (optax, log space).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxroof import errors
+from jaxroof.measure import fitting
+from jaxroof.measure import records as measure
+from jaxroof.symbolic.calibrated import FACTOR_NAMES
+
+LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
+ATTENTION_FACTORS = ("eta_kv",)
+FIXED_FACTORS = ("t0_step", "t0_layer")
+_CALL_COST = "t0_step"  # The nuisance of an operation fit (one call's cost).
+
+
+def _column(values) -> np.ndarray:
+  return np.asarray(values, dtype=np.float64)
+
+
+def linear_inputs(records: Sequence[measure.Measurement], bandwidth: float,
+                  flop_rate: float) -> dict[str, np.ndarray]:
+  """Calibrated-model inputs of timed linear layers (no K/V, no layers)."""
+  n = _column([r.shapes["d_in"] * r.shapes["d_out"] for r in records])
+  zeros = np.zeros(len(records))
+  return {"B": _column([r.shapes["rows"] for r in records]), "T": zeros,
+          "N": n, "N_act": n, "q": _column([_itemsize(r) for r in records]),
+          "k": zeros, "L": zeros, "BW": np.full(len(records), bandwidth),
+          "F": np.full(len(records), flop_rate)}
+
+
+def attention_inputs(records: Sequence[measure.Measurement], bandwidth: float,
+                     flop_rate: float) -> dict[str, np.ndarray]:
+  """Calibrated-model inputs of one layer's timed decode attention.
+
+  Its K/V bytes per position are one layer's; no weights are read (N = 1,
+  a negligible stand-in that keeps the linear term defined).
+  """
+  ones = np.ones(len(records))
+  k = _column([2 * r.shapes["kv_heads"] * r.shapes["head_dim"] * _itemsize(r)
+               for r in records])
+  return {"B": _column([r.shapes["batch"] for r in records]),
+          "T": _column([r.shapes["context"] for r in records]), "N": ones,
+          "N_act": ones, "q": ones, "k": k, "L": np.zeros(len(records)),
+          "BW": np.full(len(records), bandwidth),
+          "F": np.full(len(records), flop_rate)}
+
+
+def _itemsize(record: measure.Measurement) -> int:
+  return int(np.dtype(measure.require_dtype(record.dtype)).itemsize)
+
+
+def _medians(records: Sequence[measure.Measurement]) -> np.ndarray:
+  return _column([r.median_s for r in records])
+
+
+def _scored(inputs: Mapping[str, np.ndarray], measured: np.ndarray,
+            factors: Mapping[str, float]) -> dict[str, Any]:
+  rel = fitting.relative_errors(fitting.predict(inputs, factors), measured)
+  return fitting.error_summary(rel)
+
+
+def _start(measured: np.ndarray) -> dict[str, float]:
+  return fitting.initial_factors(measured, np.ones(1))
+
+
+def fit_operations(
+    linear: Sequence[measure.Measurement],
+    attention: Sequence[measure.Measurement],
+    steps: Sequence[measure.Measurement],
+    step_inputs: Mapping[str, np.ndarray],
+    *,
+    bandwidth: float,
+    flop_rate: float,
+    fit_steps: int = 2000,
+) -> tuple[dict[str, float], dict[str, Any]]:
+  """Fits every factor from operations, the fixed costs from small steps.
+
+  Args:
+    linear: timed linear layers (`op_sweeps.op_sweep`).
+    attention: timed one-layer decode attention.
+    steps: the smallest timed decode steps of the fit's models.
+    step_inputs: their calibrated-model inputs (`calibration_job.model_inputs`).
+    bandwidth, flop_rate: the measured ceilings the factors are fractions of.
+    fit_steps: Adam steps of each fit.
+
+  Returns:
+    The factors, and per stage: the points, the fit's error on them and the
+    nuisance call cost of each operation.
+  """
+  for name, group, least in (("linear", linear, 3), ("attention", attention, 2),
+                             ("steps", steps, 2)):
+    if len(group) < least:
+      raise errors.InputError(
+          f"only {len(group)} {name} points were measured: the operation fit "
+          f"needs at least {least}; give a larger --budget_s.")
+  details: dict[str, Any] = {}
+  x = linear_inputs(linear, bandwidth, flop_rate)
+  t = _medians(linear)
+  fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
+                            free=LINEAR_FACTORS + (_CALL_COST,))
+  factors = {n: fit.factors[n] for n in LINEAR_FACTORS}
+  details["linear"] = {"points": len(linear),
+                       "call_cost_s": fit.factors[_CALL_COST],
+                       **_scored(x, t, fit.factors)}
+  x = attention_inputs(attention, bandwidth, flop_rate)
+  t = _medians(attention)
+  fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
+                            free=ATTENTION_FACTORS + (_CALL_COST,))
+  factors["eta_kv"] = fit.factors["eta_kv"]
+  details["attention"] = {"points": len(attention),
+                          "call_cost_s": fit.factors[_CALL_COST],
+                          **_scored(x, t, fit.factors)}
+  t = _medians(steps)
+  start = {**_start(t), **factors}
+  start["t0_layer"] = 0.1 * float(np.min(t) / np.max(step_inputs["L"]))
+  fit = fitting.fit_factors(step_inputs, t, init=start, steps=fit_steps,
+                            free=FIXED_FACTORS)
+  factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
+  details["fixed"] = {"points": len(steps),
+                      **_scored(step_inputs, t, factors)}
+  return {n: factors[n] for n in FACTOR_NAMES}, details
