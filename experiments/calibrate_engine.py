@@ -21,6 +21,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
 from jaxroof.serving import engine_fit
@@ -52,7 +53,6 @@ _MAX_SIMULATIONS = flags.DEFINE_integer(
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the replayed arrivals.")
 _PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profile here.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
-flags.mark_flags_as_required(["from_vllm", "model", "accelerator"])
 
 
 def _percent(value) -> str:
@@ -61,6 +61,12 @@ def _percent(value) -> str:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  if not _FROM_VLLM.value:
+    raise errors.InputError("--from_vllm is required: the vLLM bench serve result files.")
+  if not _MODEL.value:
+    raise errors.InputError("--model is required: the shipped model name.")
+  if not _ACCELERATOR.value:
+    raise errors.InputError("--accelerator is required: the shipped accelerator name.")
   setup = engine_fit.ServingSetup(
       model=_MODEL.value, accelerator=_ACCELERATOR.value, tp=_SERVED_TP.value,
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value, scheduler=_SCHEDULER.value,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
 from jaxroof.measure import user_measurements
@@ -40,7 +41,6 @@ _FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps per fit (>= 100
                                   lower_bound=100)
 _PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profile here.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
-flags.mark_flag_as_required("from_csv")
 
 
 def _percent(value) -> str:
@@ -94,6 +94,8 @@ def carry_over(measurements: user_measurements.Measurements) -> None:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  if not _FROM_CSV.value:
+    raise errors.InputError("--from_csv is required: the measurements CSV.")
   accelerator = None if _CARRY_OVER.value else _ACCELERATOR.value
   measurements = user_measurements.read_measurements(
       _FROM_CSV.value, accelerator=accelerator, several_devices=_CARRY_OVER.value)

@@ -58,13 +58,19 @@ def layout_rows(result: dict[str, Any]) -> list[list[str]]:
   return out
 
 
+def _run_label(run: str) -> str:
+  """A run's file as the repository names it: the shipped examples live in tests/data."""
+  shipped = os.path.join("tests", "data", os.path.basename(run.split(":")[0]))
+  return f"`{shipped}`" if os.path.exists(shipped) else run.rsplit(".", 1)[0]
+
+
 def engine_rows(result: dict[str, Any]) -> list[list[str]]:
   """One display row per (run, metric): measured, simulated calibrated and bound."""
   out = []
   for run in result["runs"]:
     for name, cal in run["calibrated"].items():
       bound = run["bound"][name]
-      out.append([run["run"], name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
+      out.append([_run_label(run["run"]), name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
                   "n/a" if cal["simulated_s"] is None else f"{cal['simulated_s'] * 1e3:.1f}",
                   _percent(cal["rel_error"]), _percent(bound["rel_error"])])
   return out
