@@ -293,9 +293,6 @@ def _print_user_rows(rows: list[dict], title: str) -> None:
   print(table.format_table(headers, cells))
 
 
-def _percent(value) -> str:
-  return "n/a" if value is None else f"{value:.1%}"
-
 
 def fit_measurements(measurements: user_measurements.Measurements) -> None:
   """Fits a profile to measured rows; prints and writes the result."""
@@ -303,21 +300,17 @@ def fit_measurements(measurements: user_measurements.Measurements) -> None:
                                     steps=_FIT_STEPS.value)
   print(f"Calibration of {result['accelerator']} from {len(measurements.rows)} measured "
         f"rows of {measurements.path} (engine: {prof.backend}).")
-  print(table.format_table(
-      ("factor", "value", "status"),
-      [[name, f"{value:.4g}", "fitted" if name in result["free_factors"]
-        else result["fixed_factors"].get(name, "")]
-       for name, value in result["factors"].items()]))
+  print(table.factor_table(result))
   for flag in result["flags"]:
     print(f"FLAG: {flag}")
   _print_user_rows(result["heldout_rows"],
                    "Held-out rows (leave-one-model-out; calibrated prediction vs "
                    "measurement, and the analytic bound):")
   print(f"held-out relative error: calibrated median "
-        f"{_percent(result['heldout_median_rel_error'])}, max "
-        f"{_percent(result['heldout_max_rel_error'])}; bound median "
-        f"{_percent(result['bound_heldout_median_rel_error'])}, max "
-        f"{_percent(result['bound_heldout_max_rel_error'])}")
+        f"{table.percent(result['heldout_median_rel_error'])}, max "
+        f"{table.percent(result['heldout_max_rel_error'])}; bound median "
+        f"{table.percent(result['bound_heldout_median_rel_error'])}, max "
+        f"{table.percent(result['bound_heldout_max_rel_error'])}")
   if _PROFILE_OUT.value:
     profiles.save_profile(prof, _PROFILE_OUT.value)
   if _JSON_OUT.value:
@@ -330,17 +323,17 @@ def carry_over(measurements: user_measurements.Measurements) -> None:
   headers = ("device", "fit on", "predict", "relation", "free factors",
              "calibrated median", "bound median")
   cells = [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-            ", ".join(p["free"]), _percent(p["calibrated"]["median_rel_error"]),
-            _percent(p["bound"]["median_rel_error"])]
+            ", ".join(p["free"]), table.percent(p["calibrated"]["median_rel_error"]),
+            table.percent(p["bound"]["median_rel_error"])]
            for p in result["pairs"] if "skipped" not in p]
   print(f"Carry-over from {measurements.path} (engine: {measurements.engine}):")
   print(table.format_table(headers, cells))
   for p in result["pairs"]:
     if "skipped" in p:
       print(f"skipped {p['accelerator']} {p['fit_model']} -> {p['target']}: {p['skipped']}")
-  print(f"all predicted rows: calibrated median {_percent(result['median_rel_error'])}, "
-        f"max {_percent(result['max_rel_error'])}; bound median "
-        f"{_percent(result['bound_median_rel_error'])}; targets (median <= 10%, "
+  print(f"all predicted rows: calibrated median {table.percent(result['median_rel_error'])}, "
+        f"max {table.percent(result['max_rel_error'])}; bound median "
+        f"{table.percent(result['bound_median_rel_error'])}; targets (median <= 10%, "
         f"calibrated >= 2x better than bound) met: {result['meets_targets']}")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)

@@ -55,9 +55,6 @@ _PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profil
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 
 
-def _percent(value) -> str:
-  return "n/a" if value is None else f"{value:.1%}"
-
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
@@ -81,16 +78,16 @@ def main(argv: list[str]) -> None:
       bound = run["bound"][name]
       cells.append([run["run"], name, f"{cal['measured_s'] * 1e3:.2f}",
                     f"{cal['simulated_s'] * 1e3:.2f}" if cal["simulated_s"] else "n/a",
-                    _percent(cal["rel_error"]),
+                    table.percent(cal["rel_error"]),
                     f"{bound['simulated_s'] * 1e3:.2f}" if bound["simulated_s"] else "n/a",
-                    _percent(bound["rel_error"])])
+                    table.percent(bound["rel_error"])])
   print(table.format_table(("run", "metric", "measured ms", "calibrated ms", "error",
                             "bound ms", "bound error"), cells))
   for flag in result["flags"]:
     print(f"FLAG: {flag}")
   print(f"held-out ({result['heldout_method']}): median "
-        f"{_percent(result['heldout_median_rel_error'])}, max "
-        f"{_percent(result['heldout_max_rel_error'])}")
+        f"{table.percent(result['heldout_median_rel_error'])}, max "
+        f"{table.percent(result['heldout_max_rel_error'])}")
   if _PROFILE_OUT.value:
     profiles.save_profile(engine_fit.engine_profile(result), _PROFILE_OUT.value)
   if _JSON_OUT.value:

@@ -43,24 +43,17 @@ _PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profil
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 
 
-def _percent(value) -> str:
-  return "n/a" if value is None else f"{value:.1%}"
-
 
 def fit(measurements: user_measurements.Measurements) -> None:
   prof, result = layout_fit.calibrate_layouts(measurements, accelerator=_ACCELERATOR.value,
                                               steps=_FIT_STEPS.value)
   print(f"Calibration of {result['accelerator']} from {result['rows_used']} measured rows "
         f"of {measurements.path} on layouts {', '.join(result['layouts'])}.")
-  print(table.format_table(
-      ("factor", "value", "status"),
-      [[name, f"{value:.4g}", "fitted" if name in result["free_factors"]
-        else result["fixed_factors"].get(name, "")]
-       for name, value in result["factors"].items()]))
+  print(table.factor_table(result))
   print(f"held-out (leave-one-model-out) relative error: calibrated median "
-        f"{_percent(result['heldout_median_rel_error'])}, max "
-        f"{_percent(result['heldout_max_rel_error'])}; bound median "
-        f"{_percent(result['bound_heldout_median_rel_error'])}")
+        f"{table.percent(result['heldout_median_rel_error'])}, max "
+        f"{table.percent(result['heldout_max_rel_error'])}; bound median "
+        f"{table.percent(result['bound_heldout_median_rel_error'])}")
   if _PROFILE_OUT.value:
     profiles.save_profile(prof, _PROFILE_OUT.value)
   if _JSON_OUT.value:
@@ -73,13 +66,13 @@ def carry_over(measurements: user_measurements.Measurements) -> None:
   for study, block in result["studies"].items():
     for key, summary in block["by_heldout_layout"].items():
       cells.append([study, key, summary["calibrated"]["points"],
-                    _percent(summary["calibrated"]["median_rel_error"]),
-                    _percent(summary["ideal_split_calibrated"]["median_rel_error"]),
-                    _percent(summary["bound"]["median_rel_error"])])
+                    table.percent(summary["calibrated"]["median_rel_error"]),
+                    table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
+                    table.percent(summary["bound"]["median_rel_error"])])
     cells.append([study, "all held out", block["calibrated"]["points"],
-                  _percent(block["calibrated"]["median_rel_error"]),
-                  _percent(block["ideal_split_calibrated"]["median_rel_error"]),
-                  _percent(block["bound"]["median_rel_error"])])
+                  table.percent(block["calibrated"]["median_rel_error"]),
+                  table.percent(block["ideal_split_calibrated"]["median_rel_error"]),
+                  table.percent(block["bound"]["median_rel_error"])])
   print(f"Layout carry-over from {measurements.path} (engine: {measurements.engine}); "
         "median relative error vs the measurement:")
   print(table.format_table(("study", "held-out layout", "rows", "calibrated (eta_comm)",

@@ -12,6 +12,20 @@ def fmt(value: float | str | None) -> str:
   return value if isinstance(value, str) else f"{value:,.6g}"
 
 
+def percent(value: float | None) -> str:
+  """A relative error or fraction as a percentage with one decimal; n/a when absent."""
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def factor_table(result: dict) -> str:
+  """A fit's factors with whether each was fitted or fixed (and why)."""
+  return format_table(
+      ("factor", "value", "status"),
+      [[name, f"{value:.4g}", "fitted" if name in result["free_factors"]
+        else result["fixed_factors"].get(name, "")]
+       for name, value in result["factors"].items()])
+
+
 def _is_number(cell: str) -> bool:
   try:
     float(cell.replace(",", ""))

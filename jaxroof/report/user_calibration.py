@@ -22,9 +22,6 @@ LAYOUT_CARRY_OVERS = "layout_carry_over_*.json"
 ENGINE_CALIBRATIONS = "engine_calibration_*.json"
 
 
-def _percent(value: float | None) -> str:
-  return "n/a" if value is None else f"{value:.1%}"
-
 
 def _load(path: str) -> dict[str, Any]:
   with open(path, encoding="utf-8") as f:
@@ -34,15 +31,15 @@ def _load(path: str) -> dict[str, Any]:
 def heldout_rows(results: list[dict[str, Any]]) -> list[list[str]]:
   """One display row per device: held-out error of calibrated and bound."""
   return [[r["accelerator"], str(r["rows_used"]), ", ".join(r["free_factors"]),
-           _percent(r["heldout_median_rel_error"]), _percent(r["heldout_max_rel_error"]),
-           _percent(r["bound_heldout_median_rel_error"])] for r in results]
+           table.percent(r["heldout_median_rel_error"]), table.percent(r["heldout_max_rel_error"]),
+           table.percent(r["bound_heldout_median_rel_error"])] for r in results]
 
 
 def carry_over_rows(result: dict[str, Any]) -> list[list[str]]:
   """One display row per (device, fitted model, predicted model)."""
   return [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-           _percent(p["calibrated"]["median_rel_error"]),
-           _percent(p["bound"]["median_rel_error"])]
+           table.percent(p["calibrated"]["median_rel_error"]),
+           table.percent(p["bound"]["median_rel_error"])]
           for p in result["pairs"] if "skipped" not in p]
 
 
@@ -52,9 +49,9 @@ def layout_rows(result: dict[str, Any]) -> list[list[str]]:
   for study, block in result["studies"].items():
     parts = list(block["by_heldout_layout"].items()) + [("all held out", block)]
     out += [[study.replace("_", " "), key, str(summary["calibrated"]["points"]),
-             _percent(summary["calibrated"]["median_rel_error"]),
-             _percent(summary["ideal_split_calibrated"]["median_rel_error"]),
-             _percent(summary["bound"]["median_rel_error"])] for key, summary in parts]
+             table.percent(summary["calibrated"]["median_rel_error"]),
+             table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
+             table.percent(summary["bound"]["median_rel_error"])] for key, summary in parts]
   return out
 
 
@@ -72,7 +69,7 @@ def engine_rows(result: dict[str, Any]) -> list[list[str]]:
       bound = run["bound"][name]
       out.append([_run_label(run["run"]), name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
                   "n/a" if cal["simulated_s"] is None else f"{cal['simulated_s'] * 1e3:.1f}",
-                  _percent(cal["rel_error"]), _percent(bound["rel_error"])])
+                  table.percent(cal["rel_error"]), table.percent(bound["rel_error"])])
   return out
 
 
@@ -97,7 +94,7 @@ def _layout_and_engine_lines(results_dir: str) -> list[str]:
         f"{source['accelerator']}): factors "
         + ", ".join(f"{n} = {result['factors'][n]:.3g}" for n in result["searched"])
         + f"; held out ({result['heldout_method']}): median "
-        f"{_percent(result['heldout_median_rel_error'])}.", "",
+        f"{table.percent(result['heldout_median_rel_error'])}.", "",
         table.markdown_table(("run", "metric", "measured ms", "simulated ms (calibrated)",
                               "error", "bound error"), engine_rows(result))]
   return lines
@@ -128,8 +125,8 @@ def report_section(results_dir: str) -> str:
     lines += [
         "Carry-over: factors fitted on one model's rows predict another model on the "
         f"same device (`results/{CARRY_OVER}`). All predicted rows: calibrated median "
-        f"{_percent(result['median_rel_error'])}, bound median "
-        f"{_percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
+        f"{table.percent(result['median_rel_error'])}, bound median "
+        f"{table.percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
         f"as accurate as the bound) met: {'yes' if result['meets_targets'] else 'no'}.",
         "",
         table.markdown_table(("accelerator", "fitted on", "predicted", "relation",
