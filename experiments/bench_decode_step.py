@@ -48,14 +48,16 @@ TARGETS = {"weight_stream_fraction": 0.7, "kv_read_fraction": 0.5}
 _MODEL = flags.DEFINE_enum("model", "calibration", list(MODELS),
                            "Toy model sizes: the calibration model or a toy preset.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
-_BATCHES = flags.DEFINE_list("batches", "1,8,32", "Batch sizes, >= 1.")
+_BATCHES = flags.DEFINE_list("batches", "1,8,16", "Batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,1024,2048,4096",
                               "Contexts (filled positions), >= 1; at least two.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid (>= 1).", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per point and round (>= 1).",
                                 lower_bound=1)
 _BANDWIDTH_MB = flags.DEFINE_integer(
-    "bandwidth_mb", 256, "Array size of the bandwidth measurement, MiB (>= 1).",
+    "bandwidth_mb", 128,
+    "Array size of the bandwidth measurement, MiB (>= 1; 128 MiB is 4x the development "
+    "CPU's 32 MB last-level cache).",
     lower_bound=1, upper_bound=1024)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
 
