@@ -11,7 +11,7 @@ larger of the two read-bandwidth measurements:
 * the extra K/V read per extra second from the shortest to the longest
   context at the largest batch (target >= 50%);
 * whether the step is monotonic in context at every batch within the
-  measured spread (p10/p90 of the timed calls).
+  measured spread (of the rounds' medians; one round's p10/p90 beside it).
 
 Weight and K/V bytes are the step model's (`formulas.weight_traffic`,
 `formulas.retained_kv_bytes` of `op_sweeps.step_inputs`). All times are
@@ -48,14 +48,16 @@ TARGETS = {"weight_stream_fraction": 0.7, "kv_read_fraction": 0.5}
 _MODEL = flags.DEFINE_enum("model", "calibration", list(MODELS),
                            "Toy model sizes: the calibration model or a toy preset.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
-_BATCHES = flags.DEFINE_list("batches", "1,8,32", "Batch sizes, >= 1.")
+_BATCHES = flags.DEFINE_list("batches", "1,8,16", "Batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,1024,2048,4096",
                               "Contexts (filled positions), >= 1; at least two.")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Passes over the grid (>= 1).", lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid (>= 1).", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per point and round (>= 1).",
                                 lower_bound=1)
 _BANDWIDTH_MB = flags.DEFINE_integer(
-    "bandwidth_mb", 256, "Array size of the bandwidth measurement, MiB (>= 1).",
+    "bandwidth_mb", 128,
+    "Array size of the bandwidth measurement, MiB (>= 1; 128 MiB is 4x the development "
+    "CPU's 32 MB last-level cache).",
     lower_bound=1, upper_bound=1024)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
 
@@ -113,12 +115,16 @@ def main(argv: list[str]) -> None:
        f"{r['p10_s'] * 1e3:.2f}-{r['p90_s'] * 1e3:.2f}", f"{r['weight_bytes'] / 1e6:.1f}",
        f"{r['kv_bytes'] / 1e6:.1f}", f"{r['step_traffic_Bps'] / 1e9:.1f}"] for r in rows]))
   w, kv = summary["weight_stream_batch1"], summary["kv_read_large_batch"]
+  best = summary["weight_stream_batch1_best_round"]
   print(f"weights at batch 1: {w['rate_Bps'] / 1e9:.1f} GB/s = "
-        f"{w['fraction_of_read_bandwidth']:.0%} of read bandwidth (target >= 70%)")
+        f"{w['fraction_of_read_bandwidth']:.0%} of read bandwidth (target >= 70%); "
+        f"best round (the ceiling's statistic) {best['rate_Bps'] / 1e9:.1f} GB/s = "
+        f"{best['fraction_of_read_bandwidth']:.0%}")
   print(f"K/V at batch {kv['points'][0][0]}: {kv['rate_Bps'] / 1e9:.1f} GB/s = "
         f"{kv['fraction_of_read_bandwidth']:.0%} of read bandwidth (target >= 50%)")
-  print(f"monotonic in context at every batch (within spread): "
-        f"{summary['monotonic']['all_monotonic']}")
+  print(f"monotonic in context at every batch (within the rounds' spread): "
+        f"{summary['monotonic']['all_monotonic']}; within one round's p10-p90: "
+        f"{summary['monotonic']['all_monotonic_within_round']}")
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, {
         "experiment": "bench_decode_step",

@@ -11,7 +11,7 @@ bandwidth `ceilings` measures (a sum over arrays far beyond the caches):
   i.e. the slope of step time in context, which leaves weights and fixed
   costs out;
 * monotonicity: at every batch, a longer context is never faster beyond the
-  measured spread (its p90 is at least the shorter context's p10).
+  measured spread of the rounds (`monotonic_in_context`).
 
 Every figure here is a measurement on this device; the byte counts are the
 step model's (analytic).
@@ -64,13 +64,19 @@ def kv_bytes(inputs: Any, batch: int, context: int) -> float:
   return float(formulas.retained_kv_bytes(batch, context + 1, inputs.k))
 
 
-def weight_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float
-                  ) -> StreamFigure:
-  """Weights per median step at batch 1 (or the smallest batch), shortest context."""
+def weight_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float, *,
+                  best_round: bool = False) -> StreamFigure:
+  """Weights per step at batch 1 (or the smallest batch), shortest context.
+
+  The step time is the record's median (the sweep's statistic), or with
+  `best_round` its fastest round's median: the statistic of the bandwidth
+  ceiling it is compared with (`ceilings`: best round's median).
+  """
   batch = min(b for b, _ in grid)
   context = min(c for b, c in grid if b == batch)
-  return StreamFigure(bytes=weight_bytes(inputs),
-                      seconds=grid[batch, context].median_s,
+  record = grid[batch, context]
+  seconds = _round_range(record)[0] if best_round else record.median_s
+  return StreamFigure(bytes=weight_bytes(inputs), seconds=seconds,
                       read_bandwidth_Bps=read_bandwidth_Bps,
                       points=((batch, context),))
 
@@ -89,24 +95,44 @@ def kv_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float
       points=((batch, short), (batch, long_)))
 
 
+def _round_range(record: measure.Measurement) -> tuple[float, float]:
+  """Fastest and slowest round medians of a point (its own median if one round)."""
+  medians = record.extra.get("round_medians_s") or [record.median_s]
+  return min(medians), max(medians)
+
+
 def monotonic_in_context(grid: Grid) -> dict[str, Any]:
   """Per batch: does a longer context never run faster beyond the spread?
 
-  A drop counts only when the longer context's p90 is below the shorter
-  one's p10 (their middle 80% do not overlap).
+  The measured spread is that of the rounds: a drop counts only when the
+  longer context's slowest round median is below the shorter one's fastest
+  (load from other processes moves whole rounds, and each point's rounds
+  ran at different moments). The stricter within-round test (the longer
+  context's p90 below the shorter one's p10, of the kept round) is reported
+  beside it.
   """
   by_batch: dict[int, Any] = {}
   for batch in sorted({b for b, _ in grid}):
     contexts = sorted(c for b, c in grid if b == batch)
-    drops = []
+    drops, strict_drops = [], []
     for short, long_ in zip(contexts, contexts[1:]):
-      a, b = grid[batch, short].timing, grid[batch, long_].timing
-      if b.p90_s < a.p10_s:
-        drops.append({"from_context": short, "to_context": long_,
-                      "from_median_s": a.median_s, "to_median_s": b.median_s})
-    by_batch[batch] = {"contexts": contexts, "monotonic": not drops, "drops": drops}
+      a, b = grid[batch, short], grid[batch, long_]
+      row = {"from_context": short, "to_context": long_,
+             "from_median_s": a.median_s, "to_median_s": b.median_s}
+      if _round_range(b)[1] < _round_range(a)[0]:
+        drops.append(row)
+      if b.timing.p90_s < a.timing.p10_s:
+        strict_drops.append(row)
+    by_batch[batch] = {"contexts": contexts, "monotonic": not drops, "drops": drops,
+                       "monotonic_within_round": not strict_drops,
+                       "drops_within_round": strict_drops}
   return {"all_monotonic": all(v["monotonic"] for v in by_batch.values()),
-          "rule": "a longer context's p90 is not below the shorter one's p10",
+          "all_monotonic_within_round": all(v["monotonic_within_round"]
+                                            for v in by_batch.values()),
+          "rule": "a longer context's slowest round median is not below the shorter "
+                  "one's fastest round median",
+          "rule_within_round": "a longer context's p90 is not below the shorter one's "
+                               "p10 (the kept round's timed calls)",
           "by_batch": {str(b): v for b, v in by_batch.items()}}
 
 
@@ -131,15 +157,19 @@ def summarize(grid: Grid, inputs: Any, read_bandwidth_Bps: float,
               targets: Mapping[str, float]) -> dict[str, Any]:
   """The three checks and whether each meets its target."""
   weights = weight_stream(grid, inputs, read_bandwidth_Bps)
+  weights_best = weight_stream(grid, inputs, read_bandwidth_Bps, best_round=True)
   kv = kv_stream(grid, inputs, read_bandwidth_Bps)
   mono = monotonic_in_context(grid)
   return {
       "weight_stream_batch1": weights.to_json(),
+      "weight_stream_batch1_best_round": weights_best.to_json(),
       "kv_read_large_batch": kv.to_json(),
       "monotonic": mono,
       "targets": dict(targets),
       "meets": {
           "weight_stream": weights.fraction >= targets["weight_stream_fraction"],
+          "weight_stream_best_round": (weights_best.fraction
+                                       >= targets["weight_stream_fraction"]),
           "kv_read": kv.fraction >= targets["kv_read_fraction"],
           "monotonic": mono["all_monotonic"]},
   }

@@ -93,10 +93,12 @@ def _attention_rows(
   `k_rows`, `v_rows` are (b * k, s, e): row i * k + j holds sequence i's
   K/V head j (`cache.to_blocks`). `mask` (t, s) is True where a query may
   read a key slot. The same arithmetic as `_attention`, arranged for
-  XLA:CPU: each row's keys are one contiguous (s, e) matrix that both
-  products read in place, with the slot axis leading the scores (s, g * t)
-  (the long axis as the products' rows measured 2-3 times faster than as
-  their columns); the softmax normalises the output, not the scores.
+  XLA:CPU, where each row's keys are one contiguous (s, e) matrix that both
+  products read in place: the scores are computed with the slot axis
+  leading (the long axis as the product's rows measured 2-3 times faster),
+  then turned (they are e / (g * t) times smaller than the keys) so the
+  softmax and the value product run along contiguous slots; the softmax
+  normalises the output, not the scores.
   """
   b, t, h, e = q.shape
   n, s, _ = k_rows.shape
@@ -107,12 +109,13 @@ def _attention_rows(
   q = q.reshape(b, t, kv_heads, g, e).transpose(0, 2, 3, 1, 4).reshape(n, g * t, e)
   scores = jnp.einsum(
       "nse,nre->nsr", k_rows, q, preferred_element_type=dtype
-  ) / jnp.sqrt(jnp.asarray(e, dtype))  # (n, s, g * t)
-  allowed = jnp.broadcast_to(mask.T[:, None, :], (s, g, t)).reshape(s, g * t)
+  ) / jnp.sqrt(jnp.asarray(e, dtype))
+  scores = jnp.swapaxes(scores, 1, 2)  # (n, g * t, s)
+  allowed = jnp.broadcast_to(mask[None], (g, t, s)).reshape(g * t, s)
   scores = jnp.where(allowed, scores, jnp.finfo(dtype).min)
-  scores = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
-  total = jnp.sum(scores, axis=1)  # (n, g * t)
-  out = jnp.einsum("nsr,nse->nre", scores.astype(v_rows.dtype), v_rows,
+  scores = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+  total = jnp.sum(scores, axis=-1)  # (n, g * t)
+  out = jnp.einsum("nrs,nse->nre", scores.astype(v_rows.dtype), v_rows,
                    preferred_element_type=dtype)
   out = (out / total[..., None]).astype(q.dtype)  # (n, g * t, e)
   return out.reshape(b, kv_heads, g, t, e).transpose(0, 3, 1, 2, 4).reshape(b, t, h, e)
