@@ -306,11 +306,7 @@ def fit_measurements(measurements: user_measurements.Measurements) -> None:
   _print_user_rows(result["heldout_rows"],
                    "Held-out rows (leave-one-model-out; calibrated prediction vs "
                    "measurement, and the analytic bound):")
-  print(f"held-out relative error: calibrated median "
-        f"{table.percent(result['heldout_median_rel_error'])}, max "
-        f"{table.percent(result['heldout_max_rel_error'])}; bound median "
-        f"{table.percent(result['bound_heldout_median_rel_error'])}, max "
-        f"{table.percent(result['bound_heldout_max_rel_error'])}")
+  print(table.heldout_line(result))
   if _PROFILE_OUT.value:
     profiles.save_profile(prof, _PROFILE_OUT.value)
   if _JSON_OUT.value:

@@ -50,10 +50,7 @@ def fit(measurements: user_measurements.Measurements) -> None:
   print(f"Calibration of {result['accelerator']} from {result['rows_used']} measured rows "
         f"of {measurements.path} on layouts {', '.join(result['layouts'])}.")
   print(table.factor_table(result))
-  print(f"held-out (leave-one-model-out) relative error: calibrated median "
-        f"{table.percent(result['heldout_median_rel_error'])}, max "
-        f"{table.percent(result['heldout_max_rel_error'])}; bound median "
-        f"{table.percent(result['bound_heldout_median_rel_error'])}")
+  print(table.heldout_line(result, "held-out (leave-one-model-out)"))
   if _PROFILE_OUT.value:
     profiles.save_profile(prof, _PROFILE_OUT.value)
   if _JSON_OUT.value:

@@ -26,6 +26,17 @@ def factor_table(result: dict) -> str:
        for name, value in result["factors"].items()])
 
 
+def heldout_line(result: dict, label: str = "held-out") -> str:
+  """One line: a fit's held-out median and max beside the analytic bound's."""
+  line = (f"{label} relative error: calibrated median "
+          f"{percent(result['heldout_median_rel_error'])}, max "
+          f"{percent(result['heldout_max_rel_error'])}; bound median "
+          f"{percent(result['bound_heldout_median_rel_error'])}")
+  if "bound_heldout_max_rel_error" in result:
+    line += f", max {percent(result['bound_heldout_max_rel_error'])}"
+  return line
+
+
 def _is_number(cell: str) -> bool:
   try:
     float(cell.replace(",", ""))
