@@ -66,6 +66,38 @@ def chain_with_first(fn: Callable[..., Any], feed: Feed,
   return run
 
 
+def in_sequence(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
+  """A function calling `fn` once on each of `count` argument sets, in order.
+
+  `run(sets)` takes a tuple of `count` argument tuples and returns a flag.
+  Each call's first argument is perturbed by a NaN flag of the previous
+  call's output (`flag_first`), so the calls run one after another and none
+  is dead or merged, with no loop around them: in one straight-line
+  executable, as a decode step runs its layers' operations. Dividing its
+  time by `count` gives an operation's time without a dispatch per call,
+  while the distinct sets keep weights streaming from memory, not a cache.
+  """
+  if count < 1:
+    raise ValueError(f"{count=} must be >= 1")
+
+  def run(sets):
+    flag = jax.numpy.bool_(False)
+    for args in sets:
+      out = fn(*flag_first(tuple(args), flag))
+      flag = jax.numpy.isnan(out.sum(dtype=jax.numpy.float32))
+    return flag
+
+  return run
+
+
+def flag_first(args: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
+  """args with `flag` (False unless an output held a NaN) added to the first
+  element of args[0]: a data dependency that leaves the values as they were."""
+  first = args[0]
+  bumped = first.at[(0,) * first.ndim].add(flag.astype(first.dtype))
+  return (bumped, *args[1:])
+
+
 def time_chain(chained: Callable[..., Any], args: Sequence[Any], *,
                inner: int, warmup: int = 2, repeats: int = 10,
                clock: Clock = time.perf_counter) -> Timing:
@@ -150,11 +182,7 @@ def perturb_first(args: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
   XLA cannot know `out` is NaN-free, so the next call waits for this one and
   reads all of `out`; the values of args stay as they were.
   """
-  first = args[0]
-  index = (0,) * first.ndim
-  flag = jax.numpy.isnan(out.sum(dtype=jax.numpy.float32))
-  bumped = first.at[index].add(flag.astype(first.dtype))
-  return (bumped, *args[1:])
+  return flag_first(args, jax.numpy.isnan(out.sum(dtype=jax.numpy.float32)))
 
 
 def poke(array: Any, out: Any) -> Any:

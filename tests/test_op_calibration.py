@@ -8,6 +8,7 @@ the code printed.
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -115,6 +116,61 @@ def test_operation_fit_is_exact_on_exact_timings():
     assert factors[name] == pytest.approx(TRUE[name], rel=0.03), name
   for name in ("t0_step", "t0_layer"):  # Two depths tell them apart.
     assert factors[name] == pytest.approx(TRUE[name], rel=0.15), name
+
+
+def test_linear_fit_reproduces_m1_despite_a_small_m_penalty():
+  # XLA:CPU's M = 2-16 matmuls are slower per row than the model's one
+  # eta_f allows; the staged fit still reproduces M = 1 (batch 1), which a
+  # joint fit gives away to the penalised points.
+  linear, _ = synthetic_operations(noise=0.0)
+  penalised = [dataclasses.replace(r, timing=dataclasses.replace(
+      r.timing, median_s=r.median_s * 1.6)) if 2 <= r.shapes["rows"] <= 16
+      else r for r in linear]
+  single = [r for r in penalised if r.shapes["rows"] == 1]
+  many = [r for r in penalised if r.shapes["rows"] > 1]
+  x1 = op_fit.linear_inputs(single, BW, F)
+  t1 = np.array([r.median_s for r in single])
+
+  def m1_error(factors):
+    return float(np.max(np.abs(fitting.predict(x1, factors) / t1 - 1)))
+
+  staged = op_fit.fit_linear(single, many, bandwidth=BW, flop_rate=F)
+  joint = fitting.fit_factors(
+      op_fit.linear_inputs(penalised, BW, F),
+      np.array([r.median_s for r in penalised]),
+      init={**TRUE, "t0_step": CALL_S}, steps=2000,
+      free=op_fit.LINEAR_FACTORS + ("t0_step",)).factors
+  assert m1_error(staged) < 0.02
+  assert m1_error(joint) > 0.05  # What staging avoids.
+
+
+def test_linear_fit_needs_m1_and_two_larger_points():
+  linear, attention = synthetic_operations(noise=0.0)
+  no_m1 = [r for r in linear if r.shapes["rows"] > 1]
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  with pytest.raises(errors.InputError, match="M = 1"):
+    op_fit.fit_operations(no_m1, attention, steps,
+                          calibration_job.model_inputs(steps, BW, F),
+                          bandwidth=BW, flop_rate=F)
+
+
+def test_ops_are_timed_in_one_jit_in_sequence_on_the_cpu():
+  point = op_sweeps.OpPoint("linear", (2, 64, 128))
+  record = op_sweeps.measure_op(point, "float32", "xla", warmup=1, repeats=6,
+                                planned_s=1e-5)
+  assert "in sequence" in record.method and record.median_s > 0
+  assert record.extra["arg_sets"] >= 2 and record.timing.repeats >= 3
+
+
+def test_in_sequence_calls_each_set_once_and_flags_a_nan():
+  from kernels import device_timing
+  sets = tuple((jnp.ones((2, 8)), jnp.ones((8, 4)) * i) for i in range(3))
+  run = device_timing.in_sequence(lambda x, w: x @ w, 3)
+  jaxpr = jax.make_jaxpr(run)(sets)
+  assert sum(e.primitive.name == "dot_general" for e in jaxpr.eqns) == 3
+  assert not bool(jax.jit(run)(sets))
+  poisoned = sets[:2] + ((jnp.ones((2, 8)), jnp.full((8, 4), jnp.nan)),)
+  assert bool(jax.jit(run)(poisoned))
 
 
 def test_operation_fit_refuses_too_few_points():

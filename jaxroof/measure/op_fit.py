@@ -6,11 +6,16 @@ operation is timed alone:
 
 * `eta_w`, `eta_f`, `r_ovl`: the linear layer x (M, d_in) @ w (d_in, d_out) at
   the toy step's shapes over M = 1 ... 2048, as the step's `linear_s` with
-  N = d_in * d_out weights and B = M rows;
+  N = d_in * d_out weights and B = M rows. In stages: `eta_w` from M = 1
+  (where weights dominate), then `eta_f` and `r_ovl` from M >= 2 with it
+  held, alternated `ALTERNATIONS` times. A joint fit lets the many M >= 2
+  points pull `eta_w` away from what M = 1 shows; on XLA:CPU, whose M = 2-16
+  matmuls are slower per row than its M = 1 and M >= 64 ones, that made
+  batch-1 steps 30-130% slower in prediction than measured;
 * `eta_kv`: one layer's decode attention over batch x context, as the
   step's `kv_s` with that layer's K/V bytes per position;
-* `t0_step`, `t0_layer`: the smallest whole decode steps of the fit's models
-  (two depths), the other factors held at their operation values.
+* `t0_step`, `t0_layer`: the fit models' batch-1 decode steps at short
+  contexts (two depths), the other factors held at their operation values.
 
 A single operation call has a fixed cost of its own (dispatch, launch) that a
 step does not pay per operation; each operation fit absorbs it in a nuisance
@@ -34,6 +39,7 @@ LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
 ATTENTION_FACTORS = ("eta_kv",)
 FIXED_FACTORS = ("t0_step", "t0_layer")
 _CALL_COST = "t0_step"  # The nuisance of an operation fit (one call's cost).
+ALTERNATIONS = 3  # Rounds of (eta_w from M = 1, then eta_f and r_ovl).
 
 
 def _column(values) -> np.ndarray:
@@ -86,6 +92,26 @@ def _start(measured: np.ndarray) -> dict[str, float]:
   return fitting.initial_factors(measured, np.ones(1))
 
 
+def fit_linear(single: Sequence[measure.Measurement],
+               many: Sequence[measure.Measurement], *, bandwidth: float,
+               flop_rate: float, fit_steps: int = 2000) -> dict[str, float]:
+  """The linear layer's factors, in stages (module docstring).
+
+  `single`: timings at M = 1; `many`: at M >= 2. Returns every factor name,
+  `t0_step` being the timed call's own cost (a nuisance, fitted with `eta_w`
+  at M = 1 only, so that what M >= 2 cannot explain does not move it).
+  """
+  x1, t1 = linear_inputs(single, bandwidth, flop_rate), _medians(single)
+  xm, tm = linear_inputs(many, bandwidth, flop_rate), _medians(many)
+  current = {**_start(t1), "eta_f": 0.5, "r_ovl": 1.0}
+  for _ in range(ALTERNATIONS):
+    current = fitting.fit_factors(x1, t1, init=current, steps=fit_steps,
+                                  free=("eta_w", _CALL_COST)).factors
+    current = fitting.fit_factors(xm, tm, init=current, steps=fit_steps,
+                                  free=("eta_f", "r_ovl")).factors
+  return current
+
+
 def fit_operations(
     linear: Sequence[measure.Measurement],
     attention: Sequence[measure.Measurement],
@@ -101,7 +127,8 @@ def fit_operations(
   Args:
     linear: timed linear layers (`op_sweeps.op_sweep`).
     attention: timed one-layer decode attention.
-    steps: the smallest timed decode steps of the fit's models.
+    steps: the smallest timed decode steps of the fit's models; those at
+      the smallest batch fit the fixed costs.
     step_inputs: their calibrated-model inputs (`calibration_job.model_inputs`).
     bandwidth, flop_rate: the measured ceilings the factors are fractions of.
     fit_steps: Adam steps of each fit.
@@ -117,14 +144,20 @@ def fit_operations(
           f"only {len(group)} {name} points were measured: the operation fit "
           f"needs at least {least}; give a larger --budget_s.")
   details: dict[str, Any] = {}
+  single = [r for r in linear if r.shapes["rows"] == 1]
+  many = [r for r in linear if r.shapes["rows"] > 1]
+  if not single or len(many) < 2:
+    raise errors.InputError(
+        f"the linear layer was measured at {len(single)} points with M = 1 and "
+        f"{len(many)} with M >= 2: the fit needs at least 1 and 2; give a "
+        "larger --budget_s.")
+  linear_fit = fit_linear(single, many, bandwidth=bandwidth,
+                          flop_rate=flop_rate, fit_steps=fit_steps)
+  factors = {n: linear_fit[n] for n in LINEAR_FACTORS}
   x = linear_inputs(linear, bandwidth, flop_rate)
-  t = _medians(linear)
-  fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
-                            free=LINEAR_FACTORS + (_CALL_COST,))
-  factors = {n: fit.factors[n] for n in LINEAR_FACTORS}
-  details["linear"] = {"points": len(linear),
-                       "call_cost_s": fit.factors[_CALL_COST],
-                       **_scored(x, t, fit.factors)}
+  details["linear"] = {"points": len(linear), "points_m1": len(single),
+                       "call_cost_s": linear_fit[_CALL_COST],
+                       **_scored(x, _medians(linear), linear_fit)}
   x = attention_inputs(attention, bandwidth, flop_rate)
   t = _medians(attention)
   fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
@@ -133,12 +166,14 @@ def fit_operations(
   details["attention"] = {"points": len(attention),
                           "call_cost_s": fit.factors[_CALL_COST],
                           **_scored(x, t, fit.factors)}
-  t = _medians(steps)
+  smallest = np.asarray(step_inputs["B"]) == np.min(step_inputs["B"])
+  fixed_inputs = {n: np.asarray(v)[smallest] for n, v in step_inputs.items()}
+  t = _medians(steps)[smallest]
   start = {**_start(t), **factors}
-  start["t0_layer"] = 0.1 * float(np.min(t) / np.max(step_inputs["L"]))
-  fit = fitting.fit_factors(step_inputs, t, init=start, steps=fit_steps,
+  start["t0_layer"] = 0.1 * float(np.min(t) / np.max(fixed_inputs["L"]))
+  fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps,
                             free=FIXED_FACTORS)
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
-  details["fixed"] = {"points": len(steps),
-                      **_scored(step_inputs, t, factors)}
+  details["fixed"] = {"points": int(smallest.sum()),
+                      **_scored(fixed_inputs, t, factors)}
   return {n: factors[n] for n in FACTOR_NAMES}, details

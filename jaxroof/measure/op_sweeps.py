@@ -34,6 +34,7 @@ from jaxroof import errors
 from jaxroof.symbolic import formulas
 from jaxroof.measure import records as measure
 from jaxroof.symbolic.evaluate import step_model
+from jaxroof.timing import time_call
 from jaxroof.toy import cache as cache_lib
 from jaxroof.toy import config as config_lib
 from jaxroof.toy import model as model_lib
@@ -535,26 +536,43 @@ def _op_fn(op: str, backend: str) -> Callable[..., Any]:
   return module.decode_attention
 
 
+@functools.cache
+def _sequenced(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
+  """`device_timing.in_sequence` jitted once per (op, set count)."""
+  from kernels import device_timing  # Deferred: see module docstring.
+
+  return jax.jit(device_timing.in_sequence(fn, count))
+
+
 def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
              shapes: dict[str, int], dtype: str, flops: float, traffic: float,
              warmup: int, repeats: int, fn: Callable[..., Any] | None = None
              ) -> measure.Measurement:
-  """Wall-clock timing with rotation on the CPU; a chain of calls elsewhere.
+  """Per-call time of an op from calls inside one jit, never from dispatch.
 
-  On a GPU or TPU a single op lasts about as long as dispatching it, so the
-  op is timed inside one jit as a chain of dependent calls
-  (`kernels.device_timing`), which charges launches, never dispatch.
+  On the CPU, one straight-line jit calls the op on each rotated argument
+  set in turn (`device_timing.in_sequence`), as a decode step runs its
+  operations; `repeats` such sequences are timed and divided by their
+  length. Elsewhere a single op lasts about as long as dispatching it, so it
+  is timed as a loop of dependent calls (`device_timing.time_chained`),
+  which charges launches, never dispatch.
   """
+  from kernels import device_timing  # Deferred: see module docstring.
+
   fn = fn or _op_fn(op, backend)
   if _platform() == "cpu":
-    return measure.measure(jax.jit(fn), arg_sets, op=op, shapes=shapes,
-                           dtype=dtype, backend=backend, warmup=warmup,
-                           repeats=repeats, flops=flops, bytes=traffic)
-  from kernels import device_timing  # Deferred: accelerators only.
-
-  timing = device_timing.time_chained(
-      fn, arg_sets[0], feed=device_timing.perturb_first, warmup=warmup,
-      repeats=repeats)
+    count = len(arg_sets)
+    timing = time_call(_sequenced(fn, count), [(tuple(arg_sets),)],
+                       warmup=warmup, repeats=repeats)
+    timing = device_timing.per_call(
+        timing, count, f"one jit calling the op on {count} rotated argument "
+        "sets in sequence (each call waits on the last), wall-clock with "
+        f"block_until_ready, median of {repeats} sequences after {warmup} "
+        "warm-up, divided by the sequence length")
+  else:
+    timing = device_timing.time_chained(
+        fn, arg_sets[0], feed=device_timing.perturb_first, warmup=warmup,
+        repeats=repeats)
   return measure.labelled(timing, op=op, shapes=shapes, dtype=dtype,
                           backend=backend, flops=flops, bytes=traffic)
 
@@ -704,22 +722,38 @@ def attention_points(config: config_lib.ToyConfig,
           for b, t in grid]
 
 
-def _rotated_sets(per_set_bytes: float) -> int:
-  """Argument sets whose bytes together defeat a CPU's last-level cache."""
+# A CPU op's calls in one timed sequence last about this long (a longer op
+# gets fewer sets: compute-bound, it gains nothing from rotating operands).
+_SEQUENCE_S = 0.02
+
+
+def _rotated_sets(per_set_bytes: float, planned_s: float | None = None) -> int:
+  """Argument sets whose bytes together defeat a CPU's last-level cache,
+  fewer when `planned_s` per call would make a sequence long."""
   if _platform() != "cpu":
     return 1  # Chained timing uses one set (see `_time_op`).
-  return int(min(_MAX_SETS, max(2, math.ceil(_ROTATE_BYTES / per_set_bytes))))
+  sets = min(_MAX_SETS, max(2, math.ceil(_ROTATE_BYTES / per_set_bytes)))
+  if planned_s:
+    sets = min(sets, max(1, math.ceil(_SEQUENCE_S / planned_s)))
+  return int(sets)
 
 
 def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
-               repeats: int, seed: int = 0) -> measure.Measurement:
-  """Times one operation point, its operands made afresh and freed after."""
+               repeats: int, seed: int = 0, planned_s: float | None = None
+               ) -> measure.Measurement:
+  """Times one operation point, its operands made afresh and freed after.
+
+  `repeats` is the number of timed calls wanted; on a CPU they are made as
+  sequences over the rotated sets (`_time_op`), at least three sequences.
+  `planned_s`, a guess of one call's time, keeps a sequence short.
+  """
   dtype = jnp.dtype(dtype)
   fn = None
   if point.op == "linear":
     m, d_in, d_out = point.sizes
     flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
-    sets = _rotated_sets((m * d_in + d_in * d_out) * dtype.itemsize)
+    sets = _rotated_sets((m * d_in + d_in * d_out) * dtype.itemsize,
+                         planned_s)
     require_memory(sets * traffic, f"linear rows={m} d_in={d_in} d_out={d_out}")
     args = linear_args(m, d_in, d_out, dtype, sets, seed)
     shapes = {"rows": m, "d_in": d_in, "d_out": d_out}
@@ -727,7 +761,7 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
     batch, context, heads, kv_heads, head_dim = point.sizes
     flops, traffic = attention_analytic(batch, context, heads, kv_heads,
                                         head_dim, dtype.itemsize)
-    sets = _rotated_sets(traffic)
+    sets = _rotated_sets(traffic, planned_s)
     require_memory(sets * traffic, f"decode_attention batch={batch} "
                    f"context={context}")
     shapes = {"batch": batch, "context": context, "heads": heads,
@@ -739,6 +773,8 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
     else:
       args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
                             sets, seed)
+  if _platform() == "cpu":
+    repeats = max(3, math.ceil(repeats / sets))
   start = time.perf_counter()
   record = _time_op(point.op, backend, args, shapes=shapes, dtype=dtype.name,
                     flops=flops, traffic=traffic, warmup=warmup,
@@ -809,12 +845,12 @@ def op_sweep(
     backend: str = "xla",
     rounds: int = 3,
     warmup: int = 1,
-    repeats: int = 5,
+    repeats: int = 60,
     deadline: float | None = None,
     seed: int = 0,
     spread_limit: float = 0.08,
     max_extra_rounds: int = 2,
-    min_timed_s: float = 0.05,
+    min_timed_s: float = 0.1,
     always: Collection[OpPoint] = (),
     progress: Callable[[str], None] | None = None,
 ) -> list[measure.Measurement]:
@@ -850,7 +886,7 @@ def op_sweep(
         planned = last[-1].median_s if last else _guess_op_s(point)
         count = int(min(repeats, max(2, math.ceil(min_timed_s / planned))))
         record = measure_op(point, dtype, backend, warmup=warmup,
-                            repeats=count, seed=seed)
+                            repeats=count, seed=seed, planned_s=planned)
         measured.setdefault(point, []).append(record)
         if progress:
           progress(f"{point.op} {point.sizes}: {record.median_s * 1e3:.3f} ms")
