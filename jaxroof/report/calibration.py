@@ -96,9 +96,11 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
                "point keeps its lower-quartile round and points whose fastest "
                "rounds disagree are measured again."
                if load.get("load_avg_1m_max") is not None else "")
-  how = ("efficiency factors fitted to the linear layer and decode attention "
-         "timed alone at the fit models' shapes, fixed costs to their "
-         "smallest decode steps" if fit.get("method") == "ops" else
+  how = ("efficiency factors fitted to the linear layer (eta_w at M = 1, "
+         "eta_f and r_ovl at M >= 2) and decode attention, each timed apart "
+         "from the step at the fit models' shapes (on a CPU, inside one jit "
+         "over rotated operands, with no dispatch per call), fixed costs to "
+         "their batch-1 decode steps" if fit.get("method") == "ops" else
          "every factor fitted to the fit models' decode steps")
   per_model = "; ".join(
       f"`{name}`: median {e['median_rel_error']:.1%}, max "
