@@ -62,6 +62,18 @@ def test_parallel_model_at_one_chip_equals_the_step_model():
   assert np.all(ours["comm_s"] == 0)
 
 
+def test_layout_sweep_answer_stops_at_the_memory_limit():
+  # A generous token gap on 4 chips at a long context: memory binds first,
+  # as it does for one chip.
+  spec, device = load_model("llama-3.1-70b"), load_accelerator("h100-sxm")
+  swept = layout_sweep(spec, device, context=32768, batch_sizes=[1, 8, 64, 512],
+                       layout=Layout(tp=4), token_gap_s=10.0)
+  summary = swept["summary"]
+  limit = summary["max_batch_in_memory"]
+  assert 1 <= limit < 512
+  assert (summary["answer_batch"], summary["answer_binds"]) == (limit, "memory_capacity")
+
+
 def test_layout_sweep_agrees_with_the_full_parallel_expression():
   # Two routes: the step model on path inputs + comm, and decode_outputs directly.
   spec, device = load_model("llama-3.1-70b"), load_accelerator("h100-sxm")

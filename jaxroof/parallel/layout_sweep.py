@@ -86,7 +86,7 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   result = sweep(model, list(batch_sizes), N=path["N"], q=inputs.q, T=float(context),
                  k=float(path["k"]), BW=inputs.BW, F=inputs.F, N_act=float(path["N_act"]),
                  layers=spec.num_layers, fits=list(fits), token_gap_s=token_gap_s,
-                 comm_s=full["comm_s"])
+                 comm_s=full["comm_s"], max_batch_in_memory=memory.max_batch_per_replica)
   for row in result["rows"]:
     row["chips"] = layout.chips
     row["fleet_tokens_per_s"] = float(row["aggregate_tokens_per_s"] * path["fleet_scale"])
