@@ -66,19 +66,17 @@ def chain_with_first(fn: Callable[..., Any], feed: Feed,
   return run
 
 
-def in_sequence(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
-  """A function calling `fn` once on each of `count` argument sets, in order.
+def in_sequence(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """A function calling `fn` once on each of several argument sets, in order.
 
-  `run(sets)` takes a tuple of `count` argument tuples and returns a flag.
-  Each call's first argument is perturbed by a NaN flag of the previous
-  call's output (`flag_first`), so the calls run one after another and none
-  is dead or merged, with no loop around them: in one straight-line
-  executable, as a decode step runs its layers' operations. Dividing its
-  time by `count` gives an operation's time without a dispatch per call,
-  while the distinct sets keep weights streaming from memory, not a cache.
+  `run(sets)` takes a tuple of argument tuples and returns a flag. Each
+  call's first argument is perturbed by a NaN flag of the previous call's
+  output (`flag_first`), so the calls run one after another and none is dead
+  or merged, with no loop around them: in one straight-line executable, as a
+  decode step runs its layers' operations. Dividing its time by the number
+  of sets gives an operation's time without a dispatch per call, while the
+  distinct sets keep weights streaming from memory, not a cache.
   """
-  if count < 1:
-    raise ValueError(f"{count=} must be >= 1")
 
   def run(sets):
     flag = jax.numpy.bool_(False)

@@ -165,7 +165,7 @@ def test_ops_are_timed_in_one_jit_in_sequence_on_the_cpu():
 def test_in_sequence_calls_each_set_once_and_flags_a_nan():
   from kernels import device_timing
   sets = tuple((jnp.ones((2, 8)), jnp.ones((8, 4)) * i) for i in range(3))
-  run = device_timing.in_sequence(lambda x, w: x @ w, 3)
+  run = device_timing.in_sequence(lambda x, w: x @ w)
   jaxpr = jax.make_jaxpr(run)(sets)
   assert sum(e.primitive.name == "dot_general" for e in jaxpr.eqns) == 3
   assert not bool(jax.jit(run)(sets))

@@ -537,11 +537,11 @@ def _op_fn(op: str, backend: str) -> Callable[..., Any]:
 
 
 @functools.cache
-def _sequenced(fn: Callable[..., Any], count: int) -> Callable[..., Any]:
-  """`device_timing.in_sequence` jitted once per (op, set count)."""
+def _sequenced(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`device_timing.in_sequence` jitted once per op (jit keys the shapes)."""
   from kernels import device_timing  # Deferred: see module docstring.
 
-  return jax.jit(device_timing.in_sequence(fn, count))
+  return jax.jit(device_timing.in_sequence(fn))
 
 
 def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
@@ -562,7 +562,7 @@ def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
   fn = fn or _op_fn(op, backend)
   if _platform() == "cpu":
     count = len(arg_sets)
-    timing = time_call(_sequenced(fn, count), [(tuple(arg_sets),)],
+    timing = time_call(_sequenced(fn), [(tuple(arg_sets),)],
                        warmup=warmup, repeats=repeats)
     timing = device_timing.per_call(
         timing, count, f"one jit calling the op on {count} rotated argument "
