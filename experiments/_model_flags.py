@@ -21,6 +21,10 @@ from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.specs import what_if
 from jaxroof.specs.accelerators import Accelerator
+from jaxroof.symbolic import cost_model
+
+# The cost model's options, on every experiment that computes a step time.
+COST = ("bound", "mla_prefill", "comm_overlap")
 
 _LIST = "(python -m experiments.list shows them all)"
 
@@ -67,6 +71,18 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
         "group_size", None, "Weights per quantization scale (2-byte scales) for quantized "
         "weights; default: the dtype's own (128 for int4, 32 for mxfp4, 16 for nvfp4). >= 1.",
         lower_bound=1),
+    "bound": lambda: flags.DEFINE_enum(
+        "bound", "per_op", list(cost_model.BOUNDS), "The analytic bound: per_op (default), the "
+        "sum of per-operation rooflines (linear layers, LM head, attention with its K/V); "
+        "fused, one roofline over the whole step (optimistic; the lesson's)."),
+    "mla_prefill": lambda: flags.DEFINE_enum(
+        "mla_prefill", "mha", list(cost_model.MLA_PREFILL), "MLA models (DeepSeek, Kimi): the "
+        "form of prefill attention. mha (default): per-head K and V up-projected from the "
+        "latent, as vLLM prefills (fewer FLOPs per pair); absorbed: attention over the latent, "
+        "as in decode."),
+    "comm_overlap": lambda: flags.DEFINE_float(
+        "comm_overlap", 0.0, "Several chips: fraction of the communication hidden under the "
+        "step, in [0, 1] (0: serial, the default).", lower_bound=0.0, upper_bound=1.0),
     "memory_gb": lambda: flags.DEFINE_float(
         "memory_gb", None, "What-if with --model: device memory in GB instead of the "
         "datasheet's. > 0.", lower_bound=1e-9, upper_bound=1e5),

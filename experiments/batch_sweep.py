@@ -70,7 +70,8 @@ _TFLOPS = flags.DEFINE_float(
 # Or: a model on an accelerator, in place of the raw numbers above (shared flags).
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",
-                              "group_size", "memory_gb", lists=("weight_dtype", "kv_dtype"))
+                              "group_size", "memory_gb", *_model_flags.COST,
+                              lists=("weight_dtype", "kv_dtype"))
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.block_size, _SHARED.workspace_fraction,
@@ -220,7 +221,7 @@ def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None
                 ) -> StepModel:
   """The bound, or with --profile its calibrated model (checked against the device)."""
   if _PROFILE.value is None:
-    return StepModel.bound()
+    return StepModel.bound(_SHARED.bound.value)
   prof = profiles.load_profile(_PROFILE.value)
   notes = (profiles.check_applies(prof, accelerator, what_if=_WHAT_IF.value)
            if accelerator else [])
@@ -247,7 +248,8 @@ def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
       token_gap_s=_token_gap_s(),
       layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
       block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
-      max_new_tokens=_SHARED.max_new_tokens.value, group_size=_SHARED.group_size.value)
+      max_new_tokens=_SHARED.max_new_tokens.value, group_size=_SHARED.group_size.value,
+      comm_overlap=_SHARED.comm_overlap.value)
   for sweep in sweeps:
     sweep["inputs"]["what_if"] = what_ifs
     sweep["assumptions"] = list(sweep["assumptions"]) + what_ifs

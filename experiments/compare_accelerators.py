@@ -35,7 +35,8 @@ from jaxroof.specs.parameters import parameter_counts
 from jaxroof.symbolic.step_model import StepModel
 
 _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size",
-                              "group_size", "workspace_fraction", "max_new_tokens")
+                              "group_size", "workspace_fraction", "max_new_tokens",
+                              *_model_flags.COST)
 _MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE, _GROUP_SIZE, _WORKSPACE = (_SHARED.block_size, _SHARED.group_size,
                                         _SHARED.workspace_fraction)
@@ -105,8 +106,10 @@ def main(argv: list[str]) -> None:
       group_size=_GROUP_SIZE.value,
       block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
       max_new_tokens=_SHARED.max_new_tokens.value,
-      step_model=None if _PROFILE.value is None else _profile_model(devices),
-      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout))
+      step_model=(StepModel.bound(_SHARED.bound.value) if _PROFILE.value is None
+                  else _profile_model(devices)),
+      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout,
+                                comm_overlap=_SHARED.comm_overlap.value))
   result["inputs"]["layout"] = layout.as_dict()
   result["refused"] = refused
   counts = parameter_counts(model)

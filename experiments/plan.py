@@ -23,7 +23,8 @@ from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
 
-_MODEL = _model_flags.define("model").model
+_SHARED = _model_flags.define("model", *_model_flags.COST)
+_MODEL = _SHARED.model
 _CONTEXT = flags.DEFINE_integer("context", None, "Tokens each sequence retains. >= 1.",
                                 lower_bound=1)
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
@@ -52,7 +53,8 @@ def main(argv: list[str]) -> None:
       context=_CONTEXT.value, top=_TOP.value,
       targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3,
                               ttft_s=_TTFT_MS.value / 1e3,
-                              aggregate_tokens_per_s=_AGGREGATE.value))
+                              aggregate_tokens_per_s=_AGGREGATE.value),
+      bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
   print(f"{result['model']} at {result['context']} tokens: {result['meeting']:,} of "
         f"{result['searched']:,} configurations meet a {_TOKEN_GAP_MS.value:g} ms token gap, "
         f"{_TTFT_MS.value:g} ms TTFT and {_AGGREGATE.value:,.0f} tokens/s "

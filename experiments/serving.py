@@ -69,7 +69,8 @@ from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
-                              "kv_dtype", "block_size", "workspace_fraction", "group_size")
+                              "kv_dtype", "block_size", "workspace_fraction", "group_size",
+                              *_model_flags.COST)
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype,
@@ -209,7 +210,8 @@ def _inputs() -> requests.ServingInputs:
         output_tokens=reserve, weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
         block_size=_SHARED.block_size.value,
         workspace_fraction=_SHARED.workspace_fraction.value,
-        group_size=_SHARED.group_size.value)
+        group_size=_SHARED.group_size.value, mla_prefill=_SHARED.mla_prefill.value,
+        comm_overlap=_SHARED.comm_overlap.value)
     what_ifs = [d for d in device.decisions if d.startswith("what-if")]
     return dataclasses.replace(inputs, label=inputs.label + (" (what-if)" if what_ifs else ""),
                                memory={**inputs.memory, "what_if": what_ifs})
@@ -241,7 +243,7 @@ def _inputs() -> requests.ServingInputs:
 
 def _step_model() -> StepModel:
   if _PROFILE.value is None:
-    return StepModel.bound()
+    return StepModel.bound(_SHARED.bound.value)
   scale_given = _MODEL.value is not None or any(
       flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
   prof = profiles.load_profile(_PROFILE.value)
@@ -264,7 +266,8 @@ def _percentiles(model: StepModel, decision: dict, prompt: int, outputs: int,
       spec, device, context=prompt + outputs, step_model=model,
       weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
       block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
-      max_running=int(decision["batch"]), layout=_layout_flags.layout(_ACCELERATOR.value))
+      max_running=int(decision["batch"]), layout=_layout_flags.layout(_ACCELERATOR.value),
+      mla_prefill=_SHARED.mla_prefill.value, comm_overlap=_SHARED.comm_overlap.value)
   out = percentiles.simulated_percentiles(
       replica_, arrival_rate=arrival_rate, prompt_tokens=prompt, output_tokens=outputs,
       ttft_s=ttft_s, token_gap_s=gap_s, num_requests=_SIMULATE_REQUESTS.value)

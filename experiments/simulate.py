@@ -45,7 +45,8 @@ from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
-                              "kv_dtype", "block_size", "workspace_fraction")
+                              "kv_dtype", "block_size", "workspace_fraction",
+                              *_model_flags.COST)
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE = _SHARED.block_size
@@ -116,7 +117,7 @@ for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens")
 
 def _step_model() -> StepModel:
   if _PROFILE.value is None:
-    return StepModel.bound()
+    return StepModel.bound(_SHARED.bound.value)
   prof = profiles.load_profile(_PROFILE.value)
   notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
            if _ACCELERATOR.value else [])
@@ -136,7 +137,9 @@ def _replica(**kw) -> replica.Replica:
                               context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
                               kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
                               workspace_fraction=_SHARED.workspace_fraction.value,
-                              layout=_layout_flags.layout(_ACCELERATOR.value), **common)
+                              layout=_layout_flags.layout(_ACCELERATOR.value),
+                              mla_prefill=_SHARED.mla_prefill.value,
+                              comm_overlap=_SHARED.comm_overlap.value, **common)
   if _layout_flags.layout().chips > 1:
     raise InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and --accelerator.")
   raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
@@ -208,6 +211,7 @@ def main(argv: list[str]) -> None:
     bar.close()
   m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
                               run.itl_s, **_targets())
+  m.update(metrics.iteration_means(run))
   label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
                                        == "bound" else "calibrated iteration model"))
   print(f"{label}: {_SCHEDULER.value} scheduler, {len(w)} requests")

@@ -34,7 +34,7 @@ def _exact(B, T, N, q, k, BW, F):
 @settings(max_examples=40, deadline=None)
 @given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
 def test_numpy_matches_exact_sympy(B, T, N, q, k, BW, F):
-  ours = step_model("numpy")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
+  ours = step_model("numpy", "fused")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
   for name, value in _exact(B, T, N, q, k, BW, F).items():
     assert float(ours[name]) == pytest.approx(float(value), rel=1e-12)
 
@@ -43,7 +43,7 @@ def test_numpy_matches_exact_sympy(B, T, N, q, k, BW, F):
 @given(B=positive, T=positive, N=positive, q=positive, k=positive, BW=positive, F=positive)
 def test_jax_matches_exact_sympy(B, T, N, q, k, BW, F):
   with jax.enable_x64(True):
-    ours = step_model("jax")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
+    ours = step_model("jax", "fused")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F)
     for name, value in _exact(B, T, N, q, k, BW, F).items():
       assert float(ours[name]) == pytest.approx(float(value), rel=1e-9)
 
@@ -65,7 +65,8 @@ def test_outputs_are_complete_and_broadcast():
 
 def test_monotonic_in_batch_and_bandwidth():
   batch = np.arange(1, 2049, dtype=float)
-  out = step_model("numpy")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
+  out = step_model("numpy", "fused")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=2e12,
+                                     F=6e14)
   assert np.all(np.diff(out["step_s"]) > 0)
   assert np.all(np.diff(out["aggregate_tokens_per_s"]) > 0)
   assert np.all(np.diff(out["per_sequence_tokens_per_s"]) < 0)
@@ -88,7 +89,7 @@ def test_moe_active_weights_only_change_compute():
 @settings(max_examples=30, deadline=None)
 @given(N=positive, q=positive, T=positive, k=positive, BW=positive, F=positive)
 def test_summary_model_matches_solved(N, q, T, k, BW, F):
-  ours = summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F)
+  ours = summary_model("numpy", "fused")(N=N, q=q, T=T, k=k, BW=BW, F=F)
   values = dict(N=N, q=q, T=T, k=k, BW=BW, F=F)
   assert ours["weight_kv_crossover_batch"] == pytest.approx(
       float(solved.weight_kv_crossover_batch(**values)), rel=1e-9)
@@ -103,10 +104,27 @@ def test_summary_compute_crossover_uses_active_weights():
   # (N*q + B*T*k)/BW = 2*N_act*B/F for B.
   N, q, T, k, BW, F, N_act = 8e9, 2.0, 1.0, 1e6, 2e12, 6e14, 1e9
   expected = (N * q / BW) / (2 * N_act / F - T * k / BW)
-  ours = summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
+  ours = summary_model("numpy", "fused")(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
   assert ours["compute_crossover_batch"] == pytest.approx(expected, rel=1e-9)
 
 
 def test_unknown_backend_is_rejected():
   with pytest.raises(ValueError, match="backend"):
     step_model("torch")
+
+
+def test_per_op_decode_is_the_sum_of_the_linear_and_attention_rooflines():
+  """Independent: Max(N*q/BW, 2*N_act*B/F) + Max(B*T*k/BW, B*T*A_t/F)."""
+  B, T, N, q, k, BW, F, A = 512.0, 8192.0, 8e9, 2.0, 131072.0, 3.35e12, 9.89e14, 524288.0
+  ours = step_model("numpy")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, A_t=A)
+  expected = max(N * q / BW, 2 * N * B / F) + max(B * T * k / BW, B * T * A / F)
+  assert float(ours["step_s"]) == pytest.approx(expected, rel=1e-12)
+  fused = step_model("numpy", "fused")(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, A_t=A)
+  assert float(fused["step_s"]) <= float(ours["step_s"])  # The fused bound is optimistic.
+  assert float(fused["step_s"]) == pytest.approx(
+      max((N * q + B * T * k) / BW, (2 * N * B + B * T * A) / F), rel=1e-12)
+
+
+def test_per_op_summary_compute_crossover_is_the_linear_layers():
+  ours = summary_model("numpy")(N=8e9, q=2.0, T=1.0, k=0.25e9, BW=2e12, F=6e14)
+  assert ours["compute_crossover_batch"] == pytest.approx(6e14 * 2.0 / (2 * 2e12), rel=1e-12)

@@ -35,8 +35,9 @@ def _decode(**overrides):
   values = dict(B=8.0, T=8192.0, N=70e9, N_x=0.0, q=2.0, k=327680.0, BW=3.35e12, F=989e12,
                 N_act=70e9, tp=1.0, pp=1.0, ep=1.0, m_mb=1.0, u_kv=8.0, n_blk=80.0,
                 L_moe=0.0, K=1.0, D=8192.0, V=128256.0, a_act=2.0, W_ic=450e9,
-                t_hop=0.6e-6, o_ovl=0.0)
+                t_hop=0.6e-6, o_ovl=0.0, t_base=6.6e-6, x_os=1.0)
   values.update(overrides)
+  values.setdefault("h_tp", np.asarray(values["tp"], dtype=float) - 1)  # Switched fabric.
   return layout_lib.decode_model()(**values)
 
 
@@ -141,8 +142,36 @@ def test_ring_and_tree_latency_terms():
   n = BY_NAME["n_r"].symbol
   ring = sym.allreduce_time(algorithm="ring")
   tree = sym.allreduce_time(algorithm="tree")
-  subs = {BY_NAME["S_b"].symbol: 0, BY_NAME["W_ic"].symbol: 1, BY_NAME["t_hop"].symbol: 1}
+  subs = {BY_NAME["S_b"].symbol: 0, BY_NAME["W_ic"].symbol: 1, BY_NAME["t_hop"].symbol: 1,
+          BY_NAME["t_base"].symbol: 0}
   assert ring.subs({**subs, n: 8}) == 14 and sp.simplify(tree.subs({**subs, n: 8})) == 6
+
+
+def test_allreduce_is_alpha_beta_with_one_shot_for_small_messages():
+  """NCCL's model (tuning.cc): base 6.6 us + 2(n-1) x 0.6 us per NVLink ring step, LL;
+  8 GPUs: 15.0 us for an empty message (the 'derived_8gpu_allreduce_LL_us' in
+  accelerators.json); a one-shot all-reduce beats the ring for a small one and loses
+  for a large one."""
+  names = ("S_b", "n_r", "W_ic", "t_hop", "t_base", "x_os")
+  t = lambdified({"ring": sym.allreduce_time(algorithm="ring"), "best": sym.allreduce_time()},
+                 [BY_NAME[x].symbol for x in names])
+  nvlink = dict(W_ic=450e9, t_hop=0.6e-6, t_base=6.6e-6, x_os=1.0)
+  assert t(S_b=0.0, n_r=8.0, **nvlink)["ring"] == pytest.approx(15.0e-6, rel=1e-12)
+  assert t(S_b=0.0, n_r=2.0, **nvlink)["ring"] == pytest.approx(7.8e-6, rel=1e-12)
+  small = t(S_b=16 * 8192 * 2.0, n_r=8.0, **nvlink)  # A decode step's (16, D) bf16.
+  assert small["best"] == pytest.approx(6.6e-6 + 0.6e-6 + 7 * 16 * 8192 * 2 / 450e9)
+  assert small["best"] < small["ring"]
+  large = t(S_b=1e9, n_r=8.0, **nvlink)
+  assert large["best"] == large["ring"]
+  torus = t(S_b=0.0, n_r=8.0, **{**nvlink, "x_os": 0.0})  # No one-shot on a torus.
+  assert torus["best"] == torus["ring"]
+
+
+def test_torus_rings_per_axis():
+  assert layout_lib.ring_steps(8, torus=False) == 7
+  assert layout_lib.ring_steps(8, torus=True, axes=2) == 1 + 3  # 2 x 4.
+  assert layout_lib.ring_steps(16, torus=True, axes=2) == 3 + 3  # 4 x 4.
+  assert layout_lib.ring_steps(64, torus=True, axes=3) == 3 * 3  # 4 x 4 x 4.
 
 
 # Published worked examples (scaling-book).
@@ -151,7 +180,7 @@ def test_scaling_book_llama3_70b_on_v5e_4x2_step_is_17_ms():
   # = 17ms"; int8 weights (70e9 B), KV 160e3 B/token, 8192 tokens, batch 32, 8 chips; the
   # book leaves communication out, so W_ic is infinite and t_hop zero here.
   out = _decode(B=32.0, T=8192.0, N=70e9, N_act=70e9, q=1.0, k=160e3, BW=8.1e11, F=1.97e14,
-                tp=8.0, u_kv=8.0, W_ic=np.inf, t_hop=0.0)
+                tp=8.0, u_kv=8.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
   assert float(out["step_s"]) == pytest.approx(112e9 / (8 * 8.1e11), rel=0.02)
   assert float(out["step_s"]) == pytest.approx(17.28e-3, rel=0.01)
   assert 32 / float(out["step_s"]) == pytest.approx(1882, rel=0.02)  # "1882 tokens / sec"
@@ -171,15 +200,15 @@ def test_scaling_book_llama3_70b_minimum_v5e_slices():
 def test_scaling_book_30b_int8_on_16_v5e_is_2_5_ms():
   # inference.md pop quiz: (4 * 819e6 + 30e9) / (16 * 8.1e11) = 2.5 ms (100 kB/token, 8192).
   out = _decode(B=4.0, T=8192.0, N=30e9, N_act=30e9, q=1.0, k=819e6 / 8192, BW=8.1e11,
-                F=1.97e14, tp=16.0, u_kv=16.0, W_ic=np.inf, t_hop=0.0)
+                F=1.97e14, tp=16.0, u_kv=16.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
   assert float(out["step_s"]) == pytest.approx(2.5e-3, rel=0.03)
 
 
 def test_scaling_book_h100_node_allgather_65_us():
   # gpus.md Pop Quiz 1: AllGather(bf16[1024, 16384]) on 8xH100 at 450e9: "more precisely 65us".
-  t = lambdified({"t": sym.allgather_time()}, [BY_NAME[n].symbol for n in
-                                               ("S_b", "n_r", "W_ic", "t_hop")])
-  value = t(S_b=2 * 1024 * 16384, n_r=8.0, W_ic=450e9, t_hop=0.0)["t"]
+  t = lambdified({"t": sym.allgather_time(algorithm="ring")},
+                 [BY_NAME[n].symbol for n in ("S_b", "n_r", "W_ic", "t_hop", "t_base")])
+  value = t(S_b=2 * 1024 * 16384, n_r=8.0, W_ic=450e9, t_hop=0.0, t_base=0.0)["t"]
   assert value == pytest.approx(65e-6, rel=0.01)
 
 
@@ -288,8 +317,10 @@ def test_report_single_stream_70b_on_the_fewest_h100s():
   # Independent count: 70.6B bf16 weights (141 GB) exceed one H100's 72 GB (80 GB less 10%).
   assert fewest["tp"] == 2
   # By hand: two chips at 3.35 TB/s each stream 141.1e9 B of weights and 8192 x 327,680 B of
-  # K/V between them (the model's embedding table is looked up, not streamed: a bit faster).
-  by_hand = 2 * 3.35e12 / (141.1e9 + 8192 * 327680)
+  # K/V between them (the model's embedding table is looked up, not streamed: a bit faster),
+  # plus 2 x 80 + 1 one-shot all-reduces of one token's activations at NCCL's 6.6 us base
+  # and one 0.6 us NVLink step each.
+  by_hand = 1 / ((141.1e9 + 8192 * 327680) / (2 * 3.35e12) + 161 * (6.6e-6 + 0.6e-6))
   assert fewest["per_sequence_tokens_per_s"] == pytest.approx(by_hand, rel=0.03)
 
 

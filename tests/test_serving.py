@@ -19,7 +19,7 @@ from jaxroof.symbolic.step_model import StepModel
 # 0.25 GB of K/V reads per sequence.
 LESSON = requests.ServingInputs(N=8e9, N_act=8e9, q=2, k=0.0, BW=2e12, F=None,
                                 kv_per_sequence_bytes=0.25e9)
-BOUND = StepModel.bound()
+BOUND = StepModel.bound("fused")  # The lesson's model: one roofline over the step.
 
 
 def _lesson_batch_for(gap_s: float) -> int:
@@ -86,8 +86,11 @@ def test_request_rows_are_consistent():
                        arrival_rate=0.0, window_s=0.01)
   for row in rows:
     assert row["e2e_s"] == pytest.approx(row["ttft_s"] + 63 * row["mean_token_gap_s"])
-    assert row["aggregate_tokens_per_s"] == pytest.approx(
+    assert row["static_batch_tokens_per_s"] == pytest.approx(
         row["batch"] * 64 / (row["prefill_s"] + row["decode_s"]))
+    # One definition per field: the continuous-batching aggregate is B x per-sequence.
+    assert row["aggregate_tokens_per_s"] == pytest.approx(
+        row["batch"] * row["per_sequence_tokens_per_s"])
   # Zero load: TTFT is the window plus one prompt's prefill.
   single = requests.rows(BOUND, inputs, [1], prompt_tokens=512, output_tokens=64)[0]["prefill_s"]
   assert rows[0]["ttft_s"] == pytest.approx(0.01 + single)

@@ -48,7 +48,7 @@ def test_lesson_decision_json_and_plot(tmp_path):
   assert set(data["elasticities"]) >= {"BW", "F", "N", "q", "k", "T", "B"}
   assert data["elasticities"]["F"] == 0.0
   assert png.read_bytes()[:4] == b"\x89PNG"
-  assert "moved by" in proc.stdout and "decision: batch 32" in proc.stdout
+  assert "moved by" in proc.stdout and "decision: batch 32 " in proc.stdout
 
 
 @pytest.mark.slow

@@ -63,14 +63,18 @@ def test_decode_steps_on_tp2_equal_the_layout_sweep():
 
 
 def test_comm_is_megatrons_all_reduces_and_logits_gather():
-  """2 all-reduces per block + 1 for the embedding, ring, bf16 (B, D); logits all-gathered."""
+  """2 all-reduces per block + 1 for the embedding, bf16 (B, D); logits all-gathered; each
+  collective NCCL's base latency plus the cheaper of ring and one-shot (NVSwitch)."""
   tp, batch = 4, 16.0
   inputs = _inputs(Layout(tp=tp))
   link = layout_lib.links(Layout(tp=tp), DEVICE)
-  w, hop = link.bytes_per_s, link.hop_latency_s
+  w, hop, base = link.bytes_per_s, link.hop_latency_s, link.base_latency_s
+  assert base == pytest.approx(6.6e-6)  # NCCL tuning.cc baseLat, ring LL.
   d, v, blocks = SPEC.hidden_size, SPEC.vocab_size, SPEC.num_layers
-  allreduce = 2 * (tp - 1) / tp * batch * d * 2 / w + 2 * (tp - 1) * hop
-  gather = (tp - 1) / tp * batch * v * 2 / w + (tp - 1) * hop
+  size = batch * d * 2
+  allreduce = base + min(2 * (tp - 1) / tp * size / w + 2 * (tp - 1) * hop,
+                         (tp - 1) * size / w + hop)
+  gather = base + (tp - 1) / tp * batch * v * 2 / w + hop  # Direct: one step.
   expected = (2 * blocks + 1) * allreduce + gather
   assert float(requests.comm_s(inputs, batch)) == pytest.approx(expected, rel=1e-12)
   prefill = requests.prefill(inputs, P, 1.0)
@@ -106,7 +110,7 @@ def test_fleet_rates_are_dp_times_a_replica():
 def test_decision_says_when_communication_binds():
   """A slow link (1 ms per hop) makes the collectives outweigh a tiny model's floor."""
   comm = dict(tp=8.0, pp=1.0, ep=1.0, n_blk=32.0, L_moe=0.0, K=1.0, D=4096.0, V=32000.0,
-              a_act=2.0, W_ic=1e11, t_hop=1e-3)
+              a_act=2.0, W_ic=1e11, t_hop=1e-3, t_base=0.0, h_tp=7.0, x_os=1.0)
   inputs = requests.ServingInputs(N=1e9, N_act=1e9, q=2.0, k=1e4, BW=2e12, F=1e15, comm=comm,
                                   chips_per_replica=8)
   d = decision.decide(StepModel.bound(), inputs, prompt_tokens=128, output_tokens=16,
@@ -124,20 +128,19 @@ def test_simulator_one_chip_unchanged_and_tp2_per_chip():
   today = replica.from_model(SPEC, DEVICE, context=2048)
   one = replica.from_model(SPEC, DEVICE, context=2048, layout=Layout())
   assert one.total_pages == today.total_pages
-  assert one.description["inputs"] == today.description["inputs"]
-  assert one.step_s(3, 3 * 2048.0, 100, 5000.0, 100.0) == today.step_s(3, 3 * 2048.0, 100,
-                                                                       5000.0, 100.0)
+  assert one.description["cost_constants"] == today.description["cost_constants"]
+  mix = today.cost.mix([2048.0] * 3, [5000.0], [100.0])
+  assert (one.cost.evaluate(mix, one.step_model)["step_s"]
+          == today.cost.evaluate(mix, today.step_model)["step_s"])
   tp2 = replica.from_model(SPEC, DEVICE, context=2048, layout=Layout(tp=2))
   # Pages: the busiest chip's memory over one chip's half page (8 K/V heads split by 2).
   page = today.description["page_bytes"]
   usable = DEVICE.memory_capacity_bytes * 0.9 - parameter_counts(SPEC).total * 2 / 2
   assert tp2.total_pages == pytest.approx(usable // (page / 2), abs=1)
   # A one-sequence decode is memory-bound: half the weights and K/V, plus one pass's comm.
-  inputs = today.description["inputs"]
-  t = 2048.0
-  memory = (inputs["N"] * inputs["q"] / 2 + t * inputs["k"] / 2) / inputs["BW"]
+  memory = float(today.cost.decode(1.0, 2048.0)["memory_s"]) / 2
   comm = float(requests.comm_s(_inputs(Layout(tp=2)), 1.0))
-  assert float(tp2.step_s(1, t, 0, 0.0, 0.0)) == pytest.approx(memory + comm, rel=1e-9)
+  assert float(tp2.cost.decode(1.0, 2048.0)["step_s"]) == pytest.approx(memory + comm, rel=1e-9)
 
 
 def _run(module, *flags):

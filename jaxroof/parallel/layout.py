@@ -160,6 +160,9 @@ class LinkChoice:
   hop_latency_s: float  # t_hop.
   network: str  # "scale-up" or "scale-out" (or "none" for one chip).
   note: str
+  base_latency_s: float = 0.0  # t_base, per collective.
+  torus: bool = False  # Rings per axis; no one-shot collectives.
+  axes: int = 1  # Torus dimensions.
 
 
 def links(layout: Layout, device: Accelerator) -> LinkChoice:
@@ -176,10 +179,15 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
     raise errors.InputError(f"--tp/--pp/--ep: {device.name} has no interconnect figures; "
                             "use tp = pp = ep = 1.")
   if layout.chips_per_replica <= net.domain_chips:
+    torus = "torus" in net.topology
     return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
                       f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
                       f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
-                      f"({net.hop_latency_basis})")
+                      f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
+                      f"collective ({net.base_latency_basis})"
+                      + ("; rings per torus axis" if torus else ""),
+                      base_latency_s=net.base_latency_s, torus=torus,
+                      axes=3 if "3d" in net.topology.lower() else 2)
   if net.scale_out_bytes_per_s is None:
     raise errors.InputError(
         f"--tp*--pp*--ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
@@ -189,22 +197,38 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   return LinkChoice(rate, net.hop_latency_s, "scale-out",
                     f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "
                     f"scale-up domain: collectives at the scale-out {rate / 1e9:g} GB/s per chip "
-                    f"(the slower link binds), {net.hop_latency_s * 1e6:g} us per hop")
+                    f"(the slower link binds), {net.hop_latency_s * 1e6:g} us per hop, "
+                    f"{net.base_latency_s * 1e6:g} us per collective",
+                    base_latency_s=net.base_latency_s)
 
 
 @functools.cache
-def decode_model(algorithm: str = "ring"):
-  """The lambdified per-chip decode step of `jaxroof.symbolic.parallel`."""
+def _decode_evaluator(algorithm: str, bound: str):
   inputs = (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb,
-            S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.W_ic, S.t_hop, S.o_ovl)
-  return lambdified(sym.decode_outputs(algorithm), inputs)
+            S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.o_ovl, S.A_t,
+            *sym.LINK_SYMBOLS)
+  return lambdified(sym.decode_outputs(algorithm, bound), inputs)
+
+
+def decode_model(algorithm: str = "best", bound: str = "per_op"):
+  """The lambdified per-chip decode step of `jaxroof.symbolic.parallel` (the cost
+  model's per-operation or fused bound); `A_t` (decode attention FLOPs per
+  retained token) defaults to 0."""
+  evaluator = _decode_evaluator(algorithm, bound)
+  return lambda **values: evaluator(**{"A_t": 0.0, **values})
 
 
 @functools.cache
-def prefill_model(algorithm: str = "ring"):
+def _prefill_evaluator(algorithm: str, bound: str):
   inputs = (S.P, S.N, S.N_x, S.q, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.L_moe, S.K,
-            S.n_blk, S.D, S.V, S.a_act, S.W_ic, S.t_hop, S.o_ovl)
-  return lambdified(sym.prefill_outputs(algorithm), inputs)
+            S.n_blk, S.D, S.V, S.a_act, S.o_ovl, S.A_f, *sym.LINK_SYMBOLS)
+  return lambdified(sym.prefill_outputs(algorithm, bound), inputs)
+
+
+def prefill_model(algorithm: str = "best", bound: str = "per_op"):
+  """One prompt's prefill on a layout; `A_f` (attention FLOPs per pair) defaults to 0."""
+  evaluator = _prefill_evaluator(algorithm, bound)
+  return lambda **values: evaluator(**{"A_f": 0.0, **values})
 
 
 def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
@@ -216,8 +240,35 @@ def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
           "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
           "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
           "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
-          "a_act": activation_bytes, "W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s,
-          "o_ovl": overlap}
+          "a_act": activation_bytes, "o_ovl": overlap,
+          **link_values(link, layout.tp)}
+
+
+def ring_steps(chips: int, torus: bool, axes: int = 2) -> int:
+  """Ring steps of one reduce-scatter over `chips`: chips - 1 on a switched fabric; on
+  a torus, rings per axis in turn over the most nearly cubic factorisation."""
+  if not torus or chips <= 1:
+    return max(chips - 1, 0)
+  best = None
+  for a in range(1, chips + 1):
+    if chips % a:
+      continue
+    rest = chips // a
+    if axes == 2:
+      sides = (a, rest)
+    else:
+      b = max((d for d in range(1, rest + 1) if rest % d == 0 and d * d <= rest), default=1)
+      sides = (a, b, rest // b)
+    steps = sum(side - 1 for side in sides)
+    best = steps if best is None else min(best, steps)
+  return best
+
+
+def link_values(link: LinkChoice, tp: int) -> dict[str, float]:
+  """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree."""
+  return {"W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s,
+          "t_base": link.base_latency_s, "h_tp": float(ring_steps(tp, link.torus, link.axes)),
+          "x_os": 0.0 if link.torus else 1.0}
 
 
 def expert_weights_read(spec: ModelSpec, batch: np.ndarray) -> np.ndarray:

@@ -42,7 +42,8 @@ from jaxroof.symbolic import parallel as sym
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 
-COMM_NAMES = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act", "W_ic", "t_hop")
+COMM_NAMES = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
+              *(str(s) for s in sym.LINK_SYMBOLS))
 LAYOUT_NOTES = (
     "rows on a layout (tp, pp, ep): one chip's weights, K/V and FLOPs along a token's path "
     "(jaxroof.symbolic.parallel.path_inputs), plus the analytic communication of the pass "

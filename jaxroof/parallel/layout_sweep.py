@@ -39,7 +39,7 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
                  batch_sizes: Sequence[int], layout: Layout | None = None,
                  weight_dtype: str = "bf16", kv_dtype: str = "bf16",
                  model: StepModel | None = None, token_gap_s: float | None = None,
-                 **kwargs: Any) -> dict[str, Any]:
+                 comm_overlap: float = 0.0, **kwargs: Any) -> dict[str, Any]:
   """The step model at each batch on `layout` (per replica), memory fit per chip.
 
   Rows gain `comm_s`, `chips` and `fleet_tokens_per_s` (dp replicas); `bound`
@@ -86,7 +86,9 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   result = sweep(model, list(batch_sizes), N=path["N"], q=inputs.q, T=float(context),
                  k=float(path["k"]), BW=inputs.BW, F=inputs.F, N_act=float(path["N_act"]),
                  layers=spec.num_layers, fits=list(fits), token_gap_s=token_gap_s,
-                 comm_s=full["comm_s"], max_batch_in_memory=memory.max_batch_per_replica)
+                 comm_s=full["comm_s"], max_batch_in_memory=memory.max_batch_per_replica,
+                 A_t=inputs.A_t * float(path["N_act"]) / inputs.N_act,
+                 comm_overlap=comm_overlap)
   for row in result["rows"]:
     row["chips"] = layout.chips
     row["fleet_tokens_per_s"] = float(row["aggregate_tokens_per_s"] * path["fleet_scale"])

@@ -29,6 +29,8 @@ from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic import parallel as sym
 from jaxroof.symbolic import symbols as S
+from jaxroof.symbolic import parallel as sym_parallel
+from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.evaluate import lambdified
 
 WEIGHT_DTYPES = ("bf16", "fp8", "int8", "int4")
@@ -36,13 +38,16 @@ KV_DTYPES = ("bf16", "fp8", "int8")
 TP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 PP_CHOICES = (1, 2, 4, 8)
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+LINK_NAMES = tuple(str(s) for s in sym_parallel.LINK_SYMBOLS)
 BATCHES = tuple(int(b) for b in np.unique(np.round(np.geomspace(1, 4096, 200))))
 
 ASSUMPTIONS = (
     "analytic bound from datasheet figures (memory bandwidth, dense FLOP/s, interconnect)",
     "decode: one token per sequence per step; all sequences hold the full context",
-    "TTFT: one prompt of the full context prefilled alone (no queue), attention FLOPs "
-    "omitted, communication serial",
+    "step and TTFT from the one cost model (per-operation rooflines by default: linear "
+    "layers, then attention with its K/V; causal attention FLOPs per layer kind)",
+    "TTFT: one prompt of the full context prefilled alone (no queue); communication serial "
+    "unless an overlap is given",
     "dp: the fewest replicas whose summed aggregate rate meets the target",
     "microbatches 1 or pp; a batch splits evenly over microbatches and expert groups",
     "ranked by chips, then headroom = min(token gap / step, TTFT target / TTFT); one plan "
@@ -109,8 +114,9 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
     per_layout = {name: np.repeat(np.array([getattr(lay, name) for lay, _ in layouts],
                                            dtype=float), n_b)
                   for name in ("tp", "pp", "ep", "microbatches")}
-    w_ic = np.repeat([link.bytes_per_s for _, link in layouts], n_b)
-    hop = np.repeat([link.hop_latency_s for _, link in layouts], n_b)
+    link_columns = {name: np.repeat([layout_lib.link_values(link, lay.tp)[name]
+                                     for lay, link in layouts], n_b)
+                    for name in LINK_NAMES}
     b = np.tile(batches, n_layouts)
     for wi, wdt in enumerate(weight_dtypes):
       for ki, kdt in enumerate(kv_dtypes):
@@ -122,7 +128,8 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
             B=b, N=np.tile(inputs.N, n_layouts), N_x=np.tile(n_x, n_layouts),
             q=np.tile(np.broadcast_to(inputs.q, (n_b,)), n_layouts), k=np.full(size, inputs.k),
             BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
-            N_act=np.full(size, inputs.N_act), W_ic=w_ic, t_hop=hop,
+            N_act=np.full(size, inputs.N_act), **link_columns,
+            A_t=np.full(size, inputs.A_t),
             s=np.full(size, inputs.kv_allocated_bytes_per_sequence),
             capacity=np.full(size, inputs.memory_capacity_bytes * (1 - workspace_fraction)),
             **per_layout)
@@ -131,23 +138,28 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
               N_xres=np.full_like(grid["B"], counts.experts_routed),
               u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
               L_moe=float(terms.moe_blocks), K=float(max(terms.top_k, 1)),
-              D=float(terms.width), V=float(terms.vocab))
+              D=float(terms.width), V=float(terms.vocab),
+              A_f=prefill_formulas.pair_flops_at(prefill_formulas.attention_terms(spec),
+                                                 context))
   return grid
 
 
 def evaluate_grid(grid: dict[str, Any], context: int,
-                  activation_bytes: float = layout_lib.DEFAULT_ACTIVATION_BYTES
-                  ) -> dict[str, np.ndarray]:
-  """Decode step, prefill and per-chip memory at every configuration (one call each)."""
+                  activation_bytes: float = layout_lib.DEFAULT_ACTIVATION_BYTES,
+                  bound: str = "per_op", comm_overlap: float = 0.0) -> dict[str, np.ndarray]:
+  """Decode step, prefill and per-chip memory at every configuration (one call each):
+  the one cost model's decode and prefill (`bound`), communication hidden by
+  `comm_overlap`."""
   shared = dict(tp=grid["tp"], pp=grid["pp"], ep=grid["ep"], L_moe=grid["L_moe"],
                 K=grid["K"], D=grid["D"], V=grid["V"], a_act=activation_bytes,
-                W_ic=grid["W_ic"], t_hop=grid["t_hop"], o_ovl=0.0, n_blk=grid["n_blk"],
+                **{name: grid[name] for name in LINK_NAMES}, o_ovl=comm_overlap,
+                n_blk=grid["n_blk"],
                 q=grid["q"], F=grid["F"], N_act=grid["N_act"], BW=grid["BW"])
-  decode = layout_lib.decode_model()(B=grid["B"], T=float(context), N=grid["N"],
+  decode = layout_lib.decode_model(bound=bound)(B=grid["B"], T=float(context), N=grid["N"],
                                      N_x=grid["N_x"], k=grid["k"], m_mb=grid["microbatches"],
-                                     u_kv=grid["u_kv"], **shared)
-  prefill = layout_lib.prefill_model()(P=float(context), N=grid["N"], N_x=grid["N_x"],
-                                       **shared)
+                                     u_kv=grid["u_kv"], A_t=grid["A_t"], **shared)
+  prefill = layout_lib.prefill_model(bound=bound)(P=float(context), N=grid["N"], N_x=grid["N_x"],
+                                       A_f=grid["A_f"], **shared)
   memory = _memory_model()(N=grid["N_res"], N_x=grid["N_xres"], q=grid["q"], B=grid["B"],
                            s=grid["s"], tp=grid["tp"], pp=grid["pp"], ep=grid["ep"],
                            u_kv=grid["u_kv"])
@@ -164,7 +176,7 @@ def _binds(out: dict[str, np.ndarray]) -> np.ndarray:
 def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targets: Targets,
          weight_dtypes: Sequence[str] = WEIGHT_DTYPES, kv_dtypes: Sequence[str] = KV_DTYPES,
          batches: Sequence[int] = BATCHES, workspace_fraction: float = 0.1,
-         top: int = 20) -> dict[str, Any]:
+         top: int = 20, bound: str = "per_op", comm_overlap: float = 0.0) -> dict[str, Any]:
   """Configurations meeting `targets`, ranked by chips then headroom.
 
   Returns:
@@ -182,7 +194,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   if "B" not in grid:
     raise errors.InputError(f"no layout of {spec.name} fits any of "
                             f"{', '.join(d.name for d in devices)}'s interconnects.")
-  out = evaluate_grid(grid, context)
+  out = evaluate_grid(grid, context, bound=bound, comm_overlap=comm_overlap)
   even = np.mod(grid["B"], grid["microbatches"] * grid["ep"]) == 0
   ok = (even & (out["chip_bytes"] <= grid["capacity"])
         & (out["step_s"] <= targets.token_gap_s) & (out["prefill_s"] <= targets.ttft_s))

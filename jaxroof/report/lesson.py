@@ -57,7 +57,7 @@ class Claim:
 
 
 def _sweep(batch_sizes, kv_per_seq=KV_PER_SEQ, flops=None):
-  return decode_sweep(batch_sizes, N=WEIGHTS, q=BF16, T=1, k=kv_per_seq,
+  return decode_sweep(batch_sizes, form="fused", N=WEIGHTS, q=BF16, T=1, k=kv_per_seq,
                       BW=BANDWIDTH, F=flops)
 
 

@@ -26,7 +26,7 @@ from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 
 REQUEST_HEADERS = ("batch", "prefill ms", "TTFT ms", "token gap ms", "e2e s",
-                   "aggregate tok/s (B*G/busy)", "per-seq tok/s", "moved by")
+                   "aggregate tok/s (B/gap)", "per-seq tok/s", "moved by")
 PEER_HEADERS = ("batch", "prefill s (ours)", "prefill s (peer)", "mean step ms (ours)",
                 "mean step ms (peer)", "total s (ours)", "total s (peer)", "total ratio")
 _LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
@@ -63,8 +63,10 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
   """The decision in words."""
   if decision["batch"] is None:
     return [f"decision: {decision['status']} ({decision['binds']} binds): {decision['reason']}"]
+  point = decision.get("operating_point") or {}
   lines = [
-      f"decision: batch {decision['batch']} ({decision['binds']} binds; status "
+      f"decision: batch {decision['batch']} (capacity: the largest concurrency; "
+      f"{decision['binds']} binds; status "
       f"{decision['status']}{': ' + decision['reason'] if decision['reason'] else ''})",
       f"  mean step {decision['step_s'] * 1e3:.3f} ms unloaded, "
       f"{decision['loaded_token_gap_s'] * 1e3:.3f} ms with prefills at this load; "
@@ -79,6 +81,16 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
       f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities "
       + ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()),
   ]
+  if point.get("running_batch") is not None:
+    lines.append(
+        f"operating point at {point['arrival_rate_per_s']:g} requests/s (Little's law): "
+        f"{point['running_batch']:.1f} sequences running, step "
+        f"{point['step_s'] * 1e3:.3f} ms, token gap {point['token_gap_s'] * 1e3:.3f} ms, "
+        f"TTFT {point['ttft_s'] * 1e3:.2f} ms" if point.get("ttft_s") is not None else
+        f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
+        f"{point['running_batch']:.1f} sequences running; the prefill queue is unstable")
+  elif point:
+    lines.append(f"operating point: {point.get('reason', 'unstable')}")
   return lines
 
 

@@ -141,13 +141,12 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   at = requests.evaluate(model, inputs, [batch], **kwargs)
   step = float(at["unloaded_token_gap_s"][0])
   context = _mean_context(inputs, prompt_tokens, output_tokens)
-  bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
   k = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
-  terms = model.evaluate(B=float(batch), T=context, N=inputs.N, q=inputs.q, k=k, BW=bw,
-                         F=flops, N_act=inputs.N_act, L=inputs.layers)
-  compute_bound = float(terms["compute_s"]) >= float(terms["memory_s"])
-  comm = float(requests.comm_s(inputs, float(batch)))
-  if binds == "token_gap" and comm >= max(float(terms["compute_s"]), float(terms["memory_s"])):
+  terms = requests.decode_terms(model, inputs, float(batch), context)
+  memory_s = terms["memory_s"] if "memory_s" in terms else terms["weight_s"] + terms["kv_s"]
+  compute_bound = terms["compute_s"] >= memory_s
+  comm = terms["comm_s"]
+  if binds == "token_gap" and comm >= max(terms["compute_s"], memory_s):
     binds = "communication"
   elif binds == "token_gap" and compute_bound:
     binds = "compute"
@@ -167,6 +166,11 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
     out["elasticities"] = elasticity.row_elasticities(
         model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,
         N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)[0]
+  out["capacity_per_s"] = capacity_rate(model, inputs, max_batch=batch,
+                                        prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+  out["operating_point"] = operating_point(
+      model, inputs, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+      arrival_rate=arrival_rate, max_batch=batch)
   if ttft_s is not None and queue.ttft_s > ttft_s * (1 + _SLACK):
     out.update(status="infeasible", binds="ttft", reason=(
         f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "
@@ -181,6 +185,117 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
       out.update(status="infeasible", reason=(
           f"{batch / step:,.0f} tokens/s at batch {batch} is below the "
           f"{aggregate_tokens_per_s:,.0f} tokens/s aggregate target"))
+  return out
+
+
+def loaded_gap(model: StepModel, inputs: requests.ServingInputs, *, running: float,
+               arrival_rate: float, prompt_tokens: int, output_tokens: int
+               ) -> tuple[float, float, float]:
+  """(step, token gap, mixed iteration) with `running` sequences decoding at a load.
+
+  step: the mean decode iteration over the requests' contexts; mixed: one
+  iteration of those rows beside one prompt's prefill. An iteration-level
+  scheduler admits the prompts that arrived during the last iteration, so an
+  iteration of length g carries k ~ Poisson(lam*g) prompts and the gap is the
+  fixed point `g = sum_k Poisson(k; lam*g) * T(running, k)`, T from the cost
+  model (a second prompt in one iteration can cost more than the first: the
+  first may hide under the weight reads, the second cannot). Infinite when the
+  prompts alone outrun the replica.
+  """
+  context = _mean_context(inputs, prompt_tokens, output_tokens)
+  step = float(requests.decode_steps(model, inputs, [max(running, 1e-9)], prompt_tokens,
+                                     output_tokens).mean())
+  with_prompts = lambda k: requests.mixed_iteration_s(  # noqa: E731
+      model, inputs, decode_rows=running, context=context, prompt_tokens=prompt_tokens,
+      prefill_sequences=k)
+  mixed = float(with_prompts(1.0))
+  if arrival_rate <= 0:
+    return step, step, mixed
+  base = step - float(with_prompts(0.0))  # The mean over contexts less the mean context's.
+  gap = step
+  for _ in range(200):
+    mean = arrival_rate * gap
+    k = np.arange(0.0, math.ceil(mean + 12.0 * math.sqrt(mean) + 12.0))
+    weights = np.exp(k * math.log(max(mean, 1e-300)) - mean - _log_factorial(k))
+    new = float(np.dot(weights, np.asarray(with_prompts(k), dtype=float)) + base)
+    if new > 1e6 * step:
+      return step, math.inf, mixed
+    if abs(new - gap) <= 1e-12 * new:
+      gap = new
+      break
+    gap = new
+  return step, gap, mixed
+
+
+def capacity_rate(model: StepModel, inputs: requests.ServingInputs, *, max_batch: int,
+                  prompt_tokens: int, output_tokens: int) -> float:
+  """Requests/s a replica sustains with `max_batch` sequences always running.
+
+  The largest lam with `lam*(G - 1)*gap(max_batch, lam) <= max_batch`
+  (`loaded_gap`: prompts join the running iterations), found by bisection.
+  """
+  G = output_tokens
+
+  def excess(lam: float) -> float:
+    gap = loaded_gap(model, inputs, running=float(max_batch), arrival_rate=lam,
+                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)[1]
+    return lam * (G - 1) * gap - max_batch
+
+  step = loaded_gap(model, inputs, running=float(max_batch), arrival_rate=0.0,
+                    prompt_tokens=prompt_tokens, output_tokens=output_tokens)[0]
+  lo, hi = 0.0, max_batch / ((G - 1) * step)
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
+  return lo
+
+
+def _log_factorial(k: np.ndarray) -> np.ndarray:
+  return np.array([math.lgamma(x + 1.0) for x in k])
+
+
+def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
+                    output_tokens: int, arrival_rate: float, max_batch: int) -> dict[str, Any]:
+  """Where a continuous-batching replica runs at `arrival_rate`: Little's law's fixed point.
+
+  With n sequences decoding, an iteration takes `step(n)` (the cost model at the
+  requests' mean context) and admitting a prompt adds `extra(n) = mixed(n) -
+  step(n)`. Prompts arrive at lam, so a token waits `gap(n) = step(n) / (1 -
+  lam*extra(n))` on average, and each request decodes G - 1 tokens: n =
+  lam*(G - 1)*gap(n), solved by bisection on [0, max_batch] (gap rises with
+  n). TTFT is M/D/1 with the service time of that mixed iteration. Past
+  `max_batch` (memory, the gap target) the load is unstable.
+  """
+  G = output_tokens
+
+  def at(n: float) -> tuple[float, float, float]:
+    return loaded_gap(model, inputs, running=n, arrival_rate=arrival_rate,
+                      prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+
+  out: dict[str, Any] = {"arrival_rate_per_s": arrival_rate, "running_batch": None,
+                         "step_s": None, "token_gap_s": None, "ttft_s": None,
+                         "stable": False, "model": "Little's law fixed point, "
+                         "n = arrival_rate x (G - 1) x gap(n); TTFT M/D/1 with the mixed "
+                         "iteration as service"}
+  if arrival_rate <= 0:
+    step, gap, mixed = at(0.0)
+    out.update(running_batch=0.0, step_s=step, token_gap_s=gap, ttft_s=mixed, stable=True)
+    return out
+  excess = lambda n: arrival_rate * (G - 1) * at(n)[1] - n  # noqa: E731 (falls through 0)
+  if not excess(float(max_batch)) <= 0:
+    out["reason"] = (f"{arrival_rate:g} requests/s needs more than {max_batch} sequences "
+                     "running at once (memory or the gap target): unstable")
+    return out
+  lo, hi = 0.0, float(max_batch)
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+  n = hi
+  step, gap, mixed = at(n)
+  queue = queueing.ttft(arrival_rate, mixed, 0.0, 1)
+  out.update(running_batch=n, step_s=step, token_gap_s=gap,
+             ttft_s=queue.ttft_s if queue.stable else None, stable=bool(queue.stable),
+             prefill_service_s=mixed)
   return out
 
 

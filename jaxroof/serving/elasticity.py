@@ -30,28 +30,33 @@ INPUT_NAMES: tuple[str, ...] = ("BW", "F", "N", "q", "k", "T", "B")
 
 
 def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
-                 L=None) -> dict[str, np.ndarray]:
+                 L=None, A_t=None) -> dict[str, np.ndarray]:
   """`d ln(step_s) / d ln(x)` for every input, at each point of a sweep.
 
   Arguments broadcast against each other (one point per batch, typically);
   F None or `inf` means memory only. Returns input name -> array of the
-  broadcast shape (plus "N_act" when N_act is given apart from N).
+  broadcast shape (plus "N_act" when N_act is given apart from N, and "A_t",
+  decode attention FLOPs per retained token, when given and non-zero).
   """
   import jax  # Deferred: the rest of the serving layer is numpy.
   import jax.numpy as jnp
 
   BW, F = model.scaled_ceilings(BW, F)
-  names = list(INPUT_NAMES) + (["N_act"] if N_act is not None else [])
+  with_attention = A_t is not None and np.any(np.asarray(A_t, dtype=float) > 0)
+  names = (list(INPUT_NAMES) + (["N_act"] if N_act is not None else [])
+           + (["A_t"] if with_attention else []))
   values = {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F}
   if N_act is not None:
     values["N_act"] = N_act
+  if with_attention:
+    values["A_t"] = A_t
   arrays = np.broadcast_arrays(*(np.asarray(values[n], dtype=float) for n in names))
   shape = arrays[0].shape
   flat = np.stack([a.reshape(-1) for a in arrays], axis=-1)  # (points, inputs)
   finite = np.isfinite(flat)
   logs = np.log(np.where(finite, flat, 1.0))
   factors = None if model.factors is None else tuple(sorted(model.factors.items()))
-  gradient = _log_gradient(model.kind, factors, None if L is None else float(L), tuple(names))
+  gradient = _log_gradient(model.kind, model.form, factors, None if L is None else float(L), tuple(names))
   with jax.enable_x64(True):  # float64 derivatives, without changing the process's default.
     grads = gradient(jnp.asarray(logs), jnp.asarray(finite))
     grads = np.where(finite, np.asarray(grads), 0.0)
@@ -59,17 +64,18 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
 
 
 @functools.cache
-def _log_gradient(kind: str, factors: tuple | None, L: float | None, names: tuple[str, ...]):
+def _log_gradient(kind: str, form: str, factors: tuple | None, L: float | None, names: tuple[str, ...]):
   """`jit(vmap(grad(log step)))` in log inputs, compiled once per model and inputs."""
   import jax
   import jax.numpy as jnp
 
-  model = StepModel.bound() if kind == "bound" else StepModel.calibrated(dict(factors))
+  model = StepModel.bound(form) if kind == "bound" else StepModel.calibrated(dict(factors))
 
   def log_step(log_x, mask):
     x = dict(zip(names, jnp.where(mask, jnp.exp(log_x), jnp.inf)))
     out = model.evaluate("jax", B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"],
-                         BW=x["BW"], F=x["F"], N_act=x.get("N_act"), L=L)
+                         BW=x["BW"], F=x["F"], N_act=x.get("N_act"), L=L,
+                         A_t=x.get("A_t"))
     return jnp.log(out["step_s"])
 
   return jax.jit(jax.vmap(jax.grad(log_step)))
@@ -103,7 +109,7 @@ def annotate_sweep(sweep: dict[str, Any], model: StepModel, *, layers=None,
   communication terms) are not step-model inputs: the elasticities are then
   those of each chip's memory/compute step, communication left out.
   """
-  names = ("N", "q", "T", "k", "BW", "F", "N_act")
+  names = ("N", "q", "T", "k", "BW", "F", "N_act", "A_t")
   step_inputs = {n: inputs.get(n) for n in names}
   batches = [row["batch"] for row in sweep["rows"]]
   rows = row_elasticities(model, batches, L=layers, **step_inputs)

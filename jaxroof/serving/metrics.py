@@ -72,6 +72,25 @@ def serving_metrics(arrival_s, first_token_s, finish_s, output_tokens, itl_s, *,
   }
 
 
+def iteration_means(run) -> dict[str, float | None]:
+  """Means over the iterations, as a decode token sees them.
+
+  `running_batch_mean`: sequences in the iteration, weighted by its decode
+  rows (the concurrency a decode token runs at; busy periods hold more
+  tokens, so this exceeds the time average when the load fluctuates);
+  `running_batch_time_mean`: the same weighted by duration (Little's law's
+  n); `decode_step_mean_s`: the iteration time a decode token waits,
+  weighted by decode rows (the mean inter-token latency).
+  """
+  steps = np.asarray(run.step_s, float)
+  decoding = np.asarray(run.decoding, float)
+  running = np.asarray(run.running, float)
+  busy, rows = float(steps.sum()), float(decoding.sum())
+  return {"running_batch_mean": float(np.dot(decoding, running) / rows) if rows else None,
+          "running_batch_time_mean": float(np.dot(running, steps) / busy) if busy else None,
+          "decode_step_mean_s": float(np.dot(decoding, steps) / rows) if rows else None}
+
+
 def _thinned(values: np.ndarray, keep: int) -> list:
   values = np.asarray(values)
   if len(values) > keep:

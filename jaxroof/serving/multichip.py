@@ -45,6 +45,15 @@ def path_values(layout: Layout, spec: ModelSpec, *, N: float, N_x: float, k: flo
   return {name: float(value) for name, value in out.items()}
 
 
+def chip_shares(layout: Layout, spec: ModelSpec) -> dict[str, float]:
+  """One chip's share along a token's path of each cost-model quantity:
+  `weights`, `experts`, `kv` and `flops` (`parallel.path_inputs` at unit inputs)."""
+  dense = path_values(layout, spec, N=1.0, N_x=0.0, k=1.0, N_act=1.0)
+  routed = path_values(layout, spec, N=1.0, N_x=1.0, k=1.0, N_act=1.0)
+  return {"weights": dense["N"], "experts": routed["N"], "kv": dense["k"],
+          "flops": dense["N_act"]}
+
+
 def assumptions(inputs: requests.ServingInputs) -> list[str]:
   """What a layout's serving rows assume (empty on one chip)."""
   if inputs.comm is None and inputs.replicas == 1:
@@ -54,7 +63,8 @@ def assumptions(inputs: requests.ServingInputs) -> list[str]:
       "and k are one chip's along a token's path through the pp stages; memory fit on the "
       "busiest chip",
       "communication (tensor all-reduces, logits gather, MoE all-to-alls, stage hand-offs) "
-      "serial with each decode step (B rows) and each prefill (P*B rows), no overlap",
+      f"of each decode step (B rows) and each prefill (P*B rows), {inputs.comm_overlap:g} of "
+      "it hidden under the iteration (0: serial)",
       "prefill attention FLOPs split over tp*ep like the linear ones",
       "rates and the decision per replica; --arrival_rate is the fleet's, split evenly over "
       "the replicas; fleet rates are dp times a replica's",
@@ -63,7 +73,8 @@ def assumptions(inputs: requests.ServingInputs) -> list[str]:
 
 def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None = None,
                  prompt_tokens: int, output_tokens: int, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", **workload_kw: Any) -> requests.ServingInputs:
+                 kv_dtype: str = "bf16", mla_prefill: str = "mha", comm_overlap: float = 0.0,
+                 **workload_kw: Any) -> requests.ServingInputs:
   """`ServingInputs` for one replica of `layout` (one chip: `requests.model_inputs`).
 
   Raises:
@@ -72,7 +83,8 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
   layout = layout or Layout()
   single = requests.model_inputs(spec, device, prompt_tokens=prompt_tokens,
                                  output_tokens=output_tokens, weight_dtype=weight_dtype,
-                                 kv_dtype=kv_dtype, **workload_kw)
+                                 kv_dtype=kv_dtype, mla_prefill=mla_prefill,
+                                 comm_overlap=comm_overlap, **workload_kw)
   if layout.chips_per_replica == 1:
     return dataclasses.replace(single, replicas=layout.dp)
   layout_lib.validate(layout, spec, device)
@@ -101,8 +113,11 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
       "usable_memory_bytes_per_chip": memory.usable_bytes,
       "layout": layout.as_dict(), "network": link.network, "link_note": link.note,
   }
+  cost = single.cost.on_layout(**chip_shares(layout, spec),
+                               comm=lambda rows: requests.pass_comm_s(comm, rows),
+                               comm_overlap=single.comm_overlap)
   return dataclasses.replace(
-      single, N=path["N"], N_act=path["N_act"], k=path["k"],
+      single, N=path["N"], N_act=path["N_act"], k=path["k"], cost=cost,
       max_batch_in_memory=memory.max_batch_per_replica, memory=chip_memory, comm=comm,
       attention_share=1.0 / (layout.tp * layout.ep), replicas=layout.dp,
       chips_per_replica=layout.chips_per_replica,

@@ -3,19 +3,23 @@
 One row per decode batch B for requests of `prompt_tokens` (P) and
 `output_tokens` (G):
 
-  prefill_s        the bound prefill of the batch's B prompts together
-                   (`jaxroof.symbolic.prefill.floor`, causal attention);
-  decode_s         the G - 1 decode steps at contexts P+1 .. P+G-1: closed form
-                   (`jaxroof.symbolic.serving.decode_time`) for the bound,
-                   the step model summed step by step for a calibrated one;
+  prefill_s        one iteration prefilling the batch's B prompts together (the
+                   one cost model, `jaxroof.specs.iteration_model`: causal
+                   attention per layer kind, the experts the tokens touch);
+  decode_s         the G - 1 decode iterations at contexts P+1 .. P+G-1 of the
+                   same cost model, summed step by step;
   ttft_s           M/D/1 wait for a prefill of `prefill_batch` prompts (default
                    one) + batching window + that prefill (`queueing`), the
                    mean at `arrival_rate`;
   mean_token_gap_s decode_s / (G - 1), stretched by 1/(1 - lam*D) because
                    prefills take priority on the chip;
   e2e_s            ttft_s + (G - 1) * mean_token_gap_s;
-  aggregate_tokens_per_s     B*G / (prefill_s + decode_s): a static batch of
-                   B requests served together, as peers' "generate" analysis;
+  aggregate_tokens_per_s      B / mean_token_gap_s: B sequences decoding at the
+                   loaded gap (continuous batching); in every row aggregate
+                   = B x per-sequence;
+  static_batch_tokens_per_s  B*G / (prefill_s + decode_s): a static batch of
+                   B requests served together, the "generate" view peers
+                   report, named apart;
   per_sequence_tokens_per_s  1 / mean_token_gap_s: the rate one user sees
                    once tokens flow.
 
@@ -36,16 +40,16 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.serving import queueing
+from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic import parallel as parallel_formulas
 from jaxroof.symbolic import prefill as prefill_formulas
-from jaxroof.symbolic import serving as serving_formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic import symbols as S
-from jaxroof.symbolic.symbols import A_f, B, BW, F, N, N_act, P, k, n_out, q
+from jaxroof.symbolic.symbols import B
 
 COMM_SYMBOLS: tuple[str, ...] = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
-                                 "W_ic", "t_hop")
+                                 *(str(s) for s in parallel_formulas.LINK_SYMBOLS))
 
 UNITS: dict[str, str] = {
     "batch": "sequences",
@@ -56,6 +60,7 @@ UNITS: dict[str, str] = {
     "e2e_s": "s",
     "aggregate_tokens_per_s": "tokens/s",
     "per_sequence_tokens_per_s": "tokens/s",
+    "static_batch_tokens_per_s": "tokens/s",
 }
 LAYOUT_UNITS: dict[str, str] = {"comm_s": "s", "chips": "chips",
                                 "fleet_tokens_per_s": "tokens/s"}
@@ -92,6 +97,10 @@ class ServingInputs:
     replicas: data-parallel replicas (dp): fleet rates are this many times a
       replica's.
     chips_per_replica: tp*pp*ep.
+    cost: the iteration cost model of one chip of the replica (a model's:
+      per layer kind, experts, head, communication); None: built from the raw
+      numbers (`cost_model()`).
+    comm_overlap: fraction of the communication hidden under each iteration.
   """
 
   N: float
@@ -112,10 +121,29 @@ class ServingInputs:
   attention_share: float = 1.0
   replicas: int = 1
   chips_per_replica: int = 1
+  cost: IterationModel | None = None
+  comm_overlap: float = 0.0
 
   @property
   def grows(self) -> bool:
     return self.kv_per_sequence_bytes is None
+
+  def cost_model(self, prompt_tokens: int = 1) -> IterationModel:
+    """The iteration cost model: the model's, or one built from the raw numbers
+    (with a fixed K/V per sequence, a prompt writes it over its P tokens and a
+    decode row reads it whole at context 1)."""
+    if self.cost is not None:
+      return self.cost.with_overlap(self.comm_overlap)
+    k = self.k if self.grows else self.kv_per_sequence_bytes
+    cost = IterationModel.from_numbers(N=self.N, q=self.q, k=k, BW=self.BW, F=self.F,
+                                       N_act=self.N_act, L=float(self.layers or 0),
+                                       pair_flops=self.pair_flops * self.attention_share)
+    if self.comm is not None:
+      comm = self.comm
+      cost = cost.on_layout(weights=1.0, experts=1.0, kv=1.0, flops=1.0,
+                            comm=lambda rows: pass_comm_s(comm, rows),
+                            comm_overlap=self.comm_overlap)
+    return cost
 
 
 @functools.cache
@@ -159,77 +187,60 @@ def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any)
   return int(prompt_tokens), int(output_tokens)
 
 
-@functools.cache
-def _prefill_model():
-  inputs = (P, B, N, q, k, BW, F, N_act, A_f)
-  return lambdified({"prefill_s": prefill_formulas.floor(),
-                     "memory_s": prefill_formulas.memory_time(),
-                     "compute_s": prefill_formulas.compute_time()}, inputs)
-
-
-@functools.cache
-def _decode_model():
-  inputs = (B, P, n_out, N, q, k, BW, F, N_act)
-  return lambdified({"decode_s": serving_formulas.decode_time()}, inputs)
-
-
-def _ceilings(model: StepModel, inputs: ServingInputs) -> tuple[float, float]:
-  return model.scaled_ceilings(inputs.BW, inputs.F)
-
-
 def prefill(inputs: ServingInputs, prompt_tokens: int, batch: Any,
             model: StepModel | None = None) -> dict[str, np.ndarray]:
-  """Bound prefill of `batch` prompts of `prompt_tokens` (a calibrated model's
-  ceilings, when it has its own, replace the given ones; its factors are fitted
-  to decode steps and are not applied)."""
-  bw, flops = _ceilings(model or StepModel.bound(), inputs)
+  """One iteration prefilling `batch` prompts of `prompt_tokens` together (the cost
+  model: `prefill_s` with `memory_s`, `compute_s`, `comm_s` and each operation's)."""
   batch = np.asarray(batch, dtype=float)
-  k_write = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes / prompt_tokens
-  attention = prefill_formulas.pair_flops_at(inputs.attention_terms, prompt_tokens) \
-      if inputs.attention_terms else inputs.pair_flops
-  out = _prefill_model()(P=float(prompt_tokens), B=batch, N=inputs.N, q=inputs.q,
-                         k=k_write, BW=bw, F=flops, N_act=inputs.N_act,
-                         A_f=attention * inputs.attention_share)
+  cost = inputs.cost_model()
+  if not inputs.grows:
+    cost = dataclasses.replace(cost, constants={
+        **cost.constants, "k_full": inputs.kv_per_sequence_bytes / prompt_tokens})
+  out = cost.prefill(float(prompt_tokens), batch, model)
   result = {name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape)
             for name, v in out.items()}
-  if inputs.comm is not None:  # Serial with the floor (no overlap), as the decode step.
-    result["comm_s"] = comm_s(inputs, prompt_tokens * batch)
-    result["prefill_s"] = result["prefill_s"] + result["comm_s"]
+  result["prefill_s"] = result["step_s"]
   return result
 
 
 def decode_steps(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
                  output_tokens: int) -> np.ndarray:
   """Step times (batch, G - 1), step j at context P + j (fixed K/V: context 1)."""
-  bw, flops = _ceilings(model, inputs)
   batch = np.asarray(batch, dtype=float)[:, None]
   if inputs.grows:
-    context, k = prompt_tokens + np.arange(1, output_tokens, dtype=float)[None, :], inputs.k
+    context = prompt_tokens + np.arange(1, output_tokens, dtype=float)[None, :]
   else:
-    context, k = np.ones((1, output_tokens - 1)), inputs.kv_per_sequence_bytes
-  out = model.evaluate(B=batch, T=context, N=inputs.N, q=inputs.q, k=k, BW=bw, F=flops,
-                       N_act=inputs.N_act, L=inputs.layers)
-  steps = np.broadcast_to(np.asarray(out["step_s"], dtype=float),
-                          (batch.shape[0], output_tokens - 1))
-  if inputs.comm is not None:
-    steps = steps + comm_s(inputs, batch)
-  return steps
+    context = np.ones((1, output_tokens - 1))
+  out = inputs.cost_model().decode(batch, context, model)
+  return np.broadcast_to(np.asarray(out["step_s"], dtype=float),
+                         (batch.shape[0], output_tokens - 1))
+
+
+def decode_terms(model: StepModel, inputs: ServingInputs, batch: float, context: float
+                 ) -> dict[str, float]:
+  """Every term of one decode iteration of `batch` rows at `context` (floats)."""
+  ctx = context if inputs.grows else 1.0
+  out = inputs.cost_model().decode(float(batch), float(ctx), model)
+  return {name: float(np.asarray(v)) for name, v in out.items()}
+
+
+def mixed_iteration_s(model: StepModel, inputs: ServingInputs, *, decode_rows: float,
+                      context: float, prompt_tokens: int, prefill_sequences: Any = 1.0
+                      ) -> Any:
+  """One iteration of `decode_rows` rows at `context` beside `prefill_sequences` whole
+  prompts of `prompt_tokens` (an iteration-level scheduler admitting them); an
+  array of prompt counts gives an array of times."""
+  cost = inputs.cost_model()
+  ctx = context if inputs.grows else 1.0
+  mix = cost.uniform_mix(decode_rows=decode_rows, context=ctx,
+                         prefill_sequences=prefill_sequences, prompt_tokens=prompt_tokens)
+  out = np.asarray(cost.evaluate(mix, model)["step_s"], dtype=float)
+  return float(out) if out.ndim == 0 else out
 
 
 def decode_time(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tokens: int,
                 output_tokens: int) -> np.ndarray:
-  """Seconds of the G - 1 decode steps per batch: the closed form for the
-  bound with a growing context, the step-by-step sum otherwise."""
-  batch = np.asarray(batch, dtype=float)
-  if model.kind == "bound" and inputs.grows:
-    bw, flops = _ceilings(model, inputs)
-    out = _decode_model()(B=batch, P=float(prompt_tokens), n_out=float(output_tokens),
-                          N=inputs.N, q=inputs.q, k=inputs.k, BW=bw, F=flops,
-                          N_act=inputs.N_act)
-    total = np.broadcast_to(np.asarray(out["decode_s"], dtype=float), batch.shape)
-    if inputs.comm is not None:
-      total = total + (output_tokens - 1) * comm_s(inputs, batch)
-    return total
+  """Seconds of the G - 1 decode steps per batch, summed step by step."""
   return decode_steps(model, inputs, batch, prompt_tokens, output_tokens).sum(axis=1)
 
 
@@ -260,7 +271,8 @@ def evaluate(model: StepModel, inputs: ServingInputs, batch: Sequence[int] | np.
       "ttft_s": np.full(batch.shape, ttft_s),
       "mean_token_gap_s": gap,
       "e2e_s": ttft_s + steps * gap,
-      "aggregate_tokens_per_s": batch * output_tokens / (prefill_s + decode_s),
+      "aggregate_tokens_per_s": batch / gap,
+      "static_batch_tokens_per_s": batch * output_tokens / (prefill_s + decode_s),
       "per_sequence_tokens_per_s": 1.0 / gap,
       "stable": queue.stable,
       "queue": queue,
@@ -296,8 +308,8 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **
 
 
 def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: int,
-                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", **workload_kw: Any
-                 ) -> ServingInputs:
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", mla_prefill: str = "mha",
+                 comm_overlap: float = 0.0, **workload_kw: Any) -> ServingInputs:
   """`ServingInputs` for a `ModelSpec` on an `Accelerator` (datasheet figures).
 
   K/V per token is the payload at the prompt length; the memory fit allocates
@@ -334,4 +346,9 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       context_limit=limit if isinstance(limit, int) else None,
       label=f"{spec.name} on {device.name}, {base.weight_format.label} weights, "
             f"{kv_dtype} K/V",
-      memory=memory, attention_terms=prefill_formulas.attention_terms(spec))
+      memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
+      cost=IterationModel.from_spec(
+          spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+          group_size=workload_kw.get("group_size"), state_dtype=workload_kw.get("state_dtype"),
+          mla_prefill=mla_prefill),
+      comm_overlap=comm_overlap)

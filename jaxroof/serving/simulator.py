@@ -1,9 +1,10 @@
 """Discrete-event simulation of one serving replica under continuous batching.
 
 The replica runs iterations back to back. Each iteration's time comes from the
-iteration model (`jaxroof.symbolic.iteration`, bound or calibrated) evaluated
-for that iteration's actual mix: its decode sequences' contexts, its prefill
-tokens and their causal attention. Three schedulers (all deterministic):
+one cost model (`jaxroof.specs.iteration_model.IterationModel` over
+`jaxroof.symbolic.cost_model`, bound or calibrated) evaluated for that
+iteration's actual mix: each decode row's context (windows capped per layer
+kind), each prefill chunk's offset and length, the experts its tokens touch. Three schedulers (all deterministic):
 
   * "static": when the replica is idle, wait a batching window after the
     first waiting request (or until `max_running` wait), then run that fixed
@@ -42,10 +43,10 @@ import numpy as np
 
 from jaxroof.errors import InputError, require_choice, require_positive_int
 from jaxroof.serving.arrivals import Workload
+from jaxroof.specs.iteration_model import IterationModel
+from jaxroof.symbolic.step_model import StepModel
 
 SCHEDULERS: tuple[str, ...] = ("static", "iteration", "chunked")
-StepFn = Callable[[float, float, float, float, float], float]
-ChunkFn = Callable[..., dict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +54,8 @@ class Replica:
   """One replica: its iteration time and its K/V memory.
 
   Attributes:
-    step_s: `f(n_dec, S_dec, n_pre, S_pre_att, S_pre_kv) -> s`
-      (`iteration.step_time_function`).
-    chunk: `iteration.chunk_model()` (attended pairs and K/V positions).
+    cost: the iteration's cost model (one chip's share of the replica).
+    step_model: bound (per_op or fused) or calibrated.
     total_pages: K/V pages that fit in memory.
     page_tokens: positions per page.
     max_running: most sequences running at once.
@@ -70,8 +70,8 @@ class Replica:
     description: what the replica is (model, device, step model), for JSON.
   """
 
-  step_s: StepFn
-  chunk: ChunkFn
+  cost: IterationModel
+  step_model: StepModel
   total_pages: int
   page_tokens: int
   max_running: int
@@ -100,6 +100,8 @@ class Run:
   pages_in_use: np.ndarray  # Per iteration (during it).
   queue_length: np.ndarray  # Waiting requests at each iteration's start.
   running: np.ndarray  # Sequences in each iteration.
+  decoding: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Decode rows.
+  step_s: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Durations.
   wall_s: float = 0.0
 
 
@@ -172,6 +174,9 @@ class _Sim:
     self.finished = 0
     self.iterations = self.prefill_tokens = self.preemptions = 0
     self.hist_t, self.hist_pages, self.hist_queue, self.hist_running = [], [], [], []
+    self.hist_decoding, self.hist_step = [], []
+    cost, model = r.cost, r.step_model
+    self.step_of = lambda mix: float(cost.evaluate(mix, model, step_only=True)["step_s"])
 
   # Queue and memory.
   def _arrive(self) -> None:
@@ -301,19 +306,17 @@ class _Sim:
     self.hist_queue.append(len(self.waiting))
     self.hist_pages.append(self.r.total_pages - self.free)
     self.hist_running.append(len(dec) + len(chunks))
-    n_dec = len(dec)
-    S_dec = float(self.kv[dec].sum()) + n_dec if n_dec else 0.0
-    n_pre = S_att = S_kv = 0.0
     if self.r.padded_to is not None:
-      n_dec, S_dec, n_pre, S_att, S_kv = self._padded_mix(n_dec, chunks)
+      mix = self._padded_mix(len(dec), chunks)
     elif chunks:
       ch = np.asarray(chunks, float)
-      pairs = self.r.chunk(o_chunk=ch[:, 1], c_chunk=ch[:, 2])
-      n_pre = float(ch[:, 2].sum())
-      S_att = float(np.sum(pairs["attended"]))
-      S_kv = float(np.sum(pairs["kv_positions"]))
-    step = float(self.r.step_s(float(n_dec), S_dec, n_pre, S_att, S_kv))
+      mix = self.r.cost.mix(self.kv[dec] + 1, ch[:, 1], ch[:, 2])
+    else:
+      mix = self.r.cost.mix(self.kv[dec] + 1)
+    step = self.step_of(mix)
     n_dec = len(dec)
+    self.hist_decoding.append(n_dec)
+    self.hist_step.append(step)
     if not math.isfinite(step) or step <= 0:
       raise InputError(f"the iteration time {step!r} is not a positive number: check the "
                        "model's inputs (bandwidth, FLOP rate, sizes)")
@@ -354,19 +357,21 @@ class _Sim:
     if self.progress is not None and self.iterations % 256 == 0:
       self.progress(self.finished)
 
-  def _padded_mix(self, n_dec: int, chunks: list) -> tuple[float, ...]:
-    """The mix a fixed-shape server computes (see `Replica.padded_to`)."""
+  def _padded_mix(self, n_dec: int, chunks: list) -> dict[str, float]:
+    """The mix a fixed-shape server computes (see `Replica.padded_to`): every
+    decode row over every slot, each prompt padded and attending to every slot."""
     r = self.r
     slots, width = r.max_running, r.max_context
-    mix = [0.0] * 5
+    mix = r.cost.mix()
     if n_dec:
-      mix[0], mix[1] = float(slots), float(slots * width)
+      mix.update(n_dec=float(slots), n_samp=float(slots), S_full=float(slots * width))
     for _, _, c in chunks:
       padded = r.padded_to(c)
-      mix[2] += padded
-      mix[3] += padded * width
-      mix[4] += width
-    return tuple(mix)
+      mix["n_pre"] += padded
+      mix["n_samp"] += 1.0
+      mix["X_full"] += float(padded * width)
+      mix["V_full"] += float(width)
+    return mix
 
   def _finish(self, done: list[int], padding: bool) -> None:
     for i in done:
@@ -388,4 +393,5 @@ class _Sim:
         itl_s=self.itl[:self.n_itl], iterations=self.iterations,
         prefill_tokens=self.prefill_tokens, preemptions=self.preemptions,
         history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
-        queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running))
+        queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
+        decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step))

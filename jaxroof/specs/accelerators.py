@@ -106,6 +106,8 @@ class Links:
   hop_latency_s: float
   hop_latency_basis: str  # "published", "model constant" or "assumed".
   scale_out_bytes_per_s: float | None
+  base_latency_s: float = 0.0  # Per collective (NCCL's baseLat); 0 where none is modelled.
+  base_latency_basis: str = ""
   slice_shapes: tuple[str, ...] = ()
 
 
@@ -130,6 +132,7 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
                       "model constant (NCCL tuning.cc, PCI ring LL, per step)")
   else:
     latency, basis = ASSUMED_HOP_LATENCY_S, "assumed (scaling-book's ICI 1 us; none published)"
+  base, base_basis = _base_latency(hop)
   domain = entry.get("scale_up_domain", {})
   out = entry.get("scale_out", {}).get("per_chip_unidirectional_gb_s")
   return Links(
@@ -141,8 +144,26 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
       domain_chips=int(domain.get("max_single_slice_chips") or domain.get("chips") or 1),
       domain_unit=domain.get("unit", ""), hop_latency_s=latency, hop_latency_basis=basis,
       scale_out_bytes_per_s=None if out is None else float(out) * 1e9,
+      base_latency_s=base, base_latency_basis=base_basis,
       slice_shapes=tuple(shapes) if isinstance(shapes := domain.get("slice_shapes"), list)
       else ())
+
+
+# NCCL's base latency of a ring collective, LL protocol (src/graph/tuning.cc baseLat Ring
+# {LL 6.6, LL128 14.0, Simple 8.4} us): a protocol cost, the same over NVLink, PCIe or the
+# network; used where a GPU entry records NCCL per-step figures without the base.
+NCCL_RING_BASE_LL_S = 6.6e-6
+
+
+def _base_latency(hop: Mapping[str, Any]) -> tuple[float, str]:
+  """Per-collective base latency and its basis, from an entry's `hop_latency`."""
+  model = hop.get("modeling_assumptions", {})
+  if "nccl_ring_base_us" in model:
+    return (model["nccl_ring_base_us"]["LL"] * 1e-6,
+            "model constant (NCCL tuning.cc baseLat, ring LL)")
+  if any(name.startswith("nccl_") for name in model):
+    return NCCL_RING_BASE_LL_S, "model constant (NCCL tuning.cc baseLat, ring LL)"
+  return 0.0, "none modelled (per-hop latency only, as scaling-book models ICI)"
 
 
 def entry_to_accelerator(slug: str, entry: Mapping[str, Any]) -> Accelerator:

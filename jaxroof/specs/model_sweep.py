@@ -55,7 +55,7 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
     # Crossovers of the model as evaluated (per-batch MoE weight reads), not of its largest N.
     solved = workload.crossover_batches(spec, device, context=context,
                                         weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                        group_size=kwargs.get("group_size"))
+                                        group_size=kwargs.get("group_size"), form=model.form)
     crossovers = {"weight_kv_crossover_batch": solved.weight_kv_crossover_batch,
                   "compute_crossover_batch": solved.compute_crossover_batch}
   counts = parameters.parameter_counts(spec)

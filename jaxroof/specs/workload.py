@@ -20,6 +20,7 @@ from jaxroof.specs import kv_sizing
 from jaxroof.symbolic import architecture
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator, load_accelerator
+from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic.evaluate import step_model
 from jaxroof.specs.model_spec import LINEAR_ATTENTION, MAMBA2, ModelSpec
 from jaxroof.specs.models import load_model
@@ -62,6 +63,7 @@ class DecodeInputs:
   block_size: int
   assumptions: tuple[str, ...]
   weight_format: params.WeightFormat | None = None  # How the weights are stored.
+  A_t: float = 0.0  # Decode attention FLOPs per retained token and sequence (cost model).
 
   @property
   def expert_bytes_per_weight(self) -> float:
@@ -72,7 +74,7 @@ class DecodeInputs:
     """Keyword arguments for `evaluate.step_model("numpy")`."""
     return {"B": self.batch_sizes.astype(float), "T": float(self.context),
             "N": self.N, "q": self.q, "k": self.k, "BW": self.BW, "F": self.F,
-            "N_act": self.N_act}
+            "N_act": self.N_act, "A_t": self.A_t}
 
 
 def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
@@ -91,10 +93,14 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
                            memory_capacity_bytes=accelerator.memory_capacity_bytes,
                            workspace_fraction=workspace_fraction)
   compute_dtype = accelerator.compute_dtype(weight_dtype)
+  cost = IterationModel.from_spec(model, BW=accelerator.memory_bandwidth_bytes_per_s,
+                                  F=accelerator.flops(weight_dtype), weight_dtype=weight_dtype,
+                                  kv_dtype=kv_dtype, group_size=group_size,
+                                  state_dtype=state_dtype)
   assumptions = [
       "analytic bound: weights read once per step and shared by the batch; each "
-      "sequence's K/V read once per step; attention FLOPs, activations, KV writes, "
-      "launches and communication omitted",
+      "sequence's K/V read once per step; decode attention FLOPs per layer kind (MLA "
+      "absorbed); activations, KV writes, launches and communication omitted",
       "the whole model on one device (no tensor or expert parallelism)",
       f"datasheet figures of {accelerator.name} as sustained rates: "
       f"{accelerator.memory_bandwidth_bytes_per_s / 1e12:g} TB/s, "
@@ -137,7 +143,8 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
       kv_payload_bytes_per_sequence=sizing.payload_bytes_per_sequence,
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=workspace_fraction, block_size=block_size,
-      assumptions=tuple(assumptions), weight_format=fmt)
+      assumptions=tuple(assumptions), weight_format=fmt,
+      A_t=float(cost.attention_flops_per_token(float(context))))
 
 
 def decode_step_inputs(
@@ -206,19 +213,22 @@ def _first_root(gap, lo_hi: np.ndarray = _SEARCH) -> float | None:
 
 def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: int,
                       weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                      group_size: int | None = None) -> Crossovers:
+                      group_size: int | None = None, form: str = "per_op") -> Crossovers:
   """Solves the step model (as evaluated) for its two crossover batches.
 
   Found numerically because MoE weight traffic varies with B; for a dense
-  model they agree with `solved.compute_crossover_batch` and
-  `solved.weight_kv_crossover_batch`.
+  model they agree with `cost_model.decode_compute_crossover_batch(form)` and
+  `solved.weight_kv_crossover_batch`. Per operation, the compute crossover is
+  the linear layers' (their FLOPs reach their weight reads); fused, the whole
+  step's.
   """
   context = errors.require_positive_int("context", context)
   base = _build(model, accelerator, context=context, batch=np.array([1]),
                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=1,
                 workspace_fraction=0.0, group_size=group_size)
   counts = parameter_counts(model)
-  f = step_model("numpy")
+  f = step_model("numpy", "fused")
+  linear_only = form == "per_op"
 
   def outputs(batch: np.ndarray) -> dict:
     kwargs = dict(base.step_kwargs(), B=batch,
@@ -228,6 +238,10 @@ def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: in
 
   def compute_gap(batch: np.ndarray) -> np.ndarray:
     out = outputs(batch)
+    if linear_only:  # The linear layers alone: no K/V, no attention FLOPs.
+      out = f(**dict(base.step_kwargs(), B=batch, k=0.0, A_t=0.0,
+                     N=params.weights_read_per_step(counts, batch),
+                     q=base.weight_format.read_bytes_per_weight(counts, batch)))
     return np.asarray(out["compute_s"] - out["memory_s"], dtype=float)
 
   def kv_gap(batch: np.ndarray) -> np.ndarray:

@@ -23,7 +23,8 @@ from typing import Any, Literal
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k, q, with_dense_default
+from jaxroof.symbolic.symbols import (A_t, B, BW, F, N, N_act, T, k, q,
+                                      with_dense_default)
 
 Backend = Literal["numpy", "jax"]
 Evaluator = Callable[..., dict[str, Any]]
@@ -71,44 +72,41 @@ def formula_function(formula: Callable[..., sp.Expr], backend: Backend = "numpy"
   return evaluate
 
 
-INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act)
+INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, A_t)
+OUTPUT_NAMES: tuple[str, ...] = (
+    "weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s", "step_s",
+    "aggregate_tokens_per_s", "per_sequence_tokens_per_s")
 
 
-def step_outputs() -> dict[str, sp.Expr]:
-  """Named expressions of one decode step (the `Estimate` columns)."""
-  traffic = formulas.step_traffic(B, N, q, T, k)
-  step_s = formulas.step_floor(B, N, q, T, k, BW, F, N_act)
-  return {
-      "weight_bytes": formulas.weight_traffic(N, q),
-      "kv_bytes": formulas.retained_kv_bytes(B, T, k),
-      "traffic_bytes": traffic,
-      "memory_s": formulas.memory_time(traffic, BW),
-      "compute_s": formulas.compute_time(B, N_act, F),
-      "step_s": step_s,
-      "aggregate_tokens_per_s": formulas.aggregate_rate(B, step_s),
-      "per_sequence_tokens_per_s": formulas.per_sequence_rate(step_s),
-  }
+def step_outputs(bound: str = "per_op") -> dict[str, sp.Expr]:
+  """Named expressions of one decode step (the `Estimate` columns): the cost
+  model's iteration with B decode rows at context T (`cost_model.decode_outputs`)."""
+  from jaxroof.symbolic import cost_model  # Deferred: cost_model builds on lambdified.
 
-
-OUTPUT_NAMES: tuple[str, ...] = tuple(step_outputs())
+  return cost_model.decode_outputs(bound)
 
 
 def _dense_default(evaluator: Evaluator) -> Evaluator:
-  """Accepts `N_act=None` (or no N_act) as a dense model."""
+  """Accepts `N_act=None` (or no N_act) as a dense model, and no `A_t` as 0
+  (attention FLOPs left out, as the lesson's raw numbers have none)."""
 
   def evaluate(**values: Any) -> dict[str, Any]:
-    return evaluator(**with_dense_default(values))
+    values = with_dense_default(values)
+    if values.get("A_t") is None:
+      values = {**values, "A_t": 0.0}
+    return evaluator(**values)
 
   return evaluate
 
 
 @functools.cache
-def step_model(backend: Backend = "numpy") -> Evaluator:
-  """The step model: `f(B=, T=, N=, q=, k=, BW=, F=, N_act=None)` -> outputs.
+def step_model(backend: Backend = "numpy", bound: str = "per_op") -> Evaluator:
+  """The step model: `f(B=, T=, N=, q=, k=, BW=, F=, N_act=None, A_t=None)` -> outputs.
 
-  Keys of the result are `OUTPUT_NAMES`; `N_act=None` means dense (`N_act = N`).
+  Keys of the result are `OUTPUT_NAMES`; `N_act=None` means dense (`N_act = N`);
+  `bound` is the cost model's "per_op" (default) or "fused".
   """
-  return _dense_default(lambdified(step_outputs(), INPUTS, backend))
+  return _dense_default(lambdified(step_outputs(bound), INPUTS, backend))
 
 
 SUMMARY_INPUTS: tuple[sp.Symbol, ...] = (N, q, T, k, BW, F, N_act)
@@ -120,18 +118,20 @@ SUMMARY_NAMES: tuple[str, ...] = (
 
 
 @functools.cache
-def summary_model(backend: Backend = "numpy") -> Evaluator:
+def summary_model(backend: Backend = "numpy", bound: str = "per_op") -> Evaluator:
   """The solved quantities of `jaxroof.symbolic.solved`, lambdified like `step_model`.
 
   Returns `f(N=, q=, T=, k=, BW=, F=, N_act=None)` -> dict keyed by
   `SUMMARY_NAMES`. A compute crossover <= 0 (or non-finite) means memory binds
-  at every batch; one below 1 means compute binds at every batch.
+  at every batch; one below 1 means compute binds at every batch. Under the
+  per-operation bound the compute crossover is the linear layers'
+  (`cost_model.decode_compute_crossover_batch`).
   """
-  from jaxroof.symbolic import solved  # Deferred: solving costs ~0.1 s, once.
+  from jaxroof.symbolic import cost_model, solved  # Deferred: solving costs ~0.1 s, once.
 
   exprs = dict(zip(SUMMARY_NAMES, (solved.weight_kv_crossover_batch(),
                                    solved.memory_limit_rate(),
-                                   solved.compute_crossover_batch())))
+                                   cost_model.decode_compute_crossover_batch(bound))))
   return _dense_default(lambdified(exprs, SUMMARY_INPUTS, backend))
 
 

@@ -1,27 +1,19 @@
-"""The time of one scheduler iteration with a mixed batch (continuous batching).
+"""One scheduler iteration of raw numbers: the cost model with one full-attention group.
 
-A continuous-batching server runs iterations, not uniform decode steps. One
-iteration holds `n_dec` decode sequences (one token each, attending to
-contexts whose sum is `S_dec`) and `n_pre` prompt tokens in prefill chunks
-(each chunk of `c` tokens after `o` already prefilled attends causally to
-`o*c + c*(c+1)/2` query-key pairs and reads or writes `o + c` positions of
-K/V). The iteration's terms come from `jaxroof.symbolic.formulas`:
+The toy server, its twin and the raw-number replica describe a model by a few
+numbers: N weights of q bytes, N_act multiplied per token, k K/V bytes per
+token, L blocks of H heads of d coordinates. Their iteration is the one cost
+model (`jaxroof.symbolic.cost_model`) with those numbers substituted: the
+weights in the linear operation, the K/V and `4*L*H*d` FLOPs per pair in one
+full-attention group, no LM head or experts of their own. The mix is
 
-  weights   weight_traffic(N, q)                     read once per iteration
-  K/V       retained_kv_bytes_unequal([S_dec, S_pre_kv], k)
-  linear    linear_flops(N_act, n_dec + n_pre)        every row multiplies N_act
-  attention L * attention_flops(1, S_dec + S_pre_att, H, d)
+  n_dec      decode rows, attending to S_dec positions in all;
+  n_pre      prompt tokens in prefill chunks, S_pre_att (query, key) pairs,
+             S_pre_kv K/V positions read or written (each chunk of c tokens
+             after o attends to `o*c + c*(c+1)/2` pairs and touches o + c).
 
-As an analytic bound the iteration takes the larger of memory and compute
-time (the roofline of one step); calibrated, it takes the calibrated step's
-form (`jaxroof.symbolic.calibrated`): weights at eta_w*BW, K/V at eta_kv*BW,
-linear and attention FLOPs at eta_f*F, their overlap by r_ovl, plus the fixed
-costs per iteration and per layer. With no prefill and equal contexts both
-reduce to the decode step of `formulas.step_floor` / `calibrated` plus the
-attention FLOPs those omit (H = 0 removes them exactly).
-
-Each form is lambdified once (`evaluate.lambdified`, numpy) and the
-simulator calls it per iteration with plain scalars.
+Bound: the cost model's "per_op" by default (or "fused"); calibrated: its
+calibrated form. Lambdified once; the simulator calls it with scalars.
 """
 
 from __future__ import annotations
@@ -32,11 +24,12 @@ from typing import Any
 import sympy as sp
 
 from jaxroof.symbolic import calibrated
-from jaxroof.symbolic import formulas
+from jaxroof.symbolic import cost_model
+from jaxroof.symbolic import prefill
 from jaxroof.symbolic.evaluate import Evaluator, lambdified
 from jaxroof.symbolic.symbols import (BW, F, H, L, N, N_act, S_dec, S_pre_att, S_pre_kv,
-                                      c_chunk, d, eta_f, eta_kv, eta_w, k, n_dec, n_pre,
-                                      o_chunk, q, t0_layer, t0_step)
+                                      c_chunk, d, k, n_dec, n_pre, o_chunk, q)
+from jaxroof.symbolic import symbols as S
 
 MIX: tuple[sp.Symbol, ...] = (n_dec, S_dec, n_pre, S_pre_att, S_pre_kv)
 MODEL: tuple[sp.Symbol, ...] = (N, q, k, BW, F, N_act, L, H, d)
@@ -61,39 +54,26 @@ def chunk_kv_positions(o: sp.Expr = o_chunk, c: sp.Expr = c_chunk) -> sp.Expr:
   return sp.sympify(o) + sp.sympify(c)
 
 
-def _shared_terms() -> dict[str, sp.Expr]:
-  rows = n_dec + n_pre
-  kv_bytes = formulas.retained_kv_bytes_unequal([S_dec, S_pre_kv], k)
-  attention = L * formulas.attention_flops(1, S_dec + S_pre_att, H, d)
-  return {"weight_bytes": formulas.weight_traffic(N, q), "kv_bytes": kv_bytes,
-          "linear_flops": formulas.linear_flops(N_act, rows), "attention_flops": attention}
+def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
+  """The cost model's inputs in terms of the raw numbers and the raw mix."""
+  zero = {x: 0 for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up,
+                         S.W_x, S.N_h, S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla,
+                         S.ap_mla, S.u_mla, S.s_st, S.n_seq, S.t_comm, S.o_ovl)}
+  return {**zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att,
+          S.V_full: S_pre_kv, S.W_b: N * q, S.N_b: N_act, S.E: 1, S.K: 1, S.k_full: k,
+          S.a_full: L * prefill.full_attention_pair_flops(H, d)}
 
 
-def bound_terms() -> dict[str, sp.Expr]:
+def bound_terms(bound: str = "per_op") -> dict[str, sp.Expr]:
   """Named expressions of an iteration's analytic bound (seconds, bytes, FLOP)."""
-  t = _shared_terms()
-  memory_s = formulas.memory_time(t["weight_bytes"] + t["kv_bytes"], BW)
-  compute_s = formulas.compute_time(n_dec + n_pre, N_act, F) + t["attention_flops"] / F
-  return {**t, "memory_s": memory_s, "compute_s": compute_s,
-          "step_s": sp.Max(memory_s, compute_s)}
+  subs = raw_substitution()
+  return {name: sp.sympify(e).subs(subs) for name, e in cost_model.bound_terms(bound).items()}
 
 
 def calibrated_terms() -> dict[str, sp.Expr]:
-  """Named expressions of a calibrated iteration, the calibrated step's form.
-
-  Weights at eta_w*BW, K/V at eta_kv*BW, linear and attention FLOPs at
-  eta_f*F, weights and FLOPs overlapped by the fitted p-norm, and the fixed
-  costs per iteration and per layer on top.
-  """
-  t = _shared_terms()
-  weight_s = formulas.memory_time(t["weight_bytes"], eta_w * BW)
-  kv_s = formulas.memory_time(t["kv_bytes"], eta_kv * BW)
-  compute_s = (formulas.compute_time(n_dec + n_pre, N_act, eta_f * F)
-               + t["attention_flops"] / (eta_f * F))
-  fixed_s = t0_step + L * t0_layer
-  linear_s = calibrated.overlap(weight_s, compute_s)
-  return {**t, "weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s,
-          "fixed_s": fixed_s, "linear_s": linear_s, "step_s": fixed_s + linear_s + kv_s}
+  """Named expressions of a calibrated iteration (the cost model's calibrated form)."""
+  subs = raw_substitution()
+  return {name: sp.sympify(e).subs(subs) for name, e in cost_model.calibrated_terms().items()}
 
 
 @functools.cache

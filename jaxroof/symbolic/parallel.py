@@ -29,11 +29,17 @@ planner, the sweeps and the sharded toy:
     `rows * K * D * a * (ep - 1) / ep` bytes per chip.
   * Data parallel `dp`: independent replicas; fleet rate = dp x replica rate.
 
-Collective times (per chip sending at `W_ic`, `t_hop` per step):
-ring all-reduce `2 (n-1)/n S/W + 2 (n-1) t_hop`; tree (recursive halving and
-doubling, Rabenseifner) the same bandwidth term with `2 log2(n) t_hop`;
-all-gather half of each; all-to-all `(n-1)/n S/W + (n-1) t_hop` (pairwise on
-a switched fabric). Communication adds to the step (`o_ovl = 0`, serial) or
+Collective times, alpha-beta (per chip sending at `W_ic`, `t_hop` per step,
+`t_base` per collective: NCCL's base latency, 6.6 us for its LL ring):
+ring all-reduce `t_base + 2 (n-1)/n S/W + 2 h t_hop`, h the ring steps of one
+reduce-scatter (n - 1 on a switched fabric; on a torus, rings per axis in
+turn, `sum(axis - 1)` steps with the same bandwidth term); tree (recursive
+halving and doubling, Rabenseifner) `2 log2(n)` steps; one-shot (every chip
+sends its S to every other directly, switched fabrics only)
+`t_base + (n-1) S/W + t_hop`; "best" takes the cheaper of ring and one-shot
+where one-shot is possible (`x_os`), as NCCL picks per message size;
+all-gather half of each; all-to-all `t_base + (n-1)/n S/W + (n-1) t_hop`
+(pairwise on a switched fabric). Communication adds to the step (`o_ovl = 0`, serial) or
 hides up to the floor (`o_ovl = 1`: the larger binds).
 """
 
@@ -45,11 +51,15 @@ from typing import Literal
 import sympy as sp
 
 from jaxroof.symbolic.symbols import (
-    B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, eta_comm, k,
-    m_mb, n_blk, n_r, o_ovl, pp, q, t_comm, t_floor, t_hand, t_hop, t_stage, tp, u_kv)
+    A_f, A_t, B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, eta_comm,
+    h_tp, k, m_mb, n_blk, n_r, o_ovl, pp, q, t_base, t_comm, t_floor, t_hand, t_hop, t_stage,
+    tp, u_kv, x_os)
 
-Algorithm = Literal["ring", "tree"]
-ALGORITHMS: tuple[str, ...] = ("ring", "tree")
+# The figures of the link a replica's collectives run over (`parallel.layout.links`).
+LINK_SYMBOLS: tuple[sp.Symbol, ...] = (W_ic, t_hop, t_base, h_tp, x_os)
+
+Algorithm = Literal["best", "ring", "tree"]
+ALGORITHMS: tuple[str, ...] = ("best", "ring", "tree")
 
 
 # Per-chip shares.
@@ -138,36 +148,62 @@ def _log2(x: sp.Expr) -> sp.Expr:
   return sp.log(x) / sp.log(2)
 
 
-def allreduce_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "ring") -> sp.Expr:
-  """Time of an all-reduce of S bytes over n ranks (bandwidth + latency per hop)."""
-  hops = 2 * (n - 1) if algorithm == "ring" else 2 * _log2(n)
-  return 2 * (n - 1) / n * S / W_ic + hops * t_hop
+def _base(n: sp.Expr) -> sp.Expr:
+  """The base latency of a collective over n ranks: none for one rank (no call)."""
+  return sp.Min(n - 1, 1) * t_base
 
 
-def allgather_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "ring") -> sp.Expr:
+def allreduce_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "best",
+                   steps: sp.Expr | None = None) -> sp.Expr:
+  """Time of an all-reduce of S bytes over n ranks (alpha-beta; see the module docstring).
+
+  `steps`: ring steps of one reduce-scatter (default n - 1; a torus's per-axis
+  sum `h_tp` for the tensor-parallel ranks).
+  """
+  steps = n - 1 if steps is None else steps
+  bandwidth = 2 * (n - 1) / n * S / W_ic
+  ring = _base(n) + bandwidth + 2 * steps * t_hop
+  if algorithm == "ring":
+    return ring
+  if algorithm == "tree":
+    return _base(n) + bandwidth + 2 * _log2(n) * t_hop
+  one_shot = _base(n) + (n - 1) * S / W_ic + sp.Min(n - 1, 1) * t_hop
+  return sp.Piecewise((sp.Min(ring, one_shot), x_os > sp.Rational(1, 2)), (ring, True))
+
+
+def allgather_time(S: sp.Expr = S_b, n: sp.Expr = n_r, algorithm: Algorithm = "best",
+                   steps: sp.Expr | None = None) -> sp.Expr:
   """Time of an all-gather whose gathered result is S bytes (also a reduce-scatter of S)."""
-  hops = (n - 1) if algorithm == "ring" else _log2(n)
-  return (n - 1) / n * S / W_ic + hops * t_hop
+  steps = n - 1 if steps is None else steps
+  bandwidth = (n - 1) / n * S / W_ic
+  ring = _base(n) + bandwidth + steps * t_hop
+  if algorithm == "ring":
+    return ring
+  if algorithm == "tree":
+    return _base(n) + bandwidth + _log2(n) * t_hop
+  direct = _base(n) + bandwidth + sp.Min(n - 1, 1) * t_hop  # Every share read directly.
+  return sp.Piecewise((sp.Min(ring, direct), x_os > sp.Rational(1, 2)), (ring, True))
 
 
 def alltoall_time(sent: sp.Expr, n: sp.Expr = n_r) -> sp.Expr:
   """Pairwise all-to-all: each chip sends `sent` bytes in n - 1 exchanges."""
-  return sent / W_ic + (n - 1) * t_hop
+  return _base(n) + sent / W_ic + (n - 1) * t_hop
 
 
 def handoff_time(S: sp.Expr = S_b) -> sp.Expr:
   """Point-to-point send of S bytes to the next stage, one hop."""
-  return S / W_ic + t_hop
+  return t_base + S / W_ic + t_hop
 
 
-def path_comm_s(rows: sp.Expr, algorithm: Algorithm = "ring") -> sp.Expr:
+def path_comm_s(rows: sp.Expr, algorithm: Algorithm = "best") -> sp.Expr:
   """Communication on one microbatch's path through every stage (no hand-offs).
 
   Tensor all-reduces and the logits gather over tp; the MoE all-to-alls over
   ep (two per MoE block).
   """
-  tensor = (tp_allreduces_per_pass() * allreduce_time(tp_allreduce_bytes(rows), tp, algorithm)
-            + allgather_time(logits_gather_bytes(rows), tp, algorithm))
+  tensor = (tp_allreduces_per_pass()
+            * allreduce_time(tp_allreduce_bytes(rows), tp, algorithm, h_tp)
+            + allgather_time(logits_gather_bytes(rows), tp, algorithm, h_tp))
   experts = 2 * L_moe * alltoall_time(alltoall_bytes_per_chip(rows), ep)
   return tensor + experts
 
@@ -206,18 +242,33 @@ def bubble_fraction() -> sp.Expr:
   return 1 - m_mb / sp.Max(m_mb, pp)
 
 
-def decode_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
+def _stage_terms(bound: str, rows: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr,
+                 n_act: sp.Expr, k_chip: sp.Expr, a_chip: sp.Expr) -> dict[str, sp.Expr]:
+  """The one cost model's decode iteration (`cost_model`) for one chip's stage."""
+  from jaxroof.symbolic import cost_model  # Deferred: cost_model builds on this module.
+
+  subs = {**cost_model.decode_specialisation(rows, context, weight_bytes, n_act, k_chip,
+                                             a_chip), t_comm: 0, o_ovl: 0}
+  terms = cost_model.bound_terms(bound)
+  return {name: sp.sympify(terms[name]).subs(subs) for name in ("memory_s", "compute_s",
+                                                                "floor_s")}
+
+
+def decode_outputs(algorithm: Algorithm = "best", bound: str = "per_op") -> dict[str, sp.Expr]:
   """Named per-chip expressions of one decode step of one replica.
 
-  `comm_s` is the communication on a token's path (per step), `step_s` the
-  token gap; the rates are per replica (times dp for the fleet).
+  A stage's floor is the one cost model's decode iteration on one chip's
+  share (`cost_model.decode_specialisation`: weights, K/V and `A_t`
+  attention FLOPs per retained token split like the heads); `comm_s` is the
+  communication on a token's path (per step), `step_s` the token gap; the
+  rates are per replica (times dp for the fleet).
   """
   rows = rows_per_pass()
-  memory = per_chip_stage_memory_s()
-  compute = per_chip_stage_compute_s()
-  floor = sp.Max(memory, compute)
+  stage_terms = _stage_terms(bound, rows, T, per_chip_weights() * q, N_act / (tp * pp),
+                             k * kv_share() / pp, A_t / (tp * pp))
+  memory, compute = stage_terms["memory_s"], stage_terms["compute_s"]
   stage_comm = path_comm_s(rows, algorithm) / pp
-  stage = with_overlap(floor, stage_comm, o_ovl)
+  stage = with_overlap(stage_terms["floor_s"], stage_comm, o_ovl)
   hand = handoff_time(handoff_bytes(rows))
   step = pipeline_step(stage, hand)
   passes = sp.Max(m_mb, pp)
@@ -234,22 +285,31 @@ def decode_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
   }
 
 
-def prefill_outputs(algorithm: Algorithm = "ring") -> dict[str, sp.Expr]:
-  """One prompt of P tokens through the replica: linear terms and communication.
+def prefill_outputs(algorithm: Algorithm = "best", bound: str = "per_op"
+                    ) -> dict[str, sp.Expr]:
+  """One prompt of P tokens through the replica: the cost model's operations and
+  communication.
 
-  Attention FLOPs omitted as in `formulas.prefill_time`; the prompt's P rows
-  pass the pp stages in series (no microbatching), each stage reading its
-  weights once and the tensor all-reduces carrying (P, D) activations.
+  The prompt's P rows pass the pp stages in series (no microbatching), each
+  stage reading its weights once; linear FLOPs `2*P*N_act` and causal
+  attention `A_f*P*(P+1)/2` split over tp*ep (K/V writes left out); per_op:
+  the two rooflines summed, fused: one; the tensor all-reduces carry (P, D)
+  activations.
   """
-  memory = pp * per_chip_weights() * q / BW
-  compute = 2 * P * N_act / (tp * ep * F)
+  from jaxroof.symbolic import prefill as prefill_formulas  # Deferred, as above.
+
+  weights = pp * per_chip_weights() * q / BW
+  linear = 2 * P * N_act / (tp * ep * F)
+  attention = prefill_formulas.attention_flops(P, 1, A_f) / (tp * ep * F)
+  memory, compute = weights, linear + attention
+  floor = (sp.Max(weights, linear) + attention if bound == "per_op"
+           else sp.Max(memory, compute))
   comm = path_comm_s(P, algorithm) + handoffs_s(P)
   return {"prefill_memory_s": memory, "prefill_compute_s": compute,
-          "prefill_comm_s": comm,
-          "prefill_s": with_overlap(sp.Max(memory, compute), comm, o_ovl)}
+          "prefill_comm_s": comm, "prefill_s": with_overlap(floor, comm, o_ovl)}
 
 
-def pass_comm_s(rows: sp.Expr = B, algorithm: Algorithm = "ring") -> sp.Expr:
+def pass_comm_s(rows: sp.Expr = B, algorithm: Algorithm = "best") -> sp.Expr:
   """Communication of one pass of `rows` token rows through a replica (one microbatch).
 
   The rows split over the ep groups (`rows_per_pass` at m_mb = 1); the tensor

@@ -32,8 +32,8 @@ from typing import Any
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (A_f, B, BW, C_chunk, F, H, N, N_act, P, R, W, d, d_rope,
-                                      j, k, q, r_kv, t, x_over)
+from jaxroof.symbolic.symbols import (A_f, B, BW, C_chunk, F, H, N, N_act, P, R, W, d, d_qk,
+                                      d_rope, d_v, j, k, q, r_kv, t, x_over)
 
 Expr = sp.Expr
 
@@ -99,6 +99,30 @@ def mla_pair_flops(H: Expr = H, r_kv: Expr = r_kv, d_rope: Expr = d_rope) -> Exp
   """
   H, r_kv, d_rope = _s(H, r_kv, d_rope)
   return 2 * H * (2 * r_kv + d_rope)
+
+
+def mla_mha_pair_flops(H: Expr = H, d_qk: Expr = d_qk, d_v: Expr = d_v) -> Expr:
+  """FLOPs per (query, key) pair of ONE MLA block in the MHA form: `2*H*(d_qk + d_v)`.
+
+  The latent is up-projected to per-head keys (d_qk = nope + rope coordinates)
+  and values (d_v), then attention runs as multi-head attention: fewer FLOPs
+  per pair than the absorbed form (DeepSeek-V3: 81,920 against 278,528), which
+  is why engines prefill in this form and decode in the absorbed one.
+  """
+  H, d_qk, d_v = _s(H, d_qk, d_v)
+  return 2 * H * (d_qk + d_v)
+
+
+def mla_upprojection_flops(H: Expr = H, r_kv: Expr = r_kv, d_qk: Expr = d_qk,
+                           d_rope: Expr = d_rope, d_v: Expr = d_v) -> Expr:
+  """FLOPs to up-project ONE cached latent position to per-head K and V (MHA form).
+
+  `2*r_kv*H*((d_qk - d_rope) + d_v)`: the RoPE key is stored as it is. A
+  chunk's own tokens are projected inside the linear layers (their weights
+  are in N_act); the prefix it attends to is projected again per chunk.
+  """
+  H, r_kv, d_qk, d_rope, d_v = _s(H, r_kv, d_qk, d_rope, d_v)
+  return 2 * r_kv * H * ((d_qk - d_rope) + d_v)
 
 
 def attention_flops(P: Expr = P, B: Expr = B, A_f: Expr = A_f,

@@ -4,8 +4,11 @@ Both kinds take the same inputs (B, T, N, q, k, BW, F, N_act, L) and give the
 same named outputs, so one sweep (`jaxroof.symbolic.sweep.sweep`), the
 accelerator comparison and the serving layer never ask which one they hold:
 
-  * `StepModel.bound()`: the roofline floor of `jaxroof.symbolic.formulas`
-    (`Max(memory, compute)`), labelled "bound";
+  * `StepModel.bound(form)`: the cost model's decode step
+    (`jaxroof.symbolic.cost_model`): by default the sum of per-operation
+    rooflines (linear layers, then attention with its K/V), or `form="fused"`
+    for one roofline over the step (`Max(memory, compute)`, the lesson's);
+    labelled "bound";
   * `StepModel.calibrated(factors, ...)`: the calibrated expression of
     `jaxroof.symbolic.calibrated` with fitted efficiency factors and fixed
     costs, labelled "calibrated". A profile (`jaxroof.measure.profiles`) makes
@@ -53,8 +56,14 @@ CALIBRATED_UNITS: dict[str, str] = {
 BOUND_ASSUMPTIONS: tuple[str, ...] = (
     "weights read once per step and reused by every sequence (ideal tile reuse)",
     "each sequence's retained K/V read once per step",
-    "attention FLOPs, activations, KV writes, launches and communication omitted",
+    "activations, KV writes and launches omitted; attention FLOPs counted where the model "
+    "gives them (raw numbers have none)",
 )
+FORM_ASSUMPTIONS: dict[str, str] = {
+    "per_op": "per-operation rooflines summed: Max(weights/BW, linear FLOPs/F) + "
+              "Max(K/V/BW, attention FLOPs/F)",
+    "fused": "one roofline over the step: Max((weights + K/V)/BW, FLOPs/F) (optimistic)",
+}
 
 # Why a compute crossover is missing, per kind.
 _NO_COMPUTE_CROSSOVER: dict[str, str] = {
@@ -81,14 +90,17 @@ class StepModel:
   """
 
   kind: Kind = "bound"
+  form: str = "per_op"  # The bound: "per_op" or "fused" (`cost_model.BOUNDS`).
   factors: Mapping[str, float] | None = None
   ceilings: tuple[float, float | None] | None = None
   provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
 
   @classmethod
-  def bound(cls) -> StepModel:
-    return cls()
+  def bound(cls, form: str = "per_op") -> StepModel:
+    if form not in ("per_op", "fused"):
+      raise ValueError(f"form={form!r} is not allowed: use 'per_op' or 'fused'.")
+    return cls(form=form)
 
   @classmethod
   def calibrated(cls, factors: Mapping[str, float], *,
@@ -98,7 +110,8 @@ class StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
       raise ValueError(f"factors lack {sorted(missing)}")
-    return cls("calibrated", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
+    return cls("calibrated", "per_op",
+               {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
                ceilings, dict(provenance or {}), tuple(notes))
 
   @property
@@ -107,7 +120,9 @@ class StepModel:
 
   @property
   def assumptions(self) -> tuple[str, ...]:
-    return BOUND_ASSUMPTIONS if self.kind == "bound" else calibrated_lib.ASSUMPTIONS
+    if self.kind == "bound":
+      return BOUND_ASSUMPTIONS + (FORM_ASSUMPTIONS[self.form],)
+    return calibrated_lib.ASSUMPTIONS
 
   def no_compute_crossover_note(self) -> str:
     return _NO_COMPUTE_CROSSOVER[self.kind]
@@ -119,13 +134,17 @@ class StepModel:
     return BW, (math.inf if F is None else F)
 
   def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F,
-               N_act=None, L=None, comm_s=None) -> dict[str, Any]:
+               N_act=None, L=None, comm_s=None, A_t=None, comm_overlap: float = 0.0
+               ) -> dict[str, Any]:
     """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
     calibrated per-layer fixed cost; None leaves it out. `comm_s` (several
-    chips: communication on the step's path, s) adds to the step serially
-    and is returned as an output; None leaves the outputs as they were."""
+    chips: communication on the step's path, s) adds to the step, hidden by
+    `comm_overlap` (0: serial), and is returned as an output; None leaves the
+    outputs as they were. `A_t`: attention FLOPs per retained token and
+    sequence (the bound's attention roofline; None: 0)."""
     if self.kind == "bound":
-      out = evaluate.step_model(backend)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F, N_act=N_act)
+      out = evaluate.step_model(backend, self.form)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F,
+                                                    N_act=N_act, A_t=A_t)
     else:
       values = with_dense_default(
           {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
@@ -135,14 +154,15 @@ class StepModel:
       return out
     out = dict(out)
     out.update(evaluate.communication_model(backend)(B=B, t_floor=out["step_s"],
-                                                     t_comm=comm_s, o_ovl=0.0))
+                                                     t_comm=comm_s, o_ovl=comm_overlap))
     out["comm_s"] = comm_s
     return out
 
   def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:
     """Crossovers and rate limits (solved symbolically), as floats."""
     if self.kind == "bound":
-      out = evaluate.summary_model("numpy")(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
+      out = evaluate.summary_model("numpy", self.form)(N=N, q=q, T=T, k=k, BW=BW, F=F,
+                                                       N_act=N_act)
     else:
       values = with_dense_default(
           {"B": 1.0, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
-from jaxroof.symbolic import solved
+from jaxroof.symbolic import cost_model
 from jaxroof.symbolic.step_model import BOUND_ASSUMPTIONS, BOUND_UNITS, StepModel
 
 UNITS = BOUND_UNITS  # The bound's columns, for callers that print them.
@@ -82,6 +82,8 @@ def sweep(
     N_act: float | np.ndarray | None = None,
     layers: int | None = None,
     fits: Sequence[bool] | None = None,
+    A_t: float | None = None,
+    comm_overlap: float = 0.0,
     token_gap_s: float | None = None,
     crossovers: Mapping[str, float | None] | None = None,
     weights_read: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -137,7 +139,8 @@ def sweep(
   n_act = None if N_act is None else np.broadcast_to(
       np.asarray(N_act, dtype=float), (len(batches),))
   out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
-                       BW=bw, F=flop_rate, N_act=n_act, L=layers,
+                       BW=bw, F=flop_rate, N_act=n_act, L=layers, A_t=A_t,
+                       comm_overlap=comm_overlap,
                        comm_s=None if comm_s is None else np.broadcast_to(
                            np.asarray(comm_s, dtype=float), (len(batches),)))
   rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
@@ -169,9 +172,10 @@ def sweep(
   if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0
       and np.ptp(q_read) == 0 and comm_s is None):
     # The closed form needs one N for every batch.
-    gap_batch = float(solved.max_batch_for_token_gap(
-        t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
-        N_act=float(n_read[0]) if n_act is None else float(n_act[0])))
+    gap_batch = float(cost_model.max_batch_for_token_gap(
+        model.form, t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw,
+        F=flop_rate, N_act=float(n_read[0]) if n_act is None else float(n_act[0]),
+        A_t=0.0 if A_t is None else A_t))
     summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   if token_gap_s is not None:
     # Several chips: the answer adds the largest swept communication time (the
@@ -179,7 +183,7 @@ def sweep(
     summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
         lambda batch: np.full(np.shape(batch), float(np.max(n_read)))),
         bytes_per_weight_read or (lambda batch: np.full(np.shape(batch), float(q_read[widest]))),
-        dict(T=T, k=k, BW=bw, F=flop_rate, L=layers,
+        dict(T=T, k=k, BW=bw, F=flop_rate, L=layers, A_t=A_t, comm_overlap=comm_overlap,
             N_act=None if n_act is None else float(np.max(n_act)),
             comm_s=None if comm_s is None else float(np.max(comm_s)))))
   summary["notes"] = notes
@@ -247,9 +251,11 @@ def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | Non
           "answer_step_bound": "memory" if memory_s >= compute_s else "compute"}
 
 
-def decode_sweep(batch_sizes: Sequence[int], **kwargs: Any) -> dict[str, Any]:
-  """`sweep` of the analytic bound (kind "bound"); keywords as in `sweep`."""
-  return sweep(StepModel.bound(), batch_sizes, **kwargs)
+def decode_sweep(batch_sizes: Sequence[int], form: str = "per_op", **kwargs: Any
+                 ) -> dict[str, Any]:
+  """`sweep` of the analytic bound (kind "bound", `form` per_op or fused);
+  keywords as in `sweep`."""
+  return sweep(StepModel.bound(form), batch_sizes, **kwargs)
 
 
 def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,

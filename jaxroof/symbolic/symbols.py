@@ -26,7 +26,7 @@ class Quantity:
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
                                       "parallel": [], "iteration": [], "serving": [],
-                                      "prefill_factors": []}
+                                      "prefill_factors": [], "cost": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -159,6 +159,58 @@ S_pre_kv = _define("S_pre_kv", "tokens", "positions whose K/V the prefill chunks
 o_chunk = _define("o_chunk", "tokens", "prompt tokens already prefilled before a chunk", _I)
 c_chunk = _define("c_chunk", "tokens", "prompt tokens in a prefill chunk", _I)
 
+# The one cost model of an iteration (`cost_model.py`): per operation and layer-kind group
+# (full attention, windowed attention: sliding or chunked, MLA).
+_C = "cost"
+n_samp = _define("n_samp", "rows", "rows that sample a token (LM-head rows)", _C)
+n_seq = _define("n_seq", "sequences", "sequences in the iteration (recurrent state read once "
+                "each)", _C)
+S_full = _define("S_full", "positions", "keys the decode rows attend to, full-attention "
+                 "blocks (per block)", _C)
+S_win = _define("S_win", "positions", "keys the decode rows attend to, windowed blocks (per "
+                "block)", _C)
+S_mla = _define("S_mla", "positions", "keys the decode rows attend to, MLA blocks (per block)",
+                _C)
+X_full = _define("X_full", "pairs", "(query, key) pairs of the prefill chunks, full blocks",
+                 _C)
+X_win = _define("X_win", "pairs", "(query, key) pairs of the prefill chunks, windowed blocks",
+                _C)
+X_mla = _define("X_mla", "pairs", "(query, key) pairs of the prefill chunks, MLA blocks", _C)
+V_full = _define("V_full", "positions", "K/V positions the prefill chunks read or write, full "
+                 "blocks", _C)
+V_win = _define("V_win", "positions", "K/V positions the prefill chunks read or write, "
+                "windowed blocks", _C)
+V_mla = _define("V_mla", "positions", "latent positions the prefill chunks read or write, MLA "
+                "blocks", _C)
+O_up = _define("O_up", "positions", "prefix positions an MHA-form MLA prefill up-projects", _C)
+k_full = _define("k_full", "B/token", "K/V bytes per token, all full-attention blocks", _C)
+k_win = _define("k_win", "B/token", "K/V bytes per token, all windowed blocks", _C)
+k_mla = _define("k_mla", "B/token", "latent K/V bytes per token, all MLA blocks", _C)
+a_full = _define("a_full", "FLOP", "FLOPs per (query, key) pair, all full blocks", _C)
+a_win = _define("a_win", "FLOP", "FLOPs per (query, key) pair, all windowed blocks", _C)
+a_mla = _define("a_mla", "FLOP", "FLOPs per (query, key) pair of MLA decode (absorbed), all "
+                "MLA blocks", _C)
+ap_mla = _define("ap_mla", "FLOP", "FLOPs per (query, key) pair of MLA prefill (MHA or "
+                 "absorbed form), all MLA blocks", _C)
+u_mla = _define("u_mla", "FLOP", "FLOPs to up-project one prefix position's latent to per-head "
+                "K and V (MHA-form prefill), all MLA blocks", _C)
+s_st = _define("s_st", "B/sequence", "recurrent state bytes per sequence, all state blocks", _C)
+W_b = _define("W_b", "B", "bytes of the blocks' weights read every iteration (routed experts "
+              "apart)", _C)
+W_x = _define("W_x", "B", "bytes of every routed expert of every MoE block", _C)
+N_b = _define("N_b", "weights", "block weights multiplied per token (active, LM head apart)", _C)
+N_h = _define("N_h", "weights", "LM-head weights, multiplied per sampled row", _C)
+W_h = _define("W_h", "B", "bytes of the LM head", _C)
+r_e = _define("r_e", "B/token", "embedding bytes looked up per token (0 when tied)", _C)
+A_t = _define("A_t", "FLOP/token", "attention FLOPs per retained token of one sequence in a "
+              "decode step, all blocks", _C)
+t_base = _define("t_base", "s", "base latency of one collective (launch and protocol)",
+                 "parallel")
+h_tp = _define("h_tp", "steps", "ring steps of one reduce-scatter over the tp ranks: tp - 1 on "
+               "a switched fabric, the sum of (axis - 1) over a torus's axes", "parallel")
+x_os = _define("x_os", "1", "1 where a one-shot collective is possible (every chip reaches "
+               "every other directly: a switched fabric), 0 on a torus", "parallel")
+
 # Serving: prefill with attention, whole requests, queueing (`prefill.py`, `serving.py`).
 _S = "serving"
 A_f = _define("A_f", "FLOP", "attention FLOPs per (query, key) pair, all blocks", _S)
@@ -178,6 +230,7 @@ PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
+COST: tuple[Quantity, ...] = tuple(_GROUPS["cost"])
 BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
                                 for x in group}
 
