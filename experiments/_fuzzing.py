@@ -44,6 +44,8 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
                     "--contexts=64", "--d_in=64", "--d_out=64", "--repeats=2"),
     "gpu_bench": ("--out_dir={tmp}/gpu",),
     "serving": ("--token_gap_ms=12", "--output_tokens=16", "--batch_sizes=1,8"),
+    "iteration": ("--model=llama-3-8b", "--accelerator=h100-sxm", "--decode_rows=8",
+                  "--decode_context=1024", "--prefill_tokens=256"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")

@@ -33,7 +33,8 @@ def test_decode_inputs_feed_the_step_model():
   model, h100 = load_model("llama-3-8b"), load_accelerator("h100-sxm")
   inputs = decode_step_inputs(model, h100, context=1024, batch_sizes=[1, 32])
   kwargs = inputs.step_kwargs()
-  assert set(kwargs) == {"B", "T", "N", "q", "k", "BW", "F", "N_act"}
+  assert set(kwargs) == {"B", "T", "N", "q", "k", "BW", "F", "N_act", "A_t"}
+  assert kwargs["A_t"] == 32 * 4 * 32 * 128  # 32 blocks x 4*H*d FLOPs per retained token.
   assert (inputs.q, inputs.k, inputs.BW, inputs.F) == (2.0, 131_072, 3.35e12, 989.4e12)
   out = step_model("numpy")(**kwargs)
   weights = parameter_counts(model).total - parameter_counts(model).embeddings  # Table looked up, not read.
