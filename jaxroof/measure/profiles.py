@@ -78,6 +78,25 @@ class Profile:
   def heldout_max_rel_error(self) -> float | None:
     return self.fit.get("heldout_max_rel_error")
 
+  @property
+  def bound_heldout_median_rel_error(self) -> float | None:
+    """The analytic bound's median error on the same held-out points (None:
+    not recorded, as in profiles written before it was)."""
+    return self.fit.get("bound_heldout_median_rel_error")
+
+  @property
+  def heldout_by(self) -> str:
+    """How the held-out points were chosen: "model" (whole models the fit never
+    saw; toy profiles and users' rows of several models) or "rows" (other rows of
+    the one model measured)."""
+    return str(self.fit.get("heldout_by", "model"))
+
+  @property
+  def worse_than_bound(self) -> bool:
+    """Whether the calibrated held-out median error exceeds the bound's."""
+    cal, bound = self.heldout_median_rel_error, self.bound_heldout_median_rel_error
+    return cal is not None and bound is not None and cal > bound
+
   def bandwidth(self) -> float | None:
     """The measured sustained bandwidth, B/s (None if not measured)."""
     return self.ceilings.get("bandwidth_Bps")
@@ -221,6 +240,22 @@ def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
   return [f"what-if: factors fitted on {measured_on} applied to {slug}"]
 
 
+def accuracy_notes(profile: Profile) -> list[str]:
+  """What a reader of the profile's predictions must know about their error."""
+  notes = []
+  cal, bound = profile.heldout_median_rel_error, profile.bound_heldout_median_rel_error
+  if profile.worse_than_bound:
+    notes.append(f"this profile's held-out median error ({cal:.1%}) is larger than the "
+                 f"analytic bound's on the same data ({bound:.1%}): the bound is the "
+                 "better estimate")
+  if profile.heldout_by == "rows":
+    models = ", ".join(profile.fit.get("models") or []) or "one model"
+    notes.append(f"this profile was fitted to one model's rows ({models}): its held-out "
+                 "error is over that model's other batches and contexts; for another "
+                 "model the prediction is a carry-over whose error is not known")
+  return notes
+
+
 def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
                notes: tuple[str, ...] = ()) -> StepModel:
   """The calibrated `StepModel` of a profile, with its provenance.
@@ -230,7 +265,7 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
   profile has none for its dtype) it scales the BW and F a sweep is given,
   and says so in its notes.
   """
-  notes = list(notes) + [
+  notes = list(notes) + accuracy_notes(profile) + [
       f"{name}={value:.3g} is above 1 (more than the measured ceiling): the fit absorbed "
       "something the model does not name; treat its predictions with care"
       for name, value in profile.factors.items() if name.startswith("eta_") and value > 1]
@@ -258,7 +293,12 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
       "factors": dict(profile.factors),
       "heldout_median_rel_error": profile.heldout_median_rel_error,
       "heldout_max_rel_error": profile.heldout_max_rel_error,
+      "bound_heldout_median_rel_error": profile.bound_heldout_median_rel_error,
+      "heldout_by": profile.heldout_by,
+      "worse_than_bound": profile.worse_than_bound,
   }
+  if profile.fit.get("models"):
+    provenance["models"] = list(profile.fit["models"])
   if profile.accelerator:
     provenance["accelerator"] = profile.accelerator
   if profile.source:
