@@ -222,7 +222,8 @@ def calibrate() -> None:
   print(f"held-out relative error: median "
         f"{fit['heldout_median_rel_error']:.1%}, max "
         f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points "
-        "on models the fit never saw)")
+        "on models the fit never saw); analytic bound's median on the same points: "
+        f"{table.percent(fit.get('bound_heldout_median_rel_error'))}")
   load = fit["load"]
   if load["load_avg_1m_max"] is not None:
     print(f"load average during the timings: {load['load_avg_1m_min']:.1f}-"
@@ -341,10 +342,12 @@ def carry_over(measurements: user_measurements.Measurements) -> None:
   """The carry-over study: fit on one model, predict another, per device."""
   result = user_fit.carry_over(measurements, steps=_FIT_STEPS.value)
   headers = ("device", "fit on", "predict", "relation", "free factors",
-             "calibrated median", "bound median")
+             "bound median", "calibrated median")
   cells = [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-            ", ".join(p["free"]), table.percent(p["calibrated"]["median_rel_error"]),
-            table.percent(p["bound"]["median_rel_error"])]
+            ", ".join(p["free"]), table.percent(p["bound"]["median_rel_error"]),
+            table.percent(p["calibrated"]["median_rel_error"])
+            + (" (worse than the bound)" if p["calibrated"]["median_rel_error"]
+               > p["bound"]["median_rel_error"] else "")]
            for p in result["pairs"] if "skipped" not in p]
   if not result["pairs"]:
     raise errors.InputError(

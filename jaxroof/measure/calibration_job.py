@@ -45,6 +45,7 @@ from jaxroof.measure import profiles
 from jaxroof.measure import records as measure
 from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.symbolic import calibrated as calibration
+from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
 Progress = Callable[[str], None]
@@ -163,6 +164,15 @@ def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
       "BW": np.full(len(records), bandwidth),
       "F": np.full(len(records), flop_rate),
   }
+
+
+def bound_errors(records: Sequence[measure.Measurement],
+                 inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+  """Relative error of the analytic bound (the step floor at the measured
+  ceilings) on measured steps: the yardstick a calibrated profile must beat."""
+  names = ("B", "T", "N", "q", "k", "BW", "F", "N_act")
+  bound = StepModel.bound().evaluate(**{n: np.asarray(inputs[n]) for n in names})["step_s"]
+  return fitting.relative_errors(np.asarray(bound), [r.median_s for r in records])
 
 
 def _point_row(record: measure.Measurement, predicted: float,
@@ -564,6 +574,10 @@ def run(
       "fastest_fit_step_s": min(r.median_s for r in fit_records_),
       "operations": details, "load": load,
   }
+  bound_errs = fitting.error_summary(bound_errors(heldout_records, held_inputs))
+  fit_info.update(heldout_by="model",
+                  bound_heldout_median_rel_error=bound_errs["median_rel_error"],
+                  bound_heldout_max_rel_error=bound_errs["max_rel_error"])
   for subset in ("train", "heldout"):
     errs = fitting.error_summary(
         [r["rel_error"] for r in rows if r["set"] == subset])

@@ -85,6 +85,17 @@ def _model_list(models: Sequence[Mapping[str, Any]]) -> str:
       f"{m['num_kv_heads']} K/V heads)" for m in models)
 
 
+def _bound_words(fit: Mapping[str, Any]) -> str:
+  """The analytic bound's error on the same held-out steps, where recorded."""
+  bound = fit.get("bound_heldout_median_rel_error")
+  if bound is None:
+    return ""
+  worse = fit["heldout_median_rel_error"] > bound
+  return (f"; the analytic bound's (step floor at the measured ceilings) median on the "
+          f"same steps: {bound:.1%}"
+          + (" (smaller: the bound is the better estimate here)" if worse else ""))
+
+
 def section_markdown(job: calibration_job.CalibrationRun) -> str:
   """The report's Markdown for a job whose plot is `calibration.png`."""
   prof = job.profile
@@ -139,7 +150,7 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
       f"Relative error of the calibrated prediction on "
       f"{fit['heldout_points']} decode steps of the held-out models: median "
       f"{fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} ({per_model}). {verdict} A longer "
+      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict} A longer "
       "run (`python -m experiments.calibrate --budget_s=240`) measures more "
       "points and rounds.",
       "",
