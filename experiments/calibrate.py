@@ -327,6 +327,12 @@ def fit_measurements(measurements: user_measurements.Measurements) -> None:
                    f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
                    "analytic bound):")
   print(table.heldout_line(result) + f" (held out by {result['heldout_by']})")
+  larger = result.get("extrapolation")
+  if larger:
+    print(f"larger steps (line(s) {', '.join(str(n) for n in larger['heldout_lines'])}, "
+          "predicted by a fit on the smaller ones): calibrated median "
+          f"{table.percent(larger['calibrated']['median_rel_error'])}, bound median "
+          f"{table.percent(larger['bound']['median_rel_error'])}")
   for warning in result["warnings"]:
     print(f"WARNING: {warning}")
   kept = [f for f in result["suspicious_rows"] if not f["dropped"]]

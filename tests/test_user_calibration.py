@@ -341,6 +341,10 @@ def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_pa
   assert result["heldout_max_rel_error"] < 5 * sigma
   assert any("carry-over" in w for w in result["warnings"])
   assert result["suspicious_rows"] == []
+  # The largest steps, predicted by a fit on the smaller ones, also within the noise.
+  larger = result["extrapolation"]
+  assert len(larger["heldout_lines"]) >= 2
+  assert larger["calibrated"]["max_rel_error"] < 5 * sigma
   assert prof.fit["heldout_median_rel_error"] == result["heldout_median_rel_error"]
 
 

@@ -486,6 +486,32 @@ def ratios_to_bound(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_in
   return np.asarray([r.time_s for r in rows]) / bound_rows(rows, inputs=inputs)
 
 
+def extrapolation(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
+                  share: float = 0.25, **fit_kw) -> dict[str, Any] | None:
+  """The largest steps predicted by a fit on the smaller ones (per phase).
+
+  The rows touching the most tokens (batch x context, or batch x prompt), a
+  `share` of each phase (at least one), are held out together: the question
+  "what happens at larger batches and contexts than I measured". None when too
+  few rows remain to fit.
+  """
+  test: list[um.Row] = []
+  for phase in um.PHASES:
+    mine = sorted((r for r in rows if r.phase == phase), key=_size)
+    if len(mine) >= 2:
+      test += mine[-max(1, int(round(share * len(mine)))):]
+  train = [r for r in rows if r not in test]
+  if not test or len(train) < MIN_ROWS:
+    return None
+  result = _heldout([("largest steps", train, test)], inputs=inputs, **fit_kw)
+  return {"method": f"the largest {share:.0%} of each phase's rows (tokens touched) held "
+                    "out together, predicted by a fit on the rest",
+          "heldout_lines": [r.line for r in test],
+          "calibrated": error_summary_of(result["rows"], "calibrated_rel_error"),
+          "bound": error_summary_of(result["rows"], "bound_rel_error"),
+          "rows": result["rows"]}
+
+
 def suspicious_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
                     slower_limit: float = SLOWER_LIMIT,
                     tolerance: float = AT_BOUND_TOLERANCE) -> list[dict[str, Any]]:
@@ -613,6 +639,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
           f"{e}" + (f" ({dropped} suspicious row(s) were left out: check them, or keep "
                     "them with a warning)" if dropped else "")) from None
     warnings.append(CARRY_OVER_WARNING.format(model=model_names[0]))
+  larger = extrapolation(rows, inputs=inputs, **fit_kw) if heldout_by == HELDOUT_BY_ROWS else None
   fit = fit_rows(rows, inputs=inputs, **fit_kw)
   predicted = predict_rows(rows, fit.factors, inputs=inputs)
   bound = bound_rows(rows, inputs=inputs)
@@ -691,6 +718,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "flags": list(fit.flags), "rows_used": len(rows), "rows_read": len(all_rows),
       "heldout_method": method, "folds": heldout["folds"],
       "heldout_rows": heldout["rows"], "training_rows": training,
+      "extrapolation": larger,
       "bound": BOUND_NOTE, "assumptions": list(calibrated.ASSUMPTIONS)
       + list(prefill_calibrated.ASSUMPTIONS) + notes,
       "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s",
