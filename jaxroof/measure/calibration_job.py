@@ -331,6 +331,33 @@ def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
   return records
 
 
+def _sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
+                       dtype: Any, *, deadline: float, rounds: int, warmup: int,
+                       repeats: int, seed: int, say: Progress
+                       ) -> list[measure.Measurement]:
+  """Times every model's points in the same rounds (fit and held-out together).
+
+  Each round visits all points in a fresh random order, so load from other
+  processes hits the fit's steps and the held-out steps alike; the benches are
+  alive together (one weight copy each above `ROTATE_WEIGHTS_BELOW`).
+  """
+  names = [n for n in configs if any(p.model == n for p in points)]
+  benches = {}
+  for name in names:
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
+        dtype).itemsize
+    benches[name] = op_sweeps.DecodeStepBench(
+        configs[name], dtype, name=name, seed=seed,
+        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
+  always = [next(p for p in points if p.model == n) for n in names]
+  records = op_sweeps.decode_step_sweep(
+      benches, list(points), rounds=rounds, warmup=warmup, repeats=repeats,
+      deadline=deadline, seed=seed, always=always, progress=say)
+  del benches
+  measure.release_memory()
+  return records
+
+
 def _errors_by_model(rows: Sequence[Mapping[str, Any]]
                      ) -> dict[str, dict[str, Any]]:
   out = {}
@@ -424,6 +451,7 @@ def run(
     linear_rows: Sequence[int] | None = None,
     attention_grid: Sequence[tuple[int, int]] | None = None,
     progress: Progress | None = None,
+    interleave: bool = True,
 ) -> CalibrationRun:
   """Measures, fits, validates on unseen models, profiles: within `budget_s`.
 
@@ -453,6 +481,9 @@ def run(
     attention_grid: decode attention's (batch, context) points; None means
       `ATTENTION_GRID` (`ATTENTION_GRID_QUICK`).
     progress: called with a line per step of the job.
+    interleave: time the fit's steps and the held-out steps in the same
+      rounds (so load drift hits both alike); False times them one model
+      after another.
   """
   del heldout_fraction  # The held-out set is whole models now.
   budget_s = check_budget("budget_s", budget_s)
@@ -526,16 +557,25 @@ def run(
         rounds=3, deadline=ops_deadline, seed=seed,
         always=_minimum_operations(linear_pts, attention_pts), progress=say)
     measure.release_memory()
-  say(f"fit steps: {len(points)} points of {', '.join(configs)}")
-  fit_records_ = _sweep_models(configs, points, dtype_value,
-                               deadline=fit_deadline, rounds=rounds,
-                               warmup=warmup, repeats=repeats, seed=seed,
-                               say=say)
-  say(f"held-out steps: {len(heldout)} points of "
-      f"{', '.join(heldout_models)}")
-  heldout_records = _sweep_models(heldout_models, heldout, dtype_value,
-                                  deadline=end, rounds=rounds, warmup=warmup,
-                                  repeats=repeats, seed=seed + 1, say=say)
+  if interleave:
+    say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
+        f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
+    both = _sweep_interleaved({**configs, **heldout_models}, points + heldout,
+                              dtype_value, deadline=end, rounds=rounds, warmup=warmup,
+                              repeats=repeats, seed=seed, say=say)
+    fit_records_ = [r for r in both if r.extra["model"] in configs]
+    heldout_records = [r for r in both if r.extra["model"] in heldout_models]
+  else:
+    say(f"fit steps: {len(points)} points of {', '.join(configs)}")
+    fit_records_ = _sweep_models(configs, points, dtype_value,
+                                 deadline=fit_deadline, rounds=rounds,
+                                 warmup=warmup, repeats=repeats, seed=seed,
+                                 say=say)
+    say(f"held-out steps: {len(heldout)} points of "
+        f"{', '.join(heldout_models)}")
+    heldout_records = _sweep_models(heldout_models, heldout, dtype_value,
+                                    deadline=end, rounds=rounds, warmup=warmup,
+                                    repeats=repeats, seed=seed + 1, say=say)
   fit_inputs = model_inputs(fit_records_, bandwidth, flop_rate)
   details: dict[str, Any] = {}
   if fit == "ops":
@@ -596,6 +636,7 @@ def run(
                       for name, c in known.items()},
       "points": len(rows), "operations": len(operations),
       "rounds": rounds, "warmup": warmup, "repeats": repeats,
+      "interleaved": interleave,
   }
   timing = (fit_records_ + heldout_records)[0].method
   prof = profiles.Profile(
