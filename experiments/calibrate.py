@@ -209,9 +209,12 @@ def calibrate() -> None:
   print("Ceilings (measurement):")
   print(table.format_table(("ceiling", "value"),
                            calibration_report.ceiling_rows(job.ceilings)))
-  print(f"Calibrated model: step = {calibration.readable_step()}")
+  print(f"Calibrated model: step = {calibration.readable_step()}"
+        + (f" + {calibration.repack_time()} (re-pack from B = 2)" if prof.regime_factors
+           else ""))
   print(table.format_table(("factor", "value", "meaning"),
-                           calibration_report.factor_rows(prof.factors)))
+                           calibration_report.factor_rows(prof.factors,
+                                                          prof.regime_factors)))
   _print_points(job.points)
   print("fit models: " + ", ".join(m["name"] for m in prof.model["fit_models"])
         + "; held out: "

@@ -254,6 +254,7 @@ class CalibrationRun:
         "fit_models": model.get("fit_models", []),
         "heldout_models": model.get("heldout_models", []),
         "factors": dict(self.profile.factors),
+        "regime_factors": dict(self.profile.regime_factors),
         "factor_units": dict(calibration.FACTOR_UNITS),
         "operation_fit": fit.get("operations"),
         "expression": str(calibration.calibrated_step()),
@@ -452,6 +453,7 @@ def run(
     attention_grid: Sequence[tuple[int, int]] | None = None,
     progress: Progress | None = None,
     interleave: bool = True,
+    regime: bool | None = None,
 ) -> CalibrationRun:
   """Measures, fits, validates on unseen models, profiles: within `budget_s`.
 
@@ -484,6 +486,8 @@ def run(
     interleave: time the fit's steps and the held-out steps in the same
       rounds (so load drift hits both alike); False times them one model
       after another.
+    regime: fit XLA:CPU's weight re-pack from B = 2 (`calibration.repack_time`)
+      with the linear layer's factors; None means on a CPU only (`fit="ops"`).
   """
   del heldout_fraction  # The held-out set is whole models now.
   budget_s = check_budget("budget_s", budget_s)
@@ -578,11 +582,16 @@ def run(
                                     repeats=repeats, seed=seed + 1, say=say)
   fit_inputs = model_inputs(fit_records_, bandwidth, flop_rate)
   details: dict[str, Any] = {}
+  regime_factors: dict[str, float] = {}
   if fit == "ops":
+    with_regime = platform == "cpu" if regime is None else regime
     factors, details = op_fit.fit_operations(
         [r for r in operations if r.op == "linear"],
         [r for r in operations if r.op == "decode_attention"],
-        fit_records_, fit_inputs, bandwidth=bandwidth, flop_rate=flop_rate)
+        fit_records_, fit_inputs, bandwidth=bandwidth, flop_rate=flop_rate,
+        regime=with_regime)
+    regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES
+                      if n in factors}
     loss = None
   else:
     if len(fit_records_) < 8:
@@ -595,11 +604,12 @@ def run(
   if not heldout_records:
     raise errors.InputError(
         "no held-out point was measured: give a larger --budget_s.")
+  every = {**factors, **regime_factors}
   rows = [_point_row(r, float(p), "train") for r, p in zip(
-      fit_records_, fitting.predict(fit_inputs, factors))]
+      fit_records_, fitting.predict(fit_inputs, every))]
   held_inputs = model_inputs(heldout_records, bandwidth, flop_rate)
   rows += [_point_row(r, float(p), "heldout") for r, p in zip(
-      heldout_records, fitting.predict(held_inputs, factors))]
+      heldout_records, fitting.predict(held_inputs, every))]
   held_rows = [r for r in rows if r["set"] == "heldout"]
   load = _load_summary(operations + fit_records_ + heldout_records)
   status, warnings = assess(held_rows, len(heldout), load=load)
@@ -647,7 +657,7 @@ def run(
                 "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
                 "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
                 "flops_per_s": dict(ceilings.flops_per_s)},
-      factors=factors, fit=fit_info, model=model_info,
+      factors=factors, fit=fit_info, model=model_info, regime_factors=regime_factors,
       method=(f"{timing}; {op_sweeps.STATISTIC} of up to {rounds} rounds "
               "visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "
@@ -677,6 +687,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
       # its change matters as a share of that step, not of itself.
       scale = max(scale, fastest)
     diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
+  for n in calibration.REGIME_FACTOR_NAMES:
+    if n in previous.regime_factors and n in current.regime_factors:
+      # A re-pack near zero is compared with one weight read (its unit).
+      scale = max(previous.regime_factors[n], 1.0)
+      diffs[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
   old, new = (previous.heldout_median_rel_error,
               current.heldout_median_rel_error)
   median_points = (None if old is None or new is None
@@ -756,7 +771,7 @@ def validate(
       {model: bench}, step_points, rounds=rounds, warmup=warmup,
       repeats=repeats, seed=seed, progress=progress)
   inputs = model_inputs(records, prof.bandwidth(), prof.flop_rate())
-  predicted = fitting.predict(inputs, prof.factors)
+  predicted = fitting.predict(inputs, {**prof.factors, **prof.regime_factors})
   rows = []
   for record, pred in zip(records, predicted):
     row = _point_row(record, float(pred), "validation")

@@ -26,7 +26,7 @@ from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
 KIND = "profile"
-VERSION = 2  # 2 adds accelerator, source, prefill_factors (all optional).
+VERSION = 2  # 2 adds accelerator, source, prefill_factors, regime_factors (all optional).
 REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend",
             "jax_version", "created")
 
@@ -51,6 +51,9 @@ class Profile:
       users' measurements), or None (toy profiles: see `device_kind`).
     source: where users' measurements came from: file, engine, date, rows.
     prefill_factors: factors of the calibrated prefill, where fitted.
+    regime_factors: `calibration.REGIME_FACTOR_NAMES` -> value where fitted
+      (XLA:CPU's weight re-pack from B = 2, `calibration.repack_time`); empty
+      (older profiles, accelerators): no such term.
     path: the file it was loaded from (not stored).
   """
 
@@ -68,6 +71,7 @@ class Profile:
   accelerator: str | None = None
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   prefill_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  regime_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
   path: str | None = None
 
   @property
@@ -139,10 +143,19 @@ class Profile:
           f"{', '.join(calibration.FACTOR_NAMES)}.")
     for name, value in factors.items():
       errors.require_positive(f"{where} factors.{name}", value)
+    regime = data.get("regime_factors", {})
+    if not isinstance(regime, Mapping) or not set(regime) <= set(
+        calibration.REGIME_FACTOR_NAMES):
+      raise errors.InputError(
+          f"{where} regime_factors must be an object of "
+          f"{', '.join(calibration.REGIME_FACTOR_NAMES)}.")
+    for name, value in regime.items():
+      errors.require_non_negative(f"{where} regime_factors.{name}", value)
     _check_schema(data, where)
     fields = {f.name for f in dataclasses.fields(cls)} - {"path"}
     kwargs = {name: data[name] for name in fields if name in data}
     kwargs["factors"] = {n: float(v) for n, v in factors.items()}
+    kwargs["regime_factors"] = {n: float(v) for n, v in regime.items()}
     kwargs.setdefault("platform", "")
     return cls(**kwargs, path=path)
 
@@ -303,5 +316,7 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
     provenance["accelerator"] = profile.accelerator
   if profile.source:
     provenance["source"] = dict(profile.source)
+  if profile.regime_factors:
+    provenance["regime_factors"] = dict(profile.regime_factors)
   return StepModel.calibrated(profile.factors, ceilings=ceilings, provenance=provenance,
-                              notes=tuple(notes))
+                              notes=tuple(notes), regime=profile.regime_factors)

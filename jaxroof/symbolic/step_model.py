@@ -78,6 +78,8 @@ class StepModel:
       carried into the sweep's JSON as "profile".
     notes: what a reader of its results must know (e.g. datasheet ceilings
       scaled by factors fitted elsewhere).
+    regime: `calibrated.REGIME_FACTOR_NAMES` -> value where a profile fitted
+      them (XLA:CPU's weight re-pack from B = 2); empty: no such term.
   """
 
   kind: Kind = "bound"
@@ -85,6 +87,7 @@ class StepModel:
   ceilings: tuple[float, float | None] | None = None
   provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
+  regime: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def bound(cls) -> StepModel:
@@ -94,12 +97,17 @@ class StepModel:
   def calibrated(cls, factors: Mapping[str, float], *,
                  ceilings: tuple[float, float | None] | None = None,
                  provenance: Mapping[str, Any] | None = None,
-                 notes: tuple[str, ...] = ()) -> StepModel:
+                 notes: tuple[str, ...] = (),
+                 regime: Mapping[str, float] | None = None) -> StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
       raise ValueError(f"factors lack {sorted(missing)}")
+    regime = {n: float(v) for n, v in (regime or {}).items()}
+    unknown = set(regime) - set(calibrated_lib.REGIME_FACTOR_NAMES)
+    if unknown:
+      raise ValueError(f"regime factors {sorted(unknown)} are unknown")
     return cls("calibrated", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
-               ceilings, dict(provenance or {}), tuple(notes))
+               ceilings, dict(provenance or {}), tuple(notes), regime)
 
   @property
   def units(self) -> dict[str, str]:
@@ -107,7 +115,10 @@ class StepModel:
 
   @property
   def assumptions(self) -> tuple[str, ...]:
-    return BOUND_ASSUMPTIONS if self.kind == "bound" else calibrated_lib.ASSUMPTIONS
+    if self.kind == "bound":
+      return BOUND_ASSUMPTIONS
+    return calibrated_lib.ASSUMPTIONS + (calibrated_lib.REGIME_ASSUMPTIONS if self.regime
+                                         else ())
 
   def no_compute_crossover_note(self) -> str:
     return _NO_COMPUTE_CROSSOVER[self.kind]
@@ -130,7 +141,12 @@ class StepModel:
       values = with_dense_default(
           {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
            "L": 0.0 if L is None else L})
-      out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+      if self.regime:
+        out = calibrated_lib.calibrated_model_with_regime(backend)(
+            **values, **self.factors,
+            **{n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES})
+      else:
+        out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
     if comm_s is None:
       return out
     out = dict(out)
