@@ -209,9 +209,9 @@ def calibrate() -> None:
   print("Ceilings (measurement):")
   print(table.format_table(("ceiling", "value"),
                            calibration_report.ceiling_rows(job.ceilings)))
-  print(f"Calibrated model: step = {calibration.readable_step()}"
-        + (f" + {calibration.repack_time()} (re-pack from B = 2)" if prof.regime_factors
-           else ""))
+  print(f"Calibrated model: step = {calibration.readable_step()}")
+  if prof.regime_factors:
+    print(f"  plus the weight re-pack from B = 2: {calibration.repack_time()}")
   print(table.format_table(("factor", "value", "meaning"),
                            calibration_report.factor_rows(prof.factors,
                                                           prof.regime_factors)))
