@@ -123,3 +123,16 @@ def test_other_experiments_show_the_error_beside_calibrated_numbers(tmp_path, mo
                for e in data["accelerators"] for r in e["rows"])
   else:
     assert data["accuracy"]["profile_heldout_median_rel_error"] == 0.123
+
+
+def test_user_calibration_section_lists_each_fits_warnings(tmp_path):
+  result = {"accelerator": "a100-80gb", "rows_used": 5, "heldout_by": "rows",
+            "free_factors": ["eta_w"], "heldout_median_rel_error": 0.149,
+            "heldout_max_rel_error": 0.19, "bound_heldout_median_rel_error": 0.096,
+            "source": {"engine": "vLLM", "file": "x.csv"},
+            "warnings": ["2 suspicious row(s): line 5 (0.964x the bound)"]}
+  (tmp_path / "user_calibration_a100-80gb_trtllm_0.9.0.json").write_text(json.dumps(result))
+  text = user_calibration.report_section(str(tmp_path))
+  assert "- a100-80gb: 2 suspicious row(s): line 5 (0.964x the bound)." in text
+  row = next(line for line in text.splitlines() if line.startswith("| a100-80gb"))
+  assert "| rows |" in row and "| 9.6% | 14.9% (worse than the bound) |" in row

@@ -586,7 +586,7 @@ def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn, drop_suspicious: bo
         + ("left out of the fit and of the held-out error" if drop_suspicious else
            "kept in the fit and the held-out error: check them, or leave them out"))
   used = [r for r in rows if r.line not in lines] if drop_suspicious else list(rows)
-  if len(used) < MIN_ROWS:
+  if len(used) < MIN_ROWS <= len(rows):
     raise errors.InputError(
         f"rows={len(used)} remain after leaving out {len(rows) - len(used)} suspicious "
         f"row(s) (lines {', '.join(str(n) for n in sorted(lines))}): give at least "

@@ -132,6 +132,10 @@ def report_section(results_dir: str) -> str:
         table.markdown_table(("accelerator", "rows", "held out by", "fitted factors",
                               "held-out median (bound)", "held-out median (calibrated)",
                               "held-out max (calibrated)"), heldout_rows(results)), ""]
+    for r in results:  # Suspicious rows and other warnings of each fit (newer results).
+      lines += [f"- {r['accelerator']}: {w}." for w in r.get("warnings", [])]
+    if any(r.get("warnings") for r in results):
+      lines.append("")
   if os.path.exists(carry_path):
     result = _load(carry_path)
     lines += [
