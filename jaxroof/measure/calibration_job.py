@@ -17,8 +17,12 @@
 
 Every point is timed in rounds, each point's figure is its lower-quartile
 round, points whose fastest rounds disagree are measured again, and the load
-average is recorded with every timing. Benches live one model at a time and
-size their caches from `MAX_KV_BYTES`, so a job stays within about 2 GB.
+average is recorded with every timing. The fit models' and the held-out
+models' steps are timed in the same rounds (interleaved), so load from other
+processes hits both alike; their benches are alive together (about 1 GB of
+toy weights in all) and size their caches from `MAX_KV_BYTES`, so a job stays
+within about 2 GB. On a CPU the linear layer's fit also finds XLA's weight
+re-pack from B = 2 (`r_pack`, the profile's `regime_factors`).
 
 `validate` times the step afresh at a user's points and compares it with a
 profile's prediction; `compare_profiles` checks two calibrations agree.
