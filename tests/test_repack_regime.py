@@ -102,3 +102,11 @@ def test_accelerators_fit_no_repack():
                           [r for r in timed if r.shapes["rows"] > 1], bandwidth=BW,
                           flop_rate=F, regime=True)
   assert fit["r_pack"] < 0.05  # A fit finds none where there is none.
+
+
+def test_noise_floor_is_the_median_round_spread():
+  from jaxroof.measure import calibration_job
+  rows = [{"round_spread": 0.02}, {"round_spread": 0.10}, {"round_spread": None},
+          {"round_spread": 0.04}]
+  assert calibration_job.noise_floor(rows) == pytest.approx(0.04)
+  assert calibration_job.noise_floor([{"round_spread": None}]) is None

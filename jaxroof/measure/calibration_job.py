@@ -424,6 +424,13 @@ def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
   return status, warnings
 
 
+def noise_floor(rows: Sequence[Mapping[str, Any]]) -> float | None:
+  """The median spread between a point's fastest rounds (`round_spread`): how
+  far the same step's timing moves on this machine, a floor for any error."""
+  spreads = [r["round_spread"] for r in rows if r.get("round_spread") is not None]
+  return float(np.median(spreads)) if spreads else None
+
+
 def _minimum_operations(linear: Sequence[op_sweeps.OpPoint],
                         attention: Sequence[op_sweeps.OpPoint]
                         ) -> list[op_sweeps.OpPoint]:
@@ -617,7 +624,13 @@ def run(
   held_rows = [r for r in rows if r["set"] == "heldout"]
   load = _load_summary(operations + fit_records_ + heldout_records)
   status, warnings = assess(held_rows, len(heldout), load=load)
+  floor = noise_floor(held_rows)
+  if status != "ok" and floor is not None:
+    warnings.append(f"this machine's floor: the same held-out point's fastest rounds "
+                    f"differ by {floor:.1%} (median over the points), which no fit "
+                    "can go below")
   fit_info: dict[str, Any] = {
+      "noise_floor_median_round_spread": floor,
       "method": fit, "loss": loss, "statistic": op_sweeps.STATISTIC,
       "objective": "mean squared log error (Adam on log factors)",
       "status": status, "warnings": warnings,
