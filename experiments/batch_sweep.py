@@ -39,6 +39,7 @@ from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.parallel import variants
+from jaxroof.report import accuracy
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import elasticity
@@ -217,10 +218,10 @@ def _token_gap_s() -> float | None:
   return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
 
 
-def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None
-                ) -> StepModel:
+def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None,
+                bound: bool = False) -> StepModel:
   """The bound, or with --profile its calibrated model (checked against the device)."""
-  if _PROFILE.value is None:
+  if _PROFILE.value is None or bound:
     return StepModel.bound(_SHARED.bound.value)
   prof = profiles.load_profile(_PROFILE.value)
   notes = (profiles.check_applies(prof, accelerator, what_if=_WHAT_IF.value)
@@ -233,7 +234,7 @@ def _what_if(holder: flags.FlagHolder) -> float | None:
   return holder.value if flags.FLAGS[holder.name].present else None
 
 
-def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
+def model_sweeps(batch_sizes: list[int], bound: bool = False) -> tuple[list[dict], list[str]]:
   """One sweep per (weight dtype, K/V dtype, context) for --model on the device, with
   the memory fit of each batch; and the what-if notes (datasheet figures replaced)."""
   device = _model_flags.device(_SHARED, bandwidth_tbps=_what_if(_BANDWIDTH_TBPS),
@@ -244,7 +245,7 @@ def model_sweeps(batch_sizes: list[int]) -> tuple[list[dict], list[str]]:
       contexts=[int(c) for c in _CONTEXT.value], weight_dtypes=_WEIGHT_DTYPE.value,
       kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
       model=_step_model(scale_given_ceilings=True,
-                        accelerator=_ACCELERATOR.value or device.name),
+                        accelerator=_ACCELERATOR.value or device.name, bound=bound),
       token_gap_s=_token_gap_s(),
       layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
       block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
@@ -263,12 +264,12 @@ def _tagged_cells(sweeps: list[dict], cells: list[list[str]]) -> list[list[str]]
           for r, c in zip(rows, cells)]
 
 
-def main(argv: list[str]) -> None:
-  del argv  # Unused.
-  batch_sizes = _cli.int_list(_BATCH_SIZES)
+def _compute(batch_sizes: list[int], bound: bool = False
+             ) -> tuple[list[dict], dict, str, list[str]]:
+  """The sweeps (one per combination; [] for raw numbers), the first, a title, what-ifs."""
   sweeps, what_ifs = [], []
   if _MODEL.value:
-    sweeps, what_ifs = model_sweeps(batch_sizes)
+    sweeps, what_ifs = model_sweeps(batch_sizes, bound=bound)
     sweep = sweeps[0]
     title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}" + (
         f", context {sweep['inputs']['context']}, {sweep['inputs']['weight_dtype_label']} weights, "
@@ -281,7 +282,7 @@ def main(argv: list[str]) -> None:
                        "only: the raw-number sweep is one chip.")
     inputs = raw_inputs()
     given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
-    sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given), batch_sizes,
+    sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given, bound=bound), batch_sizes,
                             layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
     for row in sweep["rows"]:  # One chip: no communication.
       row["comm_s"], row["chips"] = 0.0, 1
@@ -291,18 +292,13 @@ def main(argv: list[str]) -> None:
   scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
   layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
   for each in sweeps or [sweep]:
-    elasticity.annotate_sweep(each, _step_model(scale_given_ceilings=scale_given),
+    elasticity.annotate_sweep(each, _step_model(scale_given_ceilings=scale_given, bound=bound),
                               layers=layers, **each["inputs"]["si"])
-  if sweep["kind"] == "calibrated":
-    prof = sweep["profile"]
-    print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
-          f"{prof['backend']}, {prof['dtype']}; held-out error median "
-          f"{prof['heldout_median_rel_error']:.1%}, max {prof['heldout_max_rel_error']:.1%}; "
-          f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
-  else:
-    print(f"{title} (analytic bound; GB = 1e9 B)")
-  for line in what_ifs:
-    print(line)
+  return sweeps, sweep, title, what_ifs
+
+
+def _print_table(sweeps: list[dict], sweep: dict) -> None:
+  """The sweep's table and, per combination, its summary lines."""
   rows = [row for each in sweeps or [sweep] for row in each["rows"]]
   headers, cells = table.SWEEP_HEADERS, table.sweep_rows(rows)
   if any(row.get("comm_s") for row in rows):
@@ -316,6 +312,9 @@ def main(argv: list[str]) -> None:
              + ([f"{r['tokens_per_dollar']:,.0f}"] if _PRICE_PER_HOUR.value else [])
              for c, r in zip(cells, rows)]
   headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, rows)]
+  if sweep["kind"] == "calibrated":  # The error beside every calibrated number.
+    headers = headers + (accuracy.HEADER,)
+    cells = [c + [accuracy.cell(sweep["profile"])] for c in cells]
   if len(sweeps) > 1:
     headers, cells = ("weights", "K/V", "context") + headers, _tagged_cells(sweeps, cells)
   print(table.format_table(headers, cells))
@@ -324,6 +323,33 @@ def main(argv: list[str]) -> None:
       print(f"-- {each['inputs']['weight_dtype_label']} weights, {each['inputs']['kv_dtype']} K/V, "
             f"context {each['inputs']['context']:,}:")
     print("\n".join(summary_lines(each["summary"])))
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  batch_sizes = _cli.int_list(_BATCH_SIZES)
+  sweeps, sweep, title, what_ifs = _compute(batch_sizes)
+  if sweep["kind"] == "calibrated" and accuracy.bound_first(sweep["profile"]):
+    bound_sweeps, bound_sweep, _, _ = _compute(batch_sizes, bound=True)
+    print(f"{title} (analytic bound, shown first: the profile's held-out error is larger "
+          "than the bound's on the same data; GB = 1e9 B)")
+    _print_table(bound_sweeps, bound_sweep)
+    print()
+  if sweep["kind"] == "calibrated":
+    prof = sweep["profile"]
+    print(f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
+          f"{prof['backend']}, {prof['dtype']}; held-out error median "
+          f"{table.percent(prof['heldout_median_rel_error'])}, max "
+          f"{table.percent(prof['heldout_max_rel_error'])}; "
+          f"scaling {_CEILING_SOURCES[sweep['ceilings']['source']]}; GB = 1e9 B)")
+  else:
+    print(f"{title} (analytic bound; GB = 1e9 B)")
+  for line in what_ifs:
+    print(line)
+  _print_table(sweeps, sweep)
+  if sweep["kind"] == "calibrated":
+    for line in accuracy.footnote_lines(sweep["profile"]):
+      print(line)
   document = variants.combined(sweeps) if len(sweeps) > 1 else sweep
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, document)

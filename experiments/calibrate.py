@@ -150,6 +150,9 @@ _KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
                               "With --from_vllm: the K/V dtype.")
 _ROWS_OUT = flags.DEFINE_string(
     "rows_out", None, "With --from_vllm: write the derived rows as the documented CSV.")
+_DROP_SUSPICIOUS = flags.DEFINE_bool(
+    "drop_suspicious", False, "With --from_csv/--from_vllm: leave out rows faster than "
+    "their analytic bound or more than 20x slower (flagged by line either way).")
 _FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of the user fit, "
                                   "in [10, 100000].", lower_bound=10, upper_bound=100_000)
 
@@ -207,8 +210,11 @@ def calibrate() -> None:
   print(table.format_table(("ceiling", "value"),
                            calibration_report.ceiling_rows(job.ceilings)))
   print(f"Calibrated model: step = {calibration.readable_step()}")
+  if prof.regime_factors:
+    print(f"  plus the weight re-pack from B = 2: {calibration.repack_time()}")
   print(table.format_table(("factor", "value", "meaning"),
-                           calibration_report.factor_rows(prof.factors)))
+                           calibration_report.factor_rows(prof.factors,
+                                                          prof.regime_factors)))
   _print_points(job.points)
   print("fit models: " + ", ".join(m["name"] for m in prof.model["fit_models"])
         + "; held out: "
@@ -219,7 +225,8 @@ def calibrate() -> None:
   print(f"held-out relative error: median "
         f"{fit['heldout_median_rel_error']:.1%}, max "
         f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points "
-        "on models the fit never saw)")
+        "on models the fit never saw); analytic bound's median on the same points: "
+        f"{table.percent(fit.get('bound_heldout_median_rel_error'))}")
   load = fit["load"]
   if load["load_avg_1m_max"] is not None:
     print(f"load average during the timings: {load['load_avg_1m_min']:.1f}-"
@@ -294,19 +301,46 @@ def _print_user_rows(rows: list[dict], title: str) -> None:
 
 
 
+def _print_suspicious(flagged: list[dict]) -> None:
+  if not flagged:
+    return
+  print("Suspicious rows (measurement / analytic bound; a step cannot beat the bound, "
+        f"and more than {user_fit.SLOWER_LIMIT:g}x slower is doubtful):")
+  cells = [[f["line"], f["model"], f["phase"], f["batch"], f["context"] or f["prompt_tokens"],
+            f"{f['measured_s'] * 1e3:,.3f}", f"{f['bound_s'] * 1e3:,.3f}",
+            f"{f['ratio_to_bound']:.3f}", "left out" if f["dropped"] else "kept"]
+           for f in flagged]
+  print(table.format_table(("line", "model", "phase", "batch", "context/prompt",
+                            "measured ms", "bound ms", "ratio", "in the fit"), cells))
+
+
 def fit_measurements(measurements: user_measurements.Measurements) -> None:
   """Fits a profile to measured rows; prints and writes the result."""
   prof, result = user_fit.calibrate(measurements, accelerator=_ACCELERATOR.value,
+                                    drop_suspicious=_DROP_SUSPICIOUS.value,
                                     steps=_FIT_STEPS.value)
-  print(f"Calibration of {result['accelerator']} from {len(measurements.rows)} measured "
-        f"rows of {measurements.path} (engine: {prof.backend}).")
+  print(f"Calibration of {result['accelerator']} from {result['rows_used']} of "
+        f"{result['rows_read']} measured rows of {measurements.path} (engine: "
+        f"{prof.backend}).")
+  _print_suspicious(result["suspicious_rows"])
   print(table.factor_table(result))
-  for flag in result["flags"]:
-    print(f"FLAG: {flag}")
+  by = ("leave-one-model-out" if result["heldout_by"] == user_fit.HELDOUT_BY_MODEL
+        else "k-fold over the rows of one model")
   _print_user_rows(result["heldout_rows"],
-                   "Held-out rows (leave-one-model-out; calibrated prediction vs "
-                   "measurement, and the analytic bound):")
-  print(table.heldout_line(result))
+                   f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
+                   "analytic bound):")
+  print(table.heldout_line(result) + f" (held out by {result['heldout_by']})")
+  larger = result.get("extrapolation")
+  if larger:
+    print(f"larger steps (line(s) {', '.join(str(n) for n in larger['heldout_lines'])}, "
+          "predicted by a fit on the smaller ones): calibrated median "
+          f"{table.percent(larger['calibrated']['median_rel_error'])}, bound median "
+          f"{table.percent(larger['bound']['median_rel_error'])}")
+  for warning in result["warnings"]:
+    print(f"WARNING: {warning}")
+  kept = [f for f in result["suspicious_rows"] if not f["dropped"]]
+  if kept:
+    print("(--drop_suspicious leaves the suspicious rows out of the fit.)")
   if _PROFILE_OUT.value:
     profiles.save_profile(prof, _PROFILE_OUT.value)
   if _JSON_OUT.value:
@@ -317,11 +351,18 @@ def carry_over(measurements: user_measurements.Measurements) -> None:
   """The carry-over study: fit on one model, predict another, per device."""
   result = user_fit.carry_over(measurements, steps=_FIT_STEPS.value)
   headers = ("device", "fit on", "predict", "relation", "free factors",
-             "calibrated median", "bound median")
+             "bound median", "calibrated median")
   cells = [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-            ", ".join(p["free"]), table.percent(p["calibrated"]["median_rel_error"]),
-            table.percent(p["bound"]["median_rel_error"])]
+            ", ".join(p["free"]), table.percent(p["bound"]["median_rel_error"]),
+            table.percent(p["calibrated"]["median_rel_error"])
+            + (" (worse than the bound)" if p["calibrated"]["median_rel_error"]
+               > p["bound"]["median_rel_error"] else "")]
            for p in result["pairs"] if "skipped" not in p]
+  if not result["pairs"]:
+    raise errors.InputError(
+        f"--carry_over needs rows of at least 2 models on one device; {measurements.path} "
+        f"has {', '.join(sorted({r.model for r in measurements.rows}))} only: fit it "
+        "without --carry_over (held out by rows).")
   print(f"Carry-over from {measurements.path} (engine: {measurements.engine}):")
   print(table.format_table(headers, cells))
   for p in result["pairs"]:

@@ -28,6 +28,7 @@ from jaxroof import files
 from jaxroof import progress
 from jaxroof.measure import profiles
 from jaxroof.report import device_comparison as comparison_report
+from jaxroof.report import accuracy
 from jaxroof.report import table
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
@@ -98,30 +99,50 @@ def main(argv: list[str]) -> None:
     if not kept:
       raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
     devices = kept
-  result = comparison.compare(
-      model, progress.bar(devices, desc="accelerators", unit="device",
-                          requested=_PROGRESS.value),
-      context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
-      weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
-      group_size=_GROUP_SIZE.value,
-      block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
-      max_new_tokens=_SHARED.max_new_tokens.value,
-      step_model=(StepModel.bound(_SHARED.bound.value) if _PROFILE.value is None
-                  else _profile_model(devices)),
-      sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout,
-                                comm_overlap=_SHARED.comm_overlap.value))
+  def compare(step_model: StepModel | None) -> dict:
+    return comparison.compare(
+        model, progress.bar(devices, desc="accelerators", unit="device",
+                            requested=_PROGRESS.value),
+        context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
+        weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
+        group_size=_GROUP_SIZE.value,
+        block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
+        max_new_tokens=_SHARED.max_new_tokens.value,
+        step_model=step_model or StepModel.bound(_SHARED.bound.value),
+        sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout,
+                                  comm_overlap=_SHARED.comm_overlap.value))
+
+  calibrated = None if _PROFILE.value is None else _profile_model(devices)
+  result = compare(calibrated)
   result["inputs"]["layout"] = layout.as_dict()
   result["refused"] = refused
   counts = parameter_counts(model)
-  print(f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
-        f"active), context {_CONTEXT.value} tokens, {result['inputs']['weight_dtype_label']} "
-        "weights, "
-        f"{_KV_DTYPE.value} K/V ({result['kind']}: datasheet figures"
+  heading = (f"{model.name}: {counts.total / 1e9:,.2f}B weights ({counts.active / 1e9:,.2f}B "
+             f"active), context {_CONTEXT.value} tokens, "
+             f"{result['inputs']['weight_dtype_label']} weights, {_KV_DTYPE.value} K/V")
+  if calibrated is not None and accuracy.bound_first(calibrated.provenance):
+    bound = compare(None)
+    print(f"{heading} (bound: datasheet figures, shown first: the profile's held-out error "
+          "is larger than the bound's on the same data; GB = 1e9 B; * = best of column)")
+    print(table.format_table(comparison_report.SUMMARY_HEADERS,
+                             comparison_report.summary_rows(bound)))
+    print()
+    print(table.format_table(comparison_report.ROW_HEADERS,
+                             comparison_report.batch_rows(bound)))
+    print()
+  print(f"{heading} ({result['kind']}: datasheet figures"
         f"{' scaled by the profile' if _PROFILE.value else ''}; GB = 1e9 B; "
         "* = best of column)")
   print(table.format_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)))
   print()
-  print(table.format_table(comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)))
+  headers, cells = comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)
+  if calibrated is not None:  # The error beside every calibrated number.
+    headers = tuple(headers) + (accuracy.HEADER,)
+    cells = [list(c) + [accuracy.cell(calibrated.provenance)] for c in cells]
+  print(table.format_table(headers, cells))
+  if calibrated is not None:
+    for line in accuracy.footnote_lines(calibrated.provenance):
+      print(line)
   for line in result["assumptions"]:
     print(f"assumes: {line}")
   if not layout.is_single_chip:

@@ -52,6 +52,7 @@ from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
 from jaxroof.report import serving as serving_report
+from jaxroof.report import accuracy
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import elasticity
@@ -356,11 +357,33 @@ def main(argv: list[str]) -> None:
   if _COMPARE_PEER.value:
     result["peer"] = peer.compare(requests.rows(model, inputs, batches, prompt_tokens=prompt,
                                                 output_tokens=outputs))
+  calibrated = model.kind == "calibrated"
+  if calibrated:  # The error travels with every calibrated number.
+    result["profile"] = dict(model.provenance)
+    result["accuracy"] = accuracy.fields(model.provenance)
+    for row in rows:
+      row[accuracy.ROW_FIELD] = model.provenance.get("heldout_median_rel_error")
+    decision[accuracy.ROW_FIELD] = model.provenance.get("heldout_median_rel_error")
+  if calibrated and accuracy.bound_first(model.provenance):
+    bound_decision = decision_lib.decide(StepModel.bound(), inputs, token_gap_s=gap_s,
+                                         ttft_s=ttft_s, aggregate_tokens_per_s=_AGGREGATE.value,
+                                         **load)
+    result["bound_decision"] = bound_decision
+    print("Analytic bound, shown first (the profile's held-out error is larger than the "
+          "bound's on the same data):")
+    print("\n".join(serving_report.decision_lines(bound_decision)))
+    print()
   label = {"bound": "analytic bound", "calibrated": "calibrated prediction"}[model.kind]
   print(f"Serving {inputs.label}: prompt {prompt}, {outputs} outputs, "
         f"{_ARRIVAL_RATE.value:g} requests/s ({label}; TTFT: M/D/1 mean)")
-  print(table.format_table(serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)))
+  headers, cells = serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)
+  if calibrated:
+    headers = tuple(headers) + (accuracy.HEADER,)
+    cells = [c + [accuracy.cell(model.provenance)] for c in cells]
+  print(table.format_table(headers, cells))
   print("\n".join(serving_report.decision_lines(decision)))
+  if calibrated:
+    print("\n".join(accuracy.footnote_lines(model.provenance)))
   if decision.get("comm_s") is not None:
     print(f"  layout: {decision['chips']} chips ({decision['replicas']} replica(s)); "
           f"communication {decision['comm_s'] * 1e3:.3f} ms of each step at the decision "

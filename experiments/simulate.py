@@ -38,6 +38,7 @@ from jaxroof import progress
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.report import simulation as sim_report
+from jaxroof.report import accuracy
 from jaxroof.report import table
 from jaxroof.serving import arrivals, metrics, replica, simulator
 from jaxroof.specs.models import load_model
@@ -115,8 +116,8 @@ for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens")
   _cli.require_positive(_holder, _unit)
 
 
-def _step_model() -> StepModel:
-  if _PROFILE.value is None:
+def _step_model(bound: bool = False) -> StepModel:
+  if _PROFILE.value is None or bound:
     return StepModel.bound(_SHARED.bound.value)
   prof = profiles.load_profile(_PROFILE.value)
   notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
@@ -124,8 +125,8 @@ def _step_model() -> StepModel:
   return profiles.step_model(prof, notes=tuple(notes))
 
 
-def _replica(**kw) -> replica.Replica:
-  model = _step_model()
+def _replica(bound: bool = False, **kw) -> replica.Replica:
+  model = _step_model(bound)
   common = dict(step_model=model, max_running=_MAX_RUNNING.value,
                 token_budget=_TOKEN_BUDGET.value, batch_window_s=_BATCH_WINDOW_MS.value / 1e3, **kw)
   if _MODEL.value is not None:
@@ -214,14 +215,41 @@ def main(argv: list[str]) -> None:
   m.update(metrics.iteration_means(run))
   label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
                                        == "bound" else "calibrated iteration model"))
+  model = _step_model()
+  calibrated = model.kind == "calibrated"
+  bound_metrics = None
+  if calibrated and accuracy.bound_first(model.provenance):
+    b = _replica(bound=True)
+    bound_run = simulator.simulate(w, b, _SCHEDULER.value)
+    bound_metrics = metrics.serving_metrics(
+        bound_run.arrival_s, bound_run.first_token_s, bound_run.finish_s,
+        bound_run.output_tokens, bound_run.itl_s, **_targets())
+    print(f"simulated prediction, analytic iteration bound, shown first (the profile's "
+          f"held-out error is larger than the bound's on the same data): {_SCHEDULER.value} "
+          f"scheduler, {len(w)} requests")
+    print(table.format_table(sim_report.HEADER,
+                             sim_report.metrics_rows({_SCHEDULER.value: bound_metrics})))
+    print()
   print(f"{label}: {_SCHEDULER.value} scheduler, {len(w)} requests")
-  print(table.format_table(sim_report.HEADER, sim_report.metrics_rows({_SCHEDULER.value: m})))
+  headers, cells = sim_report.HEADER, sim_report.metrics_rows({_SCHEDULER.value: m})
+  if calibrated:  # The error beside every calibrated number.
+    headers = tuple(headers) + (accuracy.HEADER,)
+    cells = [list(c) + [accuracy.cell(model.provenance)] for c in cells]
+  print(table.format_table(headers, cells))
+  if calibrated:
+    print("\n".join(accuracy.footnote_lines(model.provenance)))
   print(f"{run.iterations} iterations simulated in {run.wall_s:.2f} s; "
         f"{run.preemptions} preemptions; peak K/V pages {int(run.pages_in_use.max())} "
         f"of {r.total_pages}")
   result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
             "workload": w.description, "metrics": m,
             "simulation": metrics.simulation_block(run, r.total_pages)}
+  if calibrated:
+    result["profile"] = dict(model.provenance)
+    result["accuracy"] = accuracy.fields(model.provenance)
+    result["metrics"] = {**m, accuracy.ROW_FIELD: model.provenance.get("heldout_median_rel_error")}
+  if bound_metrics is not None:
+    result["bound_metrics"] = bound_metrics
   if replicas > 1:
     result["fleet"] = {
         "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "

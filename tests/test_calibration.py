@@ -144,7 +144,15 @@ TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
 
 
 @pytest.mark.slow  # Compiles a dozen decode steps: ~20-40 s on 2 cores.
-def test_job_measures_fits_and_labels_a_profile(tmp_path):
+def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
+  calls = []
+  sweep = op_sweeps.decode_step_sweep
+
+  def recording(benches, points, **kw):
+    calls.append(sorted({p.model for p in points}))
+    return sweep(benches, points, **kw)
+
+  monkeypatch.setattr(op_sweeps, "decode_step_sweep", recording)
   models = {"tiny": TINY, "tinier": dataclasses.replace(TINY, num_blocks=1)}
   held = {"held": dataclasses.replace(TINY, num_blocks=3, num_kv_heads=4,
                                       num_heads=8)}
@@ -162,6 +170,11 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path):
   assert set(prof.factors) == set(calibration.FACTOR_NAMES)
   assert len(job.rows("heldout")) == 4 and 2 <= len(job.rows("train")) <= 4
   assert {r["model"] for r in job.rows("heldout")} == {"held"}
+  # Fit and held-out steps are timed in the same rounds (one sweep over all models).
+  assert calls == [["held", "tinier", "tiny"]] and prof.model["interleaved"]
+  # The bound's error on the same held-out steps is recorded beside the profile's.
+  bound = prof.fit["bound_heldout_median_rel_error"]
+  assert bound is not None and bound >= 0 and prof.heldout_by == "model"
   assert prof.fit["heldout_max_rel_error"] >= prof.fit[
       "heldout_median_rel_error"] >= 0
   assert prof.fit["status"] in ("ok", "inaccurate", "incomplete")

@@ -215,8 +215,16 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
         op_sweeps.HELDOUT_MODELS) else 1.0
     return synthetic_steps(configs, points, scale=scale)
 
+  def fake_interleaved(configs, points, dtype, **kwargs):
+    held = set(op_sweeps.HELDOUT_MODELS)
+    fit = [p for p in points if p.model not in held]
+    out = fake_sweep_models({n: c for n, c in configs.items() if n not in held}, fit, dtype)
+    return out + fake_sweep_models({n: c for n, c in configs.items() if n in held},
+                                   [p for p in points if p.model in held], dtype)
+
   monkeypatch.setattr(op_sweeps, "op_sweep", fake_op_sweep)
   monkeypatch.setattr(calibration_job, "_sweep_models", fake_sweep_models)
+  monkeypatch.setattr(calibration_job, "_sweep_interleaved", fake_interleaved)
   job = calibration_job.run(120, ceilings=CEILINGS)
   return job, asked
 
@@ -325,9 +333,10 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
     asked.append(sorted(configs))
     return synthetic_steps(configs, points)
 
-  monkeypatch.setattr(calibration_job, "_sweep_models", fake_sweep_models)
+  monkeypatch.setattr(calibration_job, "_sweep_interleaved", fake_sweep_models)
   job = calibration_job.run(120, fit="steps", ceilings=CEILINGS)
-  assert asked == [sorted(op_sweeps.MODELS), sorted(op_sweeps.HELDOUT_MODELS)]
+  # Fit and held-out models are timed together, in the same rounds.
+  assert asked == [sorted({**op_sweeps.MODELS, **op_sweeps.HELDOUT_MODELS})]
   assert job.profile.fit["method"] == "steps" and not job.operations
   assert {r["model"] for r in job.rows("heldout")} == set(
       op_sweeps.HELDOUT_MODELS)

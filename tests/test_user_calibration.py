@@ -280,3 +280,162 @@ def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
   assert first.batch == 24  # 200 requests / 50 s x 6 s in flight each.
   assert first.context == 1150 and first.time_s == pytest.approx(0.019)
   assert capped.batch == 8 and capped.line == 2
+
+
+# --- One model's rows (issue 27) ---
+
+SINGLE_TRUTH = {"eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6,
+                "t0_step": 3e-4, "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5}
+
+
+def _single_model_records():
+  """llama-2-7b on h100-sxm: decode over batch x context, prefill over prompts."""
+  records = [{"model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "decode",
+              "batch": b, "context": c, "time_s": 1.0}
+             for b in (1, 4, 16, 64, 256) for c in (512, 4096)]
+  records += [{"model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "prefill",
+               "batch": 1, "prompt_tokens": p, "time_s": 1.0} for p in (128, 1024, 4096)]
+  return records
+
+
+def _write_csv(path, records):
+  columns = ("model", "accelerator", "phase", "batch", "context", "prompt_tokens", "time_s")
+  lines = [",".join(columns)] + [",".join(str(r.get(c, "")) for c in columns)
+                                 for r in records]
+  path.write_text("\n".join(lines) + "\n")
+
+
+def test_row_folds_hold_each_row_out_once_and_span_the_grid():
+  rows = _rows(_single_model_records())
+  folds = user_fit.row_folds(rows)
+  assert sorted(set(folds)) == list(range(user_fit.MAX_FOLDS))
+  decode = [(r.batch * r.context, f) for r, f in zip(rows, folds) if r.phase == "decode"]
+  smallest = min(decode)[1]
+  # The folds are dealt in size order: the smallest and largest decode steps differ.
+  assert smallest != max(decode)[1]
+  assert sorted(user_fit.row_folds(rows[:4])) == [0, 1, 2, 3]  # Few rows: leave-one-out.
+
+
+@pytest.mark.slow
+def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_path):
+  sigma = 0.02
+  clean = user_fit.predict_rows(_rows(_single_model_records()), SINGLE_TRUTH)
+  noise = np.random.default_rng(1).lognormal(0.0, sigma, size=clean.size)
+  path = tmp_path / "one_model.csv"
+  _write_csv(path, [dict(r, time_s=f"{t:.9g}")
+                    for r, t in zip(_single_model_records(), clean * noise)])
+  prof, result = user_fit.calibrate(um.read_measurements(path), steps=2000)
+  assert result["heldout_by"] == "rows" and prof.heldout_by == "rows"
+  assert {f"fold {k} of {user_fit.MAX_FOLDS}" for k in range(1, 6)} == {
+      f["heldout"] for f in result["folds"]}
+  # Every row held out exactly once, by a fit that never saw it.
+  assert sorted(r["line"] for r in result["heldout_rows"]) == list(range(2, 2 + clean.size))
+  for fold in result["folds"]:
+    assert not set(fold["heldout_lines"]) & set(fold["trained_on_lines"])
+  assert {"eta_w", "eta_kv"} <= set(result["free_factors"])
+  for name in result["free_factors"]:
+    if name in user_fit.EFFICIENCIES:
+      assert result["factors"][name] == pytest.approx(SINGLE_TRUTH[name], rel=0.1), name
+  # Held-out rows within the added noise (lognormal, sigma 2%): median under 2 sigma.
+  assert result["heldout_median_rel_error"] < 2 * sigma
+  assert result["heldout_max_rel_error"] < 5 * sigma
+  assert any("carry-over" in w for w in result["warnings"])
+  assert result["suspicious_rows"] == []
+  # The largest steps, predicted by a fit on the smaller ones, also within the noise.
+  larger = result["extrapolation"]
+  assert len(larger["heldout_lines"]) >= 2
+  assert larger["calibrated"]["max_rel_error"] < 5 * sigma
+  assert prof.fit["heldout_median_rel_error"] == result["heldout_median_rel_error"]
+
+
+def test_a_row_faster_than_the_bound_is_flagged_with_its_line(tmp_path):
+  records = [dict(r, time_s=1.0) for r in _single_model_records()]
+  rows = _rows(records)
+  bound = user_fit.bound_rows(rows)
+  times = 1.5 * bound
+  times[3] = 0.8 * bound[3]  # File line 5 (header is line 1): faster than its bound.
+  times[7] = 25.0 * bound[7]  # File line 9: more than 20x slower.
+  path = tmp_path / "m.csv"
+  _write_csv(path, [dict(r, time_s=f"{t:.9g}") for r, t in zip(records, times)])
+  measured = um.read_measurements(path)
+  flagged = user_fit.suspicious_rows(measured.rows)
+  assert [(f["line"], round(f["ratio_to_bound"], 3)) for f in flagged] == [(5, 0.8), (9, 25.0)]
+  assert "faster" in flagged[0]["reason"] and "slower" in flagged[1]["reason"]
+
+
+def test_suspicious_rows_are_kept_with_a_warning_or_dropped(monkeypatch, tmp_path):
+  monkeypatch.setattr(user_fit, "fit_rows", _fixed_fit)
+  records = [dict(r, time_s=1.0) for r in _single_model_records()]
+  bound = user_fit.bound_rows(_rows(records))
+  times = 1.5 * bound
+  times[3] = 0.8 * bound[3]
+  path = tmp_path / "m.csv"
+  _write_csv(path, [dict(r, time_s=f"{t:.9g}") for r, t in zip(records, times)])
+  measured = um.read_measurements(path)
+  _, kept = user_fit.calibrate(measured)
+  assert [f["line"] for f in kept["suspicious_rows"]] == [5]
+  assert not kept["suspicious_rows"][0]["dropped"] and kept["rows_used"] == len(records)
+  assert any("line 5" in w and "kept" in w for w in kept["warnings"])
+  assert 5 in [r["line"] for r in kept["heldout_rows"]]
+  prof, dropped = user_fit.calibrate(measured, drop_suspicious=True)
+  assert dropped["suspicious_rows"][0]["dropped"] and dropped["rows_used"] == len(records) - 1
+  assert 5 not in [r["line"] for r in dropped["heldout_rows"] + dropped["training_rows"]]
+  assert prof.source["rows_dropped"] == [5]
+
+
+def _fixed_fit(rows, **kw):
+  del kw
+  return user_fit.UserFit(factors=dict(SINGLE_TRUTH), free=(), fixed={}, flags=(), loss=0.0,
+                          rows=len(rows))
+
+
+def test_several_models_are_still_held_out_by_model(monkeypatch, tmp_path):
+  monkeypatch.setattr(user_fit, "fit_rows", _fixed_fit)
+  path = tmp_path / "m.csv"
+  records = _synthetic_records()
+  rows = _rows(records)
+  times = 1.5 * user_fit.bound_rows(rows)
+  _write_csv(path, [dict(r, time_s=f"{t:.9g}") for r, t in zip(records, times)])
+  prof, result = user_fit.calibrate(um.read_measurements(path))
+  assert result["heldout_by"] == "model" == prof.heldout_by
+  assert [f["heldout_model"] for f in result["folds"]] == sorted({r.model for r in rows})
+  assert not any("carry-over" in w for w in result["warnings"])
+
+
+def _hand_bound_s(batch, context):
+  """Llama-2-7B on an A100-80GB (bf16), by hand: a lower estimate of the memory time.
+
+  Weights: 32 blocks x (4 x 4096^2 attention + 3 x 4096 x 11008 MLP) = 6.48e9
+  (the embedding and output projection left out, so this is below the model's
+  bound), 2 bytes each; K/V: 2 (K and V) x 32 layers x 4096 x 2 bytes = 524,288 B
+  per token; bandwidth 2.039 TB/s (NVIDIA A100 datasheet, 80 GB SXM).
+  """
+  weights = 32 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
+  kv_per_token = 2 * 32 * 4096 * 2
+  return (weights + batch * context * kv_per_token) / 2.039e12
+
+
+@pytest.mark.slow
+def test_cli_fits_the_issue_users_five_points_and_flags_the_fast_rows(tmp_path):
+  path = DATA / "user_llama2_7b_a100_5pts.csv"
+  # Independently: lines 5 (B 64, 1024) and 6 (B 16, 2048) beat even a lower estimate of
+  # the memory time; the others do not.
+  assert 0.0225 < _hand_bound_s(64, 1024) and 0.0136 < _hand_bound_s(16, 2048)
+  assert all(t > _hand_bound_s(b, c) for b, c, t in ((1, 512, 0.0078), (8, 512, 0.0094),
+                                                      (32, 1024, 0.0149)))
+  profile, out = tmp_path / "p.json", tmp_path / "r.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate", f"--from_csv={path}",
+       f"--profile_out={profile}", f"--json_out={out}", "--fit_steps=500"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads(out.read_text())
+  assert result["heldout_by"] == "rows" and result["heldout_median_rel_error"] > 0
+  assert [f["line"] for f in result["suspicious_rows"]] == [5, 6]
+  for f in result["suspicious_rows"]:
+    assert f["ratio_to_bound"] < 1 and "faster" in f["reason"]
+  assert any("carry-over" in w for w in result["warnings"])
+  assert "line 5" in proc.stdout and "line 6" in proc.stdout
+  prof = profiles.load_profile(profile)
+  assert prof.heldout_by == "rows" and prof.heldout_median_rel_error is not None
+  assert prof.bound_heldout_median_rel_error is not None

@@ -17,8 +17,12 @@
 
 Every point is timed in rounds, each point's figure is its lower-quartile
 round, points whose fastest rounds disagree are measured again, and the load
-average is recorded with every timing. Benches live one model at a time and
-size their caches from `MAX_KV_BYTES`, so a job stays within about 2 GB.
+average is recorded with every timing. The fit models' and the held-out
+models' steps are timed in the same rounds (interleaved), so load from other
+processes hits both alike; their benches are alive together (about 1 GB of
+toy weights in all) and size their caches from `MAX_KV_BYTES`, so a job stays
+within about 2 GB. On a CPU the linear layer's fit also finds XLA's weight
+re-pack from B = 2 (`r_pack`, the profile's `regime_factors`).
 
 `validate` times the step afresh at a user's points and compares it with a
 profile's prediction; `compare_profiles` checks two calibrations agree.
@@ -45,6 +49,7 @@ from jaxroof.measure import profiles
 from jaxroof.measure import records as measure
 from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.symbolic import calibrated as calibration
+from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
 Progress = Callable[[str], None]
@@ -165,6 +170,15 @@ def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
   }
 
 
+def bound_errors(records: Sequence[measure.Measurement],
+                 inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+  """Relative error of the analytic bound (the step floor at the measured
+  ceilings) on measured steps: the yardstick a calibrated profile must beat."""
+  names = ("B", "T", "N", "q", "k", "BW", "F", "N_act")
+  bound = StepModel.bound().evaluate(**{n: np.asarray(inputs[n]) for n in names})["step_s"]
+  return fitting.relative_errors(np.asarray(bound), [r.median_s for r in records])
+
+
 def _point_row(record: measure.Measurement, predicted: float,
                subset: str) -> dict[str, Any]:
   measured = record.median_s
@@ -244,6 +258,7 @@ class CalibrationRun:
         "fit_models": model.get("fit_models", []),
         "heldout_models": model.get("heldout_models", []),
         "factors": dict(self.profile.factors),
+        "regime_factors": dict(self.profile.regime_factors),
         "factor_units": dict(calibration.FACTOR_UNITS),
         "operation_fit": fit.get("operations"),
         "expression": str(calibration.calibrated_step()),
@@ -321,6 +336,33 @@ def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
   return records
 
 
+def _sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
+                       dtype: Any, *, deadline: float, rounds: int, warmup: int,
+                       repeats: int, seed: int, say: Progress
+                       ) -> list[measure.Measurement]:
+  """Times every model's points in the same rounds (fit and held-out together).
+
+  Each round visits all points in a fresh random order, so load from other
+  processes hits the fit's steps and the held-out steps alike; the benches are
+  alive together (one weight copy each above `ROTATE_WEIGHTS_BELOW`).
+  """
+  names = [n for n in configs if any(p.model == n for p in points)]
+  benches = {}
+  for name in names:
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
+        dtype).itemsize
+    benches[name] = op_sweeps.DecodeStepBench(
+        configs[name], dtype, name=name, seed=seed,
+        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
+  always = [next(p for p in points if p.model == n) for n in names]
+  records = op_sweeps.decode_step_sweep(
+      benches, list(points), rounds=rounds, warmup=warmup, repeats=repeats,
+      deadline=deadline, seed=seed, always=always, progress=say)
+  del benches
+  measure.release_memory()
+  return records
+
+
 def _errors_by_model(rows: Sequence[Mapping[str, Any]]
                      ) -> dict[str, dict[str, Any]]:
   out = {}
@@ -382,6 +424,13 @@ def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
   return status, warnings
 
 
+def noise_floor(rows: Sequence[Mapping[str, Any]]) -> float | None:
+  """The median spread between a point's fastest rounds (`round_spread`): how
+  far the same step's timing moves on this machine, a floor for any error."""
+  spreads = [r["round_spread"] for r in rows if r.get("round_spread") is not None]
+  return float(np.median(spreads)) if spreads else None
+
+
 def _minimum_operations(linear: Sequence[op_sweeps.OpPoint],
                         attention: Sequence[op_sweeps.OpPoint]
                         ) -> list[op_sweeps.OpPoint]:
@@ -414,6 +463,8 @@ def run(
     linear_rows: Sequence[int] | None = None,
     attention_grid: Sequence[tuple[int, int]] | None = None,
     progress: Progress | None = None,
+    interleave: bool = True,
+    regime: bool | None = None,
 ) -> CalibrationRun:
   """Measures, fits, validates on unseen models, profiles: within `budget_s`.
 
@@ -443,6 +494,11 @@ def run(
     attention_grid: decode attention's (batch, context) points; None means
       `ATTENTION_GRID` (`ATTENTION_GRID_QUICK`).
     progress: called with a line per step of the job.
+    interleave: time the fit's steps and the held-out steps in the same
+      rounds (so load drift hits both alike); False times them one model
+      after another.
+    regime: fit XLA:CPU's weight re-pack from B = 2 (`calibration.repack_time`)
+      with the linear layer's factors; None means on a CPU only (`fit="ops"`).
   """
   del heldout_fraction  # The held-out set is whole models now.
   budget_s = check_budget("budget_s", budget_s)
@@ -516,23 +572,37 @@ def run(
         rounds=3, deadline=ops_deadline, seed=seed,
         always=_minimum_operations(linear_pts, attention_pts), progress=say)
     measure.release_memory()
-  say(f"fit steps: {len(points)} points of {', '.join(configs)}")
-  fit_records_ = _sweep_models(configs, points, dtype_value,
-                               deadline=fit_deadline, rounds=rounds,
-                               warmup=warmup, repeats=repeats, seed=seed,
-                               say=say)
-  say(f"held-out steps: {len(heldout)} points of "
-      f"{', '.join(heldout_models)}")
-  heldout_records = _sweep_models(heldout_models, heldout, dtype_value,
-                                  deadline=end, rounds=rounds, warmup=warmup,
-                                  repeats=repeats, seed=seed + 1, say=say)
+  if interleave:
+    say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
+        f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
+    both = _sweep_interleaved({**configs, **heldout_models}, points + heldout,
+                              dtype_value, deadline=end, rounds=rounds, warmup=warmup,
+                              repeats=repeats, seed=seed, say=say)
+    fit_records_ = [r for r in both if r.extra["model"] in configs]
+    heldout_records = [r for r in both if r.extra["model"] in heldout_models]
+  else:
+    say(f"fit steps: {len(points)} points of {', '.join(configs)}")
+    fit_records_ = _sweep_models(configs, points, dtype_value,
+                                 deadline=fit_deadline, rounds=rounds,
+                                 warmup=warmup, repeats=repeats, seed=seed,
+                                 say=say)
+    say(f"held-out steps: {len(heldout)} points of "
+        f"{', '.join(heldout_models)}")
+    heldout_records = _sweep_models(heldout_models, heldout, dtype_value,
+                                    deadline=end, rounds=rounds, warmup=warmup,
+                                    repeats=repeats, seed=seed + 1, say=say)
   fit_inputs = model_inputs(fit_records_, bandwidth, flop_rate)
   details: dict[str, Any] = {}
+  regime_factors: dict[str, float] = {}
   if fit == "ops":
+    with_regime = platform == "cpu" if regime is None else regime
     factors, details = op_fit.fit_operations(
         [r for r in operations if r.op == "linear"],
         [r for r in operations if r.op == "decode_attention"],
-        fit_records_, fit_inputs, bandwidth=bandwidth, flop_rate=flop_rate)
+        fit_records_, fit_inputs, bandwidth=bandwidth, flop_rate=flop_rate,
+        regime=with_regime)
+    regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES
+                      if n in factors}
     loss = None
   else:
     if len(fit_records_) < 8:
@@ -545,15 +615,22 @@ def run(
   if not heldout_records:
     raise errors.InputError(
         "no held-out point was measured: give a larger --budget_s.")
+  every = {**factors, **regime_factors}
   rows = [_point_row(r, float(p), "train") for r, p in zip(
-      fit_records_, fitting.predict(fit_inputs, factors))]
+      fit_records_, fitting.predict(fit_inputs, every))]
   held_inputs = model_inputs(heldout_records, bandwidth, flop_rate)
   rows += [_point_row(r, float(p), "heldout") for r, p in zip(
-      heldout_records, fitting.predict(held_inputs, factors))]
+      heldout_records, fitting.predict(held_inputs, every))]
   held_rows = [r for r in rows if r["set"] == "heldout"]
   load = _load_summary(operations + fit_records_ + heldout_records)
   status, warnings = assess(held_rows, len(heldout), load=load)
+  floor = noise_floor(held_rows)
+  if status != "ok" and floor is not None:
+    warnings.append(f"this machine's floor: the same held-out point's fastest rounds "
+                    f"differ by {floor:.1%} (median over the points), which no fit "
+                    "can go below")
   fit_info: dict[str, Any] = {
+      "noise_floor_median_round_spread": floor,
       "method": fit, "loss": loss, "statistic": op_sweeps.STATISTIC,
       "objective": "mean squared log error (Adam on log factors)",
       "status": status, "warnings": warnings,
@@ -564,6 +641,10 @@ def run(
       "fastest_fit_step_s": min(r.median_s for r in fit_records_),
       "operations": details, "load": load,
   }
+  bound_errs = fitting.error_summary(bound_errors(heldout_records, held_inputs))
+  fit_info.update(heldout_by="model",
+                  bound_heldout_median_rel_error=bound_errs["median_rel_error"],
+                  bound_heldout_max_rel_error=bound_errs["max_rel_error"])
   for subset in ("train", "heldout"):
     errs = fitting.error_summary(
         [r["rel_error"] for r in rows if r["set"] == subset])
@@ -582,6 +663,7 @@ def run(
                       for name, c in known.items()},
       "points": len(rows), "operations": len(operations),
       "rounds": rounds, "warmup": warmup, "repeats": repeats,
+      "interleaved": interleave,
   }
   timing = (fit_records_ + heldout_records)[0].method
   prof = profiles.Profile(
@@ -592,7 +674,7 @@ def run(
                 "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
                 "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
                 "flops_per_s": dict(ceilings.flops_per_s)},
-      factors=factors, fit=fit_info, model=model_info,
+      factors=factors, fit=fit_info, model=model_info, regime_factors=regime_factors,
       method=(f"{timing}; {op_sweeps.STATISTIC} of up to {rounds} rounds "
               "visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "
@@ -622,6 +704,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
       # its change matters as a share of that step, not of itself.
       scale = max(scale, fastest)
     diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
+  for n in calibration.REGIME_FACTOR_NAMES:
+    if n in previous.regime_factors and n in current.regime_factors:
+      # A re-pack near zero is compared with one weight read (its unit).
+      scale = max(previous.regime_factors[n], 1.0)
+      diffs[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
   old, new = (previous.heldout_median_rel_error,
               current.heldout_median_rel_error)
   median_points = (None if old is None or new is None
@@ -701,7 +788,7 @@ def validate(
       {model: bench}, step_points, rounds=rounds, warmup=warmup,
       repeats=repeats, seed=seed, progress=progress)
   inputs = model_inputs(records, prof.bandwidth(), prof.flop_rate())
-  predicted = fitting.predict(inputs, prof.factors)
+  predicted = fitting.predict(inputs, {**prof.factors, **prof.regime_factors})
   rows = []
   for record, pred in zip(records, predicted):
     row = _point_row(record, float(pred), "validation")

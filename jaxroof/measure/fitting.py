@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxroof.symbolic.calibrated import FACTOR_NAMES, INPUT_NAMES, calibrated_model
+from jaxroof.symbolic.calibrated import (FACTOR_NAMES, INPUT_NAMES, REGIME_FACTOR_NAMES,
+                                         calibrated_model, calibrated_model_with_regime)
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
@@ -62,9 +63,11 @@ def fit_factors(
     free: the factors to fit (None: all); the others stay at `init`. The
       operation fits use it: a linear layer's timings decide `eta_w`, `eta_f`
       and `r_ovl`, attention's `eta_kv`, the smallest steps the fixed costs.
+      With `r_pack` in `init` the model has the re-pack term
+      (`calibrated.calibrated_model_with_regime`) and `r_pack` may be free.
 
   Returns:
-    The fitted factors.
+    The fitted factors (and `r_pack` where `init` has it).
   """
 
   measured_s = np.asarray(measured_s, dtype=np.float64)
@@ -72,15 +75,17 @@ def fit_factors(
     raise ValueError("measured_s must be a non-empty vector of times > 0")
   if init is None:
     init = initial_factors(measured_s, np.asarray(inputs["L"]))
-  model = calibrated_model("jax")
+  regime = all(n in init for n in REGIME_FACTOR_NAMES)
+  model = calibrated_model_with_regime("jax") if regime else calibrated_model("jax")
+  every = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   x = {n: jnp.asarray(inputs[n], jnp.float32) for n in INPUT_NAMES}
   log_measured = jnp.log(jnp.asarray(measured_s, jnp.float32))
   names = FACTOR_NAMES if free is None else tuple(free)
-  unknown = sorted(set(names) - set(FACTOR_NAMES))
+  unknown = sorted(set(names) - set(every))
   if unknown or not names:
-    raise ValueError(f"free={free!r}: give some of {FACTOR_NAMES}")
+    raise ValueError(f"free={free!r}: give some of {every}")
   start = {n: jnp.log(jnp.float32(init[n])) for n in names}
-  fixed = {n: jnp.float32(init[n]) for n in FACTOR_NAMES if n not in names}
+  fixed = {n: jnp.float32(init[n]) for n in every if n not in names}
 
   def loss_fn(log_factors):
     factors = {**fixed, **{n: jnp.exp(v) for n, v in log_factors.items()}}
@@ -91,7 +96,7 @@ def fit_factors(
 
   params, loss = minimize(loss_fn, start, steps=steps, learning_rate=learning_rate)
   fitted = {n: float(jnp.exp(params[n])) if n in params else float(init[n])
-            for n in FACTOR_NAMES}
+            for n in every}
   return Fit(factors=fitted, loss=float(loss), steps=steps,
              learning_rate=learning_rate)
 
@@ -121,9 +126,13 @@ def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,
 
 def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]
             ) -> np.ndarray:
-  """Calibrated step time (seconds) at each point, numpy."""
-  return np.asarray(calibrated_model("numpy")(**inputs, **factors)["step_s"],
-                    dtype=np.float64)
+  """Calibrated step time (seconds) at each point, numpy; with `r_pack` among the
+  factors, the re-pack term included."""
+  if all(n in factors for n in REGIME_FACTOR_NAMES):
+    return np.asarray(calibrated_model_with_regime("numpy")(**inputs, **factors)["step_s"],
+                      dtype=np.float64)
+  return np.asarray(calibrated_model("numpy")(**inputs, **{n: factors[n] for n in FACTOR_NAMES})
+                    ["step_s"], dtype=np.float64)
 
 
 def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:

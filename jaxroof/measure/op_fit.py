@@ -17,6 +17,11 @@ operation is timed alone:
 * `t0_step`, `t0_layer`: the fit models' batch-1 decode steps at short
   contexts (two depths), the other factors held at their operation values.
 
+With `regime=True` (a CPU: XLA's GEMM re-packs the weights for two or more
+rows, about 1.5 weight reads) the model has the re-pack term
+(`calibrated.repack_time`) and `r_pack` is fitted with `eta_f` and `r_ovl`
+from M >= 2; without it `r_pack` is 0 (accelerators) and not returned.
+
 A single operation call has a fixed cost of its own (dispatch, launch) that a
 step does not pay per operation; each operation fit absorbs it in a nuisance
 `t0_step` that is not carried over. All fits go through
@@ -33,13 +38,14 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.measure import fitting
 from jaxroof.measure import records as measure
-from jaxroof.symbolic.calibrated import FACTOR_NAMES
+from jaxroof.symbolic.calibrated import FACTOR_NAMES, REGIME_FACTOR_NAMES
 
 LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
 ATTENTION_FACTORS = ("eta_kv",)
 FIXED_FACTORS = ("t0_step", "t0_layer")
 _CALL_COST = "t0_step"  # The nuisance of an operation fit (one call's cost).
 ALTERNATIONS = 3  # Rounds of (eta_w from M = 1, then eta_f and r_ovl).
+REPACK_START = 0.5  # r_pack's start (weight reads), fitted from M >= 2.
 
 
 def _column(values) -> np.ndarray:
@@ -94,21 +100,27 @@ def _start(measured: np.ndarray) -> dict[str, float]:
 
 def fit_linear(single: Sequence[measure.Measurement],
                many: Sequence[measure.Measurement], *, bandwidth: float,
-               flop_rate: float, fit_steps: int = 2000) -> dict[str, float]:
+               flop_rate: float, fit_steps: int = 2000,
+               regime: bool = False) -> dict[str, float]:
   """The linear layer's factors, in stages (module docstring).
 
   `single`: timings at M = 1; `many`: at M >= 2. Returns every factor name,
   `t0_step` being the timed call's own cost (a nuisance, fitted with `eta_w`
-  at M = 1 only, so that what M >= 2 cannot explain does not move it).
+  at M = 1 only, so that what M >= 2 cannot explain does not move it); with
+  `regime`, `r_pack` too, fitted from M >= 2 (M = 1 does not re-pack).
   """
   x1, t1 = linear_inputs(single, bandwidth, flop_rate), _medians(single)
   xm, tm = linear_inputs(many, bandwidth, flop_rate), _medians(many)
   current = {**_start(t1), "eta_f": 0.5, "r_ovl": 1.0}
+  many_free: tuple[str, ...] = ("eta_f", "r_ovl")
+  if regime:
+    current["r_pack"] = REPACK_START
+    many_free += REGIME_FACTOR_NAMES
   for _ in range(ALTERNATIONS):
     current = fitting.fit_factors(x1, t1, init=current, steps=fit_steps,
                                   free=("eta_w", _CALL_COST)).factors
     current = fitting.fit_factors(xm, tm, init=current, steps=fit_steps,
-                                  free=("eta_f", "r_ovl")).factors
+                                  free=many_free).factors
   return current
 
 
@@ -121,6 +133,7 @@ def fit_operations(
     bandwidth: float,
     flop_rate: float,
     fit_steps: int = 2000,
+    regime: bool = False,
 ) -> tuple[dict[str, float], dict[str, Any]]:
   """Fits every factor from operations, the fixed costs from small steps.
 
@@ -132,6 +145,8 @@ def fit_operations(
     step_inputs: their calibrated-model inputs (`calibration_job.model_inputs`).
     bandwidth, flop_rate: the measured ceilings the factors are fractions of.
     fit_steps: Adam steps of each fit.
+    regime: fit the re-pack term's `r_pack` too (a CPU); it is then in the
+      returned factors, which hold `FACTOR_NAMES` otherwise.
 
   Returns:
     The factors, and per stage: the points, the fit's error on them and the
@@ -152,8 +167,9 @@ def fit_operations(
         f"{len(many)} with M >= 2: the fit needs at least 1 and 2; give a "
         "larger --budget_s.")
   linear_fit = fit_linear(single, many, bandwidth=bandwidth,
-                          flop_rate=flop_rate, fit_steps=fit_steps)
-  factors = {n: linear_fit[n] for n in LINEAR_FACTORS}
+                          flop_rate=flop_rate, fit_steps=fit_steps, regime=regime)
+  factors = {n: linear_fit[n] for n in LINEAR_FACTORS
+             + (REGIME_FACTOR_NAMES if regime else ())}
   x = linear_inputs(linear, bandwidth, flop_rate)
   details["linear"] = {"points": len(linear), "points_m1": len(single),
                        "call_cost_s": linear_fit[_CALL_COST],
@@ -161,7 +177,7 @@ def fit_operations(
   x = attention_inputs(attention, bandwidth, flop_rate)
   t = _medians(attention)
   fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
-                            free=ATTENTION_FACTORS + (_CALL_COST,))
+                            free=ATTENTION_FACTORS + (_CALL_COST,))  # N = 1: no re-pack.
   factors["eta_kv"] = fit.factors["eta_kv"]
   details["attention"] = {"points": len(attention),
                           "call_cost_s": fit.factors[_CALL_COST],
@@ -176,4 +192,5 @@ def fit_operations(
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
   details["fixed"] = {"points": int(smallest.sum()),
                       **_scored(fixed_inputs, t, factors)}
-  return {n: factors[n] for n in FACTOR_NAMES}, details
+  names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
+  return {n: factors[n] for n in names}, details

@@ -26,7 +26,7 @@ from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
 KIND = "profile"
-VERSION = 2  # 2 adds accelerator, source, prefill_factors (all optional).
+VERSION = 2  # 2 adds accelerator, source, prefill_factors, regime_factors (all optional).
 REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend",
             "jax_version", "created")
 
@@ -51,6 +51,9 @@ class Profile:
       users' measurements), or None (toy profiles: see `device_kind`).
     source: where users' measurements came from: file, engine, date, rows.
     prefill_factors: factors of the calibrated prefill, where fitted.
+    regime_factors: `calibration.REGIME_FACTOR_NAMES` -> value where fitted
+      (XLA:CPU's weight re-pack from B = 2, `calibration.repack_time`); empty
+      (older profiles, accelerators): no such term.
     path: the file it was loaded from (not stored).
   """
 
@@ -68,6 +71,7 @@ class Profile:
   accelerator: str | None = None
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   prefill_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  regime_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
   path: str | None = None
 
   @property
@@ -77,6 +81,25 @@ class Profile:
   @property
   def heldout_max_rel_error(self) -> float | None:
     return self.fit.get("heldout_max_rel_error")
+
+  @property
+  def bound_heldout_median_rel_error(self) -> float | None:
+    """The analytic bound's median error on the same held-out points (None:
+    not recorded, as in profiles written before it was)."""
+    return self.fit.get("bound_heldout_median_rel_error")
+
+  @property
+  def heldout_by(self) -> str:
+    """How the held-out points were chosen: "model" (whole models the fit never
+    saw; toy profiles and users' rows of several models) or "rows" (other rows of
+    the one model measured)."""
+    return str(self.fit.get("heldout_by", "model"))
+
+  @property
+  def worse_than_bound(self) -> bool:
+    """Whether the calibrated held-out median error exceeds the bound's."""
+    cal, bound = self.heldout_median_rel_error, self.bound_heldout_median_rel_error
+    return cal is not None and bound is not None and cal > bound
 
   def bandwidth(self) -> float | None:
     """The measured sustained bandwidth, B/s (None if not measured)."""
@@ -120,10 +143,19 @@ class Profile:
           f"{', '.join(calibration.FACTOR_NAMES)}.")
     for name, value in factors.items():
       errors.require_positive(f"{where} factors.{name}", value)
+    regime = data.get("regime_factors", {})
+    if not isinstance(regime, Mapping) or not set(regime) <= set(
+        calibration.REGIME_FACTOR_NAMES):
+      raise errors.InputError(
+          f"{where} regime_factors must be an object of "
+          f"{', '.join(calibration.REGIME_FACTOR_NAMES)}.")
+    for name, value in regime.items():
+      errors.require_non_negative(f"{where} regime_factors.{name}", value)
     _check_schema(data, where)
     fields = {f.name for f in dataclasses.fields(cls)} - {"path"}
     kwargs = {name: data[name] for name in fields if name in data}
     kwargs["factors"] = {n: float(v) for n, v in factors.items()}
+    kwargs["regime_factors"] = {n: float(v) for n, v in regime.items()}
     kwargs.setdefault("platform", "")
     return cls(**kwargs, path=path)
 
@@ -221,6 +253,22 @@ def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
   return [f"what-if: factors fitted on {measured_on} applied to {slug}"]
 
 
+def accuracy_notes(profile: Profile) -> list[str]:
+  """What a reader of the profile's predictions must know about their error."""
+  notes = []
+  cal, bound = profile.heldout_median_rel_error, profile.bound_heldout_median_rel_error
+  if profile.worse_than_bound:
+    notes.append(f"this profile's held-out median error ({cal:.1%}) is larger than the "
+                 f"analytic bound's on the same data ({bound:.1%}): the bound is the "
+                 "better estimate")
+  if profile.heldout_by == "rows":
+    models = ", ".join(profile.fit.get("models") or []) or "one model"
+    notes.append(f"this profile was fitted to one model's rows ({models}): its held-out "
+                 "error is over that model's other batches and contexts; for another "
+                 "model the prediction is a carry-over whose error is not known")
+  return notes
+
+
 def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
                notes: tuple[str, ...] = ()) -> StepModel:
   """The calibrated `StepModel` of a profile, with its provenance.
@@ -230,7 +278,7 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
   profile has none for its dtype) it scales the BW and F a sweep is given,
   and says so in its notes.
   """
-  notes = list(notes) + [
+  notes = list(notes) + accuracy_notes(profile) + [
       f"{name}={value:.3g} is above 1 (more than the measured ceiling): the fit absorbed "
       "something the model does not name; treat its predictions with care"
       for name, value in profile.factors.items() if name.startswith("eta_") and value > 1]
@@ -258,10 +306,17 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
       "factors": dict(profile.factors),
       "heldout_median_rel_error": profile.heldout_median_rel_error,
       "heldout_max_rel_error": profile.heldout_max_rel_error,
+      "bound_heldout_median_rel_error": profile.bound_heldout_median_rel_error,
+      "heldout_by": profile.heldout_by,
+      "worse_than_bound": profile.worse_than_bound,
   }
+  if profile.fit.get("models"):
+    provenance["models"] = list(profile.fit["models"])
   if profile.accelerator:
     provenance["accelerator"] = profile.accelerator
   if profile.source:
     provenance["source"] = dict(profile.source)
+  if profile.regime_factors:
+    provenance["regime_factors"] = dict(profile.regime_factors)
   return StepModel.calibrated(profile.factors, ceilings=ceilings, provenance=provenance,
-                              notes=tuple(notes))
+                              notes=tuple(notes), regime=profile.regime_factors)

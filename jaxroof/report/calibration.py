@@ -17,7 +17,7 @@ from jaxroof.measure import profiles
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.symbolic import calibrated
-from jaxroof.symbolic.symbols import FACTOR_QUANTITIES
+from jaxroof.symbolic.symbols import FACTOR_QUANTITIES, REGIME_FACTOR_QUANTITIES
 
 
 def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
@@ -57,12 +57,16 @@ def title(prof: profiles.Profile) -> str:
           f"{prof.backend}, {prof.dtype}): measured vs calibrated")
 
 
-def factor_rows(factors: Mapping[str, float]) -> list[list[str]]:
-  """Display cells of fitted factors with units and meanings."""
+def factor_rows(factors: Mapping[str, float],
+                regime: Mapping[str, float] | None = None) -> list[list[str]]:
+  """Display cells of fitted factors with units and meanings (and the regime
+  factors, such as XLA:CPU's re-pack, where fitted)."""
   out = []
-  for quantity in FACTOR_QUANTITIES:
+  regime = regime or {}
+  for quantity in FACTOR_QUANTITIES + tuple(
+      q for q in REGIME_FACTOR_QUANTITIES if str(q.symbol) in regime):
     name = str(quantity.symbol)
-    value = factors[name]
+    value = factors[name] if name in factors else regime[name]
     shown = (f"{value * 1e6:,.1f} µs" if quantity.unit == "s"
              else f"{value:.3f}")
     out.append([f"`{name}`", shown, quantity.meaning])
@@ -83,6 +87,17 @@ def _model_list(models: Sequence[Mapping[str, Any]]) -> str:
   return "; ".join(
       f"`{m['name']}` (width {m['width']}, {m['num_blocks']} blocks, "
       f"{m['num_kv_heads']} K/V heads)" for m in models)
+
+
+def _bound_words(fit: Mapping[str, Any]) -> str:
+  """The analytic bound's error on the same held-out steps, where recorded."""
+  bound = fit.get("bound_heldout_median_rel_error")
+  if bound is None:
+    return ""
+  worse = fit["heldout_median_rel_error"] > bound
+  return (f"; the analytic bound's (step floor at the measured ceilings) median on the "
+          f"same steps: {bound:.1%}"
+          + (" (smaller: the bound is the better estimate here)" if worse else ""))
 
 
 def section_markdown(job: calibration_job.CalibrationRun) -> str:
@@ -131,15 +146,17 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
       table.markdown_table(("ceiling", "value"), ceiling_rows(job.ceilings)),
       "",
       "Fitted factors of the *calibrated* model "
-      f"`step = {calibrated.readable_step()}`:",
+      f"`step = {calibrated.readable_step()}`"
+      + (f" plus the re-pack from B = 2, `{calibrated.repack_time()}`"
+         if prof.regime_factors else "") + ":",
       "",
       table.markdown_table(("factor", "value", "meaning"),
-                           factor_rows(prof.factors)),
+                           factor_rows(prof.factors, prof.regime_factors)),
       "",
       f"Relative error of the calibrated prediction on "
       f"{fit['heldout_points']} decode steps of the held-out models: median "
       f"{fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} ({per_model}). {verdict} A longer "
+      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict} A longer "
       "run (`python -m experiments.calibrate --budget_s=240`) measures more "
       "points and rounds.",
       "",

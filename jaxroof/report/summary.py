@@ -11,7 +11,8 @@ step, or TTFT), and what would move it (the step's elasticities, and the same
 decision with fp8 K/V or fp8 weights). Every figure is an analytic bound from
 datasheet figures; where the repository ships a profile fitted to measured step
 times of the same accelerator (`results/profile_<slug>_trtllm_0.9.0.json`),
-the calibrated prediction of the batch, gap and rate stands beside it.
+the calibrated prediction of the batch, gap and rate stands beside it, with the
+profile's held-out error (and the bound's on the same data) next to it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.parallel.layout import Layout
+from jaxroof.report import accuracy
 from jaxroof.report import parallel as parallel_report
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import multichip
@@ -184,7 +186,8 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
   if calibrated is not None and entry["fits"] and chips == 1:
     model, source = calibrated
     cal, _ = _decide(subject, slug, model)
-    entry["calibrated"] = {**_headline(cal), "profile": source}
+    entry["calibrated"] = {**_headline(cal), "profile": source,
+                           **accuracy.fields(model.provenance)}
   return entry
 
 

@@ -49,8 +49,10 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
             f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
     if c is not None and c["batch"] is not None:
       ax.plot([c["aggregate_tokens_per_s"]], [y], "D", color="tab:orange", markersize=7,
-              label="calibrated prediction (shipped profile)")
-      ax.annotate(f"B = {c['batch']:,}", (c["aggregate_tokens_per_s"], y),
+              label="calibrated prediction (shipped profile; ± held-out median error)")
+      error = c.get("profile_heldout_median_rel_error")
+      ax.annotate(f"B = {c['batch']:,}" + ("" if error is None else f", ±{error:.0%}"),
+                  (c["aggregate_tokens_per_s"], y),
                   textcoords="offset points", xytext=(0, -13), ha="center", fontsize=7,
                   bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
   handles, labels = ax.get_legend_handles_labels()
@@ -107,8 +109,10 @@ def report_section(subject: summary_lib.Subject, out_dir: str, results_dir: str)
          if any(e["chips"] > 1 for e in summary["accelerators"]) else "")
       + " *Analytic bound* from datasheet figures; *calibrated "
       "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
-      "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements, "
-      "held-out errors in the calibration section).",
+      "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements), "
+      "with its held-out error (whole models the fit never saw) and the bound's on the "
+      "same rows beside it; where the calibrated error is the larger, the bound is the "
+      "better estimate.",
       "",
       table.markdown_table(summary_text.HEADERS, summary_text.table_rows(summary)),
       "",

@@ -70,13 +70,26 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         "-" if c is None or c["batch"] is None else
         f"B {c['batch']:,}, {_ms(c['loaded_token_gap_s'])} ms, "
         f"{_rate(c['aggregate_tokens_per_s'])} tok/s "
-        f"({BINDS.get(c['binds'], c['binds']).split(' (')[0]})"])
+        f"({BINDS.get(c['binds'], c['binds']).split(' (')[0]}); " + calibrated_error(c)])
   return rows
+
+
+def calibrated_error(c: dict[str, Any]) -> str:
+  """The held-out error beside a calibrated prediction, and the bound's on the same data."""
+  cal, top = c.get("profile_heldout_median_rel_error"), c.get("profile_heldout_max_rel_error")
+  bound = c.get("bound_heldout_median_rel_error")
+  text = ("held-out error unknown" if cal is None else
+          f"held-out error {cal:.0%} median" + ("" if top is None else f", {top:.0%} max"))
+  if bound is not None:
+    text += f"; bound's {bound:.0%}"
+  if c.get("worse_than_bound"):
+    text += " (worse than the bound: prefer it)"
+  return text
 
 
 HEADERS = ("accelerator", "serves it? (chips that hold it, batch in memory)", "batch",
            "token gap ms", "TTFT ms", "aggregate tok/s (B / step)", "binds", "step moved by",
-           "calibrated prediction")
+           "calibrated prediction (held-out error beside it)")
 
 
 def _ceiling_words(values: dict[str, float]) -> str:

@@ -32,7 +32,7 @@ import sympy as sp
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f,
-                                      eta_kv, eta_w, k, q, r_ovl, t0_layer, t0_step)
+                                      eta_kv, eta_w, k, q, r_ovl, r_pack, t0_layer, t0_step)
 
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer,
@@ -140,3 +140,43 @@ def _summary_exprs() -> tuple[sp.Expr, ...]:
 def calibrated_summary_model():
   """The solved summary as a numpy function of the inputs and factors."""
   return lambdified(dict(zip(SUMMARY_NAMES, _summary_exprs())), INPUTS + FACTORS)
+
+
+# A regime of one implementation, fitted where it shows (XLA:CPU), zero elsewhere.
+REGIME_FACTORS: tuple[sp.Symbol, ...] = (r_pack,)
+REGIME_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in REGIME_FACTORS)
+REGIME_ASSUMPTIONS: tuple[str, ...] = (
+    "a matmul of two or more rows first re-packs the weights (XLA:CPU's GEMM): "
+    "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",
+)
+
+
+def repack_time() -> sp.Expr:
+  """Re-packing the weights for a matmul of two or more rows (seconds).
+
+  r_pack * N*q / (eta_w*BW), switched on from B = 2 by min(1, max(0, B - 1))
+  (0 at B = 1, 1 at every whole B >= 2). XLA:CPU's GEMM packs the weight panel
+  before a multi-row product, about 1.5 weight reads; a device whose kernels
+  stream the weights as they are has r_pack = 0.
+  """
+  switch = sp.Min(1, sp.Max(0, B - 1))
+  return r_pack * switch * formulas.memory_time(formulas.weight_traffic(N, q), eta_w * BW)
+
+
+def _regime_terms() -> dict[str, sp.Expr]:
+  """The calibrated terms with the re-pack added to the step and the memory time."""
+  t = dict(_terms())
+  repack_s = repack_time()
+  t["repack_s"] = repack_s
+  t["memory_s"] = t["memory_s"] + repack_s
+  t["step_s"] = t["step_s"] + repack_s
+  t["aggregate_tokens_per_s"] = formulas.aggregate_rate(B, t["step_s"])
+  t["per_sequence_tokens_per_s"] = formulas.per_sequence_rate(t["step_s"])
+  return t
+
+
+@functools.cache
+def calibrated_model_with_regime(backend: Literal["numpy", "jax"] = "numpy"):
+  """`calibrated_model` with the re-pack term (`repack_time`): values also hold
+  `REGIME_FACTOR_NAMES`; r_pack = 0 gives `calibrated_model`'s outputs."""
+  return lambdified(_regime_terms(), INPUTS + FACTORS + REGIME_FACTORS, backend)

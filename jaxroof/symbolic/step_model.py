@@ -87,6 +87,8 @@ class StepModel:
       carried into the sweep's JSON as "profile".
     notes: what a reader of its results must know (e.g. datasheet ceilings
       scaled by factors fitted elsewhere).
+    regime: `calibrated.REGIME_FACTOR_NAMES` -> value where a profile fitted
+      them (XLA:CPU's weight re-pack from B = 2); empty: no such term.
   """
 
   kind: Kind = "bound"
@@ -95,6 +97,7 @@ class StepModel:
   ceilings: tuple[float, float | None] | None = None
   provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
+  regime: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def bound(cls, form: str = "per_op") -> StepModel:
@@ -106,13 +109,18 @@ class StepModel:
   def calibrated(cls, factors: Mapping[str, float], *,
                  ceilings: tuple[float, float | None] | None = None,
                  provenance: Mapping[str, Any] | None = None,
-                 notes: tuple[str, ...] = ()) -> StepModel:
+                 notes: tuple[str, ...] = (),
+                 regime: Mapping[str, float] | None = None) -> StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
       raise ValueError(f"factors lack {sorted(missing)}")
+    regime = {n: float(v) for n, v in (regime or {}).items()}
+    unknown = set(regime) - set(calibrated_lib.REGIME_FACTOR_NAMES)
+    if unknown:
+      raise ValueError(f"regime factors {sorted(unknown)} are unknown")
     return cls("calibrated", "per_op",
                {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
-               ceilings, dict(provenance or {}), tuple(notes))
+               ceilings, dict(provenance or {}), tuple(notes), regime)
 
   @property
   def units(self) -> dict[str, str]:
@@ -122,7 +130,8 @@ class StepModel:
   def assumptions(self) -> tuple[str, ...]:
     if self.kind == "bound":
       return BOUND_ASSUMPTIONS + (FORM_ASSUMPTIONS[self.form],)
-    return calibrated_lib.ASSUMPTIONS
+    return calibrated_lib.ASSUMPTIONS + (calibrated_lib.REGIME_ASSUMPTIONS if self.regime
+                                         else ())
 
   def no_compute_crossover_note(self) -> str:
     return _NO_COMPUTE_CROSSOVER[self.kind]
@@ -149,7 +158,12 @@ class StepModel:
       values = with_dense_default(
           {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
            "L": 0.0 if L is None else L})
-      out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+      if self.regime:
+        out = calibrated_lib.calibrated_model_with_regime(backend)(
+            **values, **self.factors,
+            **{n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES})
+      else:
+        out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
     if comm_s is None:
       return out
     out = dict(out)

@@ -196,6 +196,9 @@ def sweep(
   }
   if model.kind == "calibrated":
     result["profile"] = dict(model.provenance)
+    for row in rows:  # The error travels with every calibrated number.
+      row["profile_heldout_median_rel_error"] = model.provenance.get(
+          "heldout_median_rel_error")
     result["ceilings"] = {"source": "given" if model.ceilings is None else "profile",
                           "BW": bw, "F": None if math.isinf(flop_rate) else flop_rate,
                           "given_BW": BW, "given_F": F}

@@ -26,7 +26,7 @@ class Quantity:
 
 _GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
                                       "parallel": [], "iteration": [], "serving": [],
-                                      "prefill_factors": [], "cost": []}
+                                      "prefill_factors": [], "cost": [], "regime_factors": []}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -107,6 +107,11 @@ t0_step = _define("t0_step", "s", "fixed cost per decode step", _C)
 t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
 r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
                 "oo: the larger binds)", _C)
+
+# A regime of one implementation (`calibrated.calibrated_model_with_regime`): XLA:CPU's
+# GEMM re-packs the weights for a matmul of two or more rows.
+r_pack = _define("r_pack", "1", "weight re-pack of a matmul with two or more rows, in "
+                 "weight reads at eta_w*BW (0: none; XLA:CPU about 1.5)", "regime_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
@@ -227,6 +232,7 @@ ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
 FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
 PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
+REGIME_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["regime_factors"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
