@@ -22,7 +22,7 @@ from experiments import _layout_flags
 from experiments import _model_flags
 from jaxroof import files
 from jaxroof.errors import InputError
-from jaxroof.report import iteration as iteration_report
+from jaxroof.report import iteration_table
 from jaxroof.serving import replica
 from jaxroof.specs import models
 from jaxroof.symbolic.step_model import StepModel
@@ -80,12 +80,12 @@ def main(argv: list[str]) -> None:
   mix = cost.mix(decode, offsets, lengths)
   terms = {name: float(value) for name, value in cost.evaluate(
       mix, StepModel.bound(_SHARED.bound.value)).items()}
-  result = iteration_report.result(
+  result = iteration_table.result(
       model=spec.name, accelerator=device.name, layout=layout.as_dict(),
       bound=_SHARED.bound.value, mix=mix, terms=terms,
       assumptions=list(rep.description["notes"]),
       weight_dtype=rep.description["weight_dtype"], kv_dtype=_SHARED.kv_dtype.value)
-  print(iteration_report.text(result))
+  print(iteration_table.text(result))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -67,14 +67,21 @@ def test_weights_that_do_not_fit_leave_no_batch():
 
 def test_dense_crossovers_agree_with_the_closed_forms():
   model, h100 = load_model("llama-3-8b"), load_accelerator("h100-sxm")
-  cross = crossover_batches(model, h100, context=128)
+  cross = crossover_batches(model, h100, context=128, form="fused")
   n_act = parameter_counts(model).active_matmul
   values = dict(N=n_act, q=2, F=989.4e12, BW=3.35e12, T=128, k=131_072)
-  assert cross.compute_crossover_batch == pytest.approx(
-      float(solved.compute_crossover_batch(**values)), rel=2e-3)
+  # Fused, with decode attention's FLOPs (32 blocks x 4*H*d = 524,288 per retained token):
+  # (N*q + B*T*k)/BW = (2*N_act*B + B*T*A)/F solved for B by hand.
+  A = 32 * 4 * 32 * 128
+  by_hand = (n_act * 2 / 3.35e12) / ((2 * n_act + 128 * A) / 989.4e12 - 128 * 131_072 / 3.35e12)
+  assert cross.compute_crossover_batch == pytest.approx(by_hand, rel=2e-3)
+  # Per operation: the linear layers turn compute-bound at F*N*q/(2*BW*N_act) = F/BW for
+  # bf16 weights (the embedding rows read aside), whatever the K/V.
+  per_op = crossover_batches(model, h100, context=8192)
+  assert per_op.compute_crossover_batch == pytest.approx(989.4e12 / 3.35e12, rel=2e-3)
   assert cross.weight_kv_crossover_batch == pytest.approx(
       float(solved.weight_kv_crossover_batch(**values)), rel=2e-3)
-  never = crossover_batches(model, h100, context=8192)
+  never = crossover_batches(model, h100, context=8192, form="fused")
   assert never.compute_crossover_batch is None  # KV reads outgrow the FLOPs.
   assert float(solved.compute_crossover_batch(**{**values, "T": 8192})) < 0
 

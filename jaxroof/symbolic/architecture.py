@@ -25,7 +25,7 @@ from collections.abc import Callable
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.evaluate import formula_function
+from jaxroof.symbolic.lambdify import formula_function
 from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
     ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
     W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w,

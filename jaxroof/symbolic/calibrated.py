@@ -30,7 +30,7 @@ from typing import Literal
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f,
                                       eta_kv, eta_w, k, q, r_ovl, r_pack, t0_layer, t0_step)
 

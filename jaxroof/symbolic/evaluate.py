@@ -22,55 +22,12 @@ from typing import Any, Literal
 
 import sympy as sp
 
+from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import formulas
+from jaxroof.symbolic.lambdify import (  # noqa: F401  (re-exported: the public helpers)
+    Backend, Evaluator, formula_function, lambdified)
 from jaxroof.symbolic.symbols import (A_t, B, BW, F, N, N_act, T, k, q,
                                       with_dense_default)
-
-Backend = Literal["numpy", "jax"]
-Evaluator = Callable[..., dict[str, Any]]
-
-
-def lambdified(outputs: Mapping[str, sp.Expr], inputs: Sequence[sp.Symbol],
-               backend: Backend = "numpy") -> Evaluator:
-  """Named sympy expressions as one vectorised function of named inputs.
-
-  Returns `f(**values) -> {output name: value}`, values keyed by the input
-  symbols' names. The JAX form is jit-compiled and differentiable; numpy
-  evaluation never imports jax.
-  """
-  if backend not in ("numpy", "jax"):
-    raise ValueError(f"{backend=} is not allowed: use 'numpy' or 'jax'.")
-  names = tuple(outputs)
-  input_names = tuple(str(s) for s in inputs)
-  fn = sp.lambdify(tuple(inputs), tuple(outputs.values()), modules=backend, cse=True)
-  if backend == "jax":
-    import jax  # Deferred: numpy evaluation should not pay for jax start-up.
-
-    fn = jax.jit(fn)
-
-  def evaluate(**values: Any) -> dict[str, Any]:
-    missing = [n for n in input_names if n not in values]
-    if missing:
-      raise TypeError(f"missing inputs {missing}; expected {list(input_names)}")
-    return dict(zip(names, fn(*(values[n] for n in input_names))))
-
-  return evaluate
-
-
-@functools.cache
-def formula_function(formula: Callable[..., sp.Expr], backend: Backend = "numpy"
-                     ) -> Callable[..., Any]:
-  """A formula function's closed form as a numeric function of its own
-  arguments, in order (their defaults are the symbols): `lambdified` once."""
-  symbols = tuple(p.default for p in inspect.signature(formula).parameters.values())
-  fn = lambdified({"value": formula()}, symbols, backend)
-  names = tuple(str(s) for s in symbols)
-
-  def evaluate(*args: Any) -> Any:
-    return fn(**dict(zip(names, args)))["value"]
-
-  return evaluate
-
 
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, A_t)
 OUTPUT_NAMES: tuple[str, ...] = (
@@ -81,8 +38,6 @@ OUTPUT_NAMES: tuple[str, ...] = (
 def step_outputs(bound: str = "per_op") -> dict[str, sp.Expr]:
   """Named expressions of one decode step (the `Estimate` columns): the cost
   model's iteration with B decode rows at context T (`cost_model.decode_outputs`)."""
-  from jaxroof.symbolic import cost_model  # Deferred: cost_model builds on lambdified.
-
   return cost_model.decode_outputs(bound)
 
 
@@ -127,7 +82,7 @@ def summary_model(backend: Backend = "numpy", bound: str = "per_op") -> Evaluato
   per-operation bound the compute crossover is the linear layers'
   (`cost_model.decode_compute_crossover_batch`).
   """
-  from jaxroof.symbolic import cost_model, solved  # Deferred: solving costs ~0.1 s, once.
+  from jaxroof.symbolic import solved  # Deferred: solving costs ~0.1 s, once.
 
   exprs = dict(zip(SUMMARY_NAMES, (solved.weight_kv_crossover_batch(),
                                    solved.memory_limit_rate(),

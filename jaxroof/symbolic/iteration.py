@@ -26,7 +26,7 @@ import sympy as sp
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill
-from jaxroof.symbolic.evaluate import Evaluator, lambdified
+from jaxroof.symbolic.lambdify import Evaluator, lambdified
 from jaxroof.symbolic.symbols import (BW, F, H, L, N, N_act, S_dec, S_pre_att, S_pre_kv,
                                       c_chunk, d, k, n_dec, n_pre, o_chunk, q)
 from jaxroof.symbolic import symbols as S

@@ -50,6 +50,8 @@ from typing import Literal
 
 import sympy as sp
 
+from jaxroof.symbolic import cost_model
+from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.symbols import (
     A_f, A_t, B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, eta_comm,
     h_tp, k, m_mb, n_blk, n_r, o_ovl, pp, q, t_base, t_comm, t_floor, t_hand, t_hop, t_stage,
@@ -216,8 +218,9 @@ def handoffs_s(rows: sp.Expr) -> sp.Expr:
 # The step.
 def with_overlap(floor: sp.Expr = t_floor, comm: sp.Expr = t_comm,
                  overlap: sp.Expr = o_ovl) -> sp.Expr:
-  """Step time with communication: serial at overlap 0, the larger at 1."""
-  return floor + comm - overlap * sp.Min(floor, comm)
+  """Step time with communication: serial at overlap 0, the larger at 1
+  (`cost_model.with_overlap`, the one definition)."""
+  return cost_model.with_overlap(floor, comm, overlap)
 
 
 def calibrated_with_comm(floor: sp.Expr = t_floor, comm: sp.Expr = t_comm,
@@ -245,8 +248,6 @@ def bubble_fraction() -> sp.Expr:
 def _stage_terms(bound: str, rows: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr,
                  n_act: sp.Expr, k_chip: sp.Expr, a_chip: sp.Expr) -> dict[str, sp.Expr]:
   """The one cost model's decode iteration (`cost_model`) for one chip's stage."""
-  from jaxroof.symbolic import cost_model  # Deferred: cost_model builds on this module.
-
   subs = {**cost_model.decode_specialisation(rows, context, weight_bytes, n_act, k_chip,
                                              a_chip), t_comm: 0, o_ovl: 0}
   terms = cost_model.bound_terms(bound)
@@ -296,8 +297,6 @@ def prefill_outputs(algorithm: Algorithm = "best", bound: str = "per_op"
   the two rooflines summed, fused: one; the tensor all-reduces carry (P, D)
   activations.
   """
-  from jaxroof.symbolic import prefill as prefill_formulas  # Deferred, as above.
-
   weights = pp * per_chip_weights() * q / BW
   linear = 2 * P * N_act / (tp * ep * F)
   attention = prefill_formulas.attention_flops(P, 1, A_f) / (tp * ep * F)

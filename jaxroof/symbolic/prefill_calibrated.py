@@ -25,7 +25,7 @@ import sympy as sp
 
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, H, L, L_attn, N, N_act, P, d, eta_f_prefill,
                                       eta_w, q, r_ovl, t0_layer, t0_step)
 
