@@ -28,6 +28,8 @@ from typing import Any
 
 from absl import flags
 
+_FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                        "data", "vllm_cpu_detailed_fixture.json")
 # Flags to add to every case of an experiment so that a valid run stays short
 # and writes where the fuzzer looks; `{tmp}` is the case's own folder.
 BASE_ARGS: dict[str, tuple[str, ...]] = {
@@ -44,6 +46,12 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
                     "--contexts=64", "--d_in=64", "--d_out=64", "--repeats=2"),
     "gpu_bench": ("--out_dir={tmp}/gpu",),
     "serving": ("--token_gap_ms=12", "--output_tokens=16", "--batch_sizes=1,8"),
+    # Never a real engine: the engine env does not exist, so a valid case ends in
+    # its one-line error (experiments/vllm_setup.sh builds a real one).
+    "vllm_bench": ("--engine_env={tmp}/no-engine", "--out_dir={tmp}/out", "--num_prompts=2"),
+    "calibrate_engine": (f"--from_vllm={_FIXTURE}",
+                         "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
+                         "--max_simulations=10"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")
