@@ -47,8 +47,9 @@ _HELDOUT_VLLM = flags.DEFINE_list(
     "(--save-detailed), predicted with the factors fitted on --from_vllm.")
 _MODEL = flags.DEFINE_string("model", None, "Shipped model name or config.json folder the "
                              "runs served.")
-_HELDOUT_MODEL = flags.DEFINE_string("heldout_model", None, "The model (name or folder) the "
-                                     "--heldout_vllm runs served; default --model.")
+_HELDOUT_MODEL = flags.DEFINE_list("heldout_model", None, "The model (name or folder) the "
+                                   "--heldout_vllm runs served: one for all, or one per file; "
+                                   "default --model.")
 _ACCELERATOR = flags.DEFINE_string("accelerator", None, "Shipped accelerator slug.")
 _ACCELERATOR_FILE = flags.DEFINE_string(
     "accelerator_file", None, "Your own accelerator as JSON in the shipped schema (e.g. "

@@ -318,3 +318,22 @@ def test_whole_path_with_a_real_engine(tmp_path):
       capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(cal.read_text())["heldout"]
+
+
+def test_report_section_renders_committed_results_or_says_how(tmp_path):
+  from jaxroof.report import real_engine
+  empty = real_engine.report_section(str(tmp_path / "none"), str(tmp_path))
+  assert "## Checked against a real engine" in empty and "vllm_setup.sh" in empty
+  folder = tmp_path / "results" / real_engine.FOLDER
+  folder.mkdir(parents=True)
+  row = {"run": "vllm_rate4_in128_out32.json:1 (rate 4)", "metric": "ttft", "percentile": 50,
+         "measured_s": 0.020, "predicted_s": 0.022, "bound_s": 0.004, "rel_error": 0.1}
+  result = {"heldout": [row], "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.1,
+            "heldout_points": 1, "factors": {"eta_w": 0.5, "t0_request": 0.01},
+            "source": {"files": ["a/vllm_rate2_in128_out32.json"]},
+            "cdfs": [{"run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
+                      "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}}]}
+  (folder / "calibration.json").write_text(json.dumps(result))
+  text = real_engine.report_section(str(tmp_path / "results"), str(tmp_path))
+  assert "| vllm_rate4_in128_out32 | p50 TTFT | 20.00 | 22.00 | 10.0% | 4.00 |" in text
+  assert (tmp_path / "real_engine_cdfs.png").stat().st_size > 0

@@ -138,6 +138,7 @@ class BenchRun:
   server: dict[str, Any] | None = None  # The jaxroof_engine_run block's server facts.
   model: str | None = None  # Another model than the setup's (a held-out model).
   measured_throughput: float | None = None  # Requests/s (the file's request_throughput).
+  engine_run: dict[str, Any] | None = None  # The whole jaxroof_engine_run block.
 
   @property
   def label(self) -> str:
@@ -247,14 +248,15 @@ def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
     raise _bad(path, line, "output_lens", "no completed request", "give a run whose "
                "requests completed")
   starts = np.asarray([run["start_times"][i] for i in keep], float)
-  server = run.get(vllm_engine.RUN_KEY, {}).get("server") if isinstance(
-      run.get(vllm_engine.RUN_KEY), dict) else None
+  block = run.get(vllm_engine.RUN_KEY)
+  block = block if isinstance(block, dict) else None
+  server = block.get("server") if block else None
   return {"prompt_tokens": np.asarray([run["input_lens"][i] for i in keep], np.int64),
           "output_tokens": np.asarray([run["output_lens"][i] for i in keep], np.int64),
           "arrival_s": starts - starts.min(),
           "detail": {"ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot),
                      "itl_s": np.asarray(itl)},
-          "server": server}
+          "server": server if isinstance(server, dict) else None, "engine_run": block}
 
 
 def measured_percentile(run: BenchRun, metric: str, percentile: float) -> float | None:
@@ -615,12 +617,14 @@ def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
 
 
 def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
-                     heldout_paths: Sequence[str] = (), heldout_model: str | None = None,
+                     heldout_paths: Sequence[str] = (),
+                     heldout_model: str | Sequence[str] | None = None,
                      **search_kw) -> dict[str, Any]:
   """Reads result files and fits them (`fit_runs`); predicts held-out files; the JSON.
 
   Held-out files must carry per-request detail (`--save-detailed`); each is
-  replayed with its own arrivals and lengths, on `heldout_model` if given.
+  replayed with its own arrivals and lengths, on `heldout_model` if given:
+  one model for every held-out file, or one per file (in order).
 
   Raises:
     InputError: a bad file or key, an unknown model or device, a layout the
@@ -628,12 +632,20 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
   """
   models.load_model(setup.model)
   load_device(setup)
-  if heldout_model:
-    models.load_model(heldout_model)
+  per_file = [heldout_model] if isinstance(heldout_model, str) or heldout_model is None \
+      else list(heldout_model)
+  if len(per_file) == 1:
+    per_file = per_file * len(heldout_paths)
+  if heldout_paths and len(per_file) != len(heldout_paths):
+    raise errors.InputError(f"heldout_model names {len(per_file)} models for "
+                            f"{len(heldout_paths)} held-out files: give one, or one per file.")
+  for name in set(per_file) - {None, ""}:
+    models.load_model(name)
   runs = read_runs(paths)
+  held = []
   try:
-    held = [dataclasses.replace(r, model=heldout_model) for r in read_runs(heldout_paths)] \
-        if heldout_paths else []
+    for path, model in zip(heldout_paths, per_file):
+      held += [dataclasses.replace(r, model=model or None) for r in read_runs([path])]
   except errors.InputError as e:
     raise errors.InputError(str(e).replace("from_vllm=", "heldout_vllm=", 1)) from None
   for run in held:
@@ -649,6 +661,15 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
     result["heldout_method"] = (
         "held-out files: each run replayed with its own arrivals and lengths and predicted "
         "with the factors fitted on --from_vllm; rows: p50 and p90 of TTFT, TPOT, ITL")
+  blocks = [r.engine_run for r in [*runs, *held] if r.engine_run]
+  if blocks:
+    loads = [b["load"]["before"][0] for b in blocks if isinstance(b.get("load"), dict)]
+    result["engine_run"] = {
+        "vllm_version": blocks[0].get("vllm_version"), "device": blocks[0].get("device"),
+        "date": f"{min(b.get('date', '') for b in blocks)} to "
+                f"{max(b.get('date', '') for b in blocks)}",
+        "load": f"{min(loads):.2f}-{max(loads):.2f}" if loads else None,
+        "what": "measurement: vLLM bench serve on loopback (jaxroof_engine_run blocks)"}
   return {"kind": "engine_calibration",
           "what": "calibrated factors chosen so that the continuous-batching simulator "
                   "reproduces measured serving-benchmark medians (TTFT, TPOT, ITL)",
@@ -657,7 +678,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                      "bound": "analytic bound (simulator, eta = 1, no fixed costs)"},
           "source": {"files": [os.fspath(p) for p in paths],
                      "heldout_files": [os.fspath(p) for p in heldout_paths],
-                     "heldout_model": heldout_model,
+                     "heldout_models": per_file if heldout_paths else [],
                      "engines": sorted({r.engine for r in runs}),
                      "model": setup.model, "accelerator": setup.device_name,
                      "tp": setup.tp},
