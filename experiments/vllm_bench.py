@@ -66,6 +66,8 @@ _START_TIMEOUT_S = flags.DEFINE_float("start_timeout_s", 300.0, "Most seconds fo
                                       "to become healthy. In [10, 3600].", lower_bound=10.0,
                                       upper_bound=3600.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the benchmark's prompts and arrivals.")
+_CACHE_DIR = flags.DEFINE_string("cache_dir", None, "The engine's compile caches (default "
+                                 "OUT/work; a shared folder makes later starts warm).")
 
 
 def _rates() -> list[float]:
@@ -109,7 +111,7 @@ def main(argv: list[str]) -> None:
   summary = vllm_engine.run_bench(
       env_dir=_ENGINE_ENV.value, model=_MODEL.value, overrides=overrides, rates=rates,
       spec=spec, config=config, out_dir=_OUT_DIR.value, port=_PORT.value,
-      start_timeout_s=_START_TIMEOUT_S.value)
+      start_timeout_s=_START_TIMEOUT_S.value, cache_dir=_CACHE_DIR.value or None)
   print(f"measurement (vLLM {summary['engine']['vllm_version']}, {summary['device']}, bf16): "
         f"{len(summary['runs'])} runs; summary {os.path.join(_OUT_DIR.value, 'summary.json')}")
   for run in summary["runs"]:

@@ -28,6 +28,8 @@ from jaxroof.specs import what_if
 DATA = pathlib.Path(__file__).parent / "data"
 FIXTURE = DATA / "vllm_cpu_detailed_fixture.json"
 CEILINGS = {"torch": "2.13.0+cpu", "threads": 1, "cpus": [1], "isa": "AVX512", "matmul_n": 2048,
+            "bf16_matmul_s": [2 * 2048**3 / 4e11, 0.1], "fp32_matmul_s": [2 * 2048**3 / 1e11],
+            "read_s": [512 * 2**20 / 2.5e10, 1.0],
             "read_mb": 512, "bf16_flops_per_s": 4e11, "fp32_flops_per_s": 1e11,
             "read_bytes_per_s": 2.5e10}
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -189,6 +191,16 @@ def test_accelerator_file_is_in_the_shipped_schema(device_file):
   device = what_if.load_accelerator_file(device_file)
   assert device.memory_bandwidth_bytes_per_s == pytest.approx(2.5e10)
   assert device.flops_per_s["bf16"] == pytest.approx(4e11)
+
+
+def test_ceilings_are_the_fastest_repeat_over_measurements():
+  slower = {**CEILINGS, "bf16_matmul_s": [2 * 2048**3 / 2e11], "read_s": [512 * 2**20 / 3e10]}
+  best = vllm_engine.best_rates([CEILINGS, slower])
+  assert best["bf16_flops_per_s"] == pytest.approx(4e11)  # From the first.
+  assert best["read_bytes_per_s"] == pytest.approx(3e10)  # From the second.
+  entry = vllm_engine.accelerator_entry([CEILINGS, slower], vllm_engine.ServerConfig())
+  assert entry["memory_bandwidth_tb_s"] == pytest.approx(0.03)
+  assert len(entry["measured"]) == 2
 
 
 # Result validation.

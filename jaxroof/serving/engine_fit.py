@@ -70,6 +70,7 @@ BOUNDS = {"eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05),
 START = {"eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3}
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
+COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, not a step.
 FIXED = {"t0_layer": 1e-9, "r_ovl": 1.0}
 MIN_RUNS = 1
 GRID_STEP = math.log(2.0)  # The first simplex: each factor doubled in turn.
@@ -582,7 +583,7 @@ def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
   `predicted_s` (calibrated), `bound_s` (eta = 1, no fixed costs) and
   `rel_error` (|predicted - measured| / measured).
   """
-  rows, throughput, cdfs = [], [], []
+  rows, throughput, cdfs, terms = [], [], [], []
   for run in runs:
     predicted = simulate_run(run, setup, factors, detail=True)
     bound = simulate_run(run, setup, BOUND_FACTORS)
@@ -604,6 +605,13 @@ def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
                          "predicted_per_s": predicted["request_throughput_per_s"],
                          "rel_error": abs(predicted["request_throughput_per_s"] - measured_rate)
                          / measured_rate})
+    if run.detail is not None and len(run.detail["itl_s"]):
+      terms.append({"run": run.label, "term": "coalesced_itl_share",
+                    "value": float(np.mean(run.detail["itl_s"] < COALESCED_S)),
+                    "what": f"share of measured token gaps under {COALESCED_S * 1e3:g} ms: "
+                            "tokens the client received together (the client, API server "
+                            "and engine share the CPU), not engine steps; the simulator has "
+                            "no such term"})
     if run.detail is not None:
       cdfs.append({"run": run.label,
                    "measured": {m: _thin(run.detail[f"{m}_s"]) for m in ("ttft", "itl")},
@@ -611,7 +619,13 @@ def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
                                  for m in ("ttft", "itl")}})
   errors_ = [r["rel_error"] for r in rows]
   return {"heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs,
+          "heldout_terms": terms,
           "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
+          "heldout_median_rel_error_by_metric": {
+              f"p{q} {m}": float(np.median([r["rel_error"] for r in rows
+                                            if r["metric"] == m and r["percentile"] == q]))
+              for m in ("ttft", "tpot", "itl") for q in PERCENTILES
+              if any(r["metric"] == m and r["percentile"] == q for r in rows)},
           "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
           "heldout_points": len(errors_)}
 
