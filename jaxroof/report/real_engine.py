@@ -123,11 +123,13 @@ def report_section(results_dir: str, out_dir: str) -> str:
   for r in first.get("heldout_throughput", []):
     lines.append(f"- {_short(r['run'])}: throughput measured {r['measured_per_s']:.3f} req/s, "
                  f"predicted {r['predicted_per_s']:.3f} ({table.percent(r['rel_error'])}).")
-  for t in first.get("heldout_terms", []):
-    lines.append(f"- {_short(t['run'])}: {table.percent(t['value'])} of measured token gaps "
-                 "are under 0.1 ms: tokens the client received together while the client, API "
-                 "server and engine shared two cores (a term the simulator lacks; it makes "
-                 "measured ITL percentiles no engine step time).")
+  terms = first.get("heldout_terms", [])
+  if terms:
+    lines.append("- Token gaps under 0.1 ms (tokens the client received together while the "
+                 "client, API server and engine shared two cores; a term the simulator "
+                 "lacks, which makes such measured ITL percentiles no engine step time): "
+                 + ", ".join(f"{_short(t['run'])} {table.percent(t['value'])}" for t in terms)
+                 + ".")
   second = _load(os.path.join(folder, RESULTS[1]))
   if second is not None:
     lines += [""] + _spread(first, second)
