@@ -336,6 +336,7 @@ def test_report_section_renders_committed_results_or_says_how(tmp_path):
   from jaxroof.report import real_engine
   empty = real_engine.report_section(str(tmp_path / "none"), str(tmp_path))
   assert "## Checked against a real engine" in empty and "vllm_setup.sh" in empty
+  assert "/work" not in empty  # Names no path of this machine.
   folder = tmp_path / "results" / real_engine.FOLDER
   folder.mkdir(parents=True)
   row = {"run": "vllm_rate4_in128_out32.json:1 (rate 4)", "metric": "ttft", "percentile": 50,

@@ -23,8 +23,8 @@ FOLDER = "vllm_cpu"
 RESULTS = ("calibration.json", "calibration_repeat.json")  # Pass 1, pass 2 (if present).
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 COMMANDS = (
-    "bash experiments/vllm_setup.sh /work/vllm-env",
-    "python -m experiments.vllm_bench --engine_env=/work/vllm-env --model=tiny-llama "
+    "bash experiments/vllm_setup.sh ENV",
+    "python -m experiments.vllm_bench --engine_env=ENV --model=tiny-llama "
     "--rates=2,4,8 --prompt_tokens=128 --output_tokens=32 --num_prompts=60 --out_dir=OUT",
 )
 
@@ -103,7 +103,7 @@ def report_section(results_dir: str, out_dir: str) -> str:
       f"load average {meta.get('load', 'n/a')} on 2 cores shared with other jobs. "
       "Calibrated prediction: the simulator with vLLM V1's scheduler (`--scheduler=vllm`), "
       "each run replayed with its own arrivals and lengths, on ceilings measured through the "
-      "engine's torch (`accelerator.json`), factors fitted on "
+      f"engine's torch (`{paths.in_repository(folder)}/accelerator.json`), factors fitted on "
       + ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"])
       + ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
       "",
