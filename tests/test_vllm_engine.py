@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def test_preset_folder_has_config_and_exact_word_level_tokenizer(model_dir):
   assert tok["pre_tokenizer"] == {"type": "WhitespaceSplit"} and tok["decoder"] is None
   tok_config = json.loads(pathlib.Path(model_dir, "tokenizer_config.json").read_text())
   assert tok_config["eos_token"] == "w2" and config["eos_token_id"] == 2
+
+
+def test_linear_shapes_of_one_block():
+  small = vllm_model.PRESETS["small-llama"]  # 16 heads of 64, 4 K/V heads, MLP 2816.
+  assert vllm_engine.linear_shapes(small) == [(1024, (16 + 8) * 64), (1024, 1024),
+                                              (1024, 2 * 2816), (2816, 1024)]
 
 
 def test_shipped_config_scaled_down_by_flags(tmp_path):
@@ -135,8 +142,9 @@ def test_server_log_gives_kv_capacity():
 
 
 _STUBBORN = textwrap.dedent("""
-    import signal, subprocess, sys, time
+    import os, signal, subprocess, sys, time
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("TMPDIR=" + os.environ.get("TMPDIR", ""), flush=True)
     child = subprocess.Popen([sys.executable, "-c",
         "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)"])
     print("stubborn server up", flush=True)
@@ -166,6 +174,10 @@ def test_unhealthy_server_is_stopped_with_its_children_and_the_log_shown(tmp_pat
   message = str(info.value)
   assert "not healthy within 3 s" in message and "stubborn server up" in message
   assert "\n" not in message
+  # The engine's IPC sockets live in TMPDIR: short enough for a Unix socket path, and
+  # removed with the server when it is not inside the working folder.
+  tmp = re.search(r"TMPDIR=(\S+)", message).group(1)
+  assert len(tmp) <= vllm_engine.MAX_TMP_CHARS and not os.path.exists(tmp)
   leftover = subprocess.run(["pgrep", "-f", str(env)], capture_output=True, text=True)
   assert leftover.stdout.strip() == ""
 

@@ -23,9 +23,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -108,16 +110,24 @@ def engine_version(env_dir: str) -> str:
   return version
 
 
-def engine_environment(work_dir: str, config: ServerConfig,
-                       cache_dir: str | None = None) -> dict[str, str]:
-  """The engine's environment: offline, CPU, temporary files in `work_dir`, compile
-  caches in `cache_dir` (default `work_dir`; a shared one makes later starts warm)."""
+# The engine binds ZeroMQ IPC sockets (a 36-character name) in TMPDIR; a Unix socket
+# path holds at most 107 bytes, so a longer TMPDIR fails the start.
+MAX_TMP_CHARS = 60
+
+
+def engine_environment(work_dir: str, config: ServerConfig, cache_dir: str | None = None,
+                       tmp_dir: str | None = None) -> dict[str, str]:
+  """The engine's environment: offline, CPU, temporary files in `tmp_dir` (default
+  `work_dir/tmp`), compile caches in `cache_dir` (default `work_dir`; a shared one makes
+  later starts warm)."""
   cache_dir = cache_dir or work_dir
   caches = {name: os.path.join(root, sub) for name, root, sub in (
       ("VLLM_CACHE_ROOT", cache_dir, "vllm_cache"),
       ("TORCHINDUCTOR_CACHE_DIR", cache_dir, "inductor_cache"),
       ("XDG_CACHE_HOME", cache_dir, "xdg_cache"), ("HF_HOME", work_dir, "hf_home"),
       ("TMPDIR", work_dir, "tmp"))}
+  if tmp_dir:
+    caches["TMPDIR"] = tmp_dir
   for path in caches.values():
     os.makedirs(path, exist_ok=True)
   keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "USER")}
@@ -296,7 +306,11 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
             start_timeout_s: float, cache_dir: str | None = None) -> Iterator[Server]:
   """A healthy server for the `with` block; stopped on every way out."""
   log_path = os.path.join(work_dir, "server.log")
-  env = engine_environment(work_dir, config, cache_dir)
+  tmp_dir = os.path.join(work_dir, "tmp")
+  owned = len(tmp_dir) > MAX_TMP_CHARS
+  if owned:  # A short folder of our own, removed after the server stops.
+    tmp_dir = tempfile.mkdtemp(prefix="jaxroof-vllm-")
+  env = engine_environment(work_dir, config, cache_dir, tmp_dir)
   with open(log_path, "w", encoding="utf-8") as log:
     process = subprocess.Popen(server_command(env_dir, model_dir, config, port), env=env,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -307,6 +321,8 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
     yield server
   finally:
     server.stop()
+    if owned:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 CEILINGS_SCRIPT = r"""
@@ -352,6 +368,59 @@ def measure_ceilings(env_dir: str, config: ServerConfig, matmul_n: int = 2048,
     tail = " | ".join(out.stderr.strip().splitlines()[-3:])
     raise errors.InputError(f"the ceiling micro-benchmark failed in the engine's python: {tail}")
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+LINEAR_SCRIPT = r"""
+import json, os, sys, time, torch
+cpus, threads, shapes, tokens = (json.loads(a) for a in sys.argv[1:5])
+os.sched_setaffinity(0, set(cpus))
+torch.set_num_threads(threads)
+out = []
+for m in tokens:
+  xs = {k: torch.randn(m, k).to(torch.bfloat16) for k, _ in shapes}
+  ws = [torch.randn(k, n).to(torch.bfloat16) for k, n in shapes]
+  def block():
+    for (k, _), w in zip(shapes, ws):
+      torch.mm(xs[k], w)
+  block(); ts = []
+  for _ in range(7):
+    t = time.perf_counter(); block(); ts.append(time.perf_counter() - t)
+  flops = sum(2 * m * k * n for k, n in shapes)
+  out.append({"tokens": m, "flops": flops, "best_s": min(ts), "median_s": sorted(ts)[3],
+              "flops_per_s": flops / min(ts)})
+print(json.dumps(out))
+"""
+
+
+def linear_shapes(config: dict[str, Any]) -> list[tuple[int, int]]:
+  """(K, N) of one decoder block's linear layers (qkv, o, gate+up, down) of a Llama-like config."""
+  h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+  kv, hd = int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or h // heads)
+  inter = int(config["intermediate_size"])
+  return [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * inter), (inter, h)]
+
+
+def measure_linear_rates(env_dir: str, config: ServerConfig, model_config: dict[str, Any],
+                         tokens: Sequence[int] = (1, 32, 128, 256)) -> dict[str, Any]:
+  """bf16 FLOP/s of one block's linear layers at each token count (torch.mm in the engine's
+  venv, its pinned core): how far the engine's own shapes reach the 2048^3 ceiling."""
+  python = engine_python(env_dir)
+  cpus = parse_cpus(config.engine_cpus)
+  shapes = linear_shapes(model_config)
+  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+  env["OMP_NUM_THREADS"] = str(len(cpus))
+  try:
+    out = subprocess.run([python, "-c", LINEAR_SCRIPT, json.dumps(cpus), str(len(cpus)),
+                          json.dumps(shapes), json.dumps(list(tokens))], capture_output=True,
+                         text=True, timeout=300, env=env, check=False)
+  except subprocess.TimeoutExpired:
+    raise errors.InputError("the linear-layer micro-benchmark took over 300 s.") from None
+  if out.returncode:
+    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+    raise errors.InputError(f"the linear-layer micro-benchmark failed: {tail}")
+  return {"shapes_k_n": shapes, "rates": json.loads(out.stdout.strip().splitlines()[-1]),
+          "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
+                  "of 7 repeats, on the engine's pinned core"}
 
 
 def cpu_model() -> str:
@@ -475,6 +544,8 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
   log(f"model folder: {folder['model_dir']} ({folder['source']})")
   log(f"ceilings through the engine's torch on core(s) {config.engine_cpus} ...")
   ceilings = measure_ceilings(env_dir, config)
+  linear = measure_linear_rates(env_dir, config, folder["config"],
+                                tokens=sorted({1, 32, spec.prompt_tokens}))
   accelerator_path = os.path.join(out_dir, "accelerator.json")
   files.write_json(accelerator_path, {"accelerators": {
       "cpu-vllm-engine": accelerator_entry(ceilings, config)}})
@@ -534,7 +605,7 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
              "device": cpu_model(), "date": now_utc(), "server": server_block,
              "model": {"dir": folder["model_dir"], "source": folder["source"],
                        "config": folder["config"]},
-             "bench": dataclasses.asdict(spec), "runs": runs,
+             "bench": dataclasses.asdict(spec), "runs": runs, "linear_rates": linear,
              "accelerator_file": accelerator_path}
   files.write_json(os.path.join(out_dir, "summary.json"), summary)
   return summary
