@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -192,7 +193,6 @@ def test_stop_kills_what_ignores_sigint(tmp_path):
   for _ in range(100):
     if "up" in log.read_text():
       break
-    import time
     time.sleep(0.05)
   stopped = server.stop(grace_s=0.5)
   assert stopped["children"] >= 1 and stopped["left"] == []
