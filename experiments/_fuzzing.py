@@ -28,6 +28,8 @@ from typing import Any
 
 from absl import flags
 
+_FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                        "data", "vllm_cpu_detailed_fixture.json")
 # Flags to add to every case of an experiment so that a valid run stays short
 # and writes where the fuzzer looks; `{tmp}` is the case's own folder.
 BASE_ARGS: dict[str, tuple[str, ...]] = {
@@ -46,6 +48,12 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     "serving": ("--token_gap_ms=12", "--output_tokens=16", "--batch_sizes=1,8"),
     "iteration": ("--model=llama-3-8b", "--accelerator=h100-sxm", "--decode_rows=8",
                   "--decode_context=1024", "--prefill_tokens=256"),
+    # Never a real engine: the engine env does not exist, so a valid case ends in
+    # its one-line error (experiments/vllm_setup.sh builds a real one).
+    "vllm_bench": ("--engine_env={tmp}/no-engine", "--out_dir={tmp}/out", "--num_prompts=2"),
+    "calibrate_engine": (f"--from_vllm={_FIXTURE}",
+                         "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
+                         "--max_simulations=10"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")

@@ -89,7 +89,8 @@ _PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.0, "Uniform: half-width /
 _OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.")
 # The scheduling.
 _SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
-                               "static, iteration (Orca) or chunked (Sarathi).")
+                               "static, iteration (Orca), chunked (Sarathi) or vllm "
+                               "(vLLM V1's own scheduler).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of arrivals and lengths.")
 _MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "Most running sequences.", lower_bound=1)
 _TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per iteration.",

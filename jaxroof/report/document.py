@@ -25,6 +25,7 @@ from jaxroof.report import lesson
 from jaxroof.report import parallel as parallel_report
 from jaxroof.report import paths
 from jaxroof.report import plots
+from jaxroof.report import real_engine as real_engine_report
 from jaxroof.report import simulation as simulation_report
 from jaxroof.report import summary as summary_lib
 from jaxroof.report import summary_section
@@ -194,6 +195,10 @@ def _user_calibration_section(ctx: Context) -> str:
   return user_calibration_report.report_section(ctx.results_dir)
 
 
+def _real_engine_section(ctx: Context) -> str:
+  return real_engine_report.report_section(ctx.results_dir, ctx.out_dir)
+
+
 def check_heading(ctx: Context) -> str:
   """Where the checks start: the lesson and the toy, after the decision."""
   del ctx  # Unused.
@@ -218,6 +223,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     crossovers_section,
     sweep_section,
     toy_section,
+    _real_engine_section,
     _kernels_section,
 ]
 

@@ -18,6 +18,10 @@ kind), each prefill chunk's offset and length, the experts its tokens touch. Thr
     iteration it enters, alongside the running decodes.
   * "chunked" (Sarathi): as "iteration", with a token budget per iteration:
     every decode takes one token, prefill chunks fill the rest.
+  * "vllm": vLLM V1's own scheduler (`jaxroof.serving.vllm_scheduler`, point
+    by point against its source): running requests first in admission
+    order, K/V blocks allocated per scheduled chunk, preemption of the last
+    running request, no admission in a step that preempted.
 
 K/V lives in pages of `page_tokens` positions. Admission waits for pages
 for the prompt; a decode that needs a new page when none is free preempts the
@@ -42,11 +46,12 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxroof.errors import InputError, require_choice, require_positive_int
+from jaxroof.serving import vllm_scheduler
 from jaxroof.serving.arrivals import Workload
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic.step_model import StepModel
 
-SCHEDULERS: tuple[str, ...] = ("static", "iteration", "chunked")
+SCHEDULERS: tuple[str, ...] = ("static", "iteration", "chunked", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +65,7 @@ class Replica:
     page_tokens: positions per page.
     max_running: most sequences running at once.
     max_context: the model's longest sequence (prompt + output), or None.
-    token_budget: tokens per iteration for "chunked".
+    token_budget: tokens per iteration for "chunked" and "vllm".
     batch_window_s: the static scheduler's batching window.
     padded_to: for a fixed-shape server (the toy server): prompt length ->
       padded length of its prefill call. When set, the iteration is costed as
@@ -229,6 +234,8 @@ class _Sim:
   # Iteration planning.
   def _plan_continuous(self):
     """(decode index array, [(request, offset, chunk)]) for the next iteration."""
+    if self.scheduler == "vllm":
+      return vllm_scheduler.plan(self)
     dec = self._grow_decodes()
     chunked = self.scheduler == "chunked"
     budget = self.r.token_budget - len(dec) if chunked else math.inf

