@@ -234,3 +234,14 @@ def test_batched_prefill_queues_batches():
   assert queueing.capacity(0.12, 4) == pytest.approx(4 / 0.12)
   rate = queueing.max_arrival_rate(0.5, 0.12, 0.0, batch=4)
   assert queueing.ttft(rate, 0.12, 0.0, batch=4).ttft_s == pytest.approx(0.5)
+
+
+def test_batched_prefill_ttft_includes_the_time_to_gather_the_batch():
+  """8 prompts at 1 request/s: the batch takes (8 - 1)/(2 x 1) = 3.5 s to gather on average."""
+  from jaxroof.serving import queueing
+
+  alone = queueing.ttft(1.0, 0.05, 0.0, 1)
+  batched = queueing.ttft(1.0, 0.05, 0.0, 8)
+  assert batched.gather_s == pytest.approx(3.5)
+  assert batched.ttft_s == pytest.approx(3.5 + batched.wait_s + 0.05)
+  assert alone.gather_s == 0.0 and alone.ttft_s < 0.06

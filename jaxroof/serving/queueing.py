@@ -25,7 +25,7 @@ import math
 
 from jaxroof import errors
 from jaxroof.symbolic import serving as serving_formulas
-from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.evaluate import formula_function, lambdified
 from jaxroof.symbolic.symbols import D_pf, lam, t_ttft, t_window
 
 MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, one "
@@ -59,6 +59,7 @@ class QueueResult:
   stable: bool
   wait_s: float | None  # None when unstable.
   ttft_s: float | None  # None when unstable.
+  gather_s: float = 0.0  # Mean wait for a prefill batch of several prompts to gather.
 
   @property
   def status(self) -> str:
@@ -78,8 +79,12 @@ def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0, batch: in
   if rho >= 1:  # Checked first: the wait's formula divides by 1 - rho.
     return QueueResult(arrival_rate * batch, service_s, window_s, rho, False, None, None)
   out = _evaluators()(lam=arrival_rate, D_pf=service_s, t_window=window_s, t_ttft=1.0)
+  gather = 0.0
+  if batch > 1:  # Prompts wait for the batch to gather (serving.gathering_time).
+    gather = (math.inf if arrival_rate == 0 else
+              float(formula_function(serving_formulas.gathering_time)(batch, arrival_rate * batch)))
   return QueueResult(arrival_rate * batch, service_s, window_s, rho, True,
-                     float(out["wait_s"]), float(out["ttft_s"]))
+                     float(out["wait_s"]), float(out["ttft_s"]) + gather, gather)
 
 
 def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0.0,

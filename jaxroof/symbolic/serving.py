@@ -92,6 +92,16 @@ def ttft(lam: Expr = lam, D: Expr = D_pf, t_window: Expr = t_window) -> Expr:
   return formulas.time_to_first_token(D, t_window, md1_wait(lam, D))
 
 
+def gathering_time(B: Expr = B, lam: Expr = lam) -> Expr:
+  """Mean wait for a batch of B prompts to gather at rate lam: `(B - 1)/(2*lam)`.
+
+  The first arrival waits for the other B - 1 (`(B - 1)/lam`), the last for
+  none; on average half of that. 3.5 s for B = 8 at 1 request/s.
+  """
+  B, lam = _s(B, lam)
+  return (B - 1) / (2 * lam)
+
+
 def utilisation(lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """Fraction of time the prefill server is busy, `lam*D`; >= 1 is unstable."""
   lam, D = _s(lam, D)
