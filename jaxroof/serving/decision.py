@@ -215,16 +215,22 @@ def loaded_gap(model: StepModel, inputs: requests.ServingInputs, *, running: flo
   gap = step
   for _ in range(200):
     mean = arrival_rate * gap
-    k = np.arange(0.0, math.ceil(mean + 12.0 * math.sqrt(mean) + 12.0))
-    weights = np.exp(k * math.log(max(mean, 1e-300)) - mean - _log_factorial(k))
-    new = float(np.dot(weights, np.asarray(with_prompts(k), dtype=float)) + base)
-    if new > 1e6 * step:
+    if mean > _POISSON_LIMIT:  # Many prompts per iteration: their count barely varies.
+      new = float(with_prompts(mean)) + base
+    else:
+      k = np.arange(0.0, math.ceil(mean + 12.0 * math.sqrt(mean) + 12.0))
+      weights = np.exp(k * math.log(max(mean, 1e-300)) - mean - _log_factorial(k))
+      new = float(np.dot(weights, np.asarray(with_prompts(k), dtype=float)) + base)
+    if new > _UNSTABLE * step:  # The prompts outrun the replica: no fixed point.
       return step, math.inf, mixed
-    if abs(new - gap) <= 1e-12 * new:
-      gap = new
-      break
+    if abs(new - gap) <= 1e-9 * new:
+      return step, new, mixed
     gap = new
   return step, gap, mixed
+
+
+_POISSON_LIMIT = 200.0  # Mean prompts per iteration above which k is taken as its mean.
+_UNSTABLE = 1e4  # A gap this many steps long means the prompts outrun the replica.
 
 
 def capacity_rate(model: StepModel, inputs: requests.ServingInputs, *, max_batch: int,
@@ -244,7 +250,7 @@ def capacity_rate(model: StepModel, inputs: requests.ServingInputs, *, max_batch
   step = loaded_gap(model, inputs, running=float(max_batch), arrival_rate=0.0,
                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)[0]
   lo, hi = 0.0, max_batch / ((G - 1) * step)
-  for _ in range(60):
+  for _ in range(40):  # To 1e-12 of the upper bound.
     mid = 0.5 * (lo + hi)
     lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
   return lo
