@@ -23,6 +23,8 @@ import dataclasses
 import functools
 import math
 
+import numpy as np
+
 from jaxroof import errors
 from jaxroof.symbolic import serving as serving_formulas
 from jaxroof.symbolic.evaluate import formula_function, lambdified
@@ -101,7 +103,23 @@ def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0
     return 0.0
   out = _evaluators()(lam=0.0, D_pf=service_s, t_window=window_s, t_ttft=ttft_target_s)
   rate = batch * float(out["max_rate"])
-  return rate if math.isfinite(rate) and rate > 0 else 0.0
+  rate = rate if math.isfinite(rate) and rate > 0 else 0.0
+  if batch == 1 or rate == 0.0:
+    return rate
+  # Batches gather faster at higher rates but queue longer: the largest rate meeting
+  # the target, searched below the rate that meets it without gathering.
+  meets = lambda r: ttft(r, service_s, window_s, batch).ttft_s <= ttft_target_s  # noqa: E731
+  grid = rate * np.geomspace(1e-6, 1.0, 241)[::-1]
+  ok = next((i for i, r in enumerate(grid) if meets(r)), None)
+  if ok is None:
+    return 0.0
+  if ok == 0:
+    return rate
+  lo, hi = grid[ok], grid[ok - 1]
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+  return float(lo)
 
 
 def capacity(service_s: float, batch: int = 1) -> float:
