@@ -218,18 +218,21 @@ class _Sim:
         self.pages[crossing] += 1
         self.free -= len(crossing)
         return dec
-      victim = self.running.pop()
-      self._release(victim)
-      self.kv[victim] = 0
-      self.done_pre[victim] = 0
-      self.target[victim] = self.prompt_l[victim] + int(self.emitted[victim])
-      if victim in self.prefilling:
-        self.prefilling.remove(victim)
-      else:
-        self.decoding.remove(victim)
-        self.dirty = True
-      self.waiting.appendleft(victim)
-      self.preemptions += 1
+      self.preempt(self.running.pop())
+
+  def preempt(self, victim: int) -> None:
+    """Recompute preemption: free its pages, reset it, back to the front of the queue."""
+    self._release(victim)
+    self.kv[victim] = 0
+    self.done_pre[victim] = 0
+    self.target[victim] = self.prompt_l[victim] + int(self.emitted[victim])
+    if victim in self.prefilling:
+      self.prefilling.remove(victim)
+    else:
+      self.decoding.remove(victim)
+      self.dirty = True
+    self.waiting.appendleft(victim)
+    self.preemptions += 1
 
   # Iteration planning.
   def _plan_continuous(self):

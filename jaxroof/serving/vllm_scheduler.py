@@ -46,18 +46,8 @@ CHUNKED_PREFILL = True  # Default; `Replica.description["chunked_prefill"]` may 
 
 
 def _preempt(sim, victim: int) -> None:
-  """Recompute preemption (point 4): free, reset, to the front of the queue."""
-  sim._release(victim)
-  sim.kv[victim] = 0
-  sim.done_pre[victim] = 0
-  sim.target[victim] = sim.prompt_l[victim] + int(sim.emitted[victim])
-  if victim in sim.prefilling:
-    sim.prefilling.remove(victim)
-  else:
-    sim.decoding.remove(victim)
-    sim.dirty = True
-  sim.waiting.appendleft(victim)
-  sim.preemptions += 1
+  """Recompute preemption (point 4): the simulator's own (free, reset, to the front)."""
+  sim.preempt(victim)
 
 
 def plan(sim) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
