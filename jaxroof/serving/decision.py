@@ -150,13 +150,16 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
     binds = "communication"
   elif binds == "token_gap" and compute_bound:
     binds = "compute"
-  capacity = shared_capacity(step, single / prefill_batch, batch, output_tokens)
+  shared = shared_capacity(step, single / prefill_batch, batch, output_tokens)
+  # The load limit: prompts joining the running iterations at this batch (`capacity_rate`).
+  capacity = capacity_rate(model, inputs, max_batch=batch, prompt_tokens=prompt_tokens,
+                           output_tokens=output_tokens)
   out.update(
       batch=int(batch), binds=binds, step_s=step,
       aggregate_tokens_per_s=batch / step, per_sequence_tokens_per_s=1 / step,
       loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
       max_arrival_rate_per_s=min(ttft_rate, capacity),
-      shared_capacity_per_s=capacity, compute_bound=compute_bound)
+      shared_capacity_per_s=shared, capacity_per_s=capacity, compute_bound=compute_bound)
   if inputs.comm is not None or inputs.replicas > 1:
     out.update(comm_s=comm, chips=inputs.chips_per_replica * inputs.replicas,
                replicas=inputs.replicas,
@@ -166,8 +169,6 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
     out["elasticities"] = elasticity.row_elasticities(
         model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,
         N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)[0]
-  out["capacity_per_s"] = capacity_rate(model, inputs, max_batch=batch,
-                                        prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   out["operating_point"] = operating_point(
       model, inputs, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
       arrival_rate=arrival_rate, max_batch=batch)
