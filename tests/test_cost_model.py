@@ -52,9 +52,16 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   ours = cost_model.calibrated_terms()["step_s"].subs(subs)
   values = {S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9,
             S.L: 30, S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4,
-            S.t0_layer: 1e-6, S.r_ovl: 1.3}
+            S.t0_layer: 1e-6, S.r_ovl: 1.3, S.r_pack: 0}
   assert float(ours.subs(values)) == pytest.approx(
       float(calibrated.calibrated_step().subs(values)), rel=1e-12)
+
+
+def test_calibrated_re_pack_is_the_calibrated_steps():
+  subs = {**cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0),
+          S.t_comm: 0, S.o_ovl: 0}
+  ours = cost_model.calibrated_terms()["repack_s"].subs(subs)
+  assert sp.simplify(ours - calibrated.repack_time()) == 0
 
 
 def test_layout_decode_at_one_chip_is_the_decode_step():

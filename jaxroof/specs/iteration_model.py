@@ -231,8 +231,9 @@ class IterationModel:
     values["o_ovl"] = self.comm_overlap
     if model.kind == "bound":
       return cost_model.evaluator("bound", model.form, "numpy", step_only)(**values)
+    regime = {"r_pack": 0.0, **(getattr(model, "regime", None) or {})}
     return cost_model.evaluator("calibrated", "per_op", "numpy", step_only)(
-        **values, **model.factors)
+        **values, **model.factors, **regime)
 
   def step_function(self, model: StepModel | None = None) -> Callable[..., float]:
     """`f(decode_context, chunk_offset, chunk_tokens) -> seconds`, for the simulator."""

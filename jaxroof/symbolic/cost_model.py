@@ -45,7 +45,8 @@ Calibrated: the calibrated step's form (`calibrated`), per-operation
 efficiencies: weights (linear and head) at eta_w*BW, attention bytes at
 eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
 p-norm, attention bytes on top, plus the fixed costs per iteration and per
-layer.
+layer, and a CPU's re-pack of the linear weights from two rows (r_pack, 0
+unless a profile fitted it).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from jaxroof.symbolic.symbols import (
     BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T, V_full, V_mla, V_win, W, W_b,
     W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv,
     eta_w, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk, o_ovl, r_e, s_st,
-    t0_layer, t0_step, t_comm, u_mla)
+    r_pack, t0_layer, t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -153,9 +154,12 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   compute_s = sum(f for _, f in ops.values()) / (eta_f * F)
   fixed_s = t0_step + L * t0_layer
   linear_s = calibrated.overlap(weight_s, compute_s)
-  floor_s = fixed_s + linear_s + kv_s
+  # XLA:CPU's re-pack of the linear layers' weights for two or more rows
+  # (`calibrated.repack_time`; r_pack = 0 on devices whose kernels stream them as stored).
+  repack_s = r_pack * sp.Min(1, sp.Max(0, tokens() - 1)) * ops["linear"][0] / (eta_w * BW)
+  floor_s = fixed_s + linear_s + kv_s + repack_s
   return {"weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s, "fixed_s": fixed_s,
-          "linear_s": linear_s, "floor_s": floor_s, "comm_s": t_comm,
+          "linear_s": linear_s, "repack_s": repack_s, "floor_s": floor_s, "comm_s": t_comm,
           "step_s": with_overlap(floor_s, t_comm, o_ovl)}
 
 
@@ -171,7 +175,8 @@ def evaluator(kind: str, bound: Bound = "per_op", backend: Backend = "numpy",
   exprs = terms(kind, bound)
   if step_only:
     exprs = {"step_s": exprs["step_s"]}
-  inputs = INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS
+  inputs = (INPUTS if kind == "bound"
+            else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS)
   return lambdified(exprs, inputs, backend)
 
 
