@@ -157,6 +157,9 @@ def _replica(**kw) -> replica.Replica:
 
 
 def _workload(rate: float, n: int) -> arrivals.Workload:
+  if _TRACE.value is not None and _ARRIVAL.value != "trace":
+    raise InputError(f"--trace applies only with --arrival=trace (given --arrival="
+                     f"{_ARRIVAL.value}): add --arrival=trace, or leave --trace out.")
   if _ARRIVAL.value == "trace":
     if not _TRACE.value:
       raise InputError("arrival='trace' needs --trace=PATH (a JSONL or CSV file).")

@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import json
 import os
 import pathlib
 import time
@@ -43,7 +42,7 @@ import tqdm
 from absl import logging
 
 from jaxroof.errors import InputError, require_choice
-from jaxroof.files import write_json
+from jaxroof.files import read_json, write_json
 from jaxroof.timing import Timing
 from kernels import _backend
 from kernels import base
@@ -193,8 +192,7 @@ def cache_path(
 @functools.lru_cache(maxsize=64)
 def _read_cached(path: str, mtime_ns: int) -> dict[str, Any]:
   del mtime_ns  # Part of the lru key: a rewritten file is read again.
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return read_json("cache", path, max_bytes=16 * 2**20)
 
 
 def load_cache(path: pathlib.Path) -> dict[str, Any]:

@@ -168,18 +168,19 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
   files.write_json(path, profile.to_json())
 
 
+MAX_PROFILE_BYTES = 64 * 2**20  # Profiles are kB; ones from users' rows a few MB.
+
+
 def load_profile(path: str | os.PathLike[str]) -> Profile:
   """Reads a profile; a missing or malformed file is a one-line InputError."""
   path = os.fspath(path)
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except FileNotFoundError:
+  if not os.path.lexists(path):
     raise errors.InputError(
         f"profile={path!r} does not exist: write one with "
-        "`python -m experiments.calibrate --profile_out=PATH`.") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise errors.InputError(f"profile={path!r} cannot be read: {e}.") from None
+        "`python -m experiments.calibrate`.")
+  text = files.read_text("profile", path, max_bytes=MAX_PROFILE_BYTES)
+  try:
+    data = json.loads(text)
   except RecursionError:
     raise errors.InputError(f"profile={path!r} is nested too deeply.") from None
   except json.JSONDecodeError as e:
