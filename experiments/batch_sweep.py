@@ -136,7 +136,8 @@ _WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS)  # With --model: replace the datashe
     (_MODEL.name, _ACCELERATOR.name, _SHARED.accelerator_file.name, _CONTEXT.name,
      _WEIGHT_DTYPE.name, _KV_DTYPE.name) + tuple(h.name for h in _RAW_FLAGS),
     message="--model needs --accelerator (or --accelerator_file) and --context, and "
-    "replaces --weights_gb, --bytes_per_weight and --kv_* (--bandwidth_tbps, --tflops and "
+    "replaces --weights_gb, --bytes_per_weight, --kv_* and --layers (the model knows its "
+    "own blocks) (--bandwidth_tbps, --tflops and "
     "--memory_gb become what-ifs); --weight_dtype, --kv_dtype, --block_size, "
     "--workspace_fraction, --max_new_tokens, --group_size, --memory_gb, --accelerator_file "
     "and --price_per_hour apply only with --model",
@@ -146,7 +147,7 @@ def _model_flags_consistent(values: dict) -> bool:
   if values[_MODEL.name] is None and not device:
     return not any(flags.FLAGS[h.name].present
                    for h in (_WEIGHT_DTYPE, _KV_DTYPE, _PRICE_PER_HOUR) + _MODEL_ONLY)
-  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS
+  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS + (_LAYERS,)
                   if h.name not in {w.name for w in _WHAT_IF_FLAGS})
   return (values[_MODEL.name] is not None and bool(device)
           and values[_CONTEXT.name] is not None and not raw_given)

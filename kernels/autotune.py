@@ -41,7 +41,7 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from jaxroof.errors import InputError, require_choice
+from jaxroof.errors import InputError, require_choice, require_positive
 from jaxroof.files import read_json, write_json
 from jaxroof.timing import Timing
 from kernels import _backend
@@ -505,6 +505,8 @@ def tune(
     That outcome is cached too: `choose_config` then gives the heuristic
     without tuning again.
   """
+  if time_budget_s is not None:
+    require_positive("time_budget_s", time_budget_s)
   heuristic = op.heuristic(problem, target.rules)
   if target.interpret:
     logging.warning("%s: %s", op.name, NOT_TUNED_ON_INTERPRET)

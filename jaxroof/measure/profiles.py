@@ -21,7 +21,9 @@ from typing import Any
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
+from jaxroof.measure import records as measure
 from jaxroof.specs import accelerators
+from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
@@ -132,6 +134,23 @@ _TEXT_FIELDS = ("device_kind", "platform", "backend", "dtype", "jax_version", "c
 _OBJECT_FIELDS = ("ceilings", "fit", "model")
 
 
+def _check_dtype(data: Mapping[str, Any], where: str) -> None:
+  """A toy profile's dtype is one jaxroof measures in; one fitted to users'
+  measurements (it names an accelerator) lists weight dtypes, comma-separated.
+  An unknown one would find no measured ceiling and silently fall back."""
+  dtype = data["dtype"]
+  users = bool(data.get("accelerator"))
+  allowed = tuple(parameters.WEIGHT_DTYPES) if users else tuple(measure.DTYPES)
+  parts = [p.strip() for p in dtype.split(",")] if users else [dtype]
+  for part in parts:
+    if part not in allowed:
+      kind = ("a profile fitted to measurements on an accelerator takes weight dtypes"
+              if users else "a profile measured by jaxroof takes")
+      raise errors.InputError(
+          f"{where} dtype={dtype[:40]!r} is not a known dtype: {kind} "
+          f"{', '.join(allowed)}.")
+
+
 def _check_schema(data: Mapping[str, Any], where: str) -> None:
   """Types and ranges of every field a profile's reader uses, before any use."""
   for name in _TEXT_FIELDS:
@@ -140,6 +159,7 @@ def _check_schema(data: Mapping[str, Any], where: str) -> None:
   for name in _OBJECT_FIELDS:
     if name in data and not isinstance(data[name], Mapping):
       raise errors.InputError(f"{where} {name} is not a JSON object.")
+  _check_dtype(data, where)
   ceilings = data["ceilings"]
   for name in ("bandwidth_Bps", "copy_bandwidth_Bps", "read_bandwidth_Bps"):
     if ceilings.get(name) is not None:
