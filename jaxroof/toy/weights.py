@@ -131,19 +131,27 @@ MEMORY_LIMIT_BYTES = 4e9  # The toy runs on a 2 GB-budget machine; leave room to
 
 
 def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int,
+                 attention_positions: int = 0,
                  limit_bytes: float = MEMORY_LIMIT_BYTES) -> float:
   """Estimates the toy's memory (weights, K/V cache, logits) without allocating
-  it, and refuses a configuration over `limit_bytes`, naming the estimate."""
+  it, and refuses a configuration over `limit_bytes`, naming the estimate.
+
+  `attention_positions`: the length of a full forward pass run too (its
+  attention scores and softmax weights, batch x heads x length^2 each).
+  """
   shapes = jax.eval_shape(lambda key: init_params(config, key, jnp.float32),
                           jax.random.key(0))
   weights = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
   cache = 2 * config.num_blocks * batch * positions * config.num_kv_heads * config.head_dim
   logits = batch * positions * config.vocab_size
-  total = float((weights + cache + logits) * itemsize)
+  scores = 2 * batch * config.num_heads * attention_positions**2
+  total = float((weights + cache + logits + scores) * itemsize)
   if total > limit_bytes:
+    scored = (f", {batch} x {config.num_heads} heads x {attention_positions:,}^2 attention "
+              "scores" if scores else "")
     raise errors.InputError(
         f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch} x "
-        f"{positions} positions of K/V and logits at {itemsize} B) over the "
+        f"{positions:,} positions of K/V and logits{scored} at {itemsize} B) over the "
         f"{limit_bytes / 1e9:g} GB limit: use smaller sizes.")
   return total
 
