@@ -35,6 +35,7 @@ from absl import logging
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
@@ -302,6 +303,10 @@ def main(argv: list[str]) -> None:
     print(f"{title} (analytic bound; GB = 1e9 B)")
   for line in what_ifs:
     print(line)
+  if _MODEL.value:
+    spec = models.load_model(_MODEL.value)
+    contexts = [int(c) + _SHARED.max_new_tokens.value for c in _CONTEXT.value]
+    _model_notes.say(spec, contexts)
   rows = [row for each in sweeps or [sweep] for row in each["rows"]]
   headers, cells = table.SWEEP_HEADERS, table.sweep_rows(rows)
   if any(row.get("comm_s") for row in rows):
@@ -324,6 +329,8 @@ def main(argv: list[str]) -> None:
             f"context {each['inputs']['context']:,}:")
     print("\n".join(summary_lines(each["summary"])))
   document = variants.combined(sweeps) if len(sweeps) > 1 else sweep
+  if _MODEL.value:
+    document.update(_model_notes.json_fields(spec, contexts))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, document)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -23,6 +23,7 @@ from absl import logging
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _model_notes
 from experiments import _layout_flags
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout as layout_lib
@@ -113,7 +114,8 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
         f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
         f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
   for note in sizing.notes + spec.notes:
-    print(f"note: {note}")
+    print(note if note.startswith("WARNING") else f"note: {note}")
+  _model_notes.say(spec)
 
 
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
@@ -182,6 +184,7 @@ def main(argv: list[str]) -> None:
       "model": {"name": spec.name, "model_type": spec.model_type, "source": spec.source,
                 "blocks": spec.num_layers, "defaults_used": list(spec.defaults_used),
                 "notes": list(spec.notes)},
+      **_model_notes.json_fields(spec, [sizing.context + sizing.max_new_tokens]),
       "params_total": counts.total,
       "params_active": counts.active,
       "params_active_matmul": counts.active_matmul,

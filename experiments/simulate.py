@@ -33,6 +33,7 @@ from absl import flags
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import files
 from jaxroof import progress
 from jaxroof.errors import InputError
@@ -221,6 +222,10 @@ def main(argv: list[str]) -> None:
   result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
             "workload": w.description, "metrics": m,
             "simulation": metrics.simulation_block(run, r.total_pages)}
+  if _MODEL.value is not None:
+    spec = load_model(_MODEL.value)
+    _model_notes.say(spec, [_CONTEXT.value])
+    result.update(_model_notes.json_fields(spec, [_CONTEXT.value]))
   if replicas > 1:
     result["fleet"] = {
         "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "

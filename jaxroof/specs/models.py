@@ -6,6 +6,7 @@ under the `_jaxroof_source` key; `jaxroof.specs.hf_config` reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -84,8 +85,9 @@ def _load(name_or_path: str, assume_llama_like: bool) -> ModelSpec:
   if shipped:
     url = config.get(SOURCE_KEY, {}).get("config_url")
     source = url or f"jaxroof/specs/data/models/{path.name}"
-  return hf_config.spec_from_config(config, name=name, source=source,
+  spec = hf_config.spec_from_config(config, name=name, source=source,
                                     assume_llama_like=assume_llama_like)
+  return dataclasses.replace(spec, shipped=True) if shipped else spec
 
 
 def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSpec:
