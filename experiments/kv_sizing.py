@@ -113,9 +113,11 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
   print(f"batch of {sizing.batch}: payload {_gb(sizing.payload_bytes)} GB, allocated "
         f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
         f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
+  retained = sizing.context + sizing.max_new_tokens
+  warned = _model_notes.say(spec, [retained])  # Defaults, and WARNING past the limit.
   for note in sizing.notes + spec.notes:
-    print(note if note.startswith("WARNING") else f"note: {note}")
-  _model_notes.say(spec)
+    if not (warned and "max_position_embeddings" in note):  # Said as the WARNING.
+      print(f"note: {note}")
 
 
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:

@@ -326,10 +326,10 @@ def size_kv(spec: ModelSpec, *, context: int, batch: int = 1,
         state_dtype=(state_dtype_of(spec, e.kind, kv_dtype, state_dtype)
                      if e.kind in STATE_KINDS else None)))
   notes = []
-  warning = spec.context_warning(context + max_new_tokens)
-  if warning:
-    notes.append(warning + (f" (context {context:,} + max_new_tokens {max_new_tokens:,})"
-                            if max_new_tokens else ""))
+  limit = spec.max_position_embeddings
+  if isinstance(limit, int) and context + max_new_tokens > limit:
+    notes.append(f"context + max_new_tokens = {context + max_new_tokens} exceeds the "
+                 f"model's max_position_embeddings {limit}")
   total = sp.Add(*(e.payload for e in kind_expressions(spec, kv_dtype, state_dtype)))
   return KVSizing(
       model=spec.name, context=context, batch=batch, kv_dtype=kv_dtype,
