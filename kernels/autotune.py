@@ -41,7 +41,7 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from jaxroof.errors import InputError, require_choice, require_positive
+from jaxroof.errors import InputError, require_choice, require_non_negative
 from jaxroof.files import read_json, write_json
 from jaxroof.timing import Timing
 from kernels import _backend
@@ -506,7 +506,7 @@ def tune(
     without tuning again.
   """
   if time_budget_s is not None:
-    require_positive("time_budget_s", time_budget_s)
+    require_non_negative("time_budget_s", time_budget_s)  # 0: no time to tune.
   heuristic = op.heuristic(problem, target.rules)
   if target.interpret:
     logging.warning("%s: %s", op.name, NOT_TUNED_ON_INTERPRET)
