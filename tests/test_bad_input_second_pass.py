@@ -183,3 +183,11 @@ def test_fuzz_cases_cover_shared_flags_and_empty_strings():
   for flag in ("--model", "--accelerator", "--accelerator_file", "--tp", "--layers"):
     assert f"'{flag}'" in names
   assert "False" not in refuse and "True" in refuse
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (("--slots=100000",), "GB"),  # Was killed by the kernel at ~22 GB.
+    (("--prompt_tokens=10000000",), "prompt lengths"),  # Was a JAX out-of-memory traceback.
+])
+def test_serve_toy_refuses_loads_beyond_the_machine_before_allocating(flags, needle):
+  one_error_line(run("serve_toy", "--num_requests=4", *flags, timeout=60), needle)

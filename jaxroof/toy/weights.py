@@ -150,7 +150,7 @@ def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int
     scored = (f", {batch} x {config.num_heads} heads x {attention_positions:,}^2 attention "
               "scores" if scores else "")
     raise errors.InputError(
-        f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch} x "
+        f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch:,} x "
         f"{positions:,} positions of K/V and logits{scored} at {itemsize} B) over the "
         f"{limit_bytes / 1e9:g} GB limit: use smaller sizes.")
   return total
