@@ -191,3 +191,8 @@ def test_fuzz_cases_cover_shared_flags_and_empty_strings():
 ])
 def test_serve_toy_refuses_loads_beyond_the_machine_before_allocating(flags, needle):
   one_error_line(run("serve_toy", "--num_requests=4", *flags, timeout=60), needle)
+
+
+def test_bench_simulate_caps_requests_like_simulate():
+  one_error_line(run("bench_simulate", "--num_requests=2000000000", timeout=60),
+                 "--num_requests")  # Was killed by the kernel at ~22 GB.
