@@ -85,8 +85,9 @@ def main(argv: list[str]) -> int:
         f"prompt_len + new_tokens = {prompt_len + steps} is not allowed: the"
         f" preset's learned table has max_positions={config.max_positions}.")
 
+  weights.require_compilable(config, 2, what="cached and recomputing generation")
   weights.require_fits(config, jnp.dtype(dtype).itemsize, batch=batch,
-                       positions=prompt_len + steps)
+                       positions=prompt_len + steps, attention_positions=prompt_len + steps)
   params_key, ids_key = jax.random.split(jax.random.key(_SEED.value))
   params = init_params(config, params_key, dtype)
   ids = jax.random.randint(ids_key, (batch, prompt_len), 0,

@@ -196,3 +196,9 @@ def test_serve_toy_refuses_loads_beyond_the_machine_before_allocating(flags, nee
 def test_bench_simulate_caps_requests_like_simulate():
   one_error_line(run("bench_simulate", "--num_requests=2000000000", timeout=60),
                  "--num_requests")  # Was killed by the kernel at ~22 GB.
+
+
+def test_bench_decode_refuses_a_billion_blocks_at_once():
+  # Was silent past the timeout: the memory estimate traced every block.
+  one_error_line(run("bench_decode", "--preset=lesson", "--blocks=1000000000",
+                     "--new_tokens=2", "--prompt_len=8", timeout=60), "block passes")

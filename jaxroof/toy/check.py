@@ -159,27 +159,17 @@ def check_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
   return [int(x) for x in prompt]
 
 
-# Block passes a check may trace and compile (blocks x programs): each decode
-# step's fresh forward pass has a new length, so a new program of every block.
-# 2,000 is minutes of compilation on a 2-core CPU; the lesson's check is 14.
-MAX_BLOCK_PASSES = 2_000
-
-
 def require_feasible(config: ToyConfig, prompt_len: int, steps: int, *,
                      layout: str = "fixed",
-                     max_block_passes: int = MAX_BLOCK_PASSES) -> None:
+                     max_block_passes: int = weights.MAX_BLOCK_PASSES) -> None:
   """Refuses a check beyond this machine before anything is allocated: its
   memory (`weights.require_fits`, the fresh forward pass's attention scores
   included) and its work (blocks x compiled programs), naming the estimate."""
+  # Each decode step's fresh forward pass has a new length: a new program.
   programs = (3 if layout == "growing" else 2) * (steps + 1) + 1
-  passes = config.num_blocks * programs
-  if passes > max_block_passes:
-    raise errors.InputError(
-        f"num_blocks={config.num_blocks:,} with steps={steps:,} needs about {passes:,} "
-        f"block passes to compile ({config.num_blocks:,} blocks x {programs:,} programs: "
-        f"prefill, one fresh forward pass per length, decode) over the limit of "
-        f"{max_block_passes:,} (minutes of compilation on a CPU): use fewer blocks or "
-        "steps.")
+  weights.require_compilable(
+      config, programs, what=f"prefill, a fresh forward pass at each of {steps + 1:,} "
+      "lengths, decode", fewer="blocks or steps", limit=max_block_passes)
   positions = prompt_len + steps + 1  # After the work: the estimate traces every block.
   weights.require_fits(config, 8, batch=1, positions=positions,
                        attention_positions=positions)
