@@ -58,8 +58,8 @@ _NEW_TOKENS = flags.DEFINE_integer(
 
 # Timing.
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 5, "Timed runs of each path after one warm-up (>= 1).",
-    lower_bound=1)
+    "repeats", 5, "Timed runs of each path after one warm-up. In [1, 10,000].",
+    lower_bound=1, upper_bound=10_000)
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt. In [0, 2**32).",
                              lower_bound=0, upper_bound=2**32 - 1)
 _JSON_OUT = flags.DEFINE_string(

@@ -31,7 +31,9 @@ from jaxroof.toy.weights import init_params
 _PRESET = flags.DEFINE_enum("preset", "cpu_bench", list(toy_config.PRESETS), "Toy config.")
 _SLOTS = flags.DEFINE_integer("slots", 8, "Rows of the server's cache (max running).",
                               lower_bound=1)
-_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 150, "Requests per load.", lower_bound=4)
+_NUM_REQUESTS = flags.DEFINE_integer(
+    "num_requests", 150, "Requests per load, served for real on this CPU. In [4, 100,000].",
+    lower_bound=4, upper_bound=100_000)
 _PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 48, "Mean prompt length.", lower_bound=1)
 _PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.3, "Uniform half-width / mean.",
                                     lower_bound=0.0, upper_bound=1.0)
