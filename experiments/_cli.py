@@ -36,10 +36,26 @@ def _suggestion(message: str) -> str:
   return f" Did you mean {close[0]!r}?" if close else ""
 
 
+def empty_flag_error() -> str | None:
+  """The error for a text flag given an empty value (`--model=`, often an unset
+  shell variable), or None. Empty is never read as "absent"."""
+  for name in flags.FLAGS:
+    flag = flags.FLAGS[name]
+    if (flag.present and type(flag.parser) is flags.ArgumentParser
+        and isinstance(flag.value, str) and not flag.value.strip()):
+      return (f"--{flag.name}={flag.value!r} is empty: give a value, or omit "
+              f"--{flag.name} {_HINT}")
+  return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
+    empty = empty_flag_error()  # Before a validator's reading of '' as given.
+    if empty:
+      print(f"error: {empty}", file=sys.stderr)
+      sys.exit(2)
     message = str(e).strip().splitlines()[0]  # absl may report several: the first.
     # A multi-flag validator's message starts by echoing every flag it read
     # ("flags a=1, b=2, ...: "); its own words name the flags that matter.
@@ -49,6 +65,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
       message = f"{message[:150]} ... {message[-120:]}"
     print(f"error: {message}{suggestion} {_HINT}", file=sys.stderr)
     sys.exit(2)
+  empty = empty_flag_error()
+  if empty:
+    print(f"error: {empty}", file=sys.stderr)
+    sys.exit(2)
+  return rest
 
 
 # Output flags every experiment may define, and the kind of file each takes.

@@ -90,12 +90,24 @@ class Outcome:
             "seconds": round(self.seconds, 3), "detail": self.detail[:300]}
 
 
+def _shared(module_key: str) -> bool:
+  """A shared flag module (`experiments._model_flags`, `_layout_flags`, ...)."""
+  name = module_key.replace(os.sep, ".").removesuffix(".py")
+  return ".experiments._" in f".{name}"
+
+
 def experiment_flags(module_name: str) -> list[flags.Flag]:
-  """The flags an imported experiment module defines itself."""
+  """The flags an imported experiment defines: its own, and the shared ones it
+  asked for (`_model_flags.define`, `_layout_flags`), which absl files under
+  the shared module. One experiment is imported per process, so every shared
+  flag defined here is one of its own."""
   module = sys.modules[module_name]
   by_module = flags.FLAGS.flags_by_module_dict()
-  found = by_module.get(module.__file__, []) or by_module.get(module_name, [])
-  return sorted(found, key=lambda f: f.name)
+  found = list(by_module.get(module.__file__, []) or by_module.get(module_name, []))
+  for key, defined in by_module.items():
+    if _shared(key):
+      found += defined
+  return sorted({f.name: f for f in found}.values(), key=lambda f: f.name)
 
 
 def _bad_values(flag: flags.Flag, rng: random.Random) -> Iterator[tuple[str, str, bool]]:
@@ -140,7 +152,7 @@ def _bad_values(flag: flags.Flag, rng: random.Random) -> Iterator[tuple[str, str
     yield "1e308", "float:huge", False
     yield "abc", "float:word", True
     return
-  yield "", "string:empty", False
+  yield "", "string:empty", True  # Never "absent": often an unset shell variable.
   yield "\x7f\x01garbage", "string:garbage", False
   yield "/nonexistent/x.json", "string:missing_path", False
   yield "../" * 20, "string:up_path", False

@@ -68,8 +68,8 @@ _REPEATS = flags.DEFINE_integer(
     "repeats", 10, "Timed chains per config (median taken).", lower_bound=1
 )
 _TIME_BUDGET_S = flags.DEFINE_float(
-    "time_budget_s", None, "Seconds after which remaining configs are skipped."
-)
+    "time_budget_s", None, "Seconds after which remaining configs are skipped. In "
+    "[0.001, 1e6] (omit for no limit).", lower_bound=1e-3, upper_bound=1e6)
 _CACHE_DIR = flags.DEFINE_string(
     "cache_dir", None, f"Cache root (default: ${autotune.CACHE_ENV}, else "
     "kernels/autotune_cache if writable, else ~/.cache/jaxroof/autotune)."

@@ -35,6 +35,7 @@ from absl import logging
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
@@ -138,7 +139,8 @@ _WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS)  # With --model: replace the datashe
     (_MODEL.name, _ACCELERATOR.name, _SHARED.accelerator_file.name, _CONTEXT.name,
      _WEIGHT_DTYPE.name, _KV_DTYPE.name) + tuple(h.name for h in _RAW_FLAGS),
     message="--model needs --accelerator (or --accelerator_file) and --context, and "
-    "replaces --weights_gb, --bytes_per_weight and --kv_* (--bandwidth_tbps, --tflops and "
+    "replaces --weights_gb, --bytes_per_weight, --kv_* and --layers (the model knows its "
+    "own blocks) (--bandwidth_tbps, --tflops and "
     "--memory_gb become what-ifs); --weight_dtype, --kv_dtype, --block_size, "
     "--workspace_fraction, --max_new_tokens, --group_size, --memory_gb, --accelerator_file "
     "and --price_per_hour apply only with --model",
@@ -148,7 +150,7 @@ def _model_flags_consistent(values: dict) -> bool:
   if values[_MODEL.name] is None and not device:
     return not any(flags.FLAGS[h.name].present
                    for h in (_WEIGHT_DTYPE, _KV_DTYPE, _PRICE_PER_HOUR) + _MODEL_ONLY)
-  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS
+  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS + (_LAYERS,)
                   if h.name not in {w.name for w in _WHAT_IF_FLAGS})
   return (values[_MODEL.name] is not None and bool(device)
           and values[_CONTEXT.name] is not None and not raw_given)
@@ -346,11 +348,17 @@ def main(argv: list[str]) -> None:
     print(f"{title} (analytic bound; GB = 1e9 B)")
   for line in what_ifs:
     print(line)
+  if _MODEL.value:
+    spec = models.load_model(_MODEL.value)
+    contexts = [int(c) + _SHARED.max_new_tokens.value for c in _CONTEXT.value]
+    _model_notes.say(spec, contexts)
   _print_table(sweeps, sweep)
   if sweep["kind"] == "calibrated":
     for line in accuracy.footnote_lines(sweep["profile"]):
       print(line)
   document = variants.combined(sweeps) if len(sweeps) > 1 else sweep
+  if _MODEL.value:
+    document.update(_model_notes.json_fields(spec, contexts))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, document)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -58,8 +58,8 @@ _NEW_TOKENS = flags.DEFINE_integer(
 
 # Timing.
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 5, "Timed runs of each path after one warm-up (>= 1).",
-    lower_bound=1)
+    "repeats", 5, "Timed runs of each path after one warm-up. In [1, 10,000].",
+    lower_bound=1, upper_bound=10_000)
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the prompt. In [0, 2**32).",
                              lower_bound=0, upper_bound=2**32 - 1)
 _JSON_OUT = flags.DEFINE_string(
@@ -85,8 +85,9 @@ def main(argv: list[str]) -> int:
         f"prompt_len + new_tokens = {prompt_len + steps} is not allowed: the"
         f" preset's learned table has max_positions={config.max_positions}.")
 
+  weights.require_compilable(config, 2, what="cached and recomputing generation")
   weights.require_fits(config, jnp.dtype(dtype).itemsize, batch=batch,
-                       positions=prompt_len + steps)
+                       positions=prompt_len + steps, attention_positions=prompt_len + steps)
   params_key, ids_key = jax.random.split(jax.random.key(_SEED.value))
   params = init_params(config, params_key, dtype)
   ids = jax.random.randint(ids_key, (batch, prompt_len), 0,

@@ -51,9 +51,10 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights an
 _BATCHES = flags.DEFINE_list("batches", "1,8,16", "Batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,1024,2048,4096",
                               "Contexts (filled positions), >= 1; at least two.")
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid (>= 1).", lower_bound=1)
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per point and round (>= 1).",
-                                lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid. In [1, 1,000].",
+                               lower_bound=1, upper_bound=1_000)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per point and round. In [1, 10,000].",
+                                lower_bound=1, upper_bound=10_000)
 _BANDWIDTH_MB = flags.DEFINE_integer(
     "bandwidth_mb", 128,
     "Array size of the bandwidth measurement, MiB (>= 1; 128 MiB is 4x the development "

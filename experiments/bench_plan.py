@@ -25,7 +25,8 @@ from jaxroof.timing import time_call
 
 _MODEL = flags.DEFINE_string("model", "llama-3.1-70b", "Model to plan for.")
 _CONTEXT = flags.DEFINE_integer("context", 8192, "Context, tokens. >= 1.", lower_bound=1)
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats. >= 1.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats. In [1, 10,000].", lower_bound=1,
+                                upper_bound=10_000)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the timings as JSON here.")
 
 _TARGETS = planner.Targets(token_gap_s=0.05, ttft_s=2.0, aggregate_tokens_per_s=10000.0)

@@ -26,9 +26,12 @@ from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
 
 _PROGRESS = _cli.define_progress()
-_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 10_000, "Requests per run.", lower_bound=1)
+_NUM_REQUESTS = flags.DEFINE_integer(
+    "num_requests", 10_000, "Requests per run. In [1, 1,000,000] (as simulate: more would "
+    "not fit in memory).", lower_bound=1, upper_bound=1_000_000)
 _ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 20.0, "Poisson arrivals per second.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per scheduler.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per scheduler. In [1, 1,000].",
+                                lower_bound=1, upper_bound=1_000)
 _SCHEDULERS = flags.DEFINE_list("schedulers", list(simulator.SCHEDULERS), "Schedulers to time.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the timings as JSON here.")
 _cli.require_positive(_ARRIVAL_RATE, "requests/s")

@@ -25,7 +25,8 @@ from jaxroof.timing import time_call
 
 _BATCHES = flags.DEFINE_integer("batches", 4096, "Batch sizes 1..this in the grid. >= 1.", lower_bound=1)
 _CONTEXTS = flags.DEFINE_integer("contexts", 2500, "Context lengths in the grid. >= 1.", lower_bound=1)
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed repeats per backend. >= 1.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed repeats per backend. In [1, 10,000].",
+                                lower_bound=1, upper_bound=10_000)
 _LOOP_POINTS = flags.DEFINE_integer(
     "loop_points", 20000, "Points for the per-point Python loop baseline. >= 1.", lower_bound=1)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the timings as JSON here.")

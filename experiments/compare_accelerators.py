@@ -19,6 +19,7 @@ import functools
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _model_notes
 from experiments import _layout_flags
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout_sweep as parallel_sweep
@@ -152,6 +153,8 @@ def main(argv: list[str]) -> None:
       print(f"communication on {entry['name']}: {comm}")
   for line in refused:
     print(f"left out: {line}")
+  result.update(_model_notes.json_fields(
+      model, [_CONTEXT.value + _SHARED.max_new_tokens.value]))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

@@ -17,10 +17,13 @@ t_window=0 (no batching window), g=0 (no output yet).
 
 from __future__ import annotations
 
+import math
+
 from absl import flags
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.specs import models
@@ -75,8 +78,17 @@ def _values() -> tuple[dict[str, float], list[str], dict]:
   overridden = sorted(set(given) & set(from_model))
   if overridden:
     notes.append(f"given in --values, replacing the model's: {', '.join(overridden)}")
+  notes += _model_notes.lines(spec, [_CONTEXT.value])
   return merged, notes, {"model": spec.name, "accelerator": device.name,
-                         "context": _CONTEXT.value, "from_model": from_model}
+                         "context": _CONTEXT.value, "from_model": from_model,
+                         **_model_notes.json_fields(spec, [_CONTEXT.value])}
+
+
+def _overflow_note(item: dict, values: dict) -> str:
+  """Why a quantity has no finite value: floating point overflowed at its inputs."""
+  inputs = ", ".join(f"{name}={values[name]:g}" for name in item["symbols"] if name in values)
+  return (f"overflow: beyond floating point (over 1.8e308) at {inputs}; give inputs of a "
+          "physical size")
 
 
 def main(argv: list[str]) -> None:
@@ -84,13 +96,17 @@ def main(argv: list[str]) -> None:
   only = catalogue.require_names(_ONLY.value) if _ONLY.value is not None else None
   values, notes, model_inputs = _values()
   for note in notes:
-    print(f"note: {note}")
+    print(note if note.startswith(("assumes:", "WARNING")) else f"note: {note}")
   items = catalogue.evaluate(values, only=only)
   for item in items:
     print(f"{item['name']} [{item['unit']}] ({item['derived_by']}): {item['meaning']}")
     print("  " + item["pretty"].replace("\n", "\n  "))
     print(f"  LaTeX: {item['latex']}")
-    if item["value"] is not None:
+    if item["value"] is not None and not math.isfinite(item["value"]):
+      item["note"] = _overflow_note(item, values)
+      item["value"] = None
+      print(f"  = {item['note']}")
+    elif item["value"] is not None:
       print(f"  = {item['value']:,.6g} {item['unit']}")
     elif item["note"]:
       print(f"  no value: {item['note']}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
-from jaxroof.toy import weights
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.toy import breakers, check
@@ -124,7 +123,7 @@ def main(argv: list[str]) -> int:
   layout = errors.require_choice("layout", _LAYOUT.value, check.LAYOUTS)
   config = _config()
   prompt = check.check_prompt(_prompt(), config.vocab_size)
-  weights.require_fits(config, 8, batch=1, positions=len(prompt) + _STEPS.value + 1)
+  check.require_feasible(config, len(prompt), _STEPS.value, layout=layout)
   result = check.lesson_check(
       config, prompt, _STEPS.value, break_name=break_name, layout=layout,
       seed=_SEED.value, tolerance=_TOLERANCE.value)

@@ -23,6 +23,7 @@ from absl import logging
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _model_notes
 from experiments import _layout_flags
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout as layout_lib
@@ -112,8 +113,11 @@ def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
   print(f"batch of {sizing.batch}: payload {_gb(sizing.payload_bytes)} GB, allocated "
         f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
         f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
+  retained = sizing.context + sizing.max_new_tokens
+  warned = _model_notes.say(spec, [retained])  # Defaults, and WARNING past the limit.
   for note in sizing.notes + spec.notes:
-    print(f"note: {note}")
+    if not (warned and "max_position_embeddings" in note):  # Said as the WARNING.
+      print(f"note: {note}")
 
 
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
@@ -182,6 +186,7 @@ def main(argv: list[str]) -> None:
       "model": {"name": spec.name, "model_type": spec.model_type, "source": spec.source,
                 "blocks": spec.num_layers, "defaults_used": list(spec.defaults_used),
                 "notes": list(spec.notes)},
+      **_model_notes.json_fields(spec, [sizing.context + sizing.max_new_tokens]),
       "params_total": counts.total,
       "params_active": counts.active,
       "params_active_matmul": counts.active_matmul,

@@ -24,6 +24,7 @@ from absl import logging
 from experiments import _cli
 from jaxroof.measure import cost_analysis
 from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.measure import records as measure
 from jaxroof.measure import op_sweeps
 from jaxroof.report import table
@@ -99,14 +100,20 @@ def main(argv: list[str]) -> None:
   heads = dict(heads=_HEADS.value, kv_heads=_KV_HEADS.value,
                head_dim=_HEAD_DIM.value)
   dims = dict(d_in=_D_IN.value, d_out=_D_OUT.value)
+  points = op_sweeps.decode_grid(_cli.int_list(_BATCH_SIZES),
+                                 _cli.int_list(_CONTEXTS), _MAX_TOKENS.value)
+  if not points:  # Checked before any timing.
+    smallest = min(_cli.int_list(_BATCH_SIZES)) * min(_cli.int_list(_CONTEXTS))
+    raise InputError(
+        f"--max_tokens={_MAX_TOKENS.value:,} leaves no attention point: the smallest "
+        f"--batch_sizes x --contexts is {smallest:,} tokens; raise --max_tokens to at "
+        "least that, or give smaller sizes.")
   records = op_sweeps.linear_sweep(
       _cli.int_list(_DECODE_ROWS), **dims, dtype=dtype, backend=backend,
       phase="decode", repeats=_REPEATS.value, progress=say)
   records += op_sweeps.linear_sweep(
       _cli.int_list(_PREFILL_ROWS), **dims, dtype=dtype, backend=backend,
       phase="prefill", repeats=_REPEATS.value, progress=say)
-  points = op_sweeps.decode_grid(_cli.int_list(_BATCH_SIZES),
-                                 _cli.int_list(_CONTEXTS), _MAX_TOKENS.value)
   records += op_sweeps.attention_sweep(
       points, **heads, dtype=dtype, backend=backend, repeats=_REPEATS.value,
       progress=say)

@@ -17,6 +17,7 @@ from absl import logging
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import files
 from jaxroof.parallel import planner
 from jaxroof.report import table
@@ -48,8 +49,9 @@ HEADERS = ("rank", "accelerator", "chips", "tp", "pp", "ep", "dp", "mb", "batch"
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS, _AGGREGATE)
+  spec = load_model(_MODEL.value)
   result = planner.plan(
-      load_model(_MODEL.value), load_accelerators(_ACCELERATORS.value),
+      spec, load_accelerators(_ACCELERATORS.value),
       context=_CONTEXT.value, top=_TOP.value,
       targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3,
                               ttft_s=_TTFT_MS.value / 1e3,
@@ -70,6 +72,8 @@ def main(argv: list[str]) -> None:
     print("no configuration meets the targets: relax the token gap, TTFT or rate.")
   for line in result["assumptions"]:
     print(f"assumes: {line}")
+  _model_notes.say(spec, [_CONTEXT.value])
+  result.update(_model_notes.json_fields(spec, [_CONTEXT.value]))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

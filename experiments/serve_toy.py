@@ -24,12 +24,16 @@ from jaxroof.report import simulation as sim_report
 from jaxroof.report import table
 from jaxroof.serving import compare
 from jaxroof.toy import config as toy_config
+from jaxroof.errors import InputError
+from jaxroof.toy import weights
 from jaxroof.toy.weights import init_params
 
 _PRESET = flags.DEFINE_enum("preset", "cpu_bench", list(toy_config.PRESETS), "Toy config.")
 _SLOTS = flags.DEFINE_integer("slots", 8, "Rows of the server's cache (max running).",
                               lower_bound=1)
-_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 150, "Requests per load.", lower_bound=4)
+_NUM_REQUESTS = flags.DEFINE_integer(
+    "num_requests", 150, "Requests per load, served for real on this CPU. In [4, 100,000].",
+    lower_bound=4, upper_bound=100_000)
 _PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 48, "Mean prompt length.", lower_bound=1)
 _PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.3, "Uniform half-width / mean.",
                                     lower_bound=0.0, upper_bound=1.0)
@@ -41,10 +45,34 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the comparison JSON her
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the CDF PNG here.")
 
 
+# Prompt lengths the server compiles a prefill for (one program each); the
+# default load has 29. More is minutes of compilation before the first request.
+MAX_PROMPT_LENGTHS = 1_000
+
+
+def _require_feasible(config: toy_config.ToyConfig) -> None:
+  """Refuses a load beyond this machine before anything is allocated: the
+  prefill programs to compile, and the memory of the server's rows and of one
+  prefill's attention (`weights.require_fits`), as `compare.compare_toy` sizes them."""
+  top = lambda mean, spread: int(round(mean * (1 + spread)))  # noqa: E731 (uniform's top)
+  longest = top(_PROMPT_TOKENS.value, _PROMPT_SPREAD.value)
+  lengths = longest - max(1, round(_PROMPT_TOKENS.value * (1 - _PROMPT_SPREAD.value))) + 1
+  if lengths > MAX_PROMPT_LENGTHS:
+    raise InputError(
+        f"--prompt_tokens={_PROMPT_TOKENS.value:,} with --prompt_spread="
+        f"{_PROMPT_SPREAD.value:g} gives {lengths:,} prompt lengths, each compiled as its "
+        f"own prefill: over {MAX_PROMPT_LENGTHS:,} (minutes of compilation); use shorter "
+        "prompts or a smaller spread.")
+  max_len = longest + top(_OUTPUT_TOKENS.value, _OUTPUT_SPREAD.value)
+  weights.require_fits(config, 4, batch=_SLOTS.value, positions=max_len)
+  weights.require_fits(config, 4, batch=1, positions=longest, attention_positions=longest)
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  params = init_params(toy_config.preset(_PRESET.value), jax.random.key(_SEED.value),
-                       jnp.float32)
+  config = toy_config.preset(_PRESET.value)
+  _require_feasible(config)
+  params = init_params(config, jax.random.key(_SEED.value), jnp.float32)
   result = compare.compare_toy(
       params, slots=_SLOTS.value, num_requests=_NUM_REQUESTS.value,
       prompt_tokens=_PROMPT_TOKENS.value, prompt_spread=_PROMPT_SPREAD.value,

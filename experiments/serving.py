@@ -48,6 +48,7 @@ from absl import logging
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
@@ -393,6 +394,10 @@ def main(argv: list[str]) -> None:
   if "peer" in result:
     print(table.format_table(serving_report.PEER_HEADERS,
                              serving_report.peer_cells(result["peer"]["rows"])))
+  if _MODEL.value is not None:
+    spec = models.load_model(_MODEL.value)
+    _model_notes.say(spec)  # A context beyond the model's is refused above.
+    result.update(_model_notes.json_fields(spec))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

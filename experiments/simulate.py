@@ -33,6 +33,7 @@ from absl import flags
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
+from experiments import _model_notes
 from jaxroof import files
 from jaxroof import progress
 from jaxroof.errors import InputError
@@ -162,6 +163,9 @@ def _replica(bound: bool = False, **kw) -> replica.Replica:
 
 
 def _workload(rate: float, n: int) -> arrivals.Workload:
+  if _TRACE.value is not None and _ARRIVAL.value != "trace":
+    raise InputError(f"--trace applies only with --arrival=trace (given --arrival="
+                     f"{_ARRIVAL.value}): add --arrival=trace, or leave --trace out.")
   if _ARRIVAL.value == "trace":
     if not _TRACE.value:
       raise InputError("arrival='trace' needs --trace=PATH (a JSONL or CSV file).")
@@ -251,6 +255,10 @@ def main(argv: list[str]) -> None:
     result["metrics"] = {**m, accuracy.ROW_FIELD: model.provenance.get("heldout_median_rel_error")}
   if bound_metrics is not None:
     result["bound_metrics"] = bound_metrics
+  if _MODEL.value is not None:
+    spec = load_model(_MODEL.value)
+    _model_notes.say(spec, [_CONTEXT.value])
+    result.update(_model_notes.json_fields(spec, [_CONTEXT.value]))
   if replicas > 1:
     result["fleet"] = {
         "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "

@@ -1,4 +1,9 @@
-"""Atomic output: a reader never sees a half-written JSON file or plot."""
+"""Safe input and atomic output.
+
+Every input file is read through `read_input`/`read_text` (a FIFO, socket or
+device is refused before it is opened, and a read is bounded); every output is
+written atomically, so a reader never sees a half-written JSON file or plot.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -42,10 +48,115 @@ def check_output_path(name: str, path: str | os.PathLike[str], kind: str) -> str
     raise InputError(f"{where} has an unknown extension: use {' or '.join(allowed)}.")
   parent = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(parent):
+    above = _file_above(parent)
+    if above is not None:
+      raise InputError(f"{where}: {above!r} is a file, not a folder: give a path in a "
+                       "folder.")
     raise InputError(f"{where}: the folder {parent!r} does not exist.")
   if not os.access(parent, os.W_OK):
     raise InputError(f"{where}: the folder {parent!r} is not writable.")
   return path
+
+
+def _file_above(folder: str) -> str | None:
+  """The nearest existing path at or above `folder`, if it is not a folder."""
+  while folder and not os.path.lexists(folder):
+    up = os.path.dirname(folder)
+    if up == folder:
+      return None
+    folder = up
+  return folder if folder and os.path.lexists(folder) and not os.path.isdir(folder) else None
+
+
+# Bound on an input file read whole (configs, profiles, CSV/JSONL measurements,
+# traces, benchmark results): far above any real one, so a wrong file is refused
+# instead of filling memory.
+MAX_INPUT_BYTES = 256 * 2**20
+
+
+def read_input(name: str, path: str | os.PathLike[str], *,
+               max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+  """The bytes of a user's input file, read without blocking and with a bound.
+
+  The file's kind is checked before it is opened: a folder, a FIFO, a socket
+  or a device is refused (a FIFO nobody writes would block the read forever).
+  It is opened non-blocking and checked again (the path may have changed), and
+  at most `max_bytes` are read. Every failure is an `InputError` naming
+  `name` and the path.
+  """
+  path = os.fspath(path)
+  where = f"{name}={path!r}"
+  if not path.strip():
+    raise InputError(f"{name} is empty: give a path to a file.")
+  try:
+    info = os.stat(path)
+  except (FileNotFoundError, NotADirectoryError):
+    above = _file_above(os.path.dirname(os.path.abspath(path)))
+    if above is not None:
+      raise InputError(f"{where} does not exist: {above!r} is a file, not a folder.") from None
+    raise InputError(f"{where} does not exist.") from None
+  except OSError as e:
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
+  _require_regular(where, info.st_mode)
+  if info.st_size > max_bytes:
+    raise InputError(f"{where} is {info.st_size:,} bytes, over the {max_bytes:,}-byte "
+                     "limit for this input: give the right file.")
+  flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+  try:
+    fd = os.open(path, flags)
+  except OSError as e:
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
+  try:
+    _require_regular(where, os.fstat(fd).st_mode)
+    chunks, size = [], 0
+    while size <= max_bytes:
+      chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+      if not chunk:
+        break
+      chunks.append(chunk)
+      size += len(chunk)
+  except OSError as e:
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
+  finally:
+    os.close(fd)
+  if size > max_bytes:
+    raise InputError(f"{where} is over the {max_bytes:,}-byte limit for this input: give "
+                     "the right file.")
+  return b"".join(chunks)
+
+
+def _require_regular(where: str, mode: int) -> None:
+  if stat.S_ISDIR(mode):
+    raise InputError(f"{where} is a folder: give a file.")
+  if not stat.S_ISREG(mode):
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    raise InputError(f"{where} is {kind}, not a regular file: give a file.")
+
+
+def read_text(name: str, path: str | os.PathLike[str], *,
+              max_bytes: int = MAX_INPUT_BYTES) -> str:
+  """`read_input` decoded as UTF-8 (a BOM is dropped); not UTF-8 is an `InputError`."""
+  data = read_input(name, path, max_bytes=max_bytes)
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    raise InputError(f"{name}={os.fspath(path)!r} is not UTF-8 text (byte {e.start}): give "
+                     "a text file.") from None
+
+
+def read_json(name: str, path: str | os.PathLike[str], *,
+              max_bytes: int = MAX_INPUT_BYTES) -> Any:
+  """A JSON input file, parsed (Python's reader); malformed JSON is an `InputError`."""
+  text = read_text(name, path, max_bytes=max_bytes)
+  where = f"{name}={os.fspath(path)!r}"
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise InputError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column "
+                     f"{e.colno}.") from None
+  except RecursionError:
+    raise InputError(f"{where} is nested too deeply to be read.") from None
 
 
 def check_distinct(paths: dict[str, str | None]) -> None:

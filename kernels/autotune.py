@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import json
 import os
 import pathlib
 import time
@@ -42,8 +41,8 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from jaxroof.errors import InputError, require_choice
-from jaxroof.files import write_json
+from jaxroof.errors import InputError, require_choice, require_non_negative
+from jaxroof.files import read_json, write_json
 from jaxroof.timing import Timing
 from kernels import _backend
 from kernels import base
@@ -193,8 +192,7 @@ def cache_path(
 @functools.lru_cache(maxsize=64)
 def _read_cached(path: str, mtime_ns: int) -> dict[str, Any]:
   del mtime_ns  # Part of the lru key: a rewritten file is read again.
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return read_json("cache", path, max_bytes=16 * 2**20)
 
 
 def load_cache(path: pathlib.Path) -> dict[str, Any]:
@@ -507,6 +505,8 @@ def tune(
     That outcome is cached too: `choose_config` then gives the heuristic
     without tuning again.
   """
+  if time_budget_s is not None:
+    require_non_negative("time_budget_s", time_budget_s)  # 0: no time to tune.
   heuristic = op.heuristic(problem, target.rules)
   if target.interpret:
     logging.warning("%s: %s", op.name, NOT_TUNED_ON_INTERPRET)

@@ -53,7 +53,10 @@ def test_missing_fields_and_bad_files_are_refused(tmp_path):
     what_if.load_accelerator_file(_write(tmp_path, entry))
   bad = tmp_path / "bad.json"
   bad.write_bytes(b"\xff\xfe")
-  with pytest.raises(InputError, match="not a readable JSON"):
+  with pytest.raises(InputError, match="not UTF-8"):
+    what_if.load_accelerator_file(bad)
+  bad.write_text("{")
+  with pytest.raises(InputError, match="not valid JSON"):
     what_if.load_accelerator_file(bad)
   with pytest.raises(InputError, match="does not exist"):
     what_if.load_accelerator_file(tmp_path / "none.json")

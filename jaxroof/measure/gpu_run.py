@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -119,8 +118,7 @@ def read_ceilings(out_dir: str) -> dict[str, Any] | None:
 
 
 def _read(path: str) -> dict[str, Any]:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return files.read_json("result", path)
 
 
 def case_stage(out_dir: str, name: str, *, dry_run: bool, quick: bool,

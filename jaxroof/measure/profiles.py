@@ -21,7 +21,9 @@ from typing import Any
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
+from jaxroof.measure import records as measure
 from jaxroof.specs import accelerators
+from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
@@ -164,6 +166,23 @@ _TEXT_FIELDS = ("device_kind", "platform", "backend", "dtype", "jax_version", "c
 _OBJECT_FIELDS = ("ceilings", "fit", "model")
 
 
+def _check_dtype(data: Mapping[str, Any], where: str) -> None:
+  """A toy profile's dtype is one jaxroof measures in; one fitted to users'
+  measurements (it names an accelerator) lists weight dtypes, comma-separated.
+  An unknown one would find no measured ceiling and silently fall back."""
+  dtype = data["dtype"]
+  users = bool(data.get("accelerator"))
+  allowed = tuple(parameters.WEIGHT_DTYPES) if users else tuple(measure.DTYPES)
+  parts = [p.strip() for p in dtype.split(",")] if users else [dtype]
+  for part in parts:
+    if part not in allowed:
+      kind = ("a profile fitted to measurements on an accelerator takes weight dtypes"
+              if users else "a profile measured by jaxroof takes")
+      raise errors.InputError(
+          f"{where} dtype={dtype[:40]!r} is not a known dtype: {kind} "
+          f"{', '.join(allowed)}.")
+
+
 def _check_schema(data: Mapping[str, Any], where: str) -> None:
   """Types and ranges of every field a profile's reader uses, before any use."""
   for name in _TEXT_FIELDS:
@@ -172,6 +191,7 @@ def _check_schema(data: Mapping[str, Any], where: str) -> None:
   for name in _OBJECT_FIELDS:
     if name in data and not isinstance(data[name], Mapping):
       raise errors.InputError(f"{where} {name} is not a JSON object.")
+  _check_dtype(data, where)
   ceilings = data["ceilings"]
   for name in ("bandwidth_Bps", "copy_bandwidth_Bps", "read_bandwidth_Bps"):
     if ceilings.get(name) is not None:
@@ -200,18 +220,19 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
   files.write_json(path, profile.to_json())
 
 
+MAX_PROFILE_BYTES = 64 * 2**20  # Profiles are kB; ones from users' rows a few MB.
+
+
 def load_profile(path: str | os.PathLike[str]) -> Profile:
   """Reads a profile; a missing or malformed file is a one-line InputError."""
   path = os.fspath(path)
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except FileNotFoundError:
+  if not os.path.lexists(path):
     raise errors.InputError(
         f"profile={path!r} does not exist: write one with "
-        "`python -m experiments.calibrate --profile_out=PATH`.") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise errors.InputError(f"profile={path!r} cannot be read: {e}.") from None
+        "`python -m experiments.calibrate`.")
+  text = files.read_text("profile", path, max_bytes=MAX_PROFILE_BYTES)
+  try:
+    data = json.loads(text)
   except RecursionError:
     raise errors.InputError(f"profile={path!r} is nested too deeply.") from None
   except json.JSONDecodeError as e:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
@@ -185,8 +187,9 @@ def parse_row(path: str, line: int, record: dict) -> Row:
 
 def _records(path: str) -> list[tuple[int, dict]]:
   """(line, record) pairs of a CSV or JSONL file."""
+  text = files.read_text("measurements", path)
   try:
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(text, newline="") as f:
       if path.endswith(".jsonl"):
         out = []
         for line, text in enumerate(f, start=1):
@@ -207,10 +210,8 @@ def _records(path: str) -> list[tuple[int, dict]]:
       # Line numbers count the header as line 1 (rows without embedded newlines).
       return [(reader.line_num, {k: v for k, v in rec.items() if k is not None})
               for rec in reader]
-  except FileNotFoundError:
-    raise errors.InputError(f"measurements={path!r} does not exist.") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise errors.InputError(f"measurements={path!r} cannot be read: {e}.") from None
+  except csv.Error as e:
+    raise errors.InputError(f"measurements={path!r} is not readable CSV: {e}.") from None
 
 
 _ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")

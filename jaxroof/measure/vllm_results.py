@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.measure import user_measurements as um
 
 ASSUMPTIONS = (
@@ -59,13 +60,7 @@ def engine_of(run: dict[str, Any]) -> str:
 
 def load_runs(path: str) -> list[tuple[int, dict[str, Any]]]:
   """(line, run) pairs: one JSON object, or one per line (JSONL)."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      text = f.read()
-  except FileNotFoundError:
-    raise errors.InputError(f"from_vllm={path!r} does not exist.") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise errors.InputError(f"from_vllm={path!r} cannot be read: {e}.") from None
+  text = files.read_text("from_vllm", path)
   try:
     data = json.loads(text)
     return [(1, data)]

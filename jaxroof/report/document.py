@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 from collections.abc import Callable, Sequence
 
@@ -127,8 +126,7 @@ def toy_section(ctx: Context) -> str:
   parts = [toy_summary.decode_equivalence_section(report)]
   bench = os.path.join(ctx.results_dir, "bench_decode_cpu.json")
   if os.path.exists(bench):
-    with open(bench, encoding="utf-8") as f:
-      parts.append(toy_summary.bench_decode_section(json.load(f)))
+    parts.append(toy_summary.bench_decode_section(files.read_json("results", bench)))
     name = in_repository(bench)
     parts.append(f"(From `{name}`, measured earlier; rerun with "
                  f"`python -m experiments.bench_decode --json_out={name}`.)")

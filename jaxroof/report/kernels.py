@@ -7,10 +7,10 @@ argument, and renders it as Markdown; writes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from jaxroof import files
 from jaxroof.report import paths
 from jaxroof.report import table
 
@@ -26,11 +26,10 @@ def latest_summary(
   skipped.
   """
   found = []
-  for folder, _, files in os.walk(root):
-    if "summary.json" in files:
+  for folder, _, names in os.walk(root):
+    if "summary.json" in names:
       path = os.path.join(folder, "summary.json")
-      with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+      data = files.read_json("summary", path)
       if "ceilings" in data and "cases" in data and not data.get("dry_run"):
         found.append((data.get("date", ""), path, data))
   if not found:

@@ -45,8 +45,23 @@ def _is_number(cell: str) -> bool:
   return True
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-  """Fixed-width text table: numeric columns right-aligned, text left-aligned."""
+# A terminal table longer than this shows its first and last rows and a note;
+# the JSON output holds every row.
+MAX_TERMINAL_ROWS = 200
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *,
+                 max_rows: int | None = MAX_TERMINAL_ROWS) -> str:
+  """Fixed-width text table: numeric columns right-aligned, text left-aligned.
+
+  Over `max_rows` rows (None: no cap), it keeps the first and last
+  `max_rows // 2` and says how many it left out in a line between them.
+  """
+  omitted = 0
+  if max_rows is not None and len(rows) > max_rows:
+    half = max(max_rows // 2, 1)
+    omitted = len(rows) - 2 * half
+    rows = list(rows[:half]) + list(rows[-half:])
   cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
   numeric = [all(_is_number(row[i]) for row in cells[1:]) for i in range(len(headers))]
@@ -55,6 +70,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
       for row in cells
   ]
   lines.insert(1, "  ".join("-" * w for w in widths))
+  if omitted:
+    lines.insert(2 + len(rows) // 2,
+                 f"... {omitted:,} rows not shown ({len(rows) + omitted:,} rows in all; "
+                 "the JSON output has every row) ...")
   return "\n".join(lines)
 
 

@@ -10,10 +10,10 @@ measurements named in the files; then the layout carry-over of
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any
 
+from jaxroof import files
 from jaxroof.report import table
 
 CARRY_OVER = "carry_over_trtllm_0.9.0.json"
@@ -24,8 +24,7 @@ ENGINE_CALIBRATIONS = "engine_calibration_*.json"
 
 
 def _load(path: str) -> dict[str, Any]:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return files.read_json("results", path)
 
 
 def _versus_bound(calibrated: float | None, bound: float | None) -> str:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
 
 import numpy as np
 
+from jaxroof import files
 from jaxroof.errors import InputError, require_choice, require_positive, require_positive_int
 
 ARRIVALS: tuple[str, ...] = ("poisson", "gamma", "trace")
@@ -115,7 +117,7 @@ def _number(path: str, line: int, column: str, text) -> float:
 
 def _rows(path: str):
   """(line number, {column: text}) per request, from JSONL or CSV."""
-  with open(path, newline="") as f:
+  with io.StringIO(files.read_text("trace", path), newline="") as f:
     if path.endswith((".jsonl", ".json")):
       for line, text in enumerate(f, start=1):
         if not text.strip():
@@ -140,8 +142,6 @@ def _rows(path: str):
 def load_trace(path: str | os.PathLike[str]) -> Workload:
   """Requests from a JSONL or CSV trace (columns `TRACE_COLUMNS`), validated by line."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise InputError(f"trace={path!r} is not a readable file.")
   times, prompts, outputs = [], [], []
   for line, row in _rows(path):
     missing = [c for c in TRACE_COLUMNS if row.get(c) in (None, "")]

@@ -150,6 +150,8 @@ class ModelSpec:
     source: where the config came from (path, or URL for shipped ones).
     defaults_used: fields absent from the config, filled with the defaults
       of the Hugging Face config class (`"field=value"`).
+    defaults_applied: the same in words, with how each default is derived
+      (outputs list them among their assumptions and as `defaults_applied`).
     notes: what else the reader decided (e.g. parts not counted).
   """
 
@@ -180,7 +182,9 @@ class ModelSpec:
   quant_not_converted: tuple[str, ...] = ()
   source: str = ""
   defaults_used: tuple[str, ...] = ()
+  defaults_applied: tuple[str, ...] = ()
   notes: tuple[str, ...] = ()
+  shipped: bool = False  # A config shipped in jaxroof/specs/data/models/.
 
   def __post_init__(self):
     if len(self.layer_kinds) != len(self.moe_layers):
@@ -208,6 +212,24 @@ class ModelSpec:
           f"{len(self.layer_kinds)} blocks.")
     if any(self.moe_layers) and self.moe is None:
       raise errors.InputError(f"{self.name}: MoE blocks need `moe`.")
+
+  @property
+  def default_assumptions(self) -> tuple[str, ...]:
+    """The defaults a user's config fell back to, for an output's assumptions
+    (a shipped config's are Hugging Face's own reading of the published file,
+    and stay in `defaults_applied`)."""
+    return () if self.shipped else self.defaults_applied
+
+  def context_warning(self, context: int) -> str | None:
+    """A labelled warning when `context` tokens exceed the config's
+    `max_position_embeddings` (sized as asked, but beyond what the model was
+    built for), else None."""
+    limit = self.max_position_embeddings
+    if isinstance(limit, int) and not isinstance(limit, bool) and context > limit:
+      return (f"WARNING: context {context:,} tokens is beyond {self.name}'s "
+              f"max_position_embeddings = {limit:,}: sized as asked, but the model "
+              "was not built for it")
+    return None
 
   @property
   def num_layers(self) -> int:

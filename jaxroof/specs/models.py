@@ -6,6 +6,7 @@ under the `_jaxroof_source` key; `jaxroof.specs.hf_config` reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.specs import hf_config
 from jaxroof.specs import names
 from jaxroof.specs.model_spec import ModelSpec
@@ -36,17 +38,7 @@ def _read_json(path: Path) -> dict[str, Any]:
   Nemotron-H configs); the schema of `hf_config` then checks the values.
   """
   where = f"model={str(path)!r}"
-  if not path.is_file():
-    raise errors.InputError(f"{where} is not a regular file.")
-  try:
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-      raise errors.InputError(
-          f"{where} is over {MAX_CONFIG_BYTES // 2**20} MiB: not a config.json.")
-    text = path.read_bytes().decode("utf-8")
-  except OSError as e:
-    raise errors.InputError(f"{where} cannot be read: {e.strerror}.") from None
-  except UnicodeDecodeError:
-    raise errors.InputError(f"{where} is not UTF-8 text: give a config.json.") from None
+  text = files.read_text("model", path, max_bytes=MAX_CONFIG_BYTES)
   try:
     config = json.loads(text)
   except json.JSONDecodeError as e:
@@ -93,8 +85,9 @@ def _load(name_or_path: str, assume_llama_like: bool) -> ModelSpec:
   if shipped:
     url = config.get(SOURCE_KEY, {}).get("config_url")
     source = url or f"jaxroof/specs/data/models/{path.name}"
-  return hf_config.spec_from_config(config, name=name, source=source,
+  spec = hf_config.spec_from_config(config, name=name, source=source,
                                     assume_llama_like=assume_llama_like)
+  return dataclasses.replace(spec, shipped=True) if shipped else spec
 
 
 def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSpec:

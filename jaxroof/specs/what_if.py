@@ -10,13 +10,13 @@ are recorded in the accelerator's `decisions`, so every output says so.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.specs import accelerators
 from jaxroof.specs.accelerators import Accelerator
 
@@ -73,14 +73,7 @@ def load_accelerator_file(path: str | os.PathLike[str]) -> Accelerator:
   """An accelerator from a user's JSON file in the shipped schema."""
   path = os.fspath(path)
   where = f"accelerator_file={path!r}"
-  try:
-    with open(path, "rb") as f:
-      data = json.loads(f.read(1 << 20).decode("utf-8"))
-  except FileNotFoundError:
-    raise errors.InputError(f"{where} does not exist.") from None
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-    raise errors.InputError(f"{where} is not a readable JSON file: "
-                            f"{type(e).__name__}.") from None
+  data = files.read_json("accelerator_file", path, max_bytes=1 << 20)
   if isinstance(data, Mapping) and isinstance(data.get("accelerators"), Mapping):
     table = data["accelerators"]
     if len(table) != 1:

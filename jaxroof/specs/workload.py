@@ -124,6 +124,10 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
                        "rate too (optimistic where they are a large share of N_act)")
   if not counts.tied:
     assumptions.append("the embedding lookup reads one row per sequence, not the table")
+  assumptions += model.default_assumptions
+  warning = model.context_warning(context + max_new_tokens)
+  if warning:
+    assumptions.append(warning)
   if model.is_moe:
     assumptions.append(
         "uniform routing (assumption): each MoE block reads "

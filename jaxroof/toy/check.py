@@ -19,6 +19,7 @@ from jaxroof import errors
 from jaxroof.symbolic import formulas
 from jaxroof.toy import breakers
 from jaxroof.toy import cache as cache_lib
+from jaxroof.toy import weights
 from jaxroof.toy.config import ToyConfig
 from jaxroof.toy.model import decode_step, forward, prefill
 from jaxroof.toy.weights import init_params
@@ -156,6 +157,22 @@ def check_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
           f" in [0, vocab_size) = [0, {vocab_size})."
       )
   return [int(x) for x in prompt]
+
+
+def require_feasible(config: ToyConfig, prompt_len: int, steps: int, *,
+                     layout: str = "fixed",
+                     max_block_passes: int = weights.MAX_BLOCK_PASSES) -> None:
+  """Refuses a check beyond this machine before anything is allocated: its
+  memory (`weights.require_fits`, the fresh forward pass's attention scores
+  included) and its work (blocks x compiled programs), naming the estimate."""
+  # Each decode step's fresh forward pass has a new length: a new program.
+  programs = (3 if layout == "growing" else 2) * (steps + 1) + 1
+  weights.require_compilable(
+      config, programs, what=f"prefill, a fresh forward pass at each of {steps + 1:,} "
+      "lengths, decode", fewer="blocks or steps", limit=max_block_passes)
+  positions = prompt_len + steps + 1  # After the work: the estimate traces every block.
+  weights.require_fits(config, 8, batch=1, positions=positions,
+                       attention_positions=positions)
 
 
 def lesson_check(

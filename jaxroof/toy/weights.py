@@ -130,20 +130,59 @@ def num_weights(params: Params) -> int:
 MEMORY_LIMIT_BYTES = 4e9  # The toy runs on a 2 GB-budget machine; leave room to spare.
 
 
+def _weight_count(config: ToyConfig) -> int:
+  """Weights of `config`, from the shapes of a 1- and a 2-block model (blocks are
+  alike), so a config of a billion blocks is counted without tracing them."""
+
+  def count(blocks: int) -> int:
+    small = dataclasses.replace(config, num_blocks=blocks)
+    shapes = jax.eval_shape(lambda key: init_params(small, key, jnp.float32),
+                            jax.random.key(0))
+    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
+
+  one = count(1)
+  return one + (config.num_blocks - 1) * (count(2) - one)
+
+
+# Block programs a run may trace and compile (blocks x programs): every block is
+# its own code in each compiled program. 2,000 is minutes of compilation on a
+# 2-core CPU; the lesson's decode check is 14.
+MAX_BLOCK_PASSES = 2_000
+
+
+def require_compilable(config: ToyConfig, programs: int, *, what: str, fewer: str = "blocks",
+                       limit: int = MAX_BLOCK_PASSES) -> int:
+  """Refuses a run that would compile more than `limit` block passes
+  (`config.num_blocks` x `programs`), naming the estimate; returns it."""
+  passes = config.num_blocks * programs
+  if passes > limit:
+    raise errors.InputError(
+        f"num_blocks={config.num_blocks:,} needs about {passes:,} block passes to compile "
+        f"({config.num_blocks:,} blocks x {programs:,} programs: {what}) over the limit of "
+        f"{limit:,} (minutes of compilation on a CPU): use fewer {fewer}.")
+  return passes
+
+
 def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int,
+                 attention_positions: int = 0,
                  limit_bytes: float = MEMORY_LIMIT_BYTES) -> float:
   """Estimates the toy's memory (weights, K/V cache, logits) without allocating
-  it, and refuses a configuration over `limit_bytes`, naming the estimate."""
-  shapes = jax.eval_shape(lambda key: init_params(config, key, jnp.float32),
-                          jax.random.key(0))
-  weights = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
+  it, and refuses a configuration over `limit_bytes`, naming the estimate.
+
+  `attention_positions`: the length of a full forward pass run too (its
+  attention scores and softmax weights, batch x heads x length^2 each).
+  """
+  weights = _weight_count(config)
   cache = 2 * config.num_blocks * batch * positions * config.num_kv_heads * config.head_dim
   logits = batch * positions * config.vocab_size
-  total = float((weights + cache + logits) * itemsize)
+  scores = 2 * batch * config.num_heads * attention_positions**2
+  total = float((weights + cache + logits + scores) * itemsize)
   if total > limit_bytes:
+    scored = (f", {batch} x {config.num_heads} heads x {attention_positions:,}^2 attention "
+              "scores" if scores else "")
     raise errors.InputError(
-        f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch} x "
-        f"{positions} positions of K/V and logits at {itemsize} B) over the "
+        f"this toy needs about {total / 1e9:,.1f} GB ({weights:,} weights, {batch:,} x "
+        f"{positions:,} positions of K/V and logits{scored} at {itemsize} B) over the "
         f"{limit_bytes / 1e9:g} GB limit: use smaller sizes.")
   return total
 

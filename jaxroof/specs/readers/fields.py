@@ -31,7 +31,9 @@ class Fields:
     self.model_type = model_type
     self.source = source
     self.defaults_used: list[str] = []
+    self.defaults_applied: list[str] = []  # The same, in words.
     self.notes: list[str] = []
+    self.rules: dict[str, str] = {}  # How a default is derived, by field.
 
   def _lookup(self, keys: tuple[str, ...]) -> tuple[str, Any]:
     for key in keys:
@@ -47,6 +49,11 @@ class Fields:
       )
     value = default() if callable(default) else default
     self.defaults_used.append(f"{key}={value!r}")
+    rule = self.rules.get(key)
+    self.defaults_applied.append(
+        f"{key} missing from config.json: read as {rule + ' = ' if rule else ''}"
+        f"{'null' if value is None else value!r}, as Hugging Face's "
+        f"{self.model_type} config does")
     return value
 
   def _check_int(self, key: str, value: Any, minimum: int) -> int:
@@ -123,10 +130,13 @@ def attention(f: Fields, *, window: int | None, heads: Any = MISSING,
   """Grouped-query attention dims; head_dim defaults to hidden/heads."""
   hidden = f.int("hidden_size")
   num_heads = f.int("num_attention_heads", default=heads)
+  if kv_heads is None:
+    f.rules["num_key_value_heads"] = "num_attention_heads"
   num_kv = f.int("num_key_value_heads",
                  default=num_heads if kv_heads is None else kv_heads)
   if head_dim is None and hidden % num_heads == 0:
     head_dim = hidden // num_heads
+    f.rules["head_dim"] = "hidden_size / num_attention_heads"
   dim = f.int("head_dim", default=MISSING if head_dim is None else head_dim)
   if num_heads % num_kv:
     raise errors.InputError(
@@ -183,6 +193,7 @@ def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
       **_quantization(f.config.get("quantization_config")),
       source=f.source,
       defaults_used=tuple(f.defaults_used),
+      defaults_applied=tuple(f.defaults_applied),
       notes=tuple(f.notes),
       **parts,
   )
