@@ -268,6 +268,7 @@ def main(argv: list[str]) -> None:
                      f"router simulates continuous batching ({', '.join(fleet.CONTINUOUS)}).")
   if _ARRIVAL.value == "trace" and _FIND_MAX_RATE.value:
     raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
+  trace = _workload(_ARRIVAL_RATE.value, 1) if _ARRIVAL.value == "trace" else None
   r = _replica()
   if _FIND_MAX_RATE.value:
     found = _max_rate(r, replicas, layout.chips)
@@ -284,7 +285,7 @@ def main(argv: list[str]) -> None:
                                          "router": _ROUTER.value if replicas > 1 else None,
                                          **found})
     return
-  w = _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value, r.max_context)
+  w = trace or _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value, r.max_context)
   beyond = w.description.get("beyond_context")
   if beyond and beyond["requests_beyond"]:
     print(f"{beyond['requests_beyond']} sampled request(s) beyond the {beyond['max_total_tokens']}"
