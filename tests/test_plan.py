@@ -211,3 +211,27 @@ def test_plan_cli_fallback_note(tmp_path):
   notes = [l for l in proc.stderr.splitlines() if l.startswith("note:")]
   assert len(notes) == 1 and "fallback" in notes[0]
   assert json.loads(out.read_text())["notes"]
+
+
+def test_serving_pools_in_gpus_with_kv_transfer_and_fleet_aggregate(tmp_path):
+  out = tmp_path / "serving.json"
+  proc = _run("experiments.serving", "--model=llama-3.1-70b", "--accelerator=h100-sxm",
+              "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000",
+              "--token_gap_ms=50", "--ttft_ms=2000", "--arrival_rate=10", "--tp=8", "--dp=4",
+              "--weight_dtype=bf16", "--batch_sizes=1", "--aggregate_tokens_per_s=10000",
+              f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  # The fleet's 10,000 tokens/s over 4 replicas: each replica's share is 2,500.
+  assert data["inputs"]["aggregate_target_per_replica_tokens_per_s"] == pytest.approx(2500)
+  assert data["decision"]["meets_aggregate_target"]
+  pools = data["pools"]
+  assert pools["arrival_rate_per_s"] == 10  # The fleet's rate, not one replica's.
+  assert pools["chips_per_replica"] == 8
+  split, shared = pools["split"], pools["shared"]
+  assert split["gpus"] == 8 * (split["prefill_chips"] + split["decode_chips"])
+  assert shared["gpus"] == 8 * shared["chips"]
+  # One chip's K/V share of a 7000-token prompt (80 layers x 8 K/V heads x 128 x 2 x 2 B
+  # per token, over tp = 8) crosses H100's 50 GB/s scale-out link.
+  assert split["kv_transfer_s"] == pytest.approx(7000 * 327680 / 8 / 50e9, rel=0.02)
+  assert "GPUs" in proc.stdout and f"shared {shared['gpus']} GPUs" in proc.stdout
