@@ -225,8 +225,8 @@ def test_bad_layouts_name_the_flag():
   spec = load_model("llama-3.1-70b")
   with pytest.raises(InputError, match=r"^--tp=3 does not divide .*64 query heads"):
     layout_lib.validate(Layout(tp=3), spec, load_accelerator("h100-sxm"))
-  with pytest.raises(InputError, match="scale-up domain of 1"):
-    layout_lib.validate(Layout(tp=2), spec, load_accelerator("h100-pcie"))
+  with pytest.raises(InputError, match="exceeds one PCIe host"):
+    layout_lib.validate(Layout(tp=16), spec, load_accelerator("h100-pcie"))
   with pytest.raises(InputError, match=r"^--tp=0 is not allowed"):
     Layout(tp=0)
   with pytest.raises(InputError, match=r"^--ep=2 needs a mixture-of-experts"):
@@ -332,12 +332,13 @@ def test_compare_accelerators_cli_with_a_layout(tmp_path):
   out = tmp_path / "c.json"
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.compare_accelerators", "--model=llama-3.1-70b",
-       "--context=8192", "--batch_sizes=1,32", "--tp=8", "--accelerators=h100-sxm,l4",
+       "--context=8192", "--batch_sizes=1,32", "--tp=16", "--accelerators=h100-sxm,l4",
        f"--json_out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
-  assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]
-  assert data["refused"] and data["refused"][0].startswith("l4: --tp*--pp*--ep = 8 chips")
+  assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]  # Over its scale-out.
+  # L4 has no scale-up fabric: tensor parallel over PCIe within one host, at most 8 cards.
+  assert data["refused"] and data["refused"][0].startswith("l4: --tp*--pp*--ep = 16 l4 cards")
   rows = data["accelerators"][0]["rows"]
-  assert all(r["chips"] == 8 and r["comm_s"] > 0 for r in rows)
+  assert all(r["chips"] == 16 and r["comm_s"] > 0 for r in rows)
   assert rows[1]["comm_s"] > rows[0]["comm_s"]  # More rows, more bytes per all-reduce.

@@ -235,3 +235,20 @@ def test_serving_pools_in_gpus_with_kv_transfer_and_fleet_aggregate(tmp_path):
   # per token, over tp = 8) crosses H100's 50 GB/s scale-out link.
   assert split["kv_transfer_s"] == pytest.approx(7000 * 327680 / 8 / 50e9, rel=0.02)
   assert "GPUs" in proc.stdout and f"shared {shared['gpus']} GPUs" in proc.stdout
+
+
+def test_tensor_parallel_over_pcie_is_labelled(tmp_path):
+  from jaxroof.parallel import layout as layout_lib
+
+  l4 = load_accelerator("l4")
+  link = layout_lib.links(layout_lib.Layout(tp=2), l4)
+  assert link.network == "pcie" and "PCIe" in link.note
+  assert link.bytes_per_s == l4.links.collective_bytes_per_s  # The recorded 31 GB/s.
+  out = tmp_path / "s.json"
+  proc = _run("experiments.serving", "--model=llama-3-8b", "--accelerator=l4",
+              "--context=2048", "--tp=2", "--token_gap_ms=100", "--batch_sizes=1,8",
+              "--prompt_tokens=512", "--output_tokens=64", f"--json_out={out}", timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["decision"]["comm_s"] > 0
+  assert "pcie" in json.dumps(data).lower()
