@@ -61,6 +61,8 @@ _MAX_CHIPS = flags.DEFINE_integer("max_chips", None, "Most chips a plan may use.
 _PRICE = flags.DEFINE_string(
     "price_per_hour", None, "$ per chip-hour by accelerator, e.g. h100-sxm=3.0,h200=3.8: "
     "plans rank by cost per hour and report cost per million output tokens.")
+_POOLS = flags.DEFINE_enum("pools", "both", list(planner.POOLS),
+                           "Search shared pools, split prefill/decode pools, or both.")
 _TOP = flags.DEFINE_integer("top", 20, "Plans to list. >= 1.", lower_bound=1)
 _TOP_K = flags.DEFINE_integer("top_k", plan_check.DEFAULT_TOP_K,
                               "Plans simulated at the workload (0: none). >= 0.", lower_bound=0)
@@ -76,12 +78,21 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "to
                        (_ARRIVAL_RATE, "requests/s")):
   _cli.require_positive(_holder, _unit)
 
-HEADERS = ("rank", "accelerator", "chips", "tp", "pp", "ep", "dp", "batch", "weights", "K/V",
+HEADERS = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "batch", "weights",
+           "K/V",
            "gap ms", "TTFT ms", "$/h", "$/Mtok", "sim p90 TTFT/TPOT ms", "meets")
 
 
 def _cell(value, fmt: str) -> str:
   return "-" if value is None else format(value, fmt)
+
+
+def _pools(pools: dict) -> str:
+  if pools["kind"] == "shared":
+    return "shared"
+  pre = pools["prefill"]
+  return (f"split {pools['prefill_chips']}+{pools['decode_chips']} "
+          f"(prefill tp{pre['tp']}x{pre['replicas']})")
 
 
 def main(argv: list[str]) -> None:
@@ -109,7 +120,7 @@ def main(argv: list[str]) -> None:
                               arrival_rate_per_s=_ARRIVAL_RATE.value),
       weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)),
       kv_dtypes=tuple(dict.fromkeys(_SHARED.kv_dtype.value)),
-      prices=prices, max_chips=_MAX_CHIPS.value,
+      prices=prices, max_chips=_MAX_CHIPS.value, pools=_POOLS.value,
       bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
   for note in result["notes"]:
     print(f"note: {note}", file=sys.stderr)
@@ -131,7 +142,8 @@ def main(argv: list[str]) -> None:
     merged = "".join(f" (= {m['weight_dtype']}/{m['kv_dtype']})" for m in p["merged"])
     rows.append([
         p["rank"] if result["prices_per_hour"] else f"{p['rank']} ({p['rank_within_accelerator']})",
-        p["accelerator"], p["chips"], p["tp"], p["pp"], p["ep"], p["dp"], p["batch"],
+        p["accelerator"], p["chips"], _pools(p["pools"]), p["tp"], p["pp"], p["ep"], p["dp"],
+        p["batch"],
         p["weight_dtype"], p["kv_dtype"] + merged,
         f"{p['loaded_token_gap_s'] * 1e3:,.1f}", f"{p['ttft_s'] * 1e3:,.0f}",
         _cell(p["cost_per_hour"], ",.2f"), _cell(p["cost_per_million_tokens"], ",.3f"),
@@ -142,6 +154,8 @@ def main(argv: list[str]) -> None:
     if not result["prices_per_hour"]:
       print("no prices: rank (rank within its accelerator); chips of different kinds are not "
             "compared (give --price_per_hour to rank by cost)")
+    print("split: prefill + decode chips; tp..batch are the decode pool's (the JSON's pools "
+          "has both and the K/V transfer); split plans are not simulated")
     if "simulation" in result:
       sim = result["simulation"]
       print(f"top {sim['top_k']} simulated ({sim['scheduler']} scheduler, "

@@ -47,8 +47,12 @@ def test_rows_carry_cost_pools_and_simulation(question):
     assert p["cost_per_hour"] == pytest.approx(p["chips"] * PRICES[p["accelerator"]])
     # 10 requests/s x 1000 tokens = 36 M tokens per hour.
     assert p["cost_per_million_tokens"] == pytest.approx(p["cost_per_hour"] / 36.0)
-    assert p["pools"]["kind"] == "shared"
-    assert p["chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
+    if p["pools"]["kind"] == "shared":
+      assert p["chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
+      assert p["pools"]["prefill_chips"] == p["pools"]["decode_chips"] == p["chips"]
+    else:
+      assert p["pools"]["kind"] == "split" and p["simulated"] is None
+      assert p["pools"]["prefill_chips"] + p["pools"]["decode_chips"] == p["chips"]
   simulated = [p for p in plans if p["simulated"] is not None]
   assert len(simulated) == 2
   for p in simulated:
@@ -60,7 +64,8 @@ def test_rows_carry_cost_pools_and_simulation(question):
 
 
 def test_prefill_load_is_in_the_feasibility(question):
-  for p in question["plans"]:
+  shared = [p for p in question["plans"] if p["pools"]["kind"] == "shared"]
+  for p in shared:
     lam = 10.0 / p["dp"]
     assert p["arrival_rate_per_replica_per_s"] == pytest.approx(lam)
     # Independently: the prefill server's utilisation lam * (prefill + step) stays below 1,
@@ -71,7 +76,7 @@ def test_prefill_load_is_in_the_feasibility(question):
     assert p["loaded_token_gap_s"] == pytest.approx(p["step_s"] / (1 - lam * p["prefill_s"]))
     assert p["loaded_token_gap_s"] <= 0.05 * (1 + 1e-9) and p["ttft_s"] <= 2.0 * (1 + 1e-9)
   fewest = {}
-  for p in question["plans"]:
+  for p in shared:
     fewest[p["accelerator"]] = min(fewest.get(p["accelerator"], 10**9), p["chips"])
   # The table, from serving: H100 32, H200 24, MI300X 20 (not 16, 8, 8).
   assert fewest.get("mi300x") == 20
@@ -100,7 +105,10 @@ def test_the_old_first_plan_is_unstable_and_no_longer_offered(question):
   assert "unstable" in proc.stdout
   new = planner.plan(spec, devices, top=50, **QUESTION)["plans"]
   assert new and min(p["chips"] for p in new) > 16
-  assert not any((p["tp"], p["pp"], p["dp"]) == (old["tp"], old["pp"], old["dp"]) for p in new)
+  # No shared plan of that layout and dp (a split plan may decode on tp8 x 2 beside its
+  # prefill pool: more chips in all).
+  assert not any((p["tp"], p["pp"], p["dp"]) == (old["tp"], old["pp"], old["dp"])
+                 for p in new if p["pools"]["kind"] == "shared")
 
 
 @pytest.mark.slow
@@ -129,6 +137,26 @@ def test_top_plan_through_serving_and_simulate(question, tmp_path):
   assert m["ttft_s"]["p90"] <= 2.0 and m["tpot_s"]["p90"] <= 0.05
 
 
+def test_split_pools_cost_the_kv_transfer(question):
+  split = [p for p in question["plans"] if p["pools"]["kind"] == "split"]
+  assert split
+  for p in split:
+    pools = p["pools"]
+    pre, dec = pools["prefill"], pools["decode"]
+    assert pools["prefill_chips"] == pre["tp"] * pre["pp"] * pre["ep"] * pre["replicas"]
+    assert pools["decode_chips"] == dec["tp"] * dec["pp"] * dec["ep"] * dec["replicas"]
+    # Decode never pauses for a prefill: its step is the gap; the requests fit its slots.
+    assert p["step_s"] <= 0.05
+    assert 10.0 / dec["replicas"] <= dec["batch"] / (999 * p["step_s"]) * (1 + 1e-9)
+    # A 7000-token prompt's K/V (80 layers x 8 heads x 128 x 2 x 2 B = 327,680 B per
+    # token) leaves each prefill chip over its scale-out link.
+    net = load_accelerator(p["accelerator"]).links
+    link = net.scale_out_bytes_per_s or net.collective_bytes_per_s
+    by_hand = 7000 * 327680 / (pre["tp"] * pre["pp"] * pre["ep"] * link)
+    assert pools["kv_transfer_s"] == pytest.approx(by_hand, rel=0.02)
+    assert pools["kv_transfer_s"] < p["ttft_s"] <= 2.0
+
+
 def test_identical_bytes_are_merged():
   spec = load_model("llama-3-8b")
   result = planner.plan(spec, load_accelerators("h100-sxm"), context=4096, prompt_tokens=2048,
@@ -138,7 +166,8 @@ def test_identical_bytes_are_merged():
                         weight_dtypes=("bf16",), kv_dtypes=("fp8", "int8"), top=5)
   plans = result["plans"]
   assert plans
-  # fp8 and int8 K/V: one byte per element each, the same step and memory: one row.
+  # fp8 and int8 K/V: one byte per element each, the same step and memory: one row
+  # (a split row of each bytes class, too).
   assert all(p["kv_dtype"] == "fp8" for p in plans)
   assert all(p["merged"] == [{"weight_dtype": "bf16", "kv_dtype": "int8"}] for p in plans)
   assert result["ranked_by"].startswith("chips within each accelerator")

@@ -51,6 +51,7 @@ BATCHES = tuple(int(b) for b in np.unique(np.round(np.geomspace(1, 4096, 200))))
 DEFAULT_WEIGHT_DTYPES = ("published",)
 DEFAULT_KV_DTYPES = ("bf16",)
 DEFAULT_OUTPUT_TOKENS = 256
+POOLS = ("both", "shared", "split")
 
 ASSUMPTIONS = (
     "analytic bound from datasheet figures (memory bandwidth, dense FLOP/s, interconnect)",
@@ -64,7 +65,11 @@ ASSUMPTIONS = (
     "with service D + t (the prompt's iteration); dp is the fewest replicas meeting all three",
     "communication serial unless an overlap is given",
     "microbatches 1 or pp; a batch splits evenly over microbatches and expert groups",
-    "one pool per replica (prefill and decode share its chips); split pools not searched here",
+    "pools: shared (each replica prefills and decodes) and split (a prefill pool of one "
+    "layout, a decode pool of another at its batch with no prefill interference, t <= gap; "
+    "each prompt's K/V crosses the device's scale-out network per chip of the prefill "
+    "replica, its time added to TTFT); split plans are not simulated (the simulator runs "
+    "shared replicas)",
     "ranked by cost per hour where prices are given, else by chips within each accelerator "
     "(never across kinds), then headroom = min(token gap / loaded gap, TTFT target / TTFT); "
     "one plan (its best batch) per accelerator, layout and bytes; dtypes with identical bytes "
@@ -325,7 +330,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
          batches: Sequence[int] = BATCHES, workspace_fraction: float = 0.1,
          top: int = 20, bound: str = "per_op", comm_overlap: float = 0.0,
          prices: Mapping[str, float] | None = None,
-         max_chips: int | None = None) -> dict[str, Any]:
+         max_chips: int | None = None, pools: str = "both") -> dict[str, Any]:
   """Configurations serving the workload within `targets`, ranked.
 
   `prompt_tokens` defaults to context - output_tokens. With `prices` ($ per
@@ -360,6 +365,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     raise errors.InputError("accelerators is empty: give at least one.")
   if not weight_dtypes or not kv_dtypes:
     raise errors.InputError("the weight and K/V dtype lists need at least one entry each.")
+  errors.require_choice("pools", pools, POOLS)
   prices = dict(prices or {})
   if prices:
     missing = [d.name for d in devices if d.name not in prices]
@@ -446,8 +452,14 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
         "pools": {"kind": "shared", "prefill_chips": n_chips, "decode_chips": n_chips,
                   "note": "one pool: every replica prefills and decodes on its own chips"},
         "simulated": None})
+  if pools in ("both", "split"):
+    plans += _split_plans(spec, devices, grid, out, targets, rate, output_tokens,
+                          prompt_tokens, even, prices, max_chips, served_tokens_per_s)
+  if pools == "split":
+    plans = [p for p in plans if p["pools"]["kind"] == "split"]
+  plans = _order(plans, devices, bool(prices), top)
   return {
-      "kind": "bound", "model": spec.name, "context": context,
+      "kind": "bound", "model": spec.name, "context": context, "pools_searched": pools,
       "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                    "arrival_rate_per_s": rate, "output_tokens_per_s": served_tokens_per_s},
       "targets": dataclasses.asdict(targets),
@@ -466,3 +478,119 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
                 "cost_per_million_tokens": "$ per million output tokens at the target load",
                 "wall_s": "s (wall-clock of the search, this CPU)"},
   }
+
+
+def _order(plans: list[dict[str, Any]], devices: Sequence[Accelerator], priced: bool,
+           top: int) -> list[dict[str, Any]]:
+  """By cost then headroom with prices; else by chips then headroom within each
+  accelerator, rank 1 of each accelerator first."""
+  if priced:
+    plans = sorted(plans, key=lambda p: (p["cost_per_hour"], -p["headroom"]))[:top]
+  else:
+    index = {d.name: k for k, d in enumerate(devices)}
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for p in sorted(plans, key=lambda p: (p["chips"], -p["headroom"])):
+      by_device.setdefault(p["accelerator"], []).append(p)
+    for rows in by_device.values():
+      for k, p in enumerate(rows, 1):
+        p["rank_within_accelerator"] = k
+    plans = sorted((p for rows in by_device.values() for p in rows[:top]),
+                   key=lambda p: (p["rank_within_accelerator"], index[p["accelerator"]]))[:top]
+  for rank, p in enumerate(plans, 1):
+    p["rank"] = rank
+  return plans
+
+
+def _kv_link(device: Accelerator) -> tuple[float, str]:
+  """Per-chip bytes/s a prompt's K/V crosses between pools, and its label."""
+  net = device.links
+  if net is None:
+    return math.inf, "no network recorded: transfer assumed free"
+  if net.scale_out_bytes_per_s is not None:
+    return net.scale_out_bytes_per_s, f"scale-out {net.scale_out_bytes_per_s / 1e9:g} GB/s"
+  return net.collective_bytes_per_s, (f"{net.technology} {net.collective_bytes_per_s / 1e9:g} "
+                                      "GB/s (no scale-out figure)")
+
+
+def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[str, Any],
+                 out: Mapping[str, np.ndarray], targets: Targets, rate: float,
+                 output_tokens: int, prompt_tokens: int, even: np.ndarray,
+                 prices: Mapping[str, float], max_chips: int | None,
+                 served_tokens_per_s: float) -> list[dict[str, Any]]:
+  """The fewest-chip split (prefill pool + decode pool) per accelerator and bytes class.
+
+  The pools are independent, so each is its own minimum: prefill replicas of a layout
+  at the rate whose mean M/D/1 TTFT plus the K/V transfer meets the target
+  (`max_arrival_rate_for_ttft`); decode replicas of a layout and batch with
+  t <= gap, each carrying B / ((G - 1) t) requests/s (`shared_capacity_rate` at D = 0).
+  """
+  per_replica = grid["tp"] * grid["pp"] * grid["ep"]
+  fits = (out["chip_bytes"] <= grid["capacity"]) & even
+  link = np.array([_kv_link(d)[0] for d in devices])[grid["device"].astype(int)]
+  transfer = prompt_tokens * grid["k"] / (per_replica * link)
+  budget = targets.ttft_s - transfer
+  with np.errstate(divide="ignore", invalid="ignore"):
+    pre = _load_model()(t=out["step_s"], D_pf=out["prefill_s"], B=grid["B"],
+                        n_out=float(output_tokens), t_gap=targets.token_gap_s,
+                        t_ttft=np.where(budget > 0, budget, np.nan), t_window=0.0)
+    rate_p = np.where((budget > out["prefill_s"]) & np.isfinite(pre["rate_ttft"]),
+                      pre["rate_ttft"], 0.0)
+    n_p = np.ceil(rate / np.where(rate_p > 0, rate_p, np.nan) * (1 - 1e-12))
+    dec = _load_model()(t=out["step_s"], D_pf=np.zeros_like(out["step_s"]), B=grid["B"], n_out=float(output_tokens),
+                        t_gap=targets.token_gap_s, t_ttft=targets.ttft_s, t_window=0.0)
+    rate_d = np.where(out["step_s"] <= targets.token_gap_s, dec["capacity"], 0.0)
+    n_d = np.ceil(rate / np.where(rate_d > 0, rate_d, np.nan) * (1 - 1e-12))
+  chips_p = np.where(fits & (grid["B"] == grid["B"].min()) & (rate_p > 0), n_p * per_replica,
+                     np.inf)
+  chips_d = np.where(fits & (rate_d > 0), n_d * per_replica, np.inf)
+  plans = []
+  for (di, cls) in sorted({(int(a), int(b)) for a, b in zip(grid["device"], grid["cls"])}):
+    mine = (grid["device"] == di) & (grid["cls"] == cls)
+    if not np.any(np.isfinite(chips_p[mine])) or not np.any(np.isfinite(chips_d[mine])):
+      continue
+    ip = int(np.argmin(np.where(mine, chips_p, np.inf)))
+    idec = int(np.argmin(np.where(mine, chips_d, np.inf)))
+    total = int(chips_p[ip] + chips_d[idec])
+    if max_chips is not None and total > max_chips:
+      continue
+    device = devices[di]
+    lam_p = rate / n_p[ip]
+    queue = _at_rate_model()(t=0.0, lam=lam_p, D_pf=out["prefill_s"][ip], t_window=0.0)
+    ttft = float(queue["ttft"] + transfer[ip])
+    step = float(out["step_s"][idec])
+    per_hour = total * prices[device.name] if prices else None
+    wname, kname = grid["class_members"][cls][0]
+    plans.append({
+        "rank": 0, "rank_within_accelerator": 0, "accelerator": device.name,
+        "chips": total, "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
+        "ep": int(grid["ep"][idec]), "dp": int(n_d[idec]),
+        "microbatches": int(grid["microbatches"][idec]), "batch": int(grid["B"][idec]),
+        "weight_dtype": wname, "kv_dtype": kname,
+        "merged": [{"weight_dtype": w, "kv_dtype": k}
+                   for w, k in grid["class_members"][cls][1:]],
+        "step_s": step, "loaded_token_gap_s": step, "prefill_s": float(out["prefill_s"][ip]),
+        "ttft_s": ttft, "utilisation": float(queue["utilisation"]),
+        "arrival_rate_per_replica_per_s": float(rate / n_d[idec]),
+        "capacity_per_replica_per_s": float(rate_d[idec]), "load_binds": "split",
+        "comm_s": float(out["comm_s"][idec]),
+        "aggregate_tokens_per_s": float(rate_d[idec] * n_d[idec] * output_tokens),
+        "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][idec]),
+        "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][idec]),
+        "chip_memory_bytes": float(out["chip_bytes"][idec]), "binds": "split pools",
+        "headroom": float(min(targets.token_gap_s / step, targets.ttft_s / ttft)),
+        "cost_per_hour": per_hour,
+        "cost_per_million_tokens": (None if per_hour is None
+                                    else per_hour / (served_tokens_per_s * 3600 / 1e6)),
+        "pools": {"kind": "split", "prefill_chips": int(chips_p[ip]),
+                  "decode_chips": int(chips_d[idec]),
+                  "prefill": {"tp": int(grid["tp"][ip]), "pp": int(grid["pp"][ip]),
+                              "ep": int(grid["ep"][ip]), "replicas": int(n_p[ip]),
+                              "utilisation": float(queue["utilisation"])},
+                  "decode": {"tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
+                             "ep": int(grid["ep"][idec]), "replicas": int(n_d[idec]),
+                             "batch": int(grid["B"][idec])},
+                  "kv_transfer_s": float(transfer[ip]),
+                  "kv_link": _kv_link(device)[1]},
+        "simulated": None})
+  return plans
+
