@@ -268,8 +268,12 @@ def test_planner_searches_a_million_and_ranks_plans_that_meet_targets():
   for p in plans:
     assert p["step_s"] <= p["loaded_token_gap_s"] <= 0.05 and p["ttft_s"] <= 2.0
     assert p["aggregate_tokens_per_s"] >= 10000.0
-    assert p["chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
     assert p["chip_memory_bytes"] <= load_accelerator(p["accelerator"]).memory_capacity_bytes
+    if p["pools"]["kind"] == "split":  # tp..dp are the decode pool's.
+      assert p["chips"] == p["pools"]["prefill_chips"] + p["pools"]["decode_chips"]
+      assert p["pools"]["decode_chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
+      continue
+    assert p["chips"] == p["tp"] * p["pp"] * p["ep"] * p["dp"]
     assert p["binds"] in ("weights", "K/V", "compute", "communication")
 
 
