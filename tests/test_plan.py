@@ -281,3 +281,22 @@ def test_tensor_parallel_over_pcie_is_labelled(tmp_path):
   data = json.loads(out.read_text())
   assert data["decision"]["comm_s"] > 0
   assert "pcie" in json.dumps(data).lower()
+
+
+def test_the_question_runs_as_typed(tmp_path):
+  out = tmp_path / "plan.json"
+  proc = _run("experiments.plan", "--model=llama-3.1-70b", "--context=8192",
+              "--prompt_tokens=7000", "--output_tokens=1000", "--token_gap_ms=50",
+              "--ttft_ms=2000", "--aggregate_tokens_per_s=10000", "--weight_dtype=bf16",
+              "--kv_dtype=bf16", "--accelerators=h100-sxm,h200,mi300x",
+              "--price_per_hour=h100-sxm=3.0,h200=3.8,mi300x=2.5", f"--json_out={out}",
+              "--top_k=1", "--sim_requests=100")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  assert data["plans"] and data["ranked_by"] == "cost per hour"
+  for p in data["plans"]:
+    assert {"cost_per_hour", "cost_per_million_tokens", "pools", "simulated"} <= set(p)
+    assert {"kind", "prefill_chips", "decode_chips"} <= set(p["pools"])
+  simulated = [p["simulated"] for p in data["plans"] if p["simulated"]]
+  assert len(simulated) == 1
+  assert {"ttft_p90_s", "itl_p90_s", "tpot_p90_s", "meets"} <= set(simulated[0])
