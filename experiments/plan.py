@@ -1,16 +1,23 @@
-"""The fewest chips, split how, at what batch: a vectorised search meeting targets.
+"""The fewest chips or the cheapest fleet that serves a workload, each top plan simulated.
 
 Analytic bounds (jaxroof.parallel.planner): searches accelerators x layout
-(tp, pp, ep, microbatches; dp solved for the rate) x batch x weight and K/V
-dtypes, keeps what fits per-chip memory and meets the token gap and TTFT,
-and ranks by chips, then headroom:
+(tp, pp, ep, microbatches; dp solved for the load with its prefills) x batch x
+the weight and K/V dtypes you allow, keeps what fits per-chip memory and
+meets the token gap and the queued TTFT at the operating point, and ranks by
+cost per hour (with --price_per_hour) or by chips within each accelerator.
+The top --top_k plans are then simulated at the workload (per replica at
+the fleet's rate / dp) and those missing a target at p90 go below the rest:
 
   python -m experiments.plan --model=llama-3.1-70b --context=8192 \
-      --token_gap_ms=50 --ttft_ms=2000 --aggregate_tokens_per_s=10000 \
-      --accelerators=h100-sxm,tpu-v5e,mi300x --json_out=/tmp/plan.json
+      --prompt_tokens=7000 --output_tokens=1000 --token_gap_ms=50 --ttft_ms=2000 \
+      --aggregate_tokens_per_s=10000 --weight_dtype=bf16 --kv_dtype=bf16 \
+      --accelerators=h100-sxm,h200,mi300x \
+      --price_per_hour=h100-sxm=3.0,h200=3.8,mi300x=2.5 --json_out=/tmp/plan.json
 """
 
 from __future__ import annotations
+
+import sys
 
 from absl import flags
 from absl import logging
@@ -19,57 +26,146 @@ from experiments import _cli
 from experiments import _model_flags
 from experiments import _model_notes
 from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.parallel import planner
 from jaxroof.report import table
+from jaxroof.serving import plan_check
+from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
 
-_SHARED = _model_flags.define("model", *_model_flags.COST)
+_SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", *_model_flags.COST,
+                              lists=("weight_dtype", "kv_dtype"))
 _MODEL = _SHARED.model
 _CONTEXT = flags.DEFINE_integer("context", None, "Tokens each sequence retains. >= 1.",
                                 lower_bound=1)
+_PROMPT_TOKENS = flags.DEFINE_integer(
+    "prompt_tokens", None, "Prompt tokens per request (default: context - output_tokens). "
+    ">= 1.", lower_bound=1)
+_OUTPUT_TOKENS = flags.DEFINE_integer(
+    "output_tokens", planner.DEFAULT_OUTPUT_TOKENS, "Output tokens per request. >= 1.",
+    lower_bound=1)
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
                                    "Longest gap between one user's tokens, ms. > 0.")
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Longest time to first token, ms. > 0.")
 _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
-                                "Tokens per second the fleet must serve. > 0.")
+                                "Output tokens per second the fleet must serve. > 0.")
+_ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", None,
+                                   "Requests per second the fleet must serve (instead of "
+                                   "--aggregate_tokens_per_s). > 0.")
 _ACCELERATORS = flags.DEFINE_string(
     "accelerators", "all",
-    f"Comma-separated accelerators, or 'all': {', '.join(known_accelerators())}.")
+    f"Comma-separated accelerators, or 'all' (with --price_per_hour: the priced ones): "
+    f"{', '.join(known_accelerators())}.")
+_MAX_CHIPS = flags.DEFINE_integer("max_chips", None, "Most chips a plan may use. >= 1.",
+                                  lower_bound=1)
+_PRICE = flags.DEFINE_string(
+    "price_per_hour", None, "$ per chip-hour by accelerator, e.g. h100-sxm=3.0,h200=3.8: "
+    "plans rank by cost per hour and report cost per million output tokens.")
+_POOLS = flags.DEFINE_enum("pools", "both", list(planner.POOLS),
+                           "Search shared pools, split prefill/decode pools, or both.")
 _TOP = flags.DEFINE_integer("top", 20, "Plans to list. >= 1.", lower_bound=1)
+_TOP_K = flags.DEFINE_integer("top_k", plan_check.DEFAULT_TOP_K,
+                              "Plans simulated at the workload (0: none). >= 0.", lower_bound=0)
+_SIM_REQUESTS = flags.DEFINE_integer("sim_requests", plan_check.DEFAULT_REQUESTS,
+                                     "Requests per simulated plan. In [10, 100,000].",
+                                     lower_bound=10, upper_bound=100_000)
+_SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
+                               "Scheduler of the simulated check.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the simulated arrivals.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the ranked plans as JSON here.")
 
-for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "tokens/s")):
+for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "tokens/s"),
+                       (_ARRIVAL_RATE, "requests/s")):
   _cli.require_positive(_holder, _unit)
 
-HEADERS = ("rank", "accelerator", "chips", "tp", "pp", "ep", "dp", "mb", "batch", "weights",
-           "K/V", "step ms", "TTFT ms", "fleet tok/s", "binds", "headroom")
+HEADERS = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "batch", "weights",
+           "K/V",
+           "gap ms", "TTFT ms", "$/h", "$/Mtok", "sim p90 TTFT/TPOT ms", "meets")
+
+
+def _cell(value, fmt: str) -> str:
+  return "-" if value is None else format(value, fmt)
+
+
+def _pools(pools: dict) -> str:
+  if pools["kind"] == "shared":
+    return "shared"
+  pre = pools["prefill"]
+  return (f"split {pools['prefill_chips']}+{pools['decode_chips']} "
+          f"(prefill tp{pre['tp']}x{pre['replicas']})")
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS, _AGGREGATE)
+  _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS)
+  if (_AGGREGATE.value is None) == (_ARRIVAL_RATE.value is None):
+    raise InputError("give the load once: --aggregate_tokens_per_s or --arrival_rate.")
+  known = known_accelerators()
+  prices = planner.parse_prices(_PRICE.value, known)
+  names = _ACCELERATORS.value
+  if prices and names.strip() == "all":
+    names = ",".join(prices)
+  devices = load_accelerators(names)
+  missing = [d.name for d in devices if prices and d.name not in prices]
+  if missing:
+    raise InputError(f"--price_per_hour has no price for {', '.join(missing)}: give one for "
+                     "every accelerator in --accelerators, or leave it out.")
   spec = load_model(_MODEL.value)
   result = planner.plan(
-      spec, load_accelerators(_ACCELERATORS.value),
-      context=_CONTEXT.value, top=_TOP.value,
+      spec, devices, context=_CONTEXT.value, top=_TOP.value,
+      prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
       targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3,
                               ttft_s=_TTFT_MS.value / 1e3,
-                              aggregate_tokens_per_s=_AGGREGATE.value),
+                              aggregate_tokens_per_s=_AGGREGATE.value,
+                              arrival_rate_per_s=_ARRIVAL_RATE.value),
+      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)),
+      kv_dtypes=tuple(dict.fromkeys(_SHARED.kv_dtype.value)),
+      prices=prices, max_chips=_MAX_CHIPS.value, pools=_POOLS.value,
       bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
-  print(f"{result['model']} at {result['context']} tokens: {result['meeting']:,} of "
-        f"{result['searched']:,} configurations meet a {_TOKEN_GAP_MS.value:g} ms token gap, "
-        f"{_TTFT_MS.value:g} ms TTFT and {_AGGREGATE.value:,.0f} tokens/s "
-        f"(analytic bound; searched in {result['wall_s']:.2f} s on this CPU)")
-  rows = [[p["rank"], p["accelerator"], p["chips"], p["tp"], p["pp"], p["ep"], p["dp"],
-           p["microbatches"], p["batch"], p["weight_dtype"], p["kv_dtype"],
-           f"{p['step_s'] * 1e3:,.2f}", f"{p['ttft_s'] * 1e3:,.1f}",
-           f"{p['aggregate_tokens_per_s']:,.0f}", p["binds"], f"{p['headroom']:.2f}"]
-          for p in result["plans"]]
+  for note in result["notes"]:
+    print(f"note: {note}", file=sys.stderr)
+  if _TOP_K.value and result["plans"]:
+    plan_check.check_top(result, spec, devices, k=_TOP_K.value,
+                         num_requests=_SIM_REQUESTS.value, seed=_SEED.value,
+                         scheduler=_SCHEDULER.value, bound=_SHARED.bound.value,
+                         comm_overlap=_SHARED.comm_overlap.value)
+  work = result["workload"]
+  print(f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "
+        f"{work['output_tokens']} out, {work['arrival_rate_per_s']:,.4g} requests/s "
+        f"({work['output_tokens_per_s']:,.0f} output tokens/s): {result['meeting']:,} of "
+        f"{result['searched']:,} configurations meet a {_TOKEN_GAP_MS.value:g} ms token gap "
+        f"and {_TTFT_MS.value:g} ms TTFT with their prefill load (analytic bound; searched in "
+        f"{result['wall_s']:.2f} s on this CPU); ranked by {result['ranked_by']}")
+  rows = []
+  for p in result["plans"]:
+    s = p["simulated"]
+    merged = "".join(f" (= {m['weight_dtype']}/{m['kv_dtype']})" for m in p["merged"])
+    rows.append([
+        p["rank"] if result["prices_per_hour"] else f"{p['rank']} ({p['rank_within_accelerator']})",
+        p["accelerator"], p["chips"], _pools(p["pools"]), p["tp"], p["pp"], p["ep"], p["dp"],
+        p["batch"],
+        p["weight_dtype"], p["kv_dtype"] + merged,
+        f"{p['loaded_token_gap_s'] * 1e3:,.1f}", f"{p['ttft_s'] * 1e3:,.0f}",
+        _cell(p["cost_per_hour"], ",.2f"), _cell(p["cost_per_million_tokens"], ",.3f"),
+        "-" if s is None else f"{s['ttft_p90_s'] * 1e3:,.0f} / {s['tpot_p90_s'] * 1e3:,.1f}",
+        "-" if s is None else ("yes" if s["meets"] else "MISSES")])
   if rows:
     print(table.format_table(HEADERS, rows))
+    if not result["prices_per_hour"]:
+      print("no prices: rank (rank within its accelerator); chips of different kinds are not "
+            "compared (give --price_per_hour to rank by cost)")
+    print("split: prefill + decode chips; tp..batch are the decode pool's (the JSON's pools "
+          "has both and the K/V transfer); split plans are not simulated")
+    if "simulation" in result:
+      sim = result["simulation"]
+      print(f"top {sim['top_k']} simulated ({sim['scheduler']} scheduler, "
+            f"{sim['num_requests']} requests each, seed {sim['seed']}, "
+            f"{sim['wall_s']:.1f} s): p90 TTFT / TPOT; a plan that misses ranks below the "
+            "rest")
   else:
-    print("no configuration meets the targets: relax the token gap, TTFT or rate.")
+    print("no configuration meets the targets: relax the token gap, TTFT or rate, or allow "
+          "more chips, formats or accelerators.")
   for line in result["assumptions"]:
     print(f"assumes: {line}")
   _model_notes.say(spec, [_CONTEXT.value])

@@ -312,7 +312,7 @@ def main(argv: list[str]) -> None:
     row["elasticities"] = values
     row["moved_by"] = elasticity.moved_by(values)
   decision = decision_lib.decide(model, inputs, token_gap_s=gap_s, ttft_s=ttft_s,
-                                 aggregate_tokens_per_s=_AGGREGATE.value, **load)
+                                 aggregate_tokens_per_s=_replica_aggregate(inputs), **load)
   result = {
       "kind": model.kind,
       "inputs": {
@@ -324,6 +324,7 @@ def main(argv: list[str]) -> None:
           "prefill_batch": _PREFILL_BATCH.value,
           "ttft_target_s": ttft_s, "token_gap_target_s": gap_s,
           "aggregate_target_tokens_per_s": _AGGREGATE.value,
+          "aggregate_target_per_replica_tokens_per_s": _replica_aggregate(inputs),
           "si": {"N": inputs.N, "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,
                  "kv_per_sequence_bytes": inputs.kv_per_sequence_bytes, "BW": inputs.BW,
                  "F": inputs.F, "layers": inputs.layers},
@@ -349,9 +350,11 @@ def main(argv: list[str]) -> None:
                                          output_tokens=outputs),
   }
   if _ARRIVAL_RATE.value > 0 and ttft_s is not None:
+    link, link_note = _kv_link()
     result["pools"] = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                                    arrival_rate=load["arrival_rate"], ttft_s=ttft_s,
-                                    token_gap_s=gap_s, window_s=window_s)
+                                    arrival_rate=_ARRIVAL_RATE.value, ttft_s=ttft_s,
+                                    token_gap_s=gap_s, window_s=window_s,
+                                    kv_link_bytes_per_s=link, kv_link_note=link_note)
   if _SIMULATE_REQUESTS.value:
     result["percentiles"] = _percentiles(model, decision, prompt, outputs,
                                          load["arrival_rate"], ttft_s, gap_s)
@@ -367,7 +370,7 @@ def main(argv: list[str]) -> None:
     decision[accuracy.ROW_FIELD] = model.provenance.get("heldout_median_rel_error")
   if calibrated and accuracy.bound_first(model.provenance):
     bound_decision = decision_lib.decide(StepModel.bound(), inputs, token_gap_s=gap_s,
-                                         ttft_s=ttft_s, aggregate_tokens_per_s=_AGGREGATE.value,
+                                         ttft_s=ttft_s, aggregate_tokens_per_s=_replica_aggregate(inputs),
                                          **load)
     result["bound_decision"] = bound_decision
     print("Analytic bound, shown first (the profile's held-out error is larger than the "
@@ -391,6 +394,8 @@ def main(argv: list[str]) -> None:
           "(serial; the elasticities are the step's floor without it); fleet "
           f"{decision['fleet_aggregate_tokens_per_s']:,.0f} tokens/s, load limit "
           f"{decision['fleet_max_arrival_rate_per_s']:.4g} requests/s")
+  if "pools" in result:
+    print(_pools_line(result["pools"]))
   if "peer" in result:
     print(table.format_table(serving_report.PEER_HEADERS,
                              serving_report.peer_cells(result["peer"]["rows"])))
@@ -410,6 +415,43 @@ def main(argv: list[str]) -> None:
     serving_report.plot_frontier(frontier, decision, _PLOT_OUT.value, title, kind=model.kind,
                                  token_gap_s=gap_s, memory_limit=inputs.max_batch_in_memory)
     logging.info("wrote %s", _PLOT_OUT.value)
+
+
+def _replica_aggregate(inputs) -> float | None:
+  """The fleet's --aggregate_tokens_per_s, split evenly over the dp replicas (the
+  decision is one replica's)."""
+  return None if _AGGREGATE.value is None else _AGGREGATE.value / inputs.replicas
+
+
+def _kv_link() -> tuple[float | None, str]:
+  """The per-chip network a split's K/V crosses between pools: the device's scale-out
+  figure (its scale-up one when none), or free without a device."""
+  if _MODEL.value is None:
+    return None, "raw numbers: no network figure, K/V transfer assumed free"
+  device = _model_flags.device(_SHARED)
+  net = device.links
+  if net is None:
+    return None, f"{device.name} records no network: K/V transfer assumed free"
+  if net.scale_out_bytes_per_s is not None:
+    return net.scale_out_bytes_per_s, (f"{device.name} scale-out "
+                                       f"{net.scale_out_bytes_per_s / 1e9:g} GB/s per chip")
+  return net.collective_bytes_per_s, (f"{device.name} scale-up {net.technology} "
+                                      f"{net.collective_bytes_per_s / 1e9:g} GB/s per chip "
+                                      "(no scale-out figure)")
+
+
+def _pools_line(p: dict) -> str:
+  """The split-vs-shared answer in GPUs (a replica is tp*pp*ep of them)."""
+  per = p["chips_per_replica"]
+  unit = "" if per == 1 else f" ({per} per replica)"
+  split, shared = p["split"], p["shared"]
+  a = (f"split {split['prefill_gpus']} prefill + {split['decode_gpus']} decode = "
+       f"{split['gpus']} GPUs (K/V transfer {split['kv_transfer_s'] * 1e3:.3g} ms)"
+       if split["feasible"] else f"split infeasible ({split['reason']})")
+  b = (f"shared {shared['gpus']} GPUs" if shared["feasible"]
+       else f"shared infeasible ({shared['reason']})")
+  return (f"  pools at {p['arrival_rate_per_s']:g} requests/s{unit}: {a}; {b}; fewer: "
+          f"{p['fewer_chips'] or 'neither'} ({p['kv_transfer']['note']})")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,17 @@ layer schedule. Give a shipped model on an accelerator
 
 --tp --pp --ep (with --model) simulate one replica of that layout: one
 chip's traffic along a token's path, each iteration's communication added,
-K/V pages on the busiest chip; --dp splits --arrival_rate over that many
-alike replicas and reports the fleet's throughputs.
+K/V pages on the busiest chip. --dp=N simulates a fleet of N alike replicas
+behind a router (--router: round_robin, least_outstanding, power_of_two) at
+the fleet's --arrival_rate: the fleet's metrics printed, each replica's in
+the JSON (`replicas`).
+
+--find_max_rate bisects the fleet's arrival rate with the seeded simulator
+for the largest rate at which --ttft_ms, --tpot_ms and --itl_ms hold at
+--slo_percentile (JSON: `max_rate_per_s`, `max_rate_per_chip`).
+
+Sampled lengths whose prompt + output exceed the model's context are
+resampled or clipped (--long_samples), and counted.
 
 --plot_out writes the TTFT/ITL CDFs there, and beside it `<stem>_kv.png`
 (K/V pages and queue over time) and `<stem>_goodput.png` (goodput against
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from absl import flags
 
 from experiments import _cli
@@ -41,7 +51,7 @@ from jaxroof.measure import profiles
 from jaxroof.report import simulation as sim_report
 from jaxroof.report import accuracy
 from jaxroof.report import table
-from jaxroof.serving import arrivals, metrics, replica, simulator
+from jaxroof.serving import arrivals, fleet, metrics, replica, simulator
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic.step_model import StepModel
 
@@ -101,6 +111,18 @@ _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
+_ITL_MS = flags.DEFINE_float("itl_ms", None, "SLO for --find_max_rate: ITL at most this (ms).")
+_SLO_PERCENTILE = flags.DEFINE_float("slo_percentile", 90.0, "Percentile at which "
+                                     "--find_max_rate checks the SLOs, in (0, 100).",
+                                     lower_bound=1e-6, upper_bound=99.999999)
+_FIND_MAX_RATE = flags.DEFINE_bool("find_max_rate", False, "Bisect for the largest fleet "
+                                   "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
+                                   "--slo_percentile (starting from --arrival_rate).")
+_ROUTER = flags.DEFINE_enum("router", "round_robin", list(fleet.ROUTERS),
+                            "How a fleet (--dp > 1) sends requests to its replicas.")
+_LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
+                                  "Sampled prompt + output beyond the model's context: "
+                                  "drawn again, or clipped.")
 _WHAT_IF = flags.DEFINE_bool(
     "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
     "(its factors applied as a what-if).")
@@ -112,7 +134,7 @@ _GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per
 
 for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
                        (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (_TTFT_MS, "ms"),
-                       (_TPOT_MS, "ms"), (_PARAMS_B, "billions"), (_BYTES_PER_WEIGHT, "B"),
+                       (_TPOT_MS, "ms"), (_ITL_MS, "ms"), (_PARAMS_B, "billions"), (_BYTES_PER_WEIGHT, "B"),
                        (_KV_BYTES_PER_TOKEN, "B"), (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"),
                        (_KV_MEMORY_GB, "GB"), (_NUM_REQUESTS, "requests")):
   _cli.require_positive(_holder, _unit)
@@ -143,8 +165,9 @@ def _replica(bound: bool = False, **kw) -> replica.Replica:
                               layout=_layout_flags.layout(_ACCELERATOR.value),
                               mla_prefill=_SHARED.mla_prefill.value,
                               comm_overlap=_SHARED.comm_overlap.value, **common)
-  if _layout_flags.layout().chips > 1:
-    raise InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and --accelerator.")
+  if _layout_flags.layout().chips_per_replica > 1:
+    raise InputError("--tp/--pp/--ep/--chips apply only with --model and --accelerator "
+                     "(raw numbers take --dp for a fleet).")
   raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
          "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
          "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
@@ -162,7 +185,7 @@ def _replica(bound: bool = False, **kw) -> replica.Replica:
       description={"model": "raw numbers"}, **common)
 
 
-def _workload(rate: float, n: int) -> arrivals.Workload:
+def _workload(rate: float, n: int, max_total: int | None = None) -> arrivals.Workload:
   if _TRACE.value is not None and _ARRIVAL.value != "trace":
     raise InputError(f"--trace applies only with --arrival=trace (given --arrival="
                      f"{_ARRIVAL.value}): add --arrival=trace, or leave --trace out.")
@@ -175,7 +198,7 @@ def _workload(rate: float, n: int) -> arrivals.Workload:
       prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
       prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
       prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
-      burstiness=_BURSTINESS.value)
+      burstiness=_BURSTINESS.value, max_total=max_total, long_samples=_LONG_SAMPLES.value)
 
 
 def _targets() -> dict:
@@ -206,11 +229,75 @@ def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
   return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": n}
 
 
+def _fleet(w: arrivals.Workload, r: replica.Replica, replicas: int) -> dict:
+  """The fleet behind the router: its metrics, each replica's, the routing."""
+  run = fleet.simulate_fleet(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
+                             seed=_SEED.value)
+  m = metrics.serving_metrics(run.fleet.arrival_s, run.fleet.first_token_s,
+                              run.fleet.finish_s, run.fleet.output_tokens, run.fleet.itl_s,
+                              **_targets())
+  return {"run": run, "metrics": m,
+          "replicas": fleet.replica_metrics(run, **_targets())}
+
+
+def _max_rate(r: replica.Replica, replicas: int, chips: int) -> dict:
+  targets = {"ttft_s": None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3,
+             "tpot_s": None if _TPOT_MS.value is None else _TPOT_MS.value / 1e3,
+             "itl_s": None if _ITL_MS.value is None else _ITL_MS.value / 1e3}
+  if all(v is None for v in targets.values()):
+    raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
+
+  def run_at(rate: float) -> simulator.Run:
+    w = _workload(rate, _NUM_REQUESTS.value, r.max_context)
+    if replicas == 1:
+      return simulator.simulate(w, r, _SCHEDULER.value)
+    return fleet.simulate_fleet(w, r, replicas, scheduler=_SCHEDULER.value,
+                                router=_ROUTER.value, seed=_SEED.value).fleet
+
+  found = fleet.find_max_rate(run_at, start_rate=_ARRIVAL_RATE.value,
+                              percentile=_SLO_PERCENTILE.value, targets=targets)
+  rate = found["max_rate_per_s"]
+  return {**found, "max_rate_per_chip": None if rate is None else rate / chips,
+          "replicas": replicas, "chips": chips, "slo_percentile": _SLO_PERCENTILE.value,
+          "targets": targets, "num_requests": _NUM_REQUESTS.value, "seed": _SEED.value,
+          "label": "simulated (seeded bisection over the arrival rate)"}
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  replicas = _layout_flags.layout(_ACCELERATOR.value).dp
-  w = _workload(_ARRIVAL_RATE.value / replicas, _NUM_REQUESTS.value)
+  layout = _layout_flags.layout(_ACCELERATOR.value)
+  replicas = layout.dp
+  if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
+    raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
+                     f"router simulates continuous batching ({', '.join(fleet.CONTINUOUS)}).")
+  if _ARRIVAL.value == "trace" and _FIND_MAX_RATE.value:
+    raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
+  trace = _workload(_ARRIVAL_RATE.value, 1) if _ARRIVAL.value == "trace" else None
   r = _replica()
+  if _FIND_MAX_RATE.value:
+    found = _max_rate(r, replicas, layout.chips)
+    rate = found["max_rate_per_s"]
+    print(f"largest arrival rate meeting the SLOs at p{_SLO_PERCENTILE.value:g} "
+          f"({len(found['tried'])} seeded simulations of {_NUM_REQUESTS.value} requests, "
+          f"{_SCHEDULER.value} scheduler, {replicas} replica(s), {layout.chips} chip(s)): "
+          + ("none (the smallest rate tried misses)" if rate is None else
+             f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
+             f"{found['bracket']}"))
+    if _JSON_OUT.value:
+      files.write_json(_JSON_OUT.value, {"label": found["label"], "replica": r.description,
+                                         "scheduler": _SCHEDULER.value,
+                                         "router": _ROUTER.value if replicas > 1 else None,
+                                         **found})
+    return
+  w = trace or _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value, r.max_context)
+  beyond = w.description.get("beyond_context")
+  if beyond and beyond["requests_beyond"]:
+    print(f"{beyond['requests_beyond']} sampled request(s) beyond the {beyond['max_total_tokens']}"
+          f"-token context: {beyond['policy']}d ({beyond['draws_redone']} draws redone, "
+          f"{beyond['clipped']} clipped)")
+  if replicas > 1:
+    _main_fleet(w, r, replicas)
+    return
   bar, on_progress = _progress(len(w))
   run = simulator.simulate(w, r, _SCHEDULER.value, on_progress)
   if bar is not None:
@@ -259,24 +346,42 @@ def main(argv: list[str]) -> None:
     spec = load_model(_MODEL.value)
     _model_notes.say(spec, [_CONTEXT.value])
     result.update(_model_notes.json_fields(spec, [_CONTEXT.value]))
-  if replicas > 1:
-    result["fleet"] = {
-        "replicas": replicas, "note": "--arrival_rate split evenly over the dp replicas; "
-        "one replica simulated, the fleet's throughputs are dp times its",
-        "request_throughput_per_s": m["request_throughput_per_s"] * replicas,
-        "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"] * replicas}
   if _PLOT_OUT.value:
     stem, _ = os.path.splitext(_PLOT_OUT.value)
     sim_report.plot_cdfs({_SCHEDULER.value: {"ttft_s": run.first_token_s - run.arrival_s,
                                              "itl_s": run.itl_s}}, _PLOT_OUT.value, label)
     sim_report.plot_kv_over_time(run, r.total_pages, f"{stem}_kv.png", label)
     if _ARRIVAL.value != "trace":
-      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value / replicas)
+      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value)
       result["goodput_vs_rate"] = sweep
       sim_report.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
                               f"{stem}_goodput.png", label)
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
+
+
+def _main_fleet(w: arrivals.Workload, r: replica.Replica, replicas: int) -> None:
+  out = _fleet(w, r, replicas)
+  run = out["run"]
+  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
+                                       == "bound" else "calibrated iteration model"))
+  print(f"{label}: fleet of {replicas} replicas behind {_ROUTER.value}, {_SCHEDULER.value} "
+        f"scheduler, {len(w)} requests at {_ARRIVAL_RATE.value:g}/s")
+  print(table.format_table(sim_report.HEADER,
+                           sim_report.metrics_rows({f"fleet ({replicas})": out["metrics"]})))
+  counts = np.bincount(run.assignment, minlength=replicas)
+  print(f"requests per replica: min {counts.min()}, max {counts.max()}; "
+        f"{run.fleet.iterations} iterations simulated in {run.wall_s:.2f} s; "
+        f"{run.fleet.preemptions} preemptions (per-replica metrics in the JSON)")
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, {
+        "label": label, "scheduler": _SCHEDULER.value, "router": _ROUTER.value,
+        "replica": r.description, "workload": w.description, "metrics": out["metrics"],
+        "fleet": {"replicas": replicas, "router": _ROUTER.value,
+                  "request_throughput_per_s": out["metrics"]["request_throughput_per_s"],
+                  "output_throughput_tokens_per_s":
+                      out["metrics"]["output_throughput_tokens_per_s"]},
+        "replicas": out["replicas"]})
 
 
 if __name__ == "__main__":

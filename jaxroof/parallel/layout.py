@@ -11,6 +11,8 @@ Chips per replica = tp x pp x ep (experts spread over ep groups of tp x pp
 chips); the fleet is dp replicas. A layout stays within the scale-up domain
 (an NVLink node, a TPU slice) unless a scale-out figure is recorded, then
 all its collectives run at the scale-out per-chip rate (the slower link binds).
+A device without a scale-up fabric (PCIe cards: L4, L40S, H100 PCIe) runs its
+collectives over PCIe within one host (`PCIE_HOST_CHIPS`), labelled "pcie".
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic import symbols as S
 
 DEFAULT_ACTIVATION_BYTES = 2.0  # bf16 activations on the wire.
+# Cards one host's PCIe tree holds (an assumption: a typical 8-slot server); a device
+# without a scale-up fabric runs tensor parallelism over PCIe up to this many.
+PCIE_HOST_CHIPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +163,7 @@ def validate(layout: Layout, spec: ModelSpec, device: Accelerator) -> Layout:
 class LinkChoice:
   bytes_per_s: float  # W_ic.
   hop_latency_s: float  # t_hop.
-  network: str  # "scale-up" or "scale-out" (or "none" for one chip).
+  network: str  # "scale-up", "pcie" or "scale-out" (or "none" for one chip).
   note: str
   base_latency_s: float = 0.0  # t_base, per collective.
   torus: bool = False  # Rings per axis; no one-shot collectives.
@@ -188,7 +193,22 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
                       + ("; rings per torus axis" if torus else ""),
                       base_latency_s=net.base_latency_s, torus=torus,
                       axes=3 if "3d" in net.topology.lower() else 2)
+  if (net.domain_chips == 1 and "pcie" in net.technology.lower()
+      and layout.chips_per_replica <= PCIE_HOST_CHIPS):
+    return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "pcie",
+                      f"no scale-up fabric on {device.name}: collectives over {net.technology} "
+                      f"at {net.collective_bytes_per_s / 1e9:g} GB/s per card "
+                      f"(the recorded PCIe rate; peer-to-peer through a shared root complex "
+                      f"is slower), {net.hop_latency_s * 1e6:g} us per hop "
+                      f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
+                      f"collective; one host of up to {PCIE_HOST_CHIPS} cards (assumed)",
+                      base_latency_s=net.base_latency_s)
   if net.scale_out_bytes_per_s is None:
+    if net.domain_chips == 1 and "pcie" in net.technology.lower():
+      raise errors.InputError(
+          f"--tp*--pp*--ep = {layout.chips_per_replica} {device.name} cards exceeds one PCIe "
+          f"host ({PCIE_HOST_CHIPS} cards, assumed) and no scale-out figure is recorded: "
+          f"allowed tp*pp*ep <= {PCIE_HOST_CHIPS} (use --dp for more cards).")
     raise errors.InputError(
         f"--tp*--pp*--ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
         f"domain of {net.domain_chips} ({net.domain_unit}) and no scale-out figure is "

@@ -84,17 +84,62 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
   return np.maximum(1, np.rint(draws)).astype(np.int64)
 
 
+LONG_SAMPLES = ("resample", "clip")
+_RESAMPLE_ROUNDS = 100
+
+
+def fit_context(prompts: np.ndarray, outputs: np.ndarray, max_total: int, policy: str,
+                draw) -> tuple[np.ndarray, np.ndarray, dict]:
+  """Requests with prompt + output > `max_total`: redrawn (`resample`, `draw(n)` ->
+  (prompts, outputs), up to 100 rounds, the rest clipped) or `clip`ped (output to
+  at most max_total - 1, then the prompt to the rest)."""
+  require_choice("long_samples", policy, LONG_SAMPLES)
+  max_total = require_positive_int("max_total", max_total)
+  if max_total < 2:
+    raise InputError(f"max_total={max_total} is not allowed: a request needs a prompt token "
+                     "and an output token.")
+  prompts, outputs = prompts.copy(), outputs.copy()
+  over = prompts + outputs > max_total
+  count = int(over.sum())
+  resampled = 0
+  if policy == "resample":
+    for _ in range(_RESAMPLE_ROUNDS):
+      idx = np.nonzero(prompts + outputs > max_total)[0]
+      if not len(idx):
+        break
+      prompts[idx], outputs[idx] = draw(len(idx))
+      resampled += len(idx)
+  idx = np.nonzero(prompts + outputs > max_total)[0]
+  outputs[idx] = np.minimum(outputs[idx], max_total - 1)
+  prompts[idx] = np.minimum(prompts[idx], max_total - outputs[idx])
+  return prompts, outputs, {"policy": policy, "max_total_tokens": max_total,
+                            "requests_beyond": count, "draws_redone": resampled,
+                            "clipped": int(len(idx))}
+
+
 def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int,
               prompt_tokens: float, output_tokens: float, prompt_distribution: str = "fixed",
               output_distribution: str = "fixed", prompt_spread: float = 0.0,
-              output_spread: float = 0.0, burstiness: float = 1.0) -> Workload:
-  """A seeded synthetic workload (arrivals first, then prompt and output lengths)."""
+              output_spread: float = 0.0, burstiness: float = 1.0,
+              max_total: int | None = None, long_samples: str = "resample") -> Workload:
+  """A seeded synthetic workload (arrivals first, then prompt and output lengths).
+
+  `max_total` (the model's context): a request whose prompt + output exceeds it
+  is resampled or clipped (`long_samples`, see `fit_context`), counted in the
+  description's `beyond_context`.
+  """
   rng = np.random.default_rng(seed)
   times = arrival_times(arrival, num_requests, arrival_rate, rng, burstiness)
   prompts = lengths("prompt_tokens", prompt_distribution, prompt_tokens, prompt_spread,
                     num_requests, rng)
   outputs = lengths("output_tokens", output_distribution, output_tokens, output_spread,
                     num_requests, rng)
+  beyond = None
+  if max_total is not None:
+    draw = lambda n: (  # noqa: E731 (the same distributions, later in the seeded stream)
+        lengths("prompt_tokens", prompt_distribution, prompt_tokens, prompt_spread, n, rng),
+        lengths("output_tokens", output_distribution, output_tokens, output_spread, n, rng))
+    prompts, outputs, beyond = fit_context(prompts, outputs, max_total, long_samples, draw)
   description = {"arrival": arrival, "arrival_rate_per_s": float(arrival_rate),
                  "burstiness": float(burstiness), "num_requests": int(num_requests),
                  "seed": int(seed),
@@ -102,6 +147,8 @@ def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int
                                    "spread": float(prompt_spread)},
                  "output_tokens": {"distribution": output_distribution, "mean": float(output_tokens),
                                    "spread": float(output_spread)}}
+  if beyond is not None:
+    description["beyond_context"] = beyond
   return Workload(times, prompts, outputs, description)
 
 

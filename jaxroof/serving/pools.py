@@ -12,8 +12,10 @@ M/D/1 queueing model and bound or calibrated steps):
   split    prefill chips: each an M/D/1 server of one-prompt prefills, as many
            as keep mean TTFT on target; decode chips: each runs the largest
            batch meeting the token gap with no prefill interference, and
-           carries batch / ((G-1)*step) requests/s. K/V moves between pools
-           for free (assumed).
+           carries batch / ((G-1)*step) requests/s. A prompt's K/V moves to
+           the decode pool over the network joining them (`kv_link_bytes_per_s`,
+           each chip its own share; free when no figure is given), after its
+           prefill and before its first token: it counts in TTFT.
   shared   every chip prefills (with priority) and decodes: its token gaps
            stretch by 1/(1 - lam*D) and its slots must carry the load; the
            fewest chips for which `decision.decide` finds a batch.
@@ -39,7 +41,7 @@ SHARED_WINS = (
     "loose token-gap target: prefill interruptions (a 1/(1 - lam*D) stretch) cost little",
     "short prompts: prefill is a small share of each chip's time",
     "low rates: a split needs at least one chip of each kind, a shared pool one chip",
-    "moving K/V between pools is not free in practice (assumed free here)",
+    "moving K/V between pools costs a transfer over the network joining them (in TTFT)",
 )
 SPLIT_WINS = (
     "tight token-gap target: decode chips never pause for a prefill",
@@ -90,12 +92,21 @@ def _ceil(x: float) -> int:
 
 def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
             output_tokens: int, arrival_rate: float, ttft_s: float, token_gap_s: float,
-            window_s: float = 0.0) -> dict[str, Any]:
-  """Chips and goodput per chip for split and shared pools at one rate and two targets."""
+            window_s: float = 0.0, kv_link_bytes_per_s: float | None = None,
+            kv_link_note: str = "") -> dict[str, Any]:
+  """Replicas, chips and goodput per chip for split and shared pools at one rate and
+  two targets. A "chip" in `split`/`shared` is one replica of `inputs`' layout;
+  `*_gpus` count its tp*pp*ep devices."""
   errors.require_positive("arrival_rate", arrival_rate)
   kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   single = float(requests.prefill(inputs, prompt_tokens, 1.0, model)["prefill_s"])
-  per_prefill_chip = queueing.max_arrival_rate(ttft_s, single, window_s)
+  transfer_s = 0.0
+  if kv_link_bytes_per_s is not None:
+    errors.require_positive("kv_link_bytes_per_s", kv_link_bytes_per_s)
+    k = inputs.k * prompt_tokens if inputs.grows else inputs.kv_per_sequence_bytes
+    transfer_s = float(k) / kv_link_bytes_per_s
+  per_prefill_chip = (queueing.max_arrival_rate(ttft_s - transfer_s, single, window_s)
+                      if ttft_s > transfer_s else 0.0)
   decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s,
                                 with_elasticities=False, **kw)
   split: dict[str, Any] = {"feasible": False}
@@ -107,10 +118,13 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
     split = {"feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
              "chips": chips, "decode_batch": decode_only["batch"],
              "prefill_rate_per_chip": per_prefill_chip, "decode_rate_per_chip": per_decode_chip,
-             "goodput_per_chip": arrival_rate / chips}
+             "goodput_per_chip": arrival_rate / chips, "kv_transfer_s": transfer_s,
+             "prefill_gpus": prefill_chips * inputs.chips_per_replica,
+             "decode_gpus": decode_chips * inputs.chips_per_replica,
+             "gpus": chips * inputs.chips_per_replica}
   else:
-    split["reason"] = ("prefill alone misses the TTFT target" if per_prefill_chip <= 0
-                       else decode_only["reason"])
+    split["reason"] = ("prefill alone (with the K/V transfer) misses the TTFT target"
+                       if per_prefill_chip <= 0 else decode_only["reason"])
   shared: dict[str, Any] = {"feasible": False, "reason": f"no feasible pool up to {MAX_CHIPS} chips"}
 
   def works(chips: int) -> dict[str, Any] | None:
@@ -130,7 +144,8 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
     d = works(chips)
     shared = {"feasible": True, "chips": chips, "batch": d["batch"], "binds": d["binds"],
               "ttft_s": d["ttft_s"], "token_gap_s": d["loaded_token_gap_s"],
-              "goodput_per_chip": arrival_rate / chips}
+              "goodput_per_chip": arrival_rate / chips,
+              "gpus": chips * inputs.chips_per_replica}
   winner = None
   if split["feasible"] and shared["feasible"]:
     winner = ("shared" if shared["chips"] < split["chips"] else
@@ -140,6 +155,10 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
   return {"arrival_rate_per_s": arrival_rate, "ttft_target_s": ttft_s,
           "token_gap_target_s": token_gap_s, "prefill_service_s": single,
           "split": split, "shared": shared, "fewer_chips": winner,
+          "chips_per_replica": inputs.chips_per_replica,
+          "kv_transfer": {"bytes_per_s": kv_link_bytes_per_s, "seconds": transfer_s,
+                          "note": kv_link_note or ("assumed free (no link figure)"
+                                                   if kv_link_bytes_per_s is None else "")},
           "queue_model": queueing.MODEL,
           "assumptions_favouring_shared": list(SHARED_WINS),
           "assumptions_favouring_split": list(SPLIT_WINS)}

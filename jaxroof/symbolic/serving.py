@@ -22,8 +22,8 @@ import functools
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t, t_ttft,
-                                      t_window)
+from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t,
+                                      t_gap, t_ttft, t_window)
 
 Expr = sp.Expr
 
@@ -139,3 +139,14 @@ def shared_capacity_rate(t: Expr = t, D: Expr = D_pf, B: Expr = B,
   """
   t, D, B, n_out = _s(t, D, B, n_out)
   return 1 / (D + (n_out - 1) * t / B)
+
+
+@functools.cache
+def max_arrival_rate_for_gap() -> Expr:
+  """Largest arrival rate whose loaded token gap meets `t_gap` (`sympy.solve` of
+  `loaded_token_gap = t_gap`): `(t_gap - t)/(t_gap*D)`; meaningful for t < t_gap."""
+  roots = sp.solve(sp.Eq(loaded_token_gap(), t_gap), lam)
+  if len(roots) != 1:
+    raise ArithmeticError(f"expected one root for lam, got {roots}")
+  return sp.factor(roots[0])
+
