@@ -176,9 +176,14 @@ def test_simulate_cli_with_a_layout(tmp_path):
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["replica"]["layout"]["tp"] == 2
-  assert data["fleet"]["replicas"] == 2
+  assert data["fleet"]["replicas"] == 2 and len(data["replicas"]) == 2
+  # Two replicas behind a round-robin router: the fleet serves what they serve between them,
+  # each about half of it.
+  per_replica = [r["metrics"]["request_throughput_per_s"] for r in data["replicas"]]
   assert data["fleet"]["request_throughput_per_s"] == pytest.approx(
-      2 * data["metrics"]["request_throughput_per_s"])
+      data["metrics"]["request_throughput_per_s"])
+  assert all(x == pytest.approx(data["fleet"]["request_throughput_per_s"] / 2, rel=0.2)
+             for x in per_replica)
 
 
 @pytest.mark.parametrize("module, flags, needle", [
