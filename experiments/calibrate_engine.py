@@ -85,6 +85,9 @@ def main(argv: list[str]) -> None:
     raise errors.InputError("--from_vllm is required: the vLLM bench serve result files.")
   if not _MODEL.value:
     raise errors.InputError("--model is required: the shipped model name.")
+  if _HELDOUT_MODEL.value and not _HELDOUT_VLLM.value:
+    raise errors.InputError(f"--heldout_model={','.join(_HELDOUT_MODEL.value)[:60]} without "
+                            "--heldout_vllm: give the held-out runs it belongs to.")
   if bool(_ACCELERATOR.value) == bool(_ACCELERATOR_FILE.value):
     raise errors.InputError("give one of --accelerator (a shipped name) and "
                             "--accelerator_file (your device's JSON).")

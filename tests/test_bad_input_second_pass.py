@@ -202,3 +202,15 @@ def test_bench_decode_refuses_a_billion_blocks_at_once():
   # Was silent past the timeout: the memory estimate traced every block.
   one_error_line(run("bench_decode", "--preset=lesson", "--blocks=1000000000",
                      "--new_tokens=2", "--prompt_len=8", timeout=60), "block passes")
+
+
+def test_heldout_model_without_heldout_runs_is_refused():
+  """Found by the long fuzz run: the flag was silently ignored."""
+  fixture = os.path.join(ROOT, "tests", "data", "vllm_cpu_detailed_fixture.json")
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={fixture}",
+       "--model=tinyllama-1.1b", "--accelerator=h100-sxm", "--max_simulations=10",
+       "--heldout_model=-5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert "--heldout_model" in proc.stderr and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().count("\n") == 0
