@@ -78,6 +78,18 @@ def test_layout_decode_at_one_chip_is_the_decode_step():
                                       rel=1e-12)
 
 
+def test_chunk_pairs_are_the_causal_sum_and_windows_cap_them():
+  """Independent: query i of a chunk attends to o + i keys (at most W in a window)."""
+  o, c, i = sp.symbols("o c i", positive=True, integer=True)
+  summed = sp.summation(o + i, (i, 1, c))
+  assert sp.simplify(cost_model.chunk_pairs("full", o, c) - summed) == 0
+  pairs = cost_model.span_evaluator("sliding")
+  for done, chunk, window in ((0, 10, 4), (3, 5, 100), (50, 7, 16)):
+    by_hand = sum(min(done + q, window) for q in range(1, chunk + 1))
+    assert float(pairs(T=1.0, o_chunk=float(done), c_chunk=float(chunk),
+                       W=float(window))["pairs"]) == by_hand
+
+
 def test_only_the_symbolic_layer_builds_a_roofline():
   """No module outside jaxroof/symbolic writes a roofline Max; inside, only these."""
   root = pathlib.Path(__file__).resolve().parents[1]

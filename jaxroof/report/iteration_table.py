@@ -30,11 +30,9 @@ def result(*, model: str, accelerator: str, layout: Mapping[str, Any], bound: st
 def text(out: Mapping[str, Any]) -> str:
   """The operations table, then the step and its sum."""
   t = out["terms"]
-  bw_s = t["memory_s"] / max(sum(t[f"{op}_bytes"] for op in cost_model.OPERATIONS), 1e-300)
-  f_s = t["compute_s"] / max(sum(t[f"{op}_flops"] for op in cost_model.OPERATIONS), 1e-300)
   rows = []
   for op in cost_model.OPERATIONS:
-    memory, compute = t[f"{op}_bytes"] * bw_s, t[f"{op}_flops"] * f_s
+    memory, compute = t[f"{op}_memory_s"], t[f"{op}_compute_s"]
     rows.append([op, f"{t[f'{op}_bytes']:,.4g}", f"{t[f'{op}_flops']:,.4g}",
                  f"{memory * 1e3:,.4f}", f"{compute * 1e3:,.4f}", f"{t[f'{op}_s'] * 1e3:,.4f}",
                  "compute" if compute > memory else "memory"])

@@ -124,7 +124,8 @@ def operations() -> dict[str, tuple[sp.Expr, sp.Expr]]:
 def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   """Named expressions of an iteration's analytic bound (seconds, bytes, FLOP).
 
-  `<op>_bytes`, `<op>_flops`, `<op>_s` per operation; `memory_s` and
+  `<op>_bytes`, `<op>_flops`, `<op>_memory_s`, `<op>_compute_s` and `<op>_s`
+  (its roofline) per operation; `memory_s` and
   `compute_s` the totals at BW and F; `floor_s` without communication;
   `comm_s`; `step_s`.
   """
@@ -134,6 +135,7 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   out: dict[str, sp.Expr] = {}
   for name, (nbytes, flops) in ops.items():
     out[f"{name}_bytes"], out[f"{name}_flops"] = nbytes, flops
+    out[f"{name}_memory_s"], out[f"{name}_compute_s"] = nbytes / BW, flops / F
     out[f"{name}_s"] = sp.Max(nbytes / BW, flops / F)
   out["memory_s"] = sum(b for b, _ in ops.values()) / BW
   out["compute_s"] = sum(f for _, f in ops.values()) / F

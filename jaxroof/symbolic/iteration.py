@@ -39,19 +39,14 @@ MODEL_NAMES: tuple[str, ...] = tuple(str(s) for s in MODEL)
 
 
 def chunk_attended_pairs(o: sp.Expr = o_chunk, c: sp.Expr = c_chunk) -> sp.Expr:
-  """Query-key pairs of a causal prefill chunk: c queries after o done ones.
-
-  Query i (1-based within the chunk) attends to o + i positions, itself
-  included: the sum over i is `o*c + c*(c+1)/2`.
-  """
-  o, c = sp.sympify(o), sp.sympify(c)
-  i = sp.Symbol("i", positive=True, integer=True)
-  return sp.expand(sp.summation(o + i, (i, 1, c)))
+  """Query-key pairs of a causal prefill chunk: c queries after o done ones,
+  `o*c + c*(c+1)/2` (`cost_model.chunk_pairs` of a full-attention block)."""
+  return sp.expand(cost_model.chunk_pairs("full", sp.sympify(o), sp.sympify(c)))
 
 
 def chunk_kv_positions(o: sp.Expr = o_chunk, c: sp.Expr = c_chunk) -> sp.Expr:
   """Positions of K/V a chunk touches: the o-token prefix read, its c written."""
-  return sp.sympify(o) + sp.sympify(c)
+  return cost_model.chunk_kv_positions("full", sp.sympify(o), sp.sympify(c))
 
 
 def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
