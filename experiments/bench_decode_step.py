@@ -37,7 +37,7 @@ from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import ceilings
 from jaxroof.measure import op_sweeps
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.measure import step_limits
 from jaxroof.report import table
 from jaxroof.toy import config as config_lib
@@ -47,7 +47,7 @@ TARGETS = {"weight_stream_fraction": 0.7, "kv_read_fraction": 0.5}
 
 _MODEL = flags.DEFINE_enum("model", "calibration", list(MODELS),
                            "Toy model sizes: the calibration model or a toy preset.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Weights and K/V.")
 _BATCHES = flags.DEFINE_list("batches", "1,8,16", "Batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,1024,2048,4096",
                               "Contexts (filled positions), >= 1; at least two.")
@@ -80,13 +80,13 @@ def main(argv: list[str]) -> None:
   if len(contexts) < 2:
     raise errors.InputError(f"--contexts={','.join(_CONTEXTS.value)} is not allowed: "
                             "give at least two different contexts.")
-  dtype = measure.require_dtype(_DTYPE.value)
+  dtype = measurement.require_dtype(_DTYPE.value)
   config = MODELS[_MODEL.value]
   inputs = op_sweeps.step_inputs(config, dtype)
   largest = max(step_limits.kv_bytes(inputs, b, max(contexts)) for b in batches)
   op_sweeps.require_memory(3 * largest + 2 * step_limits.weight_bytes(inputs),
                            "the largest point's caches and two weight copies")
-  allocator = measure.keep_allocations()
+  allocator = measurement.keep_allocations()
   say = lambda line: logging.info("%s", line)  # noqa: E731
   load = {"start": os.getloadavg()[0]}
   nbytes = _BANDWIDTH_MB.value * 2**20
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
   summary = step_limits.summarize(grid, inputs, read_Bps, TARGETS)
   rows = step_limits.rows(grid, inputs)
 
-  device = measure.current_device()
+  device = measurement.current_device()
   print(f"Toy decode step ({_MODEL.value}, {_DTYPE.value}) on {device.device_kind} "
         f"({device.platform}); read bandwidth {read_Bps / 1e9:.1f} GB/s (measured); "
         f"load {load['start']:.2f}-{load['end']:.2f}.")

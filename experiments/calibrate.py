@@ -66,7 +66,7 @@ from jaxroof.measure import calibration_job
 from jaxroof import errors
 from jaxroof.report import calibration as calibration_report
 from jaxroof import files
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.measure import profiles
 from jaxroof.measure import user_fit
 from jaxroof.measure import user_measurements
@@ -80,7 +80,7 @@ _BUDGET_S = flags.DEFINE_float(
     "budget_s", 600.0,
     "Wall-clock budget of the calibration, seconds (> 0; under 150 s a "
     "sparser grid is measured).")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Weights and K/V.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Weights and K/V.")
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 5, "Passes over the points while the budget lasts (>= 1); each "
     "point keeps its lower-quartile round (the 2nd fastest of 5); points "
@@ -192,7 +192,7 @@ def _print_status(status: str, warnings: list[str]) -> None:
 
 def calibrate() -> None:
   dtype = _DTYPE.value
-  measure.require_dtype(dtype)
+  measurement.require_dtype(dtype)
   calibration_job.check_budget("--budget_s", _BUDGET_S.value)
   previous = (profiles.load_profile(_COMPARE_PROFILE.value)
               if _COMPARE_PROFILE.value else None)

@@ -25,7 +25,7 @@ from experiments import _cli
 from jaxroof.measure import cost_analysis
 from jaxroof import files
 from jaxroof.errors import InputError
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.report import table
 
@@ -33,7 +33,7 @@ _CAL = op_sweeps.CALIBRATION
 
 _BACKEND = flags.DEFINE_enum("backend", "xla", ["xla", "pallas"],
                              "xla (every device) or pallas (GPU/TPU only).")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measure.DTYPES), "Operands.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Operands.")
 # Linear layer.
 _D_IN = flags.DEFINE_integer(
     "d_in", 4096, "Linear layer input features (>= 1).", lower_bound=1)
@@ -80,7 +80,7 @@ MEASURE_HEADERS = ("op", "shapes", "median ms", "spread", "GB/s (analytic)",
                    "GFLOP/s")
 
 
-def _measure_rows(records: list[measure.Measurement]) -> list[list[str]]:
+def _measure_rows(records: list[measurement.Measurement]) -> list[list[str]]:
   out = []
   for r in records:
     out.append([
@@ -93,9 +93,9 @@ def _measure_rows(records: list[measure.Measurement]) -> list[list[str]]:
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
-  dtype = measure.require_dtype(_DTYPE.value)
+  dtype = measurement.require_dtype(_DTYPE.value)
   backend = _BACKEND.value
-  measure.keep_allocations()
+  measurement.keep_allocations()
   say = lambda line: logging.info("%s", line)  # noqa: E731
   heads = dict(heads=_HEADS.value, kv_heads=_KV_HEADS.value,
                head_dim=_HEAD_DIM.value)
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
   costs += [cost_analysis.decode_step_cost(bench, b, c)
             for b, c in ((1, 128), (64, 1024))]
 
-  device = measure.current_device()
+  device = measurement.current_device()
   print(f"Per-op measurements on {device.device_kind} ({device.platform}), "
         f"backend {backend}, {_DTYPE.value}; "
         f"{records[0].method}. GB/s and GFLOP/s use the analytic counts.")

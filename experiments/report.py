@@ -23,7 +23,7 @@ from absl import flags
 from experiments import _cli
 from experiments import _model_flags
 from jaxroof.measure import calibration_job
-from jaxroof.measure import records
+from jaxroof.measure import measurement
 from jaxroof.report import document
 from jaxroof.report import summary
 from jaxroof.specs import accelerators as accelerator_specs
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> None:
   chosen = subject()
   if _CALIBRATION_BUDGET_S.value:
     calibration_job.check_budget("--calibration_budget_s", _CALIBRATION_BUDGET_S.value)
-  records.keep_allocations()  # Before any timing; see jaxroof.measure.records.
+  measurement.keep_allocations()  # Before any timing; see jaxroof.measure.measurement.
   path = document.build(document.Context(
       out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value,
       subject=chosen))

@@ -52,7 +52,7 @@ from experiments import _model_notes
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import profiles
-from jaxroof.report import serving as serving_report
+from jaxroof.report import serving_section
 from jaxroof.report import accuracy
 from jaxroof.report import table
 from jaxroof.serving import decision as decision_lib
@@ -375,17 +375,17 @@ def main(argv: list[str]) -> None:
     result["bound_decision"] = bound_decision
     print("Analytic bound, shown first (the profile's held-out error is larger than the "
           "bound's on the same data):")
-    print("\n".join(serving_report.decision_lines(bound_decision)))
+    print("\n".join(serving_section.decision_lines(bound_decision)))
     print()
   label = {"bound": "analytic bound", "calibrated": "calibrated prediction"}[model.kind]
   print(f"Serving {inputs.label}: prompt {prompt}, {outputs} outputs, "
         f"{_ARRIVAL_RATE.value:g} requests/s ({label}; TTFT: M/D/1 mean)")
-  headers, cells = serving_report.REQUEST_HEADERS, serving_report.request_cells(rows)
+  headers, cells = serving_section.REQUEST_HEADERS, serving_section.request_cells(rows)
   if calibrated:
     headers = tuple(headers) + (accuracy.HEADER,)
     cells = [c + [accuracy.cell(model.provenance)] for c in cells]
   print(table.format_table(headers, cells))
-  print("\n".join(serving_report.decision_lines(decision)))
+  print("\n".join(serving_section.decision_lines(decision)))
   if calibrated:
     print("\n".join(accuracy.footnote_lines(model.provenance)))
   if decision.get("comm_s") is not None:
@@ -397,8 +397,8 @@ def main(argv: list[str]) -> None:
   if "pools" in result:
     print(_pools_line(result["pools"]))
   if "peer" in result:
-    print(table.format_table(serving_report.PEER_HEADERS,
-                             serving_report.peer_cells(result["peer"]["rows"])))
+    print(table.format_table(serving_section.PEER_HEADERS,
+                             serving_section.peer_cells(result["peer"]["rows"])))
   if _MODEL.value is not None:
     spec = models.load_model(_MODEL.value)
     _model_notes.say(spec)  # A context beyond the model's is refused above.
@@ -408,11 +408,11 @@ def main(argv: list[str]) -> None:
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
     frontier = decision_lib.frontier(model, inputs,
-                                     serving_report.frontier_batches(batches, decision, inputs),
+                                     serving_section.frontier_batches(batches, decision, inputs),
                                      prompt_tokens=prompt,
                                      output_tokens=outputs)
     title = (f"{inputs.label}\nprompt {prompt} + {outputs} outputs")
-    serving_report.plot_frontier(frontier, decision, _PLOT_OUT.value, title, kind=model.kind,
+    serving_section.plot_frontier(frontier, decision, _PLOT_OUT.value, title, kind=model.kind,
                                  token_gap_s=gap_s, memory_limit=inputs.max_batch_in_memory)
     logging.info("wrote %s", _PLOT_OUT.value)
 

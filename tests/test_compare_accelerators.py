@@ -19,7 +19,7 @@ from jaxroof.symbolic.evaluate import step_model
 from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
-from jaxroof.specs.workload import crossover_batches, decode_step_inputs
+from jaxroof.specs.step_inputs import crossover_batches, decode_step_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,8 +169,8 @@ def test_cli_bad_input_is_one_line():
 
 
 def test_report_section_writes_its_plot(tmp_path):
-  from jaxroof.report import specs as arch_report
-  markdown = arch_report.report_section(str(tmp_path))
+  from jaxroof.report import specs_section
+  markdown = specs_section.report_section(str(tmp_path))
   assert "## KV sizing of real models" in markdown and "## Accelerators compared" in markdown
   assert "deepseek-v3" in markdown and "mistral-7b" in markdown and "h100-sxm" in markdown
-  assert (tmp_path / arch_report.COMPARE_PLOT).read_bytes()[:4] == b"\x89PNG"
+  assert (tmp_path / specs_section.COMPARE_PLOT).read_bytes()[:4] == b"\x89PNG"

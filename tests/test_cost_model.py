@@ -22,7 +22,7 @@ from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic import calibrated, cost_model, evaluate, iteration
-from jaxroof.symbolic import parallel as sym_parallel
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.step_model import StepModel
 
@@ -71,8 +71,8 @@ def test_layout_decode_at_one_chip_is_the_decode_step():
                 N_act=8e9, A_t=524288.0)
   names = [str(s) for s in (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp,
                             S.ep, S.m_mb, S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act,
-                            S.o_ovl, S.A_t, *sym_parallel.LINK_SYMBOLS)]
-  layout = evaluate.lambdified(sym_parallel.decode_outputs(), [S.BY_NAME[n].symbol for n in names])
+                            S.o_ovl, S.A_t, *collectives.LINK_SYMBOLS)]
+  layout = evaluate.lambdified(collectives.decode_outputs(), [S.BY_NAME[n].symbol for n in names])
   ours = layout(**{**one, **values})["step_s"]
   assert float(ours) == pytest.approx(float(evaluate.step_model()(**values)["step_s"]),
                                       rel=1e-12)

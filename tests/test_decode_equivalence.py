@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from jaxroof import errors, toy
-from jaxroof.report import toy as summary
+from jaxroof.report import toy_section
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_TOL = 1e-10
@@ -55,7 +55,7 @@ def test_experiment_lesson_run(tmp_path):
   assert result["positions_with_kv"] == 5  # Three outputs.
   assert result["kv_bytes_per_position_2byte"] == 32
   assert [row["positions_with_kv"] for row in result["rows"]] == [3, 4, 5]
-  assert "Cached decode agrees" in summary.decode_equivalence_section(result)
+  assert "Cached decode agrees" in toy_section.decode_equivalence_section(result)
 
 
 def test_experiment_break_is_a_detected_mismatch(tmp_path):
@@ -94,4 +94,4 @@ def test_bench_decode_writes_both_times(tmp_path):
   assert result["speedup"] == pytest.approx(
       result["recompute"]["median_s"] / result["cached"]["median_s"])
   assert result["outputs_match"]
-  assert "Speedup from caching" in summary.bench_decode_section(result)
+  assert "Speedup from caching" in toy_section.bench_decode_section(result)

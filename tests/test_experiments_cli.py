@@ -87,7 +87,7 @@ def test_crossovers_for_a_real_model_agree_with_the_sweep_and_filter(tmp_path):
   the one batch_sweep solves numerically (N barely moves with B: embedding
   rows); --only prints just the named ones; t_queue=0 and t_window=0 are
   allowed and leave TTFT = prefill."""
-  from jaxroof.specs import workload
+  from jaxroof.specs import step_inputs
   out = tmp_path / "c.json"
   proc = run("crossovers", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=8192",
              "--only=weight_kv_crossover_batch,time_to_first_token,prefill_time",
@@ -96,8 +96,8 @@ def test_crossovers_for_a_real_model_agree_with_the_sweep_and_filter(tmp_path):
   document = json.loads(out.read_text())
   items = {q["name"]: q for q in document["quantities"]}
   assert set(items) == {"weight_kv_crossover_batch", "time_to_first_token", "prefill_time"}
-  solved = workload.crossover_batches(workload.load_model("llama-3-8b"),
-                                      workload.load_accelerator("h100-sxm"), context=8192)
+  solved = step_inputs.crossover_batches(step_inputs.load_model("llama-3-8b"),
+                                      step_inputs.load_accelerator("h100-sxm"), context=8192)
   assert items["weight_kv_crossover_batch"]["value"] == pytest.approx(
       solved.weight_kv_crossover_batch, rel=1e-3)
   assert items["time_to_first_token"]["value"] == items["prefill_time"]["value"]

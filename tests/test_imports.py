@@ -139,8 +139,7 @@ def test_no_two_modules_share_a_name():
     if module.startswith(("experiments", "kernels")) or leaf in ("jaxroof", "__main__"):
       continue
     names.setdefault(leaf, []).append(module)
-  shared = {k: v for k, v in names.items() if len(v) > 1 and k not in (
-      "symbolic", "specs", "toy", "measure", "serving", "parallel", "report")}
+  shared = {k: v for k, v in names.items() if len(v) > 1}
   assert not shared, shared
 
 

@@ -11,7 +11,7 @@ import pytest
 from jaxroof.measure import ceilings
 from jaxroof import errors
 from jaxroof.symbolic import formulas
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.timing import Timing
 
@@ -23,7 +23,7 @@ TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
 
 def test_record_excludes_warmup_takes_median_and_labels_everything(fake_clock):
   clock = fake_clock([50.0, 40.0, 3.0, 1.0, 2.0, 9.0, 4.0])
-  record = measure.measure(
+  record = measurement.measure(
       clock.fn, [("a",), ("b",), ("c",)], op="linear",
       shapes={"rows": 4}, dtype="float32", backend="xla", warmup=2,
       repeats=5, flops=6.0, bytes=12.0, clock=clock)
@@ -39,23 +39,23 @@ def test_record_excludes_warmup_takes_median_and_labels_everything(fake_clock):
                                                        "float32")
   assert "median" in row["method"] and "block_until_ready" in row["method"]
   assert row["achieved_bytes_per_s"] == 4.0 and row["spread"] > 0
-  assert measure.Measurement.from_json(json.loads(json.dumps(row))) == record
+  assert measurement.Measurement.from_json(json.loads(json.dumps(row))) == record
 
 
 def test_kept_allocations_are_recorded():
-  how = measure.keep_allocations()
-  assert how == measure.allocator() and how
-  record = measure.measure(lambda: jnp.zeros(()), [()], op="x", shapes={},
+  how = measurement.keep_allocations()
+  assert how == measurement.allocator() and how
+  record = measurement.measure(lambda: jnp.zeros(()), [()], op="x", shapes={},
                            dtype="float32", repeats=1)
   assert record.extra["host_allocator"] == how
 
 
 def test_backend_and_dtype_are_checked():
   with pytest.raises(ValueError, match="backend"):
-    measure.measure(lambda: 0, [()], op="x", shapes={}, dtype="float32",
+    measurement.measure(lambda: 0, [()], op="x", shapes={}, dtype="float32",
                     backend="cuda")
   with pytest.raises(errors.InputError, match="Known: float32"):
-    measure.require_dtype("fp8")
+    measurement.require_dtype("fp8")
 
 
 def test_step_inputs_count_weights_read_and_kv_from_the_config():
@@ -101,7 +101,7 @@ class FakeBench:
     median = self.medians[batch].pop(0)
     timing = Timing(median_s=median, min_s=median, max_s=median, p10_s=median,
                     p90_s=median, repeats=3, warmup=1)
-    return measure.labelled(
+    return measurement.labelled(
         timing, op="decode_step", shapes={"batch": batch, "context": context},
         dtype="float32", extra={"setup_s": 0.0, "model": "m"})
 

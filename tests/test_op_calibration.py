@@ -19,7 +19,7 @@ from jaxroof.measure import fitting
 from jaxroof.measure import op_fit
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
-from jaxroof.measure import records
+from jaxroof.measure import measurement
 from jaxroof.symbolic.calibrated import FACTOR_NAMES
 from jaxroof.timing import Timing
 
@@ -28,13 +28,13 @@ TRUE = {"eta_w": 0.6, "eta_kv": 0.3, "eta_f": 0.5, "t0_step": 4e-4,
 BW, F = 5e10, 2e11
 CALL_S = 3e-5  # A timed operation's own cost per call (dispatch).
 CEILINGS = ceilings_lib.Ceilings("cpu", BW, BW, BW, {"float32": F})
-DEVICE = records.Device("cpu", "cpu", jax.__version__)
+DEVICE = measurement.Device("cpu", "cpu", jax.__version__)
 
 
 def _record(op, shapes, seconds, extra=None):
   timing = Timing(median_s=seconds, min_s=seconds, max_s=seconds,
                   p10_s=seconds, p90_s=seconds, repeats=3, warmup=1)
-  return records.Measurement(op=op, shapes=shapes, dtype="float32",
+  return measurement.Measurement(op=op, shapes=shapes, dtype="float32",
                              backend="xla", device=DEVICE, timing=timing,
                              extra=extra or {})
 

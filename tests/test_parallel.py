@@ -21,9 +21,9 @@ from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs.accelerators import load_accelerator, parse_slice
 from jaxroof.specs.model_sweep import model_sweep
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.models import load_model
-from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic.evaluate import lambdified, step_model
 from jaxroof.symbolic.symbols import BY_NAME
 
@@ -82,7 +82,7 @@ def test_layout_sweep_agrees_with_the_full_parallel_expression():
   swept = layout_sweep(spec, device, context=8192, batch_sizes=[1, 16, 128], layout=layout)
   link = layout_lib.links(layout, device)
   for row in swept["rows"]:
-    inputs = workload.decode_step_inputs(spec, device, context=8192,
+    inputs = step_inputs.decode_step_inputs(spec, device, context=8192,
                                          batch_sizes=[row["batch"]])
     direct = layout_lib.decode_model()(
         B=float(row["batch"]), T=8192.0, N=inputs.N[0], N_x=0.0, q=inputs.q, k=inputs.k,
@@ -112,8 +112,8 @@ def test_kv_replicated_beyond_the_kv_heads_and_mla_never_split():
 
 @pytest.mark.parametrize("latency", [False, True])
 def test_comm_bound_degree_satisfies_its_defining_equation(latency):
-  degree = sym.comm_bound_degree(latency)
-  comm, memory = sym.comm_bound_equation(latency)
+  degree = collectives.comm_bound_degree(latency)
+  comm, memory = collectives.comm_bound_equation(latency)
   values = {"N": 70e9, "q": 2, "B": 64, "T": 8192, "k": 327680, "BW": 3.35e12, "D": 8192,
             "a_act": 2, "n_blk": 80, "W_ic": 450e9, "t_hop": 0.6e-6}
   subs = {BY_NAME[n].symbol: v for n, v in values.items()}
@@ -129,19 +129,19 @@ def test_comm_bound_degree_satisfies_its_defining_equation(latency):
 
 
 def test_overlap_and_pipeline_bubble():
-  step = lambdified({"s": sym.with_overlap()}, [BY_NAME[n].symbol for n in
+  step = lambdified({"s": collectives.with_overlap()}, [BY_NAME[n].symbol for n in
                                                 ("t_floor", "t_comm", "o_ovl")])
   assert step(t_floor=3.0, t_comm=1.0, o_ovl=0.0)["s"] == 4.0
   assert step(t_floor=3.0, t_comm=1.0, o_ovl=1.0)["s"] == 3.0
-  bubble = lambdified({"b": sym.bubble_fraction()}, [BY_NAME["m_mb"].symbol,
+  bubble = lambdified({"b": collectives.bubble_fraction()}, [BY_NAME["m_mb"].symbol,
                                                        BY_NAME["pp"].symbol])
   assert bubble(m_mb=1.0, pp=4.0)["b"] == 0.75 and bubble(m_mb=4.0, pp=4.0)["b"] == 0.0
 
 
 def test_ring_and_tree_latency_terms():
   n = BY_NAME["n_r"].symbol
-  ring = sym.allreduce_time(algorithm="ring")
-  tree = sym.allreduce_time(algorithm="tree")
+  ring = collectives.allreduce_time(algorithm="ring")
+  tree = collectives.allreduce_time(algorithm="tree")
   subs = {BY_NAME["S_b"].symbol: 0, BY_NAME["W_ic"].symbol: 1, BY_NAME["t_hop"].symbol: 1,
           BY_NAME["t_base"].symbol: 0}
   assert ring.subs({**subs, n: 8}) == 14 and sp.simplify(tree.subs({**subs, n: 8})) == 6
@@ -153,7 +153,7 @@ def test_allreduce_is_alpha_beta_with_one_shot_for_small_messages():
   accelerators.json); a one-shot all-reduce beats the ring for a small one and loses
   for a large one."""
   names = ("S_b", "n_r", "W_ic", "t_hop", "t_base", "x_os")
-  t = lambdified({"ring": sym.allreduce_time(algorithm="ring"), "best": sym.allreduce_time()},
+  t = lambdified({"ring": collectives.allreduce_time(algorithm="ring"), "best": collectives.allreduce_time()},
                  [BY_NAME[x].symbol for x in names])
   nvlink = dict(W_ic=450e9, t_hop=0.6e-6, t_base=6.6e-6, x_os=1.0)
   assert t(S_b=0.0, n_r=8.0, **nvlink)["ring"] == pytest.approx(15.0e-6, rel=1e-12)
@@ -189,7 +189,7 @@ def test_scaling_book_llama3_70b_on_v5e_4x2_step_is_17_ms():
 def test_scaling_book_llama3_70b_minimum_v5e_slices():
   # applied-inference.md table: bf16 (140 GB) needs 4x4 = 16 chips, int8 (70 GB) 4x2 = 8
   # (16 GB of HBM each; power-of-two slices).
-  weights = lambdified({"w": sym.per_chip_weights()},
+  weights = lambdified({"w": collectives.per_chip_weights()},
                        [BY_NAME[n].symbol for n in ("N", "N_x", "tp", "pp", "ep")])
   for q, chips in ((2.0, 16), (1.0, 8)):
     fewest = next(t for t in (1, 2, 4, 8, 16, 32)
@@ -206,7 +206,7 @@ def test_scaling_book_30b_int8_on_16_v5e_is_2_5_ms():
 
 def test_scaling_book_h100_node_allgather_65_us():
   # gpus.md Pop Quiz 1: AllGather(bf16[1024, 16384]) on 8xH100 at 450e9: "more precisely 65us".
-  t = lambdified({"t": sym.allgather_time(algorithm="ring")},
+  t = lambdified({"t": collectives.allgather_time(algorithm="ring")},
                  [BY_NAME[n].symbol for n in ("S_b", "n_r", "W_ic", "t_hop", "t_base")])
   value = t(S_b=2 * 1024 * 16384, n_r=8.0, W_ic=450e9, t_hop=0.0, t_base=0.0)["t"]
   assert value == pytest.approx(65e-6, rel=0.01)
@@ -280,11 +280,11 @@ def test_planner_searches_a_million_and_ranks_plans_that_meet_targets():
 def test_prefill_moves_p_times_the_decode_bytes():
   rows = BY_NAME["B"].symbol
   prompt = BY_NAME["P"].symbol
-  ratio = sym.tp_bytes_per_pass(prompt * rows) / sym.tp_bytes_per_pass(rows)
+  ratio = collectives.tp_bytes_per_pass(prompt * rows) / collectives.tp_bytes_per_pass(rows)
   assert sp.simplify(ratio - prompt) == 0
   values = {BY_NAME["D"].symbol: 7168, BY_NAME["a_act"].symbol: 2,
             BY_NAME["K"].symbol: 8, BY_NAME["ep"].symbol: 1}
-  assert sym.alltoall_bytes_per_token().subs(values) == 0  # One group: nothing leaves.
+  assert collectives.alltoall_bytes_per_token().subs(values) == 0  # One group: nothing leaves.
 
 
 def test_kv_sizing_cli_per_chip_fit(tmp_path):
@@ -318,9 +318,9 @@ def test_plan_cli_json(tmp_path):
 
 
 def test_report_single_stream_70b_on_the_fewest_h100s():
-  from jaxroof.report import parallel as report
+  from jaxroof.report import chips_section
 
-  _, rows = report.single_stream()
+  _, rows = chips_section.single_stream()
   fewest = next(r for r in rows if r["fits_in_memory"])
   # Independent count: 70.6B bf16 weights (141 GB) exceed one H100's 72 GB (80 GB less 10%).
   assert fewest["tp"] == 2

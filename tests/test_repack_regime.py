@@ -14,7 +14,7 @@ import pytest
 from jaxroof.measure import fitting
 from jaxroof.measure import op_fit
 from jaxroof.measure import profiles
-from jaxroof.measure import records
+from jaxroof.measure import measurement
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.timing import Timing
@@ -22,7 +22,7 @@ from jaxroof.timing import Timing
 BW, F = 5e10, 2e11
 FACTORS = {"eta_w": 0.6, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6,
            "r_ovl": 1.0}
-DEVICE = records.Device("cpu", "cpu", jax.__version__)
+DEVICE = measurement.Device("cpu", "cpu", jax.__version__)
 
 
 def test_repack_is_zero_at_batch_one_and_one_scaled_weight_read_from_two():
@@ -62,7 +62,7 @@ def test_step_model_and_profile_carry_the_regime(tmp_path):
   assert profiles.Profile.from_json(data).regime_factors == {}
 
 
-def _linear(rows: int, d: int, r_pack: float, noise: float, rng) -> records.Measurement:
+def _linear(rows: int, d: int, r_pack: float, noise: float, rng) -> measurement.Measurement:
   """One timed linear layer, by hand: weights + FLOPs (no overlap) + re-pack from M = 2."""
   n = d * d
   weights = n * 4.0 / (0.6 * BW)
@@ -70,7 +70,7 @@ def _linear(rows: int, d: int, r_pack: float, noise: float, rng) -> records.Meas
              + (r_pack * weights if rows >= 2 else 0.0)) * float(np.exp(rng.normal(0, noise)))
   timing = Timing(median_s=seconds, min_s=seconds, max_s=seconds, p10_s=seconds,
                   p90_s=seconds, repeats=3, warmup=1)
-  return records.Measurement(op="linear", shapes={"rows": rows, "d_in": d, "d_out": d},
+  return measurement.Measurement(op="linear", shapes={"rows": rows, "d_in": d, "d_out": d},
                              dtype="float32", backend="xla", device=DEVICE, timing=timing)
 
 

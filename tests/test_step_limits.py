@@ -10,7 +10,7 @@ import pytest
 
 from jaxroof import timing
 from jaxroof.measure import op_sweeps
-from jaxroof.measure import records
+from jaxroof.measure import measurement
 from jaxroof.measure import step_limits
 
 INPUTS = op_sweeps.StepInputs(N=1_000_000, N_act=1_000_000, q=4, k=1000, L=2,
@@ -18,9 +18,9 @@ INPUTS = op_sweeps.StepInputs(N=1_000_000, N_act=1_000_000, q=4, k=1000, L=2,
 
 
 def _record(batch: int, context: int, median: float, half_width: float = 0.0,
-            rounds: tuple[float, ...] = ()) -> records.Measurement:
+            rounds: tuple[float, ...] = ()) -> measurement.Measurement:
   samples = [median - half_width, median, median + half_width]
-  return records.labelled(timing.summarize(samples, warmup=1), op="decode_step",
+  return measurement.labelled(timing.summarize(samples, warmup=1), op="decode_step",
                           shapes={"batch": batch, "context": context}, dtype="float32",
                           extra={"round_medians_s": list(rounds or (median,))})
 

@@ -46,7 +46,7 @@ from jaxroof.measure import fitting
 from jaxroof.measure import op_fit
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.measure.op_sweeps import StepPoint
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.symbolic.step_model import StepModel
@@ -149,7 +149,7 @@ def heldout_points(budget_s: float, models: Mapping[str, ToyConfig],
           for b, c in grid if _fits_memory(config, dtype, b, c)]
 
 
-def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
+def model_inputs(records: Sequence[measurement.Measurement], bandwidth: float,
                  flop_rate: float) -> dict[str, np.ndarray]:
   """The calibrated model's inputs of measured decode steps."""
   steps = [r.extra["step_inputs"] for r in records]
@@ -170,7 +170,7 @@ def model_inputs(records: Sequence[measure.Measurement], bandwidth: float,
   }
 
 
-def bound_errors(records: Sequence[measure.Measurement],
+def bound_errors(records: Sequence[measurement.Measurement],
                  inputs: Mapping[str, np.ndarray]) -> np.ndarray:
   """Relative error of the analytic bound (the step floor at the measured
   ceilings) on measured steps: the yardstick a calibrated profile must beat."""
@@ -179,7 +179,7 @@ def bound_errors(records: Sequence[measure.Measurement],
   return fitting.relative_errors(np.asarray(bound), [r.median_s for r in records])
 
 
-def _point_row(record: measure.Measurement, predicted: float,
+def _point_row(record: measurement.Measurement, predicted: float,
                subset: str) -> dict[str, Any]:
   measured = record.median_s
   return {
@@ -213,10 +213,10 @@ class CalibrationRun:
   profile: profiles.Profile
   ceilings: ceilings_lib.Ceilings
   points: list[dict[str, Any]]  # One row per measured step (`_point_row`).
-  records: list[measure.Measurement]  # The decode steps.
+  records: list[measurement.Measurement]  # The decode steps.
   elapsed_s: float
   budget_s: float
-  operations: list[measure.Measurement] = dataclasses.field(
+  operations: list[measurement.Measurement] = dataclasses.field(
       default_factory=list)
 
   def rows(self, subset: str) -> list[dict[str, Any]]:
@@ -276,7 +276,7 @@ class CalibrationRun:
 
 
 def fit_records(
-    records: Sequence[measure.Measurement],
+    records: Sequence[measurement.Measurement],
     ceilings: ceilings_lib.Ceilings,
     dtype: str,
     *,
@@ -314,7 +314,7 @@ def _now() -> str:
 def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
                   dtype: Any, *, deadline: float, rounds: int, warmup: int,
                   repeats: int, seed: int, say: Progress
-                  ) -> list[measure.Measurement]:
+                  ) -> list[measurement.Measurement]:
   """Times each model's points with one bench alive at a time (memory)."""
   records = []
   names = [n for n in configs if any(p.model == n for p in points)]
@@ -332,14 +332,14 @@ def _sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
         deadline=time.monotonic() + share, seed=seed, always=mine[:1],
         progress=say)
     del bench
-    measure.release_memory()
+    measurement.release_memory()
   return records
 
 
 def _sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
                        dtype: Any, *, deadline: float, rounds: int, warmup: int,
                        repeats: int, seed: int, say: Progress
-                       ) -> list[measure.Measurement]:
+                       ) -> list[measurement.Measurement]:
   """Times every model's points in the same rounds (fit and held-out together).
 
   Each round visits all points in a fresh random order, so load from other
@@ -359,7 +359,7 @@ def _sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPo
       benches, list(points), rounds=rounds, warmup=warmup, repeats=repeats,
       deadline=deadline, seed=seed, always=always, progress=say)
   del benches
-  measure.release_memory()
+  measurement.release_memory()
   return records
 
 
@@ -372,7 +372,7 @@ def _errors_by_model(rows: Sequence[Mapping[str, Any]]
   return out
 
 
-def _load_summary(records: Sequence[measure.Measurement]) -> dict[str, Any]:
+def _load_summary(records: Sequence[measurement.Measurement]) -> dict[str, Any]:
   loads = [x for r in records for x in (r.extra.get("load_avg_1m"),
                                         r.extra.get("load_avg_1m_max"))
            if x is not None]
@@ -503,8 +503,8 @@ def run(
   del heldout_fraction  # The held-out set is whole models now.
   budget_s = check_budget("budget_s", budget_s)
   errors.require_choice("fit", fit, FITS)
-  dtype_value = measure.require_dtype(dtype)
-  measure.keep_allocations()
+  dtype_value = measurement.require_dtype(dtype)
+  measurement.keep_allocations()
   start = time.monotonic()
   end = start + budget_s - _FIT_RESERVE_S
   say = progress or (lambda _: None)
@@ -546,14 +546,14 @@ def run(
         (dtype,), repeats=3 if quick else 8, rounds=2 if quick else 3,
         progress=say)
   bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
-  measure.release_memory()
+  measurement.release_memory()
   # The phases share the time the ceilings left: operations, the fit's
   # steps, then the held-out steps (the reported error) to the end.
   now = time.monotonic()
   left = max(end - now, 0.0)
   ops_deadline = now + 0.3 * left
   fit_deadline = now + 0.5 * left
-  operations: list[measure.Measurement] = []
+  operations: list[measurement.Measurement] = []
   if fit == "ops":
     rows_m = linear_rows or (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS)
     grid = attention_grid or (ATTENTION_GRID_QUICK if quick
@@ -571,7 +571,7 @@ def run(
         linear_pts + attention_pts, dtype=dtype_value, backend=backend,
         rounds=3, deadline=ops_deadline, seed=seed,
         always=_minimum_operations(linear_pts, attention_pts), progress=say)
-    measure.release_memory()
+    measurement.release_memory()
   if interleave:
     say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
         f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
@@ -654,7 +654,7 @@ def run(
   say(f"held-out relative error: median "
       f"{fit_info['heldout_median_rel_error']:.1%}, max "
       f"{fit_info['heldout_max_rel_error']:.1%} ({status})")
-  device = measure.current_device()
+  device = measurement.current_device()
   model_info = {
       "configs": {name: dataclasses.asdict(c) for name, c in known.items()},
       "fit_models": _named_configs(configs),
@@ -678,7 +678,7 @@ def run(
       method=(f"{timing}; {op_sweeps.STATISTIC} of up to {rounds} rounds "
               "visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "
-              f"{measure.allocator()}"))
+              f"{measurement.allocator()}"))
   return CalibrationRun(profile=prof, ceilings=ceilings, points=rows,
                         records=fit_records_ + heldout_records,
                         elapsed_s=time.monotonic() - start, budget_s=budget_s,
@@ -766,14 +766,14 @@ def validate(
     Rows of batch, context, predicted_s, measured_s and rel_error, and
     whether the point lies inside the default calibration grid.
   """
-  measure.keep_allocations()
-  device = measure.current_device()
+  measurement.keep_allocations()
+  device = measurement.current_device()
   if device.device_kind != prof.device_kind:
     raise errors.InputError(
         f"profile device_kind={prof.device_kind!r} is not this device "
         f"({device.device_kind!r}): validate on the device it describes.")
   config = config_from_profile(prof, model)
-  dtype = measure.require_dtype(prof.dtype)
+  dtype = measurement.require_dtype(prof.dtype)
   too_big = [(b, c) for b, c in points if not _fits_memory(config, dtype, b, c)]
   if too_big:
     b, c = too_big[0]

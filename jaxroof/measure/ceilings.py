@@ -1,7 +1,7 @@
 """Device ceilings, measured: sustained memory bandwidth and matmul FLOP/s.
 
 Whatever device jax runs on (the CPU included), with the harness of
-`jaxroof.measure.records`:
+`jaxroof.measure.measurement`:
 
 * read bandwidth: a sum over an array far larger than the device's caches,
   bytes read / median time.
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jaxroof import errors
 from jaxroof.symbolic import formulas
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 
 # Sizes per platform: arrays far beyond the last-level cache (32 MB L3 on the
 # development CPU, ~50 MB L2 on an H100/H200), matmuls long enough to time.
@@ -44,7 +44,7 @@ class Ceilings:
   copy_bandwidth_Bps: float  # In-place update, read + write, B/s.
   read_bandwidth_Bps: float  # A sum's bytes read, B/s.
   flops_per_s: Mapping[str, float]  # Matmul FLOP/s by dtype name.
-  records: Sequence[measure.Measurement] = ()
+  records: Sequence[measurement.Measurement] = ()
 
   def flop_rate(self, dtype: str) -> float:
     if dtype not in self.flops_per_s:
@@ -55,7 +55,7 @@ class Ceilings:
 
   def to_json(self) -> dict[str, Any]:
     return {
-        "kind": measure.KIND,
+        "kind": measurement.KIND,
         "device_kind": self.device_kind,
         "bandwidth_Bps": self.bandwidth_Bps,
         "copy_bandwidth_Bps": self.copy_bandwidth_Bps,
@@ -74,7 +74,7 @@ class Ceilings:
         copy_bandwidth_Bps=float(data["copy_bandwidth_Bps"]),
         read_bandwidth_Bps=float(data["read_bandwidth_Bps"]),
         flops_per_s={k: float(v) for k, v in data["flops_per_s"].items()},
-        records=tuple(measure.Measurement.from_json(r)
+        records=tuple(measurement.Measurement.from_json(r)
                       for r in data.get("records", ())))
 
 
@@ -86,22 +86,22 @@ def default_sizes(platform: str | None = None) -> tuple[int, int]:
 
 
 def _arrays(count: int, shape: tuple[int, ...], dtype: Any) -> list[jax.Array]:
-  return [measure.filler(shape, dtype, seed) for seed in range(count)]
+  return [measurement.filler(shape, dtype, seed) for seed in range(count)]
 
 
 def read_bandwidth(nbytes: int, *, warmup: int = 2,
-                   repeats: int = 10) -> measure.Measurement:
+                   repeats: int = 10) -> measurement.Measurement:
   """Sums a float32 array of `nbytes` (two rotated): bytes read per second."""
   n = errors.require_positive_int("nbytes", nbytes) // 4
   arrays = _arrays(2, (n,), jnp.float32)
-  return measure.measure(
+  return measurement.measure(
       jax.jit(jnp.sum), [(a,) for a in arrays], op="read", shapes={"n": n},
       dtype="float32", warmup=warmup, repeats=repeats, flops=float(n),
       bytes=4.0 * n)
 
 
 def copy_bandwidth(nbytes: int, *, warmup: int = 2,
-                   repeats: int = 10) -> measure.Measurement:
+                   repeats: int = 10) -> measurement.Measurement:
   """Updates a donated float32 array in place: bytes read + written per s."""
   n = errors.require_positive_int("nbytes", nbytes) // 4
   arrays = _arrays(2, (n,), jnp.float32)
@@ -111,19 +111,19 @@ def copy_bandwidth(nbytes: int, *, warmup: int = 2,
     arrays[slot] = update(arrays[slot])
     return arrays[slot]
 
-  return measure.measure(
+  return measurement.measure(
       call, [(0,), (1,)], op="copy", shapes={"n": n}, dtype="float32",
       warmup=warmup, repeats=repeats, flops=2.0 * n, bytes=8.0 * n,
       extra={"donated": True})
 
 
 def matmul_rate(n: int, dtype: Any, *, warmup: int = 2,
-                repeats: int = 10) -> measure.Measurement:
+                repeats: int = 10) -> measurement.Measurement:
   """A square n x n x n matmul at `dtype`: 2 n^3 FLOPs per median time."""
   n = errors.require_positive_int("matmul_size", n)
   dtype = jnp.dtype(dtype)
   a, b = _arrays(2, (n, n), dtype)
-  return measure.measure(
+  return measurement.measure(
       jax.jit(jnp.matmul), [(a, b), (b, a)], op="matmul",
       shapes={"m": n, "k": n, "n": n}, dtype=dtype.name, warmup=warmup,
       repeats=repeats, flops=float(formulas.linear_flops(n * n, n)),
@@ -131,8 +131,8 @@ def matmul_rate(n: int, dtype: Any, *, warmup: int = 2,
       extra={"precision": "default"})
 
 
-def _best_of(rounds: int, measure_once: Callable[[], measure.Measurement]
-             ) -> measure.Measurement:
+def _best_of(rounds: int, measure_once: Callable[[], measurement.Measurement]
+             ) -> measurement.Measurement:
   """The fastest of `rounds` measurements (load from other processes only
   ever slows a round down); the others' medians are kept in `extra`."""
   records = [measure_once() for _ in range(rounds)]
@@ -168,7 +168,7 @@ def measure_ceilings(
   records = [read, copy]
   rates = {}
   for name in dtypes:
-    dtype = measure.require_dtype(name)
+    dtype = measurement.require_dtype(name)
     record = _best_of(rounds, lambda: matmul_rate(n, dtype, repeats=repeats))
     rates[name] = record.rate(record.flops)
     records.append(record)

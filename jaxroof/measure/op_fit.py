@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.measure import fitting
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.symbolic.calibrated import FACTOR_NAMES, REGIME_FACTOR_NAMES
 
 LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
@@ -52,7 +52,7 @@ def _column(values) -> np.ndarray:
   return np.asarray(values, dtype=np.float64)
 
 
-def linear_inputs(records: Sequence[measure.Measurement], bandwidth: float,
+def linear_inputs(records: Sequence[measurement.Measurement], bandwidth: float,
                   flop_rate: float) -> dict[str, np.ndarray]:
   """Calibrated-model inputs of timed linear layers (no K/V, no layers)."""
   n = _column([r.shapes["d_in"] * r.shapes["d_out"] for r in records])
@@ -63,7 +63,7 @@ def linear_inputs(records: Sequence[measure.Measurement], bandwidth: float,
           "F": np.full(len(records), flop_rate)}
 
 
-def attention_inputs(records: Sequence[measure.Measurement], bandwidth: float,
+def attention_inputs(records: Sequence[measurement.Measurement], bandwidth: float,
                      flop_rate: float) -> dict[str, np.ndarray]:
   """Calibrated-model inputs of one layer's timed decode attention.
 
@@ -80,11 +80,11 @@ def attention_inputs(records: Sequence[measure.Measurement], bandwidth: float,
           "F": np.full(len(records), flop_rate)}
 
 
-def _itemsize(record: measure.Measurement) -> int:
-  return int(np.dtype(measure.require_dtype(record.dtype)).itemsize)
+def _itemsize(record: measurement.Measurement) -> int:
+  return int(np.dtype(measurement.require_dtype(record.dtype)).itemsize)
 
 
-def _medians(records: Sequence[measure.Measurement]) -> np.ndarray:
+def _medians(records: Sequence[measurement.Measurement]) -> np.ndarray:
   return _column([r.median_s for r in records])
 
 
@@ -98,8 +98,8 @@ def _start(measured: np.ndarray) -> dict[str, float]:
   return fitting.initial_factors(measured, np.ones(1))
 
 
-def fit_linear(single: Sequence[measure.Measurement],
-               many: Sequence[measure.Measurement], *, bandwidth: float,
+def fit_linear(single: Sequence[measurement.Measurement],
+               many: Sequence[measurement.Measurement], *, bandwidth: float,
                flop_rate: float, fit_steps: int = 2000,
                regime: bool = False) -> dict[str, float]:
   """The linear layer's factors, in stages (module docstring).
@@ -125,9 +125,9 @@ def fit_linear(single: Sequence[measure.Measurement],
 
 
 def fit_operations(
-    linear: Sequence[measure.Measurement],
-    attention: Sequence[measure.Measurement],
-    steps: Sequence[measure.Measurement],
+    linear: Sequence[measurement.Measurement],
+    attention: Sequence[measurement.Measurement],
+    steps: Sequence[measurement.Measurement],
     step_inputs: Mapping[str, np.ndarray],
     *,
     bandwidth: float,

@@ -11,7 +11,7 @@ positions plus the slot the step writes, donated to the step so the update is
 in place, as a server does. Every call decodes at the same context (the step's
 length is reset), parameter copies and caches rotate between calls so the
 CPU's last-level cache does not flatter weight streaming, and every figure is
-a `jaxroof.measure.records.Measurement`.
+a `jaxroof.measure.measurement.Measurement`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from jax import lax
 
 from jaxroof import errors
 from jaxroof.symbolic import formulas
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.symbolic.evaluate import step_model
 from jaxroof.timing import time_call
 from jaxroof.toy import cache as cache_lib
@@ -240,7 +240,7 @@ class DecodeStepBench:
 
   def measure(self, batch: int, context: int, *, warmup: int = 2,
               repeats: int = 5, cache_sets: int | None = None,
-              clock=time.perf_counter) -> measure.Measurement:
+              clock=time.perf_counter) -> measurement.Measurement:
     """Times the decode step at one point.
 
     Args:
@@ -272,7 +272,7 @@ class DecodeStepBench:
       return logits
 
     flops, traffic = self.analytic(batch, context)
-    record = measure.measure(
+    record = measurement.measure(
         call, [(i,) for i in range(slots)], op="decode_step",
         shapes={"batch": batch, "context": context,
                 "layers": self.config.num_blocks},
@@ -284,7 +284,7 @@ class DecodeStepBench:
                "setup_s": setup_s, "donated_cache": True,
                "load_avg_1m": _load_average()})
     states.clear()  # Free this point's caches before the next point allocates.
-    measure.release_memory()
+    measurement.release_memory()
     return record
 
 
@@ -384,8 +384,8 @@ def round_spread(medians: Sequence[float]) -> float:
   return ordered[min(2, len(ordered) - 1)] / ordered[0] - 1.0
 
 
-def lower_quartile(records: Sequence[measure.Measurement]
-                   ) -> measure.Measurement:
+def lower_quartile(records: Sequence[measurement.Measurement]
+                   ) -> measurement.Measurement:
   """The round at the lower quartile of the rounds' medians.
 
   Load from other processes only ever slows a round down, so the typical
@@ -411,7 +411,7 @@ def decode_step_sweep(
     max_extra_rounds: int = 3,
     always: Collection[StepPoint] = (),
     progress: Callable[[str], None] | None = None,
-) -> list[measure.Measurement]:
+) -> list[measurement.Measurement]:
   """Measures decode steps at `points` in rounds; keeps each lower quartile.
 
   Each round visits the points in a fresh random order, so a burst of load
@@ -443,7 +443,7 @@ def decode_step_sweep(
     every round's median, their `round_spread` and the highest load seen.
   """
   rng = np.random.default_rng(seed)
-  measured: dict[StepPoint, list[measure.Measurement]] = {}
+  measured: dict[StepPoint, list[measurement.Measurement]] = {}
   guess = _CostGuess()
   total = len(points) * rounds
   done = 0
@@ -516,7 +516,7 @@ def _platform() -> str:
 
 
 def _check_backend(backend: str) -> None:
-  errors.require_choice("backend", backend, measure.BACKENDS)
+  errors.require_choice("backend", backend, measurement.BACKENDS)
   if backend == "pallas" and _platform() == "cpu":
     raise errors.InputError(
         "backend='pallas' is not allowed on the CPU: Pallas only interprets "
@@ -547,7 +547,7 @@ def _sequenced(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
              shapes: dict[str, int], dtype: str, flops: float, traffic: float,
              warmup: int, repeats: int, fn: Callable[..., Any] | None = None
-             ) -> measure.Measurement:
+             ) -> measurement.Measurement:
   """Per-call time of an op from calls inside one jit, never from dispatch.
 
   On the CPU, one straight-line jit calls the op on each rotated argument
@@ -573,7 +573,7 @@ def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
     timing = device_timing.time_chained(
         fn, arg_sets[0], feed=device_timing.perturb_first, warmup=warmup,
         repeats=repeats)
-  return measure.labelled(timing, op=op, shapes=shapes, dtype=dtype,
+  return measurement.labelled(timing, op=op, shapes=shapes, dtype=dtype,
                           backend=backend, flops=flops, bytes=traffic)
 
 
@@ -590,8 +590,8 @@ def require_memory(nbytes: float, what: str, limit: float = MEMORY_LIMIT_BYTES) 
 def linear_args(rows: int, d_in: int, d_out: int, dtype: Any, sets: int,
                 seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
   """`sets` independent (x, w) pairs: x (rows, d_in), w (d_in, d_out)."""
-  return [(measure.filler((rows, d_in), dtype, seed + 2 * i),
-           measure.filler((d_in, d_out), dtype, seed + 2 * i + 1)
+  return [(measurement.filler((rows, d_in), dtype, seed + 2 * i),
+           measurement.filler((d_in, d_out), dtype, seed + 2 * i + 1)
            / math.sqrt(d_in)) for i in range(sets)]
 
 
@@ -607,7 +607,7 @@ def linear_sweep(
     rows: Sequence[int], *, d_in: int, d_out: int, dtype: Any = jnp.float32,
     backend: str = "xla", phase: str = "decode", warmup: int = 2,
     repeats: int = 10, progress: Callable[[str], None] | None = None,
-) -> list[measure.Measurement]:
+) -> list[measurement.Measurement]:
   """Times x (rows, d_in) @ w (d_in, d_out) for each row count."""
   _check_backend(backend)
   dtype = jnp.dtype(dtype)
@@ -630,9 +630,9 @@ def attention_args(batch: int, context: int, heads: int, kv_heads: int,
                    head_dim: int, dtype: Any, sets: int, seed: int = 0):
   """`sets` independent (q, k, v, lengths) of decode attention, all full."""
   shape = (batch, context, kv_heads, head_dim)
-  return [(measure.filler((batch, heads, head_dim), dtype, seed + 3 * i),
-           measure.filler(shape, dtype, seed + 3 * i + 1),
-           measure.filler(shape, dtype, seed + 3 * i + 2),
+  return [(measurement.filler((batch, heads, head_dim), dtype, seed + 3 * i),
+           measurement.filler(shape, dtype, seed + 3 * i + 1),
+           measurement.filler(shape, dtype, seed + 3 * i + 2),
            jnp.full((batch,), context, jnp.int32)) for i in range(sets)]
 
 
@@ -650,7 +650,7 @@ def attention_sweep(
     head_dim: int, dtype: Any = jnp.float32, backend: str = "xla",
     warmup: int = 2, repeats: int = 10,
     progress: Callable[[str], None] | None = None,
-) -> list[measure.Measurement]:
+) -> list[measurement.Measurement]:
   """Times one layer's decode attention at each (batch, context) point."""
   _check_backend(backend)
   dtype = jnp.dtype(dtype)
@@ -740,7 +740,7 @@ def _rotated_sets(per_set_bytes: float, planned_s: float | None = None) -> int:
 
 def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
                repeats: int, seed: int = 0, planned_s: float | None = None
-               ) -> measure.Measurement:
+               ) -> measurement.Measurement:
   """Times one operation point, its operands made afresh and freed after.
 
   `repeats` is the number of timed calls wanted; on a CPU they are made as
@@ -781,7 +781,7 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
                     repeats=repeats, fn=fn)
   elapsed = time.perf_counter() - start
   del args
-  measure.release_memory()
+  measurement.release_memory()
   return dataclasses.replace(record, extra={
       **record.extra, "arg_sets": sets, "elapsed_s": elapsed,
       "load_avg_1m": _load_average()})
@@ -804,7 +804,7 @@ def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int,
   """`sets` (q, K rows, V rows, mask) of `toy_attention`, every slot read."""
   rows = (batch * kv_heads, context, head_dim)
   mask = jnp.ones((1, context), bool)
-  return [(measure.filler((batch, 1, heads, head_dim), dtype, seed + 3 * i),
+  return [(measurement.filler((batch, 1, heads, head_dim), dtype, seed + 3 * i),
            _pattern(rows, dtype, seed + 3 * i + 1),
            _pattern(rows, dtype, seed + 3 * i + 2), mask)
           for i in range(sets)]
@@ -853,7 +853,7 @@ def op_sweep(
     min_timed_s: float = 0.1,
     always: Collection[OpPoint] = (),
     progress: Callable[[str], None] | None = None,
-) -> list[measure.Measurement]:
+) -> list[measurement.Measurement]:
   """Times operations in rounds of random order; keeps each lower quartile.
 
   As `decode_step_sweep`: a burst of load hits a few samples of many points,
@@ -866,7 +866,7 @@ def op_sweep(
   """
   _check_backend(backend)
   rng = np.random.default_rng(seed)
-  measured: dict[OpPoint, list[measure.Measurement]] = {}
+  measured: dict[OpPoint, list[measurement.Measurement]] = {}
   passes = [_interleaved(points, rng) for _ in range(rounds)]
   first = [i for i, p in enumerate(points) if p in always]
   passes[0] = first + [i for i in passes[0] if i not in first]

@@ -21,7 +21,7 @@ from typing import Any
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.specs import accelerators
 from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
@@ -172,7 +172,7 @@ def _check_dtype(data: Mapping[str, Any], where: str) -> None:
   An unknown one would find no measured ceiling and silently fall back."""
   dtype = data["dtype"]
   users = bool(data.get("accelerator"))
-  allowed = tuple(parameters.WEIGHT_DTYPES) if users else tuple(measure.DTYPES)
+  allowed = tuple(parameters.WEIGHT_DTYPES) if users else tuple(measurement.DTYPES)
   parts = [p.strip() for p in dtype.split(",")] if users else [dtype]
   for part in parts:
     if part not in allowed:

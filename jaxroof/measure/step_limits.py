@@ -23,10 +23,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxroof.measure import records as measure
+from jaxroof.measure import measurement
 from jaxroof.symbolic import formulas
 
-Grid = Mapping[tuple[int, int], measure.Measurement]
+Grid = Mapping[tuple[int, int], measurement.Measurement]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ def kv_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float
       points=((batch, short), (batch, long_)))
 
 
-def _round_range(record: measure.Measurement) -> tuple[float, float]:
+def _round_range(record: measurement.Measurement) -> tuple[float, float]:
   """Fastest and slowest round medians of a point (its own median if one round)."""
   medians = record.extra.get("round_medians_s") or [record.median_s]
   return min(medians), max(medians)
@@ -175,6 +175,6 @@ def summarize(grid: Grid, inputs: Any, read_bandwidth_Bps: float,
   }
 
 
-def grid_of(records: Sequence[measure.Measurement]) -> dict[tuple[int, int], measure.Measurement]:
+def grid_of(records: Sequence[measurement.Measurement]) -> dict[tuple[int, int], measurement.Measurement]:
   """Decode-step records keyed by (batch, context)."""
   return {(r.shapes["batch"], r.shapes["context"]): r for r in records}

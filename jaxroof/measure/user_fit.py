@@ -36,7 +36,7 @@ Rows become model inputs through an `InputsFn`. The default,
 communication (`user_measurements.TP_ASSUMPTION`); the parallel layer's
 `jaxroof.parallel.layout_fit.layout_inputs` gives per-chip inputs of a real
 layout and the analytic communication of each step, which the fit scales by
-eta_comm (`jaxroof.symbolic.parallel.calibrated_with_comm`).
+eta_comm (`jaxroof.symbolic.collectives.calibrated_with_comm`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from jaxroof.specs import accelerators
 from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic import calibrated
-from jaxroof.symbolic import parallel as parallel_formulas
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import prefill_calibrated
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
@@ -147,7 +147,7 @@ def ideal_split_inputs(rows: Sequence[um.Row]) -> StepInputs:
 @functools.cache
 def with_comm_model(backend: str = "numpy"):
   """`f(t_floor=, t_comm=, eta_comm=) -> {"step_s"}`: communication serial, scaled."""
-  return lambdified({"step_s": parallel_formulas.calibrated_with_comm(overlap=0)},
+  return lambdified({"step_s": collectives.calibrated_with_comm(overlap=0)},
                     (S.t_floor, S.t_comm, S.eta_comm), backend)
 
 

@@ -22,7 +22,7 @@ extension is read as CSV with a header row. Every row is checked, and an
 error names the file, the line and the column.
 
 Rows become the calibrated models' inputs through the specs layer
-(`jaxroof.specs.workload.decode_step_inputs` for decode). Here tensor
+(`jaxroof.specs.step_inputs.decode_step_inputs` for decode). Here tensor
 parallelism is an ideal split: with tp chips, each chip reads N/tp weights
 and k/tp K/V bytes per token and does 1/tp of the FLOPs; communication is not
 modelled, so its cost lands in the fitted fixed costs (`TP_ASSUMPTION`,
@@ -48,7 +48,7 @@ from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
 from jaxroof.specs import parameters
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.model_spec import FULL, SLIDING
 
 PHASES = ("decode", "prefill")
@@ -274,7 +274,7 @@ def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
     _ideal_split_only(row)
     spec = _model(row.model)
     device = accelerators.load_accelerator(row.accelerator)
-    step = workload.decode_step_inputs(
+    step = step_inputs.decode_step_inputs(
         spec, device, context=row.context, batch_sizes=[row.batch],
         weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype)
     values = {"B": row.batch, "T": row.context, "N": float(step.N[0]) / row.tp,

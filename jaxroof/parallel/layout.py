@@ -5,7 +5,7 @@ accelerator (every error is one line naming the flag); `links` picks the
 interconnect figures a layout's collectives run at; `model_terms` reads
 the symbolic layer's architecture inputs (blocks, width, K/V split units)
 from a `ModelSpec`; `per_chip` turns single-device step inputs into the
-per-chip ones and the communication time of `jaxroof.symbolic.parallel`.
+per-chip ones and the communication time of `jaxroof.symbolic.collectives`.
 
 Chips per replica = tp x pp x ep (experts spread over ep groups of tp x pp
 chips); the fleet is dp replicas. A layout stays within the scale-up domain
@@ -27,7 +27,7 @@ from jaxroof import errors
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic import symbols as S
 
@@ -92,7 +92,7 @@ def from_slice(layout: Layout, chips: int | None) -> Layout:
 
 @dataclasses.dataclass(frozen=True)
 class ModelTerms:
-  """Architecture inputs of `jaxroof.symbolic.parallel` for one model."""
+  """Architecture inputs of `jaxroof.symbolic.collectives` for one model."""
 
   blocks: int  # n_blk: blocks with a tensor-parallel mixer and MLP.
   width: int  # D.
@@ -226,12 +226,12 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
 def _decode_evaluator(algorithm: str, bound: str):
   inputs = (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb,
             S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.o_ovl, S.A_t,
-            *sym.LINK_SYMBOLS)
-  return lambdified(sym.decode_outputs(algorithm, bound), inputs)
+            *collectives.LINK_SYMBOLS)
+  return lambdified(collectives.decode_outputs(algorithm, bound), inputs)
 
 
 def decode_model(algorithm: str = "best", bound: str = "per_op"):
-  """The lambdified per-chip decode step of `jaxroof.symbolic.parallel` (the cost
+  """The lambdified per-chip decode step of `jaxroof.symbolic.collectives` (the cost
   model's per-operation or fused bound); `A_t` (decode attention FLOPs per
   retained token) defaults to 0."""
   evaluator = _decode_evaluator(algorithm, bound)
@@ -241,8 +241,8 @@ def decode_model(algorithm: str = "best", bound: str = "per_op"):
 @functools.cache
 def _prefill_evaluator(algorithm: str, bound: str):
   inputs = (S.P, S.N, S.N_x, S.q, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.L_moe, S.K,
-            S.n_blk, S.D, S.V, S.a_act, S.o_ovl, S.A_f, *sym.LINK_SYMBOLS)
-  return lambdified(sym.prefill_outputs(algorithm, bound), inputs)
+            S.n_blk, S.D, S.V, S.a_act, S.o_ovl, S.A_f, *collectives.LINK_SYMBOLS)
+  return lambdified(collectives.prefill_outputs(algorithm, bound), inputs)
 
 
 def prefill_model(algorithm: str = "best", bound: str = "per_op"):

@@ -2,16 +2,16 @@
 
 A measured row names its layout (`tp`, `pp`, `ep` columns of
 `jaxroof.measure.user_measurements`). Here each row becomes one chip's
-inputs along a token's path (`jaxroof.symbolic.parallel.path_inputs`:
+inputs along a token's path (`jaxroof.symbolic.collectives.path_inputs`:
 weights over tp*pp, routed experts also over ep, K/V by `Max(1/tp, 1/u_kv)`
 and the ep groups, linear FLOPs and prefill attention heads over tp*ep) and
-the analytic communication of the pass (`jaxroof.symbolic.parallel.
+the analytic communication of the pass (`jaxroof.symbolic.collectives.
 pass_comm_s`: two ring all-reduces of (rows, D) per block and one for the
 embedding, the logits gather, MoE all-to-alls, pp - 1 hand-offs, at the
 accelerator's link figures). A decode step passes B rows, a prefill of the
 batch B*P rows. The calibrated step adds that communication serially at a
 fitted fraction eta_comm of its modelled speed
-(`jaxroof.symbolic.parallel.calibrated_with_comm`); everything else is
+(`jaxroof.symbolic.collectives.calibrated_with_comm`); everything else is
 `jaxroof.measure.user_fit` with these inputs.
 
 `layout_carry_over` asks the issue's question for layouts: factors fitted on
@@ -37,16 +37,16 @@ from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs import accelerators
 from jaxroof.specs import models
-from jaxroof.specs import workload
-from jaxroof.symbolic import parallel as sym
+from jaxroof.specs import step_inputs
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 
 COMM_NAMES = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
-              *(str(s) for s in sym.LINK_SYMBOLS))
+              *(str(s) for s in collectives.LINK_SYMBOLS))
 LAYOUT_NOTES = (
     "rows on a layout (tp, pp, ep): one chip's weights, K/V and FLOPs along a token's path "
-    "(jaxroof.symbolic.parallel.path_inputs), plus the analytic communication of the pass "
+    "(jaxroof.symbolic.collectives.path_inputs), plus the analytic communication of the pass "
     "(pass_comm_s: ring all-reduces of (rows, D) bf16 activations, 2 per block + 1, the "
     "logits all-gather, MoE all-to-alls, pp - 1 hand-offs; datasheet link bandwidth and "
     "per-hop latency) added serially and divided by the fitted eta_comm",
@@ -81,7 +81,7 @@ def check_row(path: str, row: um.Row) -> None:
     layout_lib.validate(layout, spec, device)
   except errors.InputError as e:
     raise errors.InputError(f"{path} line {row.line}, column {_column(str(e))!r}: {e}") from None
-  inputs = workload.decode_step_inputs(spec, device, context=row.context or row.prompt_tokens,
+  inputs = step_inputs.decode_step_inputs(spec, device, context=row.context or row.prompt_tokens,
                                        batch_sizes=[1], weight_dtype=row.weight_dtype,
                                        kv_dtype=row.kv_dtype)
   per_chip = inputs.resident_weight_bytes / (layout.tp * layout.pp)
@@ -101,12 +101,12 @@ def check_rows(measurements: um.Measurements) -> None:
 
 @functools.cache
 def _path_model():
-  return lambdified(sym.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
+  return lambdified(collectives.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
 
 
 @functools.cache
 def _comm_model():
-  return lambdified({"comm_s": sym.pass_comm_s(S.B)},
+  return lambdified({"comm_s": collectives.pass_comm_s(S.B)},
                     (S.B,) + tuple(getattr(S, n) for n in COMM_NAMES))
 
 

@@ -4,7 +4,7 @@
 One chip (tp = pp = ep = dp = 1) runs `model_sweep` itself, unchanged, and
 only adds the `comm_s` (0) and `chips` (1) columns. Several chips evaluate the
 same `StepModel` (bound or calibrated) on the per-chip path inputs of
-`jaxroof.symbolic.parallel.path_inputs` with the path's communication time
+`jaxroof.symbolic.collectives.path_inputs` with the path's communication time
 added serially; each row then says whether communication binds.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs import parameters as params
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.model_sweep import model_sweep
-from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
@@ -31,7 +31,7 @@ from jaxroof.symbolic.sweep import sweep
 
 @functools.cache
 def _path_model():
-  outputs = {**sym.path_inputs(), "fleet_scale": sym.fleet_rate(1)}
+  outputs = {**collectives.path_inputs(), "fleet_scale": collectives.fleet_rate(1)}
   return lambdified(outputs, (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv, S.dp))
 
 
@@ -63,7 +63,7 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
     raise ValueError("layout_sweep models one microbatch; the planner takes more")
   model = model or StepModel.bound()
   link = layout_lib.links(layout, device)
-  inputs = workload.decode_step_inputs(spec, device, context=context,
+  inputs = step_inputs.decode_step_inputs(spec, device, context=context,
                                        batch_sizes=batch_sizes, weight_dtype=weight_dtype,
                                        kv_dtype=kv_dtype, **kwargs)
   batch = inputs.batch_sizes.astype(float)

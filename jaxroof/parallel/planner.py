@@ -2,7 +2,7 @@
 
 `plan` searches accelerators x layout (tp, pp, ep, microbatches) x batch x
 weight dtype x K/V dtype in one flat numpy evaluation of the lambdified
-per-chip decode step and prefill (the one cost model, `jaxroof.symbolic.parallel`),
+per-chip decode step and prefill (the one cost model, `jaxroof.symbolic.cost_model`),
 keeps the configurations that fit per-chip memory, and gives each the
 data-parallel replicas `dp` the workload needs with its prefill load: the
 fewest replicas at which, per replica at `rate / dp`, (a) the requests fit
@@ -30,13 +30,12 @@ from jaxroof import errors
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs import parameters as params
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.symbolic import parallel as sym
-from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic import collectives
+from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic import symbols as S
-from jaxroof.symbolic import parallel as sym_parallel
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.evaluate import lambdified
 
@@ -45,7 +44,7 @@ KV_DTYPES = ("bf16", "fp8", "int8")
 TP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 PP_CHOICES = (1, 2, 4, 8)
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-LINK_NAMES = tuple(str(s) for s in sym_parallel.LINK_SYMBOLS)
+LINK_NAMES = tuple(str(s) for s in collectives.LINK_SYMBOLS)
 BATCHES = tuple(int(b) for b in np.unique(np.round(np.geomspace(1, 4096, 200))))
 
 DEFAULT_WEIGHT_DTYPES = ("published",)
@@ -108,11 +107,11 @@ class Targets:
 @functools.cache
 def _load_model():
   """Capacity, loaded gap and mean TTFT of one replica, and the largest rates the gap
-  and TTFT targets allow (`jaxroof.symbolic.serving`), lambdified once."""
-  rate_ttft = serving_formulas.max_arrival_rate_for_ttft()
+  and TTFT targets allow (`jaxroof.symbolic.request_formulas`), lambdified once."""
+  rate_ttft = request_formulas.max_arrival_rate_for_ttft()
   return lambdified({
-      "capacity": serving_formulas.shared_capacity_rate(),
-      "rate_gap": serving_formulas.max_arrival_rate_for_gap(),
+      "capacity": request_formulas.shared_capacity_rate(),
+      "rate_gap": request_formulas.max_arrival_rate_for_gap(),
       "rate_ttft": rate_ttft,
   }, (S.t, S.D_pf, S.B, S.n_out, S.t_gap, S.t_ttft, S.t_window))
 
@@ -120,9 +119,9 @@ def _load_model():
 
 @functools.cache
 def _at_rate_model():
-  return lambdified({"gap": serving_formulas.loaded_token_gap(),
-                     "ttft": serving_formulas.ttft(),
-                     "utilisation": serving_formulas.utilisation()},
+  return lambdified({"gap": request_formulas.loaded_token_gap(),
+                     "ttft": request_formulas.ttft(),
+                     "utilisation": request_formulas.utilisation()},
                     (S.t, S.lam, S.D_pf, S.t_window))
 
 
@@ -177,8 +176,8 @@ def format_notes(spec: ModelSpec, devices: Sequence[Accelerator],
 
 @functools.cache
 def _memory_model():
-  chip = (sym.per_chip_weights() * S.q
-          + S.B / S.ep * S.s * sym.kv_share() / S.pp)
+  chip = (collectives.per_chip_weights() * S.q
+          + S.B / S.ep * S.s * collectives.kv_share() / S.pp)
   return lambdified({"chip_bytes": chip},
                     (S.N, S.N_x, S.q, S.B, S.s, S.tp, S.pp, S.ep, S.u_kv))
 
@@ -232,7 +231,7 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
     b = np.tile(batches, n_layouts)
     for wi, wdt in enumerate(weight_dtypes):
       for ki, kdt in enumerate(kv_dtypes):
-        inputs = workload.decode_step_inputs(
+        inputs = step_inputs.decode_step_inputs(
             spec, device, context=context, batch_sizes=list(batches), weight_dtype=wdt,
             kv_dtype=kdt, workspace_fraction=workspace_fraction)
         size = n_layouts * n_b

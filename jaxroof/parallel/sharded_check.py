@@ -8,7 +8,7 @@ Run in a fresh process with host devices set before jax starts:
 For each tp: the largest |logit difference| from the unsharded toy
 (float64) for prefill and one decode step, and the collectives of each
 compiled program (kind, bytes) beside the count and bytes that
-`jaxroof.symbolic.parallel` gives. Prints one JSON object.
+`jaxroof.symbolic.collectives` gives. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroof.parallel import sharded_toy
-from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic.symbols import BY_NAME
 from jaxroof.toy import model as toy_model
 from jaxroof.toy.config import ToyConfig
@@ -39,9 +39,9 @@ def _expected(rows: int, tp: int) -> dict:
   """
   values = {"D": CONFIG.width, "V": CONFIG.vocab_size, "a_act": 8, "n_blk": CONFIG.num_blocks}
   s = {BY_NAME[n].symbol: v for n, v in values.items()}
-  return {"all-reduce": {"count": int(sym.tp_allreduces_per_pass().subs(s)),
-                         "bytes": int(sym.tp_allreduce_bytes(rows).subs(s))},
-          "all-gather": {"count": 1, "bytes": int(sym.logits_gather_bytes(rows).subs(s))},
+  return {"all-reduce": {"count": int(collectives.tp_allreduces_per_pass().subs(s)),
+                         "bytes": int(collectives.tp_allreduce_bytes(rows).subs(s))},
+          "all-gather": {"count": 1, "bytes": int(collectives.logits_gather_bytes(rows).subs(s))},
           "time_is_zero": tp == 1}
 
 

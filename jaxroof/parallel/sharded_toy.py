@@ -1,6 +1,6 @@
 """The toy Transformer, tensor parallel with `jax.shard_map` over a 1-D `Mesh`.
 
-Prefill and one decode step split the way `jaxroof.symbolic.parallel`
+Prefill and one decode step split the way `jaxroof.symbolic.collectives`
 counts them (Megatron): query/K/V heads and the MLP's hidden units across
 the "tp" axis, the output and down projections by rows followed by one
 `psum` (all-reduce) each; the embedding table and the LM head split by

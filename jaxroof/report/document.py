@@ -21,17 +21,17 @@ from jaxroof import files
 from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
-from jaxroof.report import parallel as parallel_report
+from jaxroof.report import chips_section
 from jaxroof.report import paths
 from jaxroof.report import plots
 from jaxroof.report import real_engine as real_engine_report
 from jaxroof.report import simulation as simulation_report
 from jaxroof.report import summary as summary_lib
 from jaxroof.report import summary_section
-from jaxroof.report import serving as serving_report
-from jaxroof.report import specs as specs_report
+from jaxroof.report import serving_section
+from jaxroof.report import specs_section
 from jaxroof.report import table
-from jaxroof.report import toy as toy_summary
+from jaxroof.report import toy_section
 from jaxroof.report import user_calibration as user_calibration_report
 from jaxroof.symbolic import catalogue
 from jaxroof.symbolic.sweep import decode_sweep
@@ -123,10 +123,10 @@ def toy_section(ctx: Context) -> str:
   result = toy_check.lesson_check(LESSON, LESSON_PROMPT, steps)
   report = toy_check.result_json(result, config=LESSON, prompt=LESSON_PROMPT, steps=steps,
                                  break_name=None, layout="fixed", seed=0)
-  parts = [toy_summary.decode_equivalence_section(report)]
+  parts = [toy_section.decode_equivalence_section(report)]
   bench = os.path.join(ctx.results_dir, "bench_decode_cpu.json")
   if os.path.exists(bench):
-    parts.append(toy_summary.bench_decode_section(files.read_json("results", bench)))
+    parts.append(toy_section.bench_decode_section(files.read_json("results", bench)))
     name = in_repository(bench)
     parts.append(f"(From `{name}`, measured earlier; rerun with "
                  f"`python -m experiments.bench_decode --json_out={name}`.)")
@@ -148,13 +148,13 @@ def summary(ctx: Context) -> str:
 
 def _accelerators_section(ctx: Context) -> str:
   s = ctx.subject
-  return specs_report.accelerator_section(
+  return specs_section.accelerator_section(
       ctx.out_dir, model_name=s.model, context=s.context, accelerators=s.accelerators,
       weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype)
 
 
 def _kv_sizing_section(ctx: Context) -> str:
-  return specs_report.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject.model,
+  return specs_section.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject.model,
                                         context=ctx.subject.context)
 
 
@@ -167,8 +167,8 @@ def _serving_section(ctx: Context) -> str:
   if best is None:
     return (f"No listed accelerator serves {s.model} at these targets (see the summary and "
             "the multi-chip section); the deep dive shows llama-3-8b on h100-sxm instead.\n\n"
-            + serving_report.report_section(ctx.out_dir))
-  return serving_report.report_section(
+            + serving_section.report_section(ctx.out_dir))
+  return serving_section.report_section(
       ctx.out_dir, model_name=s.model, accelerator=best, prompt=s.prompt_tokens,
       outputs=s.output_tokens, token_gap_s=s.token_gap_s, ttft_s=s.ttft_s,
       weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
@@ -177,7 +177,7 @@ def _serving_section(ctx: Context) -> str:
 
 
 def _parallel_section(ctx: Context) -> str:
-  return parallel_report.report_section(ctx.out_dir, accelerators=ctx.subject.accelerators,
+  return chips_section.report_section(ctx.out_dir, accelerators=ctx.subject.accelerators,
                                         model_name=ctx.subject.model)
 
 

@@ -1,7 +1,7 @@
 """The report's first screen: can these accelerators serve this model, and how?
 
 For one model, one context and a list of accelerators (one chip each, or the
-fewest chips that hold the model: `report.parallel.fewest_chips`), the summary
+fewest chips that hold the model: `chips_section.fewest_chips`), the summary
 answers the serving question with the library's own decision
 (`jaxroof.serving.decision.decide`): whether the weights and one sequence's
 K/V fit in memory, the largest decode batch whose mean token gap meets the
@@ -26,7 +26,7 @@ from jaxroof.errors import InputError
 from jaxroof.measure import profiles
 from jaxroof.parallel.layout import Layout
 from jaxroof.report import accuracy
-from jaxroof.report import parallel as parallel_report
+from jaxroof.report import chips_section
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import multichip
 from jaxroof.serving import requests
@@ -130,7 +130,7 @@ def layout_name(layout: Layout) -> str:
 
 def _fewest_chips(subject: Subject, slug: str, **dtypes: str) -> Layout | None:
   kinds = {"weight_dtype": subject.weight_dtype, "kv_dtype": subject.kv_dtype, **dtypes}
-  return parallel_report.fewest_chips(load_model(subject.model), load_accelerator(slug),
+  return chips_section.fewest_chips(load_model(subject.model), load_accelerator(slug),
                                       context=subject.context, **kinds)
 
 
@@ -156,7 +156,7 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
   """One accelerator's answer: fit, bound decision, calibrated decision if shipped.
 
   A model that does not fit one chip is placed on the fewest chips whose
-  memory holds it (tensor parallel first: `report.parallel.fewest_chips`).
+  memory holds it (tensor parallel first: `chips_section.fewest_chips`).
   """
   decision, inputs = _decide(subject, slug, StepModel.bound())
   layout = Layout()

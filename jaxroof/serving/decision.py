@@ -8,7 +8,7 @@ model (bound or calibrated):
     the request's contexts, stretched by prefills at the given load) meets
     the target; found by bisection, since the gap rises with B;
   * memory: the largest B whose weights + allocated K/V (paged, with the
-    output reservation) + workspace fit (`specs.workload`);
+    output reservation) + workspace fit (`specs.step_inputs`);
   * the decision is the smaller; what binds is "memory", or "token_gap" --
     "compute" when the step there is compute-bound (faster arithmetic, not
     bandwidth, would move it);
@@ -32,7 +32,7 @@ from jaxroof import errors
 from jaxroof.serving import elasticity
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
-from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic.symbols import B, D_pf, n_out, t
@@ -43,7 +43,7 @@ _SLACK = 1e-9  # Relative: a gap equal to the target (12 ms at B = 32) meets it.
 
 @functools.cache
 def _capacity_model():
-  return lambdified({"rate": serving_formulas.shared_capacity_rate()}, (t, D_pf, B, n_out))
+  return lambdified({"rate": request_formulas.shared_capacity_rate()}, (t, D_pf, B, n_out))
 
 
 def shared_capacity(step_s: float, prefill_s: float, batch: float, output_tokens: int) -> float:

@@ -3,12 +3,12 @@
 `model_inputs` is `requests.model_inputs` for a replica of tp x pp x ep chips
 (and dp replicas). One chip returns `requests.model_inputs` unchanged. Several
 chips take the single-device figures and turn them into one chip's along a
-token's path through the pp stages (`jaxroof.symbolic.parallel.path_inputs`:
+token's path through the pp stages (`jaxroof.symbolic.collectives.path_inputs`:
 weights over tp*pp, experts also over ep, K/V by `Max(1/tp, 1/u_kv)` and the
 ep groups, linear FLOPs over tp*ep), fit the busiest chip's memory
 (`jaxroof.parallel.layout.chip_memory`), and carry the layout's link figures
 so that `requests` adds the communication of every pass
-(`jaxroof.symbolic.parallel.pass_comm_s`) serially to each decode step and
+(`jaxroof.symbolic.collectives.pass_comm_s`) serially to each decode step and
 prefill. Rates in the rows and the decision are per replica; fleet rates are
 dp times them.
 """
@@ -23,17 +23,17 @@ from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import requests
 from jaxroof.specs import parameters as params
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.symbolic import parallel as sym
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 
 
 @functools.cache
 def _path_model():
-  return lambdified(sym.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
+  return lambdified(collectives.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
 
 
 def path_values(layout: Layout, spec: ModelSpec, *, N: float, N_x: float, k: float,
@@ -98,7 +98,7 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
       kv_allocated_bytes_per_sequence=single.memory["kv_allocated_bytes_per_sequence"],
       workspace_fraction=single.memory["workspace_fraction"])
   fit = max(memory.max_batch_per_replica, 1)
-  at_fit = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
+  at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                        max_new_tokens=output_tokens, **workload_kw)
   n_x = float(layout_lib.expert_weights_read(spec, [float(fit)])[0])

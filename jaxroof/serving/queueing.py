@@ -1,6 +1,6 @@
 """Time to first token under load: an M/D/1 prefill server, means only.
 
-Stated model (`jaxroof.symbolic.serving`): requests arrive as a Poisson
+Stated model (`jaxroof.symbolic.request_formulas`): requests arrive as a Poisson
 process at `arrival_rate`; a prefill takes a fixed `service_s`; prefills run
 one at a time with priority over decode steps. Then
 
@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from jaxroof import errors
-from jaxroof.symbolic import serving as serving_formulas
+from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic.evaluate import formula_function, lambdified
 from jaxroof.symbolic.symbols import D_pf, lam, t_ttft, t_window
 
@@ -38,16 +38,16 @@ MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, on
 def _evaluators():
   inputs = (lam, D_pf, t_window, t_ttft)
   return lambdified({
-      "utilisation": serving_formulas.utilisation(),
-      "wait_s": serving_formulas.md1_wait(),
-      "ttft_s": serving_formulas.ttft(),
-      "max_rate": serving_formulas.max_arrival_rate_for_ttft(),
+      "utilisation": request_formulas.utilisation(),
+      "wait_s": request_formulas.md1_wait(),
+      "ttft_s": request_formulas.ttft(),
+      "max_rate": request_formulas.max_arrival_rate_for_ttft(),
   }, inputs)
 
 
 @functools.cache
 def _utilisation():
-  return lambdified({"utilisation": serving_formulas.utilisation()}, (lam, D_pf))
+  return lambdified({"utilisation": request_formulas.utilisation()}, (lam, D_pf))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0, batch: in
   gather = 0.0
   if batch > 1:  # Prompts wait for the batch to gather (serving.gathering_time).
     gather = (math.inf if arrival_rate == 0 else
-              float(formula_function(serving_formulas.gathering_time)(batch, arrival_rate * batch)))
+              float(formula_function(request_formulas.gathering_time)(batch, arrival_rate * batch)))
   return QueueResult(arrival_rate * batch, service_s, window_s, rho, True,
                      float(out["wait_s"]), float(out["ttft_s"]) + gather, gather)
 

@@ -12,9 +12,9 @@ weights, divided by the bytes of one page.
 
 On a parallel layout (`layout`, tp x pp x ep chips per replica) the iteration
 takes one chip's share of the weights, experts, K/V and FLOPs along a token's
-path through the pp stages (`jaxroof.symbolic.parallel.path_inputs`), and adds
+path through the pp stages (`jaxroof.symbolic.collectives.path_inputs`), and adds
 the communication of a pass of the iteration's tokens
-(`jaxroof.symbolic.parallel.pass_comm_s`), hidden by `comm_overlap`; pages are one chip's
+(`jaxroof.symbolic.collectives.pass_comm_s`), hidden by `comm_overlap`; pages are one chip's
 share of a page, counted on the busiest chip (`parallel.layout.chip_memory`)
 and pooled over the ep groups. One simulated replica stands for each of dp.
 """
@@ -34,7 +34,7 @@ from jaxroof.specs import kv_sizing
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.specs.workload import DEFAULT_WORKSPACE_FRACTION, decode_step_inputs
+from jaxroof.specs.step_inputs import DEFAULT_WORKSPACE_FRACTION, decode_step_inputs
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 

@@ -41,7 +41,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.serving import queueing
 from jaxroof.specs.iteration_model import IterationModel
-from jaxroof.symbolic import parallel as parallel_formulas
+from jaxroof.symbolic import collectives
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
@@ -49,7 +49,7 @@ from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.symbols import B
 
 COMM_SYMBOLS: tuple[str, ...] = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
-                                 *(str(s) for s in parallel_formulas.LINK_SYMBOLS))
+                                 *(str(s) for s in collectives.LINK_SYMBOLS))
 
 UNITS: dict[str, str] = {
     "batch": "sequences",
@@ -91,7 +91,7 @@ class ServingInputs:
     comm: a multi-chip replica's layout and link figures (`COMM_SYMBOLS` by
       name, `jaxroof.parallel.layout.symbol_values`); None for one chip. N,
       N_act and k are then one chip's along a token's path
-      (`jaxroof.symbolic.parallel.path_inputs`).
+      (`jaxroof.symbolic.collectives.path_inputs`).
     attention_share: share of the prefill attention FLOPs one chip does
       (1/(tp*ep) on a layout, like the linear FLOPs).
     replicas: data-parallel replicas (dp): fleet rates are this many times a
@@ -149,13 +149,13 @@ class ServingInputs:
 @functools.cache
 def _comm_model():
   inputs = (B,) + tuple(getattr(S, name) for name in COMM_SYMBOLS)
-  return lambdified({"comm_s": parallel_formulas.pass_comm_s(B)}, inputs)
+  return lambdified({"comm_s": collectives.pass_comm_s(B)}, inputs)
 
 
 def comm_s(inputs: ServingInputs, rows: Any) -> np.ndarray:
   """Communication of one pass of `rows` token rows through the replica (0 on one chip).
 
-  `jaxroof.symbolic.parallel.pass_comm_s`: a decode step passes B rows, a
+  `jaxroof.symbolic.collectives.pass_comm_s`: a decode step passes B rows, a
   batched prefill P*B.
   """
   if inputs.comm is None:
@@ -317,17 +317,17 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
   `specs.kv_sizing` does. MoE weights read are taken at the largest batch that
   fits (every expert a large batch touches).
   """
-  from jaxroof.specs import workload  # specs sits below serving.
+  from jaxroof.specs import step_inputs  # specs sits below serving.
 
   limit = spec.max_position_embeddings
   check_lengths(ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
                               context_limit=limit if isinstance(limit, int) else None),
                 prompt_tokens, output_tokens)
-  base = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
+  base = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
                                      weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                      max_new_tokens=output_tokens, **workload_kw)
   fit = max(base.max_batch_in_memory, 1)
-  at_fit = workload.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
+  at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                        max_new_tokens=output_tokens, **workload_kw)
   memory = {

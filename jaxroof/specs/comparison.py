@@ -18,7 +18,7 @@ from jaxroof.specs.accelerators import COMPUTE_DTYPE, Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs import parameters
 from jaxroof.specs.model_sweep import model_sweep
-from jaxroof.specs.workload import crossover_batches
+from jaxroof.specs.step_inputs import crossover_batches
 from jaxroof.symbolic.step_model import BOUND_UNITS, StepModel
 
 UNITS = {**BOUND_UNITS,

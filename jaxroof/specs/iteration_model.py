@@ -8,7 +8,7 @@ offset and length) into the cost model's aggregates through the sympy span
 expressions (`cost_model.span_evaluator`), and evaluates the one lambdified
 iteration expression under a `StepModel` (bound per_op or fused, or
 calibrated). `on_layout` gives one chip's share of a layout (factors from
-`symbolic.parallel.path_inputs`) with its communication.
+`collectives.path_inputs`) with its communication.
 
 Every consumer's step time comes through here: the decode step
 (`decode`), a prefill (`prefill`), the simulator's iterations (`step_s`).

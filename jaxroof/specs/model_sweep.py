@@ -1,6 +1,6 @@
 """A real model on a real accelerator, swept over batch: bound or calibrated rows.
 
-`model_sweep` joins `workload.decode_step_inputs` (step-model inputs and the
+`model_sweep` joins `step_inputs.decode_step_inputs` (step-model inputs and the
 memory fit from a `ModelSpec` and an `Accelerator`) with the one sweep of
 `jaxroof.symbolic.sweep`, for any `StepModel`. It is what `batch_sweep
 --model`, `compare_accelerators` and the serving layer evaluate.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof.specs import parameters
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator, device_kind_matches
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic.step_model import StepModel
@@ -38,22 +38,22 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
       carries its own ceilings.
     token_gap_s: optional token-gap target.
     **kwargs: `block_size`, `workspace_fraction`, `max_new_tokens`,
-      `group_size` for `workload.decode_step_inputs`.
+      `group_size` for `step_inputs.decode_step_inputs`.
 
   Returns:
     The sweep (`jaxroof.symbolic.sweep.sweep`) with `inputs` describing the
     model, device and memory fit, and `summary.max_batch_in_memory`.
   """
   model = model or StepModel.bound()
-  inputs = workload.decode_step_inputs(spec, device, context=context,
+  inputs = step_inputs.decode_step_inputs(spec, device, context=context,
                                        batch_sizes=batch_sizes, weight_dtype=weight_dtype,
                                        kv_dtype=kv_dtype, **kwargs)
-  step_inputs = inputs.step_kwargs()
-  del step_inputs["B"]  # The sweep takes the batch sizes themselves.
+  step_kwargs = inputs.step_kwargs()
+  del step_kwargs["B"]  # The sweep takes the batch sizes themselves.
   crossovers = None
   if model.kind == "bound":
     # Crossovers of the model as evaluated (per-batch MoE weight reads), not of its largest N.
-    solved = workload.crossover_batches(spec, device, context=context,
+    solved = step_inputs.crossover_batches(spec, device, context=context,
                                         weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                         group_size=kwargs.get("group_size"), form=model.form)
     crossovers = {"weight_kv_crossover_batch": solved.weight_kv_crossover_batch,
@@ -64,7 +64,7 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
                  weights_read=lambda batch: parameters.weights_read_per_step(counts, batch),
                  bytes_per_weight_read=lambda batch: np.broadcast_to(
                      inputs.weight_format.read_bytes_per_weight(counts, batch), np.shape(batch)),
-                 max_batch_in_memory=inputs.max_batch_in_memory, **step_inputs)
+                 max_batch_in_memory=inputs.max_batch_in_memory, **step_kwargs)
   result["assumptions"] = list(inputs.assumptions) + (
       result["assumptions"] if model.kind == "calibrated" else [])
   result["inputs"] = {
@@ -74,7 +74,7 @@ def model_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
       "weight_format": inputs.weight_format.describe(),
       "weight_dtype_published": inputs.weight_format.published,
       "compute_dtype": inputs.compute_dtype, "batch_sizes": list(batch_sizes),
-      "si": step_inputs,
+      "si": step_kwargs,
       "max_batch_in_memory": inputs.max_batch_in_memory,
       "memory_capacity_bytes": inputs.memory_capacity_bytes,
       "resident_weight_bytes": inputs.resident_weight_bytes,

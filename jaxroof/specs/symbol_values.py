@@ -3,10 +3,10 @@
 `crossovers --model --accelerator --context` evaluates the closed forms of
 `jaxroof.symbolic.catalogue` at these values: the weights read and multiplied,
 their bytes, the K/V bytes per retained token, the datasheet bandwidth and
-dense FLOP rate, the ridge point, all from `workload.decode_step_inputs` (so
+dense FLOP rate, the ridge point, all from `step_inputs.decode_step_inputs` (so
 the same figures `batch_sweep` uses). An MoE model's weights read depend on
 the batch: they are taken at `batch`, and the closed forms then treat them as
-fixed (`workload.crossover_batches` solves with them varying).
+fixed (`step_inputs.crossover_batches` solves with them varying).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof.specs import kv_sizing
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import FULL, ModelSpec
 
@@ -30,7 +30,7 @@ def model_values(spec: ModelSpec, device: Accelerator, *, context: int, batch: i
   BW, F and R; L, H_kv, d and b too where every block is full attention (the
   per-position formula's case).
   """
-  inputs = workload.decode_step_inputs(spec, device, context=context, batch_sizes=[batch],
+  inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[batch],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                        block_size=1)
   values = {"N": float(inputs.N[0]), "N_act": float(inputs.N_act),

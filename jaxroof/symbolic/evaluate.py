@@ -95,12 +95,12 @@ def communication_model(backend: Backend = "numpy") -> Evaluator:
   """Adds communication to a step: `f(B=, t_floor=, t_comm=, o_ovl=)` ->
   `step_s`, `aggregate_tokens_per_s`, `per_sequence_tokens_per_s`.
 
-  `jaxroof.symbolic.parallel.with_overlap`: serial at `o_ovl = 0`.
+  `jaxroof.symbolic.collectives.with_overlap`: serial at `o_ovl = 0`.
   """
-  from jaxroof.symbolic import parallel  # Deferred: single-chip users never need it.
+  from jaxroof.symbolic import collectives  # Deferred: single-chip users never need it.
   from jaxroof.symbolic.symbols import o_ovl, t_comm, t_floor
 
-  step = parallel.with_overlap(t_floor, t_comm, o_ovl)
+  step = collectives.with_overlap(t_floor, t_comm, o_ovl)
   outputs = {"step_s": step, "aggregate_tokens_per_s": formulas.aggregate_rate(B, step),
              "per_sequence_tokens_per_s": formulas.per_sequence_rate(step)}
   return lambdified(outputs, (B, t_floor, t_comm, o_ovl), backend)

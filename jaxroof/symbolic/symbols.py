@@ -120,7 +120,7 @@ eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
 L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
                  "prompt", _A)
 
-# Parallel layouts over several chips (`jaxroof.symbolic.parallel`).
+# Parallel layouts over several chips (`jaxroof.symbolic.collectives`).
 _P = "parallel"
 tp = _define("tp", "chips", "tensor-parallel degree (heads and MLP columns split)", _P)
 pp = _define("pp", "stages", "pipeline stages (blocks split into consecutive groups)", _P)

@@ -15,7 +15,7 @@ from jaxroof.parallel.layout import Layout
 from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.report import table
 from jaxroof.specs import parameters as params
-from jaxroof.specs import workload
+from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import load_accelerator, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
 
@@ -36,7 +36,7 @@ def fewest_chips(spec, device, *, context: int = CONTEXT, weight_dtype: str = "b
   Tensor parallel first, then pipeline, then experts (planner's choices);
   None when nothing within the interconnect's reach fits.
   """
-  inputs = workload.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
+  inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype)
   experts = params.parameter_counts(spec).experts_routed * inputs.expert_bytes_per_weight
   candidates = sorted((lay for lay, _ in planner.candidate_layouts(spec, device)
