@@ -14,7 +14,7 @@ import pytest
 import sympy as sp
 
 from jaxroof.errors import InputError
-from jaxroof.specs import hf_config, kv_sizing, workload
+from jaxroof.specs import hf_config, kv_sizing, step_inputs
 from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, NO_MIXER,
                                       RECURRENT, SLIDING)
 from jaxroof.specs.models import MODELS_DIR, load_model
@@ -216,9 +216,9 @@ def test_no_hybrid_pages_without_both_parts():
 
 def test_decode_step_reads_the_state_once_per_sequence():
   spec = load_model("qwen3-next-80b-a3b")
-  device = workload.load_accelerator("h200")
+  device = step_inputs.load_accelerator("h200")
   ctx = 4096
-  inputs = workload.decode_step_inputs(spec, device, context=ctx, batch_sizes=[1, 8])
+  inputs = step_inputs.decode_step_inputs(spec, device, context=ctx, batch_sizes=[1, 8])
   sizing = kv_sizing.size_kv(spec, context=ctx)
   state = sum(k.state_bytes for k in sizing.kinds)
   assert state > 0
