@@ -117,7 +117,7 @@ def sweep_section(ctx: Context) -> str:
   ])
 
 
-def toy_section(ctx: Context) -> str:
+def _toy_section(ctx: Context) -> str:
   """The float64 decode check on the lesson's toy, and the cache benchmark on file."""
   steps = 2
   result = toy_check.lesson_check(LESSON, LESSON_PROMPT, steps)
@@ -220,7 +220,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     lesson_section,
     crossovers_section,
     sweep_section,
-    toy_section,
+    _toy_section,
     _real_engine_section,
     _kernels_section,
 ]
