@@ -27,6 +27,7 @@ from jaxroof import errors
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.symbolic import architecture
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic import symbols as S
@@ -310,26 +311,57 @@ class ChipMemory:
   max_batch_per_replica: int
 
 
-def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
-                resident_weight_bytes: float, expert_weight_bytes: float,
-                kv_allocated_bytes_per_sequence: float,
-                workspace_fraction: float) -> ChipMemory:
-  """Weights and K/V on the busiest chip, and the batch a replica fits.
+_UNBOUNDED_BATCH = 10**9  # Sequences per ep group when a sequence keeps no K/V.
 
-  Dense weights divide by tp*pp, routed experts by tp*pp*ep; each chip keeps
+
+def weight_byte_values(spec: ModelSpec, weight_format: params.WeightFormat
+                       ) -> dict[str, float]:
+  """`W_res`, `W_x`, `W_e`, `W_h` and `x_tie` of `collectives.chip_weight_bytes` for a
+  model stored in `weight_format` (`W_h`: the tied table's bytes when tied)."""
+  counts = params.parameter_counts(spec)
+  head = "embeddings" if counts.tied else "lm_head"
+  return {"W_res": float(weight_format.resident_bytes(counts)),
+          "W_x": float(weight_format.part_bytes(counts, "experts_routed")),
+          "W_e": float(weight_format.part_bytes(counts, "embeddings")),
+          "W_h": float(weight_format.part_bytes(counts, head)),
+          "x_tie": float(counts.tied)}
+
+
+@functools.cache
+def _chip_memory_model():
+  return lambdified({"weights": collectives.chip_weight_bytes(),
+                     "kv": collectives.chip_kv_bytes_per_sequence(),
+                     "usable": architecture.usable_kv_memory(S.C, S.w,
+                                                             collectives.chip_weight_bytes()),
+                     "sequences": collectives.replica_capacity_sequences()},
+                    collectives.CHIP_MEMORY_SYMBOLS)
+
+
+def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
+                weight_format: params.WeightFormat, kv_allocated_bytes_per_sequence: float,
+                workspace_fraction: float) -> ChipMemory:
+  """Weights and K/V on the busiest chip, and the batch a replica fits
+  (`collectives.chip_weight_bytes`, `collectives.replica_capacity_sequences`).
+
+  Block weights divide by tp*pp, routed experts by tp*pp*ep, the embedding
+  table and LM head by tp on the end stages; each chip keeps
   `Max(1/tp, 1/u_kv) / pp` of a sequence's K/V, and a replica's sequences
   split over its ep groups.
   """
-  terms = model_terms(spec)
-  resident = ((resident_weight_bytes - expert_weight_bytes) / (layout.tp * layout.pp)
-              + expert_weight_bytes / layout.chips_per_replica)
-  share = max(1 / layout.tp, 1 / terms.kv_units) / layout.pp
-  kv = kv_allocated_bytes_per_sequence * share
-  usable = device.memory_capacity_bytes * (1 - workspace_fraction) - resident
-  per_group = int(np.floor(usable / kv)) if usable > 0 and kv > 0 else 0
-  if usable > 0 and kv == 0:
-    per_group = 10**9
-  return ChipMemory(resident, kv, usable, max(per_group, 0) * layout.ep)
+  with np.errstate(divide="ignore", invalid="ignore"):  # A sequence without K/V: s = 0.
+    out = _chip_memory_model()(
+        C=device.memory_capacity_bytes, w=workspace_fraction,
+        **weight_byte_values(spec, weight_format), s=kv_allocated_bytes_per_sequence,
+        tp=float(layout.tp), pp=float(layout.pp), ep=float(layout.ep),
+        u_kv=float(model_terms(spec).kv_units))
+  usable, kv = float(out["usable"]), float(out["kv"])
+  if usable <= 0:
+    batch = 0
+  elif kv == 0:
+    batch = _UNBOUNDED_BATCH * layout.ep
+  else:
+    batch = max(int(out["sequences"]), 0)
+  return ChipMemory(float(out["weights"]), kv, usable, batch)
 
 
 def layout_assumptions(layout: Layout, spec: ModelSpec, link: LinkChoice) -> list[str]:

@@ -176,10 +176,10 @@ def format_notes(spec: ModelSpec, devices: Sequence[Accelerator],
 
 @functools.cache
 def _memory_model():
-  chip = (collectives.per_chip_weights() * S.q
-          + S.B / S.ep * S.s * collectives.kv_share() / S.pp)
-  return lambdified({"chip_bytes": chip},
-                    (S.N, S.N_x, S.q, S.B, S.s, S.tp, S.pp, S.ep, S.u_kv))
+  """The busiest chip's bytes (`collectives.chip_memory_bytes`), lambdified once."""
+  return lambdified({"chip_bytes": collectives.chip_memory_bytes()},
+                    (S.B, S.W_res, S.W_x, S.W_e, S.W_h, S.x_tie, S.s, S.tp, S.pp, S.ep,
+                     S.u_kv))
 
 
 def candidate_layouts(spec: ModelSpec, device: Accelerator
@@ -206,7 +206,6 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
                prompt_tokens: int | None = None) -> dict[str, np.ndarray]:
   """Flat arrays, one entry per configuration, of every input the models take
   (`prompt_tokens`, default the context: the prefill's attention FLOPs per pair)."""
-  counts = params.parameter_counts(spec)
   terms = layout_lib.model_terms(spec)
   n_x = layout_lib.expert_weights_read(spec, batches)
   columns: dict[str, list[np.ndarray]] = {}
@@ -248,13 +247,13 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
             BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
             N_act=np.full(size, inputs.N_act), **link_columns,
             A_t=np.full(size, inputs.A_t),
+            **{name: np.full(size, value) for name, value in
+               layout_lib.weight_byte_values(spec, inputs.weight_format).items()},
             s=np.full(size, inputs.kv_allocated_bytes_per_sequence),
             capacity=np.full(size, inputs.memory_capacity_bytes * (1 - workspace_fraction)),
             **per_layout)
   grid = {name: np.concatenate(parts) for name, parts in columns.items()}
-  grid.update(N_res=np.full_like(grid["B"], counts.total),
-              N_xres=np.full_like(grid["B"], counts.experts_routed),
-              u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
+  grid.update(u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
               L_moe=float(terms.moe_blocks), K=float(max(terms.top_k, 1)),
               D=float(terms.width), V=float(terms.vocab),
               class_members=members,
@@ -280,7 +279,8 @@ def evaluate_grid(grid: dict[str, Any], context: int,
                                      u_kv=grid["u_kv"], A_t=grid["A_t"], **shared)
   prefill = layout_lib.prefill_model(bound=bound)(P=float(prompt_tokens or context), N=grid["N"], N_x=grid["N_x"],
                                        A_f=grid["A_f"], **shared)
-  memory = _memory_model()(N=grid["N_res"], N_x=grid["N_xres"], q=grid["q"], B=grid["B"],
+  memory = _memory_model()(B=grid["B"], W_res=grid["W_res"], W_x=grid["W_x"],
+                           W_e=grid["W_e"], W_h=grid["W_h"], x_tie=grid["x_tie"],
                            s=grid["s"], tp=grid["tp"], pp=grid["pp"], ep=grid["ep"],
                            u_kv=grid["u_kv"])
   return {**decode, **prefill, **memory}

@@ -89,12 +89,9 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
     return dataclasses.replace(single, replicas=layout.dp)
   layout_lib.validate(layout, spec, device)
   link = layout_lib.links(layout, device)
-  counts = params.parameter_counts(spec)
   memory = layout_lib.chip_memory(
-      layout, spec, device, resident_weight_bytes=single.memory["resident_weight_bytes"],
-      expert_weight_bytes=counts.experts_routed * params.weight_format(
-          spec, weight_dtype, workload_kw.get("group_size")).part_bytes_per_weight(
-              "experts_routed"),
+      layout, spec, device,
+      weight_format=params.weight_format(spec, weight_dtype, workload_kw.get("group_size")),
       kv_allocated_bytes_per_sequence=single.memory["kv_allocated_bytes_per_sequence"],
       workspace_fraction=single.memory["workspace_fraction"])
   fit = max(memory.max_batch_per_replica, 1)

@@ -29,7 +29,6 @@ from jaxroof.parallel.layout import Layout
 from jaxroof.serving import multichip
 from jaxroof.serving import requests
 from jaxroof.serving.simulator import Replica
-from jaxroof.specs import parameters as params
 from jaxroof.specs import kv_sizing
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.iteration_model import IterationModel
@@ -137,9 +136,7 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
   layout_lib.validate(layout, spec, accelerator)
   link = layout_lib.links(layout, accelerator)
   memory = layout_lib.chip_memory(
-      layout, spec, accelerator, resident_weight_bytes=inputs.resident_weight_bytes,
-      expert_weight_bytes=(params.parameter_counts(spec).experts_routed
-                           * inputs.expert_bytes_per_weight),
+      layout, spec, accelerator, weight_format=inputs.weight_format,
       kv_allocated_bytes_per_sequence=page.allocated_bytes_per_sequence,
       workspace_fraction=workspace_fraction)
   if memory.usable_bytes <= 0:

@@ -348,6 +348,11 @@ class WeightFormat:
     """Bytes per weight of one component (`ParamCounts.COMPONENTS`)."""
     return self.q if self.parts is None or part in self.parts else self.q_rest
 
+  def part_bytes(self, counts: ParamCounts, part: str) -> float:
+    """Stored bytes of one component: its weights times their bytes per weight
+    (`part_bytes(counts, "experts_routed")`: every routed expert of every block)."""
+    return getattr(counts, part) * self.part_bytes_per_weight(part)
+
   def resident_bytes(self, counts: ParamCounts) -> float:
     """Bytes of every stored weight (`mixed_bytes_per_weight` x total)."""
     return counts.total * self.bytes_per_weight(counts.total, self.quantized(counts))
