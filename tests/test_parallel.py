@@ -217,20 +217,31 @@ def test_slices_parse():
   assert parse_slice("8xh100-sxm")[0].name == "h100-sxm" and parse_slice("8xh100-sxm")[1] == 8
   assert parse_slice("tpu-v5e-8")[1] == 8 and parse_slice("mi300x")[1] is None
   assert layout_lib.from_slice(Layout(), 8) == Layout(tp=8)
-  with pytest.raises(InputError, match="--chips=8"):
+  with pytest.raises(InputError, match=r"^chips=8 does not match") as caught:
     layout_lib.from_slice(Layout(tp=2), 8)
+  assert caught.value.field == "chips"
 
 
-def test_bad_layouts_name_the_flag():
+def test_bad_layouts_name_the_field_and_what_is_allowed():
+  """Library errors name the field (`tp=3`), never a command-line flag; the experiments
+  map fields to flags."""
   spec = load_model("llama-3.1-70b")
-  with pytest.raises(InputError, match=r"^--tp=3 does not divide .*64 query heads"):
-    layout_lib.validate(Layout(tp=3), spec, load_accelerator("h100-sxm"))
-  with pytest.raises(InputError, match="exceeds one PCIe host"):
+  h100 = load_accelerator("h100-sxm")
+  with pytest.raises(InputError, match=r"^tp=3 does not divide .*64 query heads: allowed tp "
+                     r"values are \[1, 2, 4, 8, 16, 32, 64\]") as caught:
+    layout_lib.validate(Layout(tp=3), spec, h100)
+  assert caught.value.field == "tp"
+  with pytest.raises(InputError, match="exceeds one PCIe host.*allowed tp\\*pp\\*ep <= 8"):
     layout_lib.validate(Layout(tp=16), spec, load_accelerator("h100-pcie"))
-  with pytest.raises(InputError, match=r"^--tp=0 is not allowed"):
-    Layout(tp=0)
-  with pytest.raises(InputError, match=r"^--ep=2 needs a mixture-of-experts"):
-    layout_lib.validate(Layout(ep=2), spec, load_accelerator("h100-sxm"))
+  with pytest.raises(InputError, match=r"^pp=0 is not allowed") as caught:
+    Layout(pp=0)
+  assert caught.value.field == "pp"
+  with pytest.raises(InputError, match=r"^ep=2 needs a mixture-of-experts.*allowed ep=1"):
+    layout_lib.validate(Layout(ep=2), spec, h100)
+  with pytest.raises(InputError, match=r"^ep=3 does not divide .*8 experts: allowed ep "
+                     r"values are \[1, 2, 4, 8\]") as caught:
+    layout_lib.validate(Layout(ep=3), load_model("mixtral-8x7b"), h100)
+  assert caught.value.field == "ep"
   with pytest.raises(InputError, match=r"^accelerator='0xh100-sxm' has 0 chips"):
     parse_slice("0xh100-sxm")
 

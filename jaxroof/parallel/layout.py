@@ -1,7 +1,7 @@
 """A parallel layout (tp, pp, ep, dp) of a real model on real chips, validated.
 
 `Layout` holds the four degrees; `validate` checks them against a model and an
-accelerator (every error is one line naming the flag); `links` picks the
+accelerator (every error is one line naming the field and what is allowed); `links` picks the
 interconnect figures a layout's collectives run at; `model_terms` reads
 the symbolic layer's architecture inputs (blocks, width, K/V split units)
 from a `ModelSpec`; `per_chip` turns single-device step inputs into the
@@ -49,10 +49,11 @@ class Layout:
   microbatches: int = 1
 
   def __post_init__(self):
-    for flag in ("tp", "pp", "ep", "dp", "microbatches"):
-      value = getattr(self, flag)
+    for name in ("tp", "pp", "ep", "dp", "microbatches"):
+      value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise errors.InputError(f"--{flag}={value!r} is not allowed: give a whole number >= 1.")
+        raise errors.InputError(f"{name}={value!r} is not allowed: give a whole number >= 1.",
+                                field=name)
 
   @property
   def chips_per_replica(self) -> int:
@@ -73,7 +74,7 @@ class Layout:
 
 
 def from_slice(layout: Layout, chips: int | None) -> Layout:
-  """Reconciles a slice's chip count (`--chips`, `8xh100-sxm`) with a layout.
+  """Reconciles a slice's chip count (`chips`, as in `8xh100-sxm`) with a layout.
 
   A slice with the default layout is tensor parallel over all its chips; a
   slice with a layout must hold exactly tp x pp x ep x dp chips.
@@ -81,13 +82,14 @@ def from_slice(layout: Layout, chips: int | None) -> Layout:
   if chips is None:
     return layout
   if isinstance(chips, bool) or not isinstance(chips, (int, np.integer)) or chips < 1:
-    raise errors.InputError(f"--chips={chips!r} is not allowed: give a whole number >= 1.")
+    raise errors.InputError(f"chips={chips!r} is not allowed: give a whole number >= 1.",
+                            field="chips")
   if layout.chips == 1:
     return dataclasses.replace(layout, tp=int(chips))
   if layout.chips != chips:
     raise errors.InputError(
-        f"--chips={chips} does not match tp*pp*ep*dp = {layout.chips}: give a layout whose "
-        "product is the slice's chips, or leave the layout out (tp = chips).")
+        f"chips={chips} does not match tp*pp*ep*dp = {layout.chips}: give a layout whose "
+        "product is the slice's chips, or leave the layout out (tp = chips).", field="chips")
   return layout
 
 
@@ -130,32 +132,35 @@ def validate(layout: Layout, spec: ModelSpec, device: Accelerator) -> Layout:
   """Checks a layout against a model and a device; returns it.
 
   Raises:
-    InputError: one line naming the flag and what is allowed.
+    InputError: one line naming the field (tp, pp, ep) and what is allowed.
   """
   terms = model_terms(spec)
   tp = layout.tp
   if terms.heads and terms.heads % tp:
     allowed = [x for x in range(1, terms.heads + 1) if terms.heads % x == 0]
-    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {terms.heads} query "
-                            f"heads: allowed tp values are {allowed}.")
+    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {terms.heads} query "
+                            f"heads: allowed tp values are {allowed}.", field="tp")
   if spec.attention is not None and spec.mla is None:
     kv = terms.kv_units
     if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
-      raise errors.InputError(f"--tp={tp} neither divides nor is a multiple of {spec.name}'s "
-                              f"{kv} K/V heads: heads cannot be split or replicated evenly.")
+      raise errors.InputError(f"tp={tp} neither divides nor is a multiple of {spec.name}'s "
+                              f"{kv} K/V heads: heads cannot be split or replicated evenly.",
+                              field="tp")
   if not terms.heads and spec.ssm is not None and spec.ssm.inner_size % tp:
-    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
-                            "SSM channels.")
+    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
+                            "SSM channels.", field="tp")
   if layout.pp > spec.num_layers:
-    raise errors.InputError(f"--pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
-                            f"blocks: allowed 1..{spec.num_layers}.")
+    raise errors.InputError(f"pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
+                            f"blocks: allowed 1..{spec.num_layers}.", field="pp")
   if layout.ep > 1:
     if not spec.is_moe:
-      raise errors.InputError(f"--ep={layout.ep} needs a mixture-of-experts model; "
-                              f"{spec.name} is dense: use --ep=1.")
+      raise errors.InputError(f"ep={layout.ep} needs a mixture-of-experts model; "
+                              f"{spec.name} is dense: allowed ep=1.", field="ep")
     if terms.experts % layout.ep:
-      raise errors.InputError(f"--ep={layout.ep} does not divide {spec.name}'s "
-                              f"{terms.experts} experts.")
+      allowed = [x for x in range(1, terms.experts + 1) if terms.experts % x == 0]
+      raise errors.InputError(f"ep={layout.ep} does not divide {spec.name}'s "
+                              f"{terms.experts} experts: allowed ep values are {allowed}.",
+                              field="ep")
   links(layout, device)
   return layout
 
@@ -182,8 +187,8 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   if layout.chips_per_replica == 1:
     return LinkChoice(1.0, 0.0, "none", "one chip per replica: no communication")
   if net is None:
-    raise errors.InputError(f"--tp/--pp/--ep: {device.name} has no interconnect figures; "
-                            "use tp = pp = ep = 1.")
+    raise errors.InputError(f"tp*pp*ep = {layout.chips_per_replica}: {device.name} has no "
+                            "interconnect figures: allowed tp = pp = ep = 1.", field="tp")
   if layout.chips_per_replica <= net.domain_chips:
     torus = "torus" in net.topology
     return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
@@ -207,13 +212,14 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   if net.scale_out_bytes_per_s is None:
     if net.domain_chips == 1 and "pcie" in net.technology.lower():
       raise errors.InputError(
-          f"--tp*--pp*--ep = {layout.chips_per_replica} {device.name} cards exceeds one PCIe "
+          f"tp*pp*ep = {layout.chips_per_replica} {device.name} cards exceeds one PCIe "
           f"host ({PCIE_HOST_CHIPS} cards, assumed) and no scale-out figure is recorded: "
-          f"allowed tp*pp*ep <= {PCIE_HOST_CHIPS} (use --dp for more cards).")
+          f"allowed tp*pp*ep <= {PCIE_HOST_CHIPS} (dp replicas for more cards).", field="tp")
     raise errors.InputError(
-        f"--tp*--pp*--ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
+        f"tp*pp*ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
         f"domain of {net.domain_chips} ({net.domain_unit}) and no scale-out figure is "
-        f"recorded: allowed tp*pp*ep <= {net.domain_chips} (use --dp for more chips).")
+        f"recorded: allowed tp*pp*ep <= {net.domain_chips} (dp replicas for more chips).",
+        field="tp")
   rate = min(net.scale_out_bytes_per_s, net.collective_bytes_per_s)
   return LinkChoice(rate, net.hop_latency_s, "scale-out",
                     f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "

@@ -66,8 +66,8 @@ def assumptions(inputs: requests.ServingInputs) -> list[str]:
       f"of each decode step (B rows) and each prefill (P*B rows), {inputs.comm_overlap:g} of "
       "it hidden under the iteration (0: serial)",
       "prefill attention FLOPs split over tp*ep like the linear ones",
-      "rates and the decision per replica; --arrival_rate is the fleet's, split evenly over "
-      "the replicas; fleet rates are dp times a replica's",
+      "rates and the decision per replica; the arrival rate is the fleet's, split evenly "
+      "over the replicas; fleet rates are dp times a replica's",
   ]
 
 

@@ -176,16 +176,18 @@ def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any)
   """Validates prompt and output lengths: whole, >= 1 and >= 2, within the context."""
   if not (isinstance(prompt_tokens, (int, np.integer)) and prompt_tokens >= 1):
     raise errors.InputError(
-        f"prompt_tokens={prompt_tokens!r} is not allowed: it must be a whole number >= 1.")
+        f"prompt_tokens={prompt_tokens!r} is not allowed: it must be a whole number >= 1.",
+        field="prompt_tokens")
   if not (isinstance(output_tokens, (int, np.integer)) and output_tokens >= 2):
     raise errors.InputError(
         f"output_tokens={output_tokens!r} is not allowed: it must be a whole number >= 2 "
-        "(one output has no gap between tokens).")
+        "(one output has no gap between tokens).", field="output_tokens")
   limit = inputs.context_limit
   if limit is not None and prompt_tokens + output_tokens - 1 > limit:
     raise errors.InputError(
         f"prompt_tokens + output_tokens - 1 = {prompt_tokens + output_tokens - 1} is not "
-        f"allowed: the model's context is max_position_embeddings = {limit} tokens.")
+        f"allowed: the model's context is max_position_embeddings = {limit} tokens.",
+        field="prompt_tokens")
   return int(prompt_tokens), int(output_tokens)
 
 

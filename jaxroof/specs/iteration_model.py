@@ -110,7 +110,7 @@ class IterationModel:
         span = a.sliding_window if kind.kind == SLIDING else a.chunk_size
         if window_kind not in (None, kind.kind):
           raise errors.InputError(f"model={spec.name!r} has both sliding and chunked blocks: "
-                                  "the cost model holds one windowed group.")
+                                  "the cost model holds one windowed group.", field="model")
         window_kind, window = kind.kind, int(span)
     if mla_prefill == "absorbed":
       c["ap_mla"] = c["a_mla"]
@@ -265,5 +265,6 @@ class IterationModel:
 def _overlap(value: float) -> float:
   value = float(value)
   if not (0.0 <= value <= 1.0):
-    raise errors.InputError(f"comm_overlap={value!r} is not allowed: it must be in [0, 1].")
+    raise errors.InputError(f"comm_overlap={value!r} is not allowed: it must be in [0, 1].",
+                            field="comm_overlap")
   return value

@@ -248,7 +248,8 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
     if bits >= 16:
       raise errors.InputError(
           f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
-          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales."
+          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales.",
+          field="group_size"
       )
   errors.require_non_negative("scale_bytes", scale_bytes)
   group = group_size or default_group
