@@ -313,7 +313,7 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **
 
 def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: int,
                  weight_dtype: str = "bf16", kv_dtype: str = "bf16", mla_prefill: str = "mha",
-                 comm_overlap: float = 0.0, **workload_kw: Any) -> ServingInputs:
+                 comm_overlap: float = 0.0, **step_input_kw: Any) -> ServingInputs:
   """`ServingInputs` for a `ModelSpec` on an `Accelerator` (datasheet figures).
 
   K/V per token is the payload at the prompt length; the memory fit allocates
@@ -327,11 +327,11 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
                 prompt_tokens, output_tokens)
   base = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
                                      weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                     max_new_tokens=output_tokens, **workload_kw)
+                                     max_new_tokens=output_tokens, **step_input_kw)
   fit = max(base.max_batch_in_memory, 1)
   at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       max_new_tokens=output_tokens, **workload_kw)
+                                       max_new_tokens=output_tokens, **step_input_kw)
   memory = {
       "memory_capacity_bytes": base.memory_capacity_bytes,
       "resident_weight_bytes": base.resident_weight_bytes,
@@ -351,7 +351,7 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
       cost=IterationModel.from_spec(
           spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-          group_size=workload_kw.get("group_size"), state_dtype=workload_kw.get("state_dtype"),
+          group_size=step_input_kw.get("group_size"), state_dtype=step_input_kw.get("state_dtype"),
           mla_prefill=mla_prefill),
       comm_overlap=comm_overlap)
 

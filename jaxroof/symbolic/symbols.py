@@ -36,7 +36,7 @@ def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbo
   return symbol
 
 
-# Workload.
+# The decode step: batch and lengths.
 B = _define("B", "sequences", "sequences in the decode batch")
 T = _define("T", "tokens", "retained tokens per sequence")
 P = _define("P", "tokens", "prompt length")
