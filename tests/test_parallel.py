@@ -415,7 +415,7 @@ def test_compare_accelerators_cli_with_a_layout(tmp_path):
   data = json.loads(out.read_text())
   assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]  # Over its scale-out.
   # L4 has no scale-up fabric: tensor parallel over PCIe within one host, at most 8 cards.
-  assert data["refused"] and data["refused"][0].startswith("l4: --tp*--pp*--ep = 16 l4 cards")
+  assert data["refused"] and data["refused"][0].startswith("l4: tp*pp*ep = 16 l4 cards")
   rows = data["accelerators"][0]["rows"]
   assert all(r["chips"] == 16 and r["comm_s"] > 0 for r in rows)
   assert rows[1]["comm_s"] > rows[0]["comm_s"]  # More rows, more bytes per all-reduce.

@@ -61,7 +61,7 @@ def assumptions(inputs: requests.ServingInputs) -> list[str]:
   return [
       f"{inputs.chips_per_replica} chips per replica, {inputs.replicas} replica(s): N, N_act "
       "and k are one chip's along a token's path through the pp stages; memory fit on the "
-      "busiest chip",
+      "busiest chip (with pp > 1 an end stage: its blocks plus the embedding table or LM head)",
       "communication (tensor all-reduces, logits gather, MoE all-to-alls, stage hand-offs) "
       f"of each decode step (B rows) and each prefill (P*B rows), {inputs.comm_overlap:g} of "
       "it hidden under the iteration (0: serial)",
