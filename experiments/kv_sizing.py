@@ -144,11 +144,9 @@ def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   """The per-chip memory fit of the --tp/--pp/--ep/--dp layout, printed and returned."""
   device = _model_flags.device(_SHARED)
   layout = layout_lib.validate(_layout_flags.layout(_ACCELERATOR.value), spec, device)
-  counts = parameter_counts(spec)
   fmt = params.weight_format(spec, _WEIGHT_DTYPE.value, _GROUP_SIZE.value)
   memory = layout_lib.chip_memory(
-      layout, spec, device, resident_weight_bytes=fmt.resident_bytes(counts),
-      expert_weight_bytes=counts.experts_routed * fmt.part_bytes_per_weight("experts_routed"),
+      layout, spec, device, weight_format=fmt,
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=_WORKSPACE.value)
   per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep

@@ -93,8 +93,8 @@ def test_chunk_pairs_are_the_causal_sum_and_windows_cap_them():
 def test_only_the_symbolic_layer_builds_a_roofline():
   """No module outside jaxroof/symbolic writes a roofline Max; inside, only these."""
   root = pathlib.Path(__file__).resolve().parents[1]
-  allowed = {"cost_model.py", "formulas.py", "prefill.py", "request_formulas.py", "collectives.py",
-             "calibrated.py"}
+  allowed = {"cost_model.py", "formulas.py", "prefill.py", "request_formulas.py",
+             "collectives.py", "calibrated.py"}
   for path in list((root / "jaxroof").rglob("*.py")) + list((root / "experiments").glob("*.py")):
     if "sp.Max(" in path.read_text():
       assert path.parent.name == "symbolic" and path.name in allowed, path

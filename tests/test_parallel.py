@@ -217,22 +217,95 @@ def test_slices_parse():
   assert parse_slice("8xh100-sxm")[0].name == "h100-sxm" and parse_slice("8xh100-sxm")[1] == 8
   assert parse_slice("tpu-v5e-8")[1] == 8 and parse_slice("mi300x")[1] is None
   assert layout_lib.from_slice(Layout(), 8) == Layout(tp=8)
-  with pytest.raises(InputError, match="--chips=8"):
+  with pytest.raises(InputError, match=r"^chips=8 does not match") as caught:
     layout_lib.from_slice(Layout(tp=2), 8)
+  assert caught.value.field == "chips"
 
 
-def test_bad_layouts_name_the_flag():
+def test_bad_layouts_name_the_field_and_what_is_allowed():
+  """Library errors name the field (`tp=3`), never a command-line flag; the experiments
+  map fields to flags."""
   spec = load_model("llama-3.1-70b")
-  with pytest.raises(InputError, match=r"^--tp=3 does not divide .*64 query heads"):
-    layout_lib.validate(Layout(tp=3), spec, load_accelerator("h100-sxm"))
-  with pytest.raises(InputError, match="exceeds one PCIe host"):
+  h100 = load_accelerator("h100-sxm")
+  with pytest.raises(InputError, match=r"^tp=3 does not divide .*64 query heads: allowed tp "
+                     r"values are \[1, 2, 4, 8, 16, 32, 64\]") as caught:
+    layout_lib.validate(Layout(tp=3), spec, h100)
+  assert caught.value.field == "tp"
+  with pytest.raises(InputError, match="exceeds one PCIe host.*allowed tp\\*pp\\*ep <= 8"):
     layout_lib.validate(Layout(tp=16), spec, load_accelerator("h100-pcie"))
-  with pytest.raises(InputError, match=r"^--tp=0 is not allowed"):
-    Layout(tp=0)
-  with pytest.raises(InputError, match=r"^--ep=2 needs a mixture-of-experts"):
-    layout_lib.validate(Layout(ep=2), spec, load_accelerator("h100-sxm"))
+  with pytest.raises(InputError, match=r"^pp=0 is not allowed") as caught:
+    Layout(pp=0)
+  assert caught.value.field == "pp"
+  with pytest.raises(InputError, match=r"^ep=2 needs a mixture-of-experts.*allowed ep=1"):
+    layout_lib.validate(Layout(ep=2), spec, h100)
+  with pytest.raises(InputError, match=r"^ep=3 does not divide .*8 experts: allowed ep "
+                     r"values are \[1, 2, 4, 8\]") as caught:
+    layout_lib.validate(Layout(ep=3), load_model("mixtral-8x7b"), h100)
+  assert caught.value.field == "ep"
   with pytest.raises(InputError, match=r"^accelerator='0xh100-sxm' has 0 chips"):
     parse_slice("0xh100-sxm")
+
+
+def test_busiest_chip_is_an_end_stage_by_hand_count():
+  """A 4-block Llama (D 64, MLP 128, 8 heads of 8, 2 K/V heads, vocabulary 100) in bf16:
+  a block is q, k, v, o (64*64 + 2*64*16 + 64*64) + gated MLP 3*64*128 + 2 norms of 64;
+  the table and the untied head 100*64 each, the final norm 64. With pp = 4 a stage
+  holds one block, and an end stage the table (or the head) too."""
+  from jaxroof.specs import hf_config, parameters as params
+
+  config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "vocab_size": 100}
+  block = 64 * 64 + 2 * 64 * 16 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+  table, final_norm = 100 * 64, 64
+  device = load_accelerator("h100-sxm")
+
+  def memory(layout, **overrides):
+    spec = hf_config.spec_from_config({**config, **overrides}, name="t", source="t.json")
+    return layout_lib.chip_memory(layout, spec, device,
+                                  weight_format=params.weight_format(spec, "bf16"),
+                                  kv_allocated_bytes_per_sequence=1000.0,
+                                  workspace_fraction=0.1)
+
+  blocks = 4 * block + final_norm
+  one = memory(Layout())
+  assert one.resident_weight_bytes == 2 * (blocks + 2 * table)
+  four = memory(Layout(pp=4))
+  assert four.resident_weight_bytes == 2 * (blocks / 4 + table)  # Not the mean, total / 4.
+  assert four.kv_allocated_bytes_per_sequence == 1000.0 / 4
+  usable = device.memory_capacity_bytes * 0.9 - 2 * (blocks / 4 + table)
+  assert four.max_batch_per_replica == int(usable // 250.0)
+  # Tied: stored once on one chip; with pp = 4 the last stage keeps a copy for the logits.
+  assert memory(Layout(), tie_word_embeddings=True).resident_weight_bytes == 2 * (
+      blocks + table)
+  assert memory(Layout(pp=4), tie_word_embeddings=True).resident_weight_bytes == 2 * (
+      blocks / 4 + table)
+  assert memory(Layout(tp=2, pp=2)).resident_weight_bytes == 2 * (blocks / 2 + table) / 2
+
+
+def test_chip_weights_at_one_stage_are_the_mean_over_tp_and_ep():
+  """pp = 1: the dense part over tp, routed experts over tp*ep (the old average)."""
+  sym = {name: BY_NAME[name].symbol for name in ("W_res", "W_x", "tp", "ep", "pp")}
+  one = collectives.chip_weight_bytes().subs(sym["pp"], 1)
+  expected = (sym["W_res"] - sym["W_x"]) / sym["tp"] + sym["W_x"] / (sym["tp"] * sym["ep"])
+  assert sp.simplify(one - expected) == 0
+
+
+def test_planner_memory_is_the_busiest_chips():
+  """The planner's per-chip bytes at a pp = 4 layout: `chip_memory`'s weights plus the
+  batch's K/V share on an ep group's chip."""
+  spec, device = load_model("mixtral-8x7b"), load_accelerator("h100-sxm")
+  grid = planner.build_grid(spec, [device], 4096, ["bf16"], ["bf16"], np.array([8, 64]), 0.1)
+  out = planner.evaluate_grid(grid, 4096)
+  i = int(np.nonzero((grid["pp"] == 4) & (grid["ep"] == 2) & (grid["tp"] == 1)
+                     & (grid["B"] == 64))[0][0])
+  inputs = step_inputs.decode_step_inputs(spec, device, context=4096, batch_sizes=[1])
+  chip = layout_lib.chip_memory(Layout(pp=4, ep=2), spec, device,
+                                weight_format=inputs.weight_format,
+                                kv_allocated_bytes_per_sequence=float(grid["s"][i]),
+                                workspace_fraction=0.1)
+  expected = chip.resident_weight_bytes + 64 / 2 * chip.kv_allocated_bytes_per_sequence
+  assert out["chip_bytes"][i] == pytest.approx(expected, rel=1e-12)
 
 
 def test_beyond_the_node_uses_the_scale_out_figure():
@@ -342,7 +415,7 @@ def test_compare_accelerators_cli_with_a_layout(tmp_path):
   data = json.loads(out.read_text())
   assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]  # Over its scale-out.
   # L4 has no scale-up fabric: tensor parallel over PCIe within one host, at most 8 cards.
-  assert data["refused"] and data["refused"][0].startswith("l4: --tp*--pp*--ep = 16 l4 cards")
+  assert data["refused"] and data["refused"][0].startswith("l4: tp*pp*ep = 16 l4 cards")
   rows = data["accelerators"][0]["rows"]
   assert all(r["chips"] == 16 and r["comm_s"] > 0 for r in rows)
   assert rows[1]["comm_s"] > rows[0]["comm_s"]  # More rows, more bytes per all-reduce.

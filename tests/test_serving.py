@@ -245,3 +245,75 @@ def test_batched_prefill_ttft_includes_the_time_to_gather_the_batch():
   assert batched.gather_s == pytest.approx(3.5)
   assert batched.ttft_s == pytest.approx(3.5 + batched.wait_s + 0.05)
   assert alone.gather_s == 0.0 and alone.ttft_s < 0.06
+
+
+def test_prefill_crossovers_are_the_closed_forms():
+  """Linear only: `P = R*q/2`; attention overtakes the linear FLOPs at `4*N_act/A_f - 1`."""
+  pair = 4 * 32 * 32 * 128
+  inputs = requests.ServingInputs(N=8e9, N_act=7e9, q=2, k=131072.0, BW=3.35e12, F=9.89e14,
+                                  pair_flops=pair)
+  cross = pools.crossovers(BOUND, inputs, prompt_tokens=2048, output_tokens=256)
+  assert cross["prefill_tokens_per_step_linear"] == pytest.approx(9.89e14 / 3.35e12)
+  assert cross["attention_overtakes_linear_at_prompt"] == pytest.approx(4 * 7e9 / pair - 1)
+  # With attention: the weights and the prompt's K/V written take as long as the linear and
+  # causal attention FLOPs (P*(P+1)/2 pairs).
+  p = cross["prefill_tokens_per_step_with_attention"]
+  memory_s = (8e9 * 2 + p * 131072.0) / 3.35e12
+  compute_s = (2 * 7e9 * p + pair * p * (p + 1) / 2) / 9.89e14
+  assert memory_s == pytest.approx(compute_s, rel=1e-9)
+
+
+def test_mean_context_is_the_mean_over_the_decode_steps():
+  """Step j attends P + j for j = 1 .. G - 1: the mean of those contexts."""
+  import sympy as sp
+
+  from jaxroof.symbolic import request_formulas
+  from jaxroof.symbolic.symbols import P, j, n_out
+
+  mean = sp.summation(P + j, (j, 1, n_out - 1)) / (n_out - 1)
+  assert sp.simplify(mean - request_formulas.mean_context()) == 0
+  grows = requests.ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=None)
+  assert decision.mean_context(grows, 1000, 64) == np.mean(1000 + np.arange(1, 64))
+  assert decision.mean_context(LESSON, 1000, 64) == 1.0  # Fixed K/V per sequence.
+
+
+def test_raw_inputs_fit_the_lesson_in_memory():
+  """80 GB with 10% kept free, 16 GB of weights: 56 GB of K/V, 0.25 GB per sequence."""
+  fixed = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
+                              kv_bytes_per_sequence=0.25e9, memory_capacity_bytes=80e9,
+                              prompt_tokens=1000, output_tokens=24)
+  assert fixed.N == fixed.N_act == 8e9 and not fixed.grows
+  assert fixed.max_batch_in_memory == 224
+  assert fixed.memory["usable_memory_bytes"] == pytest.approx(56e9)
+  per_token = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2,
+                                  bandwidth_bytes_per_s=2e12, kv_bytes_per_token=131072.0,
+                                  memory_capacity_bytes=80e9, prompt_tokens=1000,
+                                  output_tokens=24)
+  assert per_token.grows and per_token.max_batch_in_memory == int(56e9 // (131072.0 * 1024))
+  unknown = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2,
+                                bandwidth_bytes_per_s=2e12, kv_bytes_per_token=1.0,
+                                prompt_tokens=1, output_tokens=1)
+  assert unknown.max_batch_in_memory is None
+  with pytest.raises(errors.InputError, match="once") as caught:
+    requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
+                        kv_bytes_per_token=1.0, kv_bytes_per_sequence=1.0, prompt_tokens=1,
+                        output_tokens=1)
+  assert caught.value.field == "kv_bytes_per_token"
+
+
+def test_run_metrics_reads_a_run_and_counts_the_masked_requests():
+  """Three requests, the last unfinished: TTFTs 0.5 and 1.0 s; the mask keeps the first."""
+  from types import SimpleNamespace
+
+  from jaxroof.serving import metrics
+
+  run = SimpleNamespace(arrival_s=np.array([0.0, 1.0, 2.0]),
+                        first_token_s=np.array([0.5, 2.0, np.inf]),
+                        finish_s=np.array([1.5, 3.0, np.inf]), output_tokens=np.array([3, 2, 4]),
+                        itl_s=np.array([0.5, 0.5, 1.0]))
+  m = metrics.run_metrics(run, ttft_target_s=0.75)
+  assert m["completed"] == 2 and m["ttft_s"]["mean"] == pytest.approx(0.75)
+  assert m["goodput_per_s"] == pytest.approx(1 / 3.0)  # One meets 0.75 s over 3 s.
+  first = metrics.run_metrics(run, requests=np.array([True, False, False]))
+  assert first["completed"] == 1 and first["ttft_s"]["mean"] == pytest.approx(0.5)
+  assert first["itl_s"]["mean"] == pytest.approx(2 / 3)  # The run's gaps, whole.

@@ -120,8 +120,9 @@ def test_decision_says_when_communication_binds():
 
 
 def test_a_tp_that_does_not_divide_the_heads_is_refused():
-  with pytest.raises(InputError, match="--tp=3"):
+  with pytest.raises(InputError, match="^tp=3 does not divide") as caught:
     _inputs(Layout(tp=3))
+  assert caught.value.field == "tp"
 
 
 def test_simulator_one_chip_unchanged_and_tp2_per_chip():

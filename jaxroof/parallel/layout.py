@@ -1,7 +1,7 @@
 """A parallel layout (tp, pp, ep, dp) of a real model on real chips, validated.
 
 `Layout` holds the four degrees; `validate` checks them against a model and an
-accelerator (every error is one line naming the flag); `links` picks the
+accelerator (every error is one line naming the field and what is allowed); `links` picks the
 interconnect figures a layout's collectives run at; `model_terms` reads
 the symbolic layer's architecture inputs (blocks, width, K/V split units)
 from a `ModelSpec`; `per_chip` turns single-device step inputs into the
@@ -27,6 +27,7 @@ from jaxroof import errors
 from jaxroof.specs import parameters as params
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.symbolic import architecture
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic import symbols as S
@@ -48,10 +49,11 @@ class Layout:
   microbatches: int = 1
 
   def __post_init__(self):
-    for flag in ("tp", "pp", "ep", "dp", "microbatches"):
-      value = getattr(self, flag)
+    for name in ("tp", "pp", "ep", "dp", "microbatches"):
+      value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise errors.InputError(f"--{flag}={value!r} is not allowed: give a whole number >= 1.")
+        raise errors.InputError(f"{name}={value!r} is not allowed: give a whole number >= 1.",
+                                field=name)
 
   @property
   def chips_per_replica(self) -> int:
@@ -72,7 +74,7 @@ class Layout:
 
 
 def from_slice(layout: Layout, chips: int | None) -> Layout:
-  """Reconciles a slice's chip count (`--chips`, `8xh100-sxm`) with a layout.
+  """Reconciles a slice's chip count (`chips`, as in `8xh100-sxm`) with a layout.
 
   A slice with the default layout is tensor parallel over all its chips; a
   slice with a layout must hold exactly tp x pp x ep x dp chips.
@@ -80,13 +82,14 @@ def from_slice(layout: Layout, chips: int | None) -> Layout:
   if chips is None:
     return layout
   if isinstance(chips, bool) or not isinstance(chips, (int, np.integer)) or chips < 1:
-    raise errors.InputError(f"--chips={chips!r} is not allowed: give a whole number >= 1.")
+    raise errors.InputError(f"chips={chips!r} is not allowed: give a whole number >= 1.",
+                            field="chips")
   if layout.chips == 1:
     return dataclasses.replace(layout, tp=int(chips))
   if layout.chips != chips:
     raise errors.InputError(
-        f"--chips={chips} does not match tp*pp*ep*dp = {layout.chips}: give a layout whose "
-        "product is the slice's chips, or leave the layout out (tp = chips).")
+        f"chips={chips} does not match tp*pp*ep*dp = {layout.chips}: give a layout whose "
+        "product is the slice's chips, or leave the layout out (tp = chips).", field="chips")
   return layout
 
 
@@ -129,32 +132,35 @@ def validate(layout: Layout, spec: ModelSpec, device: Accelerator) -> Layout:
   """Checks a layout against a model and a device; returns it.
 
   Raises:
-    InputError: one line naming the flag and what is allowed.
+    InputError: one line naming the field (tp, pp, ep) and what is allowed.
   """
   terms = model_terms(spec)
   tp = layout.tp
   if terms.heads and terms.heads % tp:
     allowed = [x for x in range(1, terms.heads + 1) if terms.heads % x == 0]
-    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {terms.heads} query "
-                            f"heads: allowed tp values are {allowed}.")
+    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {terms.heads} query "
+                            f"heads: allowed tp values are {allowed}.", field="tp")
   if spec.attention is not None and spec.mla is None:
     kv = terms.kv_units
     if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
-      raise errors.InputError(f"--tp={tp} neither divides nor is a multiple of {spec.name}'s "
-                              f"{kv} K/V heads: heads cannot be split or replicated evenly.")
+      raise errors.InputError(f"tp={tp} neither divides nor is a multiple of {spec.name}'s "
+                              f"{kv} K/V heads: heads cannot be split or replicated evenly.",
+                              field="tp")
   if not terms.heads and spec.ssm is not None and spec.ssm.inner_size % tp:
-    raise errors.InputError(f"--tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
-                            "SSM channels.")
+    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
+                            "SSM channels.", field="tp")
   if layout.pp > spec.num_layers:
-    raise errors.InputError(f"--pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
-                            f"blocks: allowed 1..{spec.num_layers}.")
+    raise errors.InputError(f"pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
+                            f"blocks: allowed 1..{spec.num_layers}.", field="pp")
   if layout.ep > 1:
     if not spec.is_moe:
-      raise errors.InputError(f"--ep={layout.ep} needs a mixture-of-experts model; "
-                              f"{spec.name} is dense: use --ep=1.")
+      raise errors.InputError(f"ep={layout.ep} needs a mixture-of-experts model; "
+                              f"{spec.name} is dense: allowed ep=1.", field="ep")
     if terms.experts % layout.ep:
-      raise errors.InputError(f"--ep={layout.ep} does not divide {spec.name}'s "
-                              f"{terms.experts} experts.")
+      allowed = [x for x in range(1, terms.experts + 1) if terms.experts % x == 0]
+      raise errors.InputError(f"ep={layout.ep} does not divide {spec.name}'s "
+                              f"{terms.experts} experts: allowed ep values are {allowed}.",
+                              field="ep")
   links(layout, device)
   return layout
 
@@ -181,8 +187,8 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   if layout.chips_per_replica == 1:
     return LinkChoice(1.0, 0.0, "none", "one chip per replica: no communication")
   if net is None:
-    raise errors.InputError(f"--tp/--pp/--ep: {device.name} has no interconnect figures; "
-                            "use tp = pp = ep = 1.")
+    raise errors.InputError(f"tp*pp*ep = {layout.chips_per_replica}: {device.name} has no "
+                            "interconnect figures: allowed tp = pp = ep = 1.", field="tp")
   if layout.chips_per_replica <= net.domain_chips:
     torus = "torus" in net.topology
     return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
@@ -206,13 +212,14 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   if net.scale_out_bytes_per_s is None:
     if net.domain_chips == 1 and "pcie" in net.technology.lower():
       raise errors.InputError(
-          f"--tp*--pp*--ep = {layout.chips_per_replica} {device.name} cards exceeds one PCIe "
+          f"tp*pp*ep = {layout.chips_per_replica} {device.name} cards exceeds one PCIe "
           f"host ({PCIE_HOST_CHIPS} cards, assumed) and no scale-out figure is recorded: "
-          f"allowed tp*pp*ep <= {PCIE_HOST_CHIPS} (use --dp for more cards).")
+          f"allowed tp*pp*ep <= {PCIE_HOST_CHIPS} (dp replicas for more cards).", field="tp")
     raise errors.InputError(
-        f"--tp*--pp*--ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
+        f"tp*pp*ep = {layout.chips_per_replica} chips exceeds {device.name}'s scale-up "
         f"domain of {net.domain_chips} ({net.domain_unit}) and no scale-out figure is "
-        f"recorded: allowed tp*pp*ep <= {net.domain_chips} (use --dp for more chips).")
+        f"recorded: allowed tp*pp*ep <= {net.domain_chips} (dp replicas for more chips).",
+        field="tp")
   rate = min(net.scale_out_bytes_per_s, net.collective_bytes_per_s)
   return LinkChoice(rate, net.hop_latency_s, "scale-out",
                     f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "
@@ -310,26 +317,57 @@ class ChipMemory:
   max_batch_per_replica: int
 
 
-def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
-                resident_weight_bytes: float, expert_weight_bytes: float,
-                kv_allocated_bytes_per_sequence: float,
-                workspace_fraction: float) -> ChipMemory:
-  """Weights and K/V on the busiest chip, and the batch a replica fits.
+_UNBOUNDED_BATCH = 10**9  # Sequences per ep group when a sequence keeps no K/V.
 
-  Dense weights divide by tp*pp, routed experts by tp*pp*ep; each chip keeps
+
+def weight_byte_values(spec: ModelSpec, weight_format: params.WeightFormat
+                       ) -> dict[str, float]:
+  """`W_res`, `W_x`, `W_e`, `W_h` and `x_tie` of `collectives.chip_weight_bytes` for a
+  model stored in `weight_format` (`W_h`: the tied table's bytes when tied)."""
+  counts = params.parameter_counts(spec)
+  head = "embeddings" if counts.tied else "lm_head"
+  return {"W_res": float(weight_format.resident_bytes(counts)),
+          "W_x": float(weight_format.part_bytes(counts, "experts_routed")),
+          "W_e": float(weight_format.part_bytes(counts, "embeddings")),
+          "W_h": float(weight_format.part_bytes(counts, head)),
+          "x_tie": float(counts.tied)}
+
+
+@functools.cache
+def _chip_memory_model():
+  return lambdified({"weights": collectives.chip_weight_bytes(),
+                     "kv": collectives.chip_kv_bytes_per_sequence(),
+                     "usable": architecture.usable_kv_memory(S.C, S.w,
+                                                             collectives.chip_weight_bytes()),
+                     "sequences": collectives.replica_capacity_sequences()},
+                    collectives.CHIP_MEMORY_SYMBOLS)
+
+
+def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
+                weight_format: params.WeightFormat, kv_allocated_bytes_per_sequence: float,
+                workspace_fraction: float) -> ChipMemory:
+  """Weights and K/V on the busiest chip, and the batch a replica fits
+  (`collectives.chip_weight_bytes`, `collectives.replica_capacity_sequences`).
+
+  Block weights divide by tp*pp, routed experts by tp*pp*ep, the embedding
+  table and LM head by tp on the end stages; each chip keeps
   `Max(1/tp, 1/u_kv) / pp` of a sequence's K/V, and a replica's sequences
   split over its ep groups.
   """
-  terms = model_terms(spec)
-  resident = ((resident_weight_bytes - expert_weight_bytes) / (layout.tp * layout.pp)
-              + expert_weight_bytes / layout.chips_per_replica)
-  share = max(1 / layout.tp, 1 / terms.kv_units) / layout.pp
-  kv = kv_allocated_bytes_per_sequence * share
-  usable = device.memory_capacity_bytes * (1 - workspace_fraction) - resident
-  per_group = int(np.floor(usable / kv)) if usable > 0 and kv > 0 else 0
-  if usable > 0 and kv == 0:
-    per_group = 10**9
-  return ChipMemory(resident, kv, usable, max(per_group, 0) * layout.ep)
+  with np.errstate(divide="ignore", invalid="ignore"):  # A sequence without K/V: s = 0.
+    out = _chip_memory_model()(
+        C=device.memory_capacity_bytes, w=workspace_fraction,
+        **weight_byte_values(spec, weight_format), s=kv_allocated_bytes_per_sequence,
+        tp=float(layout.tp), pp=float(layout.pp), ep=float(layout.ep),
+        u_kv=float(model_terms(spec).kv_units))
+  usable, kv = float(out["usable"]), float(out["kv"])
+  if usable <= 0:
+    batch = 0
+  elif kv == 0:
+    batch = _UNBOUNDED_BATCH * layout.ep
+  else:
+    batch = max(int(out["sequences"]), 0)
+  return ChipMemory(float(out["weights"]), kv, usable, batch)
 
 
 def layout_assumptions(layout: Layout, spec: ModelSpec, link: LinkChoice) -> list[str]:

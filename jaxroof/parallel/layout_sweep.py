@@ -17,7 +17,6 @@ from typing import Any
 
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
-from jaxroof.specs import parameters as params
 from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
@@ -75,11 +74,8 @@ def layout_sweep(spec: ModelSpec, device: Accelerator, *, context: int,
   full = layout_lib.decode_model()(
       B=batch, T=float(context), N=inputs.N, N_x=n_x, q=inputs.q, k=inputs.k, BW=inputs.BW,
       F=inputs.F, N_act=inputs.N_act, **values)
-  counts = params.parameter_counts(spec)
   memory = layout_lib.chip_memory(
-      layout, spec, device, resident_weight_bytes=inputs.resident_weight_bytes,
-      expert_weight_bytes=counts.experts_routed * inputs.weight_format.part_bytes_per_weight(
-          "experts_routed"),
+      layout, spec, device, weight_format=inputs.weight_format,
       kv_allocated_bytes_per_sequence=inputs.kv_allocated_bytes_per_sequence,
       workspace_fraction=inputs.workspace_fraction)
   fits = batch <= memory.max_batch_per_replica

@@ -91,7 +91,7 @@ class Targets:
     errors.require_positive("ttft_ms", self.ttft_s * 1e3)
     if (self.aggregate_tokens_per_s is None) == (self.arrival_rate_per_s is None):
       raise errors.InputError("give the load once: aggregate_tokens_per_s or arrival_rate, "
-                              "not both and not neither.")
+                              "not both and not neither.", field="aggregate_tokens_per_s")
     if self.aggregate_tokens_per_s is not None:
       errors.require_positive("aggregate_tokens_per_s", self.aggregate_tokens_per_s)
     else:
@@ -139,20 +139,20 @@ def parse_prices(text: str | None, known: Sequence[str]) -> dict[str, float]:
     name = name.strip()
     if not sep or not name:
       raise errors.InputError(f"price_per_hour entry {entry.strip()!r} is not NAME=PRICE "
-                              "(e.g. h100-sxm=3.0).")
+                              "(e.g. h100-sxm=3.0).", field="price_per_hour")
     if name not in known:
       raise errors.InputError(f"price_per_hour names {name!r}, not a known accelerator: "
-                              f"allowed {', '.join(known)}.")
+                              f"allowed {', '.join(known)}.", field="price_per_hour")
     try:
       price = float(value)
     except ValueError:
       raise errors.InputError(f"price_per_hour for {name} is {value.strip()!r}, not a "
-                              "number.") from None
+                              "number.", field="price_per_hour") from None
     if not math.isfinite(price) or price <= 0:
       raise errors.InputError(f"price_per_hour for {name} is {value.strip()}: a price must "
-                              "be a finite number > 0 ($ per chip-hour).")
+                              "be a finite number > 0 ($ per chip-hour).", field="price_per_hour")
     if name in out:
-      raise errors.InputError(f"price_per_hour names {name} twice.")
+      raise errors.InputError(f"price_per_hour names {name} twice.", field="price_per_hour")
     out[name] = price
   return out
 
@@ -176,10 +176,10 @@ def format_notes(spec: ModelSpec, devices: Sequence[Accelerator],
 
 @functools.cache
 def _memory_model():
-  chip = (collectives.per_chip_weights() * S.q
-          + S.B / S.ep * S.s * collectives.kv_share() / S.pp)
-  return lambdified({"chip_bytes": chip},
-                    (S.N, S.N_x, S.q, S.B, S.s, S.tp, S.pp, S.ep, S.u_kv))
+  """The busiest chip's bytes (`collectives.chip_memory_bytes`), lambdified once."""
+  return lambdified({"chip_bytes": collectives.chip_memory_bytes()},
+                    (S.B, S.W_res, S.W_x, S.W_e, S.W_h, S.x_tie, S.s, S.tp, S.pp, S.ep,
+                     S.u_kv))
 
 
 def candidate_layouts(spec: ModelSpec, device: Accelerator
@@ -206,7 +206,6 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
                prompt_tokens: int | None = None) -> dict[str, np.ndarray]:
   """Flat arrays, one entry per configuration, of every input the models take
   (`prompt_tokens`, default the context: the prefill's attention FLOPs per pair)."""
-  counts = params.parameter_counts(spec)
   terms = layout_lib.model_terms(spec)
   n_x = layout_lib.expert_weights_read(spec, batches)
   columns: dict[str, list[np.ndarray]] = {}
@@ -248,13 +247,13 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
             BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
             N_act=np.full(size, inputs.N_act), **link_columns,
             A_t=np.full(size, inputs.A_t),
+            **{name: np.full(size, value) for name, value in
+               layout_lib.weight_byte_values(spec, inputs.weight_format).items()},
             s=np.full(size, inputs.kv_allocated_bytes_per_sequence),
             capacity=np.full(size, inputs.memory_capacity_bytes * (1 - workspace_fraction)),
             **per_layout)
   grid = {name: np.concatenate(parts) for name, parts in columns.items()}
-  grid.update(N_res=np.full_like(grid["B"], counts.total),
-              N_xres=np.full_like(grid["B"], counts.experts_routed),
-              u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
+  grid.update(u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
               L_moe=float(terms.moe_blocks), K=float(max(terms.top_k, 1)),
               D=float(terms.width), V=float(terms.vocab),
               class_members=members,
@@ -280,7 +279,8 @@ def evaluate_grid(grid: dict[str, Any], context: int,
                                      u_kv=grid["u_kv"], A_t=grid["A_t"], **shared)
   prefill = layout_lib.prefill_model(bound=bound)(P=float(prompt_tokens or context), N=grid["N"], N_x=grid["N_x"],
                                        A_f=grid["A_f"], **shared)
-  memory = _memory_model()(N=grid["N_res"], N_x=grid["N_xres"], q=grid["q"], B=grid["B"],
+  memory = _memory_model()(B=grid["B"], W_res=grid["W_res"], W_x=grid["W_x"],
+                           W_e=grid["W_e"], W_h=grid["W_h"], x_tie=grid["x_tie"],
                            s=grid["s"], tp=grid["tp"], pp=grid["pp"], ep=grid["ep"],
                            u_kv=grid["u_kv"])
   return {**decode, **prefill, **memory}
@@ -354,23 +354,26 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     if output_tokens >= context:
       raise errors.InputError(f"output_tokens={output_tokens} leaves no prompt within the "
                               f"{context}-token context: give prompt_tokens or a larger "
-                              "context.")
+                              "context.", field="output_tokens")
     prompt_tokens = context - output_tokens
   prompt_tokens = errors.require_positive_int("prompt_tokens", prompt_tokens)
   if prompt_tokens + output_tokens > context:
     raise errors.InputError(f"prompt_tokens + output_tokens = {prompt_tokens + output_tokens} "
-                            f"exceeds the {context}-token context: allowed a sum <= {context}.")
+                            f"exceeds the {context}-token context: allowed a sum <= {context}.",
+                            field="prompt_tokens")
   if not devices:
-    raise errors.InputError("accelerators is empty: give at least one.")
+    raise errors.InputError("accelerators is empty: give at least one.", field="accelerators")
   if not weight_dtypes or not kv_dtypes:
-    raise errors.InputError("the weight and K/V dtype lists need at least one entry each.")
+    raise errors.InputError("the weight and K/V dtype lists need at least one entry each.",
+                            field="weight_dtypes")
   errors.require_choice("pools", pools, POOLS)
   prices = dict(prices or {})
   if prices:
     missing = [d.name for d in devices if d.name not in prices]
     if missing:
       raise errors.InputError(f"no price per hour for {', '.join(missing)}: give one for "
-                              "every accelerator searched, or leave it out.")
+                              "every accelerator searched, or leave it out.",
+                              field="price_per_hour")
   if max_chips is not None:
     max_chips = errors.require_positive_int("max_chips", max_chips)
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batches), dtype=float)
@@ -379,7 +382,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
                     prompt_tokens=prompt_tokens)
   if "B" not in grid:
     raise errors.InputError(f"no layout of {spec.name} fits any of "
-                            f"{', '.join(d.name for d in devices)}'s interconnects.")
+                            f"{', '.join(d.name for d in devices)}'s interconnects.",
+                            field="accelerators")
   out = evaluate_grid(grid, context, bound=bound, comm_overlap=comm_overlap,
                       prompt_tokens=prompt_tokens)
   rate = targets.request_rate(output_tokens)

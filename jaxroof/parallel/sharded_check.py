@@ -1,20 +1,21 @@
 """Checks the sharded toy against the single-device toy and the symbolic count.
 
-Run in a fresh process with host devices set before jax starts:
+`check(tps)` runs in a fresh process whose host devices were set before jax
+started (XLA's `xla_force_host_platform_device_count` in `XLA_FLAGS`), as
+`tests/test_parallel_sharded.py` does:
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=4 \
-      python -m jaxroof.parallel.sharded_check --tp=1,2,4
+  python -c "from jaxroof.parallel import sharded_check; sharded_check.main([1, 2, 4])"
 
 For each tp: the largest |logit difference| from the unsharded toy
 (float64) for prefill and one decode step, and the collectives of each
 compiled program (kind, bytes) beside the count and bytes that
-`jaxroof.symbolic.collectives` gives. Prints one JSON object.
+`jaxroof.symbolic.collectives` gives.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ def _expected(rows: int, tp: int) -> dict:
 
 
 def check(tps: list[int]) -> dict:
+  """The sharded toy at each tensor-parallel degree in `tps` (<= the host devices)."""
   jax.config.update("jax_enable_x64", True)
   params = init_params(CONFIG, jax.random.key(0), jnp.float64)
   ids = jax.random.randint(jax.random.key(1), (BATCH, PROMPT), 0, CONFIG.vocab_size)
@@ -74,13 +76,6 @@ def check(tps: list[int]) -> dict:
           "results": results}
 
 
-def main(argv: list[str]) -> None:
-  tps = [1, 2, 4]
-  for arg in argv[1:]:
-    if arg.startswith("--tp="):
-      tps = [int(x) for x in arg.split("=", 1)[1].split(",")]
-  print(json.dumps(check(tps)))
-
-
-if __name__ == "__main__":
-  main(sys.argv)
+def main(tps: Sequence[int] = (1, 2, 4)) -> None:
+  """Prints `check(tps)` as one JSON object (for the process that runs it)."""
+  print(json.dumps(check(list(tps))))

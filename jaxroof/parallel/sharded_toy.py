@@ -9,9 +9,9 @@ vocabulary, the lookup a masked gather plus one `psum`, the logits one
 and one all-gather of (R, V), which `collectives` reads back from the
 compiled HLO.
 
-Runs on host CPU devices for tests: set
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax is imported
-(in a subprocess). Host-device timings are not interconnect figures.
+Runs on host CPU devices for tests: XLA's `xla_force_host_platform_device_count`
+set to N in `XLA_FLAGS` before jax is imported (in a subprocess). Host-device
+timings are not interconnect figures.
 """
 
 from __future__ import annotations

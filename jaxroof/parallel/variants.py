@@ -71,7 +71,7 @@ def normalise_rows(rows: list[dict[str, Any]], device: Accelerator, chips: int, 
 def _unique(name: str, values: Sequence[Any]) -> list[Any]:
   values = list(dict.fromkeys(values))
   if not values:
-    raise errors.InputError(f"--{name} is empty: give at least one value.")
+    raise errors.InputError(f"{name} is empty: give at least one value.", field=name)
   return values
 
 
@@ -79,7 +79,7 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
                    weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                    batch_sizes: Sequence[int], layout: Layout | None = None,
                    model: StepModel | None = None, token_gap_s: float | None = None,
-                   price_per_hour: float | None = None, **workload_kw: Any
+                   price_per_hour: float | None = None, **step_input_kw: Any
                    ) -> list[dict[str, Any]]:
   """One `layout_sweep` per (weight dtype, K/V dtype, context), rows tagged and normalised.
 
@@ -89,11 +89,11 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
   layout = layout or Layout()
   out = []
   for weight_dtype, kv_dtype, context in itertools.product(
-      _unique("weight_dtype", weight_dtypes), _unique("kv_dtype", kv_dtypes),
-      _unique("context", contexts)):
+      _unique("weight_dtypes", weight_dtypes), _unique("kv_dtypes", kv_dtypes),
+      _unique("contexts", contexts)):
     sweep = layout_sweep(spec, device, context=context, batch_sizes=batch_sizes, layout=layout,
                          weight_dtype=weight_dtype, kv_dtype=kv_dtype, model=model,
-                         token_gap_s=token_gap_s, **workload_kw)
+                         token_gap_s=token_gap_s, **step_input_kw)
     for row in sweep["rows"]:  # The stored dtype ("published" resolved).
       row.update(weight_dtype=sweep["inputs"]["weight_dtype"],
                  weight_dtype_label=sweep["inputs"]["weight_dtype_label"], kv_dtype=kv_dtype,

@@ -14,7 +14,6 @@ from jaxroof.parallel import planner
 from jaxroof.parallel.layout import Layout
 from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.report import table
-from jaxroof.specs import parameters as params
 from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import load_accelerator, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
@@ -38,14 +37,12 @@ def fewest_chips(spec, device, *, context: int = CONTEXT, weight_dtype: str = "b
   """
   inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-  experts = params.parameter_counts(spec).experts_routed * inputs.expert_bytes_per_weight
   candidates = sorted((lay for lay, _ in planner.candidate_layouts(spec, device)
                        if lay.microbatches == 1),
                       key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))
   for lay in candidates:
     memory = layout_lib.chip_memory(
-        lay, spec, device, resident_weight_bytes=inputs.resident_weight_bytes,
-        expert_weight_bytes=experts,
+        lay, spec, device, weight_format=inputs.weight_format,
         kv_allocated_bytes_per_sequence=inputs.kv_allocated_bytes_per_sequence,
         workspace_fraction=inputs.workspace_fraction)
     if memory.max_batch_per_replica >= 1:

@@ -40,8 +40,7 @@ def _workload(rate, n, seed, prompt, prompt_spread, output, output_spread, arriv
 
 
 def _served_metrics(s) -> dict:
-  return metrics.serving_metrics(s.arrival_s, s.first_token_s, s.finish_s, s.output_tokens,
-                                 s.itl_s)
+  return metrics.run_metrics(s)
 
 
 def _rel(sim, real):
@@ -50,8 +49,7 @@ def _rel(sim, real):
 
 def _simulate(w, twin_replica) -> tuple[simulator.Run, dict]:
   run = simulator.simulate(w, twin_replica, "iteration")
-  return run, metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                                      run.output_tokens, run.itl_s)
+  return run, metrics.run_metrics(run)
 
 
 def _errors(sim_m: dict, real_m: dict) -> dict:

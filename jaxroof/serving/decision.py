@@ -33,7 +33,7 @@ from jaxroof.serving import elasticity
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
 from jaxroof.symbolic import request_formulas
-from jaxroof.symbolic.evaluate import lambdified
+from jaxroof.symbolic.evaluate import formula_function, lambdified
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic.symbols import B, D_pf, n_out, t
 
@@ -140,7 +140,7 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
     binds = "token_gap"
   at = requests.evaluate(model, inputs, [batch], **kwargs)
   step = float(at["unloaded_token_gap_s"][0])
-  context = _mean_context(inputs, prompt_tokens, output_tokens)
+  context = mean_context(inputs, prompt_tokens, output_tokens)
   k = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
   terms = requests.decode_terms(model, inputs, float(batch), context)
   memory_s = terms["memory_s"] if "memory_s" in terms else terms["weight_s"] + terms["kv_s"]
@@ -203,7 +203,7 @@ def loaded_gap(model: StepModel, inputs: requests.ServingInputs, *, running: flo
   first may hide under the weight reads, the second cannot). Infinite when the
   prompts alone outrun the replica.
   """
-  context = _mean_context(inputs, prompt_tokens, output_tokens)
+  context = mean_context(inputs, prompt_tokens, output_tokens)
   step = float(requests.decode_steps(model, inputs, [max(running, 1e-9)], prompt_tokens,
                                      output_tokens).mean())
   with_prompts = lambda k: requests.mixed_iteration_s(  # noqa: E731
@@ -306,10 +306,13 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
   return out
 
 
-def _mean_context(inputs: requests.ServingInputs, prompt_tokens: int, output_tokens: int
-                  ) -> float:
-  """Mean retained tokens over the decode steps (1 for a fixed K/V per sequence)."""
-  return prompt_tokens + output_tokens / 2 if inputs.grows else 1.0
+def mean_context(inputs: requests.ServingInputs, prompt_tokens: float, output_tokens: float
+                 ) -> float:
+  """Mean retained tokens over the decode steps (`request_formulas.mean_context`; 1 for a
+  fixed K/V per sequence, which `kv_per_sequence_bytes` already holds)."""
+  if not inputs.grows:
+    return 1.0
+  return float(formula_function(request_formulas.mean_context)(prompt_tokens, output_tokens))
 
 
 def frontier(model: StepModel, inputs: requests.ServingInputs, batch_sizes, *,

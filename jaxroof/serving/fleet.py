@@ -119,7 +119,7 @@ def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int
   require_choice("scheduler", scheduler, simulator.SCHEDULERS)
   if scheduler not in CONTINUOUS:
     raise InputError(f"scheduler={scheduler!r} is not allowed behind a router: a fleet "
-                     f"simulates continuous batching ({', '.join(CONTINUOUS)}).")
+                     f"simulates continuous batching ({', '.join(CONTINUOUS)}).", field="scheduler")
   simulator.validate(workload, replica, scheduler)
   start = time.perf_counter()
   members = [_Member(workload, replica, scheduler) for _ in range(replicas)]
@@ -168,9 +168,7 @@ def replica_metrics(fleet: FleetRun, **targets: Any) -> list[dict[str, Any]]:
   out = []
   for k, run in enumerate(fleet.replicas):
     mine = fleet.assignment == k
-    itl = run.itl_s
-    m = metrics.serving_metrics(run.arrival_s[mine], run.first_token_s[mine],
-                                run.finish_s[mine], run.output_tokens[mine], itl, **targets)
+    m = metrics.run_metrics(run, requests=mine, **targets)
     m.update(metrics.iteration_means(run))
     out.append({"replica": k, "requests": int(mine.sum()), "iterations": run.iterations,
                 "preemptions": run.preemptions, "metrics": m})
@@ -207,10 +205,10 @@ def find_max_rate(run_at: Callable[[float], simulator.Run], *, start_rate: float
   and every rate tried with its verdict.
   """
   if not any(v is not None for v in targets.values()):
-    raise InputError("find_max_rate needs at least one target (TTFT, TPOT or ITL).")
+    raise InputError("find_max_rate needs at least one target (TTFT, TPOT or ITL).", field="ttft_s")
   if not 0 < percentile < 100:
     raise InputError(f"slo_percentile={percentile!r} is not allowed: give a number in "
-                     "(0, 100).")
+                     "(0, 100).", field="slo_percentile")
   tried: list[dict[str, Any]] = []
 
   def ok(rate: float) -> bool:

@@ -72,6 +72,22 @@ def serving_metrics(arrival_s, first_token_s, finish_s, output_tokens, itl_s, *,
   }
 
 
+def run_metrics(run, *, ttft_target_s: float | None = None,
+                tpot_target_s: float | None = None,
+                requests: np.ndarray | None = None) -> dict:
+  """`serving_metrics` of a run: anything with `arrival_s`, `first_token_s`, `finish_s`,
+  `output_tokens` and `itl_s` per request (a simulated `Run`, a served toy run).
+
+  `requests`: a boolean mask of the requests counted (a fleet replica's own);
+  the inter-token latencies are the run's, whole.
+  """
+  per_request_fields = (run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens)
+  if requests is not None:
+    per_request_fields = tuple(np.asarray(a)[requests] for a in per_request_fields)
+  return serving_metrics(*per_request_fields, run.itl_s, ttft_target_s=ttft_target_s,
+                         tpot_target_s=tpot_target_s)
+
+
 def iteration_means(run) -> dict[str, float | None]:
   """Means over the iterations, as a decode token sees them.
 

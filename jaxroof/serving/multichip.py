@@ -61,20 +61,20 @@ def assumptions(inputs: requests.ServingInputs) -> list[str]:
   return [
       f"{inputs.chips_per_replica} chips per replica, {inputs.replicas} replica(s): N, N_act "
       "and k are one chip's along a token's path through the pp stages; memory fit on the "
-      "busiest chip",
+      "busiest chip (with pp > 1 an end stage: its blocks plus the embedding table or LM head)",
       "communication (tensor all-reduces, logits gather, MoE all-to-alls, stage hand-offs) "
       f"of each decode step (B rows) and each prefill (P*B rows), {inputs.comm_overlap:g} of "
       "it hidden under the iteration (0: serial)",
       "prefill attention FLOPs split over tp*ep like the linear ones",
-      "rates and the decision per replica; --arrival_rate is the fleet's, split evenly over "
-      "the replicas; fleet rates are dp times a replica's",
+      "rates and the decision per replica; the arrival rate is the fleet's, split evenly "
+      "over the replicas; fleet rates are dp times a replica's",
   ]
 
 
 def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None = None,
                  prompt_tokens: int, output_tokens: int, weight_dtype: str = "bf16",
                  kv_dtype: str = "bf16", mla_prefill: str = "mha", comm_overlap: float = 0.0,
-                 **workload_kw: Any) -> requests.ServingInputs:
+                 **step_input_kw: Any) -> requests.ServingInputs:
   """`ServingInputs` for one replica of `layout` (one chip: `requests.model_inputs`).
 
   Raises:
@@ -84,23 +84,20 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
   single = requests.model_inputs(spec, device, prompt_tokens=prompt_tokens,
                                  output_tokens=output_tokens, weight_dtype=weight_dtype,
                                  kv_dtype=kv_dtype, mla_prefill=mla_prefill,
-                                 comm_overlap=comm_overlap, **workload_kw)
+                                 comm_overlap=comm_overlap, **step_input_kw)
   if layout.chips_per_replica == 1:
     return dataclasses.replace(single, replicas=layout.dp)
   layout_lib.validate(layout, spec, device)
   link = layout_lib.links(layout, device)
-  counts = params.parameter_counts(spec)
   memory = layout_lib.chip_memory(
-      layout, spec, device, resident_weight_bytes=single.memory["resident_weight_bytes"],
-      expert_weight_bytes=counts.experts_routed * params.weight_format(
-          spec, weight_dtype, workload_kw.get("group_size")).part_bytes_per_weight(
-              "experts_routed"),
+      layout, spec, device,
+      weight_format=params.weight_format(spec, weight_dtype, step_input_kw.get("group_size")),
       kv_allocated_bytes_per_sequence=single.memory["kv_allocated_bytes_per_sequence"],
       workspace_fraction=single.memory["workspace_fraction"])
   fit = max(memory.max_batch_per_replica, 1)
   at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       max_new_tokens=output_tokens, **workload_kw)
+                                       max_new_tokens=output_tokens, **step_input_kw)
   n_x = float(layout_lib.expert_weights_read(spec, [float(fit)])[0])
   path = path_values(layout, spec, N=float(at_fit.N[0]), N_x=n_x, k=single.k,
                      N_act=single.N_act)

@@ -51,9 +51,10 @@ def check_case(model: str, accelerator: str, prompt_tokens: int, output_tokens: 
            "output_tokens": output_tokens}
   wrong = [f"{k}={v!r}" for k, v in given.items() if v != CASE[k]]
   if wrong:
+    case = ", ".join(f"{k}={v!r}" for k, v in CASE.items() if k in given)
     raise errors.InputError(
-        f"--compare_peer=llm_viewer needs --model=llama-2-7b --accelerator=a100-40gb "
-        f"--prompt_tokens=1024 --output_tokens=128 (the peer's case); got {', '.join(wrong)}.")
+        f"compare_peer='llm_viewer' needs the peer's case, {case}; got {', '.join(wrong)}.",
+        field="compare_peer")
 
 
 def compare(ours: list[dict[str, Any]]) -> dict[str, Any]:

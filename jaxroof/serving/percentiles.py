@@ -33,9 +33,7 @@ def simulated_percentiles(replica: Replica, *, arrival_rate: float, prompt_token
                                 arrival_rate=arrival_rate, seed=seed,
                                 prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   run = simulator.simulate(workload, replica, scheduler)
-  block = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                                  run.output_tokens, run.itl_s, ttft_target_s=ttft_s,
-                                  tpot_target_s=token_gap_s)
+  block = metrics.run_metrics(run, ttft_target_s=ttft_s, tpot_target_s=token_gap_s)
   checks = {}
   for name, key, target in (("ttft", "ttft_s", ttft_s), ("token_gap", "itl_s", token_gap_s)):
     if target is not None:

@@ -44,8 +44,7 @@ def simulate_plan(spec: ModelSpec, device: Accelerator, row: dict[str, Any], *, 
   w = arrivals.synthetic(arrival="poisson", num_requests=num_requests, arrival_rate=rate,
                          seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   run = simulator.simulate(w, r, scheduler)
-  m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
-                              run.itl_s, ttft_target_s=ttft_s, tpot_target_s=token_gap_s)
+  m = metrics.run_metrics(run, ttft_target_s=ttft_s, tpot_target_s=token_gap_s)
   ttft, itl, tpot = m["ttft_s"]["p90"], m["itl_s"]["p90"], m["tpot_s"]["p90"]
   meets = (m["completed"] == num_requests and ttft is not None and tpot is not None
            and ttft <= ttft_s * (1 + _SLACK) and tpot <= token_gap_s * (1 + _SLACK))

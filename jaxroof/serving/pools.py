@@ -25,6 +25,7 @@ Goodput per chip = arrival rate / chips.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -33,6 +34,8 @@ from jaxroof.serving import decision
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
 from jaxroof.symbolic import prefill as prefill_formulas
+from jaxroof.symbolic import symbols as S
+from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
 
 MAX_CHIPS = 100_000
@@ -60,19 +63,18 @@ def crossovers(model: StepModel, inputs: requests.ServingInputs, *, prompt_token
                          "decode_sequences_per_step": None}
   if math.isfinite(flops):
     ridge = flops / bw
-    out["prefill_tokens_per_step_linear"] = _at(
-        prefill_formulas.compute_bound_prompt_linear(), {"R": ridge, "q": inputs.q})
+    out["prefill_tokens_per_step_linear"] = float(
+        _linear_crossover_model()(R=ridge, q=inputs.q)["prompt"])
     pair = (prefill_formulas.pair_flops_at(inputs.attention_terms, prompt_tokens)
             if inputs.attention_terms else inputs.pair_flops)
     k = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes / prompt_tokens
     if pair > 0:
-      values = {"R": ridge, "q": inputs.q, "N": inputs.N, "N_act": inputs.N_act, "k": k,
-                "A_f": pair}
-      out["prefill_tokens_per_step_with_attention"] = _at(
-          prefill_formulas.compute_bound_prompt_with_attention(), values)
+      prompts = _attention_crossover_model()(R=ridge, q=inputs.q, N=inputs.N,
+                                             N_act=inputs.N_act, k=k, A_f=pair)
+      out["prefill_tokens_per_step_with_attention"] = float(prompts["with_attention"])
       out["attention_overtakes_linear_at_prompt"] = max(
-          _at(prefill_formulas.attention_overtakes_linear_prompt(), values), 0.0)
-    context = prompt_tokens + output_tokens / 2 if inputs.grows else 1.0
+          float(prompts["attention_overtakes"]), 0.0)
+    context = decision.mean_context(inputs, prompt_tokens, output_tokens)
     summary = model.summary(N=inputs.N, q=inputs.q, T=context,
                             k=inputs.k if inputs.grows else inputs.kv_per_sequence_bytes,
                             BW=bw, F=flops, N_act=inputs.N_act, L=inputs.layers)
@@ -81,9 +83,19 @@ def crossovers(model: StepModel, inputs: requests.ServingInputs, *, prompt_token
   return out
 
 
-def _at(expr: Any, values: dict[str, float]) -> float:
-  """A closed form's value, its free symbols given by name."""
-  return float(expr.subs({symbol: values[str(symbol)] for symbol in expr.free_symbols}))
+@functools.cache
+def _linear_crossover_model():
+  """The prompt at which a one-sequence prefill turns compute-bound, linear layers only."""
+  return lambdified({"prompt": prefill_formulas.compute_bound_prompt_linear()}, (S.R, S.q))
+
+
+@functools.cache
+def _attention_crossover_model():
+  """The same crossover with attention, and where attention FLOPs overtake the linear."""
+  return lambdified(
+      {"with_attention": prefill_formulas.compute_bound_prompt_with_attention(),
+       "attention_overtakes": prefill_formulas.attention_overtakes_linear_prompt()},
+      (S.R, S.q, S.N, S.N_act, S.k, S.A_f))
 
 
 def _ceil(x: float) -> int:

@@ -29,7 +29,6 @@ from jaxroof.parallel.layout import Layout
 from jaxroof.serving import multichip
 from jaxroof.serving import requests
 from jaxroof.serving.simulator import Replica
-from jaxroof.specs import parameters as params
 from jaxroof.specs import kv_sizing
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.iteration_model import IterationModel
@@ -55,13 +54,14 @@ def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H
     require_positive(name, value)
   require_positive_int("page_tokens", page_tokens)
   if batch_window_s < 0:
-    raise InputError(f"batch_window_s={batch_window_s!r} is not allowed: it must be >= 0.")
+    raise InputError(f"batch_window_s={batch_window_s!r} is not allowed: it must be >= 0.",
+                     field="batch_window_s")
   values = {"N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N if N_act is None else N_act,
             "L": L, "H": H, "d": d}
   total_pages = int(kv_memory_bytes // page_bytes)
   if total_pages < 1:
     raise InputError(f"kv_memory_bytes={kv_memory_bytes:g} is not allowed: it holds no K/V "
-                     f"page of {page_bytes:g} bytes.")
+                     f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
   cost = IterationModel.from_numbers(
       N=N, q=q, k=k, BW=BW, F=F, N_act=N_act, L=L,
       pair_flops=L * float(prefill_formulas.full_attention_pair_flops(H, d)))
@@ -127,7 +127,8 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
       raise InputError(
           f"model={spec.name!r} does not fit on one {accelerator.name}: its weights "
           f"({inputs.resident_weight_bytes / 1e9:,.1f} GB) leave no memory for K/V; split it "
-          "with more chips (tensor, pipeline or expert parallel) or choose a larger device.")
+          "with more chips (tensor, pipeline or expert parallel) or choose a larger device.",
+          field="model")
     page_bytes, state = _page_and_state(page, 1.0)
     return _replica(cost.with_overlap(comm_overlap), step_model,
                     total_pages=_pages(inputs.usable_memory_bytes - max_running * state,
@@ -137,15 +138,13 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
   layout_lib.validate(layout, spec, accelerator)
   link = layout_lib.links(layout, accelerator)
   memory = layout_lib.chip_memory(
-      layout, spec, accelerator, resident_weight_bytes=inputs.resident_weight_bytes,
-      expert_weight_bytes=(params.parameter_counts(spec).experts_routed
-                           * inputs.expert_bytes_per_weight),
+      layout, spec, accelerator, weight_format=inputs.weight_format,
       kv_allocated_bytes_per_sequence=page.allocated_bytes_per_sequence,
       workspace_fraction=workspace_fraction)
   if memory.usable_bytes <= 0:
     raise InputError(f"tp={layout.tp} pp={layout.pp} ep={layout.ep}: {spec.name}'s "
                      f"weights leave no memory for K/V on a {accelerator.name} chip "
-                     f"({memory.resident_weight_bytes / 1e9:.4g} GB per chip).")
+                     f"({memory.resident_weight_bytes / 1e9:.4g} GB per chip).", field="tp")
   values = layout_lib.symbol_values(layout, spec, link)
   comm = {name: float(values[name]) for name in requests.COMM_SYMBOLS}
   cost = cost.on_layout(**multichip.chip_shares(layout, spec),
@@ -181,5 +180,5 @@ def _pages(memory_bytes: float, page_bytes: float) -> int:
   pages = int(memory_bytes // page_bytes)
   if pages < 1:
     raise InputError(f"kv_memory_bytes={memory_bytes:g} is not allowed: it holds no K/V "
-                     f"page of {page_bytes:g} bytes.")
+                     f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
   return pages

@@ -40,6 +40,8 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.serving import queueing
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import step_inputs
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic import prefill as prefill_formulas
@@ -174,16 +176,18 @@ def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any)
   """Validates prompt and output lengths: whole, >= 1 and >= 2, within the context."""
   if not (isinstance(prompt_tokens, (int, np.integer)) and prompt_tokens >= 1):
     raise errors.InputError(
-        f"prompt_tokens={prompt_tokens!r} is not allowed: it must be a whole number >= 1.")
+        f"prompt_tokens={prompt_tokens!r} is not allowed: it must be a whole number >= 1.",
+        field="prompt_tokens")
   if not (isinstance(output_tokens, (int, np.integer)) and output_tokens >= 2):
     raise errors.InputError(
         f"output_tokens={output_tokens!r} is not allowed: it must be a whole number >= 2 "
-        "(one output has no gap between tokens).")
+        "(one output has no gap between tokens).", field="output_tokens")
   limit = inputs.context_limit
   if limit is not None and prompt_tokens + output_tokens - 1 > limit:
     raise errors.InputError(
         f"prompt_tokens + output_tokens - 1 = {prompt_tokens + output_tokens - 1} is not "
-        f"allowed: the model's context is max_position_embeddings = {limit} tokens.")
+        f"allowed: the model's context is max_position_embeddings = {limit} tokens.",
+        field="prompt_tokens")
   return int(prompt_tokens), int(output_tokens)
 
 
@@ -309,7 +313,7 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **
 
 def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: int,
                  weight_dtype: str = "bf16", kv_dtype: str = "bf16", mla_prefill: str = "mha",
-                 comm_overlap: float = 0.0, **workload_kw: Any) -> ServingInputs:
+                 comm_overlap: float = 0.0, **step_input_kw: Any) -> ServingInputs:
   """`ServingInputs` for a `ModelSpec` on an `Accelerator` (datasheet figures).
 
   K/V per token is the payload at the prompt length; the memory fit allocates
@@ -317,19 +321,17 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
   `specs.kv_sizing` does. MoE weights read are taken at the largest batch that
   fits (every expert a large batch touches).
   """
-  from jaxroof.specs import step_inputs  # specs sits below serving.
-
   limit = spec.max_position_embeddings
   check_lengths(ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
                               context_limit=limit if isinstance(limit, int) else None),
                 prompt_tokens, output_tokens)
   base = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
                                      weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                     max_new_tokens=output_tokens, **workload_kw)
+                                     max_new_tokens=output_tokens, **step_input_kw)
   fit = max(base.max_batch_in_memory, 1)
   at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       max_new_tokens=output_tokens, **workload_kw)
+                                       max_new_tokens=output_tokens, **step_input_kw)
   memory = {
       "memory_capacity_bytes": base.memory_capacity_bytes,
       "resident_weight_bytes": base.resident_weight_bytes,
@@ -349,6 +351,52 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
       cost=IterationModel.from_spec(
           spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-          group_size=workload_kw.get("group_size"), state_dtype=workload_kw.get("state_dtype"),
+          group_size=step_input_kw.get("group_size"), state_dtype=step_input_kw.get("state_dtype"),
           mla_prefill=mla_prefill),
       comm_overlap=comm_overlap)
+
+
+def raw_inputs(*, weight_bytes: float, bytes_per_weight: float, bandwidth_bytes_per_s: float,
+               prompt_tokens: int, output_tokens: int, flops_per_s: float | None = None,
+               kv_bytes_per_token: float | None = None,
+               kv_bytes_per_sequence: float | None = None, layers: int | None = None,
+               memory_capacity_bytes: float | None = None,
+               workspace_fraction: float = step_inputs.DEFAULT_WORKSPACE_FRACTION
+               ) -> ServingInputs:
+  """`ServingInputs` from raw numbers (a dense model: every weight read and multiplied).
+
+  K/V is `kv_bytes_per_token` of a growing context or a fixed
+  `kv_bytes_per_sequence`, exactly one of them. With `memory_capacity_bytes`,
+  the memory fit (`kv_sizing.sequences_fit`) holds each sequence's K/V for
+  P + G tokens (or its fixed bytes) beside the weights, `workspace_fraction`
+  kept free; without it no capacity is known.
+
+  Raises:
+    InputError: both or neither K/V figure, or a figure out of range.
+  """
+  if (kv_bytes_per_token is None) == (kv_bytes_per_sequence is None):
+    raise errors.InputError("give the K/V once: kv_bytes_per_token or kv_bytes_per_sequence, "
+                            "not both and not neither.", field="kv_bytes_per_token")
+  weight_bytes = errors.require_positive("weight_bytes", weight_bytes)
+  q = errors.require_positive("bytes_per_weight", bytes_per_weight)
+  n = weight_bytes / q
+  max_batch, memory = None, {}
+  if memory_capacity_bytes is not None:
+    per_seq = (kv_bytes_per_sequence if kv_bytes_per_sequence is not None
+               else kv_bytes_per_token * (prompt_tokens + output_tokens))
+    fit = dict(weight_bytes=weight_bytes, memory_capacity_bytes=memory_capacity_bytes,
+               workspace_fraction=workspace_fraction)
+    max_batch = kv_sizing.sequences_fit(per_sequence_bytes=per_seq, **fit)
+    memory = {"memory_capacity_bytes": memory_capacity_bytes,
+              "workspace_fraction": workspace_fraction,
+              "usable_memory_bytes": kv_sizing.usable_bytes(**fit),
+              "kv_allocated_bytes_per_sequence": per_seq}
+  kv = (f"{kv_bytes_per_sequence / 1e9:g} GB K/V per sequence"
+        if kv_bytes_per_sequence is not None else f"{kv_bytes_per_token:g} B K/V per token")
+  rate = f"{flops_per_s / 1e12:g} TFLOP/s" if flops_per_s is not None else "memory only"
+  return ServingInputs(
+      N=n, N_act=n, q=q, k=kv_bytes_per_token or 0.0, BW=bandwidth_bytes_per_s,
+      F=flops_per_s, kv_per_sequence_bytes=kv_bytes_per_sequence, layers=layers,
+      max_batch_in_memory=max_batch, memory=memory,
+      label=f"{weight_bytes / 1e9:g} GB weights ({q:g} B/weight), {kv}, "
+            f"{bandwidth_bytes_per_s / 1e12:g} TB/s, {rate}")

@@ -120,13 +120,13 @@ def validate(workload: Workload, replica: Replica, scheduler: str) -> None:
   if replica.max_context is not None and total[worst] > replica.max_context:
     raise InputError(
         f"prompt_tokens + output_tokens = {int(total[worst])} (request {worst}) is not "
-        f"allowed: the model's context is {replica.max_context} tokens.")
+        f"allowed: the model's context is {replica.max_context} tokens.", field="prompt_tokens")
   need = -(-int(total[worst]) // replica.page_tokens)
   if need > replica.total_pages:
     raise InputError(
         f"prompt_tokens + output_tokens = {int(total[worst])} (request {worst}) can never fit: "
         f"it needs {need} K/V pages of {replica.page_tokens} tokens, memory holds "
-        f"{replica.total_pages}.")
+        f"{replica.total_pages}.", field="prompt_tokens")
 
 
 def simulate(workload: Workload, replica: Replica, scheduler: str = "iteration",

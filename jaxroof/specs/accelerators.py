@@ -214,7 +214,7 @@ def load_accelerator(name: str) -> Accelerator:
   """
   if not isinstance(name, str):
     raise errors.InputError(f"accelerator={name!r} is not a name: give one of "
-                            f"{', '.join(known_accelerators())}.")
+                            f"{', '.join(known_accelerators())}.", field="accelerator")
   return parse_slice(name)[0]
 
 
@@ -241,7 +241,7 @@ def parse_slice(name: str) -> tuple[Accelerator, int | None]:
       chips = int(match.group(chips_group))
       if chips < 1:
         raise errors.InputError(f"accelerator={name!r} has {chips} chips: a slice needs "
-                                "at least 1 (e.g. 8xh100-sxm or tpu-v5e-8).")
+                                "at least 1 (e.g. 8xh100-sxm or tpu-v5e-8).", field="accelerator")
       return _table()[match.group(slug_group)], chips
   slug = names.require_known("accelerator", text, known)
   return _table()[slug], None
@@ -253,5 +253,6 @@ def load_accelerators(names: str) -> list[Accelerator]:
     return [_table()[s] for s in known_accelerators()]
   slugs = [n for n in (s.strip() for s in names.split(",")) if n]
   if not slugs:
-    raise errors.InputError(f"accelerators={names!r} is empty: give slugs or 'all'.")
+    raise errors.InputError(f"accelerators={names!r} is empty: give slugs or 'all'.",
+                            field="accelerators")
   return [load_accelerator(s) for s in dict.fromkeys(slugs)]

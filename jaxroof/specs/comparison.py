@@ -1,7 +1,7 @@
 """One model on several accelerators: crossovers, memory fit, rates per batch.
 
 Every number is an analytic bound from datasheet figures (see
-`workload.decode_step_inputs` for the assumptions). "Best" per column: the
+`step_inputs.decode_step_inputs` for the assumptions). "Best" per column: the
 lowest ridge point and compute crossover (the fewest sequences needed to use
 the arithmetic), the largest batch that fits, and, among batches that fit,
 the shortest step and the highest aggregate and per-sequence rates. Ties
@@ -90,7 +90,7 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
   factors and fixed costs applied to each device's datasheet figures (a
   what-if: the factors were measured on the profile's device). Extra keywords
   (`block_size`, `workspace_fraction`, `max_new_tokens`, `group_size`) go to
-  `workload.decode_step_inputs`. `sweeper` replaces `model_sweep` (same
+  `step_inputs.decode_step_inputs`. `sweeper` replaces `model_sweep` (same
   signature), e.g. a multi-chip layout's sweep.
   """
   batch = [int(b) for b in batch_sizes]

@@ -45,7 +45,7 @@ def _llama_like(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
   fields = Fields(config, model_type=str(model_type), source=source)
   fields.notes.append(
       f"ASSUMED Llama-like: model_type {model_type!r} is not supported and was read "
-      "as Llama (--assume_llama_like); fields Llama does not have were ignored")
+      "as Llama (assume_llama_like); fields Llama does not have were ignored")
   spec = READERS["llama"](fields, name)
   return dataclasses.replace(spec, assumed_llama_like=True)
 
@@ -81,7 +81,7 @@ def spec_from_config(config: Mapping[str, Any], *, name: str,
       return _llama_like(config, name, source)
     why = NOT_SUPPORTED.get(model_type)
     hint = (f" ({why}, which jaxroof does not model)" if why else
-            "; if its fields are Llama's, --assume_llama_like reads it as Llama")
+            "; if its fields are Llama's, assume_llama_like reads it as Llama")
     raise errors.InputError(
         f"{source}: model_type={model_type!r} is not supported{hint}; supported: "
         f"{', '.join(SUPPORTED_TYPES)}.")

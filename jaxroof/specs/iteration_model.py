@@ -69,18 +69,18 @@ class IterationModel:
     errors.require_choice("mla_prefill", mla_prefill, cost_model.MLA_PREFILL)
     counts = params.parameter_counts(spec)
     fmt = params.weight_format(spec, weight_dtype, group_size)
-    part = fmt.part_bytes_per_weight
     head = "embeddings" if counts.tied else "lm_head"
     n_head = counts.embeddings if counts.tied else counts.lm_head
     body = ("attention", "mlp", "experts_shared", "router", "recurrent", "norms")
     c: dict[str, float] = {name: 0.0 for name in cost_model.MODEL_NAMES}
     c.update(
-        W_b=float(sum(getattr(counts, p) * part(p) for p in body)),
-        W_x=float(counts.experts_routed * part("experts_routed")),
+        W_b=float(sum(fmt.part_bytes(counts, p) for p in body)),
+        W_x=float(fmt.part_bytes(counts, "experts_routed")),
         E=float(max(counts.num_experts, 1)), K=float(max(counts.experts_per_token, 1)),
         N_b=float(counts.active_matmul - n_head), N_h=float(n_head),
-        W_h=float(n_head * part(head)),
-        r_e=0.0 if counts.tied else float(counts.hidden_size * part("embeddings")),
+        W_h=float(fmt.part_bytes(counts, head)),
+        r_e=0.0 if counts.tied else float(
+            counts.hidden_size * fmt.part_bytes_per_weight("embeddings")),
         L=float(spec.num_layers), BW=float(BW), F=math.inf if F is None else float(F))
     sizing = kv_sizing.size_kv(spec, context=1, kv_dtype=kv_dtype, state_dtype=state_dtype)
     window_kind = window = None
@@ -110,7 +110,7 @@ class IterationModel:
         span = a.sliding_window if kind.kind == SLIDING else a.chunk_size
         if window_kind not in (None, kind.kind):
           raise errors.InputError(f"model={spec.name!r} has both sliding and chunked blocks: "
-                                  "the cost model holds one windowed group.")
+                                  "the cost model holds one windowed group.", field="model")
         window_kind, window = kind.kind, int(span)
     if mla_prefill == "absorbed":
       c["ap_mla"] = c["a_mla"]
@@ -265,5 +265,6 @@ class IterationModel:
 def _overlap(value: float) -> float:
   value = float(value)
   if not (0.0 <= value <= 1.0):
-    raise errors.InputError(f"comm_overlap={value!r} is not allowed: it must be in [0, 1].")
+    raise errors.InputError(f"comm_overlap={value!r} is not allowed: it must be in [0, 1].",
+                            field="comm_overlap")
   return value

@@ -368,35 +368,51 @@ class Capacity:
   max_batch_windowed_as_full: int
 
 
-def capacity(sizing: KVSizing, *, weight_bytes: float, memory_capacity_bytes: float,
-             workspace_fraction: float = 0.1) -> Capacity:
-  """Fit of `sizing`'s allocation beside the weights, a workspace kept free.
-
-  Uses `arch_formulas.capacity_sequences`; a negative result (the weights
-  alone do not fit) is reported as 0 sequences.
-  """
+def _check_fit(weight_bytes: float, memory_capacity_bytes: float,
+               workspace_fraction: float) -> None:
   errors.require_positive("memory_capacity_bytes", memory_capacity_bytes)
   errors.require_non_negative("weight_bytes", weight_bytes)
   errors.require_non_negative("workspace_fraction", workspace_fraction)
   if workspace_fraction >= 1:
     raise errors.InputError(
-        f"workspace_fraction={workspace_fraction!r} is not allowed: it must be in [0, 1)."
-    )
+        f"workspace_fraction={workspace_fraction!r} is not allowed: it must be in [0, 1).",
+        field="workspace_fraction")
 
-  def most(per_sequence: float) -> int:
-    if per_sequence <= 0:
-      return 0
-    n = af.capacity_sequences(memory_capacity_bytes, workspace_fraction,
-                              weight_bytes, per_sequence)
-    return max(int(n), 0)
 
-  usable = float(af.usable_kv_memory(memory_capacity_bytes, workspace_fraction, weight_bytes))
+def sequences_fit(*, per_sequence_bytes: float, weight_bytes: float,
+                  memory_capacity_bytes: float, workspace_fraction: float = 0.1) -> int:
+  """Sequences of `per_sequence_bytes` each that fit beside the weights, a workspace
+  kept free (`arch_formulas.capacity_sequences`); 0 when the weights alone do not
+  fit or a sequence takes no bytes."""
+  _check_fit(weight_bytes, memory_capacity_bytes, workspace_fraction)
+  if per_sequence_bytes <= 0:
+    return 0
+  n = af.capacity_sequences(memory_capacity_bytes, workspace_fraction, weight_bytes,
+                            per_sequence_bytes)
+  return max(int(n), 0)
+
+
+def usable_bytes(*, weight_bytes: float, memory_capacity_bytes: float,
+                 workspace_fraction: float = 0.1) -> float:
+  """Bytes left for K/V (`arch_formulas.usable_kv_memory`; < 0: the weights do not fit)."""
+  _check_fit(weight_bytes, memory_capacity_bytes, workspace_fraction)
+  return float(af.usable_kv_memory(memory_capacity_bytes, workspace_fraction, weight_bytes))
+
+
+def capacity(sizing: KVSizing, *, weight_bytes: float, memory_capacity_bytes: float,
+             workspace_fraction: float = 0.1) -> Capacity:
+  """Fit of `sizing`'s allocation beside the weights, a workspace kept free
+  (`sequences_fit`)."""
+  fit = dict(weight_bytes=weight_bytes, memory_capacity_bytes=memory_capacity_bytes,
+             workspace_fraction=workspace_fraction)
+  usable = usable_bytes(**fit)
   return Capacity(
       memory_capacity_bytes=memory_capacity_bytes,
       workspace_fraction=workspace_fraction,
       weight_bytes=weight_bytes,
       usable_bytes=usable,
       fits=bool(usable >= sizing.allocated_bytes),
-      max_batch=most(sizing.allocated_bytes_per_sequence),
-      max_batch_windowed_as_full=most(sizing.allocated_bytes_windowed_as_full_per_sequence),
+      max_batch=sequences_fit(per_sequence_bytes=sizing.allocated_bytes_per_sequence, **fit),
+      max_batch_windowed_as_full=sequences_fit(
+          per_sequence_bytes=sizing.allocated_bytes_windowed_as_full_per_sequence, **fit),
   )

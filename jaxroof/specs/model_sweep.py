@@ -2,8 +2,8 @@
 
 `model_sweep` joins `step_inputs.decode_step_inputs` (step-model inputs and the
 memory fit from a `ModelSpec` and an `Accelerator`) with the one sweep of
-`jaxroof.symbolic.sweep`, for any `StepModel`. It is what `batch_sweep
---model`, `compare_accelerators` and the serving layer evaluate.
+`jaxroof.symbolic.sweep`, for any `StepModel`. It is what `batch_sweep` of a
+named model, `compare_accelerators` and the serving layer evaluate.
 """
 
 from __future__ import annotations

@@ -64,14 +64,14 @@ def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
   if path.is_dir():
     if not (path / "config.json").is_file():
       raise errors.InputError(
-          f"model={name_or_path!r} is a folder without a config.json in it."
+          f"model={name_or_path!r} is a folder without a config.json in it.", field="model"
       )
     return path.resolve().name, path / "config.json", False
   if path.exists():
     name = path.parent.resolve().name if path.name == "config.json" else path.stem
     return name, path, False
   if path.suffix == ".json" or os.sep in name_or_path:
-    raise errors.InputError(f"model={name_or_path!r}: no such file or folder.")
+    raise errors.InputError(f"model={name_or_path!r}: no such file or folder.", field="model")
   names.require_known("model", slug, shipped_models(),
                       otherwise="Or give a path to a config.json or its folder.")
   raise AssertionError("unreachable: a shipped slug was matched above")
@@ -106,6 +106,6 @@ def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSp
   if not isinstance(name_or_path, str) or not name_or_path.strip():
     raise errors.InputError(
         f"model={name_or_path!r} is not allowed: give a shipped name "
-        f"({', '.join(shipped_models())}) or a path to a config.json."
+        f"({', '.join(shipped_models())}) or a path to a config.json.", field="model"
     )
   return _load(name_or_path, bool(assume_llama_like))

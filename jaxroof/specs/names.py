@@ -23,4 +23,4 @@ def require_known(param: str, value: str, known: Sequence[str], *,
   hint = f" Did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
   tail = f" {otherwise}" if otherwise else ""
   raise errors.InputError(
-      f"{param}={value!r} is unknown.{hint} Known: {', '.join(known)}.{tail}")
+      f"{param}={value!r} is unknown.{hint} Known: {', '.join(known)}.{tail}", field=param)

@@ -248,7 +248,8 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
     if bits >= 16:
       raise errors.InputError(
           f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
-          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales."
+          "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales.",
+          field="group_size"
       )
   errors.require_non_negative("scale_bytes", scale_bytes)
   group = group_size or default_group
@@ -347,6 +348,11 @@ class WeightFormat:
   def part_bytes_per_weight(self, part: str) -> float:
     """Bytes per weight of one component (`ParamCounts.COMPONENTS`)."""
     return self.q if self.parts is None or part in self.parts else self.q_rest
+
+  def part_bytes(self, counts: ParamCounts, part: str) -> float:
+    """Stored bytes of one component: its weights times their bytes per weight
+    (`part_bytes(counts, "experts_routed")`: every routed expert of every block)."""
+    return getattr(counts, part) * self.part_bytes_per_weight(part)
 
   def resident_bytes(self, counts: ParamCounts) -> float:
     """Bytes of every stored weight (`mixed_bytes_per_weight` x total)."""

@@ -65,11 +65,6 @@ class DecodeInputs:
   weight_format: params.WeightFormat | None = None  # How the weights are stored.
   A_t: float = 0.0  # Decode attention FLOPs per retained token and sequence (cost model).
 
-  @property
-  def expert_bytes_per_weight(self) -> float:
-    """Bytes per routed-expert weight (the format's, or the rest's if experts are not in it)."""
-    return self.weight_format.part_bytes_per_weight("experts_routed")
-
   def step_kwargs(self) -> dict[str, object]:
     """Keyword arguments for `evaluate.step_model("numpy")`."""
     return {"B": self.batch_sizes.astype(float), "T": float(self.context),

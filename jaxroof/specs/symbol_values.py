@@ -1,6 +1,6 @@
 """The decode model's symbols as numbers, for a real model on a real accelerator.
 
-`crossovers --model --accelerator --context` evaluates the closed forms of
+`crossovers` of a model on an accelerator at a context evaluates the closed forms of
 `jaxroof.symbolic.catalogue` at these values: the weights read and multiplied,
 their bytes, the K/V bytes per retained token, the datasheet bandwidth and
 dense FLOP rate, the ridge point, all from `step_inputs.decode_step_inputs` (so
@@ -54,5 +54,5 @@ def model_values(spec: ModelSpec, device: Accelerator, *, context: int, batch: i
 
 
 def describe(values: dict[str, Any]) -> str:
-  """`NAME=VALUE` pairs, as `--values` takes them."""
+  """`NAME=VALUE` pairs, as `catalogue.parse_values` reads them."""
   return ",".join(f"{name}={value:.6g}" for name, value in values.items())

@@ -30,12 +30,13 @@ _REQUIRED = ("name", "memory_capacity_gb", "memory_bandwidth_tb_s", "dense_tflop
 RATE_DTYPES = ("bf16", "fp16", "fp8", "int8", "mxfp4", "nvfp4", "fp32")
 
 
-def _number(where: str, value: Any, limit: float) -> float:
+def _number(where: str, value: Any, limit: float, field: str = "accelerator_file") -> float:
+  """`value` as a float in (0, limit]; errors name `where` and carry `field`."""
   if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise errors.InputError(f"{where}={value!r} is not a number: give one > 0.")
+    raise errors.InputError(f"{where}={value!r} is not a number: give one > 0.", field=field)
   if not (math.isfinite(value) and 0 < value <= limit):
     raise errors.InputError(f"{where}={value!r} is not allowed: give a finite number in "
-                            f"(0, {limit:g}].")
+                            f"(0, {limit:g}].", field=field)
   return float(value)
 
 
@@ -96,17 +97,18 @@ def with_overrides(device: Accelerator, *, bandwidth_tb_s: float | None = None,
   changes: dict[str, Any] = {}
   notes = []
   if bandwidth_tb_s is not None:
-    value = _number("--bandwidth_tbps", bandwidth_tb_s, _LIMITS["memory_bandwidth_tb_s"])
+    value = _number("bandwidth_tb_s", bandwidth_tb_s, _LIMITS["memory_bandwidth_tb_s"],
+                    "bandwidth_tb_s")
     changes["memory_bandwidth_bytes_per_s"] = value * 1e12
     notes.append(f"what-if: bandwidth {value:g} TB/s instead of the datasheet's "
                  f"{device.memory_bandwidth_bytes_per_s / 1e12:g}")
   if tflops is not None:
-    value = _number("--tflops", tflops, _LIMITS["dense_tflops"])
+    value = _number("tflops", tflops, _LIMITS["dense_tflops"], "tflops")
     changes["flops_per_s"] = {dtype: value * 1e12 for dtype in device.flops_per_s}
     notes.append(f"what-if: {value:g} dense TFLOP/s for every dtype instead of the "
                  f"datasheet's {device.flops_per_s['bf16'] / 1e12:g} (bf16)")
   if memory_gb is not None:
-    value = _number("--memory_gb", memory_gb, _LIMITS["memory_capacity_gb"])
+    value = _number("memory_gb", memory_gb, _LIMITS["memory_capacity_gb"], "memory_gb")
     changes["memory_capacity_bytes"] = value * 1e9
     notes.append(f"what-if: {value:g} GB of memory instead of the datasheet's "
                  f"{device.memory_capacity_bytes / 1e9:g}")

@@ -76,10 +76,13 @@ def parse_values(pairs: list[str]) -> dict[str, float]:
     name, sep, number = pair.partition("=")
     name = name.strip()
     if not sep:
-      raise errors.InputError(f"--values entry {pair!r} is not NAME=NUMBER.")
-    errors.require_choice("--values symbol", name, sorted(BY_NAME))
-    check = errors.require_non_negative if name in ZERO_ALLOWED else errors.require_positive
-    values[name] = check(f"--values {name}", number)
+      raise errors.InputError(f"values entry {pair!r} is not NAME=NUMBER.", field="values")
+    try:
+      errors.require_choice("symbol", name, sorted(BY_NAME))
+      check = errors.require_non_negative if name in ZERO_ALLOWED else errors.require_positive
+      values[name] = check(name, number)
+    except errors.InputError as error:
+      raise errors.InputError(f"values entry {pair!r}: {error}", field="values") from None
   return values
 
 
@@ -118,15 +121,16 @@ def _batch_note(name: str, value: float | None) -> str:
   return _BELOW_ONE[name] if value < 1 else ""
 
 
-def require_names(names: list[str], flag: str = "--only") -> tuple[str, ...]:
-  """The named quantities, each checked against `NAMES` (one-line error)."""
+def require_names(names: list[str], field: str = "only") -> tuple[str, ...]:
+  """The named quantities, each checked against `NAMES` (one-line error naming `field`)."""
   chosen = [n.strip() for n in names if n.strip()]
   if not chosen:
-    raise errors.InputError(f"{flag} is empty: give one or more of {', '.join(NAMES)}.")
+    raise errors.InputError(f"{field} is empty: give one or more of {', '.join(NAMES)}.",
+                            field=field)
   for name in chosen:
     if name not in NAMES:
-      raise errors.InputError(f"{flag}={name!r} is not a quantity: give one or more of "
-                              f"{', '.join(NAMES)}.")
+      raise errors.InputError(f"{field}={name!r} is not a quantity: give one or more of "
+                              f"{', '.join(NAMES)}.", field=field)
   return tuple(dict.fromkeys(chosen))
 
 

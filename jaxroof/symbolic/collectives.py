@@ -18,8 +18,10 @@ planner, the sweeps and the sharded toy:
   * Embedding table and LM head: split by vocabulary across `tp`. The lookup
     is a masked gather plus one all-reduce of (rows, D); the logits are
     all-gathered, (rows, V).
-  * Pipeline `pp`: consecutive blocks per stage; weights and K/V divide by
-    `pp`; one hand-off of (rows, D) between consecutive stages. A decode step
+  * Pipeline `pp`: consecutive blocks per stage; block weights and K/V divide
+    by `pp`; the embedding table sits on the first stage and the LM head on
+    the last (a tied table on both), so the busiest chip is an end stage's;
+    one hand-off of (rows, D) between consecutive stages. A decode step
     of `m_mb` microbatches takes `Max(m_mb, pp)` stage times plus the
     hand-offs (the bubble is `1 - m_mb / Max(m_mb, pp)`).
   * Expert parallel `ep` (MoE): routed experts spread over `ep` groups of
@@ -50,12 +52,13 @@ from typing import Literal
 
 import sympy as sp
 
+from jaxroof.symbolic import architecture
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.symbols import (
-    A_f, A_t, B, BW, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_ic, a_act, dp, ep, eta_comm,
-    h_tp, k, m_mb, n_blk, n_r, o_ovl, pp, q, t_base, t_comm, t_floor, t_hand, t_hop, t_stage,
-    tp, u_kv, x_os)
+    A_f, A_t, B, BW, C, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_e, W_h, W_ic, W_res, W_x,
+    a_act, dp, ep, eta_comm, h_tp, k, m_mb, n_blk, n_r, o_ovl, pp, q, s, t_base, t_comm,
+    t_floor, t_hand, t_hop, t_stage, tp, u_kv, w, x_os, x_tie)
 
 # The figures of the link a replica's collectives run over (`parallel.layout.links`).
 LINK_SYMBOLS: tuple[sp.Symbol, ...] = (W_ic, t_hop, t_base, h_tp, x_os)
@@ -108,6 +111,49 @@ def path_inputs() -> dict[str, sp.Expr]:
   """
   return {"N": pp * per_chip_weights(), "k": k * kv_share() / ep,
           "N_act": N_act / (tp * ep)}
+
+
+# Memory of the busiest chip.
+def end_stage_weight_bytes() -> sp.Expr:
+  """Embedding and LM-head bytes on the busiest stage, before the tp split.
+
+  One stage (pp = 1) stores the table and an untied head once:
+  `W_e + (1 - x_tie) W_h`. With pp > 1 the first stage holds the table, the
+  last the head (a tied table's copy: `W_h = W_e`), and the larger binds.
+  `W_h`: the LM head's bytes, the table's when tied (`x_tie = 1`).
+  """
+  return sp.Piecewise((W_e + (1 - x_tie) * W_h, sp.Eq(pp, 1)), (sp.Max(W_e, W_h), True))
+
+
+def chip_weight_bytes() -> sp.Expr:
+  """Resident weight bytes on the busiest chip (an end stage): the blocks' dense part over
+  tp*pp, routed experts also over ep, the end stage's table or head over tp (split by
+  vocabulary, replicated over the ep groups). `W_res`: every stored weight's bytes."""
+  ends = W_e + (1 - x_tie) * W_h  # Stored once.
+  blocks = W_res - W_x - ends
+  return blocks / (tp * pp) + W_x / (tp * pp * ep) + end_stage_weight_bytes() / tp
+
+
+def chip_kv_bytes_per_sequence() -> sp.Expr:
+  """Allocated K/V bytes of one sequence a chip keeps (`s` per sequence, whole model)."""
+  return s * kv_share() / pp
+
+
+def chip_memory_bytes(B: sp.Expr = B) -> sp.Expr:
+  """Bytes on the busiest chip with B sequences per replica (split over the ep groups)."""
+  return chip_weight_bytes() + B / ep * chip_kv_bytes_per_sequence()
+
+
+def replica_capacity_sequences() -> sp.Expr:
+  """Sequences a replica fits: each ep group's busiest chip fits
+  `architecture.capacity_sequences` of its K/V share beside its weights (< 0: none)."""
+  return ep * architecture.capacity_sequences(C, w, chip_weight_bytes(),
+                                              chip_kv_bytes_per_sequence())
+
+
+# The chip-memory inputs, in the order `parallel.layout.chip_memory` passes them.
+CHIP_MEMORY_SYMBOLS: tuple[sp.Symbol, ...] = (C, w, W_res, W_x, W_e, W_h, x_tie, s, tp, pp,
+                                              ep, u_kv)
 
 
 # Collectives: bytes.

@@ -16,9 +16,7 @@ N; MoE: active weights, while N counts the weights the step actually reads).
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import sympy as sp
 

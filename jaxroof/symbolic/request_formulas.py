@@ -33,6 +33,13 @@ def decode_step_at(j: Expr = j) -> Expr:
   return formulas.step_floor(B, N, q, P + sp.sympify(j), k, BW, F, N_act)
 
 
+def mean_context(P: Expr = P, G: Expr = n_out) -> Expr:
+  """Mean context of a request's decode steps, tokens: step j attends `P + j` for
+  j = 1 .. G - 1, whose mean is `P + G / 2`."""
+  P, G = _s(P, G)
+  return P + G / 2
+
+
 def _memory_step(j: Expr = j) -> Expr:
   return formulas.memory_time(formulas.step_traffic(B, N, q, P + sp.sympify(j), k), BW)
 

@@ -40,7 +40,7 @@ def check_step_inputs(batch_sizes: Sequence[int], *, N, q, T, k, BW, F=None,
   except ValueError:
     raise errors.InputError(
         f"N has shape {np.shape(N)}: give one number or one per batch size "
-        f"({len(batches)}).") from None
+        f"({len(batches)}).", field="N") from None
   for i, value in enumerate(n_read):
     errors.require_positive(f"N[{i}]", value)
   for i, value in enumerate(np.atleast_1d(np.asarray(N_act if N_act is not None else 1.0))):
@@ -273,7 +273,7 @@ def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,
   if fits is not None:
     if len(fits) != len(rows):
       raise errors.InputError(
-          f"fits has {len(fits)} entries: give one per batch size ({len(rows)}).")
+          f"fits has {len(fits)} entries: give one per batch size ({len(rows)}).", field="fits")
     for row, fit in zip(rows, fits):
       row["fits_in_memory"] = bool(fit)
   if token_gap_s is None:

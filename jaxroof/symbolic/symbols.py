@@ -36,7 +36,7 @@ def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbo
   return symbol
 
 
-# Workload.
+# The decode step: batch and lengths.
 B = _define("B", "sequences", "sequences in the decode batch")
 T = _define("T", "tokens", "retained tokens per sequence")
 P = _define("P", "tokens", "prompt length")
@@ -213,6 +213,9 @@ t_base = _define("t_base", "s", "base latency of one collective (launch and prot
                  "parallel")
 h_tp = _define("h_tp", "steps", "ring steps of one reduce-scatter over the tp ranks: tp - 1 on "
                "a switched fabric, the sum of (axis - 1) over a torus's axes", "parallel")
+W_e = _define("W_e", "B", "bytes of the embedding table", "parallel")
+x_tie = _define("x_tie", "1", "1 where the LM head is the embedding table (tied), else 0",
+                "parallel")
 x_os = _define("x_os", "1", "1 where a one-shot collective is possible (every chip reaches "
                "every other directly: a switched fabric), 0 on a torus", "parallel")
 
