@@ -60,7 +60,7 @@ TP_ASSUMPTION = (
     "tensor parallelism as an ideal split in this fit: with tp chips each reads "
     "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
     "communication is not modelled and lands in the fitted fixed costs (the layout "
-    "fit with communication and eta_comm: python -m experiments.calibrate_layouts)")
+    "fit with communication and eta_comm: jaxroof.calibrate.layout_fit)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +251,7 @@ def read_measurements(path: str | os.PathLike[str], *,
       raise errors.InputError(
           f"{_where(path, first.line, 'accelerator')}: {path} mixes devices "
           f"({', '.join(found)}); a fit is per device kind: give "
-          "--accelerator=SLUG to choose one.")
+          "accelerator=SLUG to choose one.", field="accelerator")
   text = " ".join(r.source for r in rows).lower()
   engine = ", ".join(e for e in _ENGINES if e.lower() in text)
   return Measurements(path=path, rows=tuple(rows), engine=engine)
@@ -263,7 +263,7 @@ def _ideal_split_only(row: Row) -> None:
     if getattr(row, column) > 1:
       raise errors.InputError(
           f"line {row.line}, column {column!r}: {getattr(row, column)} needs the layout "
-          "fit (python -m experiments.calibrate_layouts); this fit splits by tp only.")
+          "fit (jaxroof.calibrate.layout_fit); this fit splits by tp only.", field=column)
 
 
 def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
