@@ -38,6 +38,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.calibrate import fitting
 from jaxroof.measure import measurement
+from jaxroof.symbolic import formulas
 from jaxroof.symbolic.calibrated import FACTOR_NAMES, REGIME_FACTOR_NAMES
 
 LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
@@ -71,7 +72,8 @@ def attention_inputs(records: Sequence[measurement.Measurement], bandwidth: floa
   a negligible stand-in that keeps the linear term defined).
   """
   ones = np.ones(len(records))
-  k = _column([2 * r.shapes["kv_heads"] * r.shapes["head_dim"] * _itemsize(r)
+  k = _column([float(formulas.kv_bytes_per_position(1, r.shapes["kv_heads"],
+                                                     r.shapes["head_dim"], _itemsize(r)))
                for r in records])
   return {"B": _column([r.shapes["batch"] for r in records]),
           "T": _column([r.shapes["context"] for r in records]), "N": ones,

@@ -32,11 +32,8 @@ models each layout properly (K/V replication, communication, eta_comm).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import io
-import json
 import os
 from collections.abc import Sequence
 
@@ -187,31 +184,7 @@ def parse_row(path: str, line: int, record: dict) -> Row:
 
 def _records(path: str) -> list[tuple[int, dict]]:
   """(line, record) pairs of a CSV or JSONL file."""
-  text = files.read_text("measurements", path)
-  try:
-    with io.StringIO(text, newline="") as f:
-      if path.endswith(".jsonl"):
-        out = []
-        for line, text in enumerate(f, start=1):
-          if not text.strip():
-            continue
-          try:
-            record = json.loads(text)
-          except json.JSONDecodeError as e:
-            raise errors.InputError(f"{path} line {line}: not valid JSON ({e.msg}).") from None
-          if not isinstance(record, dict):
-            raise errors.InputError(f"{path} line {line}: not a JSON object.")
-          out.append((line, record))
-        return out
-      reader = csv.DictReader(f)
-      if not reader.fieldnames:
-        raise errors.InputError(f"{path} line 1: no header row; columns: "
-                                f"{', '.join(REQUIRED + OPTIONAL)}.")
-      # Line numbers count the header as line 1 (rows without embedded newlines).
-      return [(reader.line_num, {k: v for k, v in rec.items() if k is not None})
-              for rec in reader]
-  except csv.Error as e:
-    raise errors.InputError(f"measurements={path!r} is not readable CSV: {e}.") from None
+  return files.read_records("measurements", path, columns=REQUIRED + OPTIONAL)
 
 
 _ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")
