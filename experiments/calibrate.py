@@ -65,7 +65,7 @@ def _write(result: dict, prof: profiles.Profile | None = None) -> None:
 def toy(fit: str) -> None:
   """Times the toy here, fits, reports the held-out error (and the repeatability)."""
   measurement.require_dtype(F.DTYPE.value)
-  toy_job.check_budget("budget_s", F.BUDGET_S.value)
+  toy_job.check_budget("--budget_s", F.BUDGET_S.value)
   previous = profiles.load_profile(F.COMPARE_PROFILE.value) if F.COMPARE_PROFILE.value else None
   job = toy_job.run(F.BUDGET_S.value, dtype=F.DTYPE.value, fit=fit, rounds=F.ROUNDS.value,
                     repeats=F.REPEATS.value, seed=F.SEED.value, progress=_progress)
@@ -106,7 +106,7 @@ def _rows(fit: Callable, carry_over: Callable, fit_text: Callable,
   """The skeleton every fit to rows shares: read, then fit or study the carry-over."""
   if measurements is None:
     if not F.FROM_CSV.value:
-      raise errors.InputError("from_csv is required: the measurements CSV.", field="from_csv")
+      raise errors.InputError("--from_csv is required: the measurements CSV.")
     measurements = user_measurements.read_measurements(
         F.FROM_CSV.value, accelerator=None if F.CARRY_OVER.value else F.ACCELERATOR.value,
         several_devices=F.CARRY_OVER.value)
@@ -124,11 +124,11 @@ def csv() -> None:
   """Users' rows (or vLLM results mapped to rows), fitted with `user_fit`."""
   measurements = None
   if F.FROM_CSV.value and F.FROM_VLLM.value:
-    raise errors.InputError("give one of from_csv and from_vllm, not both.", field="from_vllm")
+    raise errors.InputError("give one of --from_csv and --from_vllm, not both.")
   if F.FROM_VLLM.value:
     if not F.MODEL.value or not F.ACCELERATOR.value:
-      raise errors.InputError("from_vllm needs model and accelerator: the result files name "
-                              "neither the shipped model nor the device.", field="model")
+      raise errors.InputError("--from_vllm needs --model=NAME and --accelerator=SLUG: the result "
+                              "files name neither the shipped model nor the device.")
     measurements = vllm_results.read_results(
         F.FROM_VLLM.value, model=F.MODEL.value, accelerator=F.ACCELERATOR.value,
         tp=F.SERVED_TP.value, weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value)
@@ -155,16 +155,14 @@ def layouts() -> None:
 def vllm() -> None:
   """vLLM runs replayed through the simulator (`engine_fit`)."""
   if not F.FROM_VLLM.value or not F.MODEL.value:
-    raise errors.InputError("from_vllm and model are required: the result files and the "
-                            "model they served.", field="from_vllm" if not F.FROM_VLLM.value
-                            else "model")
+    raise errors.InputError("--from_vllm and --model are required: the result files and "
+                            "the model they served.")
   if F.HELDOUT_MODEL.value and not F.HELDOUT_VLLM.value:
-    raise errors.InputError(f"heldout_model={','.join(F.HELDOUT_MODEL.value)[:60]} without "
-                            "heldout_vllm: give the held-out runs it belongs to.",
-                            field="heldout_model")
+    raise errors.InputError(f"--heldout_model={','.join(F.HELDOUT_MODEL.value)[:60]} without "
+                            "--heldout_vllm: give the held-out runs it belongs to.")
   if bool(F.ACCELERATOR.value) == bool(F.ACCELERATOR_FILE.value):
-    raise errors.InputError("give one of accelerator (a shipped name) and accelerator_file "
-                            "(your device's JSON).", field="accelerator")
+    raise errors.InputError("give one of --accelerator (a shipped name) and "
+                            "--accelerator_file (your device's JSON).")
   setup = engine_fit.ServingSetup(
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value,

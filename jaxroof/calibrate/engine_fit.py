@@ -314,7 +314,8 @@ def screen(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup
   return kept_runs, flags
 
 
-def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup, **search_kw) -> dict[str, Any]:
+def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
+             **search_kw) -> dict[str, Any]:
   """Factors from every run, leave-one-run-out held-out errors, the bound beside them.
 
   Metrics below the bound are left out first (`screen`, flagged).
@@ -479,7 +480,8 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
     if run.detail is None:
       raise errors.InputError(f"heldout_vllm={run.path!r} has no per-request detail "
                               "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
-                              "bench serve with --save-result --save-detailed.", field="heldout_vllm")
+                              "bench serve with --save-result --save-detailed.",
+                              field="heldout_vllm")
   result = fit_runs(runs, setup, **search_kw)
   if held:
     result["loo"] = {k: result[k] for k in ("heldout_median_rel_error", "heldout_max_rel_error",
@@ -530,7 +532,7 @@ def engine_profile(result: dict[str, Any]) -> profiles.Profile:
       factors={n: float(result["factors"][n]) for n in calibrated.FACTOR_NAMES},
       fit=fit_block, model={"setup": setup},
       method="serving-benchmark medians (TTFT, TPOT, ITL) reproduced by the "
-             "continuous-batching simulator (jaxroof.serving.engine_fit)",
+             "continuous-batching simulator (jaxroof.calibrate.engine_fit)",
       accelerator=device.name,
       source={**source, "date": created, "rows_used": result["rows_used"],
               "what": "request-level metrics of the user's serving benchmark"})

@@ -12,7 +12,7 @@ accelerator's link figures). A decode step passes B rows, a prefill of the
 batch B*P rows. The calibrated step adds that communication serially at a
 fitted fraction eta_comm of its modelled speed
 (`jaxroof.symbolic.collectives.calibrated_with_comm`); everything else is
-`jaxroof.measure.user_fit` with these inputs.
+`jaxroof.calibrate.user_fit` with these inputs.
 
 `layout_carry_over` asks the issue's question for layouts: factors fitted on
 some layouts predict the others (single chip -> several; tp <= 2 -> larger;

@@ -34,7 +34,7 @@ keeps it (with a warning) or leaves it out.
 Rows become model inputs through an `InputsFn`. The default,
 `ideal_split_inputs`, is the measure layer's ideal tensor split without
 communication (`user_measurements.TP_ASSUMPTION`); the parallel layer's
-`jaxroof.parallel.layout_fit.layout_inputs` gives per-chip inputs of a real
+`jaxroof.calibrate.layout_fit.layout_inputs` gives per-chip inputs of a real
 layout and the analytic communication of each step, which the fit scales by
 eta_comm (`jaxroof.symbolic.collectives.calibrated_with_comm`).
 """
@@ -616,7 +616,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   with `drop_suspicious`, left out.
 
   `inputs` and `layout_notes` come from the parallel layer for rows on a
-  layout (`jaxroof.parallel.layout_fit`); by default tp rows are an ideal
+  layout (`jaxroof.calibrate.layout_fit`); by default tp rows are an ideal
   split and `um.TP_ASSUMPTION` is stated.
   """
   all_rows = list(measurements.rows)

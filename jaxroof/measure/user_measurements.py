@@ -14,7 +14,7 @@ One row is one measured decode step or prefill:
             kv_dtype      bf16 (default), fp16, fp8, int8, fp32
             tp            tensor-parallel chips (default 1)
             pp, ep        pipeline stages and expert-parallel groups (default 1;
-                          fitted only through `jaxroof.parallel.layout_fit`)
+                          fitted only through `jaxroof.calibrate.layout_fit`)
             source        free text: where the number comes from
 
 A `.jsonl` file holds one JSON object per line with the same keys; any other
@@ -26,7 +26,7 @@ Rows become the calibrated models' inputs through the specs layer
 parallelism is an ideal split: with tp chips, each chip reads N/tp weights
 and k/tp K/V bytes per token and does 1/tp of the FLOPs; communication is not
 modelled, so its cost lands in the fitted fixed costs (`TP_ASSUMPTION`,
-stated in every result). The parallel layer's `jaxroof.parallel.layout_fit`
+stated in every result). The parallel layer's `jaxroof.calibrate.layout_fit`
 models each layout properly (K/V replication, communication, eta_comm).
 """
 

@@ -3,7 +3,7 @@ JSONL) as measured decode steps, by an analytic mapping.
 
 The fit through the continuous-batching simulator (choose the factors whose
 simulated TTFT/TPOT/ITL reproduce the measured ones) is
-`jaxroof.serving.engine_fit` (`experiments.calibrate_engine`): the serving
+`jaxroof.calibrate.engine_fit` (`experiments.calibrate --source=vllm`): the serving
 layer sits above this one. This module keeps the analytic mapping of each run
 to ONE decode row, with stated assumptions (labelled "analytic mapping, not
 the simulator" wherever it is used), for rows to merge into a CSV:
@@ -49,7 +49,7 @@ METRICS = {"median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
            "median_itl_s": "median_itl_ms"}
 ASSUMPTIONS = (
     "analytic mapping, not the continuous-batching simulator (that fit is "
-    "jaxroof.serving.engine_fit): one decode row per run, batch = mean requests "
+    "jaxroof.calibrate.engine_fit): one decode row per run, batch = mean requests "
     "in flight (Little's law), context = mean input + mean output / 2, step time "
     "= median ITL (else mean TPOT); TTFT not used",
 )
