@@ -9,6 +9,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from jaxroof import errors
 from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import toy_fit
 from jaxroof.measure import measurement
@@ -131,9 +132,35 @@ def _profile_given(values: dict) -> bool:
   return not values[VALIDATE.name] or bool(values[PROFILE.name])
 
 
+_TOY = ("budget_s", "dtype", "rounds", "repeats", "seed", "fit", "compare_profile", "validate",
+        "profile", "validate_model", "batch_sizes", "contexts", "plot_out")
+_VLLM_SETUP = ("from_vllm", "model", "accelerator", "served_tp", "weight_dtype", "kv_dtype")
+# The flags each source reads (beyond --source, --json_out and --profile_out).
+USED: dict[str, tuple[str, ...]] = {
+    "ops": _TOY, "toy": _TOY,
+    "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious",
+            "fit_steps"),
+    "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file",
+             "request_cost", "scheduler", "max_running", "token_budget", "max_simulations",
+             "seed"),
+}
+_EVERY_SOURCE = ("source", "json_out", "profile_out")
+
+
+def check_used(chosen: str) -> None:
+  """Refuses a flag given on the command line that the chosen source never reads."""
+  for name in USED:
+    for flag in USED[name]:
+      if flags.FLAGS[flag].present and flag not in USED[chosen] + _EVERY_SOURCE:
+        owners = ", ".join(s for s in SOURCES if flag in USED[s])
+        raise errors.InputError(f"--{flag} is not read with --source={chosen}: it is for "
+                                f"--source={owners}.")
+
+
 def source() -> str:
   """The source to fit: --source, else what the older flags meant."""
-  if flags.FLAGS[SOURCE.name].present:
+  if not flags.FLAGS[SOURCE.name].using_default_value:
     return SOURCE.value
   if FROM_CSV.value or FROM_VLLM.value:
     return "csv"

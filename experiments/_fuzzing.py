@@ -52,11 +52,10 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     # Never a real engine: the engine env does not exist, so a valid case ends in
     # its one-line error (experiments/vllm_setup.sh builds a real one).
     "vllm_bench": ("--engine_env={tmp}/no-engine", "--out_dir={tmp}/out", "--num_prompts=2"),
-    # Aliases of calibrate: a case that changes --source still runs briefly.
     "calibrate_engine": (f"--from_vllm={_FIXTURE}",
                          "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
-                         "--max_simulations=10", "--budget_s=25"),
-    "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100", "--budget_s=25"),
+                         "--max_simulations=10"),
+    "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")

@@ -179,6 +179,7 @@ def vllm() -> None:
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   chosen = F.source()
+  F.check_used(chosen)
   if chosen in ("ops", "toy"):
     validate() if F.VALIDATE.value else toy("ops" if chosen == "ops" else "steps")
   else:

@@ -9,11 +9,18 @@ vLLM `bench serve` runs replayed through the continuous-batching simulator
 
 from __future__ import annotations
 
-import sys
+from absl import flags
 
 from experiments import _cli
 from experiments import calibrate
 
+
+def main(argv: list[str]) -> None:
+  """`calibrate`'s main with --source=vllm unless --source was given."""
+  if flags.FLAGS["source"].using_default_value:
+    flags.FLAGS.source = "vllm"
+  calibrate.main(argv)
+
+
 if __name__ == "__main__":
-  sys.argv.insert(1, "--source=vllm")
-  _cli.run(calibrate.main)
+  _cli.run(main)

@@ -9,11 +9,18 @@ Measured step times on parallel layouts (tp, pp, ep), fitted with eta_comm
 
 from __future__ import annotations
 
-import sys
+from absl import flags
 
 from experiments import _cli
 from experiments import calibrate
 
+
+def main(argv: list[str]) -> None:
+  """`calibrate`'s main with --source=layouts unless --source was given."""
+  if flags.FLAGS["source"].using_default_value:
+    flags.FLAGS.source = "layouts"
+  calibrate.main(argv)
+
+
 if __name__ == "__main__":
-  sys.argv.insert(1, "--source=layouts")
-  _cli.run(calibrate.main)
+  _cli.run(main)
