@@ -30,6 +30,7 @@ from absl import flags
 
 _FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
                         "data", "vllm_cpu_detailed_fixture.json")
+_GPTFAST = os.path.join(os.path.dirname(_FIXTURE), "gptfast_a100_tp_steps.csv")
 # Flags to add to every case of an experiment so that a valid run stays short
 # and writes where the fuzzer looks; `{tmp}` is the case's own folder.
 BASE_ARGS: dict[str, tuple[str, ...]] = {
@@ -54,6 +55,7 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     "calibrate_engine": (f"--from_vllm={_FIXTURE}",
                          "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
                          "--max_simulations=10"),
+    "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
 }
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")

@@ -10,13 +10,12 @@ case, the op sweeps with calibration and validation) runs as
 own timeout, so a CUDA fault or Triton abort ends one stage only. Each stage
 writes its JSON as it finishes, and OUT/summary.json is rewritten after each.
 Needs a GPU unless --dry_run (interpreted kernels on tiny shapes; times mean
-nothing). The logic lives in `jaxroof.measure.gpu_run` and
-`jaxroof.measure.kernel_benchmark`.
+nothing). The logic lives in `jaxroof.calibrate.gpu_run` and
+`jaxroof.measure.kernel_benchmark`; which flags run a stage is said here.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
@@ -26,13 +25,13 @@ from absl import flags
 
 from experiments._cli import run
 from jaxroof.errors import InputError
-from jaxroof.measure import gpu_run
+from jaxroof.calibrate import gpu_run
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Folder for the JSON results (required; created)."
 )
 _STAGE = flags.DEFINE_enum(
-    "stage", "all", ["all", "ceilings", "case", "calibrate"],
+    "stage", "all", ["all", *gpu_run.STAGE_KINDS],
     "all drives every stage in its own subprocess; the others run one.",
 )
 _CASE = flags.DEFINE_string("case", None, "With --stage=case: which case.")
@@ -74,11 +73,17 @@ def _say(line: str) -> None:
   print(line, flush=True)
 
 
-def _child_flags() -> list[str]:
-  """The flags every stage's subprocess shares with this driver."""
+def _stage_command(stage: gpu_run.Stage, budget_s: float | None) -> list[str]:
+  """This experiment's command line for one stage, with the flags the driver's share."""
   names = ("out_dir", "dry_run", "quick", "max_candidates", "repeats",
            "tune_budget_s", "calibrate_budget_s", "results_dir")
-  return [flags.FLAGS[name].serialize() for name in names]
+  command = [sys.executable, "-m", "experiments.gpu_bench",
+             *(flags.FLAGS[name].serialize() for name in names), f"--stage={stage.kind}"]
+  if stage.case:
+    command.append(f"--case={stage.case}")
+  if budget_s is not None:
+    command.append(f"--calibrate_budget_s={budget_s:.0f}")
+  return command
 
 
 def main(argv: list[str]) -> int:
@@ -114,10 +119,8 @@ def main(argv: list[str]) -> int:
     stages = gpu_run.plan(dry_run=dry_run, quick=_QUICK.value,
                           case_timeout_s=_CASE_TIMEOUT_S.value,
                           calibrate_budget_s=_CALIBRATE_BUDGET_S.value)
-    command = [sys.executable, "-m", "experiments.gpu_bench",
-               *_child_flags()]
-    return gpu_run.drive(command, out_dir, stages, budget_s=_BUDGET_S.value,
-                         dry_run=dry_run, say=functools.partial(_say))
+    return gpu_run.drive(_stage_command, out_dir, stages, budget_s=_BUDGET_S.value,
+                         dry_run=dry_run, say=_say)
   return 0
 
 

@@ -22,7 +22,7 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _model_flags
-from jaxroof.measure import calibration_job
+from jaxroof.calibrate import toy_job as calibration_job
 from jaxroof.measure import measurement
 from jaxroof.report import document
 from jaxroof.report import summary

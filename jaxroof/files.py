@@ -8,12 +8,14 @@ written atomically, so a reader never sees a half-written JSON file or plot.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jaxroof.errors import InputError
@@ -157,6 +159,48 @@ def read_json(name: str, path: str | os.PathLike[str], *,
                      f"{e.colno}.") from None
   except RecursionError:
     raise InputError(f"{where} is nested too deeply to be read.") from None
+
+
+def read_records(name: str, path: str | os.PathLike[str], *, columns: Sequence[str],
+                 required: Sequence[str] = (), json_suffixes: Sequence[str] = (".jsonl",)
+                 ) -> list[tuple[int, dict[str, Any]]]:
+  """(line, record) pairs of a table: JSONL (one object per line, by its suffix) or CSV.
+
+  A CSV's header is line 1 and must name `required`; one without a header is
+  refused naming `columns`. Blank JSONL lines are skipped. Errors name the
+  parameter, the file and the line.
+  """
+  path = os.fspath(path)
+  text = read_text(name, path)
+  where = f"{name}={path!r}"
+  if path.endswith(tuple(json_suffixes)):
+    out = []
+    for line, chunk in enumerate(text.splitlines(), start=1):
+      if not chunk.strip():
+        continue
+      try:
+        record = json.loads(chunk)
+      except json.JSONDecodeError as e:
+        raise InputError(f"{where} line {line}: not valid JSON ({e.msg}).", field=name) from None
+      if not isinstance(record, dict):
+        raise InputError(f"{where} line {line}: not a JSON object.", field=name)
+      out.append((line, record))
+    return out
+  try:
+    with io.StringIO(text, newline="") as f:
+      reader = csv.DictReader(f)
+      if not reader.fieldnames:
+        raise InputError(f"{where} line 1: no header row; columns: {', '.join(columns)}.",
+                         field=name)
+      missing = [c for c in required if c not in reader.fieldnames]
+      if missing:
+        raise InputError(f"{where} line 1: the header lacks columns {missing} (needs "
+                         f"{list(required)}).", field=name)
+      # Line numbers count the header as line 1 (rows without embedded newlines).
+      return [(reader.line_num, {k: v for k, v in record.items() if k is not None})
+              for record in reader]
+  except csv.Error as e:
+    raise InputError(f"{where} is not readable CSV: {e}.", field=name) from None
 
 
 def check_distinct(paths: dict[str, str | None]) -> None:

@@ -1,4 +1,4 @@
-"""The calibrated model, its optax fit, the held-out split and the job."""
+"""The calibrated model, its optax fit and the toy calibration job."""
 
 import dataclasses
 
@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from jaxroof.measure import fitting
+from jaxroof import errors
+from jaxroof.calibrate import fitting
 from jaxroof.symbolic import calibrated as calibration
-from jaxroof.measure import calibration_job
+from jaxroof.calibrate import toy_fit
+from jaxroof.calibrate import toy_job
+from jaxroof.measure import toy_steps
 from jaxroof.report import calibration as calibration_report
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.symbolic import formulas
 from jaxroof.measure import op_sweeps
+from jaxroof.measure import profiles
 from jaxroof.symbolic import solved
 from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k
 
@@ -92,7 +96,7 @@ def test_fit_recovers_factors_from_noisy_data_and_predicts_heldout():
   rng = np.random.default_rng(0)
   measured = fitting.predict(inputs, TRUE) * np.exp(
       rng.normal(0.0, 0.03, inputs["B"].size))
-  held_out = fitting.split_heldout(inputs["B"].size, 0.25, seed=0)
+  held_out = np.arange(inputs["B"].size) % 4 == 0  # Every fourth point.
   train = {n: v[~held_out] for n, v in inputs.items()}
   fit = fitting.fit_factors(train, measured[~held_out])
   for name in ("eta_w", "eta_kv", "eta_f"):
@@ -116,16 +120,6 @@ def test_a_wrong_model_shows_in_the_heldout_error():
   errors = fitting.relative_errors(fitting.predict(inputs, fit.factors),
                                        measured)
   assert fitting.error_summary(errors)["max_rel_error"] > 0.1
-
-
-def test_split_spreads_heldout_points_and_is_deterministic():
-  mask = fitting.split_heldout(40, 0.25, seed=3)
-  assert mask.sum() == 10
-  assert all(mask[i:i + 4].sum() == 1 for i in range(0, 40, 4))
-  assert np.array_equal(mask, fitting.split_heldout(40, 0.25, seed=3))
-  assert not np.array_equal(mask, fitting.split_heldout(40, 0.25, seed=4))
-  with pytest.raises(ValueError):
-    fitting.split_heldout(10, 1.0)
 
 
 def test_error_summary():
@@ -161,7 +155,7 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
              for c in (8, 32)]
   ceilings = ceilings_lib.measure_ceilings(
       ("float32",), bandwidth_bytes=2**20, matmul_size=64, repeats=2, rounds=1)
-  job = calibration_job.run(60.0, points=points, heldout=heldout,
+  job = toy_job.run(60.0, points=points, heldout=heldout,
                             models=models, heldout_models=held,
                             ceilings=ceilings, rounds=1, repeats=2,
                             linear_rows=(1, 16), attention_grid=((1, 8), (4, 32)))
@@ -188,8 +182,8 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
                                 plot_out=str(tmp_path / "c.png"))
   assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
   # Validation rebuilds the profile's model and times it afresh.
-  loaded = calibration_job.profiles.load_profile(tmp_path / "p.json")
-  rows = calibration_job.validate(loaded, [(2, 16)], model="held", rounds=1,
+  loaded = profiles.load_profile(tmp_path / "p.json")
+  rows = toy_job.validate(loaded, [(2, 16)], model="held", rounds=1,
                                   repeats=2)
   assert rows[0]["batch"] == 2 and rows[0]["predicted_s"] > 0
   assert rows[0]["measured_s"] > 0 and rows[0]["set"] == "validation"
@@ -198,21 +192,26 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
   assert "measurement" in text and "calibrated" in text and "`held`" in text
 
 
-def test_job_refuses_too_few_points():
+def test_fit_refuses_a_run_without_heldout_steps():
   ceilings = ceilings_lib.Ceilings("cpu", 1e10, 1e10, 1e10, {"float32": 1e11})
-  with pytest.raises(calibration_job.errors.InputError, match="budget_s"):
-    calibration_job.fit_records([], ceilings, "float32")
+  measured = toy_fit.Measured(ceilings=ceilings, operations=[], fit_records=[],
+                              heldout_records=[], heldout_planned=4)
+  with pytest.raises(errors.InputError, match="budget_s") as caught:
+    toy_fit.fit_steps(measured, fit="steps", dtype="float32", backend="xla", regime=False,
+                      models={}, heldout_models={}, budget_s=60.0,
+                      plan={"rounds": 1, "warmup": 1, "repeats": 1, "interleaved": True})
+  assert caught.value.field == "budget_s"
 
 
 def test_default_points_cover_the_issue_grid_within_memory():
-  points = calibration_job.default_points(600)
+  points = toy_steps.default_points(600)
   main = [p for p in points if p.model == "calibration"]
   assert {p.batch for p in main} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
   assert {128, 256, 512, 1024, 2048, 4096} <= {p.context for p in main}
   assert max(op_sweeps.kv_bytes(op_sweeps.MODELS[p.model], "float32", p.batch,
-                                p.context) for p in points) <= calibration_job.MAX_KV_BYTES
-  assert len(calibration_job.default_points(60)) < len(points)
-  held = calibration_job.heldout_points(120, op_sweeps.HELDOUT_MODELS)
+                                p.context) for p in points) <= toy_steps.MAX_KV_BYTES
+  assert len(toy_steps.default_points(60)) < len(points)
+  held = toy_steps.heldout_points(120, op_sweeps.HELDOUT_MODELS)
   assert {p.model for p in held} == set(op_sweeps.HELDOUT_MODELS)
   assert {1, 256} <= {p.batch for p in held}
   assert {128, 4096} <= {p.context for p in held}

@@ -12,7 +12,8 @@ import pytest
 
 from jaxroof import errors
 from jaxroof.measure import profiles
-from jaxroof.serving import engine_fit
+from jaxroof.measure import vllm_results
+from jaxroof.calibrate import engine_fit
 
 DATA = pathlib.Path(__file__).parent / "data"
 QPS_1 = DATA / "vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_01.json"
@@ -21,20 +22,20 @@ SETUP = engine_fit.ServingSetup(model="llama-2-7b", accelerator="h100-sxm", max_
 TRUTH = {"eta_w": 0.55, "eta_f": 0.35, "t0_step": 2e-3}
 
 
-def _synthetic_run(rate: float, seed: int, n: int = 24) -> engine_fit.BenchRun:
+def _synthetic_run(rate: float, seed: int, n: int = 24) -> vllm_results.BenchRun:
   """A run whose 'measured' medians are the simulator's at TRUTH."""
   rng = np.random.default_rng(seed)
-  run = engine_fit.BenchRun(
+  run = vllm_results.BenchRun(
       path="synthetic.json", line=seed, engine="vLLM bench serve", request_rate=rate,
       burstiness=1.0, max_concurrency=None, prompt_tokens=rng.integers(200, 1200, n),
       output_tokens=rng.integers(16, 64, n), measured={})
   simulated = engine_fit.simulate_run(run, SETUP, TRUTH)
-  return dataclasses.replace(run, measured={k: simulated[k] for k in engine_fit.METRICS})
+  return dataclasses.replace(run, measured={k: simulated[k] for k in vllm_results.METRICS})
 
 
 def test_real_vllm_file_is_read_with_its_lengths_and_medians():
   # surajssd/llm-k8s @ 58b61c5, qps 1 (tests/data/SOURCES.md): 200 requests, ShareGPT.
-  [run] = engine_fit.read_runs([QPS_1])
+  [run] = vllm_results.read_runs([QPS_1])
   raw = json.loads(QPS_1.read_text())
   assert run.request_rate == 1.0 and run.max_concurrency is None
   assert len(run.prompt_tokens) == 200 and int(run.prompt_tokens.sum()) == 42659
@@ -46,7 +47,7 @@ def test_real_vllm_file_is_read_with_its_lengths_and_medians():
 
 
 def test_rate_inf_arrives_at_once_and_concurrency_drops_ttft():
-  run = engine_fit.parse_run("r.json", 1, {
+  run = vllm_results.parse_run("r.json", 1, {
       "model_id": "m", "request_rate": "inf", "max_concurrency": 4, "completed": 8,
       "total_input_tokens": 800, "total_output_tokens": 160, "median_ttft_ms": 50.0,
       "median_tpot_ms": 10.0})
@@ -68,7 +69,7 @@ def test_bad_results_are_refused_naming_the_key(change, key):
   record = {"model_id": "m", "request_rate": 2.0, "completed": 4, "total_input_tokens": 400,
             "total_output_tokens": 80, "median_tpot_ms": 10.0, "median_ttft_ms": 30.0}
   with pytest.raises(errors.InputError) as info:
-    engine_fit.parse_run("r.json", 3, {**record, **change})
+    vllm_results.parse_run("r.json", 3, {**record, **change})
   assert f"r.json line 3, key {key!r}" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -76,9 +77,9 @@ def test_not_a_result_and_bad_layout_are_refused(tmp_path):
   path = tmp_path / "x.json"
   path.write_text(json.dumps({"hello": 1}))
   with pytest.raises(errors.InputError, match="not a vLLM"):
-    engine_fit.read_runs([str(path)])
+    vllm_results.read_runs([str(path)])
   run = _synthetic_run(4.0, seed=1, n=4)
-  with pytest.raises(errors.InputError, match="--tp=3 does not divide"):
+  with pytest.raises(errors.InputError, match="tp=3 does not divide"):
     engine_fit.simulate_run(run, dataclasses.replace(SETUP, tp=3), TRUTH)
 
 

@@ -29,8 +29,9 @@ LAYERS: dict[str, int] = {
     "jaxroof.measure": 4,
     "jaxroof.parallel": 5,
     "jaxroof.serving": 6,
-    "jaxroof.report": 7,
-    "experiments": 8,
+    "jaxroof.calibrate": 7,
+    "jaxroof.report": 8,
+    "experiments": 9,
 }
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jaxroof import errors
-from jaxroof.measure import user_fit
+from jaxroof.calibrate import user_fit
 from jaxroof.measure import user_measurements as um
-from jaxroof.parallel import layout_fit
+from jaxroof.calibrate import layout_fit
 from jaxroof.report import user_calibration
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -118,7 +118,7 @@ def test_impossible_layouts_are_refused_naming_line_and_column(record, column, w
 
 def test_pipeline_rows_need_the_layout_fit():
   row = _row(4, pp=2)
-  with pytest.raises(errors.InputError, match="line 4, column 'pp'.*calibrate_layouts"):
+  with pytest.raises(errors.InputError, match="line 4, column 'pp'.*layout_fit"):
     um.decode_inputs([row])
   assert layout_fit.layout_inputs([row]).decode_comm_s[0] > 0  # One hand-off at least.
 

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from jaxroof import errors
-from jaxroof.measure import calibration_job
+from jaxroof.calibrate import toy_fit
+from jaxroof.calibrate import toy_job
+from jaxroof.measure import toy_steps
 from jaxroof.measure import ceilings as ceilings_lib
-from jaxroof.measure import fitting
-from jaxroof.measure import op_fit
+from jaxroof.calibrate import fitting
+from jaxroof.calibrate import op_fit
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
 from jaxroof.measure import measurement
@@ -86,13 +88,13 @@ def synthetic_steps(configs, points, factors=TRUE, scale=1.0):
 
 
 SMALL_STEPS = [op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS
-               for b, c in calibration_job.SMALLEST]
+               for b, c in toy_steps.SMALLEST]
 
 
 def test_operation_fit_recovers_known_factors_from_noisy_timings():
   linear, attention = synthetic_operations(noise=0.03)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
-  step_inputs = calibration_job.model_inputs(steps, BW, F)
+  step_inputs = toy_fit.model_inputs(steps, BW, F)
   factors, details = op_fit.fit_operations(
       linear, attention, steps, step_inputs, bandwidth=BW, flop_rate=F)
   for name in ("eta_w", "eta_f", "eta_kv"):
@@ -110,7 +112,7 @@ def test_operation_fit_is_exact_on_exact_timings():
   linear, attention = synthetic_operations(noise=0.0)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
   factors, _ = op_fit.fit_operations(
-      linear, attention, steps, calibration_job.model_inputs(steps, BW, F),
+      linear, attention, steps, toy_fit.model_inputs(steps, BW, F),
       bandwidth=BW, flop_rate=F, fit_steps=4000)
   for name in ("eta_w", "eta_f", "eta_kv"):
     assert factors[name] == pytest.approx(TRUE[name], rel=0.03), name
@@ -150,7 +152,7 @@ def test_linear_fit_needs_m1_and_two_larger_points():
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
   with pytest.raises(errors.InputError, match="M = 1"):
     op_fit.fit_operations(no_m1, attention, steps,
-                          calibration_job.model_inputs(steps, BW, F),
+                          toy_fit.model_inputs(steps, BW, F),
                           bandwidth=BW, flop_rate=F)
 
 
@@ -223,9 +225,9 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
                                    [p for p in points if p.model in held], dtype)
 
   monkeypatch.setattr(op_sweeps, "op_sweep", fake_op_sweep)
-  monkeypatch.setattr(calibration_job, "_sweep_models", fake_sweep_models)
-  monkeypatch.setattr(calibration_job, "_sweep_interleaved", fake_interleaved)
-  job = calibration_job.run(120, ceilings=CEILINGS)
+  monkeypatch.setattr(toy_steps, "sweep_models", fake_sweep_models)
+  monkeypatch.setattr(toy_steps, "sweep_interleaved", fake_interleaved)
+  job = toy_job.run(120, ceilings=CEILINGS)
   return job, asked
 
 
@@ -257,16 +259,16 @@ def test_heldout_models_never_enter_the_fit(monkeypatch):
 
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
-    calibration_job.run(120, ceilings=CEILINGS,
+    toy_job.run(120, ceilings=CEILINGS,
                         models={"a": op_sweeps.CALIBRATION},
                         heldout_models={"a": op_sweeps.HELDOUT_NARROW})
 
 
 def test_budget_too_small_is_refused_at_once():
   with pytest.raises(errors.InputError, match="at least 25 s"):
-    calibration_job.run(10)
+    toy_job.run(10)
   with pytest.raises(errors.InputError, match="budget"):
-    calibration_job.check_budget("--budget_s", 0)
+    toy_job.check_budget("--budget_s", 0)
 
 
 def _profile(factors, median, path="a.json", fastest=None):
@@ -278,11 +280,11 @@ def _profile(factors, median, path="a.json", fastest=None):
 
 
 def test_repeatability_passes_within_ten_percent_and_three_points():
-  same = calibration_job.compare_profiles(_profile(TRUE, 0.06),
+  same = toy_fit.compare_profiles(_profile(TRUE, 0.06),
                                           _profile(TRUE, 0.06))
   assert same["pass"] and same["max_factor_rel_diff"] == 0
   close = {**TRUE, "eta_w": TRUE["eta_w"] * 1.09}
-  result = calibration_job.compare_profiles(_profile(TRUE, 0.06),
+  result = toy_fit.compare_profiles(_profile(TRUE, 0.06),
                                             _profile(close, 0.085))
   assert result["pass"]
   assert result["factor_rel_diff"]["eta_w"] == pytest.approx(0.09)
@@ -295,7 +297,7 @@ def test_repeatability_passes_within_ten_percent_and_three_points():
     ({"eta_kv": TRUE["eta_kv"] * 0.8}, 0.10, ["eta_kv"]),
 ])
 def test_repeatability_fails_outside_its_criteria(change, median, failing):
-  result = calibration_job.compare_profiles(
+  result = toy_fit.compare_profiles(
       _profile(TRUE, 0.06), _profile({**TRUE, **change}, median))
   assert not result["pass"]
   assert result["factors_outside"] == failing
@@ -308,13 +310,13 @@ def _rows(errors_by_model, spread=0.01):
 
 def test_assess_says_when_a_run_misses_its_accuracy():
   good = _rows({"a": [0.02, 0.05, 0.1], "b": [0.01, 0.07, 0.19]})
-  assert calibration_job.assess(good, 6) == ("ok", [])
-  status, warnings = calibration_job.assess(
+  assert toy_fit.assess(good, 6) == ("ok", [])
+  status, warnings = toy_fit.assess(
       _rows({"a": [0.02, 0.05, 0.1], "b": [0.01, 0.07, 0.25]}), 6)
   assert status == "inaccurate" and "b" in warnings[0]
-  status, warnings = calibration_job.assess(good, 8)
+  status, warnings = toy_fit.assess(good, 8)
   assert status == "incomplete" and "6 of 8" in warnings[0]
-  status, warnings = calibration_job.assess(
+  status, warnings = toy_fit.assess(
       _rows({"a": [0.01] * 3}, spread=0.2), 3,
       load={"cpu_count": 2, "load_avg_1m_max": 4.5})
   assert status == "ok" and len(warnings) == 2  # Noise and load are named.
@@ -333,8 +335,8 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
     asked.append(sorted(configs))
     return synthetic_steps(configs, points)
 
-  monkeypatch.setattr(calibration_job, "_sweep_interleaved", fake_sweep_models)
-  job = calibration_job.run(120, fit="steps", ceilings=CEILINGS)
+  monkeypatch.setattr(toy_steps, "sweep_interleaved", fake_sweep_models)
+  job = toy_job.run(120, fit="steps", ceilings=CEILINGS)
   # Fit and held-out models are timed together, in the same rounds.
   assert asked == [sorted({**op_sweeps.MODELS, **op_sweeps.HELDOUT_MODELS})]
   assert job.profile.fit["method"] == "steps" and not job.operations
@@ -349,15 +351,15 @@ def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
   tiny = {**TRUE, "t0_step": 1e-5, "t0_layer": 5e-6}
   moved = {**tiny, "t0_step": 3e-5, "t0_layer": 1e-6}  # 3x and 1/5: 20 us.
   # Beneath a 5 ms step, 20 us is 0.4% of it: the runs agree.
-  assert calibration_job.compare_profiles(
+  assert toy_fit.compare_profiles(
       _profile(tiny, 0.06, fastest=5e-3), _profile(moved, 0.06))["pass"]
   # Without the step's scale they are compared with themselves, and differ.
-  result = calibration_job.compare_profiles(_profile(tiny, 0.06),
+  result = toy_fit.compare_profiles(_profile(tiny, 0.06),
                                             _profile(moved, 0.06))
   assert result["factors_outside"] == ["t0_step", "t0_layer"]
   # A fixed cost of the step's own size is still compared with itself.
   big = {**TRUE, "t0_step": 8e-3}
-  result = calibration_job.compare_profiles(
+  result = toy_fit.compare_profiles(
       _profile(big, 0.06, fastest=5e-3),
       _profile({**big, "t0_step": 1e-2}, 0.06))
   assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxroof.measure import fitting
-from jaxroof.measure import op_fit
+from jaxroof.calibrate import fitting
+from jaxroof.calibrate import op_fit
 from jaxroof.measure import profiles
 from jaxroof.measure import measurement
 from jaxroof.symbolic import calibrated
@@ -105,8 +105,8 @@ def test_accelerators_fit_no_repack():
 
 
 def test_noise_floor_is_the_median_round_spread():
-  from jaxroof.measure import calibration_job
+  from jaxroof.calibrate import toy_fit
   rows = [{"round_spread": 0.02}, {"round_spread": 0.10}, {"round_spread": None},
           {"round_spread": 0.04}]
-  assert calibration_job.noise_floor(rows) == pytest.approx(0.04)
-  assert calibration_job.noise_floor([{"round_spread": None}]) is None
+  assert toy_fit.noise_floor(rows) == pytest.approx(0.04)
+  assert toy_fit.noise_floor([{"round_spread": None}]) is None

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from jaxroof import errors
-from jaxroof.measure import vllm_engine, vllm_model
-from jaxroof.serving import engine_fit
+from jaxroof.measure import vllm_engine, vllm_model, vllm_results
+from jaxroof.calibrate import engine_fit
 from jaxroof.specs import what_if
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -233,18 +233,18 @@ def test_detailed_fixture_is_accepted_and_bad_ones_refused(tmp_path):
 # The replay.
 def test_detailed_run_replays_its_own_arrivals_lengths_and_percentiles():
   raw = json.loads(FIXTURE.read_text())
-  [run] = engine_fit.read_runs([FIXTURE])
+  [run] = vllm_results.read_runs([FIXTURE])
   np.testing.assert_allclose(run.arrival_s, np.asarray(raw["start_times"]) - 1000.0)
   workload = engine_fit.workload_of(run, seed=123)
   np.testing.assert_allclose(workload.arrival_s, run.arrival_s)
   assert workload.prompt_tokens.tolist() == raw["input_lens"]
   for metric in ("ttft", "tpot", "itl"):
     for q, key in ((50, f"median_{metric}_ms"), (90, f"p90_{metric}_ms")):
-      assert engine_fit.measured_percentile(run, metric, q) == pytest.approx(raw[key] / 1e3)
+      assert vllm_results.measured_percentile(run, metric, q) == pytest.approx(raw[key] / 1e3)
 
 
 def _run_with_server(kv_blocks=40, block=32, seqs=4):
-  [run] = engine_fit.read_runs([FIXTURE])
+  [run] = vllm_results.read_runs([FIXTURE])
   server = {"config": {"max_num_seqs": seqs, "max_num_batched_tokens": 256,
                        "block_size": block, "chunked_prefill": True}, "kv_blocks": kv_blocks}
   return dataclasses.replace(run, server=server)

@@ -134,8 +134,8 @@ class Profile:
     missing = [name for name in REQUIRED if name not in data]
     if missing:
       raise errors.InputError(
-          f"{where} lacks {', '.join(missing)}: give a profile written by "
-          "`python -m experiments.calibrate --profile_out=PATH`.")
+          f"{where} lacks {', '.join(missing)}: give a profile written by a "
+          "calibration (jaxroof.calibrate).", field="profile")
     factors = data["factors"]
     names = sorted(factors) if isinstance(factors, Mapping) else factors
     if not isinstance(factors, Mapping) or set(factors) != set(
@@ -269,8 +269,8 @@ def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
   if not what_if:
     raise errors.InputError(
         f"profile={profile.path or 'profile'!r} was fitted on {measured_on!r}, not "
-        f"accelerator={slug!r}: its factors belong to that device; give --what_if to "
-        "apply them anyway, as a what-if.")
+        f"accelerator={slug!r}: its factors belong to that device; give what_if to "
+        "apply them anyway, as a what-if.", field="what_if")
   return [f"what-if: factors fitted on {measured_on} applied to {slug}"]
 
 

@@ -14,7 +14,7 @@ One row is one measured decode step or prefill:
             kv_dtype      bf16 (default), fp16, fp8, int8, fp32
             tp            tensor-parallel chips (default 1)
             pp, ep        pipeline stages and expert-parallel groups (default 1;
-                          fitted only through `jaxroof.parallel.layout_fit`)
+                          fitted only through `jaxroof.calibrate.layout_fit`)
             source        free text: where the number comes from
 
 A `.jsonl` file holds one JSON object per line with the same keys; any other
@@ -26,17 +26,14 @@ Rows become the calibrated models' inputs through the specs layer
 parallelism is an ideal split: with tp chips, each chip reads N/tp weights
 and k/tp K/V bytes per token and does 1/tp of the FLOPs; communication is not
 modelled, so its cost lands in the fitted fixed costs (`TP_ASSUMPTION`,
-stated in every result). The parallel layer's `jaxroof.parallel.layout_fit`
+stated in every result). The parallel layer's `jaxroof.calibrate.layout_fit`
 models each layout properly (K/V replication, communication, eta_comm).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import io
-import json
 import os
 from collections.abc import Sequence
 
@@ -60,7 +57,7 @@ TP_ASSUMPTION = (
     "tensor parallelism as an ideal split in this fit: with tp chips each reads "
     "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
     "communication is not modelled and lands in the fitted fixed costs (the layout "
-    "fit with communication and eta_comm: python -m experiments.calibrate_layouts)")
+    "fit with communication and eta_comm: jaxroof.calibrate.layout_fit)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,31 +184,7 @@ def parse_row(path: str, line: int, record: dict) -> Row:
 
 def _records(path: str) -> list[tuple[int, dict]]:
   """(line, record) pairs of a CSV or JSONL file."""
-  text = files.read_text("measurements", path)
-  try:
-    with io.StringIO(text, newline="") as f:
-      if path.endswith(".jsonl"):
-        out = []
-        for line, text in enumerate(f, start=1):
-          if not text.strip():
-            continue
-          try:
-            record = json.loads(text)
-          except json.JSONDecodeError as e:
-            raise errors.InputError(f"{path} line {line}: not valid JSON ({e.msg}).") from None
-          if not isinstance(record, dict):
-            raise errors.InputError(f"{path} line {line}: not a JSON object.")
-          out.append((line, record))
-        return out
-      reader = csv.DictReader(f)
-      if not reader.fieldnames:
-        raise errors.InputError(f"{path} line 1: no header row; columns: "
-                                f"{', '.join(REQUIRED + OPTIONAL)}.")
-      # Line numbers count the header as line 1 (rows without embedded newlines).
-      return [(reader.line_num, {k: v for k, v in rec.items() if k is not None})
-              for rec in reader]
-  except csv.Error as e:
-    raise errors.InputError(f"measurements={path!r} is not readable CSV: {e}.") from None
+  return files.read_records("measurements", path, columns=REQUIRED + OPTIONAL)
 
 
 _ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")
@@ -251,7 +224,7 @@ def read_measurements(path: str | os.PathLike[str], *,
       raise errors.InputError(
           f"{_where(path, first.line, 'accelerator')}: {path} mixes devices "
           f"({', '.join(found)}); a fit is per device kind: give "
-          "--accelerator=SLUG to choose one.")
+          "accelerator=SLUG to choose one.", field="accelerator")
   text = " ".join(r.source for r in rows).lower()
   engine = ", ".join(e for e in _ENGINES if e.lower() in text)
   return Measurements(path=path, rows=tuple(rows), engine=engine)
@@ -263,7 +236,7 @@ def _ideal_split_only(row: Row) -> None:
     if getattr(row, column) > 1:
       raise errors.InputError(
           f"line {row.line}, column {column!r}: {getattr(row, column)} needs the layout "
-          "fit (python -m experiments.calibrate_layouts); this fit splits by tp only.")
+          "fit (jaxroof.calibrate.layout_fit); this fit splits by tp only.", field=column)
 
 
 def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:

@@ -3,7 +3,7 @@ JSONL) as measured decode steps, by an analytic mapping.
 
 The fit through the continuous-batching simulator (choose the factors whose
 simulated TTFT/TPOT/ITL reproduce the measured ones) is
-`jaxroof.serving.engine_fit` (`experiments.calibrate_engine`): the serving
+`jaxroof.calibrate.engine_fit` (`experiments.calibrate --source=vllm`): the serving
 layer sits above this one. This module keeps the analytic mapping of each run
 to ONE decode row, with stated assumptions (labelled "analytic mapping, not
 the simulator" wherever it is used), for rows to merge into a CSV:
@@ -29,10 +29,12 @@ names none of them. These come from the caller.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,10 +42,14 @@ import numpy as np
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import user_measurements as um
+from jaxroof.measure import vllm_engine
 
+# Metric (seconds here) -> the result file's key (milliseconds).
+METRICS = {"median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
+           "median_itl_s": "median_itl_ms"}
 ASSUMPTIONS = (
     "analytic mapping, not the continuous-batching simulator (that fit is "
-    "jaxroof.serving.engine_fit): one decode row per run, batch = mean requests "
+    "jaxroof.calibrate.engine_fit): one decode row per run, batch = mean requests "
     "in flight (Little's law), context = mean input + mean output / 2, step time "
     "= median ITL (else mean TPOT); TTFT not used",
 )
@@ -58,9 +64,10 @@ def engine_of(run: dict[str, Any]) -> str:
   return ""
 
 
-def load_runs(path: str) -> list[tuple[int, dict[str, Any]]]:
-  """(line, run) pairs: one JSON object, or one per line (JSONL)."""
-  text = files.read_text("from_vllm", path)
+def load_runs(path: str, field: str = "from_vllm") -> list[tuple[int, dict[str, Any]]]:
+  """(line, run) pairs: one JSON object, or one per line (JSONL); `field` names
+  the parameter that gave the path, in errors."""
+  text = files.read_text(field, path)
   try:
     data = json.loads(text)
     return [(1, data)]
@@ -157,3 +164,165 @@ def rows_to_csv(rows: Sequence[um.Row]) -> str:
     data = row.to_json()
     writer.writerow({c: ("" if data[c] is None else data[c]) for c in columns})
   return out.getvalue()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BenchRun:
+  """One benchmark run: its workload description and measured metrics (seconds)."""
+
+  path: str
+  line: int
+  engine: str
+  request_rate: float  # math.inf for "inf".
+  burstiness: float
+  max_concurrency: int | None
+  prompt_tokens: np.ndarray
+  output_tokens: np.ndarray
+  measured: dict[str, float]  # METRICS names -> seconds.
+  arrival_s: np.ndarray | None = None  # From start_times (detailed results), from 0.
+  detail: dict[str, Any] | None = None  # Measured per-request ttft_s, tpot_s, itl_s.
+  server: dict[str, Any] | None = None  # The jaxroof_engine_run block's server facts.
+  model: str | None = None  # Another model than the setup's (a held-out model).
+  measured_throughput: float | None = None  # Requests/s (the file's request_throughput).
+  engine_run: dict[str, Any] | None = None  # The whole jaxroof_engine_run block.
+
+  @property
+  def label(self) -> str:
+    rate = "inf" if math.isinf(self.request_rate) else f"{self.request_rate:g}"
+    return f"{os.path.basename(self.path)}:{self.line} (rate {rate})"
+
+
+def _bad(path: str, line: int, key: str, value: Any, allowed: str) -> errors.InputError:
+  return errors.InputError(f"{path} line {line}, key {key!r}: {value!r} is not allowed: "
+                           f"{allowed}.")
+
+
+def _lengths(path: str, line: int, run: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+  inputs, outputs = run.get("input_lens"), run.get("output_lens")
+  if isinstance(inputs, list) and isinstance(outputs, list) and inputs and \
+      len(inputs) == len(outputs):
+    pairs = [(int(i), int(o)) for i, o in zip(inputs, outputs)
+             if isinstance(i, (int, float)) and isinstance(o, (int, float)) and i >= 1 and o >= 1]
+    if pairs:
+      return (np.asarray([p[0] for p in pairs], np.int64),
+              np.asarray([p[1] for p in pairs], np.int64))
+  completed = run.get("completed")
+  if not isinstance(completed, (int, float)) or completed < 1:
+    raise _bad(path, line, "completed", completed, "give a run with completed requests >= 1")
+  means = []
+  for key in ("total_input_tokens", "total_output_tokens"):
+    total = run.get(key)
+    if not isinstance(total, (int, float)) or total < completed:
+      raise _bad(path, line, key, total, "give a whole number >= completed (or the "
+                 "input_lens/output_lens lists)")
+    means.append(max(1, round(total / completed)))
+  n = int(completed)
+  return np.full(n, means[0], np.int64), np.full(n, means[1], np.int64)
+
+
+def parse_run(path: str, line: int, run: Any) -> BenchRun:
+  """Validates one result object; errors name the file, line and key."""
+  if not isinstance(run, dict) or not engine_of(run):
+    raise errors.InputError(
+        f"{path} line {line}: not a vLLM `bench serve` or SGLang `bench_serving` result "
+        "(no model_id, endpoint_type or concurrency key).")
+  rate = run.get("request_rate", "inf")
+  if rate in ("inf", None) or (isinstance(rate, float) and math.isinf(rate)):
+    rate = math.inf
+  elif isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+    raise _bad(path, line, "request_rate", rate, 'give a number > 0 or "inf"')
+  burst = run.get("burstiness", 1.0)
+  if not isinstance(burst, (int, float)) or isinstance(burst, bool) or not 0 < burst < math.inf:
+    raise _bad(path, line, "burstiness", burst, "give a number > 0")
+  cap = run.get("max_concurrency")
+  if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+    raise _bad(path, line, "max_concurrency", cap, "give a whole number >= 1 or null")
+  measured = {}
+  for name, key in METRICS.items():
+    value = run.get(key)
+    if value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+        or not math.isfinite(value):
+      raise _bad(path, line, key, value, "give a finite number of milliseconds > 0")
+    measured[name] = float(value) / 1e3
+  if cap is not None:
+    measured.pop("median_ttft_s", None)
+  if not measured:
+    raise errors.InputError(f"{path} line {line}: none of {', '.join(METRICS.values())} is "
+                            "present (with max_concurrency, TPOT or ITL); "
+                            "the fit needs at least one measured median.")
+  extra: dict[str, Any] = {}
+  if all(isinstance(run.get(k), list) and run.get(k) for k in vllm_engine.DETAIL_KEYS):
+    extra = _detail(path, line, run)
+    rate_done = run.get("request_throughput")
+    if isinstance(rate_done, (int, float)) and not isinstance(rate_done, bool) \
+        and 0 < rate_done < math.inf:
+      extra["measured_throughput"] = float(rate_done)
+    prompts, outputs = extra.pop("prompt_tokens"), extra.pop("output_tokens")
+  else:
+    prompts, outputs = _lengths(path, line, run)
+  return BenchRun(path=path, line=line, engine=engine_of(run),
+                  request_rate=float(rate), burstiness=float(burst), max_concurrency=cap,
+                  prompt_tokens=prompts, output_tokens=outputs, measured=measured, **extra)
+
+
+def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
+  """Arrivals, lengths and measured per-request metrics of a detailed result.
+
+  Requests that failed (no output) are left out; TPOT per request as vLLM
+  computes it, (latency - ttft) / (output - 1).
+  """
+  vllm_engine.check_detailed(dict(run), f"{path} line {line}")
+  n = len(run["start_times"])
+  latencies = run.get("latencies") if isinstance(run.get("latencies"), list) else [None] * n
+  keep, ttft, tpot, itl = [], [], [], []
+  for i in range(n):
+    start, inp, out, first = (run[k][i] for k in ("start_times", "input_lens", "output_lens",
+                                                 "ttfts"))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               for v in (start, inp, out, first)) or out < 1 or inp < 1 or first <= 0:
+      continue
+    keep.append(i)
+    ttft.append(float(first))
+    gaps = [float(g) for g in (run["itls"][i] or []) if isinstance(g, (int, float))]
+    itl += gaps
+    latency = latencies[i] if len(latencies) > i else None
+    if out > 1 and isinstance(latency, (int, float)) and latency > first:
+      tpot.append((latency - first) / (out - 1))
+  if len(keep) < 1:
+    raise _bad(path, line, "output_lens", "no completed request", "give a run whose "
+               "requests completed")
+  starts = np.asarray([run["start_times"][i] for i in keep], float)
+  block = run.get(vllm_engine.RUN_KEY)
+  block = block if isinstance(block, dict) else None
+  server = block.get("server") if block else None
+  return {"prompt_tokens": np.asarray([run["input_lens"][i] for i in keep], np.int64),
+          "output_tokens": np.asarray([run["output_lens"][i] for i in keep], np.int64),
+          "arrival_s": starts - starts.min(),
+          "detail": {"ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot),
+                     "itl_s": np.asarray(itl)},
+          "server": server if isinstance(server, dict) else None, "engine_run": block}
+
+
+def measured_percentile(run: BenchRun, metric: str, percentile: float) -> float | None:
+  """A measured percentile (s) of ttft/tpot/itl: from the detail, else the file's median."""
+  if run.detail is not None and len(run.detail[f"{metric}_s"]):
+    return float(np.percentile(run.detail[f"{metric}_s"], percentile))
+  if percentile == 50:
+    return run.measured.get(f"median_{metric}_s")
+  return None
+
+
+def read_runs(paths: Sequence[str], field: str = "from_vllm") -> list[BenchRun]:
+  """Every run of the given result files (JSON, or JSONL one run per line), each
+  replayable by the simulator; `field` names the parameter that gave the paths."""
+  out = []
+  for path in paths:
+    path = os.fspath(path)
+    for line, run in load_runs(path, field):
+      out.append(parse_run(path, line, run))
+  if not out:
+    raise errors.InputError(f"{field}={','.join(map(str, paths))!r} holds no runs.",
+                            field=field)
+  return out

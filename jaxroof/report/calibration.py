@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxroof import errors
 from jaxroof import files
-from jaxroof.measure import calibration_job
+from jaxroof.calibrate import toy_fit
 from jaxroof.measure import ceilings
 from jaxroof.measure import profiles
 from jaxroof.report import plots
@@ -100,7 +99,7 @@ def _bound_words(fit: Mapping[str, Any]) -> str:
           + (" (smaller: the bound is the better estimate here)" if worse else ""))
 
 
-def section_markdown(job: calibration_job.CalibrationRun) -> str:
+def section_markdown(job: toy_fit.CalibrationRun) -> str:
   """The report's Markdown for a job whose plot is `calibration.png`."""
   prof = job.profile
   fit = prof.fit
@@ -123,8 +122,8 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
       for name, e in (fit.get("heldout_by_model") or {}).items())
   status = fit.get("status", "unknown")
   verdict = ("It meets its targets (median <= "
-             f"{calibration_job.TARGET_MEDIAN:.0%}, max <= "
-             f"{calibration_job.TARGET_MAX:.0%} on each held-out model)."
+             f"{toy_fit.TARGET_MEDIAN:.0%}, max <= "
+             f"{toy_fit.TARGET_MAX:.0%} on each held-out model)."
              if status == "ok" else
              f"**Status: {status}. This calibration did not reach its "
              "accuracy targets; read its factors as rough.** "
@@ -164,21 +163,21 @@ def section_markdown(job: calibration_job.CalibrationRun) -> str:
   ])
 
 
-def report_section(out_dir: str, budget_s: float = 60.0) -> str:
-  """Runs a short calibration here; writes its plot and profile to out_dir.
+def report_section(out_dir: str, job: toy_fit.CalibrationRun | None, *, budget_s: float,
+                   failure: str | None = None) -> str:
+  """The report's section for a short calibration its caller ran on this device.
 
-  Returns the Markdown section: measured ceilings, fitted factors, held-out
-  errors (on models the fit never saw), the run's status and the plot, each
-  labelled measurement or calibrated.
+  Writes the job's plot and profile to out_dir and returns the Markdown:
+  measured ceilings, fitted factors, held-out errors (on models the fit never
+  saw), the run's status and the plot, each labelled measurement or calibrated.
+  With no job, says why (`failure`: the job's one-line error).
   """
-  try:
-    job = calibration_job.run(budget_s)
-  except errors.InputError as e:  # A busy machine may measure too few points.
+  if job is None:
     return "\n".join([
         "## Calibration on this device (measurement)", "",
-        f"The {budget_s:.0f}-second calibration could not fit a profile on this run: {e} "
-        "Other processes may have slowed the timings; `python -m experiments.calibrate "
-        "--budget_s=240` measures more points."])
+        f"The {budget_s:.0f}-second calibration could not fit a profile on this run: "
+        f"{failure} Other processes may have slowed the timings; `python -m "
+        "experiments.calibrate --budget_s=240` measures more points."])
   slug = "".join(ch if ch.isalnum() else "_"
                  for ch in job.profile.device_kind.lower())
   write_results(job, json_out=None,
@@ -187,7 +186,7 @@ def report_section(out_dir: str, budget_s: float = 60.0) -> str:
   return section_markdown(job)
 
 
-def write_results(job: calibration_job.CalibrationRun, *, json_out: str | None,
+def write_results(job: toy_fit.CalibrationRun, *, json_out: str | None,
                   profile_out: str | None, plot_out: str | None) -> None:
   """Writes the job's JSON, profile and plot, each atomically, if asked."""
   if json_out:

@@ -20,10 +20,7 @@ seeded `numpy.random.Generator`, so a seed fixes the workload.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import math
 import os
 
@@ -162,28 +159,10 @@ def _number(path: str, line: int, column: str, text) -> float:
   return value
 
 
-def _rows(path: str):
+def _rows(path: str) -> list[tuple[int, dict]]:
   """(line number, {column: text}) per request, from JSONL or CSV."""
-  with io.StringIO(files.read_text("trace", path), newline="") as f:
-    if path.endswith((".jsonl", ".json")):
-      for line, text in enumerate(f, start=1):
-        if not text.strip():
-          continue
-        try:
-          row = json.loads(text)
-        except json.JSONDecodeError as e:
-          raise InputError(f"trace={path!r} line {line}: not a JSON object ({e.msg}).") from None
-        if not isinstance(row, dict):
-          raise InputError(f"trace={path!r} line {line}: not a JSON object.")
-        yield line, row
-    else:
-      reader = csv.DictReader(f)
-      missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-      if missing:
-        raise InputError(f"trace={path!r} line 1: the header lacks columns {missing} "
-                         f"(needs {list(TRACE_COLUMNS)}).")
-      for row in reader:
-        yield reader.line_num, row
+  return files.read_records("trace", path, columns=TRACE_COLUMNS, required=TRACE_COLUMNS,
+                            json_suffixes=(".jsonl", ".json"))
 
 
 def load_trace(path: str | os.PathLike[str]) -> Workload:

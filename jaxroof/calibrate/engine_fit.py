@@ -14,9 +14,9 @@ Three factors are searched, the ones request medians can tell apart: eta_w
 prefill in TTFT, large batches) and t0_step (fixed cost per iteration);
 t0_layer and r_ovl stay at `FIXED` (stated in the result). The simulator is
 discrete (admission and page events), so the loss has small jumps and no
-useful gradient (optax does not apply; scipy is not a dependency): the
-search is a deterministic Nelder-Mead on the log factors within `BOUNDS`
-(`search`, written out here), some 50-150 simulations of every run.
+jax gradient: `search` is a damped Gauss-Newton (Levenberg-Marquardt) on the
+log residuals within `BOUNDS`, its Jacobian from finite differences `FD_STEP`
+apart (wider than the jumps), some 30-60 simulations of every run.
 
 The replayed workload: per-request `input_lens`/`output_lens` where the file
 has them (the legacy script always writes them), else every request at the
@@ -43,9 +43,8 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
-from jaxroof.measure import fitting
+from jaxroof.calibrate import fitting
 from jaxroof.measure import profiles
-from jaxroof.measure import vllm_engine
 from jaxroof.measure import vllm_results
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import arrivals
@@ -58,9 +57,6 @@ from jaxroof.specs import what_if
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic.step_model import StepModel
 
-# Metric (seconds here) -> the result file's key (milliseconds).
-METRICS = {"median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
-           "median_itl_s": "median_itl_ms"}
 SEARCHED = ("eta_w", "eta_f", "t0_step")
 # With `ServingSetup.request_cost`: a fixed cost per request (HTTP, API server,
 # tokenisation) before the engine sees it, fitted too (0 at the bound).
@@ -73,14 +69,15 @@ PERCENTILES = (50, 90)
 COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, not a step.
 FIXED = {"t0_layer": 1e-9, "r_ovl": 1.0}
 MIN_RUNS = 1
-GRID_STEP = math.log(2.0)  # The first simplex: each factor doubled in turn.
-TOLERANCE = 0.01  # Stop when the simplex spans < 1% in every factor.
+FD_STEP = 0.05  # Log-space step of the finite-difference Jacobian (5%).
+DAMPING = 1e-3  # Levenberg-Marquardt's first damping (relative to the curvature).
+TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
+MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, REQUEST_COST: 0.0}
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
 BELOW_BOUND = 0.9
-RESTARTS = 2
 ASSUMPTIONS = (
     "each run replayed by the continuous-batching simulator: with per-request detail "
     "(--save-detailed) its own arrivals (start_times) and lengths; else per-request lengths "
@@ -121,167 +118,7 @@ class ServingSetup:
     return self.accelerator_file or self.accelerator
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class BenchRun:
-  """One benchmark run: its workload description and measured metrics (seconds)."""
-
-  path: str
-  line: int
-  engine: str
-  request_rate: float  # math.inf for "inf".
-  burstiness: float
-  max_concurrency: int | None
-  prompt_tokens: np.ndarray
-  output_tokens: np.ndarray
-  measured: dict[str, float]  # METRICS names -> seconds.
-  arrival_s: np.ndarray | None = None  # From start_times (detailed results), from 0.
-  detail: dict[str, Any] | None = None  # Measured per-request ttft_s, tpot_s, itl_s.
-  server: dict[str, Any] | None = None  # The jaxroof_engine_run block's server facts.
-  model: str | None = None  # Another model than the setup's (a held-out model).
-  measured_throughput: float | None = None  # Requests/s (the file's request_throughput).
-  engine_run: dict[str, Any] | None = None  # The whole jaxroof_engine_run block.
-
-  @property
-  def label(self) -> str:
-    rate = "inf" if math.isinf(self.request_rate) else f"{self.request_rate:g}"
-    return f"{os.path.basename(self.path)}:{self.line} (rate {rate})"
-
-
-def _bad(path: str, line: int, key: str, value: Any, allowed: str) -> errors.InputError:
-  return errors.InputError(f"{path} line {line}, key {key!r}: {value!r} is not allowed: "
-                           f"{allowed}.")
-
-
-def _lengths(path: str, line: int, run: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-  inputs, outputs = run.get("input_lens"), run.get("output_lens")
-  if isinstance(inputs, list) and isinstance(outputs, list) and inputs and \
-      len(inputs) == len(outputs):
-    pairs = [(int(i), int(o)) for i, o in zip(inputs, outputs)
-             if isinstance(i, (int, float)) and isinstance(o, (int, float)) and i >= 1 and o >= 1]
-    if pairs:
-      return (np.asarray([p[0] for p in pairs], np.int64),
-              np.asarray([p[1] for p in pairs], np.int64))
-  completed = run.get("completed")
-  if not isinstance(completed, (int, float)) or completed < 1:
-    raise _bad(path, line, "completed", completed, "give a run with completed requests >= 1")
-  means = []
-  for key in ("total_input_tokens", "total_output_tokens"):
-    total = run.get(key)
-    if not isinstance(total, (int, float)) or total < completed:
-      raise _bad(path, line, key, total, "give a whole number >= completed (or the "
-                 "input_lens/output_lens lists)")
-    means.append(max(1, round(total / completed)))
-  n = int(completed)
-  return np.full(n, means[0], np.int64), np.full(n, means[1], np.int64)
-
-
-def parse_run(path: str, line: int, run: Any) -> BenchRun:
-  """Validates one result object; errors name the file, line and key."""
-  if not isinstance(run, dict) or not vllm_results.engine_of(run):
-    raise errors.InputError(
-        f"{path} line {line}: not a vLLM `bench serve` or SGLang `bench_serving` result "
-        "(no model_id, endpoint_type or concurrency key).")
-  rate = run.get("request_rate", "inf")
-  if rate in ("inf", None) or (isinstance(rate, float) and math.isinf(rate)):
-    rate = math.inf
-  elif isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-    raise _bad(path, line, "request_rate", rate, 'give a number > 0 or "inf"')
-  burst = run.get("burstiness", 1.0)
-  if not isinstance(burst, (int, float)) or isinstance(burst, bool) or not 0 < burst < math.inf:
-    raise _bad(path, line, "burstiness", burst, "give a number > 0")
-  cap = run.get("max_concurrency")
-  if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-    raise _bad(path, line, "max_concurrency", cap, "give a whole number >= 1 or null")
-  measured = {}
-  for name, key in METRICS.items():
-    value = run.get(key)
-    if value is None:
-      continue
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-        or not math.isfinite(value):
-      raise _bad(path, line, key, value, "give a finite number of milliseconds > 0")
-    measured[name] = float(value) / 1e3
-  if cap is not None:
-    measured.pop("median_ttft_s", None)
-  if not measured:
-    raise errors.InputError(f"{path} line {line}: none of {', '.join(METRICS.values())} is "
-                            "present (with max_concurrency, TPOT or ITL); "
-                            "the fit needs at least one measured median.")
-  extra: dict[str, Any] = {}
-  if all(isinstance(run.get(k), list) and run.get(k) for k in vllm_engine.DETAIL_KEYS):
-    extra = _detail(path, line, run)
-    rate_done = run.get("request_throughput")
-    if isinstance(rate_done, (int, float)) and not isinstance(rate_done, bool) \
-        and 0 < rate_done < math.inf:
-      extra["measured_throughput"] = float(rate_done)
-    prompts, outputs = extra.pop("prompt_tokens"), extra.pop("output_tokens")
-  else:
-    prompts, outputs = _lengths(path, line, run)
-  return BenchRun(path=path, line=line, engine=vllm_results.engine_of(run),
-                  request_rate=float(rate), burstiness=float(burst), max_concurrency=cap,
-                  prompt_tokens=prompts, output_tokens=outputs, measured=measured, **extra)
-
-
-def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
-  """Arrivals, lengths and measured per-request metrics of a detailed result.
-
-  Requests that failed (no output) are left out; TPOT per request as vLLM
-  computes it, (latency - ttft) / (output - 1).
-  """
-  vllm_engine.check_detailed(dict(run), f"{path} line {line}")
-  n = len(run["start_times"])
-  latencies = run.get("latencies") if isinstance(run.get("latencies"), list) else [None] * n
-  keep, ttft, tpot, itl = [], [], [], []
-  for i in range(n):
-    start, inp, out, first = (run[k][i] for k in ("start_times", "input_lens", "output_lens",
-                                                 "ttfts"))
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-               for v in (start, inp, out, first)) or out < 1 or inp < 1 or first <= 0:
-      continue
-    keep.append(i)
-    ttft.append(float(first))
-    gaps = [float(g) for g in (run["itls"][i] or []) if isinstance(g, (int, float))]
-    itl += gaps
-    latency = latencies[i] if len(latencies) > i else None
-    if out > 1 and isinstance(latency, (int, float)) and latency > first:
-      tpot.append((latency - first) / (out - 1))
-  if len(keep) < 1:
-    raise _bad(path, line, "output_lens", "no completed request", "give a run whose "
-               "requests completed")
-  starts = np.asarray([run["start_times"][i] for i in keep], float)
-  block = run.get(vllm_engine.RUN_KEY)
-  block = block if isinstance(block, dict) else None
-  server = block.get("server") if block else None
-  return {"prompt_tokens": np.asarray([run["input_lens"][i] for i in keep], np.int64),
-          "output_tokens": np.asarray([run["output_lens"][i] for i in keep], np.int64),
-          "arrival_s": starts - starts.min(),
-          "detail": {"ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot),
-                     "itl_s": np.asarray(itl)},
-          "server": server if isinstance(server, dict) else None, "engine_run": block}
-
-
-def measured_percentile(run: BenchRun, metric: str, percentile: float) -> float | None:
-  """A measured percentile (s) of ttft/tpot/itl: from the detail, else the file's median."""
-  if run.detail is not None and len(run.detail[f"{metric}_s"]):
-    return float(np.percentile(run.detail[f"{metric}_s"], percentile))
-  if percentile == 50:
-    return run.measured.get(f"median_{metric}_s")
-  return None
-
-
-def read_runs(paths: Sequence[str]) -> list[BenchRun]:
-  """Every run of the given result files (JSON, or JSONL one run per line)."""
-  out = []
-  for path in paths:
-    path = os.fspath(path)
-    for line, run in vllm_results.load_runs(path):
-      out.append(parse_run(path, line, run))
-  if not out:
-    raise errors.InputError(f"from_vllm={','.join(map(str, paths))!r} holds no runs.")
-  return out
-
-
-def workload_of(run: BenchRun, seed: int) -> arrivals.Workload:
+def workload_of(run: vllm_results.BenchRun, seed: int) -> arrivals.Workload:
   """The run's requests: its lengths, arrivals at its rate (see the module docstring)."""
   n = len(run.prompt_tokens)
   if run.arrival_s is not None:
@@ -314,7 +151,7 @@ def load_device(setup: ServingSetup) -> accelerators.Accelerator:
   return accelerators.load_accelerator(setup.accelerator)
 
 
-def replica_of(run: BenchRun, setup: ServingSetup, factors: Mapping[str, float]
+def replica_of(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mapping[str, float]
                ) -> replica_lib.Replica:
   """The replica a run is simulated on: the run's own server facts where it has them."""
   spec = models.load_model(run.model or setup.model)
@@ -339,7 +176,7 @@ def replica_of(run: BenchRun, setup: ServingSetup, factors: Mapping[str, float]
   return replica
 
 
-def simulate_run(run: BenchRun, setup: ServingSetup, factors: Mapping[str, float],
+def simulate_run(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mapping[str, float],
                  detail: bool = False) -> dict[str, Any]:
   """Simulated TTFT, TPOT and ITL (seconds) of a run under the factors.
 
@@ -368,21 +205,20 @@ def simulate_run(run: BenchRun, setup: ServingSetup, factors: Mapping[str, float
   return result
 
 
-def _loss(runs: Sequence[BenchRun], setup: ServingSetup, values: Mapping[str, float],
-          cache: dict) -> float:
+def _residuals(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
+               values: Mapping[str, float], cache: dict) -> np.ndarray:
+  """Log ratios of simulated to measured medians, every run's metrics in order."""
   key = tuple(round(values[n], 12) for n in setup.searched)
   if key not in cache:
-    total, count = 0.0, 0
+    out = []
     for run in runs:
       simulated = simulate_run(run, setup, values)
       for name, measured in run.measured.items():
         value = simulated[name]
-        if value is None or not value > 0:
-          total += 25.0  # A metric the simulation cannot produce: a large, finite penalty.
-        else:
-          total += math.log(value / measured) ** 2
-        count += 1
-    cache[key] = total / max(count, 1)
+        # A metric the simulation cannot produce: a large, finite residual.
+        out.append(math.log(value / measured) if value is not None and value > 0
+                   else MISSING_RESIDUAL)
+    cache[key] = np.asarray(out)
   return cache[key]
 
 
@@ -392,18 +228,20 @@ def _clip(name: str, value: float) -> float:
   return float(min(max(value, low), high))
 
 
-def search(runs: Sequence[BenchRun], setup: ServingSetup, *,
+def search(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup, *,
            start: Mapping[str, float] | None = None, max_simulations: int = MAX_EVALUATIONS,
-           tolerance: float = TOLERANCE, restarts: int = RESTARTS
-           ) -> tuple[dict[str, float], float, int]:
-  """Nelder-Mead on the log factors, clipped to `BOUNDS` (deterministic).
+           tolerance: float = TOLERANCE) -> tuple[dict[str, float], float, int]:
+  """Damped Gauss-Newton (Levenberg-Marquardt) on the log factors within `BOUNDS`.
 
-  The simplex starts at `start` (default `START`) with each factor doubled in
-  turn; it stops when the simplex spans less than `tolerance` in every log
-  factor (~1%) or after `max_simulations` loss evaluations (each simulates
-  every run once; repeated points are cached). The loss has small jumps, so
-  the search restarts `restarts` times from its best point with a fresh
-  simplex of half the size.
+  The loss is the mean squared log ratio of simulated to measured medians.
+  The simulator is discrete, so there is no jax gradient: each step takes the
+  residuals' Jacobian from one simulation per factor `FD_STEP` apart in log
+  space (wider than the loss's small jumps) and solves the damped normal
+  equations. A step that lowers the loss is taken and the damping eased; one
+  that does not raises the damping. It starts at `start` (default `START`) and
+  stops when a taken step moves every log factor by less than `tolerance` (~1%)
+  or after `max_simulations` loss evaluations (each simulates every run once;
+  repeated points are cached). Deterministic.
 
   Returns:
     (factors, loss, distinct loss evaluations).
@@ -413,56 +251,33 @@ def search(runs: Sequence[BenchRun], setup: ServingSetup, *,
   high = np.log([BOUNDS[n][1] for n in names])
   cache: dict = {}
 
-  def f(x: np.ndarray) -> float:
-    x = np.clip(x, low, high)
-    return _loss(runs, setup, dict(zip(names, np.exp(x))), cache)
+  def residuals(x: np.ndarray) -> np.ndarray:
+    return _residuals(runs, setup, dict(zip(names, np.exp(np.clip(x, low, high)))), cache)
 
-  best = np.log([_clip(n, (start or START)[n]) for n in names])
-  size = GRID_STEP
-  for _ in range(restarts + 1):
-    best = _nelder_mead(f, best, size, low, high, max_simulations, tolerance,
-                        lambda: len(cache))
-    size /= 2
-  return ({n: float(v) for n, v in zip(names, np.exp(best))}, f(best), len(cache))
-
-
-def _nelder_mead(f, origin: np.ndarray, size: float, low: np.ndarray, high: np.ndarray,
-                 max_simulations: int, tolerance: float, spent) -> np.ndarray:
-  """The best vertex of one Nelder-Mead descent from `origin` (simplex edge `size`)."""
-  simplex = [np.clip(origin, low, high)]
-  for i in range(len(origin)):
-    vertex = origin.copy()
-    vertex[i] += size if origin[i] + size <= high[i] else -size
-    simplex.append(np.clip(vertex, low, high))
-  values = [f(x) for x in simplex]
-  while spent() < max_simulations:
-    order = np.argsort(values, kind="stable")
-    simplex = [simplex[i] for i in order]
-    values = [values[i] for i in order]
-    if np.max(np.ptp(np.asarray(simplex), axis=0)) < tolerance:
-      break
-    centroid = np.mean(simplex[:-1], axis=0)
-    worst = simplex[-1]
-    reflected = np.clip(centroid + (centroid - worst), low, high)
-    fr = f(reflected)
-    if fr < values[0]:
-      expanded = np.clip(centroid + 2 * (centroid - worst), low, high)
-      fe = f(expanded)
-      simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-    elif fr < values[-2]:
-      simplex[-1], values[-1] = reflected, fr
+  x = np.log([_clip(n, (start or START)[n]) for n in names])
+  here = residuals(x)
+  damping = DAMPING
+  while len(cache) < max_simulations:
+    steps = [FD_STEP if x[i] + FD_STEP <= high[i] else -FD_STEP for i in range(len(names))]
+    jacobian = np.stack([(residuals(x + h * e) - here) / h
+                         for h, e in zip(steps, np.eye(len(names)))], axis=1)
+    normal = jacobian.T @ jacobian
+    move = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12),
+                           -jacobian.T @ here)
+    trial = np.clip(x + move, low, high)
+    there = residuals(trial)
+    if np.mean(there ** 2) < np.mean(here ** 2):
+      settled = np.max(np.abs(trial - x)) < tolerance
+      x, here, damping = trial, there, damping / 3
+      if settled:
+        break
     else:
-      contracted = np.clip(centroid + 0.5 * (worst - centroid), low, high)
-      fc = f(contracted)
-      if fc < values[-1]:
-        simplex[-1], values[-1] = contracted, fc
-      else:
-        simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
-        values = [values[0]] + [f(x) for x in simplex[1:]]
-  return np.clip(simplex[int(np.argmin(values))], low, high)
+      damping *= 4
+  return ({n: float(v) for n, v in zip(names, np.exp(x))}, float(np.mean(here ** 2)),
+          len(cache))
 
 
-def _errors(run: BenchRun, simulated: Mapping[str, float | None]) -> dict[str, Any]:
+def _errors(run: vllm_results.BenchRun, simulated: Mapping[str, float | None]) -> dict[str, Any]:
   out = {}
   for name, measured in run.measured.items():
     value = simulated[name]
@@ -471,8 +286,8 @@ def _errors(run: BenchRun, simulated: Mapping[str, float | None]) -> dict[str, A
   return out
 
 
-def screen(runs: Sequence[BenchRun], setup: ServingSetup
-           ) -> tuple[list[BenchRun], list[str]]:
+def screen(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup
+           ) -> tuple[list[vllm_results.BenchRun], list[str]]:
   """The runs with only the metrics the bound does not undercut; a flag per dropped one.
 
   A median measured below `BELOW_BOUND` of the one simulated at the bound
@@ -499,7 +314,8 @@ def screen(runs: Sequence[BenchRun], setup: ServingSetup
   return kept_runs, flags
 
 
-def fit_runs(runs: Sequence[BenchRun], setup: ServingSetup, **search_kw) -> dict[str, Any]:
+def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
+             **search_kw) -> dict[str, Any]:
   """Factors from every run, leave-one-run-out held-out errors, the bound beside them.
 
   Metrics below the bound are left out first (`screen`, flagged).
@@ -575,7 +391,7 @@ def _thin(values: np.ndarray, keep: int = 101) -> list[float]:
   return np.quantile(values, np.linspace(0, 1, keep)).tolist()
 
 
-def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
+def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
                     factors: Mapping[str, float]) -> dict[str, Any]:
   """Held-out runs predicted with fitted factors: `heldout[]` rows and CDF samples.
 
@@ -589,7 +405,7 @@ def predict_heldout(runs: Sequence[BenchRun], setup: ServingSetup,
     bound = simulate_run(run, setup, BOUND_FACTORS)
     for metric in ("ttft", "tpot", "itl"):
       for q in PERCENTILES:
-        measured = measured_percentile(run, metric, q)
+        measured = vllm_results.measured_percentile(run, metric, q)
         key = f"median_{metric}_s" if q == 50 else f"p{q}_{metric}_s"
         value = predicted.get(key)
         if measured is None or value is None:
@@ -655,18 +471,17 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                             f"{len(heldout_paths)} held-out files: give one, or one per file.")
   for name in set(per_file) - {None, ""}:
     models.load_model(name)
-  runs = read_runs(paths)
+  runs = vllm_results.read_runs(paths)
   held = []
-  try:
-    for path, model in zip(heldout_paths, per_file):
-      held += [dataclasses.replace(r, model=model or None) for r in read_runs([path])]
-  except errors.InputError as e:
-    raise errors.InputError(str(e).replace("from_vllm=", "heldout_vllm=", 1)) from None
+  for path, model in zip(heldout_paths, per_file):
+    held += [dataclasses.replace(r, model=model or None)
+             for r in vllm_results.read_runs([path], field="heldout_vllm")]
   for run in held:
     if run.detail is None:
       raise errors.InputError(f"heldout_vllm={run.path!r} has no per-request detail "
                               "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
-                              "bench serve with --save-result --save-detailed.")
+                              "bench serve with --save-result --save-detailed.",
+                              field="heldout_vllm")
   result = fit_runs(runs, setup, **search_kw)
   if held:
     result["loo"] = {k: result[k] for k in ("heldout_median_rel_error", "heldout_max_rel_error",
@@ -674,7 +489,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
     result.update(predict_heldout(held, setup, result["factors"]))
     result["heldout_method"] = (
         "held-out files: each run replayed with its own arrivals and lengths and predicted "
-        "with the factors fitted on --from_vllm; rows: p50 and p90 of TTFT, TPOT, ITL")
+        "with the factors fitted on the from_vllm runs; rows: p50 and p90 of TTFT, TPOT, ITL")
   blocks = [r.engine_run for r in [*runs, *held] if r.engine_run]
   if blocks:
     loads = [b["load"]["before"][0] for b in blocks if isinstance(b.get("load"), dict)]
@@ -702,7 +517,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
 
 
 def engine_profile(result: dict[str, Any]) -> profiles.Profile:
-  """The fitted factors as a profile of the device (`--profile` of the experiments)."""
+  """The fitted factors as a profile of the device (a `Profile` the experiments read)."""
   setup, source = result["setup"], result["source"]
   device = (what_if.load_accelerator_file(setup["accelerator_file"])
             if setup.get("accelerator_file") else accelerators.load_accelerator(setup["accelerator"]))
@@ -717,7 +532,7 @@ def engine_profile(result: dict[str, Any]) -> profiles.Profile:
       factors={n: float(result["factors"][n]) for n in calibrated.FACTOR_NAMES},
       fit=fit_block, model={"setup": setup},
       method="serving-benchmark medians (TTFT, TPOT, ITL) reproduced by the "
-             "continuous-batching simulator (jaxroof.serving.engine_fit)",
+             "continuous-batching simulator (jaxroof.calibrate.engine_fit)",
       accelerator=device.name,
       source={**source, "date": created, "rows_used": result["rows_used"],
               "what": "request-level metrics of the user's serving benchmark"})

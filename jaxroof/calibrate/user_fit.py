@@ -34,7 +34,7 @@ keeps it (with a warning) or leaves it out.
 Rows become model inputs through an `InputsFn`. The default,
 `ideal_split_inputs`, is the measure layer's ideal tensor split without
 communication (`user_measurements.TP_ASSUMPTION`); the parallel layer's
-`jaxroof.parallel.layout_fit.layout_inputs` gives per-chip inputs of a real
+`jaxroof.calibrate.layout_fit.layout_inputs` gives per-chip inputs of a real
 layout and the analytic communication of each step, which the fit scales by
 eta_comm (`jaxroof.symbolic.collectives.calibrated_with_comm`).
 """
@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxroof import errors
-from jaxroof.measure import fitting
+from jaxroof.calibrate import fitting
 from jaxroof.measure import profiles
 from jaxroof.measure import user_measurements as um
 from jaxroof.specs import accelerators
@@ -616,7 +616,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   with `drop_suspicious`, left out.
 
   `inputs` and `layout_notes` come from the parallel layer for rows on a
-  layout (`jaxroof.parallel.layout_fit`); by default tp rows are an ideal
+  layout (`jaxroof.calibrate.layout_fit`); by default tp rows are an ideal
   split and `um.TP_ASSUMPTION` is stated.
   """
   all_rows = list(measurements.rows)
@@ -746,6 +746,9 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
   For every device and ordered pair of models with rows on it, the factors
   are fitted to the first model's rows only and predict the second's; the
   bound's error on the same rows is reported beside it.
+
+  Raises:
+    InputError: no device has rows of two models (nothing to carry over).
   """
   pairs, all_rows = [], []
   for slug in measurements.accelerators():
@@ -771,6 +774,11 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
           "free": list(fit.free), "factors": fit.factors,
           "calibrated": error_summary_of(report, "calibrated_rel_error"),
           "bound": error_summary_of(report, "bound_rel_error")})
+  if not pairs:
+    raise errors.InputError(
+        f"carry_over needs rows of at least 2 models on one device; {measurements.path} has "
+        f"{', '.join(sorted({r.model for r in measurements.rows}))} only: fit it without "
+        "carry_over (held out by rows).", field="carry_over")
   cal = error_summary_of(all_rows, "calibrated_rel_error")
   bound = error_summary_of(all_rows, "bound_rel_error")
   by_relation = {}

@@ -1,13 +1,14 @@
 """The one GPU run, in stages that cannot take each other down.
 
 A device is lent rarely and briefly, so `drive` runs every stage of
-`experiments/gpu_bench` in its own subprocess with its own timeout: a CUDA
+`experiments/gpu_bench` in its own subprocess with its own timeout (the
+experiment says which command line runs a stage): a CUDA
 fault, a Triton abort or a hang ends one stage, never the run. Stages, in
 order: the device's ceilings (a failure leaves the cases without fractions),
 one stage per kernel case (`jaxroof.measure.kernel_benchmark`), then the
 operation sweeps and a calibration of the toy decode step at a GPU-sized
 configuration, validated at fresh points (`jaxroof.measure.op_sweeps`,
-`jaxroof.measure.calibration_job`). Every stage writes its own JSON as soon
+`jaxroof.calibrate.toy_job`). Every stage writes its own JSON as soon
 as it finishes and `summary.json` is rewritten after each, so whatever was
 measured survives. A time budget decides which stages still start.
 
@@ -30,7 +31,7 @@ from typing import Any
 import jax
 
 from jaxroof import files
-from jaxroof.measure import calibration_job
+from jaxroof.calibrate import toy_job
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import kernel_benchmark as benchmark
 from jaxroof.measure import op_sweeps
@@ -174,7 +175,7 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   ceilings = (ceilings_lib.Ceilings.from_json(measured["measured"])
               if measured else None)
   validation_s = 0.15 * left
-  job = calibration_job.run(
+  job = toy_job.run(
       max(left - validation_s, 1.0), dtype=dtype, models=models,
       points=list(DRY_FIT_POINTS) if dry_run else None,
       heldout=list(DRY_HELDOUT_POINTS) if dry_run else None,
@@ -186,7 +187,7 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   files.write_json(os.path.join(out_dir, "calibration.json"), job.to_json())
   profiles.save_profile(job.profile, profile_path)
   say(f"profile written to {profile_path}")
-  rows_out = calibration_job.validate(
+  rows_out = toy_job.validate(
       job.profile, DRY_VALIDATION_POINTS if dry_run else VALIDATION_POINTS,
       rounds=2 if dry_run else 3, progress=say)
   files.write_json(os.path.join(out_dir, "validation.json"), {
@@ -202,36 +203,40 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage:
-  """One subprocess of the run: its name, extra flags and time limit."""
+  """One subprocess of the run: what it does, and its time limit."""
 
   name: str
-  flags: tuple[str, ...]
+  kind: str  # One of STAGE_KINDS.
   timeout_s: float
-  # A flag that gets the seconds left to the run (less a margin), capped at
-  # its planned value, so the stage plans its work to end before it is cut.
-  budget_flag: str | None = None
+  case: str | None = None  # The kernel case of a "case" stage.
+  # Whether the stage gets the seconds left to the run (less a margin), capped at
+  # its planned value, so it plans its work to end before it is cut.
+  budgeted: bool = False
   # Whether earlier stages must leave this stage its whole timeout.
   reserved: bool = False
+
+
+STAGE_KINDS = ("ceilings", "case", "calibrate")
+# The command line of a stage, given the budget it may plan for (None: no budget).
+CommandOf = Callable[[Stage, float | None], Sequence[str]]
 
 
 def plan(*, dry_run: bool, quick: bool, case_timeout_s: float,
          calibrate_budget_s: float) -> list[Stage]:
   """The stages of a run, in order."""
-  stages = [Stage(name="ceilings", flags=("--stage=ceilings",),
-                  timeout_s=60 if dry_run else 120)]
-  stages += [Stage(name=name, flags=("--stage=case", f"--case={name}"),
-                   timeout_s=case_timeout_s)
+  stages = [Stage(name="ceilings", kind="ceilings", timeout_s=60 if dry_run else 120)]
+  stages += [Stage(name=name, kind="case", case=name, timeout_s=case_timeout_s)
              for name in benchmark.cases_by_name(dry_run, quick)]
   if calibrate_budget_s > 0:
-    stages.append(Stage(name="calibrate", flags=("--stage=calibrate",),
+    stages.append(Stage(name="calibrate", kind="calibrate",
                         timeout_s=calibrate_budget_s + _STAGE_MARGIN_S,
-                        budget_flag="calibrate_budget_s", reserved=True))
+                        budgeted=True, reserved=True))
   return stages
 
 
-def drive(command: Sequence[str], out_dir: str, stages: Sequence[Stage], *,
+def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *,
           budget_s: float, dry_run: bool, say: Say = print) -> int:
-  """Runs each stage as `command + stage.flags` in its own subprocess.
+  """Runs each stage as `command_of(stage, budget)` in its own subprocess.
 
   A stage that could not get a third of its timeout (at most 30 s) of
   `budget_s` (counted from now), less the time reserved for later stages
@@ -255,14 +260,13 @@ def drive(command: Sequence[str], out_dir: str, stages: Sequence[Stage], *,
           f"{reserved:.0f} s kept for later stages)")
       continue
     limit = min(stage.timeout_s, available)
-    extra = ()
-    if stage.budget_flag:
+    stage_budget = None
+    if stage.budgeted:
       planned = stage.timeout_s - _STAGE_MARGIN_S
-      extra = (f"--{stage.budget_flag}="
-               f"{max(1.0, min(planned, limit - _STAGE_MARGIN_S)):.0f}",)
+      stage_budget = float(round(max(1.0, min(planned, limit - _STAGE_MARGIN_S))))
     began = time.monotonic()
     try:
-      proc = subprocess.run([*command, *stage.flags, *extra], timeout=limit,
+      proc = subprocess.run(list(command_of(stage, stage_budget)), timeout=limit,
                             stdout=sys.stdout, stderr=sys.stderr)
       code = proc.returncode
     except subprocess.TimeoutExpired:

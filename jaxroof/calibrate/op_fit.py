@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
-from jaxroof.measure import fitting
+from jaxroof.calibrate import fitting
 from jaxroof.measure import measurement
+from jaxroof.symbolic import formulas
 from jaxroof.symbolic.calibrated import FACTOR_NAMES, REGIME_FACTOR_NAMES
 
 LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
@@ -71,7 +72,8 @@ def attention_inputs(records: Sequence[measurement.Measurement], bandwidth: floa
   a negligible stand-in that keeps the linear term defined).
   """
   ones = np.ones(len(records))
-  k = _column([2 * r.shapes["kv_heads"] * r.shapes["head_dim"] * _itemsize(r)
+  k = _column([float(formulas.kv_bytes_per_position(1, r.shapes["kv_heads"],
+                                                     r.shapes["head_dim"], _itemsize(r)))
                for r in records])
   return {"B": _column([r.shapes["batch"] for r in records]),
           "T": _column([r.shapes["context"] for r in records]), "N": ones,
@@ -142,7 +144,7 @@ def fit_operations(
     attention: timed one-layer decode attention.
     steps: the smallest timed decode steps of the fit's models; those at
       the smallest batch fit the fixed costs.
-    step_inputs: their calibrated-model inputs (`calibration_job.model_inputs`).
+    step_inputs: their calibrated-model inputs (`toy_fit.model_inputs`).
     bandwidth, flop_rate: the measured ceilings the factors are fractions of.
     fit_steps: Adam steps of each fit.
     regime: fit the re-pack term's `r_pack` too (a CPU); it is then in the
@@ -157,7 +159,7 @@ def fit_operations(
     if len(group) < least:
       raise errors.InputError(
           f"only {len(group)} {name} points were measured: the operation fit "
-          f"needs at least {least}; give a larger --budget_s.")
+          f"needs at least {least}; give a larger budget_s.", field="budget_s")
   details: dict[str, Any] = {}
   single = [r for r in linear if r.shapes["rows"] == 1]
   many = [r for r in linear if r.shapes["rows"] > 1]
@@ -165,7 +167,7 @@ def fit_operations(
     raise errors.InputError(
         f"the linear layer was measured at {len(single)} points with M = 1 and "
         f"{len(many)} with M >= 2: the fit needs at least 1 and 2; give a "
-        "larger --budget_s.")
+        "larger budget_s.", field="budget_s")
   linear_fit = fit_linear(single, many, bandwidth=bandwidth,
                           flop_rate=flop_rate, fit_steps=fit_steps, regime=regime)
   factors = {n: linear_fit[n] for n in LINEAR_FACTORS

@@ -12,7 +12,7 @@ accelerator's link figures). A decode step passes B rows, a prefill of the
 batch B*P rows. The calibrated step adds that communication serially at a
 fitted fraction eta_comm of its modelled speed
 (`jaxroof.symbolic.collectives.calibrated_with_comm`); everything else is
-`jaxroof.measure.user_fit` with these inputs.
+`jaxroof.calibrate.user_fit` with these inputs.
 
 `layout_carry_over` asks the issue's question for layouts: factors fitted on
 some layouts predict the others (single chip -> several; tp <= 2 -> larger;
@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.measure import profiles
-from jaxroof.measure import user_fit
+from jaxroof.calibrate import user_fit
 from jaxroof.measure import user_measurements as um
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
@@ -59,11 +59,22 @@ def _layout(row: um.Row) -> Layout:
   return Layout(tp=row.tp, pp=row.pp, ep=row.ep)
 
 
-def _column(message: str) -> str:
-  for column in ("pp", "ep"):
-    if message.startswith(f"--{column}="):
-      return column
-  return "tp"
+LAYOUT_COLUMNS = ("tp", "pp", "ep")
+
+
+def _refused_column(layout: Layout, spec, device) -> tuple[str, errors.InputError] | None:
+  """The first layout column whose degree the model or device refuses, and why.
+
+  Each degree is validated on top of the ones before it (tp, then pp, then ep),
+  so the column at fault comes from the check that failed, never from its words.
+  """
+  for index, column in enumerate(LAYOUT_COLUMNS):
+    partial = Layout(**{c: getattr(layout, c) for c in LAYOUT_COLUMNS[:index + 1]})
+    try:
+      layout_lib.validate(partial, spec, device)
+    except errors.InputError as e:
+      return column, e
+  return None
 
 
 def check_row(path: str, row: um.Row) -> None:
@@ -77,10 +88,11 @@ def check_row(path: str, row: um.Row) -> None:
   spec = models.load_model(row.model)
   device = accelerators.load_accelerator(row.accelerator)
   layout = _layout(row)
-  try:
-    layout_lib.validate(layout, spec, device)
-  except errors.InputError as e:
-    raise errors.InputError(f"{path} line {row.line}, column {_column(str(e))!r}: {e}") from None
+  refused = _refused_column(layout, spec, device)
+  if refused:
+    column, error = refused
+    raise errors.InputError(f"{path} line {row.line}, column {column!r}: {error}",
+                            field=column)
   inputs = step_inputs.decode_step_inputs(spec, device, context=row.context or row.prompt_tokens,
                                        batch_sizes=[1], weight_dtype=row.weight_dtype,
                                        kv_dtype=row.kv_dtype)

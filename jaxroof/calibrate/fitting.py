@@ -148,23 +148,3 @@ def error_summary(rel: Sequence[float]) -> dict[str, float | int | None]:
     return {"median_rel_error": None, "max_rel_error": None, "points": 0}
   return {"median_rel_error": float(np.median(rel)),
           "max_rel_error": float(np.max(rel)), "points": int(rel.size)}
-
-
-def split_heldout(count: int, fraction: float = 0.25, seed: int = 0
-                  ) -> np.ndarray:
-  """A boolean mask of held-out points, spread over the (sorted) points.
-
-  Points come sorted (by model, batch, context); one in every
-  `round(1/fraction)` consecutive points is held out, which one chosen at
-  random, so held-out points cover the whole grid.
-  """
-  if not 0 < fraction < 1:
-    raise ValueError(f"{fraction=} must be in (0, 1)")
-  stride = max(2, round(1 / fraction))
-  rng = np.random.default_rng(seed)
-  mask = np.zeros(count, dtype=bool)
-  for start in range(0, count, stride):
-    size = min(stride, count - start)
-    if size == stride or rng.random() < size / stride:
-      mask[start + rng.integers(size)] = True
-  return mask

@@ -1,0 +1,167 @@
+"""The flags of `experiments.calibrate`, grouped by the source they serve.
+
+Defined at import, once per process; `calibrate_engine` and `calibrate_layouts`
+run `calibrate` with these same flags (older command lines keep working).
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from experiments import _cli
+from jaxroof import errors
+from jaxroof.calibrate import engine_fit
+from jaxroof.calibrate import toy_fit
+from jaxroof.measure import measurement
+from jaxroof.serving import simulator
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import parameters
+
+# What is fitted; the default is the one a bare `calibrate` always ran.
+SOURCES = ("ops", "toy", "csv", "vllm", "layouts")
+SOURCE = flags.DEFINE_enum(
+    "source", "ops", list(SOURCES),
+    "ops: the toy decode step's operations timed here (linear layer, decode attention), "
+    "fixed costs from its smallest steps; toy: every factor from the toy's whole steps; "
+    "csv: your measured step times (--from_csv, or --from_vllm mapped to rows); vllm: "
+    "serving-benchmark runs replayed through the simulator (--from_vllm); layouts: rows "
+    "on parallel layouts, with eta_comm (--from_csv). Given --from_csv or --from_vllm "
+    "without --source, csv.")
+
+# The toy calibration on this device (ops, toy).
+BUDGET_S = flags.DEFINE_float(
+    "budget_s", 600.0, "Wall-clock budget of the calibration, seconds (> 0; under 150 s a "
+    "sparser grid is measured).")
+DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Weights and K/V.")
+ROUNDS = flags.DEFINE_integer(
+    "rounds", 5, "Passes over the points while the budget lasts (>= 1); each point keeps "
+    "its lower-quartile round (the 2nd fastest of 5); points whose fastest rounds "
+    "disagree get up to 3 more.", lower_bound=1)
+REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per point and round (>= 1).",
+                               lower_bound=1)
+SEED = flags.DEFINE_integer("seed", 0, "Seeds the order and data (toy), the replayed "
+                            "arrivals (vllm).")
+FIT = flags.DEFINE_enum(
+    "fit", None, list(toy_fit.FITS), "Older spelling of the toy fit: ops is "
+    "--source=ops, steps is --source=toy.")
+COMPARE_PROFILE = flags.DEFINE_string(
+    "compare_profile", None, "An earlier calibration's profile JSON: report whether this "
+    "run agrees with it (factors within 10%, held-out medians within 3 points) under "
+    "`repeatability`.")
+VALIDATE = flags.DEFINE_bool(
+    "validate", False, "Validate --profile at --batch_sizes x --contexts instead of "
+    "calibrating.")
+PROFILE = flags.DEFINE_string("profile", None, "Profile JSON to validate (with --validate).")
+VALIDATE_MODEL = flags.DEFINE_string(
+    "validate_model", "calibration", "With --validate: which of the profile's toy models to "
+    "time (a fit or a held-out model).")
+BATCH_SIZES = flags.DEFINE_list("batch_sizes", "2,24,64", "Validation batch sizes "
+                                "(sequences), whole numbers >= 1.")
+CONTEXTS = flags.DEFINE_list("contexts", "200,1500", "Validation contexts (tokens already "
+                             "cached per sequence), whole numbers >= 1.")
+
+# Measurements you already have (csv, layouts, vllm).
+FROM_CSV = flags.DEFINE_string(
+    "from_csv", None, "Measured step times, CSV (or .jsonl): columns model, accelerator, "
+    "phase, batch, time_s, context|prompt_tokens, optional weight_dtype, kv_dtype, tp, pp, "
+    "ep, source.")
+FROM_VLLM = flags.DEFINE_list(
+    "from_vllm", None, "vLLM `bench serve` result JSONs (or SGLang bench_serving JSONL), "
+    "comma-separated; needs --model and --accelerator (or --accelerator_file).")
+ACCELERATOR = flags.DEFINE_string(
+    "accelerator", None, "Accelerator slug of the rows to fit (required when the file holds "
+    "several devices, and with --from_vllm).")
+CARRY_OVER = flags.DEFINE_bool(
+    "carry_over", False, "csv: fit on each model's rows and predict the others; layouts: "
+    "fit on some layouts and predict the others (per device).")
+MODEL = flags.DEFINE_string("model", None, "With --from_vllm: the shipped model (or "
+                            "config folder) the runs served.")
+SERVED_TP = flags.DEFINE_integer("served_tp", 1, "With --from_vllm: tensor-parallel chips "
+                                 "of the server.", lower_bound=1, upper_bound=1024)
+WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
+                                 "With --from_vllm: the served weights' dtype.")
+KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
+                             "With --from_vllm: the K/V dtype.")
+ROWS_OUT = flags.DEFINE_string("rows_out", None, "csv with --from_vllm: write the derived "
+                               "rows as the documented CSV.")
+DROP_SUSPICIOUS = flags.DEFINE_bool(
+    "drop_suspicious", False, "csv: leave out rows faster than their analytic bound or more "
+    "than 20x slower (flagged by line either way).")
+FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of a csv or layouts fit, "
+                                 "in [10, 100000].", lower_bound=10, upper_bound=100_000)
+
+# vLLM runs through the simulator (vllm).
+HELDOUT_VLLM = flags.DEFINE_list(
+    "heldout_vllm", None, "vllm: result JSONs with per-request detail (--save-detailed), "
+    "predicted with the factors fitted on --from_vllm.")
+HELDOUT_MODEL = flags.DEFINE_list(
+    "heldout_model", None, "vllm: the model (name or folder) the --heldout_vllm runs "
+    "served: one for all, or one per file; default --model.")
+ACCELERATOR_FILE = flags.DEFINE_string(
+    "accelerator_file", None, "vllm: your own accelerator as JSON in the shipped schema "
+    "(e.g. OUT/accelerator.json of experiments.vllm_bench), instead of --accelerator.")
+REQUEST_COST = flags.DEFINE_bool(
+    "request_cost", False, "vllm: also fit a fixed cost per request (HTTP, API server, "
+    "tokenisation) that delays when the engine sees it (0 at the bound).")
+SCHEDULER = flags.DEFINE_enum("scheduler", "chunked", list(simulator.SCHEDULERS),
+                              "vllm: the server's scheduler (vllm: vLLM V1's own; chunked: "
+                              "Sarathi's).")
+MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "vllm: vLLM --max-num-seqs.",
+                                   lower_bound=1)
+TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 2048, "vllm: vLLM "
+                                    "--max-num-batched-tokens (chunked prefill).",
+                                    lower_bound=1)
+MAX_SIMULATIONS = flags.DEFINE_integer(
+    "max_simulations", engine_fit.MAX_EVALUATIONS, "vllm: loss evaluations per search "
+    "(each simulates every run once).", lower_bound=10)
+
+# Output.
+PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profile here.")
+JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
+PLOT_OUT = flags.DEFINE_string("plot_out", None, "ops, toy: write a PNG of measured vs "
+                               "predicted step time here.")
+
+_cli.require_positive(BUDGET_S, "s")
+_cli.require_positive_int_list(BATCH_SIZES, "sequences")
+_cli.require_positive_int_list(CONTEXTS, "tokens")
+
+
+@flags.multi_flags_validator((VALIDATE.name, PROFILE.name),
+                             message="--validate needs --profile=PATH (a profile JSON)")
+def _profile_given(values: dict) -> bool:
+  return not values[VALIDATE.name] or bool(values[PROFILE.name])
+
+
+_TOY = ("budget_s", "dtype", "rounds", "repeats", "seed", "fit", "compare_profile", "validate",
+        "profile", "validate_model", "batch_sizes", "contexts", "plot_out")
+_VLLM_SETUP = ("from_vllm", "model", "accelerator", "served_tp", "weight_dtype", "kv_dtype")
+# The flags each source reads (beyond --source, --json_out and --profile_out).
+USED: dict[str, tuple[str, ...]] = {
+    "ops": _TOY, "toy": _TOY,
+    "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious",
+            "fit_steps"),
+    "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file",
+             "request_cost", "scheduler", "max_running", "token_budget", "max_simulations",
+             "seed"),
+}
+_EVERY_SOURCE = ("source", "json_out", "profile_out")
+
+
+def check_used(chosen: str) -> None:
+  """Refuses a flag given on the command line that the chosen source never reads."""
+  for name in USED:
+    for flag in USED[name]:
+      if flags.FLAGS[flag].present and flag not in USED[chosen] + _EVERY_SOURCE:
+        owners = ", ".join(s for s in SOURCES if flag in USED[s])
+        raise errors.InputError(f"--{flag} is not read with --source={chosen}: it is for "
+                                f"--source={owners}.")
+
+
+def source() -> str:
+  """The source to fit: --source, else what the older flags meant."""
+  if not flags.FLAGS[SOURCE.name].using_default_value:
+    return SOURCE.value
+  if FROM_CSV.value or FROM_VLLM.value:
+    return "csv"
+  return "toy" if FIT.value == "steps" else "ops"
