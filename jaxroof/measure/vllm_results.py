@@ -43,6 +43,10 @@ from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import user_measurements as um
 from jaxroof.measure import vllm_engine
+from jaxroof.symbolic import request_formulas
+from jaxroof.symbolic.lambdify import formula_function
+
+_MEAN_CONTEXT = formula_function(request_formulas.mean_context)  # P + G/2, tokens.
 
 # Metric (seconds here) -> the result file's key (milliseconds).
 METRICS = {"median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
@@ -130,7 +134,7 @@ def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str,
             f"{run.get('request_rate')!r}); {ASSUMPTIONS[0]}; mean in flight "
             f"{in_flight:.2f}, mean input {mean_in:.1f}, mean output {mean_out:.1f}")
   record = {"model": model, "accelerator": accelerator, "phase": "decode",
-            "batch": max(1, round(in_flight)), "context": max(1, round(mean_in + mean_out / 2)),
+            "batch": max(1, round(in_flight)), "context": max(1, round(float(_MEAN_CONTEXT(mean_in, mean_out)))),
             "time_s": step_s, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
             "tp": tp, "source": source}
   return um.parse_row(path, line, record)

@@ -142,7 +142,7 @@ t_floor = _define("t_floor", "s", "step time of memory and compute alone", _P)
 t_comm = _define("t_comm", "s", "communication time on a step's critical path", _P)
 t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
 t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
-# Calibrating layouts from users' measurements (issue 17, `parallel/layout_fit.py`).
+# Calibrating layouts from users' measurements (issue 17, `calibrate/layout_fit.py`).
 eta_comm = _define("eta_comm", "1", "achieved fraction of the modelled collective speed "
                    "(link bandwidth and per-hop latency together)", _P)
 
