@@ -1,12 +1,15 @@
 """Each Pallas kernel hands the compiler a `pl.CostEstimate` equal to the roofline's
 sympy counts for its shape (`jaxroof.symbolic.formulas`) and to a count by hand.
 
-The estimate is read from the traced `pallas_call` (what XLA and Mosaic receive), with
-interpret-mode targets on the CPU, for more than one config: a config changes blocks,
-never the operation's work.
+The estimate is read from the traced `pallas_call`, with interpret-mode targets on the
+CPU, for more than one config (a config changes blocks, never the operation's work), and
+from the Mosaic TPU custom call a cross-lowering emits: what the TPU compiler receives.
+(Triton drops the estimate; Mosaic schedules around the call with it.)
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.extend
@@ -15,6 +18,7 @@ from absl.testing import absltest, parameterized
 from jax.experimental import pallas as pl
 
 from jaxroof.symbolic import formulas
+from kernels import _backend
 from kernels import decode_attention as da
 from kernels import linear
 from kernels import paged_attention as pa
@@ -37,6 +41,13 @@ def _estimates(fn, *args) -> list[pl.CostEstimate]:
 
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return found
+
+
+def _mosaic_estimates(fn, *args) -> list[dict[str, int]]:
+  """The cost_estimate in each Mosaic custom call of `fn` cross-lowered for a TPU."""
+  text = _backend.cross_lower(fn, *args, platform="tpu")
+  return [{key: int(value) for key, value in re.findall(r'\\22(\w+)\\22:(\d+)', block)}
+          for block in re.findall(r"\\22cost_estimate\\22: \{(.*?)\}", text)]
 
 
 class CostEstimateTest(parameterized.TestCase):
@@ -94,6 +105,25 @@ class CostEstimateTest(parameterized.TestCase):
     self.assertEqual(got.flops, 2 * 5 * 256 * 128)
     self.assertEqual(got.bytes_accessed, (256 * 128 + 5 * 256 + 5 * 128) * 2)
     self.assertEqual(got.transcendentals, 0)
+
+  def test_reaches_the_mosaic_tpu_call(self):
+    x = jnp.ones((5, 256), jnp.bfloat16)
+    w = jnp.ones((256, 128), jnp.bfloat16)
+    config = linear.LinearConfig(block_m=16, block_n=128, block_k=128)
+    [got] = _mosaic_estimates(
+        lambda a, b: linear.linear(a, b, config=config, platform="tpu", interpret=False),
+        x, w)
+    self.assertEqual(got, {"flops": 2 * 5 * 256 * 128, "transcendentals": 0,
+                           "bytes_accessed": (256 * 128 + 5 * 256 + 5 * 128) * 2,
+                           "remote_bytes_transferred": 0})
+    p = da.DecodeProblem(batch=2, heads=8, kv_heads=2, max_len=256, head_dim=128,
+                         dtype="bfloat16")
+    args = da.example_args(p, jax.random.key(0))
+    [got] = _mosaic_estimates(
+        lambda *a: da.decode_attention(*a, platform="tpu", interpret=False), *args)
+    self.assertEqual(got["flops"], 4 * 2 * 8 * 256 * 128)
+    self.assertEqual(got["bytes_accessed"], (2 * 2 * 256 * 2 * 128 + 2 * 2 * 8 * 128) * 2)
+    self.assertEqual(got["transcendentals"], 2 * 8 * 256)
 
 
 if __name__ == "__main__":
