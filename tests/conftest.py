@@ -11,9 +11,10 @@ Kinds (one per test; `pytest -m KIND` selects them):
   gpu, tpu  need that device; they skip without it.
 
 A kind marked in a test file wins. Otherwise `golden` and `fuzz` go by file (`FILE_KINDS`);
-a test still marked with the old `slow` is `e2e`; a test is `cli` when its code, a
-helper it calls in its module, or a fixture it uses names an experiment module as
-a string (`"experiments.serving"`, `f"experiments.{name}"`); anything else is `unit`.
+a test still marked with the old `slow`, or listed in `E2E_TESTS`, is `e2e`; a test is
+`cli` when its code, a helper it calls in its module, or a fixture it uses names an
+experiment module as a string (`"experiments.serving"`, `f"experiments.{name}"`);
+anything else is `unit`.
 
 Tiers: the default (README's test command, setup.cfg's addopts) runs
 `not fuzz and not e2e`; CI then runs `-m fuzz` and `-m e2e` (.ci/run). `slow`,
@@ -37,6 +38,12 @@ KINDS = ("unit", "cli", "golden", "fuzz", "e2e", "gpu", "tpu")
 DEVICE_KINDS = {"gpu": "gpu", "tpu": "tpu"}  # Kind -> jax.default_backend() it needs.
 LATER_TIERS = ("fuzz", "e2e")  # Not in the default tier; `slow` is their old name.
 FILE_KINDS = {"test_golden.py": "golden", "test_fuzz.py": "fuzz"}
+# Whole paths and long jobs in files that hold other kinds, by file and test name
+# (parameters aside); a mark in the file would do the same.
+E2E_TESTS = {
+    ("test_experiments_cli.py", "test_report_writes_summary_and_plots"),  # The full report.
+    ("test_fleet.py", "test_find_max_rate_matches_the_analytic_capacity_within_the_spread"),
+}
 _EXPERIMENT_MODULE = re.compile(r"experiments\.[a-z0-9_]*$")
 
 
@@ -104,7 +111,8 @@ def kind_of(item: pytest.Item) -> str:
   by_file = FILE_KINDS.get(item.path.name)
   if by_file:
     return by_file
-  if item.get_closest_marker("slow"):
+  if item.get_closest_marker("slow") or (
+      (item.path.name, getattr(item, "originalname", item.name)) in E2E_TESTS):
     return "e2e"
   func = getattr(item, "function", None)
   owner = getattr(item, "cls", None)
