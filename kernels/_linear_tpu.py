@@ -40,11 +40,13 @@ def _kernel(
     o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def linear_call(x, w, *, config, target, tile, tiles, name: str):
+def linear_call(x, w, *, config, target, tile, tiles, name: str,
+                cost: pl.CostEstimate):
   """Mosaic TPU structure: K as the last grid axis, f32 accumulator in VMEM.
 
   Blocks are copied into VMEM, so full-K windows (the GPU structure) would
-  not fit for large K; split_k is always 1 here.
+  not fit for large K; split_k is always 1 here. `cost`: the op's
+  `kernels.cost_estimate.linear`, which Mosaic uses to schedule around the call.
   """
   c = config
   rows, k = x.shape
@@ -67,4 +69,5 @@ def linear_call(x, w, *, config, target, tile, tiles, name: str):
       ),
       interpret=target.interpret,
       name=name,
+      cost_estimate=cost,
   )(x, w)

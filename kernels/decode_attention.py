@@ -34,6 +34,7 @@ from jaxroof.errors import InputError
 from kernels import _backend
 from kernels import autotune
 from kernels import base
+from kernels import cost_estimate
 from kernels import _attention
 from kernels._attention import (  # noqa: F401 - part of this module's API.
     CHECK_NOTE, LENGTHS, SUPPORTED_DTYPES, attend_chunk, check_lengths,
@@ -286,6 +287,9 @@ def _decode_call(
       ),
       interpret=target.interpret,
       name=OP_NAME,
+      cost_estimate=cost_estimate.attention(
+          batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, positions=p.max_len,
+          head_dim=p.head_dim, itemsize=p.itemsize),
   )(lengths, qg, k, v)
   if config.num_splits > 1:
     out = combine_splits(*out)

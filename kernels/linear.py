@@ -34,6 +34,7 @@ from kernels import _backend
 from kernels import _linear_tpu
 from kernels import autotune
 from kernels import base
+from kernels import cost_estimate
 from kernels import device_timing
 from kernels._backend import (
     MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
@@ -212,20 +213,23 @@ def _linear_call(x, w, *, config: LinearConfig, target: Target):
     x = jnp.pad(x, ((0, num_m * c.block_m - p.m), (0, 0)))
   tile = functools.partial(tile_of, num_m=num_m, num_n=num_n,
                            group_m=c.group_m)
+  cost = cost_estimate.linear(m=p.m, k=p.k, n=p.n, itemsize=p.itemsize)
   if target.platform == "tpu":
     out = _linear_tpu.linear_call(x, w, config=c, target=target, tile=tile,
-                                  tiles=num_m * num_n, name=OP_NAME)
+                                  tiles=num_m * num_n, name=OP_NAME, cost=cost)
   else:
     out = _linear_call_gpu(x, w, config=c, target=target, tile=tile,
                            tiles=num_m * num_n,
-                           valid_rows=p.m if masked else None)
+                           valid_rows=p.m if masked else None, cost=cost)
   return out[: p.m]
 
 
-def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows):
+def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows,
+                     cost: pl.CostEstimate):
   """Triton structure: a K loop inside each program; split-K as a grid axis.
 
-  `valid_rows`: x's rows when fewer than one tile (masked, not padded).
+  `valid_rows`: x's rows when fewer than one tile (masked, not padded); `cost`:
+  the op's `kernels.cost_estimate.linear`.
   """
   c = config
   rows, k = x.shape
@@ -261,6 +265,7 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows):
       ),
       interpret=target.interpret,
       name=OP_NAME,
+      cost_estimate=cost,
   )(x, w)
   if c.split_k > 1:
     out = out.sum(axis=0).astype(x.dtype)

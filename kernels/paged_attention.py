@@ -43,6 +43,7 @@ from kernels import _attention
 from kernels import _backend
 from kernels import autotune
 from kernels import base
+from kernels import cost_estimate
 from kernels import decode_attention
 from kernels import device_timing
 from kernels._backend import MIN_DOT, Target, is_power_of_two, next_power_of_two
@@ -284,6 +285,9 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
       ),
       interpret=target.interpret,
       name=OP_NAME,
+      cost_estimate=cost_estimate.attention(
+          batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, positions=p.max_len,
+          head_dim=p.head_dim, itemsize=jnp.dtype(p.dtype).itemsize),
   )(block_tables, lengths, qg, k_pages, v_pages)
   out = _attention.combine_splits(o, m, l)[:, :, : p.group]
   return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)

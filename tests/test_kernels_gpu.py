@@ -14,9 +14,7 @@ from kernels import linear
 from kernels import paged_attention as pa
 from kernels import testing
 
-_HAS_GPU = jax.default_backend() == "gpu"
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _HAS_GPU, reason="needs a GPU")]
+pytestmark = pytest.mark.gpu  # Skips without a GPU (tests/conftest.py).
 
 _ATTENTION = [
     da.DecodeProblem(batch=2, heads=8, kv_heads=2, max_len=1024, head_dim=128,

@@ -147,8 +147,32 @@ def test_chunked_attention_and_state_kinds():
   assert prefill.attention_flops_of((term,), 20) == pytest.approx(4 * 2 * 4 * pairs)
 
 
+def _hand_pair_flops(spec, kind: str) -> int:
+  """FLOPs per (query, key) pair of one block of `kind`, counted by hand: QK^T and PV
+  each a multiply and an add per head and coordinate (MLA: in its latent space)."""
+  if kind == "mla":
+    m = spec.mla
+    return 2 * m.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+  return 2 * 2 * spec.attention.num_heads * spec.attention.head_dim
+
+
 def test_every_shipped_model_has_prefill_terms():
+  """Each shipped model's terms count every block with a quadratic mixer once, at the hand
+  count per pair, with its window or chunk; state and MLP-only blocks add nothing."""
   from jaxroof.specs.models import load_model, shipped_models
 
+  no_quadratic = {"recurrent", "mamba2", "linear_attention", "mlp_only"}
+  seen = set()
   for name in shipped_models():
-    prefill.attention_terms(load_model(name))  # Raises on a kind without a mapping.
+    spec = load_model(name)
+    terms = prefill.attention_terms(spec)
+    kinds = list(spec.layer_kinds)
+    assert {t.kind: t.layers for t in terms} == {
+        kind: kinds.count(kind) for kind in kinds if kind not in no_quadratic}, name
+    for term in terms:
+      seen.add(term.kind)
+      assert term.pair_flops == term.layers * _hand_pair_flops(spec, term.kind), name
+      assert term.window == (spec.attention.sliding_window if term.kind == "sliding"
+                             else None), name
+      assert term.chunk == (spec.attention.chunk_size if term.kind == "chunked" else None)
+  assert seen == {"full", "sliding", "mla", "chunked"}  # Every quadratic kind is shipped.
