@@ -11,9 +11,9 @@ import pytest
 
 from jaxroof.measure import profiles
 from jaxroof.report import accuracy
-from jaxroof.report import summary
-from jaxroof.report import summary_text
+from jaxroof.report import summary_section as summary_text
 from jaxroof.report import user_calibration
+from jaxroof.serving import answer as summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
