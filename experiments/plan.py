@@ -28,6 +28,7 @@ from experiments import _model_notes
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.parallel import planner
+from jaxroof.report import plan_table
 from jaxroof.report import table
 from jaxroof.serving import plan_check
 from jaxroof.serving import simulator
@@ -79,22 +80,6 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "to
                        (_ARRIVAL_RATE, "requests/s")):
   _cli.require_positive(_holder, _unit)
 
-HEADERS = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "batch", "weights",
-           "K/V",
-           "gap ms", "TTFT ms", "$/h", "$/Mtok", "sim p90 TTFT/TPOT ms", "meets")
-
-
-def _cell(value, fmt: str) -> str:
-  return "-" if value is None else format(value, fmt)
-
-
-def _pools(pools: dict) -> str:
-  if pools["kind"] == "shared":
-    return "shared"
-  pre = pools["prefill"]
-  return (f"split {pools['prefill_chips']}+{pools['decode_chips']} "
-          f"(prefill tp{pre['tp']}x{pre['replicas']})")
-
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
@@ -137,21 +122,9 @@ def main(argv: list[str]) -> None:
         f"{result['searched']:,} configurations meet a {_TOKEN_GAP_MS.value:g} ms token gap "
         f"and {_TTFT_MS.value:g} ms TTFT with their prefill load (analytic bound; searched in "
         f"{result['wall_s']:.2f} s on this CPU); ranked by {result['ranked_by']}")
-  rows = []
-  for p in result["plans"]:
-    s = p["simulated"]
-    merged = "".join(f" (= {m['weight_dtype']}/{m['kv_dtype']})" for m in p["merged"])
-    rows.append([
-        p["rank"] if result["prices_per_hour"] else f"{p['rank']} ({p['rank_within_accelerator']})",
-        p["accelerator"], p["chips"], _pools(p["pools"]), p["tp"], p["pp"], p["ep"], p["dp"],
-        p["batch"],
-        p["weight_dtype"], p["kv_dtype"] + merged,
-        f"{p['loaded_token_gap_s'] * 1e3:,.1f}", f"{p['ttft_s'] * 1e3:,.0f}",
-        _cell(p["cost_per_hour"], ",.2f"), _cell(p["cost_per_million_tokens"], ",.3f"),
-        "-" if s is None else f"{s['ttft_p90_s'] * 1e3:,.0f} / {s['tpot_p90_s'] * 1e3:,.1f}",
-        "-" if s is None else ("yes" if s["meets"] else "MISSES")])
+  headers, rows = plan_table.plan_rows(result)
   if rows:
-    print(table.format_table(HEADERS, rows))
+    print(table.format_table(headers, rows))
     if not result["prices_per_hour"]:
       print("no prices: rank (rank within its accelerator); chips of different kinds are not "
             "compared (give --price_per_hour to rank by cost)")

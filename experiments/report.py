@@ -12,7 +12,8 @@ lesson's reproduction and the toy Transformer close it as checks:
   python -m experiments.report --model=mixtral-8x7b --context=8192 \\
       --accelerators=h100-sxm,h200,mi300x --token_gap_ms=40
 
-The sections live in `jaxroof.report.document` (`SECTIONS`). Every number is
+The results are computed first (`jaxroof.serving.report_results`), then the
+sections of `jaxroof.report.document` (`SECTIONS`) render them. Every number is
 labelled: analytic bound, calibrated prediction or measurement.
 """
 
@@ -22,10 +23,12 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _model_flags
-from jaxroof.calibrate import toy_job as calibration_job
+from jaxroof.calibrate import toy_job
+from jaxroof.errors import InputError
 from jaxroof.measure import measurement
 from jaxroof.report import document
-from jaxroof.report import summary
+from jaxroof.serving import answer
+from jaxroof.serving import report_results
 from jaxroof.specs import accelerators as accelerator_specs
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "report", "Folder for README.md, summary.json and "
@@ -38,13 +41,13 @@ _SHARED = _model_flags.define("weight_dtype", "kv_dtype")
 for _name in ("weight_dtype", "kv_dtype"):
   flags.declare_key_flag(_name)  # Listed by --helpshort, though defined in _model_flags.
 _MODEL = flags.DEFINE_string(
-    "model", summary.DEFAULT_MODEL, "The report's subject: a shipped model "
+    "model", answer.DEFAULT_MODEL, "The report's subject: a shipped model "
     "(python -m experiments.list shows them all).")
 _CONTEXT = flags.DEFINE_integer(
-    "context", summary.DEFAULT_CONTEXT, "Tokens each sequence holds at its end (prompt + "
+    "context", answer.DEFAULT_CONTEXT, "Tokens each sequence holds at its end (prompt + "
     "outputs), tokens. > --output_tokens, at most the model's context.")
 _ACCELERATORS = flags.DEFINE_list(
-    "accelerators", ",".join(summary.DEFAULT_ACCELERATORS),
+    "accelerators", ",".join(answer.DEFAULT_ACCELERATORS),
     "Accelerator slugs to answer for (one chip, or the fewest that hold the model), "
     "comma-separated, or 'all' "
     f"({', '.join(accelerator_specs.known_accelerators())}).")
@@ -64,11 +67,11 @@ flags.register_validator(_ARRIVAL_RATE.name, lambda v: 0 <= v < 1e9,
                          message="must be a finite number >= 0 (requests/s)")
 
 
-def subject() -> summary.Subject:
-  """The report's subject from the flags, checked (one-line errors naming the flag)."""
-  chosen = summary.Subject(
+def subject() -> answer.Subject:
+  """The report's subject from the flags, checked (one-line errors naming the field)."""
+  chosen = answer.Subject(
       model=_MODEL.value, context=_CONTEXT.value,
-      accelerators=summary.accelerator_list(_ACCELERATORS.value),
+      accelerators=answer.accelerator_list(_ACCELERATORS.value),
       output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
       ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
       kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
@@ -79,12 +82,20 @@ def subject() -> summary.Subject:
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   chosen = subject()
-  if _CALIBRATION_BUDGET_S.value:
-    calibration_job.check_budget("--calibration_budget_s", _CALIBRATION_BUDGET_S.value)
+  budget = _CALIBRATION_BUDGET_S.value
+  if budget:
+    toy_job.check_budget("calibration_budget_s", budget)
   measurement.keep_allocations()  # Before any timing; see jaxroof.measure.measurement.
+  results = report_results.compute(chosen, document.RESULTS_DIR)
+  calibration, failure = None, None
+  if budget:
+    try:
+      calibration = toy_job.run(budget)
+    except InputError as e:  # A busy machine may measure too few points to fit.
+      failure = str(e)
   path = document.build(document.Context(
-      out_dir=_OUT_DIR.value, calibration_budget_s=_CALIBRATION_BUDGET_S.value,
-      subject=chosen))
+      out_dir=_OUT_DIR.value, results=results, calibration_budget_s=budget,
+      calibration=calibration, calibration_failure=failure))
   print(f"wrote {path}")
 
 

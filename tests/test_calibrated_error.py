@@ -11,9 +11,9 @@ import pytest
 
 from jaxroof.measure import profiles
 from jaxroof.report import accuracy
-from jaxroof.report import summary
-from jaxroof.report import summary_text
+from jaxroof.report import summary_section
 from jaxroof.report import user_calibration
+from jaxroof.serving import answer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
@@ -33,8 +33,8 @@ def _profile(path, cal: float, bound: float, top: float = 0.4) -> str:
 
 
 def test_summary_shows_each_calibrated_prediction_with_its_profile_error():
-  result = summary.summarise(summary.Subject(accelerators=("a100-80gb", "h100-sxm")), RESULTS)
-  rows = summary_text.table_rows(result)
+  result = answer.summarise(answer.Subject(accelerators=("a100-80gb", "h100-sxm")), RESULTS)
+  rows = summary_section.table_rows(result)
   shown = 0
   for entry, row in zip(result["accelerators"], rows):
     if entry["calibrated"] is None or entry["calibrated"]["batch"] is None:
@@ -50,11 +50,11 @@ def test_summary_shows_each_calibrated_prediction_with_its_profile_error():
     assert entry["calibrated"][accuracy.ROW_FIELD] == fit["heldout_median_rel_error"]
     shown += 1
   assert shown == 2  # Both devices ship a TensorRT-LLM profile.
-  assert "held-out error" in summary_text.HEADERS[-1]
+  assert "held-out error" in summary_section.HEADERS[-1]
 
 
 def test_summary_says_when_the_bound_is_better():
-  cell = summary_text.calibrated_error(
+  cell = summary_section.calibrated_error(
       {accuracy.ROW_FIELD: 0.30, "profile_heldout_max_rel_error": 0.9,
        "bound_heldout_median_rel_error": 0.10, "worse_than_bound": True})
   assert "30% median" in cell and "bound's 10%" in cell and "worse than the bound" in cell

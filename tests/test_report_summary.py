@@ -13,8 +13,8 @@ import pytest
 
 from jaxroof.errors import InputError
 from jaxroof.report import document
-from jaxroof.report import summary
 from jaxroof.report import summary_section
+from jaxroof.serving import answer
 from jaxroof.serving import requests
 from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
@@ -22,7 +22,7 @@ from jaxroof.symbolic import solved
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results")
-SMALL = summary.Subject(accelerators=("a100-80gb", "h100-sxm", "tpu-v5e"))
+SMALL = answer.Subject(accelerators=("a100-80gb", "h100-sxm", "tpu-v5e"))
 
 # Llama 3 8B as published (Meta's model card and config.json): 8,030,261,248
 # parameters; 32 layers, 8 K/V heads of 128 dims.
@@ -32,23 +32,37 @@ LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16 = 2 * 32 * 8 * 128 * 2  # K and V, layers, hea
 
 @pytest.fixture(scope="module")
 def small():
-  return summary.summarise(SMALL, RESULTS)
+  return answer.summarise(SMALL, RESULTS)
 
 
 def _entry(result, slug):
   return next(e for e in result["accelerators"] if e["accelerator"] == slug)
 
 
+def _memory_limit(slug: str, kv_bytes_per_token: float) -> int:
+  """Sequences whose 16-token pages of K/V fit beside bf16 weights in 90% of memory."""
+  capacity = load_accelerator(slug).memory_capacity_bytes
+  per_sequence = math.ceil(SMALL.context / 16) * 16 * kv_bytes_per_token
+  return max(math.floor((capacity * 0.9 - LLAMA3_8B_PARAMS * 2) / per_sequence), 0)
+
+
+def _token_gap_limit(slug: str, kv_scale: float = 1.0) -> int:
+  """floor of sympy's solved B(t_gap) at the mean context P + G/2 (K/V bytes scaled)."""
+  inputs = requests.model_inputs(load_model(SMALL.model), load_accelerator(slug),
+                                 prompt_tokens=SMALL.prompt_tokens,
+                                 output_tokens=SMALL.output_tokens)
+  mean_context = SMALL.prompt_tokens + SMALL.output_tokens / 2
+  return math.floor(float(solved.max_batch_for_token_gap(
+      N=inputs.N, q=inputs.q, T=mean_context, k=inputs.k * kv_scale, BW=inputs.BW, F=inputs.F,
+      t_gap=SMALL.token_gap_s)))
+
+
 def test_memory_fit_matches_an_independent_count(small):
   """Weights + 16-token pages of K/V for prompt + outputs in 90% of memory."""
   for slug in ("a100-80gb", "h100-sxm"):
-    capacity = load_accelerator(slug).memory_capacity_bytes
-    weights = LLAMA3_8B_PARAMS * 2
-    pages = math.ceil(SMALL.context / 16)
-    per_sequence = pages * 16 * LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16
-    expected = max(math.floor((capacity * 0.9 - weights) / per_sequence), 0)
     entry = _entry(small, slug)
-    assert entry["max_batch_in_memory"] == expected, slug
+    assert entry["max_batch_in_memory"] == _memory_limit(
+        slug, LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), slug
     assert entry["fits"] and entry["chips"] == 1
   # 90% of 16 GB holds less than 16.06 GB of weights: the answer takes more chips.
   assert load_accelerator("tpu-v5e").memory_capacity_bytes * 0.9 < LLAMA3_8B_PARAMS * 2
@@ -64,45 +78,53 @@ def test_token_gap_batch_matches_the_solved_formula(small):
   """
   entry = _entry(small, "a100-80gb")
   assert entry["bound"]["binds"] == "token_gap"
-  inputs = requests.model_inputs(load_model(SMALL.model), load_accelerator("a100-80gb"),
-                                 prompt_tokens=SMALL.prompt_tokens,
-                                 output_tokens=SMALL.output_tokens)
-  mean_context = SMALL.prompt_tokens + SMALL.output_tokens / 2
-  batch = float(solved.max_batch_for_token_gap(
-      N=inputs.N, q=inputs.q, T=mean_context, k=inputs.k, BW=inputs.BW, F=inputs.F,
-      t_gap=SMALL.token_gap_s))
-  assert entry["bound"]["batch"] == math.floor(batch)
+  assert entry["bound"]["batch"] == _token_gap_limit("a100-80gb")
   assert entry["bound"]["loaded_token_gap_s"] <= SMALL.token_gap_s
 
 
 def test_best_serves_and_memory_binds_where_memory_is_smaller(small):
+  """On an H100 the 80 GB hold fewer sequences than the 30 ms gap allows: memory binds,
+  and fp8 K/V (half the bytes per token) lets in the smaller of the two new limits."""
   assert small["best"] == "h100-sxm"  # 3.35 TB/s against 2.04 TB/s, same 80 GB.
   h100 = _entry(small, "h100-sxm")["bound"]
-  assert h100["batch"] == min(h100["token_gap_limit_batch"], h100["memory_limit_batch"])
-  assert small["best_token_gap_only_batch"] >= h100["batch"]
+  memory, gap = _memory_limit("h100-sxm", LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), _token_gap_limit(
+      "h100-sxm")
+  assert memory < gap
+  assert (h100["binds"], h100["batch"]) == ("memory", memory)
+  assert small["best_token_gap_only_batch"] == gap
   fp8_kv = next(a for a in small["what_moves_best"] if a["change"] == "kv_dtype=fp8")
-  if h100["binds"] == "memory":  # Halving K/V bytes must let more sequences in.
-    assert fp8_kv["batch"] > h100["batch"]
+  fp8_memory = _memory_limit("h100-sxm", LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16 / 2)
+  assert fp8_kv["batch"] == min(fp8_memory, _token_gap_limit("h100-sxm", kv_scale=0.5))
+  assert fp8_kv["batch"] > h100["batch"]
 
 
-@pytest.mark.parametrize("change, flag", [
-    (dict(model="llama-9"), "--model=llama-9"),
-    (dict(accelerators=("h100-sxm", "h100")), "--accelerators=h100-sxm,h100"),
-    (dict(context=200), "--context=200"),
-    (dict(context=10**7), "--context=10000000"),
+# Each bad subject: the field at fault, how the message starts, and what it says is allowed
+# (derived from the shipped specs, not from the message).
+_LLAMA3_8B_POSITIONS = load_model("llama-3-8b").max_position_embeddings
+
+
+@pytest.mark.parametrize("change, field, start, allowed", [
+    (dict(model="llama-9"), "model", "model=llama-9 ", ["llama-3-8b", "mixtral-8x7b"]),
+    (dict(accelerators=("h100-sxm", "h100")), "accelerators", "accelerators=h100-sxm,h100 ",
+     ["unknown: h100;", "h100-sxm", "tpu-v5e"]),
+    (dict(context=200), "context", "context=200 ", [f"output_tokens={SMALL.output_tokens}"]),
+    (dict(context=10**7), "context", "context=10000000 ",
+     [f"at most {_LLAMA3_8B_POSITIONS + 1:,}"]),
 ])
-def test_bad_subject_is_one_line_naming_flag_value_and_allowed(change, flag):
-  bad = summary.Subject(**{**SMALL.__dict__, **change})
+def test_bad_subject_is_one_line_naming_field_value_and_allowed(change, field, start, allowed):
+  bad = answer.Subject(**{**SMALL.__dict__, **change})
   with pytest.raises(InputError) as err:
     bad.check()
   message = str(err.value)
-  assert message.startswith(flag) and "\n" not in message
-  assert "llama-3-8b" in message or "h100-sxm" in message or "output_tokens" in message
+  assert err.value.field == field
+  assert message.startswith(start) and "\n" not in message and "--" not in message
+  for needle in allowed:
+    assert needle in message
 
 
 def test_accelerator_list_takes_all_and_drops_repeats():
-  assert summary.accelerator_list(["all"]) == summary.known_accelerators()
-  assert summary.accelerator_list(["H200", "h200 ", "b200"]) == ("h200", "b200")
+  assert answer.accelerator_list(["all"]) == answer.known_accelerators()
+  assert answer.accelerator_list(["H200", "h200 ", "b200"]) == ("h200", "b200")
 
 
 def test_report_cli_refuses_a_bad_flag_in_one_line(tmp_path):
@@ -112,7 +134,7 @@ def test_report_cli_refuses_a_bad_flag_in_one_line(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-  assert "--accelerators=h100,b200" in lines[0] and "h100-sxm" in lines[0]
+  assert "accelerators=h100,b200" in lines[0] and "h100-sxm" in lines[0]
   assert not (tmp_path / "r").exists()
 
 
@@ -159,8 +181,8 @@ def test_the_property_check_catches_outside_files(tmp_path):
       ["/work/shared/DESIGN.md", "../shared/x.json", "seed/weight-reuse-lesson.txt"])
 
 
-def test_summary_section_names_only_repository_files(tmp_path):
-  text = summary_section.report_section(SMALL, str(tmp_path), RESULTS)
+def test_summary_section_names_only_repository_files(small, tmp_path):
+  text = summary_section.report_section(small, str(tmp_path))
   assert named_files_outside(text, str(tmp_path)) == []
   assert (tmp_path / "summary.json").exists()
   assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
@@ -192,7 +214,7 @@ def test_tied_embedding_models_read_one_weight_count_per_batch():
   assert counts.tied
   read = parameters.weights_read_per_step(counts, [1, 8, 64])
   assert read.shape == (3,) and read[0] == read[2] == counts.read_every_step
-  entry = summary.accelerator_entry(
-      summary.Subject(model="gemma-3-1b", context=2048, accelerators=("h100-sxm",)),
+  entry = answer.accelerator_entry(
+      answer.Subject(model="gemma-3-1b", context=2048, accelerators=("h100-sxm",)),
       "h100-sxm", RESULTS)
   assert entry["fits"] and entry["bound"]["batch"] >= 1

@@ -1,10 +1,12 @@
 """The main report: every section of Markdown, and the document they make.
 
-Each section is a function `(Context) -> Markdown` that may write PNGs into
-`ctx.out_dir` and read earlier measurements from `ctx.results_dir` (never a
-path relative to the working directory). `build` runs them in order and
-writes `<out_dir>/README.md` atomically. Every number is labelled: analytic
-bound, calibrated prediction or measurement.
+Each section is a function `(Context) -> Markdown` that renders results
+computed before the report (`ctx.results`, from
+`jaxroof.serving.report_results.compute`), may write PNGs into `ctx.out_dir`
+and reads earlier measurements from `ctx.results_dir` (never a path relative
+to the working directory). `build` runs them in order and writes
+`<out_dir>/README.md` atomically. Every number is labelled: analytic bound,
+calibrated prediction or measurement.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 from absl import logging
 
 from jaxroof import files
+from jaxroof.calibrate import toy_fit
 from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import lesson
@@ -26,7 +30,6 @@ from jaxroof.report import paths
 from jaxroof.report import plots
 from jaxroof.report import real_engine as real_engine_report
 from jaxroof.report import simulation as simulation_report
-from jaxroof.report import summary as summary_lib
 from jaxroof.report import summary_section
 from jaxroof.report import serving_section
 from jaxroof.report import specs_section
@@ -35,21 +38,31 @@ from jaxroof.report import toy_section
 from jaxroof.report import user_calibration as user_calibration_report
 from jaxroof.symbolic import catalogue
 from jaxroof.symbolic.sweep import decode_sweep
-from jaxroof.toy import check as toy_check
-from jaxroof.toy.config import LESSON, LESSON_PROMPT
 
 REPOSITORY = paths.REPOSITORY
+RESULTS_DIR = os.path.join(REPOSITORY, "results")
 in_repository = paths.in_repository
 
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-  """What every section may use: where to write, where earlier results are."""
+  """What every section may use: the results to render, where to write, where earlier
+  measurements are.
+
+  `results` holds `report_results.compute`'s keys: summary (its `subject` is the
+  report's), serving, chips, simulation, toy.
+  """
 
   out_dir: str
-  results_dir: str = os.path.join(REPOSITORY, "results")
+  results: Mapping[str, Any]
+  results_dir: str = RESULTS_DIR
   calibration_budget_s: float = 60.0
-  subject: summary_lib.Subject = summary_lib.Subject()
+  calibration: toy_fit.CalibrationRun | None = None  # The short calibration, if it fitted.
+  calibration_failure: str | None = None  # Why it did not (a busy machine measures too few).
+
+  @property
+  def subject(self) -> Mapping[str, Any]:
+    return self.results["summary"]["subject"]
 
 
 def lesson_section(ctx: Context) -> str:
@@ -117,13 +130,9 @@ def sweep_section(ctx: Context) -> str:
   ])
 
 
-def _toy_section(ctx: Context) -> str:
+def toy_check_section(ctx: Context) -> str:
   """The float64 decode check on the lesson's toy, and the cache benchmark on file."""
-  steps = 2
-  result = toy_check.lesson_check(LESSON, LESSON_PROMPT, steps)
-  report = toy_check.result_json(result, config=LESSON, prompt=LESSON_PROMPT, steps=steps,
-                                 break_name=None, layout="fixed", seed=0)
-  parts = [toy_section.decode_equivalence_section(report)]
+  parts = [toy_section.decode_equivalence_section(ctx.results["toy"])]
   bench = os.path.join(ctx.results_dir, "bench_decode_cpu.json")
   if os.path.exists(bench):
     parts.append(toy_section.bench_decode_section(files.read_json("results", bench)))
@@ -139,50 +148,47 @@ def calibration_section(ctx: Context) -> str:
   if budget == 0:
     return ("## Calibration on this device\n\nSkipped (`--calibration_budget_s=0`); "
             "`python -m experiments.calibrate` measures and fits a profile.")
-  return calibration_report.report_section(ctx.out_dir, budget)
+  return calibration_report.report_section(ctx.out_dir, ctx.calibration, budget_s=budget,
+                                            failure=ctx.calibration_failure)
 
 
 def summary(ctx: Context) -> str:
-  return summary_section.report_section(ctx.subject, ctx.out_dir, ctx.results_dir)
+  return summary_section.report_section(ctx.results["summary"], ctx.out_dir)
 
 
 def _accelerators_section(ctx: Context) -> str:
   s = ctx.subject
   return specs_section.accelerator_section(
-      ctx.out_dir, model_name=s.model, context=s.context, accelerators=s.accelerators,
-      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype)
+      ctx.out_dir, model_name=s["model"], context=s["context"],
+      accelerators=tuple(s["accelerators"]), weight_dtype=s["weight_dtype"],
+      kv_dtype=s["kv_dtype"])
 
 
 def _kv_sizing_section(ctx: Context) -> str:
-  return specs_section.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject.model,
-                                        context=ctx.subject.context)
+  return specs_section.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject["model"],
+                                         context=ctx.subject["context"])
 
 
 def _serving_section(ctx: Context) -> str:
-  """The serving deep dive: the subject on the summary's best accelerator, at the
-  subject's load, or else half the load limit the summary found there."""
-  s = ctx.subject
-  result = summary_lib.summarise(s, ctx.results_dir)
-  best = result["best"]
-  if best is None:
-    return (f"No listed accelerator serves {s.model} at these targets (see the summary and "
-            "the multi-chip section); the deep dive shows llama-3-8b on h100-sxm instead.\n\n"
-            + serving_section.report_section(ctx.out_dir))
-  return serving_section.report_section(
-      ctx.out_dir, model_name=s.model, accelerator=best, prompt=s.prompt_tokens,
-      outputs=s.output_tokens, token_gap_s=s.token_gap_s, ttft_s=s.ttft_s,
-      weight_dtype=s.weight_dtype, kv_dtype=s.kv_dtype,
-      layout=summary_lib.best_layout(result),
-      arrival_rate=s.arrival_rate or 0.5 * summary_lib.best_load_limit(result))
+  """The serving deep dive: the subject on the summary's best accelerator (or, when
+  nothing serves it, the shipped example)."""
+  serving = ctx.results["serving"]
+  text = serving_section.report_section(ctx.out_dir, serving["study"], serving["lesson"],
+                                        serving["elasticities"])
+  if not serving["fallback"]:
+    return text
+  study = serving["study"]
+  return (f"No listed accelerator serves {ctx.subject['model']} at these targets (see the "
+          "summary and the multi-chip section); the deep dive shows "
+          f"{study['model']} on {study['accelerator']} instead.\n\n" + text)
 
 
 def _parallel_section(ctx: Context) -> str:
-  return chips_section.report_section(ctx.out_dir, accelerators=ctx.subject.accelerators,
-                                        model_name=ctx.subject.model)
+  return chips_section.report_section(ctx.results["chips"])
 
 
 def _simulation_section(ctx: Context) -> str:
-  return simulation_report.simulation_section(ctx.out_dir)
+  return simulation_report.simulation_section(ctx.results["simulation"], ctx.out_dir)
 
 
 def _kernels_section(ctx: Context) -> str:
@@ -220,7 +226,7 @@ SECTIONS: list[Callable[[Context], str]] = [
     lesson_section,
     crossovers_section,
     sweep_section,
-    _toy_section,
+    toy_check_section,
     _real_engine_section,
     _kernels_section,
 ]

@@ -1,7 +1,8 @@
 """Serving: the frontier plot, request tables and the report section.
 
 Everything here is an analytic bound unless a calibrated profile was given
-(the caller's JSON says which); TTFT figures are M/D/1 means.
+(the caller's JSON says which); TTFT figures are M/D/1 means. The section
+renders `jaxroof.serving.decision_study`'s results.
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ import numpy as np
 
 from jaxroof.report import plots
 from jaxroof.report import table
-from jaxroof.serving import decision as decision_lib
-from jaxroof.parallel.layout import Layout
 from jaxroof.serving import elasticity
-from jaxroof.serving import multichip
-from jaxroof.serving import pools
 from jaxroof.serving import requests
-from jaxroof.specs.accelerators import load_accelerator
-from jaxroof.specs.models import load_model
 from jaxroof.symbolic import prefill as prefill_formulas
-from jaxroof.symbolic.step_model import StepModel
 
 REQUEST_HEADERS = ("batch", "prefill ms", "TTFT ms", "token gap ms", "e2e s",
                    "aggregate tok/s (B/gap)", "per-seq tok/s", "moved by")
@@ -148,61 +142,53 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
   plots.save(fig, path)
 
 
-def _lesson_case() -> tuple[StepModel, requests.ServingInputs]:
-  """The lesson's example: 8e9 BF16 weights, 2 TB/s, 300 FLOP/B, fixed K/V per sequence."""
-  return StepModel.bound(), requests.ServingInputs(
-      N=8e9, N_act=8e9, q=2, k=0.0, BW=2e12, F=6e14, kv_per_sequence_bytes=0.25e9,
-      label="lesson: 16 GB BF16 weights, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
+def _lesson_table(decisions: Sequence[dict[str, Any]]) -> str:
+  rows = [[f"{d['token_gap_s'] * 1e3:g}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
+           f"{d['aggregate_tokens_per_s']:,.0f}", f"{d['per_sequence_tokens_per_s']:.1f}"]
+          for d in decisions]
+  return table.markdown_table(("token gap ms", "batch", "binds", "step ms", "aggregate tok/s",
+                               "per-seq tok/s"), rows)
 
 
-def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
-                   accelerator: str = "h100-sxm", prompt: int = 2048, outputs: int = 256,
-                   token_gap_s: float = 0.02, ttft_s: float = 0.5,
-                   weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                   layout: Layout | None = None, arrival_rate: float = 5.0) -> str:
-  """The serving decision: the lesson's, a real model's frontier, prefill vs decode, elasticities.
+def _pools_sentence(study: dict[str, Any]) -> str:
+  pool = study["pools"]
+  split, shared = pool["split"], pool["shared"]
+  return (
+      f"At {pool['arrival_rate_per_s']:g} requests/s: split pools need "
+      + (f"{split['chips']} chips ({split['prefill_chips']} prefill + {split['decode_chips']} "
+         f"decode), {split['goodput_per_chip']:.1f} requests/s per chip"
+         if split["feasible"] else "no feasible split")
+      + "; one shared pool needs "
+      + (f"{shared['chips']} chips (batch {shared['batch']}), "
+         f"{shared['goodput_per_chip']:.1f} requests/s per chip"
+         if shared["feasible"] else "more chips than searched")
+      + ". A shared pool wins with " + "; ".join(study["shared_wins"])
+      + ". The split wins with " + "; ".join(study["split_wins"]) + ".")
 
-  The real model (`model_name` on one `accelerator`, requests of `prompt` +
-  `outputs` tokens) is the report's subject; its load is 5 requests/s with a
-  5 ms batching window.
-  """
-  model, lesson = _lesson_case()
-  lines = ["## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", ""]
-  rows = []
-  for gap_ms in (12, 9):
-    d = decision_lib.decide(model, lesson, prompt_tokens=1000, output_tokens=128,
-                            token_gap_s=gap_ms / 1e3)
-    rows.append([f"{gap_ms}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
-                 f"{d['aggregate_tokens_per_s']:,.0f}", f"{d['per_sequence_tokens_per_s']:.1f}"])
-  lines += [
-      "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
-      "the largest batch whose token gap meets the target.", "",
-      table.markdown_table(("token gap ms", "batch", "binds", "step ms", "aggregate tok/s",
-                            "per-seq tok/s"), rows), ""]
 
-  spec, device = load_model(model_name), load_accelerator(accelerator)
-  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=prompt,
-                                  output_tokens=outputs, weight_dtype=weight_dtype,
-                                  kv_dtype=kv_dtype)
-  d = decision_lib.decide(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                          token_gap_s=token_gap_s, ttft_s=ttft_s, arrival_rate=arrival_rate,
-                          window_s=0.005)
-  batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-  frontier = decision_lib.frontier(model, inputs, frontier_batches(batches, d, inputs),
-                                   prompt_tokens=prompt,
-                                   output_tokens=outputs)
-  chips = "" if layout is None or layout.chips_per_replica == 1 else (
-      f" (tp{layout.tp} pp{layout.pp} ep{layout.ep}, {layout.chips_per_replica} chips)")
-  title = (f"{model_name} on {accelerator}{chips}, prompt {prompt:,} + {outputs} outputs, "
-           f"{weight_dtype} weights, {kv_dtype} K/V")
-  plot_frontier(frontier, d, os.path.join(out_dir, "serving_frontier.png"), title,
-                token_gap_s=token_gap_s, memory_limit=inputs.max_batch_in_memory)
-  req = requests.rows(model, inputs, batches, prompt_tokens=prompt, output_tokens=outputs,
-                      arrival_rate=arrival_rate, window_s=0.005)
+def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[str, Any]],
+                   elasticities: Sequence[dict[str, Any]]) -> str:
+  """The serving decision: the lesson's, a real model's frontier, prefill vs decode, pools,
+  elasticities (`jaxroof.serving.decision_study`'s `lesson_decisions`, `study` and
+  `lesson_elasticities`); writes the frontier plot into `out_dir`."""
+  d, outputs = study["decision"], study["output_tokens"]
+  lines = ["## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", "",
+           "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
+           "the largest batch whose token gap meets the target.", "",
+           _lesson_table(lesson), ""]
+  layout, chips = study["layout"], study["chips"]
+  where = "" if chips == 1 else (
+      f" (tp{layout['tp']} pp{layout['pp']} ep{layout['ep']}, {chips} chips)")
+  title = (f"{study['model']} on {study['accelerator']}{where}, prompt "
+           f"{study['prompt_tokens']:,} + {outputs} outputs, {study['weight_dtype']} weights, "
+           f"{study['kv_dtype']} K/V")
+  plot_frontier(study["frontier"], d, os.path.join(out_dir, "serving_frontier.png"), title,
+                token_gap_s=study["token_gap_s"], memory_limit=study["max_batch_in_memory"])
   lines += [
       f"### {title}", "",
-      f"Targets: {token_gap_s * 1e3:g} ms token gap, {ttft_s * 1e3:g} ms TTFT, at "
-      f"{arrival_rate:.3g} requests/s with a 5 ms batching window. "
+      f"Targets: {study['token_gap_s'] * 1e3:g} ms token gap, {study['ttft_s'] * 1e3:g} ms "
+      f"TTFT, at {study['arrival_rate_per_s']:.3g} requests/s with a "
+      f"{study['window_s'] * 1e3:g} ms batching window. "
       + (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
          f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
          f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
@@ -211,10 +197,10 @@ def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
          if d["batch"] is not None else " ".join(decision_lines(d)))
       + f" Rows: a static batch of B requests (prefill of all B prompts, then {outputs - 1} "
       "decode steps); TTFT for one prompt prefilled on arrival.", "",
-      table.markdown_table(REQUEST_HEADERS[:-1], [c[:-1] for c in request_cells(req)]), "",
-      "![serving frontier](serving_frontier.png)", ""]
+      table.markdown_table(REQUEST_HEADERS[:-1], [c[:-1] for c in request_cells(study["rows"])]),
+      "", "![serving frontier](serving_frontier.png)", ""]
 
-  cross = pools.crossovers(model, inputs, prompt_tokens=prompt, output_tokens=outputs)
+  cross = study["crossovers"]
   decode_cross = cross["decode_sequences_per_step"]
   lines += [
       "### Prefill and decode tuned apart", "",
@@ -227,29 +213,11 @@ def report_section(out_dir: str, *, model_name: str = "llama-3-8b",
       + f". Attention FLOPs overtake the linear FLOPs past a "
       f"{cross['attention_overtakes_linear_at_prompt']:,.0f}-token prompt. "
       "So prefill wants a few hundred tokens per step, decode as many sequences as the "
-      "token gap and memory allow.", ""]
-  pool = pools.compare(model, inputs, prompt_tokens=prompt, output_tokens=outputs,
-                       arrival_rate=40.0, ttft_s=ttft_s, token_gap_s=token_gap_s,
-                       window_s=0.005)
-  split, shared = pool["split"], pool["shared"]
-  lines += [
-      "At 40 requests/s: split pools need "
-      + (f"{split['chips']} chips ({split['prefill_chips']} prefill + {split['decode_chips']} "
-         f"decode), {split['goodput_per_chip']:.1f} requests/s per chip"
-         if split["feasible"] else "no feasible split")
-      + "; one shared pool needs "
-      + (f"{shared['chips']} chips (batch {shared['batch']}), "
-         f"{shared['goodput_per_chip']:.1f} requests/s per chip"
-         if shared["feasible"] else "more chips than searched")
-      + ". A shared pool wins with " + "; ".join(pools.SHARED_WINS[:3])
-      + ". The split wins with " + "; ".join(pools.SPLIT_WINS[:3]) + ".", ""]
+      "token gap and memory allow.", "",
+      _pools_sentence(study), ""]
 
-  el_rows = []
-  for batch in (1, 8, 32, 64, 256):
-    values = elasticity.row_elasticities(model, [batch], N=8e9, q=2, T=1, k=0.5e9, BW=2e12,
-                                         F=6e14)[0]
-    el_rows.append([f"{batch}"] + [f"{values[n]:+.3f}" for n in elasticity.INPUT_NAMES]
-                   + [elasticity.moved_by(values)])
+  el_rows = [[f"{e['batch']}"] + [f"{e['elasticities'][n]:+.3f}" for n in elasticity.INPUT_NAMES]
+             + [e["moved_by"]] for e in elasticities]
   lines += [
       "### What moves the step: the lesson's 0.5 GB case", "",
       "Elasticities d ln(step)/d ln(x) from `jax.grad` of the lambdified step (16 GB weights, "

@@ -1,21 +1,20 @@
 """Simulated serving: plots, the metrics table and the report's section.
 
-The section simulates a real model (Llama-3-8B on one H100, analytic bound)
-under one Poisson load with the three schedulers and tabulates vLLM's metrics;
-every number is a simulated prediction from the analytic iteration bound.
+The section renders a real model under one Poisson load with the three
+schedulers (`jaxroof.serving.report_results.simulation`) and tabulates vLLM's
+metrics; every number is a simulated prediction from the analytic iteration
+bound.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
 from jaxroof.report import plots
 from jaxroof.report import table
-from jaxroof.serving import arrivals, metrics, replica, simulator
-from jaxroof.specs.accelerators import load_accelerator
-from jaxroof.specs.models import load_model
 
 plt = plots.plt
 
@@ -72,9 +71,9 @@ def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[
   plots.save(fig, path)
 
 
-def plot_kv_over_time(run: simulator.Run, total_pages: int, path: str | os.PathLike[str],
+def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str],
                       title: str) -> None:
-  """K/V pages in use and queue length against simulated time."""
+  """K/V pages in use and queue length against simulated time (`run`: a simulator Run)."""
   fig, left = plt.subplots(figsize=(8, 4))
   left.step(run.history_s, run.pages_in_use / total_pages, where="post", color="tab:blue",
             label="K/V pages in use (fraction)")
@@ -130,34 +129,36 @@ def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
   plots.save(fig, path)
 
 
-def simulation_section(out_dir: str) -> str:
-  """Report section: Llama-3-8B on an H100 (analytic bound), three schedulers, one load."""
-  spec, device = load_model("llama-3-8b"), load_accelerator("h100-sxm")
-  w = arrivals.synthetic(arrival="poisson", num_requests=2000, arrival_rate=20.0, seed=0,
-                         prompt_tokens=1000, output_tokens=200, prompt_distribution="lognormal",
-                         output_distribution="lognormal", prompt_spread=0.5, output_spread=0.5)
-  results, series = {}, {}
-  for scheduler in ("static", "iteration", "chunked"):  # The textbook three.
-    r = replica.from_model(spec, device, context=1200, batch_window_s=0.05, token_budget=512)
-    run = simulator.simulate(w, r, scheduler)
-    results[scheduler] = metrics.serving_metrics(
-        run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens, run.itl_s,
-        ttft_target_s=0.5, tpot_target_s=0.05)
-    series[scheduler] = {"ttft_s": run.first_token_s - run.arrival_s, "itl_s": run.itl_s}
+def _scenario(sim: dict[str, Any]) -> dict[str, str]:
+  """The scenario's inputs in words, for the plot's title and the section's text."""
+  w, r = sim["workload"], sim["replica"]
+  return {"requests": f"{w['num_requests']:,} {w['arrival'].capitalize()} requests at "
+                      f"{w['arrival_rate']:g}/s",
+          "lengths": f"{w['prompt_distribution']} prompts (mean {w['prompt_tokens']:,}) and "
+                     f"outputs (mean {w['output_tokens']:,})",
+          "window": f"{r['batch_window_s'] * 1e3:g} ms", "budget": f"{r['token_budget']}"}
+
+
+def simulation_section(sim: dict[str, Any], out_dir: str) -> str:
+  """Report section: the three schedulers at one load (`report_results.simulation`)."""
+  words, t = _scenario(sim), sim["targets"]
+  where = f"{sim['model']} on {sim['accelerator']}"
   png = os.path.join(out_dir, "simulation_cdfs.png")
-  plot_cdfs(series, png, "llama-3-8b on h100-sxm, bf16 weights and K/V, lognormal prompts "
-            "(mean 1,000 tokens) + outputs (mean 200), 20 req/s Poisson\n(simulated from the "
-            "analytic iteration bound; 2,000 requests)")
+  plot_cdfs({name: run["series"] for name, run in sim["runs"].items()}, png,
+            f"{where}, bf16 weights and K/V, {words['lengths']}, {words['requests']}\n"
+            "(simulated from the analytic iteration bound)")
   return "\n".join([
       "## Simulated serving: three schedulers at one load",
       "",
-      "Simulated prediction from the analytic iteration bound (`jaxroof.serving.simulator`):",
-      "Llama-3-8B (bf16) on one H100 SXM, 2,000 Poisson requests at 20/s, lognormal prompts "
-      "(mean 1,000) and outputs (mean 200), spread 0.5; K/V paged in 16-token pages; "
-      "static batching with a 50 ms window, iteration-level (Orca) and chunked prefill "
-      "(Sarathi, 512 tokens per iteration). Goodput targets: TTFT 500 ms, TPOT 50 ms.",
+      "Simulated prediction from the analytic iteration bound (`jaxroof.serving.simulator`): "
+      f"{sim['model']} (bf16) on one {sim['accelerator']}, {words['requests']}, "
+      f"{words['lengths']}, spread {sim['workload']['prompt_spread']:g}; K/V paged in 16-token pages; "
+      f"static batching with a {words['window']} window, iteration-level (Orca) and chunked "
+      f"prefill (Sarathi, {words['budget']} tokens per iteration). Goodput targets: TTFT "
+      f"{t['ttft_target_s'] * 1e3:g} ms, TPOT {t['tpot_target_s'] * 1e3:g} ms.",
       "",
-      table.markdown_table(HEADER, metrics_rows(results)),
+      table.markdown_table(HEADER, metrics_rows(
+          {name: run["metrics"] for name, run in sim["runs"].items()})),
       "",
       f"![TTFT and ITL CDFs]({os.path.basename(png)})",
       "",

@@ -1,7 +1,7 @@
-"""The report's first screen: can these accelerators serve this model, and how?
+"""The serving answer: can these accelerators serve this model, and how?
 
 For one model, one context and a list of accelerators (one chip each, or the
-fewest chips that hold the model: `chips_section.fewest_chips`), the summary
+fewest chips that hold the model: `jaxroof.parallel.fewest_chips`), `summarise`
 answers the serving question with the library's own decision
 (`jaxroof.serving.decision.decide`): whether the weights and one sequence's
 K/V fit in memory, the largest decode batch whose mean token gap meets the
@@ -18,15 +18,13 @@ profile's held-out error (and the bound's on the same data) next to it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from typing import Any
 
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.parallel import fewest_chips
 from jaxroof.parallel.layout import Layout
-from jaxroof.report import accuracy
-from jaxroof.report import chips_section
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import multichip
 from jaxroof.serving import requests
@@ -72,29 +70,26 @@ class Subject:
 
   def check(self) -> None:
     """Refuses an unknown model or accelerator, or a context that leaves no prompt or
-    passes the model's, each as one line naming the flag, the value and what is allowed."""
+    passes the model's, each as one line naming the field, the value and what is allowed."""
     shipped = shipped_models()
     if self.model not in shipped:
-      raise InputError(f"--model={self.model} is not allowed: give a shipped model, one of "
-                       f"{', '.join(shipped)}.")
+      raise InputError(f"model={self.model} is not allowed: give a shipped model, one of "
+                       f"{', '.join(shipped)}.", field="model")
     known = known_accelerators()
     bad = [a for a in self.accelerators if a not in known]
     if not self.accelerators or bad:
       why = "unknown: " + ", ".join(bad) if bad else "none given"
-      raise InputError(f"--accelerators={','.join(self.accelerators)} is not allowed: {why}; "
-                       f"give slugs of {', '.join(known)} (comma-separated), or all.")
+      raise InputError(f"accelerators={','.join(self.accelerators)} is not allowed: {why}; "
+                       f"give slugs of {', '.join(known)} (comma-separated), or all.",
+                       field="accelerators")
     limit = load_model(self.model).max_position_embeddings
     top = limit + 1 if isinstance(limit, int) else None  # Positions: prompt + outputs - 1.
     if self.prompt_tokens < 1 or (top is not None and self.context > top):
       raise InputError(
-          f"--context={self.context} is not allowed: it must exceed --output_tokens="
+          f"context={self.context} is not allowed: it must exceed output_tokens="
           f"{self.output_tokens} (the prompt is the rest)"
           + (f" and be at most {top:,} ({self.model}'s max_position_embeddings + 1)"
-             if top is not None else "") + ".")
-
-  def describe(self) -> str:
-    return (f"{self.model}, context {self.context:,} tokens ({self.prompt_tokens:,} prompt + "
-            f"{self.output_tokens} outputs), {self.weight_dtype} weights, {self.kv_dtype} K/V")
+             if top is not None else "") + ".", field="context")
 
 
 def accelerator_list(values: list[str]) -> tuple[str, ...]:
@@ -128,13 +123,13 @@ def layout_name(layout: Layout) -> str:
   return " ".join(parts) or "1 chip"
 
 
-def _fewest_chips(subject: Subject, slug: str, **dtypes: str) -> Layout | None:
-  kinds = {"weight_dtype": subject.weight_dtype, "kv_dtype": subject.kv_dtype, **dtypes}
-  return chips_section.fewest_chips(load_model(subject.model), load_accelerator(slug),
-                                      context=subject.context, **kinds)
+def _fewest_chips(subject: Subject, slug: str) -> Layout | None:
+  return fewest_chips.fewest_chips(load_model(subject.model), load_accelerator(slug),
+                                   context=subject.context, weight_dtype=subject.weight_dtype,
+                                   kv_dtype=subject.kv_dtype)
 
 
-def _calibrated_model(slug: str, results_dir: str) -> tuple[StepModel, str] | None:
+def _shipped_profile(slug: str, results_dir: str) -> tuple[profiles.Profile, str] | None:
   """The shipped profile of this accelerator, if any, and its file name in the repository."""
   name = PROFILE_PATTERN.format(slug=slug)
   path = os.path.join(results_dir, name)
@@ -142,7 +137,16 @@ def _calibrated_model(slug: str, results_dir: str) -> tuple[StepModel, str] | No
     return None
   profile = profiles.load_profile(path)
   profiles.check_applies(profile, slug)
-  return profiles.step_model(profile, use_profile_ceilings=False), f"results/{name}"
+  return profile, f"results/{name}"
+
+
+def _profile_errors(profile: profiles.Profile) -> dict[str, Any]:
+  """The held-out errors a calibrated entry carries beside its figures."""
+  return {"profile_heldout_median_rel_error": profile.heldout_median_rel_error,
+          "profile_heldout_max_rel_error": profile.heldout_max_rel_error,
+          "profile_heldout_by": profile.heldout_by,
+          "bound_heldout_median_rel_error": profile.bound_heldout_median_rel_error,
+          "worse_than_bound": profile.worse_than_bound}
 
 
 def _headline(decision: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +160,7 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
   """One accelerator's answer: fit, bound decision, calibrated decision if shipped.
 
   A model that does not fit one chip is placed on the fewest chips whose
-  memory holds it (tensor parallel first: `chips_section.fewest_chips`).
+  memory holds it (tensor parallel first: `jaxroof.parallel.fewest_chips`).
   """
   decision, inputs = _decide(subject, slug, StepModel.bound())
   layout = Layout()
@@ -182,12 +186,11 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
   }
   rate = entry["bound"]["aggregate_tokens_per_s"]
   entry["aggregate_tokens_per_s_per_chip"] = None if rate is None else rate / chips
-  calibrated = _calibrated_model(slug, results_dir)
-  if calibrated is not None and entry["fits"] and chips == 1:
-    model, source = calibrated
-    cal, _ = _decide(subject, slug, model)
-    entry["calibrated"] = {**_headline(cal), "profile": source,
-                           **accuracy.fields(model.provenance)}
+  shipped = _shipped_profile(slug, results_dir)
+  if shipped is not None and entry["fits"] and chips == 1:
+    profile, source = shipped
+    cal, _ = _decide(subject, slug, profiles.step_model(profile, use_profile_ceilings=False))
+    entry["calibrated"] = {**_headline(cal), "profile": source, **_profile_errors(profile)}
   return entry
 
 
@@ -227,11 +230,11 @@ def what_moves(subject: Subject, entry: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
-@functools.lru_cache(maxsize=4)
 def summarise(subject: Subject, results_dir: str) -> dict[str, Any]:
-  """The summary as JSON: one entry per accelerator, the best, and what moves it.
+  """The answer as JSON: one entry per accelerator, the best, and what moves it.
 
-  Cached: the report's sections share one answer (do not modify the result).
+  `results_dir` is where shipped profiles are looked for; the best entry's
+  `layout` and `max_arrival_rate_per_s` say where and at what load to look closer.
   """
   subject.check()
   entries = [accelerator_entry(subject, slug, results_dir) for slug in subject.accelerators]

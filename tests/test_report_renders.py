@@ -1,0 +1,126 @@
+"""The report renders results and runs no job.
+
+Every module under `jaxroof/report/` may import the leaf utilities, the
+symbolic and specs layers (values and formulas) and other report modules, and
+nothing that computes an answer or runs a job: no simulator, planner search,
+layout sweep, serving decision, calibration job, measurement or toy run. The
+answers are computed below the report (`jaxroof.serving.report_results`) and
+the sections render what they are given.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from jaxroof.report import chips_section
+from jaxroof.report import plan_table
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPORT = ROOT / "jaxroof" / "report"
+
+ALLOWED_PREFIXES = ("jaxroof.errors", "jaxroof.files", "jaxroof.timing", "jaxroof.progress",
+                    "jaxroof.symbolic", "jaxroof.specs", "jaxroof.report")
+# Modules below the report a renderer may name, each for words or a type, never to compute.
+ALLOWED_MODULES = {
+    "jaxroof.serving.elasticity": "moved_by (an elasticity in words) and INPUT_NAMES",
+    "jaxroof.serving.requests": "ServingInputs, the type of frontier_batches' argument",
+    "jaxroof.calibrate.toy_fit": "CalibrationRun (the type rendered) and its targets",
+    "jaxroof.calibrate.user_fit": "SLOWER_LIMIT, the doubt threshold shown in words",
+    "jaxroof.measure.profiles": "Profile, the type rendered, and save_profile",
+    "jaxroof.measure.ceilings": "Ceilings, the type rendered",
+}
+EXEMPT = {
+    # Check yourself 5 traces the lesson's toy decode step to count its matmul FLOPs; the
+    # count belongs below the report (toy/flops.py) and the claim would take it.
+    "lesson.py": "traces the toy",
+}
+
+
+def job_imports(source: str) -> list[str]:
+  """What `source` imports from jaxroof or kernels, at any depth, that a renderer may not
+  (dotted, `from a import b` as `a.b`): anything outside the allowed layers and the
+  named serving modules."""
+  names = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names += [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names += [f"{node.module}.{alias.name}" for alias in node.names]
+  allowed = ALLOWED_PREFIXES + tuple(ALLOWED_MODULES)
+  return sorted({n for n in names if n.split(".")[0] in ("jaxroof", "kernels")
+                 and not any(n == p or n.startswith(p + ".") for p in allowed)})
+
+
+def test_the_check_catches_a_job_at_any_depth():
+  source = ("from jaxroof.report import table\n"
+            "from jaxroof import files, toy\n"
+            "def f():\n"
+            "  from jaxroof.serving import simulator\n"
+            "  import jaxroof.parallel.planner\n"
+            "  from jaxroof.measure.calibration_job import run\n")
+  assert job_imports(source) == ["jaxroof.measure.calibration_job.run",
+                                 "jaxroof.parallel.planner", "jaxroof.serving.simulator",
+                                 "jaxroof.toy"]
+  assert job_imports("from jaxroof.serving import elasticity\nimport jaxroof.specs.models\n"
+                     "from jaxroof.symbolic.sweep import decode_sweep\n") == []
+
+
+def test_the_report_imports_nothing_that_runs_a_job():
+  wrong = {path.name: job_imports(path.read_text()) for path in sorted(REPORT.glob("*.py"))
+           if path.name not in EXEMPT}
+  assert not {name: found for name, found in wrong.items() if found}
+
+
+def test_the_chips_section_shows_what_it_is_given():
+  """Made-up results: the section must show them, not figures of its own."""
+  plan = {"searched": 7, "meeting": 3, "plans": [{
+      "rank": 1, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 12,
+      "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "batch": 77,
+      "weight_dtype": "fp8", "kv_dtype": "bf16", "merged": [], "loaded_token_gap_s": 0.0123,
+      "ttft_s": 0.456}]}
+  chips = {
+      "context": 1234, "accelerators": ["h200", "b200"], "subject_model": "m1",
+      "fewest": {"m1": {"h200": {"tp": 4, "pp": 2, "ep": 1, "chips": 8}, "b200": None},
+                 "m2": {"h200": {"tp": 1, "pp": 1, "ep": 1, "chips": 1},
+                        "b200": {"tp": 2, "pp": 1, "ep": 4, "chips": 8}}},
+      "plan_question": {"model": "m1", "accelerators": "h200",
+                        "targets": {"token_gap_s": 0.04, "ttft_s": 1.5,
+                                    "aggregate_tokens_per_s": 900.0}},
+      "plan": plan,
+      "single_stream": {"model": "m1", "accelerator": "h200", "allreduces_per_token": 99,
+                        "rows": [{"tp": 1, "fits_in_memory": False, "memory_s": 0.03,
+                                  "comm_s": 0.0, "step_s": 0.03,
+                                  "per_sequence_tokens_per_s": 33.3, "bound": "memory"},
+                                 {"tp": 2, "fits_in_memory": True, "memory_s": 0.015,
+                                  "comm_s": 0.002, "step_s": 0.017,
+                                  "per_sequence_tokens_per_s": 58.8, "bound": "memory"}]},
+      "assumptions": ["first", "second"],
+  }
+  text = chips_section.report_section(chips)
+  assert "| **m1** | 8 (tp4 pp2) | - |" in text
+  assert "| m2 | 1 (tp1) | 8 (tp2 ep4) |" in text
+  assert "--model=m1 --context=1234 --token_gap_ms=40 --ttft_ms=1500" in text
+  assert "7 configurations searched, 3 meet the targets" in text
+  assert "are 2: 58.8 tokens/s" in text and "the 99 all-reduces per token" in text
+  assert "Assumptions: first; second." in text
+  headers, rows = plan_table.plan_rows(plan)
+  assert rows == [["1 (1)", "h200", 12, "shared", 4, 3, 1, 1, 77, "fp8", "bf16", "12.3", "456"]]
+  assert "$/h" not in headers and "meets" not in headers  # No prices, nothing simulated.
+
+
+def test_the_plan_table_adds_cost_and_simulation_columns_when_there_are_some():
+  plan = {"prices_per_hour": {"h200": 3.0}, "simulation": {}, "plans": [{
+      "rank": 2, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 6,
+      "pools": {"kind": "split", "prefill_chips": 2, "decode_chips": 4,
+                "prefill": {"tp": 1, "replicas": 2}},
+      "tp": 2, "pp": 1, "ep": 1, "dp": 2, "batch": 5, "weight_dtype": "bf16", "kv_dtype": "fp8",
+      "merged": [{"weight_dtype": "bf16", "kv_dtype": "int8"}], "loaded_token_gap_s": 0.02,
+      "ttft_s": 0.3, "cost_per_hour": 18.0, "cost_per_million_tokens": 1.25,
+      "simulated": {"ttft_p90_s": 0.41, "tpot_p90_s": 0.0215, "meets": False}}]}
+  headers, rows = plan_table.plan_rows(plan)
+  row = dict(zip(headers, rows[0]))
+  assert row["rank"] == 2 and row["pools"] == "split 2+4 (prefill tp1x2)"
+  assert row["K/V"] == "fp8 (= bf16/int8)"
+  assert (row["$/h"], row["$/Mtok"]) == ("18.00", "1.250")
+  assert (row["sim p90 TTFT/TPOT ms"], row["meets"]) == ("410 / 21.5", "MISSES")
