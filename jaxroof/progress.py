@@ -1,7 +1,7 @@
 """Progress bars for long runs: tqdm on stderr with the time left, or nothing.
 
 A bar shows only when stderr is a terminal, the caller has not turned it off
-(experiments pass `--noprogress` as `requested=False`) and the environment
+(the experiments pass their progress switch as `requested`) and the environment
 variable `JAXROOF_NO_PROGRESS` is unset or empty, so tests, pipes and logs stay
 clean. The bar's `[elapsed<remaining]` field is tqdm's estimate of the time
 left, from the mean rate so far.

@@ -21,7 +21,7 @@ apart (wider than the jumps), some 30-60 simulations of every run.
 The replayed workload: per-request `input_lens`/`output_lens` where the file
 has them (the legacy script always writes them), else every request at the
 mean lengths; arrivals all at 0 for rate "inf", else a seeded Poisson (or
-gamma, vLLM's `--burstiness`) process at the rate. vLLM's own arrival draws
+gamma, vLLM's burstiness setting) process at the rate. vLLM's own arrival draws
 are not in the file, so a finite-rate run is reproduced in distribution, not
 request by request. With `max_concurrency` set, TTFT (which vLLM measures
 from the client's send, after its semaphore) is left out of the loss.

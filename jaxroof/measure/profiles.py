@@ -5,7 +5,7 @@ efficiency factors and fixed costs (`jaxroof.symbolic.calibrated`), the fit's er
 on held-out points, and how all of it was measured. It is JSON, written
 atomically, so profiles of several machines can sit side by side.
 
-`step_model(profile)` is the `--profile` hook of the experiments: the
+`step_model(profile)` is how the experiments use a profile file: the
 calibrated `StepModel` that `jaxroof.symbolic.sweep.sweep` evaluates.
 """
 

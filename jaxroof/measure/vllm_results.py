@@ -3,7 +3,7 @@ JSONL) as measured decode steps, by an analytic mapping.
 
 The fit through the continuous-batching simulator (choose the factors whose
 simulated TTFT/TPOT/ITL reproduce the measured ones) is
-`jaxroof.calibrate.engine_fit` (`experiments.calibrate --source=vllm`): the serving
+`jaxroof.calibrate.engine_fit` (the calibrate experiment's vLLM source): the serving
 layer sits above this one. This module keeps the analytic mapping of each run
 to ONE decode row, with stated assumptions (labelled "analytic mapping, not
 the simulator" wherever it is used), for rows to merge into a CSV:

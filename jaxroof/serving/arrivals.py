@@ -5,7 +5,7 @@ tokens and output tokens (whole numbers >= 1). They come from
 
   * `poisson(rate)`: exponential gaps of mean 1/rate;
   * `gamma(rate, burstiness)`: gamma gaps of mean 1/rate and shape
-    `burstiness` (vLLM's `--burstiness`: 1 is Poisson, < 1 burstier, > 1
+    `burstiness` (vLLM's burstiness setting: 1 is Poisson, < 1 burstier, > 1
     more regular; the gaps' coefficient of variation is 1/sqrt(burstiness));
   * `load_trace(path)`: a JSONL or CSV file with the columns `arrival_s`
     (seconds from the start, non-decreasing), `prompt_tokens` and
