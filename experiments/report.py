@@ -13,8 +13,9 @@ lesson's reproduction and the toy Transformer close it as checks:
       --accelerators=h100-sxm,h200,mi300x --token_gap_ms=40
 
 The results are computed first (`jaxroof.serving.report_results`), then the
-sections of `jaxroof.report.document` (`SECTIONS`) render them. Every number is
-labelled: analytic bound, calibrated prediction or measurement.
+sections of `jaxroof.report.document` (`SECTIONS`) render them, with the command
+lines of `_report_commands` for the reader to repeat or extend a run. Every number
+is labelled: analytic bound, calibrated prediction or measurement.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _model_flags
+from experiments import _report_commands
 from jaxroof.calibrate import toy_job
 from jaxroof.errors import InputError
 from jaxroof.measure import measurement
@@ -95,7 +97,8 @@ def main(argv: list[str]) -> None:
       failure = str(e)
   path = document.build(document.Context(
       out_dir=_OUT_DIR.value, results=results, calibration_budget_s=budget,
-      calibration=calibration, calibration_failure=failure))
+      calibration=calibration, calibration_failure=failure,
+      commands=_report_commands.commands(results)))
   print(f"wrote {path}")
 
 

@@ -189,6 +189,8 @@ def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
   assert rows[0]["measured_s"] > 0 and rows[0]["set"] == "validation"
   text = calibration_report.section_markdown(job)
   assert "held-out" in text and "calibration.png" in text
+  assert "the calibrate experiment with a longer budget" in text  # No command given.
+  assert "A longer run (`go longer`)" in calibration_report.section_markdown(job, "go longer")
   assert "measurement" in text and "calibrated" in text and "`held`" in text
 
 

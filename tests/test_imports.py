@@ -254,8 +254,6 @@ def test_flag_mentions_rule():
       (1, "--tp"), (1, "--json_out"), (3, "--model"), (3, "--noprogress"), (3, "--tp")]
 
 
-@pytest.mark.xfail(strict=False, reason="remove at merge: the library's flag names are being "
-                   "replaced by fields in parallel (issue 26, section 4)")
 def test_no_library_module_names_an_experiment_flag():
   """Library errors name fields (`InputError(field=...)`); experiments map them to flags."""
   names = experiment_flags()

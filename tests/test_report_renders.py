@@ -13,8 +13,13 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
+from experiments import _report_commands
 from jaxroof.report import chips_section
 from jaxroof.report import plan_table
+from jaxroof.report import real_engine
+from jaxroof.report import user_calibration
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 REPORT = ROOT / "jaxroof" / "report"
@@ -72,8 +77,7 @@ def test_the_report_imports_nothing_that_runs_a_job():
   assert not {name: found for name, found in wrong.items() if found}
 
 
-def test_the_chips_section_shows_what_it_is_given():
-  """Made-up results: the section must show them, not figures of its own."""
+def _made_up_chips():
   plan = {"searched": 7, "meeting": 3, "plans": [{
       "rank": 1, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 12,
       "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "batch": 77,
@@ -97,11 +101,16 @@ def test_the_chips_section_shows_what_it_is_given():
                                   "per_sequence_tokens_per_s": 58.8, "bound": "memory"}]},
       "assumptions": ["first", "second"],
   }
-  text = chips_section.report_section(chips)
+  return chips, plan
+
+
+def test_the_chips_section_shows_what_it_is_given():
+  """Made-up results: the section must show them, not figures of its own."""
+  chips, plan = _made_up_chips()
+  text = chips_section.report_section(chips, plan_command="search it again")
   assert "| **m1** | 8 (tp4 pp2) | - |" in text
   assert "| m2 | 1 (tp1) | 8 (tp2 ep4) |" in text
-  assert "--model=m1 --context=1234 --token_gap_ms=40 --ttft_ms=1500" in text
-  assert "7 configurations searched, 3 meet the targets" in text
+  assert "7 configurations searched, 3 meet the targets (`search it again`):" in text
   assert "are 2: 58.8 tokens/s" in text and "the 99 all-reduces per token" in text
   assert "Assumptions: first; second." in text
   headers, rows = plan_table.plan_rows(plan)
@@ -124,3 +133,35 @@ def test_the_plan_table_adds_cost_and_simulation_columns_when_there_are_some():
   assert row["K/V"] == "fp8 (= bf16/int8)"
   assert (row["$/h"], row["$/Mtok"]) == ("18.00", "1.250")
   assert (row["sim p90 TTFT/TPOT ms"], row["meets"]) == ("410 / 21.5", "MISSES")
+
+
+def test_the_worked_plan_command_repeats_the_question_it_is_given():
+  chips, _ = _made_up_chips()
+  command = _report_commands.worked_plan(chips)
+  assert command.startswith("python -m experiments.plan ")
+  assert ("--model=m1 --context=1234 --token_gap_ms=40 --ttft_ms=1500 "
+          "--aggregate_tokens_per_s=900 --accelerators=h200") in command
+  assert "meet the targets:" in chips_section.report_section(chips)  # No command: none shown.
+
+
+def test_the_summary_commands_repeat_the_subject():
+  subject = {"model": "m9", "context": 5000, "prompt_tokens": 4000, "output_tokens": 1000,
+             "token_gap_s": 0.025, "ttft_s": 0.75}
+  assert _report_commands.serving(subject).endswith(
+      "--model=m9 --accelerator=SLUG --prompt_tokens=4000 --output_tokens=1000 "
+      "--token_gap_ms=25 --ttft_ms=750")
+  assert _report_commands.plan(subject).endswith("experiments.plan --model=m9 --context=5000")
+
+
+@pytest.mark.parametrize("render, given, shown, unnamed", [
+    (user_calibration.report_section, dict(fit_command="fit it"),
+     "No results yet: `fit it`.", "No results yet: the calibrate experiment fits"),
+    (lambda d, **given: real_engine.report_section(d, d, **given),
+     dict(measure_commands=("set up", "measure")),
+     "To measure: `set up`; then `measure` (README).", "then `experiments.vllm_bench`"),
+])
+def test_with_no_results_a_section_shows_the_commands_given_or_names_the_experiments(
+    tmp_path, render, given, shown, unnamed):
+  assert shown in render(str(tmp_path), **given)
+  words = render(str(tmp_path))
+  assert unnamed in words and "--" not in words

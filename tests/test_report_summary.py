@@ -204,6 +204,10 @@ def test_whole_report_names_only_repository_files_in_order(tmp_path):
           "lesson"]
   at = [next(i for i, h in enumerate(headings) if k in h) for k in keys]
   assert at == sorted(at), headings
+  default = answer.Subject()  # The experiment passes its command lines; the README shows them.
+  assert (f"`python -m experiments.serving --model={default.model} --accelerator=SLUG "
+          f"--prompt_tokens={default.prompt_tokens} --output_tokens={default.output_tokens}"
+          in text)
 
 
 def test_tied_embedding_models_read_one_weight_count_per_batch():

@@ -99,8 +99,14 @@ def _bound_words(fit: Mapping[str, Any]) -> str:
           + (" (smaller: the bound is the better estimate here)" if worse else ""))
 
 
-def section_markdown(job: toy_fit.CalibrationRun) -> str:
-  """The report's Markdown for a job whose plot is `calibration.png`."""
+def _longer_run(command: str | None) -> str:
+  """Who measures more points: the caller's command line, else the experiment by name."""
+  return f"`{command}`" if command else "the calibrate experiment with a longer budget"
+
+
+def section_markdown(job: toy_fit.CalibrationRun, longer_command: str | None = None) -> str:
+  """The report's Markdown for a job whose plot is `calibration.png`; `longer_command`
+  is the caller's command line for a longer run (None: described in words)."""
   prof = job.profile
   fit = prof.fit
   load = fit.get("load") or {}
@@ -155,35 +161,35 @@ def section_markdown(job: toy_fit.CalibrationRun) -> str:
       f"Relative error of the calibrated prediction on "
       f"{fit['heldout_points']} decode steps of the held-out models: median "
       f"{fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict} A longer "
-      "run (`python -m experiments.calibrate --budget_s=240`) measures more "
-      "points and rounds.",
+      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict} "
+      f"A longer run ({_longer_run(longer_command)}) measures more points and rounds.",
       "",
       "![measured vs calibrated step time](calibration.png)",
   ])
 
 
 def report_section(out_dir: str, job: toy_fit.CalibrationRun | None, *, budget_s: float,
-                   failure: str | None = None) -> str:
+                   failure: str | None = None, longer_command: str | None = None) -> str:
   """The report's section for a short calibration its caller ran on this device.
 
   Writes the job's plot and profile to out_dir and returns the Markdown:
   measured ceilings, fitted factors, held-out errors (on models the fit never
   saw), the run's status and the plot, each labelled measurement or calibrated.
-  With no job, says why (`failure`: the job's one-line error).
+  With no job, says why (`failure`: the job's one-line error). `longer_command`:
+  the caller's command line for a longer run (None: described in words).
   """
   if job is None:
     return "\n".join([
         "## Calibration on this device (measurement)", "",
         f"The {budget_s:.0f}-second calibration could not fit a profile on this run: "
-        f"{failure} Other processes may have slowed the timings; `python -m "
-        "experiments.calibrate --budget_s=240` measures more points."])
+        f"{failure} Other processes may have slowed the timings; "
+        f"{_longer_run(longer_command)} measures more points."])
   slug = "".join(ch if ch.isalnum() else "_"
                  for ch in job.profile.device_kind.lower())
   write_results(job, json_out=None,
                 profile_out=os.path.join(out_dir, f"profile_{slug}.json"),
                 plot_out=os.path.join(out_dir, "calibration.png"))
-  return section_markdown(job)
+  return section_markdown(job, longer_command)
 
 
 def write_results(job: toy_fit.CalibrationRun, *, json_out: str | None,

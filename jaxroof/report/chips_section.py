@@ -39,17 +39,9 @@ def single_stream_table(rows: list[dict[str, Any]], accelerator: str) -> str:
                                "step ms", "tokens/s", "binds"), cells)
 
 
-def _plan_command(question: dict[str, Any], context: int) -> str:
-  """The `experiments.plan` command line that searches the worked plan again."""
-  t = question["targets"]
-  return (f"python -m experiments.plan --model={question['model']} --context={context} "
-          f"--token_gap_ms={t['token_gap_s'] * 1e3:g} --ttft_ms={t['ttft_s'] * 1e3:g} "
-          f"--aggregate_tokens_per_s={t['aggregate_tokens_per_s']:g} "
-          f"--accelerators={question['accelerators']}")
-
-
-def report_section(chips: dict[str, Any]) -> str:
-  """Markdown of the multi-chip section (analytic bounds)."""
+def report_section(chips: dict[str, Any], plan_command: str | None = None) -> str:
+  """Markdown of the multi-chip section (analytic bounds); `plan_command` is the
+  caller's command line that searches the worked plan again (None: not shown)."""
   context, plan, stream = chips["context"], chips["plan"], chips["single_stream"]
   question = chips["plan_question"]
   targets = question["targets"]
@@ -68,8 +60,8 @@ def report_section(chips: dict[str, Any]) -> str:
       f"Worked plan: {question['model']} at {context} tokens, token gap <= "
       f"{targets['token_gap_s'] * 1e3:g} ms, TTFT <= {targets['ttft_s'] * 1e3:g} ms, "
       f"{targets['aggregate_tokens_per_s']:,.0f} tokens/s; {plan['searched']:,} "
-      f"configurations searched, {plan['meeting']:,} meet the targets "
-      f"(`{_plan_command(question, context)}`):",
+      f"configurations searched, {plan['meeting']:,} meet the targets"
+      + (f" (`{plan_command}`)" if plan_command else "") + ":",
       "",
       table.markdown_table(headers, rows),
       "",

@@ -41,7 +41,28 @@ from jaxroof.symbolic.sweep import decode_sweep
 
 REPOSITORY = paths.REPOSITORY
 RESULTS_DIR = os.path.join(REPOSITORY, "results")
+BENCH_DECODE = "bench_decode_cpu.json"  # The cache benchmark on file, under results_dir.
 in_repository = paths.in_repository
+
+
+@dataclasses.dataclass(frozen=True)
+class Commands:
+  """Command lines that tell a reader how to repeat or extend a run.
+
+  Command lines belong to the experiments: the one that renders the report builds
+  these and the sections show what they are given. A section given None (or, for
+  `measure_real_engine`, nothing) describes the step in words instead.
+  """
+
+  serving: str | None = None  # One accelerator of the summary in full (SLUG for it).
+  plan: str | None = None  # The layout search for the summary's subject.
+  worked_plan: str | None = None  # The multi-chip section's worked plan, searched again.
+  compare_accelerators: str | None = None  # Any model on the accelerators.
+  kv_sizing: str | None = None  # Any model's K/V sizing.
+  longer_calibration: str | None = None  # The calibration with a longer budget.
+  user_calibration: str | None = None  # A fit to a CSV of measured step times.
+  bench_decode: str | None = None  # The cache benchmark, rewriting its file.
+  measure_real_engine: tuple[str, ...] = ()  # vLLM set up, measured, then fitted.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +80,7 @@ class Context:
   calibration_budget_s: float = 60.0
   calibration: toy_fit.CalibrationRun | None = None  # The short calibration, if it fitted.
   calibration_failure: str | None = None  # Why it did not (a busy machine measures too few).
+  commands: Commands = Commands()
 
   @property
   def subject(self) -> Mapping[str, Any]:
@@ -133,12 +155,12 @@ def sweep_section(ctx: Context) -> str:
 def toy_check_section(ctx: Context) -> str:
   """The float64 decode check on the lesson's toy, and the cache benchmark on file."""
   parts = [toy_section.decode_equivalence_section(ctx.results["toy"])]
-  bench = os.path.join(ctx.results_dir, "bench_decode_cpu.json")
+  bench = os.path.join(ctx.results_dir, BENCH_DECODE)
   if os.path.exists(bench):
     parts.append(toy_section.bench_decode_section(files.read_json("results", bench)))
-    name = in_repository(bench)
-    parts.append(f"(From `{name}`, measured earlier; rerun with "
-                 f"`python -m experiments.bench_decode --json_out={name}`.)")
+    rerun = ctx.commands.bench_decode
+    parts.append(f"(From `{in_repository(bench)}`, measured earlier"
+                 + (f"; rerun with `{rerun}`.)" if rerun else ".)"))
   return "\n".join(parts)
 
 
@@ -146,14 +168,17 @@ def calibration_section(ctx: Context) -> str:
   """A short calibration on this device (measurements and calibrated factors)."""
   budget = ctx.calibration_budget_s
   if budget == 0:
-    return ("## Calibration on this device\n\nSkipped (`--calibration_budget_s=0`); "
+    return ("## Calibration on this device\n\nSkipped (a calibration budget of 0 s); "
             "`python -m experiments.calibrate` measures and fits a profile.")
-  return calibration_report.report_section(ctx.out_dir, ctx.calibration, budget_s=budget,
-                                            failure=ctx.calibration_failure)
+  return calibration_report.report_section(
+      ctx.out_dir, ctx.calibration, budget_s=budget, failure=ctx.calibration_failure,
+      longer_command=ctx.commands.longer_calibration)
 
 
 def summary(ctx: Context) -> str:
-  return summary_section.report_section(ctx.results["summary"], ctx.out_dir)
+  return summary_section.report_section(ctx.results["summary"], ctx.out_dir,
+                                        serving_command=ctx.commands.serving,
+                                        plan_command=ctx.commands.plan)
 
 
 def _accelerators_section(ctx: Context) -> str:
@@ -161,12 +186,13 @@ def _accelerators_section(ctx: Context) -> str:
   return specs_section.accelerator_section(
       ctx.out_dir, model_name=s["model"], context=s["context"],
       accelerators=tuple(s["accelerators"]), weight_dtype=s["weight_dtype"],
-      kv_dtype=s["kv_dtype"])
+      kv_dtype=s["kv_dtype"], any_model_command=ctx.commands.compare_accelerators)
 
 
 def _kv_sizing_section(ctx: Context) -> str:
   return specs_section.kv_sizing_section(ctx.out_dir, subject_model=ctx.subject["model"],
-                                         context=ctx.subject["context"])
+                                         context=ctx.subject["context"],
+                                         any_model_command=ctx.commands.kv_sizing)
 
 
 def _serving_section(ctx: Context) -> str:
@@ -184,7 +210,8 @@ def _serving_section(ctx: Context) -> str:
 
 
 def _parallel_section(ctx: Context) -> str:
-  return chips_section.report_section(ctx.results["chips"])
+  return chips_section.report_section(ctx.results["chips"],
+                                      plan_command=ctx.commands.worked_plan)
 
 
 def _simulation_section(ctx: Context) -> str:
@@ -196,11 +223,13 @@ def _kernels_section(ctx: Context) -> str:
 
 
 def _user_calibration_section(ctx: Context) -> str:
-  return user_calibration_report.report_section(ctx.results_dir)
+  return user_calibration_report.report_section(ctx.results_dir,
+                                                fit_command=ctx.commands.user_calibration)
 
 
 def _real_engine_section(ctx: Context) -> str:
-  return real_engine_report.report_section(ctx.results_dir, ctx.out_dir)
+  return real_engine_report.report_section(ctx.results_dir, ctx.out_dir,
+                                           measure_commands=ctx.commands.measure_real_engine)
 
 
 def check_heading(ctx: Context) -> str:

@@ -1,7 +1,7 @@
 """Report section "Checked against a real engine": vLLM on this CPU vs the simulator.
 
-Renders the committed results of `experiments.vllm_bench` +
-`experiments.calibrate_engine --heldout_vllm` (`results/vllm_cpu/`): the
+Renders the committed results of `experiments.vllm_bench` and the calibrate
+experiment's vllm source with held-out runs (`results/vllm_cpu/`): the
 held-out table (measured, calibrated prediction, analytic bound) and the
 measured against predicted CDFs of TTFT and ITL. Computes nothing.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,6 @@ FOLDER = "vllm_cpu"
 RESULTS = ("calibration.json", "calibration_repeat.json")  # Pass 1, pass 2 (if present).
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
-COMMANDS = (
-    "bash experiments/vllm_setup.sh ENV",
-    "python -m experiments.vllm_bench --engine_env=ENV --model=tiny-llama "
-    "--rates=2,4,8 --prompt_tokens=128 --output_tokens=32 --num_prompts=60 --out_dir=OUT",
-)
 
 
 def _load(path: str) -> dict[str, Any] | None:
@@ -92,16 +88,19 @@ def _spread(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
       + "; ITL left out (coalesced gaps)."]
 
 
-def report_section(results_dir: str, out_dir: str) -> str:
-  """The section; says how to produce the results where none are committed."""
+def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[str] = ()) -> str:
+  """The section; where no results are committed, says how to produce them:
+  `measure_commands` (the caller's command lines, in order) or the experiments by name."""
   folder = os.path.join(results_dir, FOLDER)
   first = _load(os.path.join(folder, RESULTS[0]))
   lines = ["## Checked against a real engine", ""]
   if first is None:
+    steps = ("; then ".join(f"`{c}`" for c in measure_commands) if measure_commands else
+             "`experiments/vllm_setup.sh`, then `experiments.vllm_bench`, then the calibrate "
+             "experiment's vllm source")
     return "\n".join(lines + [
-        f"No committed results under `{paths.in_repository(folder)}`. To measure: "
-        + "; then ".join(f"`{c}`" for c in COMMANDS)
-        + "; then `python -m experiments.calibrate_engine --heldout_vllm=...` (README)."])
+        f"No committed results under `{paths.in_repository(folder)}`. To measure: {steps} "
+        "(README)."])
   meta = first.get("engine_run", {})
   factors = first.get("factors", {})
   png = os.path.join(out_dir, "real_engine_cdfs.png")
@@ -111,7 +110,7 @@ def report_section(results_dir: str, out_dir: str) -> str:
       f"served a tiny Llama (dummy bf16 weights) on this machine's CPU "
       f"({meta.get('device', 'CPU')}, {meta.get('date', '')}), `vllm bench serve` on loopback; "
       f"load average {meta.get('load', 'n/a')} on 2 cores shared with other jobs. "
-      "Calibrated prediction: the simulator with vLLM V1's scheduler (`--scheduler=vllm`), "
+      "Calibrated prediction: the simulator with its `vllm` scheduler (vLLM V1's), "
       "each run replayed with its own arrivals and lengths, on ceilings measured through the "
       f"engine's torch (`{paths.in_repository(folder)}/accelerator.json`), factors fitted on "
       + ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"])

@@ -35,11 +35,17 @@ def _schedule(spec) -> str:
   return " + ".join(parts)
 
 
+def _any_model(command: str | None, experiment: str) -> str:
+  """The closing hint: the command line the caller gave, else the experiment by name."""
+  return f"`{command or 'experiments.' + experiment}` gives any model."
+
+
 def kv_sizing_section(out_dir: str, *, subject_model: str | None = None,
-                      context: int = KV_CONTEXT) -> str:
+                      context: int = KV_CONTEXT, any_model_command: str | None = None) -> str:
   """Payload and paged allocation per sequence for models of every attention kind.
 
-  The report's subject model, when given, comes first.
+  The report's subject model, when given, comes first; `any_model_command` is the
+  command line that sizes any model (the caller's; None names the experiment).
   """
   del out_dir  # Unused.
   rows = []
@@ -64,7 +70,7 @@ def kv_sizing_section(out_dir: str, *, subject_model: str | None = None,
       "*B/token* counts the blocks that keep every token; sliding-window blocks keep "
       "at most their window and Mamba keeps a fixed state. *Windowed as full* is the "
       "allocation of engines that give windowed blocks full-context pages. "
-      "`python -m experiments.kv_sizing --model=NAME --context=T` gives any model.",
+      + _any_model(any_model_command, "kv_sizing"),
       "",
       table.markdown_table(("model", "blocks", "params", "B/token", "payload GB",
                             "allocated GB", "windowed as full GB", "payload (T tokens)"),
@@ -77,8 +83,10 @@ def kv_sizing_section(out_dir: str, *, subject_model: str | None = None,
 
 def accelerator_section(out_dir: str, *, model_name: str = COMPARE_MODEL,
                         context: int = COMPARE_CONTEXT, accelerators: tuple[str, ...] = (),
-                        weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> str:
-  """One model on the given accelerators (default: every shipped one), with a plot."""
+                        weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                        any_model_command: str | None = None) -> str:
+  """One model on the given accelerators (default: every shipped one), with a plot;
+  `any_model_command` as in `kv_sizing_section`."""
   model = load_model(model_name)
   devices = load_accelerators(",".join(accelerators) if accelerators else "all")
   result = comparison.compare(model, devices, context=context, batch_sizes=COMPARE_BATCHES,
@@ -93,8 +101,7 @@ def accelerator_section(out_dir: str, *, model_name: str = COMPARE_MODEL,
       f"{kv_dtype} K/V, one device each, 10% of memory kept free. `*` marks the best of a column "
       "(lowest ridge and compute crossover, largest batch that fits). "
       f"At batch {at} the fastest step is on {', '.join(best['step_s']) or 'none'}. "
-      "`python -m experiments.compare_accelerators --model=NAME --context=T` gives any "
-      "model.",
+      + _any_model(any_model_command, "compare_accelerators"),
       "",
       table.markdown_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)),
       "",

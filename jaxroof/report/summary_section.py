@@ -205,8 +205,14 @@ def describe(subject: dict[str, Any]) -> str:
           f"{subject['weight_dtype']} weights, {subject['kv_dtype']} K/V")
 
 
-def report_section(summary: dict[str, Any], out_dir: str) -> str:
-  """The opening summary, as Markdown; writes its JSON and figure into `out_dir`."""
+def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: str | None = None,
+                   plan_command: str | None = None) -> str:
+  """The opening summary, as Markdown; writes its JSON and figure into `out_dir`.
+
+  The caller's command lines, where given, close it: `serving_command` gives one
+  accelerator in full (SLUG standing for it) and `plan_command` searches layouts for
+  the subject; None names the experiment instead.
+  """
   subject = summary["subject"]
   files.write_json(os.path.join(out_dir, JSON_NAME), summary)
   targets = (f"mean token gap <= {subject['token_gap_s'] * 1e3:g} ms, mean TTFT <= "
@@ -237,8 +243,7 @@ def report_section(summary: dict[str, Any], out_dir: str) -> str:
       "parallel first; `jaxroof.serving.decision`). TTFT: the prefill of one prompt "
       "(M/D/1 mean with queueing under load)."
       + (" The fewest chips are not the best layout: more hold more K/V, so a larger batch "
-         f"(`python -m experiments.plan --model={subject['model']} --context={subject['context']}` "
-         "searches layouts, batches and dtypes)."
+         f"(`{plan_command or 'experiments.plan'}` searches layouts, batches and dtypes)."
          if any(e["chips"] > 1 for e in summary["accelerators"]) else "")
       + " *Analytic bound* from datasheet figures; *calibrated "
       "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
@@ -255,9 +260,7 @@ def report_section(summary: dict[str, Any], out_dir: str) -> str:
       "",
       f"![summary]({PLOT_NAME})",
       "",
-      f"(`{JSON_NAME}` beside this file holds every figure; `python -m experiments.serving "
-      f"--model={subject['model']} --accelerator=SLUG --prompt_tokens={subject['prompt_tokens']} "
-      f"--output_tokens={subject['output_tokens']} --token_gap_ms={subject['token_gap_s'] * 1e3:g} "
-      f"--ttft_ms={subject['ttft_s'] * 1e3:g}` gives one accelerator in full.)",
+      f"(`{JSON_NAME}` beside this file holds every figure; "
+      f"`{serving_command or 'experiments.serving'}` gives one accelerator in full.)",
   ]
   return "\n".join(lines)

@@ -6,7 +6,7 @@ from typing import Any
 
 
 def decode_equivalence_section(result: dict[str, Any]) -> str:
-  """Summarises `experiments.decode_equivalence --json_out` output."""
+  """Summarises the JSON result `experiments.decode_equivalence` writes."""
   inputs = result["inputs"]
   config = inputs["config"]
   lines = [
@@ -43,7 +43,7 @@ def decode_equivalence_section(result: dict[str, Any]) -> str:
 
 
 def bench_decode_section(result: dict[str, Any]) -> str:
-  """Summarises `experiments.bench_decode --json_out` output."""
+  """Summarises the JSON result `experiments.bench_decode` writes."""
   inputs = result["inputs"]
   cached, recompute = result["cached"], result["recompute"]
   return "\n".join([

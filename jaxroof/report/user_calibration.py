@@ -1,10 +1,10 @@
 """Calibration from users' measurements, displayed: held-out and carry-over errors.
 
-Reads the result files `experiments.calibrate --from_csv` wrote (under
-`results/`) and shows calibrated prediction vs analytic bound, both against the
-measurements named in the files; then the layout carry-over of
-`experiments.calibrate_layouts --carry_over` and the serving-benchmark fits of
-`experiments.calibrate_engine` (through the simulator), where present.
+Reads the result files the calibrate experiment wrote from a CSV of measured step
+times (under `results/`) and shows calibrated prediction vs analytic bound, both
+against the measurements named in the files; then the layout carry-over (its layouts
+source, each layout predicted from the others) and the serving-benchmark fits (its
+vllm source, through the simulator), where present.
 """
 
 from __future__ import annotations
@@ -110,16 +110,17 @@ def _layout_and_engine_lines(results_dir: str) -> list[str]:
   return lines
 
 
-def report_section(results_dir: str) -> str:
-  """Markdown of the committed user-calibration results (none: a pointer)."""
+def report_section(results_dir: str, fit_command: str | None = None) -> str:
+  """Markdown of the committed user-calibration results (none: a pointer to
+  `fit_command`, the caller's command line that fits a CSV, or to the experiment)."""
   lines = ["## Calibration from published measurements", ""]
   paths = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
   carry_path = os.path.join(results_dir, CARRY_OVER)
   extra = _layout_and_engine_lines(results_dir)
   if not paths and not os.path.exists(carry_path) and not extra:
     return "\n".join(lines + [
-        "No results yet: `python -m experiments.calibrate --from_csv=PATH "
-        "--accelerator=SLUG --json_out=PATH`."])
+        f"No results yet: `{fit_command}`." if fit_command else
+        "No results yet: the calibrate experiment fits a CSV of measured step times."])
   if paths:
     results = [_load(p) for p in paths]
     lines += [
