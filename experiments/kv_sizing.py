@@ -134,7 +134,7 @@ def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
         f"{_gb(sizing.allocated_bytes)} GB with {_WORKSPACE.value:.0%} kept free: {verdict}; "
         f"at most {fit.max_batch} sequences of this context "
         f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
-  what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+  what_ifs = _model_flags.what_ifs(device)
   for line in what_ifs:
     print(line)
   return {"accelerator": device.name, "what_if": what_ifs, **dataclasses.asdict(fit)}

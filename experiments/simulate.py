@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 from absl import flags
 
 from experiments import _cli
@@ -47,10 +46,9 @@ from experiments import _model_notes
 from jaxroof import files
 from jaxroof import progress
 from jaxroof.errors import InputError
-from jaxroof.measure import profiles
+from jaxroof.report import simulate_lines as sim_lines
 from jaxroof.report import simulation as sim_report
 from jaxroof.report import accuracy
-from jaxroof.report import table
 from jaxroof.serving import arrivals, fleet, metrics, replica, simulator
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic.step_model import StepModel
@@ -58,7 +56,7 @@ from jaxroof.symbolic.step_model import StepModel
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction",
-                              *_model_flags.COST)
+                              *_model_flags.COST, "profile", "what_if")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE = _SHARED.block_size
@@ -78,8 +76,6 @@ _HEAD_DIM = flags.DEFINE_integer("head_dim", None, "Raw: coordinates per head.",
 _KV_MEMORY_GB = flags.DEFINE_float("kv_memory_gb", None, "Raw: memory for K/V pages, GB.")
 _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longest sequence.",
                                     lower_bound=1)
-_PROFILE = flags.DEFINE_string("profile", None, "Calibration profile JSON: calibrated "
-                               "iterations with its factors and measured ceilings.")
 # The workload.
 _NUM_REQUESTS = flags.DEFINE_integer(
     "num_requests", 1000, "Requests to simulate. In [1, 1,000,000] (about 10,000 "
@@ -123,9 +119,6 @@ _ROUTER = flags.DEFINE_enum("router", "round_robin", list(fleet.ROUTERS),
 _LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
                                   "Sampled prompt + output beyond the model's context: "
                                   "drawn again, or clipped.")
-_WHAT_IF = flags.DEFINE_bool(
-    "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
-    "(its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
@@ -141,12 +134,7 @@ for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens")
 
 
 def _step_model(bound: bool = False) -> StepModel:
-  if _PROFILE.value is None or bound:
-    return StepModel.bound(_SHARED.bound.value)
-  prof = profiles.load_profile(_PROFILE.value)
-  notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
-           if _ACCELERATOR.value else [])
-  return profiles.step_model(prof, notes=tuple(notes))
+  return _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value, bound=bound)
 
 
 def _replica(bound: bool = False, **kw) -> replica.Replica:
@@ -276,13 +264,7 @@ def main(argv: list[str]) -> None:
   r = _replica()
   if _FIND_MAX_RATE.value:
     found = _max_rate(r, replicas, layout.chips)
-    rate = found["max_rate_per_s"]
-    print(f"largest arrival rate meeting the SLOs at p{_SLO_PERCENTILE.value:g} "
-          f"({len(found['tried'])} seeded simulations of {_NUM_REQUESTS.value} requests, "
-          f"{_SCHEDULER.value} scheduler, {replicas} replica(s), {layout.chips} chip(s)): "
-          + ("none (the smallest rate tried misses)" if rate is None else
-             f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
-             f"{found['bracket']}"))
+    print(sim_lines.max_rate_line(found, _SCHEDULER.value))
     if _JSON_OUT.value:
       files.write_json(_JSON_OUT.value, {"label": found["label"], "replica": r.description,
                                          "scheduler": _SCHEDULER.value,
@@ -292,9 +274,7 @@ def main(argv: list[str]) -> None:
   w = trace or _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value, r.max_context)
   beyond = w.description.get("beyond_context")
   if beyond and beyond["requests_beyond"]:
-    print(f"{beyond['requests_beyond']} sampled request(s) beyond the {beyond['max_total_tokens']}"
-          f"-token context: {beyond['policy']}d ({beyond['draws_redone']} draws redone, "
-          f"{beyond['clipped']} clipped)")
+    print(sim_lines.beyond_context_line(beyond))
   if replicas > 1:
     _main_fleet(w, r, replicas)
     return
@@ -305,41 +285,30 @@ def main(argv: list[str]) -> None:
   m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
                               run.itl_s, **_targets())
   m.update(metrics.iteration_means(run))
-  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
-                                       == "bound" else "calibrated iteration model"))
+  label = sim_lines.label(r.description["step_model"])
   model = _step_model()
-  calibrated = model.kind == "calibrated"
+  provenance = model.provenance if model.kind == "calibrated" else None
   bound_metrics = None
-  if calibrated and accuracy.bound_first(model.provenance):
-    b = _replica(bound=True)
-    bound_run = simulator.simulate(w, b, _SCHEDULER.value)
+  if provenance is not None and accuracy.bound_first(provenance):
+    bound_run = simulator.simulate(w, _replica(bound=True), _SCHEDULER.value)
     bound_metrics = metrics.serving_metrics(
         bound_run.arrival_s, bound_run.first_token_s, bound_run.finish_s,
         bound_run.output_tokens, bound_run.itl_s, **_targets())
-    print(f"simulated prediction, analytic iteration bound, shown first (the profile's "
-          f"held-out error is larger than the bound's on the same data): {_SCHEDULER.value} "
-          f"scheduler, {len(w)} requests")
-    print(table.format_table(sim_report.HEADER,
-                             sim_report.metrics_rows({_SCHEDULER.value: bound_metrics})))
-    print()
+    print(f"{sim_lines.label('bound')}, shown first (the profile's held-out error is larger "
+          f"than the bound's on the same data): {_SCHEDULER.value} scheduler, {len(w)} requests")
+    print(sim_lines.metrics_table(_SCHEDULER.value, bound_metrics) + "\n")
   print(f"{label}: {_SCHEDULER.value} scheduler, {len(w)} requests")
-  headers, cells = sim_report.HEADER, sim_report.metrics_rows({_SCHEDULER.value: m})
-  if calibrated:  # The error beside every calibrated number.
-    headers = tuple(headers) + (accuracy.HEADER,)
-    cells = [list(c) + [accuracy.cell(model.provenance)] for c in cells]
-  print(table.format_table(headers, cells))
-  if calibrated:
-    print("\n".join(accuracy.footnote_lines(model.provenance)))
-  print(f"{run.iterations} iterations simulated in {run.wall_s:.2f} s; "
-        f"{run.preemptions} preemptions; peak K/V pages {int(run.pages_in_use.max())} "
-        f"of {r.total_pages}")
+  print(sim_lines.metrics_table(_SCHEDULER.value, m, provenance))
+  if provenance is not None:
+    print("\n".join(accuracy.footnote_lines(provenance)))
+  print(sim_lines.run_line(run, r.total_pages))
   result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
             "workload": w.description, "metrics": m,
             "simulation": metrics.simulation_block(run, r.total_pages)}
-  if calibrated:
-    result["profile"] = dict(model.provenance)
-    result["accuracy"] = accuracy.fields(model.provenance)
-    result["metrics"] = {**m, accuracy.ROW_FIELD: model.provenance.get("heldout_median_rel_error")}
+  if provenance is not None:
+    result["profile"] = dict(provenance)
+    result["accuracy"] = accuracy.fields(provenance)
+    result["metrics"] = {**m, accuracy.ROW_FIELD: provenance.get("heldout_median_rel_error")}
   if bound_metrics is not None:
     result["bound_metrics"] = bound_metrics
   if _MODEL.value is not None:
@@ -362,17 +331,11 @@ def main(argv: list[str]) -> None:
 
 def _main_fleet(w: arrivals.Workload, r: replica.Replica, replicas: int) -> None:
   out = _fleet(w, r, replicas)
-  run = out["run"]
-  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
-                                       == "bound" else "calibrated iteration model"))
+  label = sim_lines.label(r.description["step_model"])
   print(f"{label}: fleet of {replicas} replicas behind {_ROUTER.value}, {_SCHEDULER.value} "
         f"scheduler, {len(w)} requests at {_ARRIVAL_RATE.value:g}/s")
-  print(table.format_table(sim_report.HEADER,
-                           sim_report.metrics_rows({f"fleet ({replicas})": out["metrics"]})))
-  counts = np.bincount(run.assignment, minlength=replicas)
-  print(f"requests per replica: min {counts.min()}, max {counts.max()}; "
-        f"{run.fleet.iterations} iterations simulated in {run.wall_s:.2f} s; "
-        f"{run.fleet.preemptions} preemptions (per-replica metrics in the JSON)")
+  print(sim_lines.metrics_table(f"fleet ({replicas})", out["metrics"]))
+  print(sim_lines.fleet_line(out["run"], replicas))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, {
         "label": label, "scheduler": _SCHEDULER.value, "router": _ROUTER.value,
