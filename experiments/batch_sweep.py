@@ -197,7 +197,8 @@ def _compute(batch_sizes: list[int], bound: bool = False
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
-  scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
+  scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present
+                                          for h in (_BANDWIDTH_TBPS, _TFLOPS))
   layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
   for each in sweeps or [sweep]:
     elasticity.annotate_sweep(each, _step_model(scale_given_ceilings=scale_given, bound=bound),

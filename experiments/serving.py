@@ -167,7 +167,8 @@ def _inputs() -> requests.ServingInputs:
   if _MODEL.value is None:
     tflops = _SHARED.tflops.value
     return raw_inputs.serving_inputs(
-        weight_bytes=_SHARED.weights_gb.value * 1e9, bytes_per_weight=_SHARED.bytes_per_weight.value,
+        weight_bytes=_SHARED.weights_gb.value * 1e9,
+        bytes_per_weight=_SHARED.bytes_per_weight.value,
         bandwidth_bytes_per_s=_SHARED.bandwidth_tbps.value * 1e12,
         flops_per_s=None if tflops is None else tflops * 1e12, prompt_tokens=prompt,
         output_tokens=outputs, kv_bytes_per_token=_SHARED.kv_bytes_per_token.value,
