@@ -118,6 +118,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "BW": ("bandwidth_tbps",), "F": ("tflops",), "N": ("params_b", "weights_gb"),
     "q": ("bytes_per_weight",), "k": ("kv_bytes_per_token",), "layers": ("layers",),
     "memory_capacity_bytes": ("memory_gb",), "kv_memory_bytes": ("kv_memory_gb",),
+    "kv_per_sequence_bytes": ("kv_gb_per_seq",),
     "arrival_rate_per_s": ("arrival_rate",), "aggregate_tokens_per_s": ("aggregate_tokens_per_s",),
     "accelerators": ("accelerators", "accelerator"), "accelerator": ("accelerator",),
 }

@@ -17,6 +17,7 @@ from absl import flags
 from experiments import _cli
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.serving import replica
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
@@ -180,6 +181,34 @@ def given(holder: flags.FlagHolder) -> object | None:
   return holder.value if flags.FLAGS[holder.name].present else None
 
 
+def what_if_device(holders: types.SimpleNamespace,
+                   memory_gb: flags.FlagHolder | None = None) -> Accelerator:
+  """The device with `--bandwidth_tbps`, `--tflops` (and `memory_gb`) as what-ifs on its
+  datasheet when given on the command line (their raw-number defaults are not)."""
+  return what_if.with_overrides(
+      device(holders, bandwidth_tbps=given(holders.bandwidth_tbps),
+             tflops=given(holders.tflops)),
+      memory_gb=None if memory_gb is None else given(memory_gb))
+
+
+def figures_given(holders: types.SimpleNamespace) -> bool:
+  """Whether step times scale figures the user gave (a model's datasheet, or
+  `--bandwidth_tbps`/`--tflops`) rather than a profile's measured ceilings."""
+  return holders.model.value is not None or any(
+      flags.FLAGS[h.name].present for h in (holders.bandwidth_tbps, holders.tflops))
+
+
+def raw_numbers(holders: types.SimpleNamespace) -> dict[str, float | None]:
+  """The raw-number flags (`RAW`) in SI units, as `jaxroof.serving.raw_inputs` takes them."""
+  tflops, kv_gb = holders.tflops.value, holders.kv_gb_per_seq.value
+  return dict(weight_bytes=holders.weights_gb.value * 1e9,
+              bytes_per_weight=holders.bytes_per_weight.value,
+              bandwidth_bytes_per_s=holders.bandwidth_tbps.value * 1e12,
+              flops_per_s=None if tflops is None else tflops * 1e12,
+              kv_bytes_per_token=holders.kv_bytes_per_token.value,
+              kv_per_sequence_bytes=None if kv_gb is None else kv_gb * 1e9)
+
+
 def what_ifs(device: Accelerator) -> list[str]:
   """The what-if replacements applied to a device's datasheet figures, as notes."""
   return [d for d in device.decisions if d.startswith("what-if")]
@@ -198,3 +227,18 @@ def step_model(holders: types.SimpleNamespace, *, accelerator: str | None,
            if accelerator else [])
   return profiles.step_model(profile, use_profile_ceilings=use_profile_ceilings,
                              notes=tuple(notes))
+
+
+def model_options(holders: types.SimpleNamespace) -> dict[str, object]:
+  """The allocation and cost flags a model's inputs and its replica both take."""
+  return dict(weight_dtype=holders.weight_dtype.value, kv_dtype=holders.kv_dtype.value,
+              block_size=holders.block_size.value,
+              workspace_fraction=holders.workspace_fraction.value,
+              mla_prefill=holders.mla_prefill.value, comm_overlap=holders.comm_overlap.value)
+
+
+def model_replica(holders: types.SimpleNamespace, device: Accelerator, **kw) -> replica.Replica:
+  """One simulated replica of `--model` on `device`, with the shared flags' allocation
+  and cost options; `kw`: the context, step model, layout and scheduling."""
+  return replica.from_model(models.load_model(holders.model.value), device,
+                            **model_options(holders), **kw)

@@ -1,4 +1,5 @@
-"""What `experiments.serving` prints: its request table, decision, pools and percentiles."""
+"""What `experiments.serving` prints and plots: its request table, decision, pools,
+percentiles and the rate frontier."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from typing import Any
 from jaxroof.report import accuracy
 from jaxroof.report import serving_section
 from jaxroof.report import table
+from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import requests
+from jaxroof.serving import serving_result
+from jaxroof.symbolic.step_model import StepModel
 
 _LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
 
@@ -70,3 +75,26 @@ def lines(result: dict[str, Any]) -> list[str]:
     out.append(percentiles_line(result["percentiles"], inputs["arrival_rate_per_replica_s"],
                                 decision["batch"]))
   return out
+
+
+def annotate_calibrated(result: dict[str, Any], provenance: dict[str, Any]) -> None:
+  """Puts the profile and its held-out error beside every calibrated number of a serving
+  result (the JSON): the error travels with the number."""
+  result["profile"] = dict(provenance)
+  result["accuracy"] = accuracy.fields(provenance)
+  for row in result["requests"] + [result["decision"]]:
+    row[accuracy.ROW_FIELD] = provenance.get("heldout_median_rel_error")
+
+
+def plot_frontier(model: StepModel, inputs: requests.ServingInputs,
+                  question: serving_result.Question, decision: dict[str, Any],
+                  path: str) -> None:
+  """Writes the rate frontier around the decision as a PNG at `path`."""
+  prompt, outputs = question.prompt_tokens, question.output_tokens
+  frontier = decision_lib.frontier(
+      model, inputs, serving_section.frontier_batches(question.batch_sizes, decision, inputs),
+      prompt_tokens=prompt, output_tokens=outputs)
+  serving_section.plot_frontier(
+      frontier, decision, path, f"{inputs.label}\nprompt {prompt} + {outputs} outputs",
+      kind=model.kind, token_gap_s=question.token_gap_s,
+      memory_limit=inputs.max_batch_in_memory)

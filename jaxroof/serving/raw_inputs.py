@@ -56,3 +56,28 @@ def serving_inputs(*, weight_bytes: float, bytes_per_weight: float,
       label=(f"{weight_bytes / 1e9:g} GB weights ({bytes_per_weight:g} B/weight), {kv}, "
              f"{bandwidth_bytes_per_s / 1e12:g} TB/s, {compute}"),
       memory=memory)
+
+
+def sweep_inputs(*, weight_bytes: float, bytes_per_weight: float,
+                 bandwidth_bytes_per_s: float, flops_per_s: float | None,
+                 kv_bytes_per_token: float | None = None,
+                 kv_per_sequence_bytes: float | None = None,
+                 context: int | None = None) -> dict[str, float | None]:
+  """A batch sweep's inputs of raw numbers (SI units: N, q, T, k, BW, F).
+
+  K/V is per retained token at `context` tokens, or fixed per sequence (default the
+  lesson's 0.25 GB), then folded into k with T = 1 (the sweep reads only T k).
+  """
+  if kv_bytes_per_token is not None and kv_per_sequence_bytes is not None:
+    raise errors.InputError("give kv_per_sequence_bytes or kv_bytes_per_token, not both.",
+                            field="kv_per_sequence_bytes")
+  if kv_bytes_per_token is not None:
+    if context is None:
+      raise errors.InputError("kv_bytes_per_token needs a context (retained tokens).",
+                              field="context")
+    T, k = float(context), kv_bytes_per_token
+  else:
+    T, k = 1.0, (LESSON_KV_PER_SEQUENCE_BYTES if kv_per_sequence_bytes is None
+                 else kv_per_sequence_bytes)
+  return {"N": weight_bytes / errors.require_positive("bytes_per_weight", bytes_per_weight),
+          "q": bytes_per_weight, "T": T, "k": k, "BW": bandwidth_bytes_per_s, "F": flops_per_s}
