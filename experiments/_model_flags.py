@@ -181,6 +181,24 @@ def given(holder: flags.FlagHolder) -> object | None:
   return holder.value if flags.FLAGS[holder.name].present else None
 
 
+def check_model_or_raw(holders: types.SimpleNamespace, *, model_only: tuple, raw: tuple
+                       ) -> None:
+  """`--model` on a device, or raw numbers (`RAW`), never a mix: one-line errors naming
+  the flags given. `model_only`: flags that apply only with `--model`; `raw`: those it
+  replaces (with it `--bandwidth_tbps`, `--tflops` and `--memory_gb` are what-ifs)."""
+  model = holders.model.value is not None
+  if model != (holders.accelerator.value is not None or bool(holders.accelerator_file.value)):
+    raise InputError("--model and --accelerator (or --accelerator_file) go together.")
+  named = lambda given: ", ".join(f"--{h.name}" for h in given  # noqa: E731
+                                  if flags.FLAGS[h.name].present)
+  if not model and named(model_only):
+    raise InputError(f"{named(model_only)} apply only with --model.")
+  if model and named(raw):
+    raise InputError(f"--model replaces the raw-number flags (given: {named(raw)}); with it "
+                     "--bandwidth_tbps, --tflops and --memory_gb are what-ifs on the "
+                     "datasheet.")
+
+
 def what_if_device(holders: types.SimpleNamespace,
                    memory_gb: flags.FlagHolder | None = None) -> Accelerator:
   """The device with `--bandwidth_tbps`, `--tflops` (and `memory_gb`) as what-ifs on its

@@ -40,12 +40,11 @@ from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.parallel import variants
 from jaxroof.report import accuracy
-from jaxroof.report import plots
 from jaxroof.report import sweep_table
 from jaxroof.serving import elasticity
+from jaxroof.serving import raw_inputs as raw_inputs_lib
 from jaxroof.specs import models
 from jaxroof.symbolic import sweep as sweep_lib
-from jaxroof.symbolic.step_model import StepModel
 
 # Raw numbers (the lesson's by default), or a model on an accelerator; either with a profile.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
@@ -54,8 +53,8 @@ _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weigh
                               "profile", "what_if", lists=("weight_dtype", "kv_dtype"))
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
-_KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN = _SHARED.kv_gb_per_seq, _SHARED.kv_bytes_per_token
-_BANDWIDTH_TBPS, _TFLOPS, _LAYERS = _SHARED.bandwidth_tbps, _SHARED.tflops, _SHARED.layers
+_KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN, _LAYERS = (_SHARED.kv_gb_per_seq,
+                                                 _SHARED.kv_bytes_per_token, _SHARED.layers)
 _MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.block_size, _SHARED.workspace_fraction,
                _SHARED.max_new_tokens, _SHARED.group_size, _SHARED.memory_gb)
 _CONTEXT = flags.DEFINE_list(
@@ -97,75 +96,44 @@ def _kv_flags_consistent(values: dict) -> bool:
 
 
 _RAW_FLAGS = (_SHARED.weights_gb, _SHARED.bytes_per_weight, _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN,
-              _BANDWIDTH_TBPS, _TFLOPS)
-_WHAT_IF_FLAGS = (_BANDWIDTH_TBPS, _TFLOPS)  # With --model: replace the datasheet's figures.
+              _SHARED.bandwidth_tbps, _SHARED.tflops)
 
 
-@flags.multi_flags_validator(
-    (_MODEL.name, _ACCELERATOR.name, _SHARED.accelerator_file.name, _CONTEXT.name,
-     _WEIGHT_DTYPE.name, _KV_DTYPE.name) + tuple(h.name for h in _RAW_FLAGS),
-    message="--model needs --accelerator (or --accelerator_file) and --context, and "
-    "replaces --weights_gb, --bytes_per_weight, --kv_* and --layers (the model knows its "
-    "own blocks) (--bandwidth_tbps, --tflops and "
-    "--memory_gb become what-ifs); --weight_dtype, --kv_dtype, --block_size, "
-    "--workspace_fraction, --max_new_tokens, --group_size, --memory_gb, --accelerator_file "
-    "and --price_per_hour apply only with --model",
-)
-def _model_flags_consistent(values: dict) -> bool:
-  device = values[_ACCELERATOR.name] is not None or values[_SHARED.accelerator_file.name]
-  if values[_MODEL.name] is None and not device:
-    return not any(flags.FLAGS[h.name].present
-                   for h in (_WEIGHT_DTYPE, _KV_DTYPE, _PRICE_PER_HOUR) + _MODEL_ONLY)
-  raw_given = any(flags.FLAGS[h.name].present for h in _RAW_FLAGS + (_LAYERS,)
-                  if h.name not in {w.name for w in _WHAT_IF_FLAGS})
-  return (values[_MODEL.name] is not None and bool(device)
-          and values[_CONTEXT.name] is not None and not raw_given)
+def _check_flags() -> None:
+  """--model on a device with --context, or raw numbers, as one-line errors."""
+  _model_flags.check_model_or_raw(
+      _SHARED, model_only=(_WEIGHT_DTYPE, _KV_DTYPE, _PRICE_PER_HOUR) + _MODEL_ONLY,
+      raw=_RAW_FLAGS[:4] + (_LAYERS,))
+  if _MODEL.value:
+    _cli.require_flags(_CONTEXT)
 
 
 def raw_inputs() -> dict:
   """The sweep's inputs in SI units, from the raw-number flags."""
-  if _KV_BYTES_PER_TOKEN.value is not None:
-    if len(_CONTEXT.value) != 1:
-      raise InputError(f"--context={','.join(_CONTEXT.value)} is not allowed with raw numbers: "
-                       "give one context (lists compare dtypes and contexts with --model).")
-    T, k = float(_CONTEXT.value[0]), _KV_BYTES_PER_TOKEN.value
-  else:
-    # Only the product T*k matters here: fold the context into k.
-    T, k = 1.0, (0.25 if _KV_GB_PER_SEQ.value is None else _KV_GB_PER_SEQ.value) * 1e9
-  weight_bytes = _SHARED.weights_gb.value * 1e9
-  return {"N": weight_bytes / _SHARED.bytes_per_weight.value, "q": _SHARED.bytes_per_weight.value,
-          "T": T, "k": k, "BW": _BANDWIDTH_TBPS.value * 1e12,
-          "F": None if _TFLOPS.value is None else _TFLOPS.value * 1e12}
+  context = _CONTEXT.value
+  if _KV_BYTES_PER_TOKEN.value is not None and len(context) != 1:
+    raise InputError(f"--context={','.join(context)} is not allowed with raw numbers: "
+                     "give one context (lists compare dtypes and contexts with --model).")
+  return raw_inputs_lib.sweep_inputs(**_model_flags.raw_numbers(_SHARED),
+                                     context=int(context[0]) if context else None)
 
 
-def _token_gap_s() -> float | None:
-  return None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
-
-
-def _step_model(*, scale_given_ceilings: bool, accelerator: str | None = None,
-                bound: bool = False) -> StepModel:
-  """The bound, or with --profile its calibrated model (checked against the device)."""
-  return _model_flags.step_model(_SHARED, accelerator=accelerator, bound=bound,
-                                 use_profile_ceilings=not scale_given_ceilings)
-
-
-def model_sweeps(batch_sizes: list[int], bound: bool = False) -> tuple[list[dict], list[str]]:
+def model_sweeps(batch_sizes: list[int], gap_s: float | None, bound: bool = False
+                 ) -> tuple[list[dict], list[str]]:
   """One sweep per (weight dtype, K/V dtype, context) for --model on the device, with
   the memory fit of each batch; and the what-if notes (datasheet figures replaced)."""
-  device = _model_flags.device(_SHARED, bandwidth_tbps=_model_flags.given(_BANDWIDTH_TBPS),
-                               tflops=_model_flags.given(_TFLOPS))
+  device = _model_flags.what_if_device(_SHARED)
   what_ifs = _model_flags.what_ifs(device)
   sweeps = variants.variant_sweeps(
       models.load_model(_MODEL.value), device,
       contexts=[int(c) for c in _CONTEXT.value], weight_dtypes=_WEIGHT_DTYPE.value,
       kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
-      model=_step_model(scale_given_ceilings=True,
-                        accelerator=_ACCELERATOR.value or device.name, bound=bound),
-      token_gap_s=_token_gap_s(),
-      layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
-      block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
-      max_new_tokens=_SHARED.max_new_tokens.value, group_size=_SHARED.group_size.value,
-      comm_overlap=_SHARED.comm_overlap.value)
+      model=_model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value or device.name,
+                                    use_profile_ceilings=False, bound=bound),
+      token_gap_s=gap_s, layout=_layout_flags.layout(_ACCELERATOR.value),
+      price_per_hour=_PRICE_PER_HOUR.value, block_size=_SHARED.block_size.value,
+      workspace_fraction=_SHARED.workspace_fraction.value, group_size=_SHARED.group_size.value,
+      max_new_tokens=_SHARED.max_new_tokens.value, comm_overlap=_SHARED.comm_overlap.value)
   for sweep in sweeps:
     sweep["inputs"]["what_if"] = what_ifs
     sweep["assumptions"] = list(sweep["assumptions"]) + what_ifs
@@ -176,45 +144,38 @@ def _compute(batch_sizes: list[int], bound: bool = False
              ) -> tuple[list[dict], dict, str, list[str]]:
   """The sweeps (one per combination; [] for raw numbers), the first, a title, what-ifs."""
   sweeps, what_ifs = [], []
+  gap_s = None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
+  model = _model_flags.step_model(_SHARED, accelerator=None, bound=bound,
+                                  use_profile_ceilings=not _model_flags.figures_given(_SHARED))
   if _MODEL.value:
-    sweeps, what_ifs = model_sweeps(batch_sizes, bound=bound)
-    sweep = sweeps[0]
-    title = f"{sweep['inputs']['model']} on {sweep['inputs']['accelerator']}" + (
-        f", context {sweep['inputs']['context']}, {sweep['inputs']['weight_dtype_label']} weights, "
-        f"{sweep['inputs']['kv_dtype']} K/V" if len(sweeps) == 1 else "")
-    if what_ifs:
-      title += " (what-if)"
+    sweeps, what_ifs = model_sweeps(batch_sizes, gap_s, bound=bound)
+    sweep, title = sweeps[0], sweep_table.title(sweeps, what_ifs)
   else:
     if not _layout_flags.layout().is_single_chip:
       raise InputError("--tp/--pp/--ep/--dp/--chips apply with --model and --accelerator "
                        "only: the raw-number sweep is one chip.")
     inputs = raw_inputs()
-    given = any(flags.FLAGS[h.name].present for h in (_BANDWIDTH_TBPS, _TFLOPS))
-    sweep = sweep_lib.sweep(_step_model(scale_given_ceilings=given, bound=bound), batch_sizes,
-                            layers=_LAYERS.value, token_gap_s=_token_gap_s(), **inputs)
+    sweep = sweep_lib.sweep(model, batch_sizes, layers=_LAYERS.value, token_gap_s=gap_s, **inputs)
     for row in sweep["rows"]:  # One chip: no communication.
       row["comm_s"], row["chips"] = 0.0, 1
     sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
                        "si": inputs, "batch_sizes": batch_sizes}
     title = "Decode batch sweep"
-  scale_given = bool(_MODEL.value) or any(flags.FLAGS[h.name].present
-                                          for h in (_BANDWIDTH_TBPS, _TFLOPS))
   layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
   for each in sweeps or [sweep]:
-    elasticity.annotate_sweep(each, _step_model(scale_given_ceilings=scale_given, bound=bound),
-                              layers=layers, **each["inputs"]["si"])
+    elasticity.annotate_sweep(each, model, layers=layers, **each["inputs"]["si"])
   return sweeps, sweep, title, what_ifs
 
 
 def main(argv: list[str]) -> None:
   del argv  # Unused.
+  _check_flags()
   batch_sizes = _cli.int_list(_BATCH_SIZES)
   sweeps, sweep, title, what_ifs = _compute(batch_sizes)
   priced = _PRICE_PER_HOUR.value is not None
   if sweep["kind"] == "calibrated" and accuracy.bound_first(sweep["profile"]):
     bound_sweeps, bound_sweep, _, _ = _compute(batch_sizes, bound=True)
-    print(sweep_table.title_line(title, bound_sweep, bound_first=True))
-    print("\n".join(sweep_table.lines(bound_sweeps, bound_sweep, priced=priced) + [""]))
+    print("\n".join(sweep_table.bound_first_lines(title, bound_sweeps, bound_sweep, priced)))
   print("\n".join([sweep_table.title_line(title, sweep)] + what_ifs))
   if _MODEL.value:
     spec = models.load_model(_MODEL.value)
@@ -222,8 +183,7 @@ def main(argv: list[str]) -> None:
     _model_notes.say(spec, contexts)
   print("\n".join(sweep_table.lines(sweeps, sweep, priced=priced)))
   if sweep["kind"] == "calibrated":
-    for line in accuracy.footnote_lines(sweep["profile"]):
-      print(line)
+    print("\n".join(accuracy.footnote_lines(sweep["profile"])))
   document = variants.combined(sweeps) if len(sweeps) > 1 else sweep
   if _MODEL.value:
     document.update(_model_notes.json_fields(spec, contexts))
@@ -231,10 +191,7 @@ def main(argv: list[str]) -> None:
     files.write_json(_JSON_OUT.value, document)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    if len(sweeps) > 1:
-      plots.plot_variants(sweeps, _PLOT_OUT.value, title)
-    else:
-      plots.plot_sweep(sweep, _PLOT_OUT.value, title)
+    sweep_table.plot(sweeps, sweep, _PLOT_OUT.value, title)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 

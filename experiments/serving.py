@@ -90,17 +90,7 @@ _RAW_FLAGS = (_SHARED.weights_gb, _SHARED.bytes_per_weight, _SHARED.kv_gb_per_se
 
 def _check_flags() -> None:
   """Flag combinations, as one-line errors."""
-  present = lambda holders: any(flags.FLAGS[h.name].present for h in holders)  # noqa: E731
-  device = _ACCELERATOR.value is not None or bool(_SHARED.accelerator_file.value)
-  if (_MODEL.value is None) == device:
-    raise errors.InputError("--model and --accelerator (or --accelerator_file) go together.")
-  if _MODEL.value is None and present(_MODEL_ONLY):
-    raise errors.InputError("--accelerator_file, --weight_dtype, --kv_dtype, --block_size, "
-                            "--workspace_fraction and --group_size apply only with --model.")
-  if _MODEL.value is not None and present(_RAW_FLAGS):
-    raise errors.InputError("--model replaces the raw-number flags (--weights_gb, "
-                            "--bytes_per_weight, --kv_*); with it --bandwidth_tbps, --tflops "
-                            "and --memory_gb are what-ifs on the datasheet.")
+  _model_flags.check_model_or_raw(_SHARED, model_only=_MODEL_ONLY, raw=_RAW_FLAGS)
   if _MODEL.value is None and _CONTEXT.value is not None:
     raise errors.InputError("--context applies only with --model.")
   if _MODEL.value is None and _layout_flags.layout().chips > 1:

@@ -1,10 +1,12 @@
-"""What `experiments.batch_sweep` prints: the title, the rows and each sweep's summary."""
+"""What `experiments.batch_sweep` prints and plots: the title, the rows, each sweep's
+summary and the rates against batch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jaxroof.report import accuracy
+from jaxroof.report import plots
 from jaxroof.report import table
 
 _CEILING_SOURCES = {"profile": "the profile's measured ceilings",
@@ -44,6 +46,16 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines.append(f"largest batch that fits in memory: {summary['max_batch_in_memory']:,}")
   lines += [f"note: {n}" for n in summary["notes"] + summary.get("rate_notes", [])]
   return lines
+
+
+def title(sweeps: list[dict[str, Any]], what_ifs: list[str]) -> str:
+  """A model sweep's title: the model on the device, and for one combination its context
+  and dtypes; "(what-if)" when datasheet figures were replaced."""
+  inputs = sweeps[0]["inputs"]
+  text = f"{inputs['model']} on {inputs['accelerator']}" + (
+      f", context {inputs['context']}, {inputs['weight_dtype_label']} weights, "
+      f"{inputs['kv_dtype']} K/V" if len(sweeps) == 1 else "")
+  return text + (" (what-if)" if what_ifs else "")
 
 
 def title_line(title: str, sweep: dict[str, Any], *, bound_first: bool = False) -> str:
@@ -96,3 +108,19 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
                  f"{each['inputs']['kv_dtype']} K/V, context {each['inputs']['context']:,}:")
     out += summary_lines(each["summary"])
   return out
+
+
+def bound_first_lines(title: str, sweeps: list[dict], sweep: dict, priced: bool) -> list[str]:
+  """The bound's table, shown before a profile whose held-out error is larger than the
+  bound's, and a blank line."""
+  return ([title_line(title, sweep, bound_first=True)] + lines(sweeps, sweep, priced=priced)
+          + [""])
+
+
+def plot(sweeps: list[dict[str, Any]], sweep: dict[str, Any], path: str, title: str) -> None:
+  """Writes both rates against batch as a PNG: every combination of a model's sweeps,
+  or the one sweep."""
+  if len(sweeps) > 1:
+    plots.plot_variants(sweeps, path, title)
+  else:
+    plots.plot_sweep(sweep, path, title)
