@@ -3,6 +3,8 @@
 `run(main)` is `absl.app.run` with two rules: a flag that fails to parse or
 validate, and a user's mistake found later (`InputError`), are each printed as
 one line naming the parameter, and the process exits 2 without a traceback.
+A library error names its field (`InputError.field`, e.g. "tp"); `FIELD_FLAGS`
+maps fields to flags, so the line names the flag the user typed (`--tp=3`).
 """
 
 from __future__ import annotations
@@ -105,6 +107,52 @@ def check_numeric_flags() -> None:
                        "[0, 2**32).")
 
 
+# Library fields (`InputError.field`) whose flag has another name (often another unit),
+# in the order tried: the first flag the running experiment defines is named. Any other
+# field names the flag of its own name, when the experiment defines one.
+FIELD_FLAGS: dict[str, tuple[str, ...]] = {
+    "token_gap_s": ("token_gap_ms",), "token_gap": ("token_gap_ms",),
+    "ttft_s": ("ttft_ms",), "ttft": ("ttft_ms",), "tpot_s": ("tpot_ms",), "itl_s": ("itl_ms",),
+    "batching_window": ("batching_window_ms", "batch_window_ms"),
+    "window_s": ("batching_window_ms", "batch_window_ms"),
+    "BW": ("bandwidth_tbps",), "F": ("tflops",), "N": ("params_b", "weights_gb"),
+    "q": ("bytes_per_weight",), "k": ("kv_bytes_per_token",), "layers": ("layers",),
+    "memory_capacity_bytes": ("memory_gb",), "kv_memory_bytes": ("kv_memory_gb",),
+    "kv_per_sequence_bytes": ("kv_gb_per_seq",),
+    "arrival_rate_per_s": ("arrival_rate",), "aggregate_tokens_per_s": ("aggregate_tokens_per_s",),
+    "accelerators": ("accelerators", "accelerator"), "accelerator": ("accelerator",),
+}
+
+
+def flag_for(field: str | None, flag_values: flags.FlagValues = flags.FLAGS) -> str | None:
+  """The flag a library field maps to in this experiment (`FIELD_FLAGS`, else the flag
+  of the field's own name; an element `batch_sizes[2]` maps as its list), or None."""
+  if not field:
+    return None
+  base = re.sub(r"\[\d+\]$", "", field)
+  for name in FIELD_FLAGS.get(base, (base,)):
+    if name in flag_values:
+      return name
+  return None
+
+
+def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -> str:
+  """The one line for a library error, naming the flag of its field: `--tp=3 is not
+  allowed ...` where the flag is the field, `--token_gap_ms=0.5: token_gap_s=...` where
+  they differ. A message that already names a flag, or a field no flag sets, is kept."""
+  message = str(error)
+  field = getattr(error, "field", None)
+  flag = flag_for(field, flag_values)
+  if flag is None or message.startswith("--"):
+    return message
+  if flag == field and message.startswith(f"{field}="):
+    return f"--{message}"
+  given = flag_values[flag].serialize() or f"--{flag}"
+  if len(given) > 80:  # A long list flag, echoed whole, would bury the message.
+    given = f"{given[:60]}..."
+  return f"{given}: {message}"
+
+
 def run(main: Callable[[list[str]], int | None]) -> None:
   """Runs an absl `main`, turning bad input into a one-line error.
 
@@ -123,7 +171,7 @@ def run(main: Callable[[list[str]], int | None]) -> None:
       check_outputs()
       return main(argv)
     except InputError as e:
-      print(f"error: {e}", file=sys.stderr)
+      print(f"error: {error_line(e)}", file=sys.stderr)
       sys.exit(2)
     except OSError as e:  # An output path that cannot be written, a missing file.
       print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)

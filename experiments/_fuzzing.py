@@ -39,8 +39,14 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
                              "--accelerators=h100-sxm,tpu-v5e", "--batch_sizes=1,8"),
     "report": ("--calibration_budget_s=0", "--out_dir={tmp}/report"),
     "calibrate": ("--budget_s=25",),
-    "bench_sweep": ("--batches=64", "--contexts=64", "--repeats=2", "--loop_points=10"),
-    "bench_decode": ("--new_tokens=2", "--prompt_len=8", "--repeats=2", "--preset=lesson"),
+    "bench": ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2",
+              "--loop_points=10"),
+    "bench_sweep": ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2",
+                    "--loop_points=10"),
+    "bench_plan": ("--what=plan", "--repeats=1"),
+    "bench_simulate": ("--what=simulate", "--num_requests=200", "--repeats=1"),
+    "bench_decode": ("--what=decode", "--new_tokens=2", "--prompt_len=8", "--repeats=2",
+                     "--preset=lesson"),
     "bench_decode_step": ("--model=lesson", "--batches=1,2", "--contexts=8,16", "--rounds=1",
                           "--repeats=2", "--bandwidth_mb=8"),
     "measure_ops": ("--decode_rows=1", "--prefill_rows=2", "--batch_sizes=1",
@@ -57,6 +63,10 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
                          "--max_simulations=10"),
     "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
 }
+# Former names that run another experiment with its --what: fuzzed as that experiment with
+# their own base flags, so each benchmark's flags get cases of their own.
+ALIASES: dict[str, str] = {"bench_sweep": "bench", "bench_plan": "bench",
+                           "bench_simulate": "bench", "bench_decode": "bench"}
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")
 _ABSL_LOG = re.compile(r"^[IWEF]\d{4} ")  # absl's own log lines are not errors.
@@ -160,10 +170,13 @@ def _bad_values(flag: flags.Flag, rng: random.Random) -> Iterator[tuple[str, str
   yield "../" * 20, "string:up_path", False
 
 
-def cases_for(module_name: str, seed: int = 0, limit: int | None = None) -> list[Case]:
-  """Every single-flag mutation of an experiment's flags (at most `limit`)."""
-  rng = random.Random(seed)
-  experiment = module_name.rsplit(".", 1)[-1]
+def cases_for(module_name: str, seed: int = 0, limit: int | None = None,
+              experiment: str | None = None) -> list[Case]:
+  """Every single-flag mutation of an experiment's flags (at most `limit`); `experiment`
+  names an alias of the module, whose base flags then apply."""
+  experiment = experiment or module_name.rsplit(".", 1)[-1]
+  # An alias draws its own sample of the shared module's cases.
+  rng = random.Random(f"{seed}:{experiment}" if experiment in ALIASES else seed)
   base = BASE_ARGS.get(experiment, ())
   out = []
   for flag in experiment_flags(module_name):
@@ -279,11 +292,11 @@ def _wait(pid: int, timeout_s: float) -> int | None:
 
 def fuzz_experiment(experiment: str, *, limit: int | None, timeout_s: float,
                     seed: int = 0) -> list[Outcome]:
-  """Imports `experiments.<experiment>` here and runs its cases."""
-  module_name = f"experiments.{experiment}"
+  """Imports `experiments.<experiment>` (an alias: the module it runs) and runs its cases."""
+  module_name = f"experiments.{ALIASES.get(experiment, experiment)}"
   importlib.import_module(module_name)
   return [run_case(module_name, case, timeout_s)
-          for case in cases_for(module_name, seed=seed, limit=limit)]
+          for case in cases_for(module_name, seed=seed, limit=limit, experiment=experiment)]
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from jaxroof.parallel import layout as layout_lib
 from jaxroof import files
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
-from jaxroof.report import table
+from jaxroof.report import kv_sizing_lines
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
@@ -66,58 +66,12 @@ UNITS = {
 }
 
 
-def _gb(value: float) -> str:
-  return f"{value / 1e9:,.4f}"
-
-
 def _print_sizing(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> None:
-  counts = parameter_counts(spec)
-  print(f"KV sizing of {spec.name} ({spec.model_type}, {spec.num_layers} blocks): "
-        f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
-        f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
-        "(analytic bound; GB = 1e9 B)")
-  if spec.assumed_llama_like:
-    print(f"ASSUMED Llama-like: model_type {spec.model_type!r} is not supported; read as "
-          "Llama because --assume_llama_like was given")
-  print(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B active "
-        f"per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
-  rows = [[k.kind, k.layers, k.window or "-",
-           f"{k.bytes_per_token:,.0f}" if k.bytes_per_token else "-",
-           f"{k.state_bytes:,.0f} ({k.state_dtype})" if k.state_dtype else "-",
-           k.retained_tokens if not k.state_dtype else "-", _gb(k.payload_bytes),
-           _gb(k.allocated_bytes), _gb(k.allocated_bytes_windowed_as_full)]
-          for k in sizing.kinds]
-  rows.append(["total", sum(k.layers for k in sizing.kinds), "-", "-",
-               f"{sum(k.state_bytes for k in sizing.kinds):,.0f}", "-",
-               _gb(sizing.payload_bytes_per_sequence), _gb(sizing.allocated_bytes_per_sequence),
-               _gb(sizing.allocated_bytes_windowed_as_full_per_sequence)])
-  print(table.format_table(
-      ("kind", "blocks", "cap (tokens)", "B/token while kept", "state B/seq",
-       "tokens kept", "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
-  capped = [k for k in sizing.kinds if k.window]
-  for k in capped:
-    print(f"{k.kind} blocks: {k.bytes_per_token:,.0f} B per token up to {k.window:,} tokens, "
-          f"at most {k.bytes_per_token * k.window / 1e9:,.4f} GB per sequence")
-  print(f"payload per sequence = {sizing.payload_formula} bytes (T = retained tokens)")
-  growing = (f"{sizing.kv_bytes_per_token:,.0f}" if sizing.kv_bytes_per_token else
-             "0 (no block keeps every token: per-sequence bytes stop growing at the cap)")
-  print(f"K/V bytes per token of the blocks that keep every token: {growing}")
-  pages = sizing.hybrid_pages
-  if pages:
-    print(f"vLLM hybrid page policy: attention pages of {pages.block_size} tokens "
-          f"({pages.page_bytes:,.0f} B per layer) hold one layer's state "
-          f"({pages.state_bytes_per_layer:,.0f} B, vLLM shapes; padded "
-          f"{pages.state_padding_fraction:.2%}); per sequence "
-          f"{_gb(pages.allocated_bytes_per_sequence)} GB allocated vs "
-          f"{_gb(pages.payload_bytes_per_sequence)} GB payload")
-  print(f"batch of {sizing.batch}: payload {_gb(sizing.payload_bytes)} GB, allocated "
-        f"{_gb(sizing.allocated_bytes)} GB, windowed-as-full "
-        f"{_gb(sizing.allocated_bytes_windowed_as_full)} GB")
+  print("\n".join(kv_sizing_lines.sizing_lines(spec, sizing, parameter_counts(spec))))
   retained = sizing.context + sizing.max_new_tokens
   warned = _model_notes.say(spec, [retained])  # Defaults, and WARNING past the limit.
-  for note in sizing.notes + spec.notes:
-    if not (warned and "max_position_embeddings" in note):  # Said as the WARNING.
-      print(f"note: {note}")
+  for line in kv_sizing_lines.note_lines(spec, sizing, warned):
+    print(line)
 
 
 def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
@@ -128,13 +82,8 @@ def _fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
   fit = kv_sizing.capacity(sizing, weight_bytes=weights,
                            memory_capacity_bytes=device.memory_capacity_bytes,
                            workspace_fraction=_WORKSPACE.value)
-  verdict = "fits" if fit.fits else "does NOT fit"
-  print(f"{device.name} ({device.full_name}, {_gb(device.memory_capacity_bytes)} GB): "
-        f"{fmt.label} weights {_gb(weights)} GB + allocated K/V "
-        f"{_gb(sizing.allocated_bytes)} GB with {_WORKSPACE.value:.0%} kept free: {verdict}; "
-        f"at most {fit.max_batch} sequences of this context "
-        f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
-  what_ifs = [d for d in device.decisions if d.startswith("what-if")]
+  print(kv_sizing_lines.fit_line(device, fmt, weights, sizing, _WORKSPACE.value, fit))
+  what_ifs = _model_flags.what_ifs(device)
   for line in what_ifs:
     print(line)
   return {"accelerator": device.name, "what_if": what_ifs, **dataclasses.asdict(fit)}
@@ -150,14 +99,10 @@ def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=_WORKSPACE.value)
   per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
-  fits = sizing.batch <= memory.max_batch_per_replica
-  print(f"per chip on tp={layout.tp} pp={layout.pp} ep={layout.ep} dp={layout.dp} "
-        f"({layout.chips} chips): weights {_gb(memory.resident_weight_bytes)} GB + K/V "
-        f"{_gb(per_chip_kv)} GB of {_gb(device.memory_capacity_bytes)} GB: "
-        f"{'fits' if fits else 'does NOT fit'}; at most {memory.max_batch_per_replica} "
-        f"sequences per replica ({layout_lib.model_terms(spec).kv_rule})")
-  return {"layout": layout.as_dict(), "fits": bool(fits),
+  chip = {"layout": layout.as_dict(), "fits": bool(sizing.batch <= memory.max_batch_per_replica),
           **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv}
+  print(kv_sizing_lines.chip_fit_line(spec, device, chip))
+  return chip
 
 
 def main(argv: list[str]) -> None:

@@ -35,79 +35,35 @@ arrival rate for the three schedulers, at up to --goodput_requests requests).
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 from absl import flags
 
 from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
 from experiments import _model_notes
+from experiments import _simulation_flags
 from jaxroof import files
-from jaxroof import progress
 from jaxroof.errors import InputError
-from jaxroof.measure import profiles
-from jaxroof.report import simulation as sim_report
+from jaxroof.report import simulate_lines as sim_lines
 from jaxroof.report import accuracy
-from jaxroof.report import table
-from jaxroof.serving import arrivals, fleet, metrics, replica, simulator
+from jaxroof.serving import fleet, metrics, replica, simulator
+from jaxroof.serving import simulation_result as sim_result
 from jaxroof.specs.models import load_model
-from jaxroof.symbolic.step_model import StepModel
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction",
-                              *_model_flags.COST)
+                              *_model_flags.COST, "profile", "what_if", "bytes_per_weight",
+                              "kv_bytes_per_token", "tflops")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
-_WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
-_BLOCK_SIZE = _SHARED.block_size
 _PROGRESS = _cli.define_progress()
+_SCHEDULER, _ROUTER, _SEED = (_simulation_flags.SCHEDULER, _simulation_flags.ROUTER,
+                              _simulation_flags.SEED)
+_ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = (_simulation_flags.ARRIVAL,
+                                          _simulation_flags.ARRIVAL_RATE,
+                                          _simulation_flags.NUM_REQUESTS)
 _CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
                                 "token are taken (sliding windows, states).", lower_bound=1)
-# ... or raw numbers.
-_PARAMS_B = flags.DEFINE_float("params_b", None, "Raw: billions of weights read and "
-                               "multiplied per iteration.")
-_BYTES_PER_WEIGHT = flags.DEFINE_float("bytes_per_weight", 2.0, "Raw: bytes per weight.")
-_KV_BYTES_PER_TOKEN = flags.DEFINE_float("kv_bytes_per_token", None, "Raw: K/V bytes per token.")
-_BANDWIDTH_TBPS = flags.DEFINE_float("bandwidth_tbps", None, "Raw: memory bandwidth, TB/s.")
-_TFLOPS = flags.DEFINE_float("tflops", None, "Raw: dense TFLOP/s.")
-_LAYERS = flags.DEFINE_integer("layers", None, "Raw: attention blocks.", lower_bound=1)
-_HEADS = flags.DEFINE_integer("heads", None, "Raw: query heads per block.", lower_bound=1)
-_HEAD_DIM = flags.DEFINE_integer("head_dim", None, "Raw: coordinates per head.", lower_bound=1)
-_KV_MEMORY_GB = flags.DEFINE_float("kv_memory_gb", None, "Raw: memory for K/V pages, GB.")
-_MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longest sequence.",
-                                    lower_bound=1)
-_PROFILE = flags.DEFINE_string("profile", None, "Calibration profile JSON: calibrated "
-                               "iterations with its factors and measured ceilings.")
-# The workload.
-_NUM_REQUESTS = flags.DEFINE_integer(
-    "num_requests", 1000, "Requests to simulate. In [1, 1,000,000] (about 10,000 "
-    "requests/s simulate on a 2-core CPU).", lower_bound=1, upper_bound=1_000_000)
-_ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 10.0, "Mean arrivals per second.")
-_ARRIVAL = flags.DEFINE_enum("arrival", "poisson", ["poisson", "gamma", "trace"], "Arrivals.")
-_BURSTINESS = flags.DEFINE_float("burstiness", 1.0, "Gamma shape (1: Poisson, < 1: burstier).")
-_TRACE = flags.DEFINE_string("trace", None, "JSONL/CSV trace with arrival_s, prompt_tokens, "
-                             "output_tokens (--arrival=trace).")
-_PROMPT_TOKENS = flags.DEFINE_float("prompt_tokens", 1000, "Mean prompt length (tokens).")
-_OUTPUT_TOKENS = flags.DEFINE_float("output_tokens", 200, "Mean output length (tokens).")
-_PROMPT_DIST = flags.DEFINE_enum("prompt_distribution", "fixed", list(arrivals.LENGTHS),
-                                 "Prompt lengths: fixed (exact), uniform, lognormal.")
-_OUTPUT_DIST = flags.DEFINE_enum("output_distribution", "fixed", list(arrivals.LENGTHS),
-                                 "Output lengths: fixed (exact), uniform, lognormal.")
-_PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.0, "Uniform: half-width / mean; "
-                                    "lognormal: coefficient of variation.")
-_OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.")
-# The scheduling.
-_SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
-                               "static, iteration (Orca), chunked (Sarathi) or vllm "
-                               "(vLLM V1's own scheduler).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of arrivals and lengths.")
-_MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "Most running sequences.", lower_bound=1)
-_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per iteration.",
-                                     lower_bound=1)
-_BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 50.0, "Static: batching window, ms.",
-                                      lower_bound=0.0)
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
@@ -118,228 +74,75 @@ _SLO_PERCENTILE = flags.DEFINE_float("slo_percentile", 90.0, "Percentile at whic
 _FIND_MAX_RATE = flags.DEFINE_bool("find_max_rate", False, "Bisect for the largest fleet "
                                    "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
                                    "--slo_percentile (starting from --arrival_rate).")
-_ROUTER = flags.DEFINE_enum("router", "round_robin", list(fleet.ROUTERS),
-                            "How a fleet (--dp > 1) sends requests to its replicas.")
-_LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
-                                  "Sampled prompt + output beyond the model's context: "
-                                  "drawn again, or clipped.")
-_WHAT_IF = flags.DEFINE_bool(
-    "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
-    "(its factors applied as a what-if).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
                                          "goodput-vs-rate plot. In [1, 100,000].",
                                          lower_bound=1, upper_bound=100_000)
 
-for _holder, _unit in ((_ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
-                       (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (_TTFT_MS, "ms"),
-                       (_TPOT_MS, "ms"), (_ITL_MS, "ms"), (_PARAMS_B, "billions"), (_BYTES_PER_WEIGHT, "B"),
-                       (_KV_BYTES_PER_TOKEN, "B"), (_BANDWIDTH_TBPS, "TB/s"), (_TFLOPS, "TFLOP/s"),
-                       (_KV_MEMORY_GB, "GB"), (_NUM_REQUESTS, "requests")):
+for _holder, _unit in ((_TTFT_MS, "ms"), (_TPOT_MS, "ms"), (_ITL_MS, "ms")):
   _cli.require_positive(_holder, _unit)
 
 
-def _step_model(bound: bool = False) -> StepModel:
-  if _PROFILE.value is None or bound:
-    return StepModel.bound(_SHARED.bound.value)
-  prof = profiles.load_profile(_PROFILE.value)
-  notes = (profiles.check_applies(prof, _ACCELERATOR.value, what_if=_WHAT_IF.value)
-           if _ACCELERATOR.value else [])
-  return profiles.step_model(prof, notes=tuple(notes))
-
-
-def _replica(bound: bool = False, **kw) -> replica.Replica:
-  model = _step_model(bound)
-  common = dict(step_model=model, max_running=_MAX_RUNNING.value,
-                token_budget=_TOKEN_BUDGET.value, batch_window_s=_BATCH_WINDOW_MS.value / 1e3, **kw)
+def _replica(bound: bool = False) -> replica.Replica:
+  """The replica of --model on the device, or of the raw numbers, as scheduled."""
+  model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value, bound=bound)
+  common = dict(step_model=model, **_simulation_flags.scheduling())
   if _MODEL.value is not None:
     if (_ACCELERATOR.value is None and not _SHARED.accelerator_file.value) \
         or _CONTEXT.value is None:
       raise InputError("model needs --accelerator (or --accelerator_file) and --context (or "
                        "give raw numbers).")
-    return replica.from_model(load_model(_MODEL.value), _model_flags.device(_SHARED),
-                              context=_CONTEXT.value, weight_dtype=_WEIGHT_DTYPE.value,
-                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
-                              workspace_fraction=_SHARED.workspace_fraction.value,
-                              layout=_layout_flags.layout(_ACCELERATOR.value),
-                              mla_prefill=_SHARED.mla_prefill.value,
-                              comm_overlap=_SHARED.comm_overlap.value, **common)
+    return _model_flags.model_replica(_SHARED, _model_flags.device(_SHARED),
+                                      context=_CONTEXT.value,
+                                      layout=_layout_flags.layout(_ACCELERATOR.value), **common)
   if _layout_flags.layout().chips_per_replica > 1:
     raise InputError("--tp/--pp/--ep/--chips apply only with --model and --accelerator "
                      "(raw numbers take --dp for a fleet).")
-  raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": _KV_BYTES_PER_TOKEN,
-         "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
-         "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
-  missing = [f"--{n}" for n, h in raw.items() if h.value is None]
-  if missing:
-    raise InputError(f"the model is not given: pass --model/--accelerator/--context or the raw "
-                     f"numbers (missing {', '.join(missing)}).")
-  k = _KV_BYTES_PER_TOKEN.value
-  return replica.from_numbers(
-      N=_PARAMS_B.value * 1e9, q=_BYTES_PER_WEIGHT.value, k=k,
-      BW=_BANDWIDTH_TBPS.value * 1e12, F=None if _TFLOPS.value is None else _TFLOPS.value * 1e12,
-      L=_LAYERS.value, H=_HEADS.value, d=_HEAD_DIM.value,
-      kv_memory_bytes=_KV_MEMORY_GB.value * 1e9, page_bytes=_BLOCK_SIZE.value * k,
-      page_tokens=_BLOCK_SIZE.value, max_context=_MAX_CONTEXT.value,
-      description={"model": "raw numbers"}, **common)
+  return _simulation_flags.raw_replica(_SHARED, **common)
 
 
-def _workload(rate: float, n: int, max_total: int | None = None) -> arrivals.Workload:
-  if _TRACE.value is not None and _ARRIVAL.value != "trace":
-    raise InputError(f"--trace applies only with --arrival=trace (given --arrival="
-                     f"{_ARRIVAL.value}): add --arrival=trace, or leave --trace out.")
-  if _ARRIVAL.value == "trace":
-    if not _TRACE.value:
-      raise InputError("arrival='trace' needs --trace=PATH (a JSONL or CSV file).")
-    return arrivals.load_trace(_TRACE.value)
-  return arrivals.synthetic(
-      arrival=_ARRIVAL.value, num_requests=n, arrival_rate=rate, seed=_SEED.value,
-      prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
-      prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
-      prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
-      burstiness=_BURSTINESS.value, max_total=max_total, long_samples=_LONG_SAMPLES.value)
+def _seconds(holder: flags.FlagHolder) -> float | None:
+  return None if holder.value is None else holder.value / 1e3
 
 
 def _targets() -> dict:
-  return {"ttft_target_s": None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3,
-          "tpot_target_s": None if _TPOT_MS.value is None else _TPOT_MS.value / 1e3}
+  return {"ttft_target_s": _seconds(_TTFT_MS), "tpot_target_s": _seconds(_TPOT_MS)}
 
 
-def _progress(total: int):
-  """A bar over the simulated requests (runs of 2,000 or more), and its callback."""
-  if total < 2000 or not progress.enabled(_PROGRESS.value):
-    return None, None
-  bar = progress.bar(total=total, unit="req", desc="simulating", requested=_PROGRESS.value)
-  return bar, (lambda finished: bar.update(finished - bar.n))
-
-
-def _goodput_sweep(r: replica.Replica, rate: float) -> dict:
-  rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
-  n = min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value)
-  out = {name: [] for name in simulator.SCHEDULERS}
-  for x in progress.bar(rates, desc="goodput sweep", unit="rate", requested=_PROGRESS.value):
-    w = _workload(x, n)
-    for name in simulator.SCHEDULERS:
-      run = simulator.simulate(w, r, name)
-      m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                                  run.output_tokens, run.itl_s, **_targets())
-      out[name].append(m["goodput_per_s"] if m["goodput_per_s"] is not None
-                       else m["request_throughput_per_s"])
-  return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": n}
-
-
-def _fleet(w: arrivals.Workload, r: replica.Replica, replicas: int) -> dict:
-  """The fleet behind the router: its metrics, each replica's, the routing."""
-  run = fleet.simulate_fleet(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
-                             seed=_SEED.value)
-  m = metrics.serving_metrics(run.fleet.arrival_s, run.fleet.first_token_s,
-                              run.fleet.finish_s, run.fleet.output_tokens, run.fleet.itl_s,
-                              **_targets())
-  return {"run": run, "metrics": m,
-          "replicas": fleet.replica_metrics(run, **_targets())}
-
-
-def _max_rate(r: replica.Replica, replicas: int, chips: int) -> dict:
-  targets = {"ttft_s": None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3,
-             "tpot_s": None if _TPOT_MS.value is None else _TPOT_MS.value / 1e3,
-             "itl_s": None if _ITL_MS.value is None else _ITL_MS.value / 1e3}
+def _max_rate(r: replica.Replica, replicas: int, chips: int) -> None:
+  """Bisects for the largest fleet rate meeting the SLOs; prints it and writes its JSON."""
+  targets = {"ttft_s": _seconds(_TTFT_MS), "tpot_s": _seconds(_TPOT_MS),
+             "itl_s": _seconds(_ITL_MS)}
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
-
-  def run_at(rate: float) -> simulator.Run:
-    w = _workload(rate, _NUM_REQUESTS.value, r.max_context)
-    if replicas == 1:
-      return simulator.simulate(w, r, _SCHEDULER.value)
-    return fleet.simulate_fleet(w, r, replicas, scheduler=_SCHEDULER.value,
-                                router=_ROUTER.value, seed=_SEED.value).fleet
-
-  found = fleet.find_max_rate(run_at, start_rate=_ARRIVAL_RATE.value,
-                              percentile=_SLO_PERCENTILE.value, targets=targets)
-  rate = found["max_rate_per_s"]
-  return {**found, "max_rate_per_chip": None if rate is None else rate / chips,
-          "replicas": replicas, "chips": chips, "slo_percentile": _SLO_PERCENTILE.value,
-          "targets": targets, "num_requests": _NUM_REQUESTS.value, "seed": _SEED.value,
-          "label": "simulated (seeded bisection over the arrival rate)"}
+  found = sim_result.max_rate(
+      lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r, replicas=replicas,
+      chips=chips, scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
+      num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
+      percentile=_SLO_PERCENTILE.value, targets=targets)
+  print(sim_lines.max_rate_line(found, _SCHEDULER.value))
+  if _JSON_OUT.value:
+    files.write_json(_JSON_OUT.value, sim_result.max_rate_json(found, r, _SCHEDULER.value,
+                                                               _ROUTER.value))
 
 
-def main(argv: list[str]) -> None:
-  del argv  # Unused.
-  layout = _layout_flags.layout(_ACCELERATOR.value)
-  replicas = layout.dp
-  if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
-    raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
-                     f"router simulates continuous batching ({', '.join(fleet.CONTINUOUS)}).")
-  if _ARRIVAL.value == "trace" and _FIND_MAX_RATE.value:
-    raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
-  trace = _workload(_ARRIVAL_RATE.value, 1) if _ARRIVAL.value == "trace" else None
-  r = _replica()
-  if _FIND_MAX_RATE.value:
-    found = _max_rate(r, replicas, layout.chips)
-    rate = found["max_rate_per_s"]
-    print(f"largest arrival rate meeting the SLOs at p{_SLO_PERCENTILE.value:g} "
-          f"({len(found['tried'])} seeded simulations of {_NUM_REQUESTS.value} requests, "
-          f"{_SCHEDULER.value} scheduler, {replicas} replica(s), {layout.chips} chip(s)): "
-          + ("none (the smallest rate tried misses)" if rate is None else
-             f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
-             f"{found['bracket']}"))
-    if _JSON_OUT.value:
-      files.write_json(_JSON_OUT.value, {"label": found["label"], "replica": r.description,
-                                         "scheduler": _SCHEDULER.value,
-                                         "router": _ROUTER.value if replicas > 1 else None,
-                                         **found})
-    return
-  w = trace or _workload(_ARRIVAL_RATE.value, _NUM_REQUESTS.value, r.max_context)
-  beyond = w.description.get("beyond_context")
-  if beyond and beyond["requests_beyond"]:
-    print(f"{beyond['requests_beyond']} sampled request(s) beyond the {beyond['max_total_tokens']}"
-          f"-token context: {beyond['policy']}d ({beyond['draws_redone']} draws redone, "
-          f"{beyond['clipped']} clipped)")
-  if replicas > 1:
-    _main_fleet(w, r, replicas)
-    return
-  bar, on_progress = _progress(len(w))
-  run = simulator.simulate(w, r, _SCHEDULER.value, on_progress)
-  if bar is not None:
-    bar.close()
-  m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
-                              run.itl_s, **_targets())
-  m.update(metrics.iteration_means(run))
-  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
-                                       == "bound" else "calibrated iteration model"))
-  model = _step_model()
-  calibrated = model.kind == "calibrated"
+def _one_replica(w, r: replica.Replica, label: str) -> dict:
+  """Simulates the workload on one replica; prints its metrics, plots them, returns the JSON."""
+  run = sim_result.simulate(w, r, _SCHEDULER.value, show_progress=_PROGRESS.value)
+  m = {**sim_result.run_metrics(run, _targets()), **metrics.iteration_means(run)}
+  model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value)
+  provenance = model.provenance if model.kind == "calibrated" else None
   bound_metrics = None
-  if calibrated and accuracy.bound_first(model.provenance):
-    b = _replica(bound=True)
-    bound_run = simulator.simulate(w, b, _SCHEDULER.value)
-    bound_metrics = metrics.serving_metrics(
-        bound_run.arrival_s, bound_run.first_token_s, bound_run.finish_s,
-        bound_run.output_tokens, bound_run.itl_s, **_targets())
-    print(f"simulated prediction, analytic iteration bound, shown first (the profile's "
-          f"held-out error is larger than the bound's on the same data): {_SCHEDULER.value} "
-          f"scheduler, {len(w)} requests")
-    print(table.format_table(sim_report.HEADER,
-                             sim_report.metrics_rows({_SCHEDULER.value: bound_metrics})))
-    print()
-  print(f"{label}: {_SCHEDULER.value} scheduler, {len(w)} requests")
-  headers, cells = sim_report.HEADER, sim_report.metrics_rows({_SCHEDULER.value: m})
-  if calibrated:  # The error beside every calibrated number.
-    headers = tuple(headers) + (accuracy.HEADER,)
-    cells = [list(c) + [accuracy.cell(model.provenance)] for c in cells]
-  print(table.format_table(headers, cells))
-  if calibrated:
-    print("\n".join(accuracy.footnote_lines(model.provenance)))
-  print(f"{run.iterations} iterations simulated in {run.wall_s:.2f} s; "
-        f"{run.preemptions} preemptions; peak K/V pages {int(run.pages_in_use.max())} "
-        f"of {r.total_pages}")
-  result = {"label": label, "scheduler": _SCHEDULER.value, "replica": r.description,
-            "workload": w.description, "metrics": m,
-            "simulation": metrics.simulation_block(run, r.total_pages)}
-  if calibrated:
-    result["profile"] = dict(model.provenance)
-    result["accuracy"] = accuracy.fields(model.provenance)
-    result["metrics"] = {**m, accuracy.ROW_FIELD: model.provenance.get("heldout_median_rel_error")}
+  if provenance is not None and accuracy.bound_first(provenance):
+    bound_run = simulator.simulate(w, _replica(bound=True), _SCHEDULER.value)
+    bound_metrics = sim_result.run_metrics(bound_run, _targets())
+  print("\n".join(sim_lines.run_lines(label, _SCHEDULER.value, len(w), m, run, r.total_pages,
+                                      provenance, bound_metrics)))
+  result = sim_result.run_json(run, m, label=label, scheduler=_SCHEDULER.value, replica_=r,
+                               workload=w)
+  if provenance is not None:
+    sim_lines.annotate_calibrated(result, provenance)
   if bound_metrics is not None:
     result["bound_metrics"] = bound_metrics
   if _MODEL.value is not None:
@@ -347,41 +150,46 @@ def main(argv: list[str]) -> None:
     _model_notes.say(spec, [_CONTEXT.value])
     result.update(_model_notes.json_fields(spec, [_CONTEXT.value]))
   if _PLOT_OUT.value:
-    stem, _ = os.path.splitext(_PLOT_OUT.value)
-    sim_report.plot_cdfs({_SCHEDULER.value: {"ttft_s": run.first_token_s - run.arrival_s,
-                                             "itl_s": run.itl_s}}, _PLOT_OUT.value, label)
-    sim_report.plot_kv_over_time(run, r.total_pages, f"{stem}_kv.png", label)
+    sim_lines.plot_run(run, r.total_pages, _SCHEDULER.value, _PLOT_OUT.value, label)
     if _ARRIVAL.value != "trace":
-      sweep = _goodput_sweep(r, _ARRIVAL_RATE.value)
-      result["goodput_vs_rate"] = sweep
-      sim_report.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
-                              f"{stem}_goodput.png", label)
+      result["goodput_vs_rate"] = sim_result.goodput_sweep(
+          _simulation_flags.workload, r, _ARRIVAL_RATE.value,
+          num_requests=min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value),
+          targets=_targets(), show_progress=_PROGRESS.value)
+      sim_lines.plot_goodput(result["goodput_vs_rate"], _PLOT_OUT.value, label)
+  return result
+
+
+def main(argv: list[str]) -> None:
+  del argv  # Unused.
+  layout = _layout_flags.layout(_ACCELERATOR.value)
+  replicas, rate = layout.dp, _ARRIVAL_RATE.value
+  if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
+    raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
+                     f"router simulates continuous batching ({', '.join(fleet.CONTINUOUS)}).")
+  trace = _ARRIVAL.value == "trace"
+  if trace and _FIND_MAX_RATE.value:
+    raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
+  w = _simulation_flags.workload(rate, 1) if trace else None
+  r = _replica()
+  if _FIND_MAX_RATE.value:
+    return _max_rate(r, replicas, layout.chips)
+  w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)
+  beyond = w.description.get("beyond_context")
+  if beyond and beyond["requests_beyond"]:
+    print(sim_lines.beyond_context_line(beyond))
+  label = sim_lines.label(r.description["step_model"])
+  if replicas == 1:
+    result = _one_replica(w, r, label)
+  else:
+    out = sim_result.fleet_run(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
+                               seed=_SEED.value, targets=_targets())
+    print("\n".join(sim_lines.fleet_lines(out, label, _ROUTER.value, _SCHEDULER.value, len(w),
+                                          rate)))
+    result = sim_result.fleet_json(out, label=label, scheduler=_SCHEDULER.value,
+                                   router=_ROUTER.value, replica_=r, workload=w)
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
-
-
-def _main_fleet(w: arrivals.Workload, r: replica.Replica, replicas: int) -> None:
-  out = _fleet(w, r, replicas)
-  run = out["run"]
-  label = ("simulated prediction, " + ("analytic iteration bound" if r.description["step_model"]
-                                       == "bound" else "calibrated iteration model"))
-  print(f"{label}: fleet of {replicas} replicas behind {_ROUTER.value}, {_SCHEDULER.value} "
-        f"scheduler, {len(w)} requests at {_ARRIVAL_RATE.value:g}/s")
-  print(table.format_table(sim_report.HEADER,
-                           sim_report.metrics_rows({f"fleet ({replicas})": out["metrics"]})))
-  counts = np.bincount(run.assignment, minlength=replicas)
-  print(f"requests per replica: min {counts.min()}, max {counts.max()}; "
-        f"{run.fleet.iterations} iterations simulated in {run.wall_s:.2f} s; "
-        f"{run.fleet.preemptions} preemptions (per-replica metrics in the JSON)")
-  if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value, {
-        "label": label, "scheduler": _SCHEDULER.value, "router": _ROUTER.value,
-        "replica": r.description, "workload": w.description, "metrics": out["metrics"],
-        "fleet": {"replicas": replicas, "router": _ROUTER.value,
-                  "request_throughput_per_s": out["metrics"]["request_throughput_per_s"],
-                  "output_throughput_tokens_per_s":
-                      out["metrics"]["output_throughput_tokens_per_s"]},
-        "replicas": out["replicas"]})
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ and the result keeps the median and the spread of the timed repeats.
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 Clock = Callable[[], float]
 
@@ -40,6 +43,16 @@ class Timing:
 
   def to_json(self) -> dict[str, Any]:
     return {**dataclasses.asdict(self), "spread": self.spread}
+
+
+def host() -> dict[str, Any]:
+  """The machine a timing is taken on, so two runs can be compared: platform, versions,
+  cores and the load average (the CPU may be shared)."""
+  return {"platform": platform.platform(), "machine": platform.machine(),
+          "processor": platform.processor() or platform.machine(),
+          "python": platform.python_version(), "jax": jax.__version__,
+          "numpy": np.__version__, "cpu_count": os.cpu_count(),
+          "load_average_1_5_15": list(os.getloadavg())}
 
 
 def _quantile(sorted_samples: Sequence[float], fraction: float) -> float:

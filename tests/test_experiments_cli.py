@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -122,7 +123,14 @@ def test_report_writes_summary_and_plots(tmp_path):
   proc = run("report", f"--out_dir={tmp_path}", "--calibration_budget_s=0")
   assert proc.returncode == 0, proc.stderr
   text = (tmp_path / "README.md").read_text()
-  assert "lesson" in text.lower() and "batch_sweep.png" in text
+  # The lesson's sweep: 8e9 BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s.
+  weight_bytes, kv_bytes, bandwidth = 8e9 * 2, 0.25e9, 2e12
+  limit = re.search(r"memory-only limit of ([\d,]+) tokens/s", text)
+  crossover = re.search(r"K/V traffic passes the weights at B = ([\d,]+)", text)
+  assert limit and crossover, text[:2000]
+  assert float(limit[1].replace(",", "")) == pytest.approx(bandwidth / kv_bytes)
+  assert float(crossover[1].replace(",", "")) == pytest.approx(weight_bytes / kv_bytes)
+  assert "![batch sweep](batch_sweep.png)" in text
   assert (tmp_path / "batch_sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -132,8 +140,37 @@ def test_bench_sweep_reports_points_per_second(tmp_path):
              "--loop_points=10", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
-  assert data["points"] == 64 * 64 and data["points_per_s"] > 0
-  assert data["kind"] == "measurement"
+  assert data["points"] == 64 * 64 and data["kind"] == "measurement"
+  numpy = data["backends"]["numpy"]
+  assert data["points_per_s"] == pytest.approx(64 * 64 / numpy["timing"]["median_s"])
+  assert numpy["timing"]["repeats"] == 2 and data["backends"]["python_loop"]["points"] == 10
+  assert f"{data['points_per_s']:,.0f}" in proc.stdout
+
+
+def test_bench_decode_counts_positions_and_compares_outputs(tmp_path):
+  out = tmp_path / "d.json"
+  proc = run("bench", "--what=decode", "--preset=lesson", "--prompt_len=6", "--new_tokens=3",
+             "--repeats=2", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  data = json.loads(out.read_text())
+  # Cached: the prompt once, then one row per further token; recompute: every slot per step.
+  assert data["positions_processed"] == {"cached": 6 + 3 - 1, "recompute": 3 * (6 + 3)}
+  assert data["speedup"] == pytest.approx(
+      data["recompute"]["median_s"] / data["cached"]["median_s"])
+  assert data["outputs_match"] is True and data["experiment"] == "bench_decode"
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ((), "--what is required"),
+    (("--what=plan", "--batches=8"), "--batches applies only with --what=sweep"),
+    (("--what=simulate", "--schedulers=fifo"), "--schedulers='fifo' is unknown"),
+    (("--what=sweep", "--batches=100000", "--contexts=100000"),
+     "--batches=100000: batches x contexts = 10,000,000,000 points"),
+])
+def test_bench_bad_flags_are_one_line_naming_the_flag(flags, needle):
+  proc = run("bench", *flags)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
 
 
 def test_batch_sweep_on_a_model_and_accelerator(tmp_path):

@@ -1,0 +1,121 @@
+"""What `experiments.simulate` runs and writes: one replica's run, a fleet behind a
+router, the goodput against the arrival rate, and the largest rate meeting the SLOs,
+each as its JSON.
+
+A workload is asked of `workload_at(rate, num_requests)`, so that every simulated rate
+draws its arrivals and lengths the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jaxroof import progress
+from jaxroof.serving import arrivals
+from jaxroof.serving import fleet
+from jaxroof.serving import metrics
+from jaxroof.serving import replica
+from jaxroof.serving import simulator
+
+WorkloadAt = Callable[[float, int], arrivals.Workload]
+
+# The goodput plot's rates, as multiples of the given arrival rate.
+GOODPUT_RATE_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def simulate(workload: arrivals.Workload, replica_: replica.Replica, scheduler: str, *,
+             show_progress: bool) -> simulator.Run:
+  """`simulator.simulate`, with a bar over the requests for runs of 2,000 or more (on a
+  terminal, unless `show_progress` is False)."""
+  if len(workload) < 2000 or not progress.enabled(show_progress):
+    return simulator.simulate(workload, replica_, scheduler)
+  bar = progress.bar(total=len(workload), unit="req", desc="simulating",
+                     requested=show_progress)
+  run = simulator.simulate(workload, replica_, scheduler,
+                           lambda finished: bar.update(finished - bar.n))
+  bar.close()
+  return run
+
+
+def run_metrics(run: simulator.Run, targets: dict[str, float | None]) -> dict[str, Any]:
+  """A run's serving metrics against the goodput `targets` (ttft_target_s, tpot_target_s)."""
+  return metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
+                                 run.output_tokens, run.itl_s, **targets)
+
+
+def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: float, *,
+                  num_requests: int, targets: dict[str, float | None],
+                  show_progress: bool) -> dict[str, Any]:
+  """Goodput (or, without targets, the request rate) of every scheduler at multiples of
+  `rate`, `num_requests` requests each."""
+  rates = [rate * f for f in GOODPUT_RATE_FACTORS]
+  out: dict[str, list[float]] = {name: [] for name in simulator.SCHEDULERS}
+  for x in progress.bar(rates, desc="goodput sweep", unit="rate", requested=show_progress):
+    w = workload_at(x, num_requests)
+    for name in simulator.SCHEDULERS:
+      m = run_metrics(simulator.simulate(w, replica_, name), targets)
+      out[name].append(m["goodput_per_s"] if m["goodput_per_s"] is not None
+                       else m["request_throughput_per_s"])
+  return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": num_requests}
+
+
+def fleet_run(workload: arrivals.Workload, replica_: replica.Replica, replicas: int, *,
+              scheduler: str, router: str, seed: int,
+              targets: dict[str, float | None]) -> dict[str, Any]:
+  """The fleet behind the router: its run, its metrics and each replica's."""
+  run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler,
+                             router=router, seed=seed)
+  return {"run": run, "metrics": run_metrics(run.fleet, targets),
+          "replicas": fleet.replica_metrics(run, **targets)}
+
+
+def fleet_json(out: dict[str, Any], *, label: str, scheduler: str, router: str,
+               replica_: replica.Replica, workload: arrivals.Workload) -> dict[str, Any]:
+  """A fleet's JSON (`fleet_run`'s `out`)."""
+  m = out["metrics"]
+  return {"label": label, "scheduler": scheduler, "router": router,
+          "replica": replica_.description, "workload": workload.description, "metrics": m,
+          "fleet": {"replicas": len(out["replicas"]), "router": router,
+                    "request_throughput_per_s": m["request_throughput_per_s"],
+                    "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"]},
+          "replicas": out["replicas"]}
+
+
+def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int,
+             chips: int, scheduler: str, router: str, seed: int, num_requests: int,
+             start_rate: float, percentile: float,
+             targets: dict[str, float | None]) -> dict[str, Any]:
+  """The largest fleet arrival rate whose SLO percentiles hold (`fleet.find_max_rate`, a
+  seeded bisection), per chip too."""
+
+  def run_at(rate: float) -> simulator.Run:
+    w = workload_at(rate, num_requests)
+    if replicas == 1:
+      return simulator.simulate(w, replica_, scheduler)
+    return fleet.simulate_fleet(w, replica_, replicas, scheduler=scheduler, router=router,
+                                seed=seed).fleet
+
+  found = fleet.find_max_rate(run_at, start_rate=start_rate, percentile=percentile,
+                              targets=targets)
+  rate = found["max_rate_per_s"]
+  return {**found, "max_rate_per_chip": None if rate is None else rate / chips,
+          "replicas": replicas, "chips": chips, "slo_percentile": percentile,
+          "targets": targets, "num_requests": num_requests, "seed": seed,
+          "label": "simulated (seeded bisection over the arrival rate)"}
+
+
+def max_rate_json(found: dict[str, Any], replica_: replica.Replica, scheduler: str,
+                  router: str) -> dict[str, Any]:
+  """`max_rate`'s answer as its JSON, with the replica and scheduling (a router only for a
+  fleet)."""
+  return {"label": found["label"], "replica": replica_.description, "scheduler": scheduler,
+          "router": router if found["replicas"] > 1 else None, **found}
+
+
+def run_json(run: simulator.Run, m: dict[str, Any], *, label: str, scheduler: str,
+             replica_: replica.Replica, workload: arrivals.Workload) -> dict[str, Any]:
+  """One replica's run as its JSON: what ran, its metrics, the simulation's figures."""
+  return {"label": label, "scheduler": scheduler, "replica": replica_.description,
+          "workload": workload.description, "metrics": m,
+          "simulation": metrics.simulation_block(run, replica_.total_pages)}
