@@ -121,6 +121,11 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "kv_per_sequence_bytes": ("kv_gb_per_seq",),
     "arrival_rate_per_s": ("arrival_rate",), "aggregate_tokens_per_s": ("aggregate_tokens_per_s",),
     "accelerators": ("accelerators", "accelerator"), "accelerator": ("accelerator",),
+    "bandwidth_tb_s": ("bandwidth_tbps",), "bandwidth_bytes_per_s": ("bandwidth_tbps",),
+    "flops_per_s": ("tflops",), "weight_bytes": ("weights_gb",),
+    "kv_bytes_per_sequence": ("kv_gb_per_seq",), "weight_dtypes": ("weight_dtype",),
+    "kv_dtypes": ("kv_dtype",), "contexts": ("context",),
+    "batch_window_s": ("batching_window_ms", "batch_window_ms"),
 }
 
 
@@ -147,7 +152,10 @@ def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -
     return message
   if flag == field and message.startswith(f"{field}="):
     return f"--{message}"
-  given = flag_values[flag].serialize() or f"--{flag}"
+  holder = flag_values[flag]
+  # A switch names itself (`--what_if`), not its unset value (`--nowhat_if`).
+  given = (f"--{flag}" if isinstance(holder, flags.BooleanFlag)
+           else holder.serialize() or f"--{flag}")
   if len(given) > 80:  # A long list flag, echoed whole, would bury the message.
     given = f"{given[:60]}..."
   return f"{given}: {message}"

@@ -100,8 +100,9 @@ def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
       workspace_fraction=_WORKSPACE.value)
   per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
   chip = {"layout": layout.as_dict(), "fits": bool(sizing.batch <= memory.max_batch_per_replica),
-          **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv}
-  print(kv_sizing_lines.chip_fit_line(spec, device, chip))
+          **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv,
+          "kv_rule": layout_lib.model_terms(spec).kv_rule}
+  print(kv_sizing_lines.chip_fit_line(device, chip))
   return chip
 
 

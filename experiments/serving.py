@@ -173,7 +173,9 @@ def main(argv: list[str]) -> None:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
-    serving_lines.plot_frontier(model, inputs, question, decision, _PLOT_OUT.value)
+    frontier = serving_result.frontier(model, inputs, question, decision)
+    serving_lines.plot_frontier(frontier, model.kind, inputs, question, decision,
+                                _PLOT_OUT.value)
     logging.info("wrote %s", _PLOT_OUT.value)
 
 if __name__ == "__main__":

@@ -130,13 +130,13 @@ def _max_rate(r: replica.Replica, replicas: int, chips: int) -> None:
 def _one_replica(w, r: replica.Replica, label: str) -> dict:
   """Simulates the workload on one replica; prints its metrics, plots them, returns the JSON."""
   run = sim_result.simulate(w, r, _SCHEDULER.value, show_progress=_PROGRESS.value)
-  m = {**sim_result.run_metrics(run, _targets()), **metrics.iteration_means(run)}
+  m = {**metrics.run_metrics(run, **_targets()), **metrics.iteration_means(run)}
   model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value)
   provenance = model.provenance if model.kind == "calibrated" else None
   bound_metrics = None
   if provenance is not None and accuracy.bound_first(provenance):
     bound_run = simulator.simulate(w, _replica(bound=True), _SCHEDULER.value)
-    bound_metrics = sim_result.run_metrics(bound_run, _targets())
+    bound_metrics = metrics.run_metrics(bound_run, **_targets())
   print("\n".join(sim_lines.run_lines(label, _SCHEDULER.value, len(w), m, run, r.total_pages,
                                       provenance, bound_metrics)))
   result = sim_result.run_json(run, m, label=label, scheduler=_SCHEDULER.value, replica_=r,

@@ -29,7 +29,7 @@ ALLOWED_PREFIXES = ("jaxroof.errors", "jaxroof.files", "jaxroof.timing", "jaxroo
 # Modules below the report a renderer may name, each for words or a type, never to compute.
 ALLOWED_MODULES = {
     "jaxroof.serving.elasticity": "moved_by (an elasticity in words) and INPUT_NAMES",
-    "jaxroof.serving.requests": "ServingInputs, the type of frontier_batches' argument",
+    "jaxroof.serving.requests": "ServingInputs, a type the serving lines take",
     "jaxroof.calibrate.toy_fit": "CalibrationRun (the type rendered) and its targets",
     "jaxroof.calibrate.user_fit": "SLOWER_LIMIT, the doubt threshold shown in words",
     "jaxroof.measure.profiles": "Profile, the type rendered, and save_profile",

@@ -12,6 +12,7 @@ from jaxroof.serving import decision
 from jaxroof.serving import elasticity
 from jaxroof.serving import pools
 from jaxroof.serving import queueing
+from jaxroof.serving import raw_inputs
 from jaxroof.serving import requests
 from jaxroof.symbolic.step_model import StepModel
 
@@ -279,26 +280,28 @@ def test_mean_context_is_the_mean_over_the_decode_steps():
 
 def test_raw_inputs_fit_the_lesson_in_memory():
   """80 GB with 10% kept free, 16 GB of weights: 56 GB of K/V, 0.25 GB per sequence."""
-  fixed = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
-                              kv_bytes_per_sequence=0.25e9, memory_capacity_bytes=80e9,
-                              prompt_tokens=1000, output_tokens=24)
+  raw = dict(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
+             flops_per_s=None)
+  fixed = raw_inputs.serving_inputs(**raw, kv_per_sequence_bytes=0.25e9,
+                                    memory_capacity_bytes=80e9, prompt_tokens=1000,
+                                    output_tokens=24)
   assert fixed.N == fixed.N_act == 8e9 and not fixed.grows
   assert fixed.max_batch_in_memory == 224
   assert fixed.memory["usable_memory_bytes"] == pytest.approx(56e9)
-  per_token = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2,
-                                  bandwidth_bytes_per_s=2e12, kv_bytes_per_token=131072.0,
-                                  memory_capacity_bytes=80e9, prompt_tokens=1000,
-                                  output_tokens=24)
+  lesson = raw_inputs.serving_inputs(**raw, memory_capacity_bytes=80e9, prompt_tokens=1000,
+                                     output_tokens=24)  # Neither K/V figure: the lesson's.
+  assert lesson.kv_per_sequence_bytes == 0.25e9 and lesson.max_batch_in_memory == 224
+  per_token = raw_inputs.serving_inputs(**raw, kv_bytes_per_token=131072.0,
+                                        memory_capacity_bytes=80e9, prompt_tokens=1000,
+                                        output_tokens=24)
   assert per_token.grows and per_token.max_batch_in_memory == int(56e9 // (131072.0 * 1024))
-  unknown = requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2,
-                                bandwidth_bytes_per_s=2e12, kv_bytes_per_token=1.0,
-                                prompt_tokens=1, output_tokens=1)
+  unknown = raw_inputs.serving_inputs(**raw, kv_bytes_per_token=1.0, prompt_tokens=1,
+                                      output_tokens=1)
   assert unknown.max_batch_in_memory is None
-  with pytest.raises(errors.InputError, match="once") as caught:
-    requests.raw_inputs(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
-                        kv_bytes_per_token=1.0, kv_bytes_per_sequence=1.0, prompt_tokens=1,
-                        output_tokens=1)
-  assert caught.value.field == "kv_bytes_per_token"
+  with pytest.raises(errors.InputError, match="not both") as caught:
+    raw_inputs.serving_inputs(**raw, kv_bytes_per_token=1.0, kv_per_sequence_bytes=1.0,
+                              prompt_tokens=1, output_tokens=1)
+  assert caught.value.field == "kv_per_sequence_bytes"
 
 
 def test_run_metrics_reads_a_run_and_counts_the_masked_requests():

@@ -29,6 +29,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
+from jaxroof.specs import accelerators
 from jaxroof.specs import parameters as params
 from jaxroof.specs import step_inputs
 from jaxroof.specs.accelerators import Accelerator
@@ -505,14 +506,9 @@ def _order(plans: list[dict[str, Any]], devices: Sequence[Accelerator], priced: 
 
 
 def _kv_link(device: Accelerator) -> tuple[float, str]:
-  """Per-chip bytes/s a prompt's K/V crosses between pools, and its label."""
-  net = device.links
-  if net is None:
-    return math.inf, "no network recorded: transfer assumed free"
-  if net.scale_out_bytes_per_s is not None:
-    return net.scale_out_bytes_per_s, f"scale-out {net.scale_out_bytes_per_s / 1e9:g} GB/s"
-  return net.collective_bytes_per_s, (f"{net.technology} {net.collective_bytes_per_s / 1e9:g} "
-                                      "GB/s (no scale-out figure)")
+  """Per-chip bytes/s a prompt's K/V crosses between pools (inf: free), and its label."""
+  rate, label = accelerators.kv_transfer_link(device)
+  return (math.inf if rate is None else rate), label
 
 
 def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[str, Any],

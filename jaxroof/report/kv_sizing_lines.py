@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxroof.parallel import layout as layout_lib
 from jaxroof.report import table
 from jaxroof.specs import kv_sizing
 from jaxroof.specs.accelerators import Accelerator
@@ -26,7 +25,7 @@ def sizing_lines(spec: ModelSpec, sizing: kv_sizing.KVSizing, counts: ParamCount
          "(analytic bound; GB = 1e9 B)"]
   if spec.assumed_llama_like:
     out.append(f"ASSUMED Llama-like: model_type {spec.model_type!r} is not supported; read as "
-               "Llama because --assume_llama_like was given")
+               "Llama as asked (assume_llama_like)")
   out.append(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B "
              f"active per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
   rows = [[k.kind, k.layers, k.window or "-",
@@ -82,7 +81,7 @@ def fit_line(device: Accelerator, fmt: WeightFormat, weight_bytes: float,
           f"({fit.max_batch_windowed_as_full} if windowed blocks get full-context pages)")
 
 
-def chip_fit_line(spec: ModelSpec, device: Accelerator, chip: dict[str, Any]) -> str:
+def chip_fit_line(device: Accelerator, chip: dict[str, Any]) -> str:
   """Whether the batch fits each chip of the layout (`chip`: the JSON's per_chip)."""
   layout = chip["layout"]
   return (f"per chip on tp={layout['tp']} pp={layout['pp']} ep={layout['ep']} "
@@ -91,4 +90,4 @@ def chip_fit_line(spec: ModelSpec, device: Accelerator, chip: dict[str, Any]) ->
           f"of {_gb(device.memory_capacity_bytes)} GB: "
           f"{'fits' if chip['fits'] else 'does NOT fit'}; at most "
           f"{chip['max_batch_per_replica']} sequences per replica "
-          f"({layout_lib.model_terms(spec).kv_rule})")
+          f"({chip['kv_rule']})")

@@ -8,10 +8,7 @@ from typing import Any
 from jaxroof.report import accuracy
 from jaxroof.report import serving_section
 from jaxroof.report import table
-from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import requests
-from jaxroof.serving import serving_result
-from jaxroof.symbolic.step_model import StepModel
 
 _LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
 
@@ -86,15 +83,11 @@ def annotate_calibrated(result: dict[str, Any], provenance: dict[str, Any]) -> N
     row[accuracy.ROW_FIELD] = provenance.get("heldout_median_rel_error")
 
 
-def plot_frontier(model: StepModel, inputs: requests.ServingInputs,
-                  question: serving_result.Question, decision: dict[str, Any],
-                  path: str) -> None:
-  """Writes the rate frontier around the decision as a PNG at `path`."""
+def plot_frontier(frontier: dict[str, Any], kind: str, inputs: requests.ServingInputs,
+                  question: Any, decision: dict[str, Any], path: str) -> None:
+  """Writes the rate frontier around the decision (`serving_result.frontier`) as a PNG."""
   prompt, outputs = question.prompt_tokens, question.output_tokens
-  frontier = decision_lib.frontier(
-      model, inputs, serving_section.frontier_batches(question.batch_sizes, decision, inputs),
-      prompt_tokens=prompt, output_tokens=outputs)
   serving_section.plot_frontier(
       frontier, decision, path, f"{inputs.label}\nprompt {prompt} + {outputs} outputs",
-      kind=model.kind, token_gap_s=question.token_gap_s,
+      kind=kind, token_gap_s=question.token_gap_s,
       memory_limit=inputs.max_batch_in_memory)

@@ -16,7 +16,6 @@ import numpy as np
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.serving import elasticity
-from jaxroof.serving import requests
 from jaxroof.symbolic import prefill as prefill_formulas
 
 REQUEST_HEADERS = ("batch", "prefill ms", "TTFT ms", "token gap ms", "e2e s",
@@ -86,13 +85,6 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
   elif point:
     lines.append(f"operating point: {point.get('reason', 'unstable')}")
   return lines
-
-
-def frontier_batches(batches: Sequence[int], decision: dict[str, Any],
-                     inputs: requests.ServingInputs) -> list[int]:
-  """The swept batches plus the decision and the memory limit, for the frontier plot."""
-  extra = [decision.get("batch"), inputs.max_batch_in_memory]
-  return sorted(set(batches) | {b for b in extra if b is not None and b >= 1})
 
 
 def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,

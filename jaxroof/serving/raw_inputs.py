@@ -2,7 +2,7 @@
 
 A model and an accelerator go through `multichip.model_inputs`; this is the same
 `ServingInputs` for a user who gives sizes instead. With a device memory, the memory fit
-is the capacity formula (`symbolic.architecture.capacity_sequences`), the K/V of the
+is the capacity formula (`specs.kv_sizing.sequences_fit`), the K/V of the
 whole request reserved up front and a workspace kept free.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from jaxroof import errors
 from jaxroof.serving.requests import ServingInputs
-from jaxroof.symbolic import architecture
+from jaxroof.specs import kv_sizing
+from jaxroof.specs import step_inputs
 
 LESSON_KV_PER_SEQUENCE_BYTES = 0.25e9  # The lesson's fixed K/V per sequence.
-WORKSPACE_FRACTION = 0.1
+WORKSPACE_FRACTION = step_inputs.DEFAULT_WORKSPACE_FRACTION
 
 
 def serving_inputs(*, weight_bytes: float, bytes_per_weight: float,
@@ -40,12 +41,12 @@ def serving_inputs(*, weight_bytes: float, bytes_per_weight: float,
   if memory_capacity_bytes is not None:
     per_sequence = fixed if fixed is not None else kv_bytes_per_token * (prompt_tokens
                                                                          + output_tokens)
-    usable = float(architecture.usable_kv_memory(memory_capacity_bytes, WORKSPACE_FRACTION,
-                                                 weight_bytes))
-    max_batch = max(int(architecture.capacity_sequences(
-        memory_capacity_bytes, WORKSPACE_FRACTION, weight_bytes, per_sequence)), 0)
+    fit = dict(weight_bytes=weight_bytes, memory_capacity_bytes=memory_capacity_bytes,
+               workspace_fraction=WORKSPACE_FRACTION)
+    max_batch = kv_sizing.sequences_fit(per_sequence_bytes=per_sequence, **fit)
     memory = {"memory_capacity_bytes": memory_capacity_bytes,
-              "workspace_fraction": WORKSPACE_FRACTION, "usable_memory_bytes": usable,
+              "workspace_fraction": WORKSPACE_FRACTION,
+              "usable_memory_bytes": kv_sizing.usable_bytes(**fit),
               "kv_allocated_bytes_per_sequence": per_sequence}
   kv = (f"{fixed / 1e9:g} GB K/V per sequence" if fixed is not None
         else f"{kv_bytes_per_token:g} B K/V per token")

@@ -71,7 +71,8 @@ def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H
                   max_running=max_running, max_context=max_context, token_budget=token_budget,
                   batch_window_s=batch_window_s, padded_to=padded_to,
                   description={**(description or {}),
-                               "inputs": {n: float(v) for n, v in values.items()}},
+                               "inputs": {n: None if v is None else float(v)
+                                          for n, v in values.items()}},
                   page_bytes=page_bytes)
 
 

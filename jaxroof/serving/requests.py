@@ -40,7 +40,6 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.serving import queueing
-from jaxroof.specs import kv_sizing
 from jaxroof.specs import step_inputs
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic import collectives
@@ -354,49 +353,3 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
           group_size=step_input_kw.get("group_size"), state_dtype=step_input_kw.get("state_dtype"),
           mla_prefill=mla_prefill),
       comm_overlap=comm_overlap)
-
-
-def raw_inputs(*, weight_bytes: float, bytes_per_weight: float, bandwidth_bytes_per_s: float,
-               prompt_tokens: int, output_tokens: int, flops_per_s: float | None = None,
-               kv_bytes_per_token: float | None = None,
-               kv_bytes_per_sequence: float | None = None, layers: int | None = None,
-               memory_capacity_bytes: float | None = None,
-               workspace_fraction: float = step_inputs.DEFAULT_WORKSPACE_FRACTION
-               ) -> ServingInputs:
-  """`ServingInputs` from raw numbers (a dense model: every weight read and multiplied).
-
-  K/V is `kv_bytes_per_token` of a growing context or a fixed
-  `kv_bytes_per_sequence`, exactly one of them. With `memory_capacity_bytes`,
-  the memory fit (`kv_sizing.sequences_fit`) holds each sequence's K/V for
-  P + G tokens (or its fixed bytes) beside the weights, `workspace_fraction`
-  kept free; without it no capacity is known.
-
-  Raises:
-    InputError: both or neither K/V figure, or a figure out of range.
-  """
-  if (kv_bytes_per_token is None) == (kv_bytes_per_sequence is None):
-    raise errors.InputError("give the K/V once: kv_bytes_per_token or kv_bytes_per_sequence, "
-                            "not both and not neither.", field="kv_bytes_per_token")
-  weight_bytes = errors.require_positive("weight_bytes", weight_bytes)
-  q = errors.require_positive("bytes_per_weight", bytes_per_weight)
-  n = weight_bytes / q
-  max_batch, memory = None, {}
-  if memory_capacity_bytes is not None:
-    per_seq = (kv_bytes_per_sequence if kv_bytes_per_sequence is not None
-               else kv_bytes_per_token * (prompt_tokens + output_tokens))
-    fit = dict(weight_bytes=weight_bytes, memory_capacity_bytes=memory_capacity_bytes,
-               workspace_fraction=workspace_fraction)
-    max_batch = kv_sizing.sequences_fit(per_sequence_bytes=per_seq, **fit)
-    memory = {"memory_capacity_bytes": memory_capacity_bytes,
-              "workspace_fraction": workspace_fraction,
-              "usable_memory_bytes": kv_sizing.usable_bytes(**fit),
-              "kv_allocated_bytes_per_sequence": per_seq}
-  kv = (f"{kv_bytes_per_sequence / 1e9:g} GB K/V per sequence"
-        if kv_bytes_per_sequence is not None else f"{kv_bytes_per_token:g} B K/V per token")
-  rate = f"{flops_per_s / 1e12:g} TFLOP/s" if flops_per_s is not None else "memory only"
-  return ServingInputs(
-      N=n, N_act=n, q=q, k=kv_bytes_per_token or 0.0, BW=bandwidth_bytes_per_s,
-      F=flops_per_s, kv_per_sequence_bytes=kv_bytes_per_sequence, layers=layers,
-      max_batch_in_memory=max_batch, memory=memory,
-      label=f"{weight_bytes / 1e9:g} GB weights ({q:g} B/weight), {kv}, "
-            f"{bandwidth_bytes_per_s / 1e12:g} TB/s, {rate}")

@@ -17,6 +17,7 @@ from typing import Any
 from jaxroof import errors
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import decision_study
 from jaxroof.serving import elasticity
 from jaxroof.serving import multichip
 from jaxroof.serving import percentiles as percentiles_lib
@@ -24,6 +25,7 @@ from jaxroof.serving import pools as pools_lib
 from jaxroof.serving import queueing
 from jaxroof.serving import replica
 from jaxroof.serving import requests
+from jaxroof.specs import accelerators
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.parameters import WeightFormat
@@ -100,20 +102,11 @@ def with_profile_ceilings(model: StepModel, inputs: requests.ServingInputs
 
 
 def kv_link(device: Accelerator | None) -> tuple[float | None, str]:
-  """The per-chip network a prefill pool's K/V crosses to the decode pool: (bytes/s, what
-  it is), the device's scale-out figure, its scale-up one when it records none, or None
-  (the transfer assumed free) without a device or a network."""
+  """The per-chip network a prefill pool's K/V crosses (`accelerators.kv_transfer_link`);
+  None (the transfer assumed free) for raw numbers."""
   if device is None:
     return None, "raw numbers: no network figure, K/V transfer assumed free"
-  net = device.links
-  if net is None:
-    return None, f"{device.name} records no network: K/V transfer assumed free"
-  if net.scale_out_bytes_per_s is not None:
-    return net.scale_out_bytes_per_s, (f"{device.name} scale-out "
-                                       f"{net.scale_out_bytes_per_s / 1e9:g} GB/s per chip")
-  return net.collective_bytes_per_s, (f"{device.name} scale-up {net.technology} "
-                                      f"{net.collective_bytes_per_s / 1e9:g} GB/s per chip "
-                                      "(no scale-out figure)")
+  return accelerators.kv_transfer_link(device)
 
 
 def pools(model: StepModel, inputs: requests.ServingInputs, question: Question,
@@ -133,7 +126,7 @@ def _rows(model: StepModel, inputs: requests.ServingInputs, question: Question
   """One row per batch, with its elasticities and the input that moves its step most."""
   batches, load = question.batch_sizes, question.load(inputs.replicas)
   rows = requests.rows(model, inputs, batches, **load)
-  context = decision_lib._mean_context(inputs, question.prompt_tokens, question.output_tokens)
+  context = decision_lib.mean_context(inputs, question.prompt_tokens, question.output_tokens)
   kv = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
   for row, values in zip(rows, elasticity.row_elasticities(
       model, batches, N=inputs.N, q=inputs.q, T=context, k=kv, BW=inputs.BW, F=inputs.F,
@@ -200,3 +193,12 @@ def result(model: StepModel, inputs: requests.ServingInputs, question: Question
       "elasticities": decision.get("elasticities"),
       "prefill_decode": pools_lib.crossovers(model, inputs, prompt_tokens=question.prompt_tokens,
                                              output_tokens=question.output_tokens)}
+
+
+def frontier(model: StepModel, inputs: requests.ServingInputs, question: Question,
+             decision: dict[str, Any]) -> dict[str, Any]:
+  """The rate frontier around the decision: the swept batches plus the decision's and the
+  memory limit (`decision_study.frontier_batches`)."""
+  return decision_lib.frontier(
+      model, inputs, decision_study.frontier_batches(question.batch_sizes, decision, inputs),
+      prompt_tokens=question.prompt_tokens, output_tokens=question.output_tokens)

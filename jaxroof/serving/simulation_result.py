@@ -38,12 +38,6 @@ def simulate(workload: arrivals.Workload, replica_: replica.Replica, scheduler: 
   return run
 
 
-def run_metrics(run: simulator.Run, targets: dict[str, float | None]) -> dict[str, Any]:
-  """A run's serving metrics against the goodput `targets` (ttft_target_s, tpot_target_s)."""
-  return metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                                 run.output_tokens, run.itl_s, **targets)
-
-
 def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: float, *,
                   num_requests: int, targets: dict[str, float | None],
                   show_progress: bool) -> dict[str, Any]:
@@ -54,7 +48,7 @@ def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: floa
   for x in progress.bar(rates, desc="goodput sweep", unit="rate", requested=show_progress):
     w = workload_at(x, num_requests)
     for name in simulator.SCHEDULERS:
-      m = run_metrics(simulator.simulate(w, replica_, name), targets)
+      m = metrics.run_metrics(simulator.simulate(w, replica_, name), **targets)
       out[name].append(m["goodput_per_s"] if m["goodput_per_s"] is not None
                        else m["request_throughput_per_s"])
   return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": num_requests}
@@ -66,7 +60,7 @@ def fleet_run(workload: arrivals.Workload, replica_: replica.Replica, replicas: 
   """The fleet behind the router: its run, its metrics and each replica's."""
   run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler,
                              router=router, seed=seed)
-  return {"run": run, "metrics": run_metrics(run.fleet, targets),
+  return {"run": run, "metrics": metrics.run_metrics(run.fleet, **targets),
           "replicas": fleet.replica_metrics(run, **targets)}
 
 

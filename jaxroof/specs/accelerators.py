@@ -191,6 +191,21 @@ def _table() -> dict[str, Accelerator]:
   return {slug: entry_to_accelerator(slug, e) for slug, e in entries.items()}
 
 
+def kv_transfer_link(device: Accelerator) -> tuple[float | None, str]:
+  """The per-chip network a prefill pool's K/V crosses to the decode pool: (bytes/s, what
+  it is). The scale-out figure, the scale-up one where the device records none, or None
+  (the transfer assumed free) where it records no network."""
+  net = device.links
+  if net is None:
+    return None, f"{device.name} records no network: K/V transfer assumed free"
+  if net.scale_out_bytes_per_s is not None:
+    return net.scale_out_bytes_per_s, (f"{device.name} scale-out "
+                                       f"{net.scale_out_bytes_per_s / 1e9:g} GB/s per chip")
+  return net.collective_bytes_per_s, (f"{device.name} scale-up {net.technology} "
+                                      f"{net.collective_bytes_per_s / 1e9:g} GB/s per chip "
+                                      "(no scale-out figure)")
+
+
 def known_accelerators() -> tuple[str, ...]:
   """The shipped slugs, sorted."""
   return tuple(sorted(_table()))
