@@ -55,30 +55,35 @@ def sweep(*, batches: int, contexts: int, repeats: int, loop_points: int) -> dic
   batch = np.arange(1, batches + 1, dtype=np.float64)[:, None]
   context = np.linspace(128, 131072, contexts, dtype=np.float64)[None, :]
   numpy_model, jax_model = step_model("numpy"), step_model("jax")
-  numpy_t = timing.time_call(lambda b, c: numpy_model(B=b, T=c, **SWEEP_MODEL),
-                             [(batch, context)], warmup=2, repeats=repeats)
+  numpy_t = timing.time_call(lambda b, c: numpy_model(B=b, T=c, **SWEEP_MODEL), [(batch, context)],
+                             warmup=2, repeats=repeats)
   jax_t = timing.time_call(lambda b, c: jax_model(B=b, T=c, **SWEEP_MODEL),
                            [(jnp.asarray(batch, jnp.float32), jnp.asarray(context, jnp.float32))],
                            warmup=2, repeats=repeats)
   flat_b = batch.ravel()[:loop_points]
   loop_t = timing.time_call(
-      lambda: [numpy_model(B=float(b), T=4096.0, **SWEEP_MODEL) for b in flat_b], [()],
-      warmup=0, repeats=1)
+      lambda: [numpy_model(B=float(b), T=4096.0, **SWEEP_MODEL) for b in flat_b], [()], warmup=0,
+      repeats=1)
   backends = {
-      "numpy": {"points_per_s": points / numpy_t.median_s, "timing": numpy_t.to_json(),
-                "dtype": "float64"},
-      "jax_jit": {"points_per_s": points / jax_t.median_s, "timing": jax_t.to_json(),
-                  "dtype": "float32", "device": str(jax.devices()[0].device_kind)},
-      "python_loop": {"points_per_s": len(flat_b) / loop_t.median_s, "points": len(flat_b),
-                      "timing": loop_t.to_json()}}
+      "numpy": {
+          "points_per_s": points / numpy_t.median_s, "timing": numpy_t.to_json(), "dtype": "float64"
+      }, "jax_jit": {
+          "points_per_s": points / jax_t.median_s, "timing": jax_t.to_json(), "dtype": "float32",
+          "device": str(jax.devices()[0].device_kind)
+      }, "python_loop": {
+          "points_per_s": len(flat_b) / loop_t.median_s, "points": len(flat_b),
+          "timing": loop_t.to_json()
+      }
+  }
   return {
       "experiment": "bench_sweep", "kind": "measurement",
-      "what": "evaluation speed of the analytic step model (not a kernel speed)",
-      "points": points, "grid": {"batches": batches, "contexts": contexts},
-      "points_per_s": backends["numpy"]["points_per_s"],
-      "best_backend": max(("numpy", "jax_jit"), key=lambda n: backends[n]["points_per_s"]),
+      "what": "evaluation speed of the analytic step model (not a kernel speed)", "points": points,
+      "grid": {"batches": batches, "contexts": contexts
+              }, "points_per_s": backends["numpy"]["points_per_s"], "best_backend": max(
+                  ("numpy", "jax_jit"), key=lambda n: backends[n]["points_per_s"]),
       "backends": backends, "machine": timing.host(),
-      "method": "jaxroof.timing.time_call: warm-up excluded, block_until_ready, median"}
+      "method": "jaxroof.timing.time_call: warm-up excluded, block_until_ready, median"
+  }
 
 
 def plan(*, model: str, context: int, repeats: int) -> dict:
@@ -107,21 +112,21 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
   return {
       "experiment": "bench_plan", "kind": "measurement",
       "what": "speed of the planner's search (analytic model evaluation), not a device speed",
-      "model": spec.name, "context": context, "accelerators": len(devices),
-      "targets": {"token_gap_s": PLAN_TARGETS.token_gap_s, "ttft_s": PLAN_TARGETS.ttft_s,
-                  "aggregate_tokens_per_s": PLAN_TARGETS.aggregate_tokens_per_s},
-      "searched": searched,
-      "plan_configs_per_s": searched / whole.median_s,
-      "evaluate_configs_per_s": searched / evaluation.median_s,
-      "plan_timing": whole.to_json(), "evaluate_timing": evaluation.to_json(),
-      "question": {
+      "model": spec.name, "context": context, "accelerators": len(devices), "targets": {
+          "token_gap_s": PLAN_TARGETS.token_gap_s, "ttft_s": PLAN_TARGETS.ttft_s,
+          "aggregate_tokens_per_s": PLAN_TARGETS.aggregate_tokens_per_s
+      }, "searched": searched, "plan_configs_per_s": searched / whole.median_s,
+      "evaluate_configs_per_s": searched / evaluation.median_s, "plan_timing": whole.to_json(),
+      "evaluate_timing": evaluation.to_json(), "question": {
           "what": "issue 24's question: llama-3.1-70b, 7000 in / 1000 out, 50 ms gap, 2 s "
                   "TTFT, 10,000 tokens/s, bf16, h100-sxm/h200/mi300x priced; top 5 simulated",
           "searched": answer["searched"], "timing": with_sims.to_json(),
-          "simulation_wall_s": answer["simulation"]["wall_s"],
-          "top": {k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "batch",
-                                      "cost_per_hour", "simulated")}},
-      "backend": "numpy (lambdified sympy), float64", "host": timing.host()}
+          "simulation_wall_s": answer["simulation"]["wall_s"], "top": {
+              k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "batch", "cost_per_hour",
+                                 "simulated")
+          }
+      }, "backend": "numpy (lambdified sympy), float64", "host": timing.host()
+  }
 
 
 def simulate(*, num_requests: int, arrival_rate: float, schedulers: list[str], repeats: int,
@@ -142,19 +147,22 @@ def simulate(*, num_requests: int, arrival_rate: float, schedulers: list[str], r
                            requested=show_progress):
     iterations = simulator.simulate(w, r, name).iterations  # The warm-up (lambdify caches).
     t = timing.time_call(lambda: simulator.simulate(w, r, name), [()], warmup=0, repeats=repeats)
-    rows[name] = {"wall_s_median": t.median_s, "wall_s_min": t.min_s, "wall_s_max": t.max_s,
-                  "iterations": iterations, "requests_per_s_simulated": len(w) / t.median_s,
-                  "iterations_per_s_simulated": iterations / t.median_s,
-                  "within_10_s": t.median_s <= 10.0, "timing": t.to_json()}
+    rows[name] = {
+        "wall_s_median": t.median_s, "wall_s_min": t.min_s, "wall_s_max": t.max_s,
+        "iterations": iterations, "requests_per_s_simulated": len(w) / t.median_s,
+        "iterations_per_s_simulated": iterations / t.median_s, "within_10_s": t.median_s <= 10.0,
+        "timing": t.to_json()
+    }
   return {
       "experiment": "bench_simulate", "kind": "measurement",
       "label": "measurement of the simulator's own speed (wall clock, jaxroof.timing.time_call;"
                " 1 warm-up + repeats, median)",
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "machine": {**timing.host(), "load_average_1_5_15_before": list(load_before),
-                  "load_average_1_5_15_after": list(os.getloadavg())},
-      "workload": w.description, "replica": r.description, "repeats": repeats,
-      "schedulers": rows}
+      "machine": {
+          **timing.host(), "load_average_1_5_15_before": list(load_before),
+          "load_average_1_5_15_after": list(os.getloadavg())
+      }, "workload": w.description, "replica": r.description, "repeats": repeats, "schedulers": rows
+  }
 
 
 def decode(config: config_lib.ToyConfig, *, preset: str, dtype_name: str, batch: int,
@@ -167,34 +175,39 @@ def decode(config: config_lib.ToyConfig, *, preset: str, dtype_name: str, batch:
         f"prompt_len + new_tokens = {prompt_len + new_tokens} is not allowed: the preset's "
         f"learned table has max_positions={config.max_positions}.", field="prompt_len")
   weights.require_compilable(config, 2, what="cached and recomputing generation")
-  weights.require_fits(config, jnp.dtype(dtype).itemsize, batch=batch,
-                       positions=prompt_len + new_tokens,
+  weights.require_fits(config,
+                       jnp.dtype(dtype).itemsize, batch=batch, positions=prompt_len + new_tokens,
                        attention_positions=prompt_len + new_tokens)
   params_key, ids_key = jax.random.split(jax.random.key(seed))
   params = weights.init_params(config, params_key, dtype)
   ids = jax.random.randint(ids_key, (batch, prompt_len), 0, config.vocab_size, jnp.int32)
   load_before = os.getloadavg()[0]
   timings, outputs = {}, {}
-  for name, generate in (("cached", toy_model.generate),
-                         ("recompute", toy_model.generate_uncached)):
+  for name, generate in (("cached", toy_model.generate), ("recompute",
+                                                          toy_model.generate_uncached)):
     fn = functools.partial(jax.jit(generate, static_argnames=("steps",)), steps=new_tokens)
     outputs[name] = jax.block_until_ready(fn(params, ids))  # The warm-up: compiles.
     measured = timing.time_call(fn, [(params, ids)], warmup=0, repeats=repeats)
     timings[name] = dataclasses.replace(measured, warmup=1)
   cached, recompute = timings["cached"], timings["recompute"]
   return {
-      "experiment": "bench_decode", "kind": "measurement", "backend": jax.default_backend(),
-      "device": jax.devices()[0].device_kind, "jax_version": jax.__version__,
+      "experiment": "bench_decode",
+      "kind": "measurement",
+      "backend": jax.default_backend(),
+      "device": jax.devices()[0].device_kind,
+      "jax_version": jax.__version__,
       "cpu_count": os.cpu_count(),
       "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
       "dtype": dtype_name,
       "timing": "jaxroof.timing.time_call: jit-compiled; one warm-up run (with compilation) "
                 "excluded; block_until_ready; wall clock; median of repeats",
-      "inputs": {"preset": preset, "config": dataclasses.asdict(config),
-                 "weights": weights.num_weights(params), "batch": batch,
-                 "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
-                 "seed": seed},
-      "cached": cached.to_json(), "recompute": recompute.to_json(),
+      "inputs": {
+          "preset": preset, "config": dataclasses.asdict(config),
+          "weights": weights.num_weights(params), "batch": batch, "prompt_len": prompt_len,
+          "new_tokens": new_tokens, "repeats": repeats, "seed": seed
+      },
+      "cached": cached.to_json(),
+      "recompute": recompute.to_json(),
       "speedup": recompute.median_s / cached.median_s,
       "outputs_match": bool(np.array_equal(outputs["cached"], outputs["recompute"])),
       "recompute_note": "forward over prompt_len + new_tokens slots each step (static "
@@ -202,6 +215,10 @@ def decode(config: config_lib.ToyConfig, *, preset: str, dtype_name: str, batch:
       # Rows run through the model per sequence (a count, not a time).
       "positions_processed": {
           "cached": int(formulas.positions_with_kv(prompt_len, new_tokens)),
-          "recompute": new_tokens * (prompt_len + new_tokens)},
-      "units": {"*_s": "s", "speedup": "1 (recompute / cached medians)",
-                "positions_processed": "positions per sequence"}}
+          "recompute": new_tokens * (prompt_len + new_tokens)
+      },
+      "units": {
+          "*_s": "s", "speedup": "1 (recompute / cached medians)",
+          "positions_processed": "positions per sequence"
+      }
+  }

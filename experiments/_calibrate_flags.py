@@ -57,8 +57,9 @@ VALIDATE_MODEL = flags.DEFINE_string(
     "time (a fit or a held-out model).")
 BATCH_SIZES = flags.DEFINE_list("batch_sizes", "2,24,64", "Validation batch sizes "
                                 "(sequences), whole numbers >= 1.")
-CONTEXTS = flags.DEFINE_list("contexts", "200,1500", "Validation contexts (tokens already "
-                             "cached per sequence), whole numbers >= 1.")
+CONTEXTS = flags.DEFINE_list(
+    "contexts", "200,1500", "Validation contexts (tokens already "
+    "cached per sequence), whole numbers >= 1.")
 
 # Measurements you already have (csv, layouts, vllm).
 FROM_CSV = flags.DEFINE_string(
@@ -74,16 +75,18 @@ ACCELERATOR = flags.DEFINE_string(
 CARRY_OVER = flags.DEFINE_bool(
     "carry_over", False, "csv: fit on each model's rows and predict the others; layouts: "
     "fit on some layouts and predict the others (per device).")
-MODEL = flags.DEFINE_string("model", None, "With --from_vllm: the shipped model (or "
-                            "config folder) the runs served.")
+MODEL = flags.DEFINE_string(
+    "model", None, "With --from_vllm: the shipped model (or "
+    "config folder) the runs served.")
 SERVED_TP = flags.DEFINE_integer("served_tp", 1, "With --from_vllm: tensor-parallel chips "
                                  "of the server.", lower_bound=1, upper_bound=1024)
 WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
                                  "With --from_vllm: the served weights' dtype.")
 KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
                              "With --from_vllm: the K/V dtype.")
-ROWS_OUT = flags.DEFINE_string("rows_out", None, "csv with --from_vllm: write the derived "
-                               "rows as the documented CSV.")
+ROWS_OUT = flags.DEFINE_string(
+    "rows_out", None, "csv with --from_vllm: write the derived "
+    "rows as the documented CSV.")
 DROP_SUSPICIOUS = flags.DEFINE_bool(
     "drop_suspicious", False, "csv: leave out rows faster than their analytic bound or more "
     "than 20x slower (flagged by line either way).")
@@ -103,14 +106,13 @@ ACCELERATOR_FILE = flags.DEFINE_string(
 REQUEST_COST = flags.DEFINE_bool(
     "request_cost", False, "vllm: also fit a fixed cost per request (HTTP, API server, "
     "tokenisation) that delays when the engine sees it (0 at the bound).")
-SCHEDULER = flags.DEFINE_enum("scheduler", "chunked", list(simulator.SCHEDULERS),
-                              "vllm: the server's scheduler (vllm: vLLM V1's own; chunked: "
-                              "Sarathi's).")
-MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "vllm: vLLM --max-num-seqs.",
-                                   lower_bound=1)
+SCHEDULER = flags.DEFINE_enum(
+    "scheduler", "chunked", list(simulator.SCHEDULERS),
+    "vllm: the server's scheduler (vllm: vLLM V1's own; chunked: "
+    "Sarathi's).")
+MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "vllm: vLLM --max-num-seqs.", lower_bound=1)
 TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 2048, "vllm: vLLM "
-                                    "--max-num-batched-tokens (chunked prefill).",
-                                    lower_bound=1)
+                                    "--max-num-batched-tokens (chunked prefill).", lower_bound=1)
 MAX_SIMULATIONS = flags.DEFINE_integer(
     "max_simulations", engine_fit.MAX_EVALUATIONS, "vllm: loss evaluations per search "
     "(each simulates every run once).", lower_bound=10)
@@ -137,13 +139,12 @@ _TOY = ("budget_s", "dtype", "rounds", "repeats", "seed", "fit", "compare_profil
 _VLLM_SETUP = ("from_vllm", "model", "accelerator", "served_tp", "weight_dtype", "kv_dtype")
 # The flags each source reads (beyond --source, --json_out and --profile_out).
 USED: dict[str, tuple[str, ...]] = {
-    "ops": _TOY, "toy": _TOY,
-    "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious",
-            "fit_steps"),
+    "ops": _TOY,
+    "toy": _TOY,
+    "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file",
-             "request_cost", "scheduler", "max_running", "token_budget", "max_simulations",
-             "seed"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file", "request_cost",
+             "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

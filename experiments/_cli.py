@@ -24,8 +24,8 @@ from jaxroof.errors import InputError
 
 _HINT = "(see --helpshort for what each flag allows)"
 
-
-_ENUM_ERROR = re.compile(r"flag --[\w.]+=(?P<value>.*?): value should be one of <(?P<choices>[^>]*)>")
+_ENUM_ERROR = re.compile(
+    r"flag --[\w.]+=(?P<value>.*?): value should be one of <(?P<choices>[^>]*)>")
 
 
 def _suggestion(message: str) -> str:
@@ -43,8 +43,8 @@ def empty_flag_error() -> str | None:
   shell variable), or None. Empty is never read as "absent"."""
   for name in flags.FLAGS:
     flag = flags.FLAGS[name]
-    if (flag.present and type(flag.parser) is flags.ArgumentParser
-        and isinstance(flag.value, str) and not flag.value.strip()):
+    if (flag.present and type(flag.parser) is flags.ArgumentParser and
+        isinstance(flag.value, str) and not flag.value.strip()):
       return (f"--{flag.name}={flag.value!r} is empty: give a value, or omit "
               f"--{flag.name} {_HINT}")
   return None
@@ -75,8 +75,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 # Output flags every experiment may define, and the kind of file each takes.
-OUTPUT_FLAGS: dict[str, str] = {"json_out": "json", "plot_out": "plot",
-                                "profile_out": "json", "summary_out": "json"}
+OUTPUT_FLAGS: dict[str, str] = {
+    "json_out": "json", "plot_out": "plot", "profile_out": "json", "summary_out": "json"
+}
 
 
 def check_outputs() -> None:
@@ -111,20 +112,35 @@ def check_numeric_flags() -> None:
 # in the order tried: the first flag the running experiment defines is named. Any other
 # field names the flag of its own name, when the experiment defines one.
 FIELD_FLAGS: dict[str, tuple[str, ...]] = {
-    "token_gap_s": ("token_gap_ms",), "token_gap": ("token_gap_ms",),
-    "ttft_s": ("ttft_ms",), "ttft": ("ttft_ms",), "tpot_s": ("tpot_ms",), "itl_s": ("itl_ms",),
+    "token_gap_s": ("token_gap_ms",),
+    "token_gap": ("token_gap_ms",),
+    "ttft_s": ("ttft_ms",),
+    "ttft": ("ttft_ms",),
+    "tpot_s": ("tpot_ms",),
+    "itl_s": ("itl_ms",),
     "batching_window": ("batching_window_ms", "batch_window_ms"),
     "window_s": ("batching_window_ms", "batch_window_ms"),
-    "BW": ("bandwidth_tbps",), "F": ("tflops",), "N": ("params_b", "weights_gb"),
-    "q": ("bytes_per_weight",), "k": ("kv_bytes_per_token",), "layers": ("layers",),
-    "memory_capacity_bytes": ("memory_gb",), "kv_memory_bytes": ("kv_memory_gb",),
+    "BW": ("bandwidth_tbps",),
+    "F": ("tflops",),
+    "N": ("params_b", "weights_gb"),
+    "q": ("bytes_per_weight",),
+    "k": ("kv_bytes_per_token",),
+    "layers": ("layers",),
+    "memory_capacity_bytes": ("memory_gb",),
+    "kv_memory_bytes": ("kv_memory_gb",),
     "kv_per_sequence_bytes": ("kv_gb_per_seq",),
-    "arrival_rate_per_s": ("arrival_rate",), "aggregate_tokens_per_s": ("aggregate_tokens_per_s",),
-    "accelerators": ("accelerators", "accelerator"), "accelerator": ("accelerator",),
-    "bandwidth_tb_s": ("bandwidth_tbps",), "bandwidth_bytes_per_s": ("bandwidth_tbps",),
-    "flops_per_s": ("tflops",), "weight_bytes": ("weights_gb",),
-    "kv_bytes_per_sequence": ("kv_gb_per_seq",), "weight_dtypes": ("weight_dtype",),
-    "kv_dtypes": ("kv_dtype",), "contexts": ("context",),
+    "arrival_rate_per_s": ("arrival_rate",),
+    "aggregate_tokens_per_s": ("aggregate_tokens_per_s",),
+    "accelerators": ("accelerators", "accelerator"),
+    "accelerator": ("accelerator",),
+    "bandwidth_tb_s": ("bandwidth_tbps",),
+    "bandwidth_bytes_per_s": ("bandwidth_tbps",),
+    "flops_per_s": ("tflops",),
+    "weight_bytes": ("weights_gb",),
+    "kv_bytes_per_sequence": ("kv_gb_per_seq",),
+    "weight_dtypes": ("weight_dtype",),
+    "kv_dtypes": ("kv_dtype",),
+    "contexts": ("context",),
     "batch_window_s": ("batching_window_ms", "batch_window_ms"),
 }
 
@@ -154,8 +170,8 @@ def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -
     return f"--{message}"
   holder = flag_values[flag]
   # A switch names itself (`--what_if`), not its unset value (`--nowhat_if`).
-  given = (f"--{flag}" if isinstance(holder, flags.BooleanFlag)
-           else holder.serialize() or f"--{flag}")
+  given = (f"--{flag}"
+           if isinstance(holder, flags.BooleanFlag) else holder.serialize() or f"--{flag}")
   if len(given) > 80:  # A long list flag, echoed whole, would bury the message.
     given = f"{given[:60]}..."
   return f"{given}: {message}"
@@ -199,8 +215,8 @@ def define_progress() -> flags.FlagHolder:
       "terminal (--noprogress, or the env var JAXROOF_NO_PROGRESS=1: never).")
 
 
-def require_positive(holder: flags.FlagHolder, unit: str,
-                     within: tuple[float, float] = PLAUSIBLE) -> None:
+def require_positive(holder: flags.FlagHolder, unit: str, within: tuple[float,
+                                                                        float] = PLAUSIBLE) -> None:
   """Validates that a numeric flag, when set, lies in a physical range > 0.
 
   The default range, 1e-9 to 1e9 in the flag's own unit, keeps subnormal

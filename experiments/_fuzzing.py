@@ -39,18 +39,17 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
                              "--accelerators=h100-sxm,tpu-v5e", "--batch_sizes=1,8"),
     "report": ("--calibration_budget_s=0", "--out_dir={tmp}/report"),
     "calibrate": ("--budget_s=25",),
-    "bench": ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2",
-              "--loop_points=10"),
-    "bench_sweep": ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2",
-                    "--loop_points=10"),
+    "bench": ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2", "--loop_points=10"),
+    "bench_sweep":
+        ("--what=sweep", "--batches=64", "--contexts=64", "--repeats=2", "--loop_points=10"),
     "bench_plan": ("--what=plan", "--repeats=1"),
     "bench_simulate": ("--what=simulate", "--num_requests=200", "--repeats=1"),
-    "bench_decode": ("--what=decode", "--new_tokens=2", "--prompt_len=8", "--repeats=2",
-                     "--preset=lesson"),
+    "bench_decode":
+        ("--what=decode", "--new_tokens=2", "--prompt_len=8", "--repeats=2", "--preset=lesson"),
     "bench_decode_step": ("--model=lesson", "--batches=1,2", "--contexts=8,16", "--rounds=1",
                           "--repeats=2", "--bandwidth_mb=8"),
-    "measure_ops": ("--decode_rows=1", "--prefill_rows=2", "--batch_sizes=1",
-                    "--contexts=64", "--d_in=64", "--d_out=64", "--repeats=2"),
+    "measure_ops": ("--decode_rows=1", "--prefill_rows=2", "--batch_sizes=1", "--contexts=64",
+                    "--d_in=64", "--d_out=64", "--repeats=2"),
     "gpu_bench": ("--out_dir={tmp}/gpu",),
     "serving": ("--token_gap_ms=12", "--output_tokens=16", "--batch_sizes=1,8"),
     "iteration": ("--model=llama-3-8b", "--accelerator=h100-sxm", "--decode_rows=8",
@@ -58,15 +57,16 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     # Never a real engine: the engine env does not exist, so a valid case ends in
     # its one-line error (experiments/vllm_setup.sh builds a real one).
     "vllm_bench": ("--engine_env={tmp}/no-engine", "--out_dir={tmp}/out", "--num_prompts=2"),
-    "calibrate_engine": (f"--from_vllm={_FIXTURE}",
-                         "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
-                         "--max_simulations=10"),
+    "calibrate_engine": (f"--from_vllm={_FIXTURE}", "--model=tinyllama-1.1b",
+                         "--accelerator=h100-sxm", "--max_simulations=10"),
     "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
 }
 # Former names that run another experiment with its --what: fuzzed as that experiment with
 # their own base flags, so each benchmark's flags get cases of their own.
-ALIASES: dict[str, str] = {"bench_sweep": "bench", "bench_plan": "bench",
-                           "bench_simulate": "bench", "bench_decode": "bench"}
+ALIASES: dict[str, str] = {
+    "bench_sweep": "bench", "bench_plan": "bench", "bench_simulate": "bench",
+    "bench_decode": "bench"
+}
 SKIP = frozenset({"fuzz"})  # Not fuzzed: the fuzzer itself.
 OUTPUT_FLAGS = ("json_out", "plot_out", "profile_out", "summary_out")
 _ABSL_LOG = re.compile(r"^[IWEF]\d{4} ")  # absl's own log lines are not errors.
@@ -96,10 +96,11 @@ class Outcome:
     return self.verdict in ("traceback", "nonfinite", "half_written", "hang", "accepted_bad")
 
   def to_json(self) -> dict[str, Any]:
-    return {"experiment": self.case.experiment, "args": list(self.case.args),
-            "kind": self.case.kind, "must_refuse": self.case.must_refuse,
-            "verdict": self.verdict, "exit_code": self.exit_code,
-            "seconds": round(self.seconds, 3), "detail": self.detail[:300]}
+    return {
+        "experiment": self.case.experiment, "args": list(self.case.args), "kind": self.case.kind,
+        "must_refuse": self.case.must_refuse, "verdict": self.verdict, "exit_code": self.exit_code,
+        "seconds": round(self.seconds, 3), "detail": self.detail[:300]
+    }
 
 
 def _shared(module_key: str) -> bool:
@@ -188,8 +189,10 @@ def cases_for(module_name: str, seed: int = 0, limit: int | None = None,
 
 
 def _tmp_leftovers(folder: str) -> list[str]:
-  return [os.path.join(root, f) for root, _, names in os.walk(folder)
-          for f in names if f.startswith(".tmp-")]
+  return [
+      os.path.join(root, f) for root, _, names in os.walk(folder) for f in names
+      if f.startswith(".tmp-")
+  ]
 
 
 def _classify(case: Case, code: int | None, out: str, err: str, tmp: str,
@@ -213,8 +216,8 @@ def _classify(case: Case, code: int | None, out: str, err: str, tmp: str,
       with open(path, encoding="utf-8") as f:
         json.load(f, parse_constant=_refuse_constant)
     except (ValueError, OSError) as e:
-      return Outcome(case, "half_written" if "constant" not in str(e) else "nonfinite",
-                     code, seconds, f"{path}: {e}")
+      return Outcome(case, "half_written" if "constant" not in str(e) else "nonfinite", code,
+                     seconds, f"{path}: {e}")
   if _NUMBER.search(out):
     return Outcome(case, "nonfinite", code, seconds, _NUMBER.search(out).group(0))
   if case.must_refuse:
@@ -227,8 +230,10 @@ def _refuse_constant(name: str) -> float:
 
 
 def _json_outputs(folder: str) -> list[str]:
-  return [os.path.join(root, f) for root, _, names in os.walk(folder)
-          for f in names if f.endswith(".json")]
+  return [
+      os.path.join(root, f) for root, _, names in os.walk(folder) for f in names
+      if f.endswith(".json")
+  ]
 
 
 def run_case(module_name: str, case: Case, timeout_s: float) -> Outcome:
@@ -295,8 +300,10 @@ def fuzz_experiment(experiment: str, *, limit: int | None, timeout_s: float,
   """Imports `experiments.<experiment>` (an alias: the module it runs) and runs its cases."""
   module_name = f"experiments.{ALIASES.get(experiment, experiment)}"
   importlib.import_module(module_name)
-  return [run_case(module_name, case, timeout_s)
-          for case in cases_for(module_name, seed=seed, limit=limit, experiment=experiment)]
+  return [
+      run_case(module_name, case, timeout_s)
+      for case in cases_for(module_name, seed=seed, limit=limit, experiment=experiment)
+  ]
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -309,17 +316,18 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     per[o.verdict] = per.get(o.verdict, 0) + 1
   worst = sorted((o for o in outcomes if o.breaks_contract), key=lambda o: -o.seconds)
   slowest = max((o.seconds for o in outcomes), default=math.nan)
-  return {"cases": len(outcomes), "by_verdict": by_verdict, "by_experiment": by_experiment,
-          "contract_breaks": [o.to_json() for o in worst[:50]],
-          "slowest_case_s": None if math.isnan(slowest) else round(slowest, 3)}
+  return {
+      "cases": len(outcomes), "by_verdict": by_verdict, "by_experiment": by_experiment,
+      "contract_breaks": [o.to_json() for o in worst[:50]],
+      "slowest_case_s": None if math.isnan(slowest) else round(slowest, 3)
+  }
 
 
 def main(argv: list[str]) -> None:
   """Worker: `python -m experiments._fuzzing NAME LIMIT TIMEOUT_S SEED` prints
   one JSON outcome per line (one experiment per process: absl flags are global)."""
   experiment, limit, timeout_s, seed = argv[1], int(argv[2]), float(argv[3]), int(argv[4])
-  for outcome in fuzz_experiment(experiment, limit=limit or None, timeout_s=timeout_s,
-                                 seed=seed):
+  for outcome in fuzz_experiment(experiment, limit=limit or None, timeout_s=timeout_s, seed=seed):
     print(json.dumps(outcome.to_json()), flush=True)
 
 

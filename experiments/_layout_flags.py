@@ -18,8 +18,8 @@ _TP = flags.DEFINE_integer("tp", 1, "Tensor-parallel degree (heads and MLP colum
 _PP = flags.DEFINE_integer("pp", 1, "Pipeline stages. >= 1.")
 _EP = flags.DEFINE_integer("ep", 1, "Expert-parallel degree (MoE models). >= 1.")
 _DP = flags.DEFINE_integer("dp", 1, "Data-parallel replicas. >= 1.")
-_CHIPS = flags.DEFINE_integer(
-    "chips", None, "Chips of the slice (tp*pp*ep*dp); alone, tp = chips. >= 1.")
+_CHIPS = flags.DEFINE_integer("chips", None,
+                              "Chips of the slice (tp*pp*ep*dp); alone, tp = chips. >= 1.")
 
 
 def accelerator(name: str) -> Accelerator:

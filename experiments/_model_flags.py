@@ -58,10 +58,10 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
     "accelerator_file": lambda: flags.DEFINE_string(
         "accelerator_file", None, "Your own accelerator as JSON in the shipped schema "
         "(jaxroof/specs/data/accelerators.json), instead of --accelerator."),
-    "weight_dtype": lambda: flags.DEFINE_enum(
-        "weight_dtype", parameters.PUBLISHED, list(WEIGHT_CHOICES), _WEIGHT_HELP + "."),
-    "kv_dtype": lambda: flags.DEFINE_enum(
-        "kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), _KV_HELP + "."),
+    "weight_dtype": lambda: flags.DEFINE_enum("weight_dtype", parameters.PUBLISHED,
+                                              list(WEIGHT_CHOICES), _WEIGHT_HELP + "."),
+    "kv_dtype": lambda: flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES), _KV_HELP +
+                                          "."),
     "block_size": lambda: flags.DEFINE_integer(
         "block_size", 16, "Tokens per K/V page; allocation rounds up per sequence. >= 1 "
         "(1: no paging).", lower_bound=1),
@@ -111,15 +111,15 @@ def _positive(name: str, default: float | None, unit: str, meaning: str) -> flag
 # Raw numbers instead of --model and --accelerator (the lesson's example by default).
 RAW: dict[str, Callable[[], flags.FlagHolder]] = {
     "weights_gb": lambda: _positive("weights_gb", 16.0, "GB", "Weight bytes read per step"),
-    "bytes_per_weight": lambda: _positive(
-        "bytes_per_weight", 2.0, "bytes/weight", "Bytes per weight (2 = BF16; N = bytes / "
-        "this)"),
+    "bytes_per_weight": lambda: _positive("bytes_per_weight", 2.0, "bytes/weight",
+                                          "Bytes per weight (2 = BF16; N = bytes / "
+                                          "this)"),
     "kv_gb_per_seq": lambda: _positive(
         "kv_gb_per_seq", None, "GB", "K/V each sequence reads per step, fixed (the lesson's "
         "view; default 0.25 unless --kv_bytes_per_token)"),
-    "kv_bytes_per_token": lambda: _positive(
-        "kv_bytes_per_token", None, "bytes/token", "K/V bytes per retained token (all "
-        "layers)"),
+    "kv_bytes_per_token": lambda: _positive("kv_bytes_per_token", None, "bytes/token",
+                                            "K/V bytes per retained token (all "
+                                            "layers)"),
     "bandwidth_tbps": lambda: _positive(
         "bandwidth_tbps", 2.0, "TB/s", "Sustained memory bandwidth (with --model: a what-if "
         "replacing the datasheet's)"),
@@ -132,7 +132,6 @@ RAW: dict[str, Callable[[], flags.FlagHolder]] = {
 }
 DEFINITIONS.update(RAW)
 
-
 LISTABLE: dict[str, tuple[tuple[str, ...], str, str]] = {
     "weight_dtype": (WEIGHT_CHOICES, _WEIGHT_HELP, parameters.PUBLISHED),
     "kv_dtype": (tuple(kv_sizing.KV_DTYPES), _KV_HELP, "bf16"),
@@ -142,11 +141,11 @@ LISTABLE: dict[str, tuple[tuple[str, ...], str, str]] = {
 def _list_flag(name: str) -> flags.FlagHolder:
   """A comma-separated form of a choice flag: one value, or several to compare."""
   allowed, meaning, default = LISTABLE[name]
-  holder = flags.DEFINE_list(name, default, f"{meaning}; several, comma-separated, compare "
-                             f"in one run. Allowed: {', '.join(allowed)}.")
-  flags.register_validator(
-      name, lambda values: bool(values) and all(v in allowed for v in values),
-      message=f"each value must be one of {', '.join(allowed)}")
+  holder = flags.DEFINE_list(
+      name, default, f"{meaning}; several, comma-separated, compare "
+      f"in one run. Allowed: {', '.join(allowed)}.")
+  flags.register_validator(name, lambda values: bool(values) and all(v in allowed for v in values),
+                           message=f"each value must be one of {', '.join(allowed)}")
   return holder
 
 
@@ -156,8 +155,8 @@ def define(*names: str, lists: tuple[str, ...] = ()) -> types.SimpleNamespace:
   Names in `lists` (of `LISTABLE`) take comma-separated values: the holder's
   value is then a list.
   """
-  return types.SimpleNamespace(**{
-      name: _list_flag(name) if name in lists else DEFINITIONS[name]() for name in names})
+  return types.SimpleNamespace(
+      **{name: _list_flag(name) if name in lists else DEFINITIONS[name]() for name in names})
 
 
 def device(holders: types.SimpleNamespace, *, bandwidth_tbps: float | None = None,
@@ -181,8 +180,7 @@ def given(holder: flags.FlagHolder) -> object | None:
   return holder.value if flags.FLAGS[holder.name].present else None
 
 
-def check_model_or_raw(holders: types.SimpleNamespace, *, model_only: tuple, raw: tuple
-                       ) -> None:
+def check_model_or_raw(holders: types.SimpleNamespace, *, model_only: tuple, raw: tuple) -> None:
   """`--model` on a device, or raw numbers (`RAW`), never a mix: one-line errors naming
   the flags given. `model_only`: flags that apply only with `--model`; `raw`: those it
   replaces (with it `--bandwidth_tbps`, `--tflops` and `--memory_gb` are what-ifs)."""
@@ -204,8 +202,7 @@ def what_if_device(holders: types.SimpleNamespace,
   """The device with `--bandwidth_tbps`, `--tflops` (and `memory_gb`) as what-ifs on its
   datasheet when given on the command line (their raw-number defaults are not)."""
   return what_if.with_overrides(
-      device(holders, bandwidth_tbps=given(holders.bandwidth_tbps),
-             tflops=given(holders.tflops)),
+      device(holders, bandwidth_tbps=given(holders.bandwidth_tbps), tflops=given(holders.tflops)),
       memory_gb=None if memory_gb is None else given(memory_gb))
 
 
@@ -243,8 +240,7 @@ def step_model(holders: types.SimpleNamespace, *, accelerator: str | None,
   profile = profiles.load_profile(holders.profile.value)
   notes = (profiles.check_applies(profile, accelerator, what_if=holders.what_if.value)
            if accelerator else [])
-  return profiles.step_model(profile, use_profile_ceilings=use_profile_ceilings,
-                             notes=tuple(notes))
+  return profiles.step_model(profile, use_profile_ceilings=use_profile_ceilings, notes=tuple(notes))
 
 
 def model_options(holders: types.SimpleNamespace) -> dict[str, object]:

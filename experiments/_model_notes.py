@@ -33,5 +33,7 @@ def json_fields(spec: ModelSpec, contexts: Iterable[int] = ()) -> dict[str, Any]
   """`defaults_applied` (every default the config reader filled in) and any
   context warnings, for an experiment's JSON."""
   warnings = [w for c in sorted(set(contexts)) if (w := spec.context_warning(c))]
-  return {"defaults_applied": list(spec.defaults_applied),
-          **({"warnings": warnings} if warnings else {})}
+  return {
+      "defaults_applied": list(spec.defaults_applied),
+      **({"warnings": warnings} if warnings else {})
+  }

@@ -54,14 +54,14 @@ MEASURE_REAL_ENGINE = (
 )
 
 
-def commands(results: Mapping[str, Any], results_dir: str = document.RESULTS_DIR
-             ) -> document.Commands:
+def commands(results: Mapping[str, Any],
+             results_dir: str = document.RESULTS_DIR) -> document.Commands:
   """Every command line the report shows, for results from `report_results.compute`."""
   subject = results["summary"]["subject"]
   bench = document.in_repository(os.path.join(results_dir, document.BENCH_DECODE))
-  return document.Commands(
-      serving=serving(subject), plan=plan(subject), worked_plan=worked_plan(results["chips"]),
-      compare_accelerators=COMPARE_ACCELERATORS, kv_sizing=KV_SIZING,
-      longer_calibration=LONGER_CALIBRATION, user_calibration=USER_CALIBRATION,
-      bench_decode=f"python -m experiments.bench_decode --json_out={bench}",
-      measure_real_engine=MEASURE_REAL_ENGINE)
+  return document.Commands(serving=serving(subject), plan=plan(subject),
+                           worked_plan=worked_plan(results["chips"]),
+                           compare_accelerators=COMPARE_ACCELERATORS, kv_sizing=KV_SIZING,
+                           longer_calibration=LONGER_CALIBRATION, user_calibration=USER_CALIBRATION,
+                           bench_decode=f"python -m experiments.bench_decode --json_out={bench}",
+                           measure_real_engine=MEASURE_REAL_ENGINE)

@@ -30,8 +30,9 @@ _PREFILL_BATCH = flags.DEFINE_integer(
     "queue as M/D/1 at arrival_rate / prefill_batch.", lower_bound=1, upper_bound=4096)
 # The targets.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Mean time-to-first-token target, ms. > 0.")
-_TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None, "Mean gap between a user's tokens "
-                                   "(ITL) target, ms. > 0. Required.")
+_TOKEN_GAP_MS = flags.DEFINE_float(
+    "token_gap_ms", None, "Mean gap between a user's tokens "
+    "(ITL) target, ms. > 0. Required.")
 _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
                                 "Optional aggregate-rate target, tokens/s. > 0.")
 

@@ -30,26 +30,30 @@ NUM_REQUESTS = flags.DEFINE_integer(
 ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", 10.0, "Mean arrivals per second.")
 ARRIVAL = flags.DEFINE_enum("arrival", "poisson", ["poisson", "gamma", "trace"], "Arrivals.")
 _BURSTINESS = flags.DEFINE_float("burstiness", 1.0, "Gamma shape (1: Poisson, < 1: burstier).")
-_TRACE = flags.DEFINE_string("trace", None, "JSONL/CSV trace with arrival_s, prompt_tokens, "
-                             "output_tokens (--arrival=trace).")
+_TRACE = flags.DEFINE_string(
+    "trace", None, "JSONL/CSV trace with arrival_s, prompt_tokens, "
+    "output_tokens (--arrival=trace).")
 _PROMPT_TOKENS = flags.DEFINE_float("prompt_tokens", 1000, "Mean prompt length (tokens).")
 _OUTPUT_TOKENS = flags.DEFINE_float("output_tokens", 200, "Mean output length (tokens).")
 _PROMPT_DIST = flags.DEFINE_enum("prompt_distribution", "fixed", list(arrivals.LENGTHS),
                                  "Prompt lengths: fixed (exact), uniform, lognormal.")
 _OUTPUT_DIST = flags.DEFINE_enum("output_distribution", "fixed", list(arrivals.LENGTHS),
                                  "Output lengths: fixed (exact), uniform, lognormal.")
-_PROMPT_SPREAD = flags.DEFINE_float("prompt_spread", 0.0, "Uniform: half-width / mean; "
-                                    "lognormal: coefficient of variation.")
+_PROMPT_SPREAD = flags.DEFINE_float(
+    "prompt_spread", 0.0, "Uniform: half-width / mean; "
+    "lognormal: coefficient of variation.")
 _OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of arrivals and lengths.")
-_LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
-                                  "Sampled prompt + output beyond the model's context: "
-                                  "drawn again, or clipped.")
+_LONG_SAMPLES = flags.DEFINE_enum(
+    "long_samples", "resample", list(arrivals.LONG_SAMPLES),
+    "Sampled prompt + output beyond the model's context: "
+    "drawn again, or clipped.")
 
 # The scheduling.
-SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
-                              "static, iteration (Orca), chunked (Sarathi) or vllm "
-                              "(vLLM V1's own scheduler).")
+SCHEDULER = flags.DEFINE_enum(
+    "scheduler", "iteration", list(simulator.SCHEDULERS),
+    "static, iteration (Orca), chunked (Sarathi) or vllm "
+    "(vLLM V1's own scheduler).")
 _MAX_RUNNING = flags.DEFINE_integer("max_running", 256, "Most running sequences.", lower_bound=1)
 _TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 512, "Chunked: tokens per iteration.",
                                      lower_bound=1)
@@ -69,9 +73,8 @@ _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longe
                                     lower_bound=1)
 
 for _holder, _unit in ((ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
-                       (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"),
-                       (NUM_REQUESTS, "requests"), (_PARAMS_B, "billions"),
-                       (_BANDWIDTH_TBPS, "TB/s"), (_KV_MEMORY_GB, "GB")):
+                       (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (NUM_REQUESTS, "requests"),
+                       (_PARAMS_B, "billions"), (_BANDWIDTH_TBPS, "TB/s"), (_KV_MEMORY_GB, "GB")):
   _cli.require_positive(_holder, _unit)
 
 
@@ -106,18 +109,20 @@ def raw_replica(holders: types.SimpleNamespace, **kw: Any) -> replica.Replica:
   Raises:
     InputError: a raw number missing.
   """
-  raw = {"params_b": _PARAMS_B, "kv_bytes_per_token": holders.kv_bytes_per_token,
-         "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS,
-         "head_dim": _HEAD_DIM, "kv_memory_gb": _KV_MEMORY_GB}
+  raw = {
+      "params_b": _PARAMS_B, "kv_bytes_per_token": holders.kv_bytes_per_token,
+      "bandwidth_tbps": _BANDWIDTH_TBPS, "layers": _LAYERS, "heads": _HEADS, "head_dim": _HEAD_DIM,
+      "kv_memory_gb": _KV_MEMORY_GB
+  }
   missing = [f"--{n}" for n, h in raw.items() if h.value is None]
   if missing:
     raise InputError(f"the model is not given: pass --model/--accelerator/--context or the raw "
                      f"numbers (missing {', '.join(missing)}).")
   k, tflops, block = holders.kv_bytes_per_token.value, holders.tflops.value, holders.block_size
-  return replica.from_numbers(
-      N=_PARAMS_B.value * 1e9, q=holders.bytes_per_weight.value, k=k,
-      BW=_BANDWIDTH_TBPS.value * 1e12, F=None if tflops is None else tflops * 1e12,
-      L=_LAYERS.value, H=_HEADS.value, d=_HEAD_DIM.value,
-      kv_memory_bytes=_KV_MEMORY_GB.value * 1e9, page_bytes=block.value * k,
-      page_tokens=block.value, max_context=_MAX_CONTEXT.value,
-      description={"model": "raw numbers"}, **kw)
+  return replica.from_numbers(N=_PARAMS_B.value * 1e9, q=holders.bytes_per_weight.value, k=k,
+                              BW=_BANDWIDTH_TBPS.value * 1e12,
+                              F=None if tflops is None else tflops * 1e12, L=_LAYERS.value,
+                              H=_HEADS.value, d=_HEAD_DIM.value,
+                              kv_memory_bytes=_KV_MEMORY_GB.value * 1e9, page_bytes=block.value * k,
+                              page_tokens=block.value, max_context=_MAX_CONTEXT.value,
+                              description={"model": "raw numbers"}, **kw)

@@ -53,8 +53,8 @@ _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weigh
                               "profile", "what_if", lists=("weight_dtype", "kv_dtype"))
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
-_KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN, _LAYERS = (_SHARED.kv_gb_per_seq,
-                                                 _SHARED.kv_bytes_per_token, _SHARED.layers)
+_KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN, _LAYERS = (_SHARED.kv_gb_per_seq, _SHARED.kv_bytes_per_token,
+                                                _SHARED.layers)
 _MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.block_size, _SHARED.workspace_fraction,
                _SHARED.max_new_tokens, _SHARED.group_size, _SHARED.memory_gb)
 _CONTEXT = flags.DEFINE_list(
@@ -76,8 +76,8 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_PRICE_PER_HOUR, "per chip-hour")
   _cli.require_positive(_holder, _unit)
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 flags.register_validator(
-    _CONTEXT.name, lambda values: values is None or (
-        bool(values) and all(v.isdigit() and 1 <= int(v) <= 10**8 for v in values)),
+    _CONTEXT.name, lambda values: values is None or
+    (bool(values) and all(v.isdigit() and 1 <= int(v) <= 10**8 for v in values)),
     message="must be comma-separated whole numbers in [1, 1e8] (tokens)")
 
 
@@ -118,30 +118,29 @@ def raw_inputs() -> dict:
                                      context=int(context[0]) if context else None)
 
 
-def model_sweeps(batch_sizes: list[int], gap_s: float | None, bound: bool = False
-                 ) -> tuple[list[dict], list[str]]:
+def model_sweeps(batch_sizes: list[int], gap_s: float | None,
+                 bound: bool = False) -> tuple[list[dict], list[str]]:
   """One sweep per (weight dtype, K/V dtype, context) for --model on the device, with
   the memory fit of each batch; and the what-if notes (datasheet figures replaced)."""
   device = _model_flags.what_if_device(_SHARED)
   what_ifs = _model_flags.what_ifs(device)
   sweeps = variants.variant_sweeps(
-      models.load_model(_MODEL.value), device,
-      contexts=[int(c) for c in _CONTEXT.value], weight_dtypes=_WEIGHT_DTYPE.value,
-      kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
+      models.load_model(_MODEL.value), device, contexts=[int(c) for c in _CONTEXT.value],
+      weight_dtypes=_WEIGHT_DTYPE.value, kv_dtypes=_KV_DTYPE.value, batch_sizes=batch_sizes,
       model=_model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value or device.name,
-                                    use_profile_ceilings=False, bound=bound),
-      token_gap_s=gap_s, layout=_layout_flags.layout(_ACCELERATOR.value),
-      price_per_hour=_PRICE_PER_HOUR.value, block_size=_SHARED.block_size.value,
-      workspace_fraction=_SHARED.workspace_fraction.value, group_size=_SHARED.group_size.value,
-      max_new_tokens=_SHARED.max_new_tokens.value, comm_overlap=_SHARED.comm_overlap.value)
+                                    use_profile_ceilings=False, bound=bound), token_gap_s=gap_s,
+      layout=_layout_flags.layout(_ACCELERATOR.value), price_per_hour=_PRICE_PER_HOUR.value,
+      block_size=_SHARED.block_size.value, workspace_fraction=_SHARED.workspace_fraction.value,
+      group_size=_SHARED.group_size.value, max_new_tokens=_SHARED.max_new_tokens.value,
+      comm_overlap=_SHARED.comm_overlap.value)
   for sweep in sweeps:
     sweep["inputs"]["what_if"] = what_ifs
     sweep["assumptions"] = list(sweep["assumptions"]) + what_ifs
   return sweeps, what_ifs
 
 
-def _compute(batch_sizes: list[int], bound: bool = False
-             ) -> tuple[list[dict], dict, str, list[str]]:
+def _compute(batch_sizes: list[int],
+             bound: bool = False) -> tuple[list[dict], dict, str, list[str]]:
   """The sweeps (one per combination; [] for raw numbers), the first, a title, what-ifs."""
   sweeps, what_ifs = [], []
   gap_s = None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
@@ -158,8 +157,10 @@ def _compute(batch_sizes: list[int], bound: bool = False
     sweep = sweep_lib.sweep(model, batch_sizes, layers=_LAYERS.value, token_gap_s=gap_s, **inputs)
     for row in sweep["rows"]:  # One chip: no communication.
       row["comm_s"], row["chips"] = 0.0, 1
-    sweep["inputs"] = {"flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)},
-                       "si": inputs, "batch_sizes": batch_sizes}
+    sweep["inputs"] = {
+        "flags": {h.name: h.value for h in _RAW_FLAGS + (_CONTEXT,)}, "si": inputs,
+        "batch_sizes": batch_sizes
+    }
     title = "Decode batch sweep"
   layers = models.load_model(_MODEL.value).num_layers if _MODEL.value else _LAYERS.value
   for each in sweeps or [sweep]:

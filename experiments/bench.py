@@ -42,9 +42,9 @@ _BATCHES = flags.DEFINE_integer("batches", 4096, "sweep: batch sizes 1..this in 
                                 lower_bound=1)
 _CONTEXTS = flags.DEFINE_integer("contexts", 2500, "sweep: context lengths in the grid. >= 1.",
                                  lower_bound=1)
-_LOOP_POINTS = flags.DEFINE_integer(
-    "loop_points", 20000, "sweep: points of the per-point Python loop baseline. >= 1.",
-    lower_bound=1)
+_LOOP_POINTS = flags.DEFINE_integer("loop_points", 20000,
+                                    "sweep: points of the per-point Python loop baseline. >= 1.",
+                                    lower_bound=1)
 # --what=plan
 _MODEL = flags.DEFINE_string("model", "llama-3.1-70b", "plan: the model to plan for.")
 _CONTEXT = flags.DEFINE_integer("context", 8192, "plan: context, tokens. >= 1.", lower_bound=1)
@@ -101,9 +101,9 @@ def _run(what: str, repeats: int) -> dict:
   if what == "plan":
     return _benchmarks.plan(model=_MODEL.value, context=_CONTEXT.value, repeats=repeats)
   if what == "simulate":
-    return _benchmarks.simulate(num_requests=_NUM_REQUESTS.value,
-                                arrival_rate=_ARRIVAL_RATE.value, schedulers=_SCHEDULERS.value,
-                                repeats=repeats, show_progress=_PROGRESS.value)
+    return _benchmarks.simulate(num_requests=_NUM_REQUESTS.value, arrival_rate=_ARRIVAL_RATE.value,
+                                schedulers=_SCHEDULERS.value, repeats=repeats,
+                                show_progress=_PROGRESS.value)
   overrides = {"num_blocks": _BLOCKS.value, "width": _WIDTH.value}
   config = dataclasses.replace(config_lib.preset(_PRESET.value),
                                **{k: v for k, v in overrides.items() if v is not None})

@@ -51,22 +51,20 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Weight
 _BATCHES = flags.DEFINE_list("batches", "1,8,16", "Batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,1024,2048,4096",
                               "Contexts (filled positions), >= 1; at least two.")
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid. In [1, 1,000].",
-                               lower_bound=1, upper_bound=1_000)
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Passes over the grid. In [1, 1,000].", lower_bound=1,
+                               upper_bound=1_000)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps per point and round. In [1, 10,000].",
                                 lower_bound=1, upper_bound=10_000)
 _BANDWIDTH_MB = flags.DEFINE_integer(
     "bandwidth_mb", 128,
     "Array size of the bandwidth measurement, MiB (>= 1; 128 MiB is 4x the development "
-    "CPU's 32 MB last-level cache).",
-    lower_bound=1, upper_bound=1024)
+    "CPU's 32 MB last-level cache).", lower_bound=1, upper_bound=1024)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
 
 _cli.require_positive_int_list(_BATCHES, "sequences")
 _cli.require_positive_int_list(_CONTEXTS, "tokens")
 
-HEADERS = ("batch", "context", "median ms", "p10-p90 ms", "weights MB", "K/V MB",
-           "step GB/s")
+HEADERS = ("batch", "context", "median ms", "p10-p90 ms", "weights MB", "K/V MB", "step GB/s")
 
 
 def _bandwidth(nbytes: int) -> ceilings.Ceilings:
@@ -111,10 +109,13 @@ def main(argv: list[str]) -> None:
   print(f"Toy decode step ({_MODEL.value}, {_DTYPE.value}) on {device.device_kind} "
         f"({device.platform}); read bandwidth {read_Bps / 1e9:.1f} GB/s (measured); "
         f"load {load['start']:.2f}-{load['end']:.2f}.")
-  print(table.format_table(HEADERS, [
-      [str(r["batch"]), str(r["context"]), f"{r['median_s'] * 1e3:.2f}",
-       f"{r['p10_s'] * 1e3:.2f}-{r['p90_s'] * 1e3:.2f}", f"{r['weight_bytes'] / 1e6:.1f}",
-       f"{r['kv_bytes'] / 1e6:.1f}", f"{r['step_traffic_Bps'] / 1e9:.1f}"] for r in rows]))
+  print(
+      table.format_table(HEADERS, [[
+          str(r["batch"]),
+          str(r["context"]), f"{r['median_s'] * 1e3:.2f}",
+          f"{r['p10_s'] * 1e3:.2f}-{r['p90_s'] * 1e3:.2f}", f"{r['weight_bytes'] / 1e6:.1f}",
+          f"{r['kv_bytes'] / 1e6:.1f}", f"{r['step_traffic_Bps'] / 1e9:.1f}"
+      ] for r in rows]))
   w, kv = summary["weight_stream_batch1"], summary["kv_read_large_batch"]
   best = summary["weight_stream_batch1_best_round"]
   print(f"weights at batch 1: {w['rate_Bps'] / 1e9:.1f} GB/s = "
@@ -127,35 +128,39 @@ def main(argv: list[str]) -> None:
         f"{summary['monotonic']['all_monotonic']}; within one round's p10-p90: "
         f"{summary['monotonic']['all_monotonic_within_round']}")
   if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value, {
-        "experiment": "bench_decode_step",
-        "kind": "measurement",
-        **device.to_json(),
-        "backend": "xla",
-        "dtype": _DTYPE.value,
-        "cpu_count": os.cpu_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "host_allocator": allocator,
-        "timing": (f"jaxroof.timing.time_call via op_sweeps.decode_step_sweep: "
-                   f"{records[0].method}; {op_sweeps.STATISTIC} of {_ROUNDS.value} "
-                   "rounds; donated cache, rotating weights and caches"),
-        "load_average_1m": load,
-        "inputs": {"model": _MODEL.value, "config": dataclasses.asdict(config),
-                   "batches": batches, "contexts": contexts, "rounds": _ROUNDS.value,
-                   "repeats": _REPEATS.value, "bandwidth_bytes": nbytes,
-                   "step_inputs": inputs.to_json()},
-        "bandwidth": {"read_Bps": read_Bps,
-                      "read_Bps_before_after": [before.read_bandwidth_Bps,
-                                                after.read_bandwidth_Bps],
-                      "copy_Bps_before_after": [before.copy_bandwidth_Bps,
-                                                after.copy_bandwidth_Bps],
-                      "method": "jaxroof.measure.ceilings.measure_ceilings: best of 3 rounds"},
-        "rows": rows,
-        "summary": summary,
-        "sweep_s": sweep_s,
-        "units": {"*_s": "s", "*_bytes": "B", "*_Bps": "B/s", "fraction*": "1",
-                  "spread": "(p90 - p10) / median"},
-    })
+    files.write_json(
+        _JSON_OUT.value, {
+            "experiment": "bench_decode_step",
+            "kind": "measurement",
+            **device.to_json(),
+            "backend": "xla",
+            "dtype": _DTYPE.value,
+            "cpu_count": os.cpu_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "host_allocator": allocator,
+            "timing": (f"jaxroof.timing.time_call via op_sweeps.decode_step_sweep: "
+                       f"{records[0].method}; {op_sweeps.STATISTIC} of {_ROUNDS.value} "
+                       "rounds; donated cache, rotating weights and caches"),
+            "load_average_1m": load,
+            "inputs": {
+                "model": _MODEL.value, "config": dataclasses.asdict(config), "batches": batches,
+                "contexts": contexts, "rounds": _ROUNDS.value, "repeats": _REPEATS.value,
+                "bandwidth_bytes": nbytes, "step_inputs": inputs.to_json()
+            },
+            "bandwidth": {
+                "read_Bps": read_Bps, "read_Bps_before_after": [
+                    before.read_bandwidth_Bps, after.read_bandwidth_Bps
+                ], "copy_Bps_before_after": [before.copy_bandwidth_Bps, after.copy_bandwidth_Bps],
+                "method": "jaxroof.measure.ceilings.measure_ceilings: best of 3 rounds"
+            },
+            "rows": rows,
+            "summary": summary,
+            "sweep_s": sweep_s,
+            "units": {
+                "*_s": "s", "*_bytes": "B", "*_Bps": "B/s", "fraction*": "1",
+                "spread": "(p90 - p10) / median"
+            },
+        })
 
 
 if __name__ == "__main__":

@@ -75,8 +75,7 @@ def toy(fit: str) -> None:
     data["repeatability"] = toy_fit.compare_profiles(previous, job.profile)
     print(tables.repeatability_line(data["repeatability"], F.COMPARE_PROFILE.value))
   _write(data, job.profile)
-  calibration_report.write_results(job, json_out=None, profile_out=None,
-                                   plot_out=F.PLOT_OUT.value)
+  calibration_report.write_results(job, json_out=None, profile_out=None, plot_out=F.PLOT_OUT.value)
 
 
 def validate() -> None:
@@ -87,22 +86,22 @@ def validate() -> None:
                           repeats=F.REPEATS.value, progress=_progress)
   errs = fitting.error_summary([r["rel_error"] for r in rows])
   print(tables.validation_text(F.PROFILE.value, prof, rows, errs))
-  _write({"kind": "validation",
-          "what": "toy decode step measured afresh vs the profile's calibrated prediction",
-          "profile": F.PROFILE.value, "model": F.VALIDATE_MODEL.value,
-          "profile_heldout_median_rel_error": prof.heldout_median_rel_error,
-          "device_kind": prof.device_kind, "backend": prof.backend, "dtype": prof.dtype,
-          "method": prof.method, "median_rel_error": errs["median_rel_error"],
-          "max_rel_error": errs["max_rel_error"], "validation": rows,
-          "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"}})
+  _write({
+      "kind": "validation",
+      "what": "toy decode step measured afresh vs the profile's calibrated prediction",
+      "profile": F.PROFILE.value, "model": F.VALIDATE_MODEL.value,
+      "profile_heldout_median_rel_error": prof.heldout_median_rel_error, "device_kind":
+          prof.device_kind, "backend": prof.backend, "dtype": prof.dtype, "method": prof.method,
+      "median_rel_error": errs["median_rel_error"], "max_rel_error": errs["max_rel_error"],
+      "validation": rows, "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"}
+  })
   if F.PLOT_OUT.value:
     calibration_report.plot(rows, F.PLOT_OUT.value,
                             calibration_report.title(prof) + " (validation)")
 
 
-def _rows(fit: Callable, carry_over: Callable, fit_text: Callable,
-          carry_text: Callable, measurements: user_measurements.Measurements | None = None
-          ) -> None:
+def _rows(fit: Callable, carry_over: Callable, fit_text: Callable, carry_text: Callable,
+          measurements: user_measurements.Measurements | None = None) -> None:
   """The skeleton every fit to rows shares: read, then fit or study the carry-over."""
   if measurements is None:
     if not F.FROM_CSV.value:
@@ -129,9 +128,10 @@ def csv() -> None:
     if not F.MODEL.value or not F.ACCELERATOR.value:
       raise errors.InputError("--from_vllm needs --model=NAME and --accelerator=SLUG: the result "
                               "files name neither the shipped model nor the device.")
-    measurements = vllm_results.read_results(
-        F.FROM_VLLM.value, model=F.MODEL.value, accelerator=F.ACCELERATOR.value,
-        tp=F.SERVED_TP.value, weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value)
+    measurements = vllm_results.read_results(F.FROM_VLLM.value, model=F.MODEL.value,
+                                             accelerator=F.ACCELERATOR.value, tp=F.SERVED_TP.value,
+                                             weight_dtype=F.WEIGHT_DTYPE.value,
+                                             kv_dtype=F.KV_DTYPE.value)
     print(f"{vllm_results.ASSUMPTIONS[0]}.")
     if F.ROWS_OUT.value:
       files.write_text(F.ROWS_OUT.value, vllm_results.rows_to_csv(measurements.rows))
@@ -165,13 +165,13 @@ def vllm() -> None:
                             "--accelerator_file (your device's JSON).")
   setup = engine_fit.ServingSetup(
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
-      weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value,
-      scheduler=F.SCHEDULER.value, max_running=F.MAX_RUNNING.value,
-      token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
+      weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
+      max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value)
-  result = engine_fit.calibrate_engine(
-      F.FROM_VLLM.value, setup, heldout_paths=F.HELDOUT_VLLM.value or (),
-      heldout_model=F.HELDOUT_MODEL.value or None, max_simulations=F.MAX_SIMULATIONS.value)
+  result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
+                                       heldout_paths=F.HELDOUT_VLLM.value or (),
+                                       heldout_model=F.HELDOUT_MODEL.value or None,
+                                       max_simulations=F.MAX_SIMULATIONS.value)
   print(tables.engine_fit_text(result))
   _write(result, engine_fit.engine_profile(result))
 

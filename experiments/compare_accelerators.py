@@ -36,15 +36,14 @@ from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 from jaxroof.symbolic.step_model import StepModel
 
-_SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size",
-                              "group_size", "workspace_fraction", "max_new_tokens",
-                              *_model_flags.COST)
+_SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size", "group_size",
+                              "workspace_fraction", "max_new_tokens", *_model_flags.COST)
 _MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE, _GROUP_SIZE, _WORKSPACE = (_SHARED.block_size, _SHARED.group_size,
                                         _SHARED.workspace_fraction)
 _PROGRESS = _cli.define_progress()
-_CONTEXT = flags.DEFINE_integer(
-    "context", None, "Tokens each sequence retains (holding K/V). >= 1.", lower_bound=1)
+_CONTEXT = flags.DEFINE_integer("context", None,
+                                "Tokens each sequence retains (holding K/V). >= 1.", lower_bound=1)
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", "1,8,32,128,512",
     "Comma-separated batch sizes (sequences), each a whole number >= 1.")
@@ -60,11 +59,11 @@ _WHAT_IF = flags.DEFINE_bool(
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", None, "Write a PNG here: both rates at one batch, a sorted bar per accelerator.")
-_PLOT_BATCH = flags.DEFINE_integer(
-    "plot_batch", None, "The swept batch the plot shows (default: the largest). >= 1.",
-    lower_bound=1)
-_TOP_N = flags.DEFINE_integer(
-    "top_n", 12, "Accelerators the plot shows, best first. >= 1.", lower_bound=1)
+_PLOT_BATCH = flags.DEFINE_integer("plot_batch", None,
+                                   "The swept batch the plot shows (default: the largest). >= 1.",
+                                   lower_bound=1)
+_TOP_N = flags.DEFINE_integer("top_n", 12, "Accelerators the plot shows, best first. >= 1.",
+                              lower_bound=1)
 
 _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 
@@ -72,8 +71,10 @@ _cli.require_positive_int_list(_BATCH_SIZES, "sequences")
 def _profile_model(devices) -> StepModel:
   """--profile's calibrated model, refused for other device kinds without --what_if."""
   prof = profiles.load_profile(_PROFILE.value)
-  notes = [note for device in devices
-           for note in profiles.check_applies(prof, device.name, what_if=_WHAT_IF.value)]
+  notes = [
+      note for device in devices
+      for note in profiles.check_applies(prof, device.name, what_if=_WHAT_IF.value)
+  ]
   return profiles.step_model(prof, use_profile_ceilings=False, notes=tuple(notes))
 
 
@@ -100,15 +101,14 @@ def main(argv: list[str]) -> None:
     if not kept:
       raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
     devices = kept
+
   def compare(step_model: StepModel | None) -> dict:
     return comparison.compare(
         model, progress.bar(devices, desc="accelerators", unit="device",
-                            requested=_PROGRESS.value),
-        context=_CONTEXT.value, batch_sizes=_cli.int_list(_BATCH_SIZES),
-        weight_dtype=_WEIGHT_DTYPE.value, kv_dtype=_KV_DTYPE.value,
-        group_size=_GROUP_SIZE.value,
-        block_size=_BLOCK_SIZE.value, workspace_fraction=_WORKSPACE.value,
-        max_new_tokens=_SHARED.max_new_tokens.value,
+                            requested=_PROGRESS.value), context=_CONTEXT.value,
+        batch_sizes=_cli.int_list(_BATCH_SIZES), weight_dtype=_WEIGHT_DTYPE.value,
+        kv_dtype=_KV_DTYPE.value, group_size=_GROUP_SIZE.value, block_size=_BLOCK_SIZE.value,
+        workspace_fraction=_WORKSPACE.value, max_new_tokens=_SHARED.max_new_tokens.value,
         step_model=step_model or StepModel.bound(_SHARED.bound.value),
         sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout,
                                   comm_overlap=_SHARED.comm_overlap.value))
@@ -125,16 +125,17 @@ def main(argv: list[str]) -> None:
     bound = compare(None)
     print(f"{heading} (bound: datasheet figures, shown first: the profile's held-out error "
           "is larger than the bound's on the same data; GB = 1e9 B; * = best of column)")
-    print(table.format_table(comparison_report.SUMMARY_HEADERS,
-                             comparison_report.summary_rows(bound)))
+    print(
+        table.format_table(comparison_report.SUMMARY_HEADERS,
+                           comparison_report.summary_rows(bound)))
     print()
-    print(table.format_table(comparison_report.ROW_HEADERS,
-                             comparison_report.batch_rows(bound)))
+    print(table.format_table(comparison_report.ROW_HEADERS, comparison_report.batch_rows(bound)))
     print()
   print(f"{heading} ({result['kind']}: datasheet figures"
         f"{' scaled by the profile' if _PROFILE.value else ''}; GB = 1e9 B; "
         "* = best of column)")
-  print(table.format_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)))
+  print(
+      table.format_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)))
   print()
   headers, cells = comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)
   if calibrated is not None:  # The error beside every calibrated number.
@@ -148,13 +149,12 @@ def main(argv: list[str]) -> None:
     print(f"assumes: {line}")
   if not layout.is_single_chip:
     for entry in result["accelerators"]:
-      comm = ", ".join(f"B={r['batch']}: {r['comm_s'] * 1e3:.3f} ms ({r['bound']})"
-                       for r in entry["rows"])
+      comm = ", ".join(
+          f"B={r['batch']}: {r['comm_s'] * 1e3:.3f} ms ({r['bound']})" for r in entry["rows"])
       print(f"communication on {entry['name']}: {comm}")
   for line in refused:
     print(f"left out: {line}")
-  result.update(_model_notes.json_fields(
-      model, [_CONTEXT.value + _SHARED.max_new_tokens.value]))
+  result.update(_model_notes.json_fields(model, [_CONTEXT.value + _SHARED.max_new_tokens.value]))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
     logging.info("wrote %s", _JSON_OUT.value)

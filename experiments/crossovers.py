@@ -35,9 +35,8 @@ _VALUES = flags.DEFINE_list(
     "values", "N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14,R=300,B=32,P=3,g=3,L=2,H_kv=2,d=2,b=2,"
     "t_gap=0.012,t_window=0.01,t_queue=0.02",
     "Comma-separated NAME=NUMBER pairs (SI units, each > 0; t_queue, t_window and g may "
-    "be 0); NAME is one of: "
-    + ", ".join(f"{q.symbol} [{q.unit}]" for q in QUANTITIES)
-    + ". Default: the lesson's example. Give --values= for closed forms only. With "
+    "be 0); NAME is one of: " + ", ".join(f"{q.symbol} [{q.unit}]" for q in QUANTITIES) +
+    ". Default: the lesson's example. Give --values= for closed forms only. With "
     "--model, the model's figures replace the example's and entries you give win.")
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype")
@@ -45,16 +44,16 @@ _CONTEXT = flags.DEFINE_integer(
     "context", None, "With --model: tokens each sequence retains (T, and the prompt P). >= 1.",
     lower_bound=1)
 _ONLY = flags.DEFINE_list(
-    "only", None, "Print only these quantities (comma-separated): "
-    + ", ".join(catalogue.NAMES) + ".")
+    "only", None,
+    "Print only these quantities (comma-separated): " + ", ".join(catalogue.NAMES) + ".")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write expressions, LaTeX and values here.")
 
 
 def _values() -> tuple[dict[str, float], list[str], dict]:
   """The symbol values (example, model, then the user's), notes, and model inputs."""
   values = catalogue.parse_values(_VALUES.value)
-  model, device_given = _SHARED.model.value, (_SHARED.accelerator.value
-                                              or _SHARED.accelerator_file.value)
+  model, device_given = _SHARED.model.value, (_SHARED.accelerator.value or
+                                              _SHARED.accelerator_file.value)
   if not model:
     if device_given or _CONTEXT.value is not None or any(
         flags.FLAGS[h.name].present for h in (_SHARED.weight_dtype, _SHARED.kv_dtype)):
@@ -70,18 +69,19 @@ def _values() -> tuple[dict[str, float], list[str], dict]:
   if batch != given.get("B", batch) or batch < 1:
     raise errors.InputError(f"--values B={given.get('B')!r}: give a whole number >= 1 with "
                             "--model (the batch N is read at).")
-  from_model, notes = symbol_values.model_values(
-      spec, device, context=_CONTEXT.value, batch=batch,
-      weight_dtype=_SHARED.weight_dtype.value, kv_dtype=_SHARED.kv_dtype.value)
+  from_model, notes = symbol_values.model_values(spec, device, context=_CONTEXT.value, batch=batch,
+                                                 weight_dtype=_SHARED.weight_dtype.value,
+                                                 kv_dtype=_SHARED.kv_dtype.value)
   kept = {n: v for n, v in values.items() if n not in from_model}
   merged = {**kept, **from_model, **given}
   overridden = sorted(set(given) & set(from_model))
   if overridden:
     notes.append(f"given in --values, replacing the model's: {', '.join(overridden)}")
   notes += _model_notes.lines(spec, [_CONTEXT.value])
-  return merged, notes, {"model": spec.name, "accelerator": device.name,
-                         "context": _CONTEXT.value, "from_model": from_model,
-                         **_model_notes.json_fields(spec, [_CONTEXT.value])}
+  return merged, notes, {
+      "model": spec.name, "accelerator": device.name, "context": _CONTEXT.value,
+      "from_model": from_model, **_model_notes.json_fields(spec, [_CONTEXT.value])
+  }
 
 
 def _overflow_note(item: dict, values: dict) -> str:

@@ -23,59 +23,49 @@ from jaxroof.toy import breakers, check
 from jaxroof.toy.config import LESSON, LESSON_PROMPT, POSITION_KINDS, ToyConfig
 
 # Model (defaults: the lesson's toy).
-_BLOCKS = flags.DEFINE_integer(
-    "blocks", LESSON.num_blocks, "Transformer blocks (>= 1).", lower_bound=1)
-_KV_HEADS = flags.DEFINE_integer(
-    "kv_heads", LESSON.num_kv_heads, "K/V heads per block (>= 1).",
-    lower_bound=1)
+_BLOCKS = flags.DEFINE_integer("blocks", LESSON.num_blocks, "Transformer blocks (>= 1).",
+                               lower_bound=1)
+_KV_HEADS = flags.DEFINE_integer("kv_heads", LESSON.num_kv_heads, "K/V heads per block (>= 1).",
+                                 lower_bound=1)
 _HEADS = flags.DEFINE_integer(
     "heads", None, "Query heads per block, a multiple of --kv_heads "
     "(default: --kv_heads, no grouping).", lower_bound=1)
-_HEAD_DIM = flags.DEFINE_integer(
-    "head_dim", LESSON.head_dim, "Coordinates per head (>= 1; even for RoPE).",
-    lower_bound=1)
-_WIDTH = flags.DEFINE_integer(
-    "width", None, "Residual width (default: heads * head_dim).",
-    lower_bound=1)
-_MLP_DIM = flags.DEFINE_integer(
-    "mlp_dim", LESSON.mlp_dim, "MLP hidden units (>= 1).", lower_bound=1)
-_VOCAB = flags.DEFINE_integer(
-    "vocab", LESSON.vocab_size, "Vocabulary size (> every prompt ID).",
-    lower_bound=1)
+_HEAD_DIM = flags.DEFINE_integer("head_dim", LESSON.head_dim,
+                                 "Coordinates per head (>= 1; even for RoPE).", lower_bound=1)
+_WIDTH = flags.DEFINE_integer("width", None, "Residual width (default: heads * head_dim).",
+                              lower_bound=1)
+_MLP_DIM = flags.DEFINE_integer("mlp_dim", LESSON.mlp_dim, "MLP hidden units (>= 1).",
+                                lower_bound=1)
+_VOCAB = flags.DEFINE_integer("vocab", LESSON.vocab_size, "Vocabulary size (> every prompt ID).",
+                              lower_bound=1)
 _POSITIONS = flags.DEFINE_enum("positions", "rope", list(POSITION_KINDS), "Position encoding.")
 
 # Request.
-_PROMPT = flags.DEFINE_list(
-    "prompt", [str(x) for x in LESSON_PROMPT],
-    "Prompt token IDs, comma-separated, each in [0, --vocab).")
-_STEPS = flags.DEFINE_integer(
-    "steps", 2, "Decode steps after prefill (>= 0); outputs = steps + 1.",
-    lower_bound=0)
+_PROMPT = flags.DEFINE_list("prompt", [str(x) for x in LESSON_PROMPT],
+                            "Prompt token IDs, comma-separated, each in [0, --vocab).")
+_STEPS = flags.DEFINE_integer("steps", 2, "Decode steps after prefill (>= 0); outputs = steps + 1.",
+                              lower_bound=0)
 _LAYOUT = flags.DEFINE_enum("layout", "fixed", list(check.LAYOUTS), "KV state layout.")
 
 # Check.
-_BREAK = flags.DEFINE_enum(
-    "break", None, list(breakers.BREAKS),
-    "Change that breaks reuse; omit for the correct run.")
+_BREAK = flags.DEFINE_enum("break", None, list(breakers.BREAKS),
+                           "Change that breaks reuse; omit for the correct run.")
 _TOLERANCE = flags.DEFINE_float(
     "tolerance", 1e-10, "Largest max|cached - fresh| / max|fresh| that "
-    "counts as agreement, in [1e-15, 1] (float64 resolves ~1e-16).",
-    lower_bound=1e-15, upper_bound=1.0)
+    "counts as agreement, in [1e-15, 1] (float64 resolves ~1e-16).", lower_bound=1e-15,
+    upper_bound=1.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the weights and the break. In [0, 2**32).",
                              lower_bound=0, upper_bound=2**32 - 1)
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Write inputs, results and units as JSON to this path.")
-
+_JSON_OUT = flags.DEFINE_string("json_out", None,
+                                "Write inputs, results and units as JSON to this path.")
 
 
 def _config() -> ToyConfig:
   heads = _HEADS.value or _KV_HEADS.value
-  positions = errors.require_choice("positions", _POSITIONS.value,
-                                    POSITION_KINDS)
+  positions = errors.require_choice("positions", _POSITIONS.value, POSITION_KINDS)
   max_positions = 0
   if positions == "learned":  # Room for the position_offset break.
-    max_positions = (len(_PROMPT.value) + _STEPS.value
-                     + breakers.POSITION_OFFSET)
+    max_positions = (len(_PROMPT.value) + _STEPS.value + breakers.POSITION_OFFSET)
   return ToyConfig(
       vocab_size=_VOCAB.value,
       num_blocks=_BLOCKS.value,
@@ -95,10 +85,8 @@ def _prompt() -> list[int]:
     try:
       ids.append(int(text))
     except ValueError:
-      raise errors.InputError(
-          f"prompt[{i}]={text!r} is not a whole number: give token IDs like"
-          " --prompt=1,4,6."
-      ) from None
+      raise errors.InputError(f"prompt[{i}]={text!r} is not a whole number: give token IDs like"
+                              " --prompt=1,4,6.") from None
   return ids
 
 
@@ -124,9 +112,8 @@ def main(argv: list[str]) -> int:
   config = _config()
   prompt = check.check_prompt(_prompt(), config.vocab_size)
   check.require_feasible(config, len(prompt), _STEPS.value, layout=layout)
-  result = check.lesson_check(
-      config, prompt, _STEPS.value, break_name=break_name, layout=layout,
-      seed=_SEED.value, tolerance=_TOLERANCE.value)
+  result = check.lesson_check(config, prompt, _STEPS.value, break_name=break_name, layout=layout,
+                              seed=_SEED.value, tolerance=_TOLERANCE.value)
 
   report = check.result_json(result, config=config, prompt=prompt, steps=_STEPS.value,
                              break_name=break_name, layout=layout, seed=_SEED.value)

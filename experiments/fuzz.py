@@ -31,18 +31,17 @@ from jaxroof import files
 from jaxroof import progress
 
 _PROGRESS = _cli.define_progress()
-_EXPERIMENTS = flags.DEFINE_list(
-    "experiments", [], "Experiments to fuzz (default: every one but this).")
-_LIMIT = flags.DEFINE_integer(
-    "limit", 0, "Cases per experiment, 0 for all (>= 0).", lower_bound=0)
+_EXPERIMENTS = flags.DEFINE_list("experiments", [],
+                                 "Experiments to fuzz (default: every one but this).")
+_LIMIT = flags.DEFINE_integer("limit", 0, "Cases per experiment, 0 for all (>= 0).", lower_bound=0)
 _TIMEOUT_S = flags.DEFINE_float(
     "timeout_s", 20.0, "Seconds a case may run (a bad input must be refused "
     "sooner). In [1, 600].", lower_bound=1.0, upper_bound=600.0)
 _SEEDS = flags.DEFINE_integer(
     "seeds", 1, "Passes with different seeds (case order and random values). In [1, 20].",
     lower_bound=1, upper_bound=20)
-_WORKERS = flags.DEFINE_integer(
-    "workers", 2, "Experiments fuzzed at once. In [1, 16].", lower_bound=1, upper_bound=16)
+_WORKERS = flags.DEFINE_integer("workers", 2, "Experiments fuzzed at once. In [1, 16].",
+                                lower_bound=1, upper_bound=16)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the summary as JSON here.")
 
 
@@ -53,15 +52,19 @@ def _all_experiments() -> list[str]:
 
 def _worker(experiment: str, seed: int) -> list[dict]:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments._fuzzing", experiment, str(_LIMIT.value),
-       str(_TIMEOUT_S.value), str(seed)],
-      cwd=root, capture_output=True, text=True, timeout=24 * 3600)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments._fuzzing", experiment,
+      str(_LIMIT.value),
+      str(_TIMEOUT_S.value),
+      str(seed)
+  ], cwd=root, capture_output=True, text=True, timeout=24 * 3600)
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   if proc.returncode != 0:
-    rows.append({"experiment": experiment, "args": [], "kind": "worker",
-                 "must_refuse": False, "verdict": "traceback", "exit_code": proc.returncode,
-                 "seconds": 0.0, "detail": proc.stderr.strip()[-300:]})
+    rows.append({
+        "experiment": experiment, "args": [], "kind": "worker", "must_refuse": False,
+        "verdict": "traceback", "exit_code": proc.returncode, "seconds": 0.0,
+        "detail": proc.stderr.strip()[-300:]
+    })
   return rows
 
 
@@ -79,15 +82,18 @@ def main(argv: list[str]) -> int:
     for future in progress.bar(concurrent.futures.as_completed(futures), total=len(futures),
                                desc="experiments", unit="exp", requested=_PROGRESS.value):
       rows.extend(future.result())
-  outcomes = [_fuzzing.Outcome(_fuzzing.Case(r["experiment"], tuple(r["args"]),
-                                             r["must_refuse"], r["kind"]),
-                               r["verdict"], r["exit_code"], r["seconds"], r["detail"])
-              for r in rows]
+  outcomes = [
+      _fuzzing.Outcome(
+          _fuzzing.Case(r["experiment"], tuple(r["args"]), r["must_refuse"], r["kind"]),
+          r["verdict"], r["exit_code"], r["seconds"], r["detail"]) for r in rows
+  ]
   summary = {
       "kind": "fuzz",
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
-      "experiments": chosen, "seeds": _SEEDS.value, "timeout_s": _TIMEOUT_S.value,
+      "experiments": chosen,
+      "seeds": _SEEDS.value,
+      "timeout_s": _TIMEOUT_S.value,
       "wall_s": round(time.monotonic() - start, 1),
       **_fuzzing.summarize(outcomes),
   }

@@ -75,16 +75,18 @@ def main(argv: list[str]) -> None:
                            comm_overlap=_SHARED.comm_overlap.value)
   cost = rep.cost
   decode = [float(_DECODE_CONTEXT.value)] * _DECODE_ROWS.value
-  offsets, lengths = (([float(_PREFILL_DONE.value)], [float(_PREFILL_TOKENS.value)])
-                      if _PREFILL_TOKENS.value else ([], []))
+  offsets, lengths = (([float(_PREFILL_DONE.value)],
+                       [float(_PREFILL_TOKENS.value)]) if _PREFILL_TOKENS.value else ([], []))
   mix = cost.mix(decode, offsets, lengths)
-  terms = {name: float(value) for name, value in cost.evaluate(
-      mix, StepModel.bound(_SHARED.bound.value)).items()}
-  result = iteration_table.result(
-      model=spec.name, accelerator=device.name, layout=layout.as_dict(),
-      bound=_SHARED.bound.value, mix=mix, terms=terms,
-      assumptions=list(rep.description["notes"]),
-      weight_dtype=rep.description["weight_dtype"], kv_dtype=_SHARED.kv_dtype.value)
+  terms = {
+      name: float(value)
+      for name, value in cost.evaluate(mix, StepModel.bound(_SHARED.bound.value)).items()
+  }
+  result = iteration_table.result(model=spec.name, accelerator=device.name, layout=layout.as_dict(),
+                                  bound=_SHARED.bound.value, mix=mix, terms=terms,
+                                  assumptions=list(rep.description["notes"]),
+                                  weight_dtype=rep.description["weight_dtype"],
+                                  kv_dtype=_SHARED.kv_dtype.value)
   print(iteration_table.text(result))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)

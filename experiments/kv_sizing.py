@@ -37,15 +37,16 @@ from jaxroof.specs.parameters import parameter_counts
 
 # Model, workload, allocation and device fit: the shared vocabulary.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
-                              "kv_dtype", "block_size", "workspace_fraction",
-                              "max_new_tokens", "group_size", "memory_gb")
-_MODEL, _ACCELERATOR, _WEIGHT_DTYPE, _KV_DTYPE = (
-    _SHARED.model, _SHARED.accelerator, _SHARED.weight_dtype, _SHARED.kv_dtype)
-_BLOCK_SIZE, _WORKSPACE, _MAX_NEW_TOKENS, _GROUP_SIZE = (
-    _SHARED.block_size, _SHARED.workspace_fraction, _SHARED.max_new_tokens,
-    _SHARED.group_size)
-_CONTEXT = flags.DEFINE_integer(
-    "context", None, "Tokens each sequence retains now (holding K/V). >= 1.", lower_bound=1)
+                              "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",
+                              "group_size", "memory_gb")
+_MODEL, _ACCELERATOR, _WEIGHT_DTYPE, _KV_DTYPE = (_SHARED.model, _SHARED.accelerator,
+                                                  _SHARED.weight_dtype, _SHARED.kv_dtype)
+_BLOCK_SIZE, _WORKSPACE, _MAX_NEW_TOKENS, _GROUP_SIZE = (_SHARED.block_size,
+                                                         _SHARED.workspace_fraction,
+                                                         _SHARED.max_new_tokens, _SHARED.group_size)
+_CONTEXT = flags.DEFINE_integer("context", None,
+                                "Tokens each sequence retains now (holding K/V). >= 1.",
+                                lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences. >= 1.", lower_bound=1)
 _STATE_DTYPE = flags.DEFINE_enum(
     "state_dtype", None, list(kv_sizing.KV_DTYPES),
@@ -57,11 +58,21 @@ _ASSUME_LLAMA_LIKE = flags.DEFINE_bool(
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write inputs, results and units as JSON here.")
 
 UNITS = {
-    "kv_bytes_per_token": "B/token", "bytes_per_token": "B/token", "state_bytes": "B/sequence",
-    "payload_bytes": "B", "allocated_bytes": "B", "allocated_bytes_windowed_as_full": "B",
-    "*_per_sequence": "B/sequence", "retained_tokens": "tokens", "context": "tokens",
-    "block_size": "tokens", "max_new_tokens": "tokens", "params_*": "weights",
-    "memory_capacity_bytes": "B", "weight_bytes": "B", "usable_bytes": "B",
+    "kv_bytes_per_token": "B/token",
+    "bytes_per_token": "B/token",
+    "state_bytes": "B/sequence",
+    "payload_bytes": "B",
+    "allocated_bytes": "B",
+    "allocated_bytes_windowed_as_full": "B",
+    "*_per_sequence": "B/sequence",
+    "retained_tokens": "tokens",
+    "context": "tokens",
+    "block_size": "tokens",
+    "max_new_tokens": "tokens",
+    "params_*": "weights",
+    "memory_capacity_bytes": "B",
+    "weight_bytes": "B",
+    "usable_bytes": "B",
     "max_batch": "sequences",
 }
 
@@ -99,9 +110,11 @@ def _chip_fit(spec: ModelSpec, sizing: kv_sizing.KVSizing) -> dict:
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
       workspace_fraction=_WORKSPACE.value)
   per_chip_kv = memory.kv_allocated_bytes_per_sequence * sizing.batch / layout.ep
-  chip = {"layout": layout.as_dict(), "fits": bool(sizing.batch <= memory.max_batch_per_replica),
-          **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv,
-          "kv_rule": layout_lib.model_terms(spec).kv_rule}
+  chip = {
+      "layout": layout.as_dict(), "fits": bool(sizing.batch <= memory.max_batch_per_replica),
+      **dataclasses.asdict(memory), "kv_bytes_per_chip": per_chip_kv,
+      "kv_rule": layout_lib.model_terms(spec).kv_rule
+  }
   print(kv_sizing_lines.chip_fit_line(device, chip))
   return chip
 
@@ -112,24 +125,26 @@ def main(argv: list[str]) -> None:
   spec = load_model(_MODEL.value, assume_llama_like=_ASSUME_LLAMA_LIKE.value)
   sizing = kv_sizing.size_kv(spec, context=_CONTEXT.value, batch=_BATCH.value,
                              kv_dtype=_KV_DTYPE.value, block_size=_BLOCK_SIZE.value,
-                             max_new_tokens=_MAX_NEW_TOKENS.value,
-                             state_dtype=_STATE_DTYPE.value)
+                             max_new_tokens=_MAX_NEW_TOKENS.value, state_dtype=_STATE_DTYPE.value)
   _print_sizing(spec, sizing)
   counts = parameter_counts(spec)
   fmt = params.weight_format(spec, _WEIGHT_DTYPE.value, _GROUP_SIZE.value)
   print(f"weight dtype: {fmt.label}: {fmt.describe()}")
   result = {
       "kind": "bound",
-      "inputs": {"model": _MODEL.value, "context": sizing.context, "batch": sizing.batch,
-                 "kv_dtype": sizing.kv_dtype, "block_size": sizing.block_size,
-                 "max_new_tokens": sizing.max_new_tokens, "accelerator": _ACCELERATOR.value,
-                 "weight_dtype": fmt.dtype, "weight_format": fmt.describe(),
-                 "group_size": _GROUP_SIZE.value,
-                 "workspace_fraction": _WORKSPACE.value},
+      "inputs": {
+          "model": _MODEL.value, "context": sizing.context, "batch": sizing.batch,
+          "kv_dtype": sizing.kv_dtype, "block_size": sizing.block_size,
+          "max_new_tokens": sizing.max_new_tokens, "accelerator": _ACCELERATOR.value,
+          "weight_dtype": fmt.dtype, "weight_format": fmt.describe(),
+          "group_size": _GROUP_SIZE.value, "workspace_fraction": _WORKSPACE.value
+      },
       "units": UNITS,
-      "model": {"name": spec.name, "model_type": spec.model_type, "source": spec.source,
-                "blocks": spec.num_layers, "defaults_used": list(spec.defaults_used),
-                "notes": list(spec.notes)},
+      "model": {
+          "name": spec.name, "model_type": spec.model_type, "source": spec.source,
+          "blocks": spec.num_layers, "defaults_used": list(spec.defaults_used),
+          "notes": list(spec.notes)
+      },
       **_model_notes.json_fields(spec, [sizing.context + sizing.max_new_tokens]),
       "params_total": counts.total,
       "params_active": counts.active,

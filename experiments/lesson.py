@@ -9,7 +9,6 @@ agrees} (plus section, formula, tolerance and supporting details).
 
 from __future__ import annotations
 
-
 from absl import flags
 
 from experiments import _cli
@@ -22,8 +21,11 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the claims as JSON here
 
 def render(claims: list[lesson.Claim]) -> str:
   """The claims as a text table."""
-  rows = [[c.section, c.claim, table.fmt(c.expected), table.fmt(c.computed), c.unit,
-           "yes" if c.agrees else "NO", c.formula] for c in claims]
+  rows = [[
+      c.section, c.claim,
+      table.fmt(c.expected),
+      table.fmt(c.computed), c.unit, "yes" if c.agrees else "NO", c.formula
+  ] for c in claims]
   headers = ("section", "claim", "lesson", "ours", "unit", "agrees", "formula")
   return table.format_table(headers, rows)
 

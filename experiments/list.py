@@ -26,10 +26,12 @@ def model_rows() -> list[dict]:
   for name in models.shipped_models():
     spec = models.load_model(name)
     counts = parameters.parameter_counts(spec)
-    rows.append({"name": name, "layers": spec.num_layers,
-                 "parameters": counts.total, "active_parameters": counts.active,
-                 "published_weight_dtype": parameters.published_format(spec).dtype,
-                 "kinds": sorted(set(spec.layer_kinds)), "source": spec.source})
+    rows.append({
+        "name": name, "layers": spec.num_layers, "parameters": counts.total,
+        "active_parameters": counts.active,
+        "published_weight_dtype": parameters.published_format(spec).dtype,
+        "kinds": sorted(set(spec.layer_kinds)), "source": spec.source
+    })
   return rows
 
 
@@ -44,10 +46,11 @@ def accelerator_rows() -> list[dict]:
   rows = []
   for name in accelerators.known_accelerators():
     device = accelerators.load_accelerator(name)
-    rows.append({"name": name, "full_name": device.full_name,
-                 "memory_bytes": device.memory_capacity_bytes,
-                 "bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
-                 "dense_flops_per_s": dict(device.flops_per_s), "tdp_w": device.tdp_w})
+    rows.append({
+        "name": name, "full_name": device.full_name, "memory_bytes": device.memory_capacity_bytes,
+        "bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s,
+        "dense_flops_per_s": dict(device.flops_per_s), "tdp_w": device.tdp_w
+    })
   return rows
 
 
@@ -57,33 +60,34 @@ def main(argv: list[str]) -> None:
   out: dict = {}
   if what in ("all", "models"):
     out["models"] = model_rows()
-    print(table.format_table(
-        ("model (--model)", "layers", "params B", "active B", "published", "layer kinds"),
-        [[r["name"], r["layers"], f"{r['parameters'] / 1e9:,.2f}",
-          f"{r['active_parameters'] / 1e9:,.2f}", r["published_weight_dtype"],
-          ", ".join(r["kinds"])]
-         for r in out["models"]]))
+    print(
+        table.format_table(
+            ("model (--model)", "layers", "params B", "active B", "published", "layer kinds"), [[
+                r["name"], r["layers"], f"{r['parameters'] / 1e9:,.2f}",
+                f"{r['active_parameters'] / 1e9:,.2f}", r["published_weight_dtype"], ", ".join(
+                    r["kinds"])
+            ] for r in out["models"]]))
     print("or give a path to a Hugging Face config.json (or its folder).\n")
   if what in ("all", "accelerators"):
     out["accelerators"] = accelerator_rows()
-    print(table.format_table(
-        ("accelerator (--accelerator)", "name", "memory GB", "TB/s")
-        + tuple(f"{d} TFLOP/s" for d in _RATE_COLUMNS),
-        [[r["name"], r["full_name"], f"{r['memory_bytes'] / 1e9:,.0f}",
-          f"{r['bandwidth_bytes_per_s'] / 1e12:,.2f}"]
-         + [_rate(r["dense_flops_per_s"], d) for d in _RATE_COLUMNS]
-         for r in out["accelerators"]]))
+    print(
+        table.format_table(("accelerator (--accelerator)", "name", "memory GB", "TB/s") +
+                           tuple(f"{d} TFLOP/s" for d in _RATE_COLUMNS), [[
+                               r["name"], r["full_name"], f"{r['memory_bytes'] / 1e9:,.0f}",
+                               f"{r['bandwidth_bytes_per_s'] / 1e12:,.2f}"
+                           ] + [_rate(r["dense_flops_per_s"], d)
+                                for d in _RATE_COLUMNS] for r in out["accelerators"]]))
     print("'-': no published rate for that format; weights in it run at the bf16 rate.")
     print("or give your own with --accelerator_file=PATH (the same JSON schema).\n")
   if what in ("all", "dtypes"):
     out["weight_dtypes"] = {d: parameters.bytes_per_weight(d) for d in parameters.WEIGHT_DTYPES}
     out["kv_dtypes"] = dict(kv_sizing.KV_DTYPES)
-    print("weight dtypes (bytes/weight, scales included): " + ", ".join(
-        f"{d} {q:g}" for d, q in out["weight_dtypes"].items()))
+    print("weight dtypes (bytes/weight, scales included): " +
+          ", ".join(f"{d} {q:g}" for d, q in out["weight_dtypes"].items()))
     print("--weight_dtype=published (the default) takes each model's own format, "
           "listed with the models.")
-    print("K/V dtypes (bytes/element): " + ", ".join(
-        f"{d} {b:g}" for d, b in out["kv_dtypes"].items()))
+    print("K/V dtypes (bytes/element): " +
+          ", ".join(f"{d} {b:g}" for d, b in out["kv_dtypes"].items()))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, out)
 

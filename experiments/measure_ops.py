@@ -35,49 +35,39 @@ _BACKEND = flags.DEFINE_enum("backend", "xla", ["xla", "pallas"],
                              "xla (every device) or pallas (GPU/TPU only).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", list(measurement.DTYPES), "Operands.")
 # Linear layer.
-_D_IN = flags.DEFINE_integer(
-    "d_in", 4096, "Linear layer input features (>= 1).", lower_bound=1)
-_D_OUT = flags.DEFINE_integer(
-    "d_out", 4096, "Linear layer output features (>= 1).", lower_bound=1)
-_DECODE_ROWS = flags.DEFINE_list(
-    "decode_rows", "1,4,16,64,256", "Decode row counts (sequences), >= 1.")
-_PREFILL_ROWS = flags.DEFINE_list(
-    "prefill_rows", "512,2048", "Prefill row counts (prompt tokens), >= 1.")
+_D_IN = flags.DEFINE_integer("d_in", 4096, "Linear layer input features (>= 1).", lower_bound=1)
+_D_OUT = flags.DEFINE_integer("d_out", 4096, "Linear layer output features (>= 1).", lower_bound=1)
+_DECODE_ROWS = flags.DEFINE_list("decode_rows", "1,4,16,64,256",
+                                 "Decode row counts (sequences), >= 1.")
+_PREFILL_ROWS = flags.DEFINE_list("prefill_rows", "512,2048",
+                                  "Prefill row counts (prompt tokens), >= 1.")
 # Decode attention.
-_BATCH_SIZES = flags.DEFINE_list(
-    "batch_sizes", "1,4,16,64,256", "Attention batch sizes, >= 1.")
-_CONTEXTS = flags.DEFINE_list(
-    "contexts", "128,512,2048,4096", "Attention contexts (tokens), >= 1.")
-_MAX_TOKENS = flags.DEFINE_integer(
-    "max_tokens", op_sweeps.MAX_RETAINED_TOKENS,
-    "Largest batch x context timed (>= 1).", lower_bound=1)
-_HEADS = flags.DEFINE_integer(
-    "heads", _CAL.num_heads, "Query heads (>= 1).", lower_bound=1)
-_KV_HEADS = flags.DEFINE_integer(
-    "kv_heads", _CAL.num_kv_heads, "K/V heads, dividing --heads (>= 1).",
-    lower_bound=1)
-_HEAD_DIM = flags.DEFINE_integer(
-    "head_dim", _CAL.head_dim, "Coordinates per head (>= 1).", lower_bound=1)
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", "1,4,16,64,256", "Attention batch sizes, >= 1.")
+_CONTEXTS = flags.DEFINE_list("contexts", "128,512,2048,4096", "Attention contexts (tokens), >= 1.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", op_sweeps.MAX_RETAINED_TOKENS,
+                                   "Largest batch x context timed (>= 1).", lower_bound=1)
+_HEADS = flags.DEFINE_integer("heads", _CAL.num_heads, "Query heads (>= 1).", lower_bound=1)
+_KV_HEADS = flags.DEFINE_integer("kv_heads", _CAL.num_kv_heads,
+                                 "K/V heads, dividing --heads (>= 1).", lower_bound=1)
+_HEAD_DIM = flags.DEFINE_integer("head_dim", _CAL.head_dim, "Coordinates per head (>= 1).",
+                                 lower_bound=1)
 # Timing and output.
-_REPEATS = flags.DEFINE_integer(
-    "repeats", 10, "Timed calls per point (>= 1).", lower_bound=1)
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Write the measurements and cost table as JSON here.")
+_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per point (>= 1).", lower_bound=1)
+_JSON_OUT = flags.DEFINE_string("json_out", None,
+                                "Write the measurements and cost table as JSON here.")
 
-for _holder, _unit in ((_DECODE_ROWS, "rows"), (_PREFILL_ROWS, "rows"),
-                       (_BATCH_SIZES, "sequences"), (_CONTEXTS, "tokens")):
+for _holder, _unit in ((_DECODE_ROWS, "rows"), (_PREFILL_ROWS, "rows"), (_BATCH_SIZES, "sequences"),
+                       (_CONTEXTS, "tokens")):
   _cli.require_positive_int_list(_holder, _unit)
 
 
-@flags.multi_flags_validator(
-    (_HEADS.name, _KV_HEADS.name),
-    message="--kv_heads must divide --heads")
+@flags.multi_flags_validator((_HEADS.name, _KV_HEADS.name),
+                             message="--kv_heads must divide --heads")
 def _heads_divide(values: dict) -> bool:
   return values[_HEADS.name] % values[_KV_HEADS.name] == 0
 
 
-MEASURE_HEADERS = ("op", "shapes", "median ms", "spread", "GB/s (analytic)",
-                   "GFLOP/s")
+MEASURE_HEADERS = ("op", "shapes", "median ms", "spread", "GB/s (analytic)", "GFLOP/s")
 
 
 def _measure_rows(records: list[measurement.Measurement]) -> list[list[str]]:
@@ -85,9 +75,9 @@ def _measure_rows(records: list[measurement.Measurement]) -> list[list[str]]:
   for r in records:
     out.append([
         r.op if r.op != "linear" else f"linear ({r.extra['phase']})",
-        " ".join(f"{k}={v}" for k, v in r.shapes.items()),
-        f"{r.median_s * 1e3:,.3f}", f"{r.spread:.2f}",
-        f"{r.rate(r.bytes) / 1e9:,.1f}", f"{r.rate(r.flops) / 1e9:,.1f}"])
+        " ".join(f"{k}={v}" for k, v in r.shapes.items()), f"{r.median_s * 1e3:,.3f}",
+        f"{r.spread:.2f}", f"{r.rate(r.bytes) / 1e9:,.1f}", f"{r.rate(r.flops) / 1e9:,.1f}"
+    ])
   return out
 
 
@@ -97,37 +87,34 @@ def main(argv: list[str]) -> None:
   backend = _BACKEND.value
   measurement.keep_allocations()
   say = lambda line: logging.info("%s", line)  # noqa: E731
-  heads = dict(heads=_HEADS.value, kv_heads=_KV_HEADS.value,
-               head_dim=_HEAD_DIM.value)
+  heads = dict(heads=_HEADS.value, kv_heads=_KV_HEADS.value, head_dim=_HEAD_DIM.value)
   dims = dict(d_in=_D_IN.value, d_out=_D_OUT.value)
-  points = op_sweeps.decode_grid(_cli.int_list(_BATCH_SIZES),
-                                 _cli.int_list(_CONTEXTS), _MAX_TOKENS.value)
+  points = op_sweeps.decode_grid(_cli.int_list(_BATCH_SIZES), _cli.int_list(_CONTEXTS),
+                                 _MAX_TOKENS.value)
   if not points:  # Checked before any timing.
     smallest = min(_cli.int_list(_BATCH_SIZES)) * min(_cli.int_list(_CONTEXTS))
-    raise InputError(
-        f"--max_tokens={_MAX_TOKENS.value:,} leaves no attention point: the smallest "
-        f"--batch_sizes x --contexts is {smallest:,} tokens; raise --max_tokens to at "
-        "least that, or give smaller sizes.")
-  records = op_sweeps.linear_sweep(
-      _cli.int_list(_DECODE_ROWS), **dims, dtype=dtype, backend=backend,
-      phase="decode", repeats=_REPEATS.value, progress=say)
-  records += op_sweeps.linear_sweep(
-      _cli.int_list(_PREFILL_ROWS), **dims, dtype=dtype, backend=backend,
-      phase="prefill", repeats=_REPEATS.value, progress=say)
-  records += op_sweeps.attention_sweep(
-      points, **heads, dtype=dtype, backend=backend, repeats=_REPEATS.value,
-      progress=say)
+    raise InputError(f"--max_tokens={_MAX_TOKENS.value:,} leaves no attention point: the smallest "
+                     f"--batch_sizes x --contexts is {smallest:,} tokens; raise --max_tokens to at "
+                     "least that, or give smaller sizes.")
+  records = op_sweeps.linear_sweep(_cli.int_list(_DECODE_ROWS), **dims, dtype=dtype,
+                                   backend=backend, phase="decode", repeats=_REPEATS.value,
+                                   progress=say)
+  records += op_sweeps.linear_sweep(_cli.int_list(_PREFILL_ROWS), **dims, dtype=dtype,
+                                    backend=backend, phase="prefill", repeats=_REPEATS.value,
+                                    progress=say)
+  records += op_sweeps.attention_sweep(points, **heads, dtype=dtype, backend=backend,
+                                       repeats=_REPEATS.value, progress=say)
 
-  costs = [cost_analysis.linear_cost(m, **dims, dtype=dtype)
-           for m in (_cli.int_list(_DECODE_ROWS)[:1]
-                     + _cli.int_list(_DECODE_ROWS)[-1:]
-                     + _cli.int_list(_PREFILL_ROWS)[-1:])]
-  costs += [cost_analysis.attention_cost(b, c, **heads, dtype=dtype)
-            for b, c in (points[0], points[-1])]
-  bench = op_sweeps.DecodeStepBench(op_sweeps.CALIBRATION, dtype,
-                                    param_sets=1)
-  costs += [cost_analysis.decode_step_cost(bench, b, c)
-            for b, c in ((1, 128), (64, 1024))]
+  costs = [
+      cost_analysis.linear_cost(m, **dims, dtype=dtype)
+      for m in (_cli.int_list(_DECODE_ROWS)[:1] + _cli.int_list(_DECODE_ROWS)[-1:] +
+                _cli.int_list(_PREFILL_ROWS)[-1:])
+  ]
+  costs += [
+      cost_analysis.attention_cost(b, c, **heads, dtype=dtype) for b, c in (points[0], points[-1])
+  ]
+  bench = op_sweeps.DecodeStepBench(op_sweeps.CALIBRATION, dtype, param_sets=1)
+  costs += [cost_analysis.decode_step_cost(bench, b, c) for b, c in ((1, 128), (64, 1024))]
 
   device = measurement.current_device()
   print(f"Per-op measurements on {device.device_kind} ({device.platform}), "
@@ -136,27 +123,28 @@ def main(argv: list[str]) -> None:
   print(table.format_table(MEASURE_HEADERS, _measure_rows(records)))
   print("\nActual traffic: XLA compiled cost analysis vs the step model "
         "(MB = 1e6 B).")
-  print(table.format_table(cost_analysis.HEADERS,
-                           cost_analysis.table_rows(costs)))
+  print(table.format_table(cost_analysis.HEADERS, cost_analysis.table_rows(costs)))
   for note in dict.fromkeys(f"{r.op}: {r.counts}" for r in costs):
     print(f"counted: {note}")
   if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value, {
-        "kind": "measurement",
-        "what": "per-op timings and XLA cost analysis vs analytic counts",
-        **device.to_json(),
-        "backend": backend,
-        "inputs": {"d_in": _D_IN.value, "d_out": _D_OUT.value,
-                   "decode_rows": _cli.int_list(_DECODE_ROWS),
-                   "prefill_rows": _cli.int_list(_PREFILL_ROWS),
-                   "attention_points": points, **heads,
-                   "repeats": _REPEATS.value},
-        "rows": [r.to_json() for r in records],
-        "cost_analysis": [c.to_json() for c in costs],
-        "units": {"median_s": "s", "flops": "FLOP", "bytes": "B",
-                  "achieved_flops_per_s": "FLOP/s",
-                  "achieved_bytes_per_s": "B/s"},
-    })
+    files.write_json(
+        _JSON_OUT.value, {
+            "kind": "measurement",
+            "what": "per-op timings and XLA cost analysis vs analytic counts",
+            **device.to_json(),
+            "backend": backend,
+            "inputs": {
+                "d_in": _D_IN.value, "d_out": _D_OUT.value, "decode_rows":
+                    _cli.int_list(_DECODE_ROWS), "prefill_rows": _cli.int_list(_PREFILL_ROWS),
+                "attention_points": points, **heads, "repeats": _REPEATS.value
+            },
+            "rows": [r.to_json() for r in records],
+            "cost_analysis": [c.to_json() for c in costs],
+            "units": {
+                "median_s": "s", "flops": "FLOP", "bytes": "B", "achieved_flops_per_s": "FLOP/s",
+                "achieved_bytes_per_s": "B/s"
+            },
+        })
 
 
 if __name__ == "__main__":

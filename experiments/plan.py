@@ -43,17 +43,16 @@ _CONTEXT = flags.DEFINE_integer("context", None, "Tokens each sequence retains. 
 _PROMPT_TOKENS = flags.DEFINE_integer(
     "prompt_tokens", None, "Prompt tokens per request (default: context - output_tokens). "
     ">= 1.", lower_bound=1)
-_OUTPUT_TOKENS = flags.DEFINE_integer(
-    "output_tokens", planner.DEFAULT_OUTPUT_TOKENS, "Output tokens per request. >= 1.",
-    lower_bound=1)
+_OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", planner.DEFAULT_OUTPUT_TOKENS,
+                                      "Output tokens per request. >= 1.", lower_bound=1)
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
                                    "Longest gap between one user's tokens, ms. > 0.")
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Longest time to first token, ms. > 0.")
 _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
                                 "Output tokens per second the fleet must serve. > 0.")
-_ARRIVAL_RATE = flags.DEFINE_float("arrival_rate", None,
-                                   "Requests per second the fleet must serve (instead of "
-                                   "--aggregate_tokens_per_s). > 0.")
+_ARRIVAL_RATE = flags.DEFINE_float(
+    "arrival_rate", None, "Requests per second the fleet must serve (instead of "
+    "--aggregate_tokens_per_s). > 0.")
 _ACCELERATORS = flags.DEFINE_string(
     "accelerators", "all",
     f"Comma-separated accelerators, or 'all' (with --price_per_hour: the priced ones): "
@@ -98,22 +97,19 @@ def main(argv: list[str]) -> None:
                      "every accelerator in --accelerators, or leave it out.")
   spec = load_model(_MODEL.value)
   result = planner.plan(
-      spec, devices, context=_CONTEXT.value, top=_TOP.value,
-      prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
-      targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3,
-                              ttft_s=_TTFT_MS.value / 1e3,
+      spec, devices, context=_CONTEXT.value, top=_TOP.value, prompt_tokens=_PROMPT_TOKENS.value,
+      output_tokens=_OUTPUT_TOKENS.value,
+      targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3, ttft_s=_TTFT_MS.value / 1e3,
                               aggregate_tokens_per_s=_AGGREGATE.value,
                               arrival_rate_per_s=_ARRIVAL_RATE.value),
-      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)),
-      kv_dtypes=tuple(dict.fromkeys(_SHARED.kv_dtype.value)),
-      prices=prices, max_chips=_MAX_CHIPS.value, pools=_POOLS.value,
-      bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
+      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)), kv_dtypes=tuple(
+          dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices, max_chips=_MAX_CHIPS.value,
+      pools=_POOLS.value, bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
   for note in result["notes"]:
     print(f"note: {note}", file=sys.stderr)
   if _TOP_K.value and result["plans"]:
-    plan_check.check_top(result, spec, devices, k=_TOP_K.value,
-                         num_requests=_SIM_REQUESTS.value, seed=_SEED.value,
-                         scheduler=_SCHEDULER.value, bound=_SHARED.bound.value,
+    plan_check.check_top(result, spec, devices, k=_TOP_K.value, num_requests=_SIM_REQUESTS.value,
+                         seed=_SEED.value, scheduler=_SCHEDULER.value, bound=_SHARED.bound.value,
                          comm_overlap=_SHARED.comm_overlap.value)
   work = result["workload"]
   print(f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "

@@ -56,8 +56,9 @@ _ACCELERATORS = flags.DEFINE_list(
 _OUTPUT_TOKENS = flags.DEFINE_integer(
     "output_tokens", 256, "Outputs per request, tokens; the prompt is the rest of --context. "
     "2 .. 1,000,000.", lower_bound=2, upper_bound=1_000_000)
-_TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", 30.0, "Mean gap between one user's "
-                                   "tokens (ITL), the target, ms. > 0.")
+_TOKEN_GAP_MS = flags.DEFINE_float(
+    "token_gap_ms", 30.0, "Mean gap between one user's "
+    "tokens (ITL), the target, ms. > 0.")
 _TTFT_MS = flags.DEFINE_float("ttft_ms", 500.0, "Mean time-to-first-token target, ms. > 0.")
 _ARRIVAL_RATE = flags.DEFINE_float(
     "arrival_rate", 0.0, "Requests/s (Poisson) for the summary's TTFT (M/D/1); 0: one "
@@ -71,12 +72,11 @@ flags.register_validator(_ARRIVAL_RATE.name, lambda v: 0 <= v < 1e9,
 
 def subject() -> answer.Subject:
   """The report's subject from the flags, checked (one-line errors naming the field)."""
-  chosen = answer.Subject(
-      model=_MODEL.value, context=_CONTEXT.value,
-      accelerators=answer.accelerator_list(_ACCELERATORS.value),
-      output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
-      ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
-      kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
+  chosen = answer.Subject(model=_MODEL.value, context=_CONTEXT.value,
+                          accelerators=answer.accelerator_list(_ACCELERATORS.value),
+                          output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
+                          ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
+                          kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
   chosen.check()
   return chosen
 
@@ -95,10 +95,10 @@ def main(argv: list[str]) -> None:
       calibration = toy_job.run(budget)
     except InputError as e:  # A busy machine may measure too few points to fit.
       failure = str(e)
-  path = document.build(document.Context(
-      out_dir=_OUT_DIR.value, results=results, calibration_budget_s=budget,
-      calibration=calibration, calibration_failure=failure,
-      commands=_report_commands.commands(results)))
+  path = document.build(
+      document.Context(out_dir=_OUT_DIR.value, results=results, calibration_budget_s=budget,
+                       calibration=calibration, calibration_failure=failure,
+                       commands=_report_commands.commands(results)))
   print(f"wrote {path}")
 
 

@@ -44,7 +44,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, workloads and prompts.
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the comparison JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the CDF PNG here.")
 
-
 # Prompt lengths the server compiles a prefill for (one program each); the
 # default load has 29. More is minutes of compilation before the first request.
 MAX_PROMPT_LENGTHS = 1_000
@@ -73,22 +72,29 @@ def main(argv: list[str]) -> None:
   config = toy_config.preset(_PRESET.value)
   _require_feasible(config)
   params = init_params(config, jax.random.key(_SEED.value), jnp.float32)
-  result = compare.compare_toy(
-      params, slots=_SLOTS.value, num_requests=_NUM_REQUESTS.value,
-      prompt_tokens=_PROMPT_TOKENS.value, prompt_spread=_PROMPT_SPREAD.value,
-      output_tokens=_OUTPUT_TOKENS.value, output_spread=_OUTPUT_SPREAD.value, seed=_SEED.value)
+  result = compare.compare_toy(params, slots=_SLOTS.value, num_requests=_NUM_REQUESTS.value,
+                               prompt_tokens=_PROMPT_TOKENS.value,
+                               prompt_spread=_PROMPT_SPREAD.value,
+                               output_tokens=_OUTPUT_TOKENS.value,
+                               output_spread=_OUTPUT_SPREAD.value, seed=_SEED.value)
   result["toy"]["preset"] = _PRESET.value
   rows = []
   for name, load in result["loads"].items():
-    runs = {"measured": load["measured"],
-            **{f"twin {k}": t["simulated"] for k, t in load["twins"].items()}}
+    runs = {
+        "measured": load["measured"],
+        **{f"twin {k}": t["simulated"] for k, t in load["twins"].items()}
+    }
     for source, m in runs.items():
-      rows.append([f"{name} {source}", f"{load['arrival_rate_per_s']:.2f}",
-                   f"{1e3 * m['ttft_s']['median']:.2f}", f"{1e3 * m['ttft_s']['p90']:.2f}",
-                   f"{1e3 * m['itl_s']['median']:.2f}", f"{1e3 * m['itl_s']['p90']:.2f}",
-                   f"{m['request_throughput_per_s']:.2f}"])
-  print(table.format_table(["run", "rate/s", "TTFT med ms", "TTFT p90 ms", "ITL med ms",
-                            "ITL p90 ms", "req/s"], rows))
+      rows.append([
+          f"{name} {source}", f"{load['arrival_rate_per_s']:.2f}",
+          f"{1e3 * m['ttft_s']['median']:.2f}", f"{1e3 * m['ttft_s']['p90']:.2f}",
+          f"{1e3 * m['itl_s']['median']:.2f}", f"{1e3 * m['itl_s']['p90']:.2f}",
+          f"{m['request_throughput_per_s']:.2f}"
+      ])
+  print(
+      table.format_table(
+          ["run", "rate/s", "TTFT med ms", "TTFT p90 ms", "ITL med ms", "ITL p90 ms", "req/s"],
+          rows))
   if _PLOT_OUT.value:
     sim_report.plot_toy_comparison(result, _PLOT_OUT.value)
   if _JSON_OUT.value:

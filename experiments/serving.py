@@ -57,13 +57,12 @@ from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 
 # A shipped model on an accelerator, or batch_sweep's raw numbers; either with a profile.
-_SHARED = _model_flags.define(
-    "model", "accelerator", "accelerator_file", "weight_dtype", "kv_dtype", "block_size",
-    "workspace_fraction", "group_size", *_model_flags.COST, *_model_flags.RAW, "profile",
-    "what_if")
+_SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
+                              "kv_dtype", "block_size", "workspace_fraction", "group_size",
+                              *_model_flags.COST, *_model_flags.RAW, "profile", "what_if")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
-_MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype,
-               _SHARED.block_size, _SHARED.workspace_fraction, _SHARED.group_size)
+_MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype, _SHARED.block_size,
+               _SHARED.workspace_fraction, _SHARED.group_size)
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "With --model: tokens each sequence may hold, reserved up front in the "
     "memory fit (default prompt + outputs). >= prompt_tokens + output_tokens - 1.")
@@ -77,8 +76,8 @@ _COMPARE_PEER = flags.DEFINE_enum(
 _SIMULATE_REQUESTS = flags.DEFINE_integer(
     "simulate_requests", 0, "With --model and --arrival_rate: simulate this many requests "
     "at the decision's load (iteration-level batching, at most the decided batch running) "
-    "for TTFT/TPOT/ITL percentiles beside the means. 0 skips it. In [0, 100,000].",
-    lower_bound=0, upper_bound=100_000)
+    "for TTFT/TPOT/ITL percentiles beside the means. 0 skips it. In [0, 100,000].", lower_bound=0,
+    upper_bound=100_000)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result as JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the frontier PNG here.")
 
@@ -109,11 +108,12 @@ def _inputs(question: serving_result.Question) -> requests.ServingInputs:
         memory_capacity_bytes=None if memory_gb is None else memory_gb * 1e9,
         layers=_SHARED.layers.value)
   device = _model_flags.what_if_device(_SHARED, _MEMORY_GB)
-  return serving_result.model_inputs(
-      models.load_model(_MODEL.value), device, prompt_tokens=prompt, output_tokens=outputs,
-      context=_CONTEXT.value, what_ifs=_model_flags.what_ifs(device),
-      layout=_layout_flags.layout(_ACCELERATOR.value), group_size=_SHARED.group_size.value,
-      **_model_flags.model_options(_SHARED))
+  return serving_result.model_inputs(models.load_model(_MODEL.value), device, prompt_tokens=prompt,
+                                     output_tokens=outputs, context=_CONTEXT.value,
+                                     what_ifs=_model_flags.what_ifs(device),
+                                     layout=_layout_flags.layout(_ACCELERATOR.value),
+                                     group_size=_SHARED.group_size.value,
+                                     **_model_flags.model_options(_SHARED))
 
 
 def _question() -> serving_result.Question:
@@ -121,9 +121,8 @@ def _question() -> serving_result.Question:
   spec = models.load_model(_MODEL.value) if _MODEL.value else None
   return _serving_flags.question(
       model=_MODEL.value, accelerator=_ACCELERATOR.value,
-      layout=_layout_flags.layout(_ACCELERATOR.value),
-      weight_format=spec and parameters.weight_format(spec, _SHARED.weight_dtype.value,
-                                                       _SHARED.group_size.value),
+      layout=_layout_flags.layout(_ACCELERATOR.value), weight_format=spec and
+      parameters.weight_format(spec, _SHARED.weight_dtype.value, _SHARED.group_size.value),
       kv_dtype=_SHARED.kv_dtype.value if spec else None)
 
 
@@ -132,10 +131,10 @@ def _percentiles(model: StepModel, decision: dict, question: serving_result.Ques
   if _MODEL.value is None or question.arrival_rate_per_s <= 0 or not decision.get("batch"):
     raise errors.InputError("--simulate_requests needs --model, --arrival_rate > 0 and a "
                             "feasible decision (a batch that meets the targets).")
-  replica_ = _model_flags.model_replica(
-      _SHARED, _model_flags.what_if_device(_SHARED, _MEMORY_GB), step_model=model,
-      context=question.prompt_tokens + question.output_tokens,
-      max_running=int(decision["batch"]), layout=question.layout)
+  replica_ = _model_flags.model_replica(_SHARED, _model_flags.what_if_device(_SHARED, _MEMORY_GB),
+                                        step_model=model,
+                                        context=question.prompt_tokens + question.output_tokens,
+                                        max_running=int(decision["batch"]), layout=question.layout)
   return serving_result.percentiles(replica_, question, _SIMULATE_REQUESTS.value)
 
 
@@ -152,13 +151,14 @@ def main(argv: list[str]) -> None:
   result = serving_result.result(model, inputs, question)
   decision = result["decision"]
   if question.arrival_rate_per_s > 0 and question.ttft_s is not None:
-    result["pools"] = serving_result.pools(
-        model, inputs, question, _model_flags.device(_SHARED) if _MODEL.value else None)
+    result["pools"] = serving_result.pools(model, inputs, question,
+                                           _model_flags.device(_SHARED) if _MODEL.value else None)
   if _SIMULATE_REQUESTS.value:
     result["percentiles"] = _percentiles(model, decision, question)
   if _COMPARE_PEER.value:
-    result["peer"] = peer.compare(requests.rows(model, inputs, question.batch_sizes,
-                                                prompt_tokens=prompt, output_tokens=outputs))
+    result["peer"] = peer.compare(
+        requests.rows(model, inputs, question.batch_sizes, prompt_tokens=prompt,
+                      output_tokens=outputs))
   if model.kind == "calibrated":  # The error travels with every calibrated number.
     serving_lines.annotate_calibrated(result, model.provenance)
     if accuracy.bound_first(model.provenance):
@@ -174,9 +174,9 @@ def main(argv: list[str]) -> None:
     logging.info("wrote %s", _JSON_OUT.value)
   if _PLOT_OUT.value:
     frontier = serving_result.frontier(model, inputs, question, decision)
-    serving_lines.plot_frontier(frontier, model.kind, inputs, question, decision,
-                                _PLOT_OUT.value)
+    serving_lines.plot_frontier(frontier, model.kind, inputs, question, decision, _PLOT_OUT.value)
     logging.info("wrote %s", _PLOT_OUT.value)
+
 
 if __name__ == "__main__":
   _cli.run(main)

@@ -52,33 +52,34 @@ from jaxroof.specs.models import load_model
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
-                              "kv_dtype", "block_size", "workspace_fraction",
-                              *_model_flags.COST, "profile", "what_if", "bytes_per_weight",
-                              "kv_bytes_per_token", "tflops")
+                              "kv_dtype", "block_size", "workspace_fraction", *_model_flags.COST,
+                              "profile", "what_if", "bytes_per_weight", "kv_bytes_per_token",
+                              "tflops")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _PROGRESS = _cli.define_progress()
 _SCHEDULER, _ROUTER, _SEED = (_simulation_flags.SCHEDULER, _simulation_flags.ROUTER,
                               _simulation_flags.SEED)
-_ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = (_simulation_flags.ARRIVAL,
-                                          _simulation_flags.ARRIVAL_RATE,
+_ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = (_simulation_flags.ARRIVAL, _simulation_flags.ARRIVAL_RATE,
                                           _simulation_flags.NUM_REQUESTS)
-_CONTEXT = flags.DEFINE_integer("context", None, "Context (tokens) at which K/V bytes per "
-                                "token are taken (sliding windows, states).", lower_bound=1)
+_CONTEXT = flags.DEFINE_integer(
+    "context", None, "Context (tokens) at which K/V bytes per "
+    "token are taken (sliding windows, states).", lower_bound=1)
 # The targets and outputs.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
 _TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
 _ITL_MS = flags.DEFINE_float("itl_ms", None, "SLO for --find_max_rate: ITL at most this (ms).")
-_SLO_PERCENTILE = flags.DEFINE_float("slo_percentile", 90.0, "Percentile at which "
-                                     "--find_max_rate checks the SLOs, in (0, 100).",
-                                     lower_bound=1e-6, upper_bound=99.999999)
-_FIND_MAX_RATE = flags.DEFINE_bool("find_max_rate", False, "Bisect for the largest fleet "
-                                   "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
-                                   "--slo_percentile (starting from --arrival_rate).")
+_SLO_PERCENTILE = flags.DEFINE_float(
+    "slo_percentile", 90.0, "Percentile at which "
+    "--find_max_rate checks the SLOs, in (0, 100).", lower_bound=1e-6, upper_bound=99.999999)
+_FIND_MAX_RATE = flags.DEFINE_bool(
+    "find_max_rate", False, "Bisect for the largest fleet "
+    "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
+    "--slo_percentile (starting from --arrival_rate).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
-_GOODPUT_REQUESTS = flags.DEFINE_integer("goodput_requests", 1000, "Requests per point of the "
-                                         "goodput-vs-rate plot. In [1, 100,000].",
-                                         lower_bound=1, upper_bound=100_000)
+_GOODPUT_REQUESTS = flags.DEFINE_integer(
+    "goodput_requests", 1000, "Requests per point of the "
+    "goodput-vs-rate plot. In [1, 100,000].", lower_bound=1, upper_bound=100_000)
 
 for _holder, _unit in ((_TTFT_MS, "ms"), (_TPOT_MS, "ms"), (_ITL_MS, "ms")):
   _cli.require_positive(_holder, _unit)
@@ -93,8 +94,7 @@ def _replica(bound: bool = False) -> replica.Replica:
         or _CONTEXT.value is None:
       raise InputError("model needs --accelerator (or --accelerator_file) and --context (or "
                        "give raw numbers).")
-    return _model_flags.model_replica(_SHARED, _model_flags.device(_SHARED),
-                                      context=_CONTEXT.value,
+    return _model_flags.model_replica(_SHARED, _model_flags.device(_SHARED), context=_CONTEXT.value,
                                       layout=_layout_flags.layout(_ACCELERATOR.value), **common)
   if _layout_flags.layout().chips_per_replica > 1:
     raise InputError("--tp/--pp/--ep/--chips apply only with --model and --accelerator "
@@ -112,19 +112,18 @@ def _targets() -> dict:
 
 def _max_rate(r: replica.Replica, replicas: int, chips: int) -> None:
   """Bisects for the largest fleet rate meeting the SLOs; prints it and writes its JSON."""
-  targets = {"ttft_s": _seconds(_TTFT_MS), "tpot_s": _seconds(_TPOT_MS),
-             "itl_s": _seconds(_ITL_MS)}
+  targets = {"ttft_s": _seconds(_TTFT_MS), "tpot_s": _seconds(_TPOT_MS), "itl_s": _seconds(_ITL_MS)}
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
-  found = sim_result.max_rate(
-      lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r, replicas=replicas,
-      chips=chips, scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
-      num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
-      percentile=_SLO_PERCENTILE.value, targets=targets)
+  found = sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
+                              replicas=replicas, chips=chips, scheduler=_SCHEDULER.value,
+                              router=_ROUTER.value, seed=_SEED.value,
+                              num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
+                              percentile=_SLO_PERCENTILE.value, targets=targets)
   print(sim_lines.max_rate_line(found, _SCHEDULER.value))
   if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value, sim_result.max_rate_json(found, r, _SCHEDULER.value,
-                                                               _ROUTER.value))
+    files.write_json(_JSON_OUT.value,
+                     sim_result.max_rate_json(found, r, _SCHEDULER.value, _ROUTER.value))
 
 
 def _one_replica(w, r: replica.Replica, label: str) -> dict:
@@ -137,8 +136,9 @@ def _one_replica(w, r: replica.Replica, label: str) -> dict:
   if provenance is not None and accuracy.bound_first(provenance):
     bound_run = simulator.simulate(w, _replica(bound=True), _SCHEDULER.value)
     bound_metrics = metrics.run_metrics(bound_run, **_targets())
-  print("\n".join(sim_lines.run_lines(label, _SCHEDULER.value, len(w), m, run, r.total_pages,
-                                      provenance, bound_metrics)))
+  print("\n".join(
+      sim_lines.run_lines(label, _SCHEDULER.value, len(w), m, run, r.total_pages, provenance,
+                          bound_metrics)))
   result = sim_result.run_json(run, m, label=label, scheduler=_SCHEDULER.value, replica_=r,
                                workload=w)
   if provenance is not None:
@@ -154,8 +154,8 @@ def _one_replica(w, r: replica.Replica, label: str) -> dict:
     if _ARRIVAL.value != "trace":
       result["goodput_vs_rate"] = sim_result.goodput_sweep(
           _simulation_flags.workload, r, _ARRIVAL_RATE.value,
-          num_requests=min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value),
-          targets=_targets(), show_progress=_PROGRESS.value)
+          num_requests=min(_NUM_REQUESTS.value, _GOODPUT_REQUESTS.value), targets=_targets(),
+          show_progress=_PROGRESS.value)
       sim_lines.plot_goodput(result["goodput_vs_rate"], _PLOT_OUT.value, label)
   return result
 

@@ -31,17 +31,19 @@ _ENGINE_ENV = flags.DEFINE_string(
 _MODEL = flags.DEFINE_string(
     "model", "tiny-llama", f"A preset ({', '.join(vllm_model.PRESETS)}), or a shipped model "
     "name or config.json path scaled down by the size flags.")
-_SIZES = {name: flags.DEFINE_integer(name, None, f"Model size: {key} (default: the model's).",
-                                     lower_bound=1, upper_bound=65536)
-          for name, key in vllm_model.SCALABLE.items()}
+_SIZES = {
+    name: flags.DEFINE_integer(name, None, f"Model size: {key} (default: the model's).",
+                               lower_bound=1,
+                               upper_bound=65536) for name, key in vllm_model.SCALABLE.items()
+}
 _RATES = flags.DEFINE_list("rates", ["1", "4"], "Request rates (requests/s), comma-separated.")
 _PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 256, "Prompt tokens per request.",
                                       lower_bound=1, upper_bound=8192)
 _OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", 64, "Output tokens per request.",
                                       lower_bound=2, upper_bound=8192)
-_RANGE_RATIO = flags.DEFINE_float("range_ratio", 0.0, "vLLM --random-range-ratio: lengths "
-                                  "uniform in [(1-r) L, (1+r) L]; 0: fixed. In [0, 0.9].",
-                                  lower_bound=0.0, upper_bound=0.9)
+_RANGE_RATIO = flags.DEFINE_float(
+    "range_ratio", 0.0, "vLLM --random-range-ratio: lengths "
+    "uniform in [(1-r) L, (1+r) L]; 0: fixed. In [0, 0.9].", lower_bound=0.0, upper_bound=0.9)
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 60, "Requests per rate. In [2, 2000].",
                                     lower_bound=2, upper_bound=2000)
 _OUT_DIR = flags.DEFINE_string("out_dir", None, "Output folder (created).")
@@ -53,21 +55,23 @@ _MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 2048,
                                     "vLLM --max-num-batched-tokens (token budget per step).",
                                     lower_bound=16, upper_bound=65536)
 _CHUNKED = flags.DEFINE_bool("chunked_prefill", True, "vLLM --enable-chunked-prefill.")
-_BLOCK_SIZE = flags.DEFINE_integer("block_size", 128, "vLLM --block-size: tokens per K/V "
-                                   "block (the CPU backend needs a multiple of 32).",
-                                   lower_bound=32, upper_bound=1024)
+_BLOCK_SIZE = flags.DEFINE_integer(
+    "block_size", 128, "vLLM --block-size: tokens per K/V "
+    "block (the CPU backend needs a multiple of 32).", lower_bound=32, upper_bound=1024)
 _KV_SPACE_GIB = flags.DEFINE_integer("kv_space_gib", 1, "VLLM_CPU_KVCACHE_SPACE: GiB of K/V.",
                                      lower_bound=1, upper_bound=1024)
 _MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", 2048, "vLLM --max-model-len.",
                                       lower_bound=16, upper_bound=131072)
-_ENGINE_CPUS = flags.DEFINE_string("engine_cpus", "1", "VLLM_CPU_OMP_THREADS_BIND: the engine "
-                                   "worker's cores (e.g. 1, or 0-1).")
-_START_TIMEOUT_S = flags.DEFINE_float("start_timeout_s", 300.0, "Most seconds for the server "
-                                      "to become healthy. In [10, 3600].", lower_bound=10.0,
-                                      upper_bound=3600.0)
+_ENGINE_CPUS = flags.DEFINE_string(
+    "engine_cpus", "1", "VLLM_CPU_OMP_THREADS_BIND: the engine "
+    "worker's cores (e.g. 1, or 0-1).")
+_START_TIMEOUT_S = flags.DEFINE_float(
+    "start_timeout_s", 300.0, "Most seconds for the server "
+    "to become healthy. In [10, 3600].", lower_bound=10.0, upper_bound=3600.0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the benchmark's prompts and arrivals.")
-_CACHE_DIR = flags.DEFINE_string("cache_dir", None, "The engine's compile caches (default "
-                                 "OUT/work; a shared folder makes later starts warm).")
+_CACHE_DIR = flags.DEFINE_string(
+    "cache_dir", None, "The engine's compile caches (default "
+    "OUT/work; a shared folder makes later starts warm).")
 
 
 def _rates() -> list[float]:
@@ -96,22 +100,24 @@ def main(argv: list[str]) -> None:
                             "backend needs a multiple of 32.")
   overrides = {name: holder.value for name, holder in _SIZES.items()}
   vllm_model.scaled_config(_MODEL.value, overrides)  # Refuse a bad model before any work.
-  config = vllm_engine.ServerConfig(
-      max_num_seqs=_MAX_NUM_SEQS.value, max_num_batched_tokens=_MAX_BATCHED.value,
-      chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
-      kv_space_gib=_KV_SPACE_GIB.value, max_model_len=_MAX_MODEL_LEN.value,
-      engine_cpus=_ENGINE_CPUS.value, seed=_SEED.value)
+  config = vllm_engine.ServerConfig(max_num_seqs=_MAX_NUM_SEQS.value,
+                                    max_num_batched_tokens=_MAX_BATCHED.value,
+                                    chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
+                                    kv_space_gib=_KV_SPACE_GIB.value,
+                                    max_model_len=_MAX_MODEL_LEN.value,
+                                    engine_cpus=_ENGINE_CPUS.value, seed=_SEED.value)
   vllm_engine.parse_cpus(config.engine_cpus)
   vllm_engine.engine_python(_ENGINE_ENV.value or "")
   longest = max(_NUM_PROMPTS.value / r for r in rates)
-  spec = vllm_engine.BenchSpec(
-      rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
-      num_prompts=_NUM_PROMPTS.value, range_ratio=_RANGE_RATIO.value, seed=_SEED.value,
-      timeout_s=3 * longest + 300)
-  summary = vllm_engine.run_bench(
-      env_dir=_ENGINE_ENV.value, model=_MODEL.value, overrides=overrides, rates=rates,
-      spec=spec, config=config, out_dir=_OUT_DIR.value, port=_PORT.value,
-      start_timeout_s=_START_TIMEOUT_S.value, cache_dir=_CACHE_DIR.value or None)
+  spec = vllm_engine.BenchSpec(rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value,
+                               output_tokens=_OUTPUT_TOKENS.value, num_prompts=_NUM_PROMPTS.value,
+                               range_ratio=_RANGE_RATIO.value, seed=_SEED.value,
+                               timeout_s=3 * longest + 300)
+  summary = vllm_engine.run_bench(env_dir=_ENGINE_ENV.value, model=_MODEL.value,
+                                  overrides=overrides, rates=rates, spec=spec, config=config,
+                                  out_dir=_OUT_DIR.value, port=_PORT.value,
+                                  start_timeout_s=_START_TIMEOUT_S.value,
+                                  cache_dir=_CACHE_DIR.value or None)
   print(f"measurement (vLLM {summary['engine']['vllm_version']}, {summary['device']}, bf16): "
         f"{len(summary['runs'])} runs; summary {os.path.join(_OUT_DIR.value, 'summary.json')}")
   for run in summary["runs"]:

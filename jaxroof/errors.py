@@ -44,9 +44,8 @@ def require_finite(name: str, value: Any) -> float:
   try:
     number = float(value)
   except (TypeError, ValueError):
-    raise InputError(
-        f"{name}={value!r} is not a number: give a finite real number.", field=name
-    ) from None
+    raise InputError(f"{name}={value!r} is not a number: give a finite real number.",
+                     field=name) from None
   if isinstance(value, bool) or not math.isfinite(number):
     raise InputError(f"{name}={value!r} is not allowed: give a finite number.", field=name)
   return number
@@ -56,7 +55,8 @@ def require_positive_int(name: str, value: Any) -> int:
   """Returns `value` as an int if it is a whole number >= 1, else raises."""
   number = require_positive(name, value)
   if number != int(number):
-    raise InputError(f"{name}={value!r} is not allowed: it must be a whole number >= 1.", field=name)
+    raise InputError(f"{name}={value!r} is not allowed: it must be a whole number >= 1.",
+                     field=name)
   return int(number)
 
 
@@ -76,6 +76,4 @@ def require_choice(name: str, value: str, allowed: Sequence[str]) -> str:
 
   close = difflib.get_close_matches(value, allowed, n=1)
   hint = f" Did you mean {close[0]!r}?" if close else ""
-  raise InputError(
-      f"{name}={value!r} is unknown.{hint} Known: {', '.join(allowed)}.", field=name
-  )
+  raise InputError(f"{name}={value!r} is unknown.{hint} Known: {', '.join(allowed)}.", field=name)

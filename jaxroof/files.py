@@ -20,7 +20,6 @@ from typing import Any
 
 from jaxroof.errors import InputError
 
-
 # Extensions an output may have, by kind (matplotlib writes these formats).
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "json": (".json",),
@@ -131,13 +130,12 @@ def _require_regular(where: str, mode: int) -> None:
   if stat.S_ISDIR(mode):
     raise InputError(f"{where} is a folder: give a file.")
   if not stat.S_ISREG(mode):
-    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
     raise InputError(f"{where} is {kind}, not a regular file: give a file.")
 
 
-def read_text(name: str, path: str | os.PathLike[str], *,
-              max_bytes: int = MAX_INPUT_BYTES) -> str:
+def read_text(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES) -> str:
   """`read_input` decoded as UTF-8 (a BOM is dropped); not UTF-8 is an `InputError`."""
   data = read_input(name, path, max_bytes=max_bytes)
   try:
@@ -147,8 +145,7 @@ def read_text(name: str, path: str | os.PathLike[str], *,
                      "a text file.") from None
 
 
-def read_json(name: str, path: str | os.PathLike[str], *,
-              max_bytes: int = MAX_INPUT_BYTES) -> Any:
+def read_json(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES) -> Any:
   """A JSON input file, parsed (Python's reader); malformed JSON is an `InputError`."""
   text = read_text(name, path, max_bytes=max_bytes)
   where = f"{name}={os.fspath(path)!r}"
@@ -161,9 +158,10 @@ def read_json(name: str, path: str | os.PathLike[str], *,
     raise InputError(f"{where} is nested too deeply to be read.") from None
 
 
-def read_records(name: str, path: str | os.PathLike[str], *, columns: Sequence[str],
-                 required: Sequence[str] = (), json_suffixes: Sequence[str] = (".jsonl",)
-                 ) -> list[tuple[int, dict[str, Any]]]:
+def read_records(
+    name: str, path: str | os.PathLike[str], *, columns: Sequence[str],
+    required: Sequence[str] = (), json_suffixes: Sequence[str] = (".jsonl",)
+) -> list[tuple[int, dict[str, Any]]]:
   """(line, record) pairs of a table: JSONL (one object per line, by its suffix) or CSV.
 
   A CSV's header is line 1 and must name `required`; one without a header is
@@ -194,11 +192,13 @@ def read_records(name: str, path: str | os.PathLike[str], *, columns: Sequence[s
                          field=name)
       missing = [c for c in required if c not in reader.fieldnames]
       if missing:
-        raise InputError(f"{where} line 1: the header lacks columns {missing} (needs "
-                         f"{list(required)}).", field=name)
+        raise InputError(
+            f"{where} line 1: the header lacks columns {missing} (needs "
+            f"{list(required)}).", field=name)
       # Line numbers count the header as line 1 (rows without embedded newlines).
-      return [(reader.line_num, {k: v for k, v in record.items() if k is not None})
-              for record in reader]
+      return [
+          (reader.line_num, {k: v for k, v in record.items() if k is not None}) for record in reader
+      ]
   except csv.Error as e:
     raise InputError(f"{where} is not readable CSV: {e}.", field=name) from None
 

@@ -48,11 +48,12 @@ class Timing:
 def host() -> dict[str, Any]:
   """The machine a timing is taken on, so two runs can be compared: platform, versions,
   cores and the load average (the CPU may be shared)."""
-  return {"platform": platform.platform(), "machine": platform.machine(),
-          "processor": platform.processor() or platform.machine(),
-          "python": platform.python_version(), "jax": jax.__version__,
-          "numpy": np.__version__, "cpu_count": os.cpu_count(),
-          "load_average_1_5_15": list(os.getloadavg())}
+  return {
+      "platform": platform.platform(), "machine": platform.machine(),
+      "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+      "jax": jax.__version__, "numpy": np.__version__, "cpu_count": os.cpu_count(),
+      "load_average_1_5_15": list(os.getloadavg())
+  }
 
 
 def _quantile(sorted_samples: Sequence[float], fraction: float) -> float:

@@ -32,16 +32,13 @@ def check_lengths(lengths, max_len: int) -> None:
   """Checks 1 <= lengths <= max_len when the values are known (not traced)."""
   try:
     values = np.asarray(lengths)
-  except (jax.errors.TracerArrayConversionError,
-          jax.errors.ConcretizationTypeError):
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
     return  # Traced under jit: the values are not known yet.
   bad = np.flatnonzero((values < 1) | (values > max_len))
   if bad.size:
     i = int(bad[0])
-    raise InputError(
-        f"lengths[{i}]={int(values[i])} is not allowed: each length must be "
-        f"in 1..{max_len} (max_len)."
-    )
+    raise InputError(f"lengths[{i}]={int(values[i])} is not allowed: each length must be "
+                     f"in 1..{max_len} (max_len).")
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
@@ -62,7 +59,8 @@ def init_state(block_h: int, head_dim: int):
   """Online-softmax state (acc, running max, running sum), all float32."""
   return (
       jnp.zeros((block_h, head_dim), _F32),
-      jnp.full((block_h, 1), jnp.finfo(_F32).min, _F32),
+      jnp.full((block_h, 1),
+               jnp.finfo(_F32).min, _F32),
       jnp.zeros((block_h, 1), _F32),
   )
 
@@ -86,7 +84,10 @@ def attend_chunk(q, keys, vals, first, length, state, *, scale: float):
   chunk = keys.shape[0]
   # (block_h, head_dim) x (chunk, head_dim) -> (block_h, chunk)
   s = lax.dot_general(
-      q, keys, (((1,), (1,)), ((), ())), precision=_EXACT,
+      q,
+      keys,
+      (((1,), (1,)), ((), ())),
+      precision=_EXACT,
       preferred_element_type=_F32,
   )
   row = first + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
@@ -97,8 +98,7 @@ def attend_chunk(q, keys, vals, first, length, state, *, scale: float):
   p = jnp.exp(s - m_next)
   l_next = l * correction + p.sum(axis=1, keepdims=True)
   vals = jnp.where(col < length, vals, 0)
-  pv = jnp.dot(p.astype(vals.dtype), vals, precision=_EXACT,
-               preferred_element_type=_F32)
+  pv = jnp.dot(p.astype(vals.dtype), vals, precision=_EXACT, preferred_element_type=_F32)
   return acc * correction + pv, m_next, l_next
 
 
@@ -117,8 +117,7 @@ def combine_splits(o, m, l):
 LENGTHS = ("full", "ragged")
 
 
-def example_lengths(key: jax.Array, batch: int, max_len: int,
-                    lengths: str = "full") -> jax.Array:
+def example_lengths(key: jax.Array, batch: int, max_len: int, lengths: str = "full") -> jax.Array:
   """int32[batch] sequence lengths for example inputs.
 
   Args:
@@ -135,7 +134,6 @@ def example_lengths(key: jax.Array, batch: int, max_len: int,
   lens = jax.random.randint(key, (batch,), 1, max_len + 1, jnp.int32)
   lens = lens.at[0].set(1)
   return lens.at[-1].set(max_len) if batch > 1 else lens
-
 
 
 def example_args(problem: Any, key: jax.Array, *, lengths: str = "full"):

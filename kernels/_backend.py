@@ -79,9 +79,7 @@ def default_platform() -> str:
   return "rocm" if "rocm" in version else "cuda"
 
 
-def resolve_target(
-    platform: str | None = None, interpret: bool | None = None
-) -> Target:
+def resolve_target(platform: str | None = None, interpret: bool | None = None) -> Target:
   """The target for a kernel call.
 
   Args:
@@ -96,10 +94,8 @@ def resolve_target(
   if interpret is None:
     interpret = platform == "cpu"
   if platform == "cpu" and not interpret:
-    raise InputError(
-        f"{interpret=} is not allowed with {platform=}: Pallas has no CPU "
-        "compiler; use interpret=True (correctness only) or the reference."
-    )
+    raise InputError(f"{interpret=} is not allowed with {platform=}: Pallas has no CPU "
+                     "compiler; use interpret=True (correctness only) or the reference.")
   return Target(platform=platform, interpret=bool(interpret))
 
 
@@ -184,12 +180,11 @@ def _abstract_device(platform: str) -> Any | None:
   versions an abstract mesh is not needed.
   """
   if platform == "tpu":
-    return jax.sharding.AbstractDevice(
-        device_kind=CROSS_LOWERING_TPU_KIND, num_cores=1, platform="tpu")
+    return jax.sharding.AbstractDevice(device_kind=CROSS_LOWERING_TPU_KIND, num_cores=1,
+                                       platform="tpu")
   if platform in ("cuda", "rocm") and hasattr(pltriton, "get_gpu_info"):
-    return jax.sharding.AbstractDevice(
-        device_kind=CROSS_LOWERING_GPU_KIND,
-        num_cores=CROSS_LOWERING_GPU_CORES, platform=platform)
+    return jax.sharding.AbstractDevice(device_kind=CROSS_LOWERING_GPU_KIND,
+                                       num_cores=CROSS_LOWERING_GPU_CORES, platform=platform)
   return None
 
 

@@ -32,16 +32,14 @@ def _kernel(
   def _():
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
-  acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision=_EXACT,
-                         preferred_element_type=_F32)
+  acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], precision=_EXACT, preferred_element_type=_F32)
 
   @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
   def _():
     o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def linear_call(x, w, *, config, target, tile, tiles, name: str,
-                cost: pl.CostEstimate):
+def linear_call(x, w, *, config, target, tile, tiles, name: str, cost: pl.CostEstimate):
   """Mosaic TPU structure: K as the last grid axis, f32 accumulator in VMEM.
 
   Blocks are copied into VMEM, so full-K windows (the GPU structure) would

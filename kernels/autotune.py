@@ -54,15 +54,12 @@ ON_MISS_ENV = "JAXROOF_AUTOTUNE_ON_MISS"
 ON_MISS_CHOICES = ("heuristic", "autotune", "error")
 # Shipped results; written to only when the package dir is writable.
 PACKAGE_CACHE_DIR = pathlib.Path(__file__).parent / "autotune_cache"
-NOT_TUNED_ON_INTERPRET = (
-    "interpreted Pallas kernels are never tuned (interpret-mode timings are "
-    "not kernel speed); using the heuristic config"
-)
+NOT_TUNED_ON_INTERPRET = ("interpreted Pallas kernels are never tuned (interpret-mode timings are "
+                          "not kernel speed); using the heuristic config")
 
 _on_miss_override: list[str] = []
 # (cache file, key) of failed tunings already reported, to log each once.
 _reported_failures: set[tuple[str, str]] = set()
-
 
 # The op description lives in `kernels.base` (shared with the kernels).
 TunableOp = base.KernelOp
@@ -106,10 +103,7 @@ class TuneResult:
 
 def args_signature(args: Sequence[Any]) -> list[str]:
   """['bfloat16[8,32,128]', ...]: dtypes and shapes (works on tracers)."""
-  return [
-      f"{jnp.dtype(a.dtype).name}[{','.join(str(d) for d in a.shape)}]"
-      for a in args
-  ]
+  return [f"{jnp.dtype(a.dtype).name}[{','.join(str(d) for d in a.shape)}]" for a in args]
 
 
 def problem_key(op: TunableOp, problem: Any) -> str:
@@ -120,21 +114,19 @@ def problem_key(op: TunableOp, problem: Any) -> str:
   'dtype=bfloat16 heads=32 kv_heads=8 head_dim=128 batch<=32 max_len<=8192'.
   """
   exact = op.key_fields or tuple(
-      f.name for f in dataclasses.fields(problem)
-      if f.name not in op.bucketed_fields
-  )
+      f.name for f in dataclasses.fields(problem) if f.name not in op.bucketed_fields)
   parts = [f"{name}={getattr(problem, name)}" for name in exact]
   parts += [
-      f"{name}<={_backend.next_power_of_two(getattr(problem, name))}"
-      for name in op.bucketed_fields
+      f"{name}<={_backend.next_power_of_two(getattr(problem, name))}" for name in op.bucketed_fields
   ]
   return " ".join(parts)
 
 
 def cache_key(op: TunableOp, problem: Any, target: Target) -> str:
   """backend|platform|jax version|problem key (see `problem_key`)."""
-  return "|".join([target.backend, target.platform, f"jax-{jax.__version__}",
-                   problem_key(op, problem)])
+  return "|".join(
+      [target.backend, target.platform, f"jax-{jax.__version__}",
+       problem_key(op, problem)])
 
 
 def user_cache_dir() -> pathlib.Path:
@@ -146,9 +138,7 @@ def _writable(path: pathlib.Path) -> bool:
   return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
-def write_dir(
-    cache_dir: str | os.PathLike[str] | None = None,
-) -> pathlib.Path:
+def write_dir(cache_dir: str | os.PathLike[str] | None = None,) -> pathlib.Path:
   """Where tuning results are written.
 
   `cache_dir` if given, else $JAXROOF_AUTOTUNE_CACHE if set, else the
@@ -164,9 +154,7 @@ def write_dir(
   return user_cache_dir()
 
 
-def read_dirs(
-    cache_dir: str | os.PathLike[str] | None = None,
-) -> list[pathlib.Path]:
+def read_dirs(cache_dir: str | os.PathLike[str] | None = None,) -> list[pathlib.Path]:
   """Where lookups read, in order: `write_dir()`, then the shipped results.
 
   An explicit `cache_dir` is read alone.
@@ -269,8 +257,7 @@ def cached_config(
   return lookup(op, op.problem(args), target, cache_dir=cache_dir).config
 
 
-def _store(path: pathlib.Path, key: str, entry: dict[str, Any],
-           op_name: str, kind: str) -> None:
+def _store(path: pathlib.Path, key: str, entry: dict[str, Any], op_name: str, kind: str) -> None:
   """Adds one entry to the cache file (read, update, atomic rewrite)."""
   data = load_cache(path)
   entries = dict(data.get("entries", {}))
@@ -313,8 +300,7 @@ def choose_config(
   interpreted kernel or a cross-lowering target gets the heuristic.
   """
   problem = op.problem(args)
-  local = (not target.interpret
-           and target.platform == _backend.default_platform())
+  local = (not target.interpret and target.platform == _backend.default_platform())
   if not local:
     return op.heuristic(problem, target.rules)
   found = lookup(op, problem, target, cache_dir=cache_dir)
@@ -329,10 +315,8 @@ def choose_config(
     return tune(op, problem, target=target, cache_dir=cache_dir).config
   if policy == "error":
     dirs = ", ".join(str(d) for d in read_dirs(cache_dir))
-    raise InputError(
-        f"no cached {op.name} config for {cache_key(op, problem, target)} in "
-        f"{dirs} and {ON_MISS_ENV}=error."
-    )
+    raise InputError(f"no cached {op.name} config for {cache_key(op, problem, target)} in "
+                     f"{dirs} and {ON_MISS_ENV}=error.")
   return heuristic
 
 
@@ -346,7 +330,10 @@ def _report_failed_tuning(op: TunableOp, found: Lookup, heuristic: Any) -> None:
       "%s: the cached tuning in %s (tuned at %s) found no config that runs "
       "correctly; using the heuristic %s without tuning again (tune "
       "explicitly, e.g. experiments/autotune, to retry).",
-      op.name, found.path, found.failed.get("tuned_at"), heuristic,
+      op.name,
+      found.path,
+      found.failed.get("tuned_at"),
+      heuristic,
   )
 
 
@@ -375,16 +362,14 @@ def _matches(op: TunableOp, out: Any, expected: Any) -> bool:
   b = np.asarray(expected, np.float64)
   rms = float(np.sqrt(np.mean(np.square(b)))) if b.size else 0.0
   scaled = atol * rms if rms > 0 else atol
-  return bool(np.isfinite(a).all()
-              and np.allclose(a, b, rtol=rtol, atol=scaled))
+  return bool(np.isfinite(a).all() and np.allclose(a, b, rtol=rtol, atol=scaled))
 
 
 # timer(jitted kernel, args, chain feed) -> per-call Timing.
 Timer = Callable[[Callable[..., Any], tuple[Any, ...], Any], Timing]
 
 
-def default_timer(repeats: int = 10, warmup: int = 2,
-                  inner: int | None = None) -> Timer:
+def default_timer(repeats: int = 10, warmup: int = 2, inner: int | None = None) -> Timer:
   """Chained device timing (see `kernels.device_timing`).
 
   `inner` calls per chain, when the caller knows how many (the benchmark
@@ -392,9 +377,8 @@ def default_timer(repeats: int = 10, warmup: int = 2,
   """
 
   def timer(fn, args, feed):
-    return device_timing.time_chained(
-        fn, args, feed=feed, warmup=warmup, repeats=repeats, inner=inner
-    )
+    return device_timing.time_chained(fn, args, feed=feed, warmup=warmup, repeats=repeats,
+                                      inner=inner)
 
   return timer
 
@@ -433,12 +417,10 @@ def _try_candidate(
   if chain is None:
     fn = jax.jit(kernel)
   else:
-    chained = jax.jit(
-        device_timing.chain_with_first(kernel, op.chain_feed, chain.inner))
+    chained = jax.jit(device_timing.chain_with_first(kernel, op.chain_feed, chain.inner))
     fn = lambda *a: chained(*a)[0]  # noqa: E731
     timer = lambda _, timed_args, __: device_timing.time_chain(  # noqa: E731
-        chained, timed_args, inner=chain.inner, warmup=chain.warmup,
-        repeats=chain.repeats)
+        chained, timed_args, inner=chain.inner, warmup=chain.warmup, repeats=chain.repeats)
   compile_s = None
   err = 0.0
   for check_args, expected in checks:
@@ -446,21 +428,19 @@ def _try_candidate(
     try:
       out = jax.block_until_ready(fn(*check_args))  # Compiles on the first.
     except Exception as e:  # noqa: BLE001 - a compile error skips the config.
-      return Trial(config=config, status="failed", compile_s=compile_s,
-                   reason=_first_line(e))
+      return Trial(config=config, status="failed", compile_s=compile_s, reason=_first_line(e))
     if compile_s is None:
       compile_s = time.perf_counter() - start
     err = max(err, _max_abs_err(out, expected))
     if not _matches(op, out, expected):
-      return Trial(config=config, status="wrong", compile_s=compile_s,
-                   max_abs_err=err, reason="output differs from the reference")
+      return Trial(config=config, status="wrong", compile_s=compile_s, max_abs_err=err,
+                   reason="output differs from the reference")
   try:
     timing = timer(fn, args, op.chain_feed)
   except Exception as e:  # noqa: BLE001 - e.g. out of memory while timing.
-    return Trial(config=config, status="failed", compile_s=compile_s,
-                 max_abs_err=err, reason=_first_line(e))
-  return Trial(config=config, status="ok", compile_s=compile_s,
-               max_abs_err=err, timing=timing)
+    return Trial(config=config, status="failed", compile_s=compile_s, max_abs_err=err,
+                 reason=_first_line(e))
+  return Trial(config=config, status="ok", compile_s=compile_s, max_abs_err=err, timing=timing)
 
 
 def tune(
@@ -510,11 +490,9 @@ def tune(
   heuristic = op.heuristic(problem, target.rules)
   if target.interpret:
     logging.warning("%s: %s", op.name, NOT_TUNED_ON_INTERPRET)
-    return TuneResult(config=heuristic, tuned=False,
-                      message=NOT_TUNED_ON_INTERPRET)
+    return TuneResult(config=heuristic, tuned=False, message=NOT_TUNED_ON_INTERPRET)
   timer = timer or default_timer()
-  timed_on = (op.timing_note if args is None
-              else "the arguments given to tune")
+  timed_on = (op.timing_note if args is None else "the arguments given to tune")
   rng = jax.random.key(seed)
   if args is None:
     args = op.example_args(problem, rng)
@@ -527,30 +505,24 @@ def tune(
   configs = op.candidates(problem, target.rules)[:max_candidates]
   start = time.perf_counter()
   trials = []
-  bar = tqdm.tqdm(configs, desc=f"tune {op.name}", disable=not progress,
-                  leave=False)
+  bar = tqdm.tqdm(configs, desc=f"tune {op.name}", disable=not progress, leave=False)
   for config in bar:
     reason = op.why_invalid(config, problem, target.rules)
     if reason:
       trials.append(Trial(config=config, status="skipped", reason=reason))
-    elif time_budget_s is not None and (
-        time.perf_counter() - start > time_budget_s
-    ):
-      trials.append(Trial(config=config, status="skipped",
-                          reason=f"time budget of {time_budget_s} s spent"))
+    elif time_budget_s is not None and (time.perf_counter() - start > time_budget_s):
+      trials.append(
+          Trial(config=config, status="skipped", reason=f"time budget of {time_budget_s} s spent"))
     else:
-      trials.append(_try_candidate(op, config, args, checks, target, timer,
-                                   chain))
+      trials.append(_try_candidate(op, config, args, checks, target, timer, chain))
     if on_trial is not None:
       on_trial(trials[-1])
   ok = [t for t in trials if t.status == "ok"]
   best = min(ok, key=lambda t: t.timing.median_s) if ok else None
   config = best.config if best else heuristic
-  message = (
-      f"best of {len(ok)} valid configs out of {len(trials)} tried"
-      if best else "no candidate ran correctly; using the heuristic config "
-      "(cached: later calls use it without tuning again)"
-  )
+  message = (f"best of {len(ok)} valid configs out of {len(trials)} tried"
+             if best else "no candidate ran correctly; using the heuristic config "
+             "(cached: later calls use it without tuning again)")
   kind = _backend.device_kind()
   key = cache_key(op, problem, target)
   entry = {
@@ -574,5 +546,5 @@ def tune(
   }
   if save:
     _store(cache_path(op.name, kind, cache_dir), key, entry, op.name, kind)
-  return TuneResult(config=config, tuned=best is not None, message=message,
-                    trials=tuple(trials), entry=entry)
+  return TuneResult(config=config, tuned=best is not None, message=message, trials=tuple(trials),
+                    entry=entry)

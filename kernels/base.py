@@ -98,8 +98,7 @@ class KernelOp:
   example_args: Callable[[Any, jax.Array], tuple[Any, ...]]
   key_fields: tuple[str, ...] = ()
   bucketed_fields: tuple[str, ...] = ()
-  check_args: Callable[[tuple[Any, ...], jax.Array],
-                       tuple[Any, ...]] | None = None
+  check_args: Callable[[tuple[Any, ...], jax.Array], tuple[Any, ...]] | None = None
   check_note: str = "the timed arguments"
   timing_note: str = "example_args"
 
@@ -111,11 +110,12 @@ class KernelOp:
 
   def config_space(self, problem: Any, rules: str) -> list[Any]:
     """The candidates that fit `problem` under `rules`."""
-    return [c for c in self.candidates(problem, rules)
-            if self.why_invalid(c, problem, rules) is None]
+    return [
+        c for c in self.candidates(problem, rules) if self.why_invalid(c, problem, rules) is None
+    ]
 
-  def first_fitting(self, configs: Iterable[Any], problem: Any, rules: str,
-                    *, fallback: Any, advice: str = "") -> Any:
+  def first_fitting(self, configs: Iterable[Any], problem: Any, rules: str, *, fallback: Any,
+                    advice: str = "") -> Any:
     """The first of `configs` that fits; raises naming why `fallback` fails.
 
     Raises:
@@ -124,9 +124,8 @@ class KernelOp:
     for config in configs:
       if self.why_invalid(config, problem, rules) is None:
         return config
-    raise InputError(
-        f"no {self.name} config fits {problem} for {rules}: "
-        f"{self.why_invalid(fallback, problem, rules)}.{advice}")
+    raise InputError(f"no {self.name} config fits {problem} for {rules}: "
+                     f"{self.why_invalid(fallback, problem, rules)}.{advice}")
 
 
 def halvings(first: int) -> list[int]:

@@ -37,12 +37,15 @@ from kernels import base
 from kernels import cost_estimate
 from kernels import _attention
 from kernels._attention import (  # noqa: F401 - part of this module's API.
-    CHECK_NOTE, LENGTHS, SUPPORTED_DTYPES, attend_chunk, check_lengths,
-    combine_splits, default_scale, example_args, example_lengths, init_state,
-    tolerance, with_ragged_lengths,
+    CHECK_NOTE, LENGTHS, SUPPORTED_DTYPES, attend_chunk, check_lengths, combine_splits,
+    default_scale, example_args, example_lengths, init_state, tolerance, with_ragged_lengths,
 )
 from kernels._backend import (
-    MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
+    MIN_DOT,
+    Target,
+    is_power_of_two,
+    largest_pow2_divisor,
+    next_power_of_two,
 )
 
 OP_NAME = "decode_attention"
@@ -93,29 +96,21 @@ def problem_of(q, k, v, lengths) -> DecodeProblem:
     InputError: naming the offending argument, its value and what is allowed.
   """
   if q.ndim != 3:
-    raise InputError(
-        f"q.shape={q.shape} is not allowed: give (batch, heads, head_dim)."
-    )
+    raise InputError(f"q.shape={q.shape} is not allowed: give (batch, heads, head_dim).")
   if k.ndim != 4:
-    raise InputError(
-        f"k.shape={k.shape} is not allowed: give "
-        "(batch, max_len, kv_heads, head_dim)."
-    )
+    raise InputError(f"k.shape={k.shape} is not allowed: give "
+                     "(batch, max_len, kv_heads, head_dim).")
   if v.shape != k.shape:
     raise InputError(f"v.shape={v.shape} must equal k.shape={k.shape}.")
   batch, heads, head_dim = q.shape
   k_batch, max_len, kv_heads, k_head_dim = k.shape
   if (k_batch, k_head_dim) != (batch, head_dim):
-    raise InputError(
-        f"k.shape={k.shape} does not match q.shape={q.shape}: batch and "
-        "head_dim must agree."
-    )
+    raise InputError(f"k.shape={k.shape} does not match q.shape={q.shape}: batch and "
+                     "head_dim must agree.")
   if heads % kv_heads:
     raise InputError(f"{kv_heads=} must divide {heads=}.")
   if tuple(lengths.shape) != (batch,) or lengths.dtype != jnp.int32:
-    raise InputError(
-        f"lengths is {lengths.dtype}{list(lengths.shape)}: give int32[{batch}]."
-    )
+    raise InputError(f"lengths is {lengths.dtype}{list(lengths.shape)}: give int32[{batch}].")
   dtypes = {str(jnp.dtype(a.dtype)) for a in (q, k, v)}
   if len(dtypes) != 1:
     raise InputError(f"q, k and v must share one dtype, got {sorted(dtypes)}.")
@@ -181,13 +176,16 @@ def _decode_kernel(
       offset = pl.multiple_of(c * block_k, block_k)
       chunk = pl.ds(offset, block_k)
       return attend_chunk(
-          q, k_ref[chunk, h, :], v_ref[chunk, h, :], start + offset, length,
-          state, scale=scale,
+          q,
+          k_ref[chunk, h, :],
+          v_ref[chunk, h, :],
+          start + offset,
+          length,
+          state,
+          scale=scale,
       )
 
-    acc, m, l = lax.fori_loop(
-        0, n_chunks, step, init_state(block_h, head_dim)
-    )
+    acc, m, l = lax.fori_loop(0, n_chunks, step, init_state(block_h, head_dim))
     if len(out_refs) == 1:
       out_refs[0][h] = (acc / l).astype(out_refs[0].dtype)
     else:
@@ -232,14 +230,17 @@ def decode_attention(
     config = autotune.choose_config(TUNABLE, (q, k, v, lengths), target)
   TUNABLE.validate(config, problem, target.rules)
   return _decode_call(
-      q, k, v, lengths, config=config, target=target,
+      q,
+      k,
+      v,
+      lengths,
+      config=config,
+      target=target,
       scale=default_scale(problem.head_dim, scale),
   )
 
 
-def _decode_call(
-    q, k, v, lengths, *, config, target: Target, scale: float | None = None
-):
+def _decode_call(q, k, v, lengths, *, config, target: Target, scale: float | None = None):
   """The pallas_call (and, with several splits, the combine)."""
   p = problem_of(q, k, v, lengths)
   scale = default_scale(p.head_dim, scale)
@@ -250,30 +251,25 @@ def _decode_call(
   qg = jnp.pad(qg, ((0, 0), (0, 0), (0, p.block_h - p.group), (0, 0)))
   grid = (p.batch, p.kv_heads // hb, config.num_splits)
   part = (p.batch, p.kv_heads, config.num_splits, p.block_h)
-  kv_spec = pl.BlockSpec(
-      (None, split_len, hb, p.head_dim), lambda b, n, s: (b, s, n, 0)
-  )
+  kv_spec = pl.BlockSpec((None, split_len, hb, p.head_dim), lambda b, n, s: (b, s, n, 0))
   part_spec = lambda last: pl.BlockSpec(  # noqa: E731
-      (None, hb, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0)
-  )
+      (None, hb, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0))
   if config.num_splits == 1:
-    out_specs = pl.BlockSpec(
-        (None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0))
-    out_shape = jax.ShapeDtypeStruct(
-        (p.batch, p.kv_heads, p.block_h, p.head_dim), q.dtype)
+    out_specs = pl.BlockSpec((None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0))
+    out_shape = jax.ShapeDtypeStruct((p.batch, p.kv_heads, p.block_h, p.head_dim), q.dtype)
   else:
     out_specs = [part_spec(p.head_dim), part_spec(1), part_spec(1)]
-    out_shape = [jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
-                 jax.ShapeDtypeStruct((*part, 1), _F32),
-                 jax.ShapeDtypeStruct((*part, 1), _F32)]
+    out_shape = [
+        jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
+        jax.ShapeDtypeStruct((*part, 1), _F32),
+        jax.ShapeDtypeStruct((*part, 1), _F32)
+    ]
   out = pl.pallas_call(
       functools.partial(_decode_kernel, block_k=config.block_k, scale=scale),
       grid=grid,
       in_specs=[
           _backend.whole_array_scalars_spec(target),
-          pl.BlockSpec(
-              (None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0)
-          ),
+          pl.BlockSpec((None, hb, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0)),
           kv_spec,
           kv_spec,
       ],
@@ -287,22 +283,20 @@ def _decode_call(
       ),
       interpret=target.interpret,
       name=OP_NAME,
-      cost_estimate=cost_estimate.attention(
-          batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, positions=p.max_len,
-          head_dim=p.head_dim, itemsize=p.itemsize),
+      cost_estimate=cost_estimate.attention(batch=p.batch, heads=p.heads, kv_heads=p.kv_heads,
+                                            positions=p.max_len, head_dim=p.head_dim,
+                                            itemsize=p.itemsize),
   )(lengths, qg, k, v)
   if config.num_splits > 1:
     out = combine_splits(*out)
-  out = out[:, :, : p.group]
+  out = out[:, :, :p.group]
   return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)
 
 
 # Configs ----------------------------------------------------------------------
 
 
-def why_invalid(
-    config: DecodeAttentionConfig, problem: DecodeProblem, rules: str
-) -> str | None:
+def why_invalid(config: DecodeAttentionConfig, problem: DecodeProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
   reason = base.why_not_positive(c)
@@ -311,15 +305,11 @@ def why_invalid(
   if p.dtype not in SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.max_len % (c.num_splits * c.block_k):
-    return (
-        f"max_len={p.max_len} must be a multiple of "
-        f"num_splits*block_k={c.num_splits * c.block_k}"
-    )
+    return (f"max_len={p.max_len} must be a multiple of "
+            f"num_splits*block_k={c.num_splits * c.block_k}")
   if p.kv_heads % c.kv_heads_per_block:
-    return (
-        f"kv_heads_per_block={c.kv_heads_per_block} must divide "
-        f"kv_heads={p.kv_heads}"
-    )
+    return (f"kv_heads_per_block={c.kv_heads_per_block} must divide "
+            f"kv_heads={p.kv_heads}")
   split_len = p.max_len // c.num_splits
   if rules == "triton":
     if not (is_power_of_two(c.block_k) and c.block_k >= MIN_DOT):
@@ -333,10 +323,8 @@ def why_invalid(
       return f"num_stages*K/V chunk bytes={smem} exceed the shared memory budget"
   elif rules == "mosaic_tpu":
     if c.kv_heads_per_block != p.kv_heads and c.kv_heads_per_block % 8:
-      return (
-          f"kv_heads_per_block={c.kv_heads_per_block} must equal "
-          f"kv_heads={p.kv_heads} or be a multiple of 8 on TPU"
-      )
+      return (f"kv_heads_per_block={c.kv_heads_per_block} must equal "
+              f"kv_heads={p.kv_heads} or be a multiple of 8 on TPU")
     if c.block_k % 128:
       return f"block_k={c.block_k} must be a multiple of 128 on TPU"
     vmem = 2 * 2 * split_len * c.kv_heads_per_block * p.head_dim * p.itemsize
@@ -361,8 +349,7 @@ def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
   p = problem
   if rules == "mosaic_tpu":
     block_k = largest_pow2_divisor(p.max_len, 512, 128)
-    first = DecodeAttentionConfig(block_k=block_k or 128,
-                                  kv_heads_per_block=p.kv_heads)
+    first = DecodeAttentionConfig(block_k=block_k or 128, kv_heads_per_block=p.kv_heads)
     splits = [2, 1, 4, 8, 16, 32, 64]
   else:
     cap = 64 if p.head_dim >= 128 else 128
@@ -374,32 +361,27 @@ def heuristic(problem: DecodeProblem, rules: str) -> DecodeAttentionConfig:
       programs = base.target_programs(rules)
       want = max(1, math.ceil(programs / (p.batch * p.kv_heads)))
       splits = base.halvings(min(next_power_of_two(want), 64))
-  return TUNABLE.first_fitting(
-      (dataclasses.replace(first, num_splits=s) for s in splits), p, rules,
-      fallback=dataclasses.replace(first, num_splits=1),
-      advice=" Allocate the cache with max_len a multiple of 128, or use "
-      "`reference`.")
+  return TUNABLE.first_fitting((dataclasses.replace(first, num_splits=s) for s in splits), p, rules,
+                               fallback=dataclasses.replace(first, num_splits=1),
+                               advice=" Allocate the cache with max_len a multiple of 128, or use "
+                               "`reference`.")
 
 
-def candidates(
-    problem: DecodeProblem, rules: str
-) -> list[DecodeAttentionConfig]:
+def candidates(problem: DecodeProblem, rules: str) -> list[DecodeAttentionConfig]:
   """The configs the autotuner tries (the heuristic first); some may not fit."""
   first = heuristic(problem, rules)
   if rules == "interpret":
     return [first]
   if rules == "mosaic_tpu":
     grid = [
-        dataclasses.replace(first, block_k=bk, num_splits=s)
-        for bk in (128, 256, 512)
+        dataclasses.replace(first, block_k=bk, num_splits=s) for bk in (128, 256, 512)
         for s in (first.num_splits, 2 * first.num_splits, 4 * first.num_splits)
     ]
   else:
     s = first.num_splits  # More splits: more programs, a longer combine.
     grid = [
         DecodeAttentionConfig(block_k=bk, num_splits=split, num_stages=st)
-        for split in sorted({s, min(64, 2 * s), min(64, 4 * s)})
-        for bk in (64, 128)
+        for split in sorted({s, min(64, 2 * s), min(64, 4 * s)}) for bk in (64, 128)
         for st in (2, 3)
     ]
   return list(dict.fromkeys([first, *grid]))

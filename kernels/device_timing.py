@@ -38,6 +38,7 @@ def chain(fn: Callable[..., Any], feed: Feed, inner: int) -> Callable[..., Any]:
   """A function running `inner` dependent calls of `fn`; returns last args."""
 
   def run(*args):
+
     def body(_, carry):
       return lax.optimization_barrier(tuple(feed(carry, fn(*carry))))
 
@@ -46,8 +47,7 @@ def chain(fn: Callable[..., Any], feed: Feed, inner: int) -> Callable[..., Any]:
   return run
 
 
-def chain_with_first(fn: Callable[..., Any], feed: Feed,
-                     inner: int) -> Callable[..., Any]:
+def chain_with_first(fn: Callable[..., Any], feed: Feed, inner: int) -> Callable[..., Any]:
   """Like `chain`, but returns (first call's output, last args).
 
   One compiled executable then serves both the correctness check (the first
@@ -96,26 +96,20 @@ def flag_first(args: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
   return (bumped, *args[1:])
 
 
-def time_chain(chained: Callable[..., Any], args: Sequence[Any], *,
-               inner: int, warmup: int = 2, repeats: int = 10,
-               clock: Clock = time.perf_counter) -> Timing:
+def time_chain(chained: Callable[..., Any], args: Sequence[Any], *, inner: int, warmup: int = 2,
+               repeats: int = 10, clock: Clock = time.perf_counter) -> Timing:
   """Per-call time of an already jitted chain of `inner` calls."""
-  timing = time_call(
-      chained, [tuple(args)], warmup=warmup, repeats=repeats, clock=clock
-  )
-  method = (
-      f"jit fori_loop chain of {inner} dependent calls, wall-clock with "
-      f"block_until_ready, median of {repeats} chains after {warmup} "
-      "warm-up, divided by the chain length"
-  )
+  timing = time_call(chained, [tuple(args)], warmup=warmup, repeats=repeats, clock=clock)
+  method = (f"jit fori_loop chain of {inner} dependent calls, wall-clock with "
+            f"block_until_ready, median of {repeats} chains after {warmup} "
+            "warm-up, divided by the chain length")
   return per_call(timing, inner, method)
 
 
 def per_call(timing: Timing, inner: int, method: str) -> Timing:
   """Divides every time of a chain's timing by its number of calls."""
   scaled = {
-      f.name: getattr(timing, f.name) / inner
-      for f in dataclasses.fields(timing)
+      f.name: getattr(timing, f.name) / inner for f in dataclasses.fields(timing)
       if f.name.endswith("_s")
   }
   return dataclasses.replace(timing, **scaled, method=method)
@@ -170,8 +164,7 @@ def time_chained(
   if inner < 1:
     raise ValueError(f"{inner=} must be >= 1")
   chained = jax.jit(chain(fn, feed, inner))
-  return time_chain(chained, args, inner=inner, warmup=warmup,
-                    repeats=repeats, clock=clock)
+  return time_chain(chained, args, inner=inner, warmup=warmup, repeats=repeats, clock=clock)
 
 
 def perturb_first(args: tuple[Any, ...], out: Any) -> tuple[Any, ...]:

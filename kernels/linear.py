@@ -37,7 +37,11 @@ from kernels import base
 from kernels import cost_estimate
 from kernels import device_timing
 from kernels._backend import (
-    MIN_DOT, Target, is_power_of_two, largest_pow2_divisor, next_power_of_two,
+    MIN_DOT,
+    Target,
+    is_power_of_two,
+    largest_pow2_divisor,
+    next_power_of_two,
 )
 
 OP_NAME = "linear"
@@ -83,29 +87,19 @@ def problem_of(x, w) -> LinearProblem:
     InputError: naming the offending argument, its value and what is allowed.
   """
   if x.ndim != 2 or w.ndim != 2:
-    raise InputError(
-        f"x.shape={x.shape}, w.shape={w.shape} are not allowed: give x (M, K) "
-        "and w (K, N)."
-    )
+    raise InputError(f"x.shape={x.shape}, w.shape={w.shape} are not allowed: give x (M, K) "
+                     "and w (K, N).")
   if x.shape[1] != w.shape[0]:
-    raise InputError(
-        f"x.shape={x.shape} and w.shape={w.shape} do not chain: x's K must "
-        "equal w's K."
-    )
+    raise InputError(f"x.shape={x.shape} and w.shape={w.shape} do not chain: x's K must "
+                     "equal w's K.")
   if x.dtype != w.dtype:
-    raise InputError(
-        f"x.dtype={x.dtype} and w.dtype={w.dtype} must be the same dtype."
-    )
-  return LinearProblem(
-      m=x.shape[0], k=x.shape[1], n=w.shape[1], dtype=jnp.dtype(x.dtype).name
-  )
+    raise InputError(f"x.dtype={x.dtype} and w.dtype={w.dtype} must be the same dtype.")
+  return LinearProblem(m=x.shape[0], k=x.shape[1], n=w.shape[1], dtype=jnp.dtype(x.dtype).name)
 
 
 def reference(x, w):
   """Plain jnp `x @ w` with float32 accumulation: the definition of correct."""
-  out = jnp.dot(
-      x, w, preferred_element_type=_F32, precision=lax.Precision.HIGHEST
-  )
+  out = jnp.dot(x, w, preferred_element_type=_F32, precision=lax.Precision.HIGHEST)
   return out.astype(x.dtype)
 
 
@@ -145,12 +139,9 @@ def _linear_kernel(
   def step(i, acc):
     offset = pl.multiple_of(i * block_k, block_k)
     w = w_ref[pl.ds(offset, block_k), :]  # (block_k, block_n)
-    return acc + jnp.dot(load_x(offset), w, precision=_EXACT,
-                         preferred_element_type=_F32)
+    return acc + jnp.dot(load_x(offset), w, precision=_EXACT, preferred_element_type=_F32)
 
-  acc = lax.fori_loop(
-      0, k_range // block_k, step, jnp.zeros((block_m, block_n), _F32)
-  )
+  acc = lax.fori_loop(0, k_range // block_k, step, jnp.zeros((block_m, block_n), _F32))
   out = acc.astype(o_ref.dtype)
   if valid_rows is None:
     o_ref[...] = out
@@ -211,21 +202,18 @@ def _linear_call(x, w, *, config: LinearConfig, target: Target):
   masked = target.platform != "tpu" and p.m < c.block_m
   if num_m * c.block_m != p.m and not masked:
     x = jnp.pad(x, ((0, num_m * c.block_m - p.m), (0, 0)))
-  tile = functools.partial(tile_of, num_m=num_m, num_n=num_n,
-                           group_m=c.group_m)
+  tile = functools.partial(tile_of, num_m=num_m, num_n=num_n, group_m=c.group_m)
   cost = cost_estimate.linear(m=p.m, k=p.k, n=p.n, itemsize=p.itemsize)
   if target.platform == "tpu":
-    out = _linear_tpu.linear_call(x, w, config=c, target=target, tile=tile,
-                                  tiles=num_m * num_n, name=OP_NAME, cost=cost)
+    out = _linear_tpu.linear_call(x, w, config=c, target=target, tile=tile, tiles=num_m * num_n,
+                                  name=OP_NAME, cost=cost)
   else:
-    out = _linear_call_gpu(x, w, config=c, target=target, tile=tile,
-                           tiles=num_m * num_n,
+    out = _linear_call_gpu(x, w, config=c, target=target, tile=tile, tiles=num_m * num_n,
                            valid_rows=p.m if masked else None, cost=cost)
-  return out[: p.m]
+  return out[:p.m]
 
 
-def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows,
-                     cost: pl.CostEstimate):
+def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows, cost: pl.CostEstimate):
   """Triton structure: a K loop inside each program; split-K as a grid axis.
 
   `valid_rows`: x's rows when fewer than one tile (masked, not padded); `cost`:
@@ -248,8 +236,7 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows,
     out_spec = pl.BlockSpec((c.block_m, c.block_n), o_index)
   grid = (tiles, c.split_k)
   out = pl.pallas_call(
-      functools.partial(_linear_kernel, block_k=c.block_k,
-                        valid_rows=valid_rows),
+      functools.partial(_linear_kernel, block_k=c.block_k, valid_rows=valid_rows),
       grid=grid,
       in_specs=[
           pl.BlockSpec((c.block_m, k_range), lambda t, s: (tile(t)[0], s)),
@@ -275,9 +262,7 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows,
 # Configs ----------------------------------------------------------------------
 
 
-def why_invalid(
-    config: LinearConfig, problem: LinearProblem, rules: str
-) -> str | None:
+def why_invalid(config: LinearConfig, problem: LinearProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
   reason = base.why_not_positive(c)
@@ -286,10 +271,8 @@ def why_invalid(
   if p.dtype not in SUPPORTED_DTYPES:
     return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.k % (c.split_k * c.block_k):
-    return (
-        f"K={p.k} must be a multiple of split_k*block_k="
-        f"{c.split_k * c.block_k}"
-    )
+    return (f"K={p.k} must be a multiple of split_k*block_k="
+            f"{c.split_k * c.block_k}")
   if p.n % c.block_n:
     return f"N={p.n} must be a multiple of block_n={c.block_n}"
   if rules == "triton":
@@ -313,11 +296,8 @@ def why_invalid(
       return f"block_n={c.block_n} must be a multiple of 128 or N on TPU"
     if c.block_k % 128 and c.block_k != p.k:
       return f"block_k={c.block_k} must be a multiple of 128 or K on TPU"
-    vmem = (
-        2 * (c.block_m * c.block_k + c.block_k * c.block_n) * p.itemsize
-        + 2 * c.block_m * c.block_n * p.itemsize
-        + c.block_m * c.block_n * 4
-    )
+    vmem = (2 * (c.block_m * c.block_k + c.block_k * c.block_n) * p.itemsize +
+            2 * c.block_m * c.block_n * p.itemsize + c.block_m * c.block_n * 4)
     if vmem > _backend.TPU_VMEM_BUDGET_BYTES:
       return f"double-buffered blocks ({vmem} bytes) exceed the VMEM budget"
   return None
@@ -344,22 +324,28 @@ def heuristic(problem: LinearProblem, rules: str) -> LinearConfig:
         block_n=largest_pow2_divisor(p.n, 512, 128) or p.n,
         block_k=largest_pow2_divisor(p.k, 1024, 128) or p.k,
     )
-    return TUNABLE.first_fitting([first], p, rules, fallback=first,
-                                 advice=_ADVICE)
+    return TUNABLE.first_fitting([first], p, rules, fallback=first, advice=_ADVICE)
   block_n_cap, block_k_cap = (64, 128) if p.m <= DECODE_MAX_ROWS else (128, 64)
   block_n = largest_pow2_divisor(p.n, block_n_cap, MIN_DOT) or MIN_DOT
   block_k = largest_pow2_divisor(p.k, block_k_cap, MIN_DOT) or MIN_DOT
   if p.m <= DECODE_MAX_ROWS:
     first = LinearConfig(
-        block_m=max(MIN_DOT, next_power_of_two(p.m)), block_n=block_n,
-        block_k=block_k, num_warps=4, num_stages=4,
+        block_m=max(MIN_DOT, next_power_of_two(p.m)),
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=4,
+        num_stages=4,
     )
     want = max(1, math.ceil(base.target_programs(rules) / (p.n // block_n)))
     splits = [min(16, next_power_of_two(want))]
   else:
     first = LinearConfig(
-        block_m=128 if p.m >= 128 else 64, block_n=block_n, block_k=block_k,
-        group_m=8, num_warps=8 if block_n >= 128 else 4, num_stages=3,
+        block_m=128 if p.m >= 128 else 64,
+        block_n=block_n,
+        block_k=block_k,
+        group_m=8,
+        num_warps=8 if block_n >= 128 else 4,
+        num_stages=3,
     )
     splits = [1]
   if rules == "interpret":
@@ -367,9 +353,8 @@ def heuristic(problem: LinearProblem, rules: str) -> LinearConfig:
   splits = base.halvings(splits[0])
   if p.m <= SMALL_ROWS and rules == "triton":
     splits = [1, *splits]
-  return TUNABLE.first_fitting(
-      (dataclasses.replace(first, split_k=s) for s in splits), p, rules,
-      fallback=dataclasses.replace(first, split_k=1), advice=_ADVICE)
+  return TUNABLE.first_fitting((dataclasses.replace(first, split_k=s) for s in splits), p, rules,
+                               fallback=dataclasses.replace(first, split_k=1), advice=_ADVICE)
 
 
 def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
@@ -380,27 +365,28 @@ def candidates(problem: LinearProblem, rules: str) -> list[LinearConfig]:
   if rules == "mosaic_tpu":
     grid = [
         dataclasses.replace(first, block_m=bm, block_n=bn, block_k=bk)
-        for bm in sorted({first.block_m, min(first.block_m, 256)})
-        for bn in (256, 512)
+        for bm in sorted({first.block_m, min(first.block_m, 256)}) for bn in (256, 512)
         for bk in (512, 1024)
     ]
   elif problem.m <= DECODE_MAX_ROWS:
     grid = [  # Without split-K there is no partial-sum epilogue to pay.
         dataclasses.replace(first, block_n=bn, block_k=bk, split_k=split,
-                            num_stages=4 if bk == 128 else 3)
-        for bn in (32, 64, 128)
-        for bk in (128, 256)
-        for split in (1, first.split_k)
+                            num_stages=4 if bk == 128 else 3) for bn in (32, 64, 128)
+        for bk in (128, 256) for split in (1, first.split_k)
     ]
   else:
     shapes = [  # (block_m, block_n, block_k, num_warps, num_stages)
-        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-        (256, 128, 64, 8, 3), (64, 256, 64, 4, 4), (128, 128, 32, 4, 4),
-        (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+        (128, 128, 64, 8, 3),
+        (128, 128, 64, 4, 4),
+        (128, 256, 64, 8, 3),
+        (256, 128, 64, 8, 3),
+        (64, 256, 64, 4, 4),
+        (128, 128, 32, 4, 4),
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
     ]
     grid = [
-        dataclasses.replace(first, block_m=bm, block_n=bn, block_k=bk,
-                            num_warps=nw, num_stages=ns)
+        dataclasses.replace(first, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns)
         for bm, bn, bk, nw, ns in shapes
     ]
   return list(dict.fromkeys([first, *grid]))

@@ -91,42 +91,35 @@ class PagedProblem:
 def problem_of(q, k_pages, v_pages, block_tables, lengths) -> PagedProblem:
   """Checks shapes and dtypes of a call and describes it."""
   if k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
-    raise InputError(
-        f"k_pages.shape={k_pages.shape}, v_pages.shape={v_pages.shape}: give "
-        "both as (num_pages, page_size, kv_heads, head_dim)."
-    )
+    raise InputError(f"k_pages.shape={k_pages.shape}, v_pages.shape={v_pages.shape}: give "
+                     "both as (num_pages, page_size, kv_heads, head_dim).")
   num_pages, page_size, kv_heads, head_dim = k_pages.shape
   if q.ndim != 3 or q.shape[2] != head_dim:
-    raise InputError(
-        f"q.shape={q.shape} is not allowed: give (batch, heads, {head_dim})."
-    )
+    raise InputError(f"q.shape={q.shape} is not allowed: give (batch, heads, {head_dim}).")
   batch, heads, _ = q.shape
   if heads % kv_heads:
     raise InputError(f"{kv_heads=} must divide {heads=}.")
-  if block_tables.ndim != 2 or block_tables.shape[0] != batch or (
-      block_tables.dtype != jnp.int32):
-    raise InputError(
-        f"block_tables is {block_tables.dtype}{list(block_tables.shape)}: "
-        f"give int32[{batch}, pages_per_seq]."
-    )
+  if block_tables.ndim != 2 or block_tables.shape[0] != batch or (block_tables.dtype != jnp.int32):
+    raise InputError(f"block_tables is {block_tables.dtype}{list(block_tables.shape)}: "
+                     f"give int32[{batch}, pages_per_seq].")
   if tuple(lengths.shape) != (batch,) or lengths.dtype != jnp.int32:
-    raise InputError(
-        f"lengths is {lengths.dtype}{list(lengths.shape)}: give int32[{batch}]."
-    )
+    raise InputError(f"lengths is {lengths.dtype}{list(lengths.shape)}: give int32[{batch}].")
   dtypes = {str(jnp.dtype(a.dtype)) for a in (q, k_pages, v_pages)}
   if len(dtypes) != 1:
-    raise InputError(
-        f"q, k_pages and v_pages must share one dtype, got {sorted(dtypes)}."
-    )
+    raise InputError(f"q, k_pages and v_pages must share one dtype, got {sorted(dtypes)}.")
   return PagedProblem(
-      batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-      num_pages=num_pages, page_size=page_size,
-      pages_per_seq=block_tables.shape[1], dtype=dtypes.pop(),
+      batch=batch,
+      heads=heads,
+      kv_heads=kv_heads,
+      head_dim=head_dim,
+      num_pages=num_pages,
+      page_size=page_size,
+      pages_per_seq=block_tables.shape[1],
+      dtype=dtypes.pop(),
   )
 
 
-def check_block_tables(block_tables, lengths, num_pages: int,
-                       page_size: int) -> None:
+def check_block_tables(block_tables, lengths, num_pages: int, page_size: int) -> None:
   """Checks every live page index is in 0..num_pages-1, when values are known.
 
   Live: the first ceil(lengths[b] / page_size) entries of row b, the pages
@@ -138,36 +131,33 @@ def check_block_tables(block_tables, lengths, num_pages: int,
   try:
     tables = np.asarray(block_tables)
     lens = np.asarray(lengths)
-  except (jax.errors.TracerArrayConversionError,
-          jax.errors.ConcretizationTypeError):
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
     return  # Traced under jit: the values are not known yet.
   live = np.arange(tables.shape[1])[None, :] * page_size < lens[:, None]
   bad = np.argwhere(live & ((tables < 0) | (tables >= num_pages)))
   if bad.size:
     b, i = (int(n) for n in bad[0])
-    raise InputError(
-        f"block_tables[{b}, {i}]={int(tables[b, i])} is not allowed: the "
-        f"first ceil(lengths[{b}]/page_size) = "
-        f"{-(-int(lens[b]) // page_size)} page indices of sequence {b} must "
-        f"be in 0..{num_pages - 1} (num_pages={num_pages})."
-    )
+    raise InputError(f"block_tables[{b}, {i}]={int(tables[b, i])} is not allowed: the "
+                     f"first ceil(lengths[{b}]/page_size) = "
+                     f"{-(-int(lens[b]) // page_size)} page indices of sequence {b} must "
+                     f"be in 0..{num_pages - 1} (num_pages={num_pages}).")
 
 
 def gather_pages(pages, block_tables):
   """(num_pages, page_size, n, d) -> (batch, pages_per_seq*page_size, n, d)."""
   batch, pages_per_seq = block_tables.shape
   _, page_size, kv_heads, head_dim = pages.shape
-  return pages[block_tables].reshape(
-      batch, pages_per_seq * page_size, kv_heads, head_dim
-  )
+  return pages[block_tables].reshape(batch, pages_per_seq * page_size, kv_heads, head_dim)
 
 
-def reference(q, k_pages, v_pages, block_tables, lengths, *,
-              scale: float | None = None):
+def reference(q, k_pages, v_pages, block_tables, lengths, *, scale: float | None = None):
   """Gathers each sequence's pages, then the contiguous reference."""
   return decode_attention.reference(
-      q, gather_pages(k_pages, block_tables),
-      gather_pages(v_pages, block_tables), lengths, scale=scale,
+      q,
+      gather_pages(k_pages, block_tables),
+      gather_pages(v_pages, block_tables),
+      lengths,
+      scale=scale,
   )
 
 
@@ -197,13 +187,16 @@ def _paged_kernel(
   def step(i, state):
     page = jnp.clip(tables_ref[b, first_page + i], 0, num_pages - 1)
     return _attention.attend_chunk(
-        q, k_ref[page], v_ref[page], start + i * page_size, length, state,
+        q,
+        k_ref[page],
+        v_ref[page],
+        start + i * page_size,
+        length,
+        state,
         scale=scale,
     )
 
-  acc, m, l = lax.fori_loop(
-      0, n_pages, step, _attention.init_state(q.shape[0], head_dim)
-  )
+  acc, m, l = lax.fori_loop(0, n_pages, step, _attention.init_state(q.shape[0], head_dim))
   o_ref[...] = acc
   m_ref[...] = m
   l_ref[...] = l
@@ -228,8 +221,7 @@ def paged_decode_attention(
   """
   problem = problem_of(q, k_pages, v_pages, block_tables, lengths)
   _attention.check_lengths(lengths, problem.max_len)
-  check_block_tables(block_tables, lengths, problem.num_pages,
-                     problem.page_size)
+  check_block_tables(block_tables, lengths, problem.num_pages, problem.page_size)
   target = _backend.resolve_target(platform, interpret)
   args = (q, k_pages, v_pages, block_tables, lengths)
   if config is None:
@@ -238,8 +230,8 @@ def paged_decode_attention(
   return _paged_call(*args, config=config, target=target, scale=scale)
 
 
-def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
-                target: Target, scale: float | None = None):
+def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config, target: Target,
+                scale: float | None = None):
   """The pallas_call and the combine, for a validated config."""
   p = problem_of(q, k_pages, v_pages, block_tables, lengths)
   scale = _attention.default_scale(p.head_dim, scale)
@@ -252,8 +244,7 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
       lambda b, n, s: (0, 0, n, 0),
   )
   part_spec = lambda last: pl.BlockSpec(  # noqa: E731
-      (None, None, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0)
-  )
+      (None, None, None, p.block_h, last), lambda b, n, s: (b, n, s, 0, 0))
   scalars = _backend.whole_array_scalars_spec(target)
   o, m, l = pl.pallas_call(
       functools.partial(
@@ -265,13 +256,12 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
       in_specs=[
           scalars,
           scalars,
-          pl.BlockSpec(
-              (None, None, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0)
-          ),
+          pl.BlockSpec((None, None, p.block_h, p.head_dim), lambda b, n, s: (b, n, 0, 0)),
           pool_spec,
           pool_spec,
       ],
-      out_specs=[part_spec(p.head_dim), part_spec(1), part_spec(1)],
+      out_specs=[part_spec(p.head_dim), part_spec(1),
+                 part_spec(1)],
       out_shape=[
           jax.ShapeDtypeStruct((*part, p.head_dim), _F32),
           jax.ShapeDtypeStruct((*part, 1), _F32),
@@ -285,16 +275,15 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config,
       ),
       interpret=target.interpret,
       name=OP_NAME,
-      cost_estimate=cost_estimate.attention(
-          batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, positions=p.max_len,
-          head_dim=p.head_dim, itemsize=jnp.dtype(p.dtype).itemsize),
+      cost_estimate=cost_estimate.attention(batch=p.batch, heads=p.heads, kv_heads=p.kv_heads,
+                                            positions=p.max_len, head_dim=p.head_dim,
+                                            itemsize=jnp.dtype(p.dtype).itemsize),
   )(block_tables, lengths, qg, k_pages, v_pages)
-  out = _attention.combine_splits(o, m, l)[:, :, : p.group]
+  out = _attention.combine_splits(o, m, l)[:, :, :p.group]
   return out.reshape(p.batch, p.heads, p.head_dim).astype(q.dtype)
 
 
-def why_invalid(config: PagedAttentionConfig, problem: PagedProblem,
-                rules: str) -> str | None:
+def why_invalid(config: PagedAttentionConfig, problem: PagedProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
   reason = base.why_not_positive(c)
@@ -305,10 +294,8 @@ def why_invalid(config: PagedAttentionConfig, problem: PagedProblem,
   if rules == "mosaic_tpu":
     return "paged decode attention has no TPU kernel in jaxroof"
   if p.pages_per_seq % c.num_splits:
-    return (
-        f"num_splits={c.num_splits} must divide "
-        f"pages_per_seq={p.pages_per_seq}"
-    )
+    return (f"num_splits={c.num_splits} must divide "
+            f"pages_per_seq={p.pages_per_seq}")
   if rules == "triton":
     if not (is_power_of_two(p.page_size) and p.page_size >= MIN_DOT):
       return f"page_size={p.page_size} must be a power of two >= 16 for Triton"
@@ -325,11 +312,9 @@ def heuristic(problem: PagedProblem, rules: str) -> PagedAttentionConfig:
   first = 2
   if rules == "triton":
     programs = base.target_programs(rules)
-    first = min(64, next_power_of_two(
-        max(1, math.ceil(programs / (p.batch * p.kv_heads)))))
-  return TUNABLE.first_fitting(
-      (PagedAttentionConfig(num_splits=s) for s in base.halvings(first)), p,
-      rules, fallback=PagedAttentionConfig())
+    first = min(64, next_power_of_two(max(1, math.ceil(programs / (p.batch * p.kv_heads)))))
+  return TUNABLE.first_fitting((PagedAttentionConfig(num_splits=s) for s in base.halvings(first)),
+                               p, rules, fallback=PagedAttentionConfig())
 
 
 def candidates(problem: PagedProblem, rules: str) -> list[PagedAttentionConfig]:
@@ -342,15 +327,12 @@ def candidates(problem: PagedProblem, rules: str) -> list[PagedAttentionConfig]:
   s = first.num_splits
   grid = [
       PagedAttentionConfig(num_splits=split, num_stages=stages, num_warps=w)
-      for split in sorted({max(1, s // 2), s, 2 * s})
-      for stages in (2, 3)
-      for w in (4,)
+      for split in sorted({max(1, s // 2), s, 2 * s}) for stages in (2, 3) for w in (4,)
   ]
   return list(dict.fromkeys([first, *grid]))
 
 
-def example_args(problem: PagedProblem, key: jax.Array, *,
-                 lengths: str = "full"):
+def example_args(problem: PagedProblem, key: jax.Array, *, lengths: str = "full"):
   """Random inputs: a shuffled page pool, each page used at most once.
 
   `lengths` is "full" or "ragged", as for `decode_attention.example_lengths`.
@@ -364,9 +346,7 @@ def example_args(problem: PagedProblem, key: jax.Array, *,
   v_pages = jax.random.normal(kv, shape, dtype)
   needed = p.batch * p.pages_per_seq
   if needed > p.num_pages:
-    raise InputError(
-        f"num_pages={p.num_pages} is too few for batch*pages_per_seq={needed}."
-    )
+    raise InputError(f"num_pages={p.num_pages} is too few for batch*pages_per_seq={needed}.")
   order = jax.random.permutation(kt, p.num_pages)[:needed]
   tables = order.reshape(p.batch, p.pages_per_seq).astype(jnp.int32)
   lens = _attention.example_lengths(kl, p.batch, p.max_len, lengths)
@@ -384,8 +364,7 @@ def with_ragged_lengths(args, key: jax.Array):
 def _chain_feed(args, out):
   """As for contiguous decode: q from the output, one pool element rewritten."""
   q, k_pages, v_pages, tables, lengths = args
-  return (out, device_timing.poke(k_pages, out),
-          device_timing.poke(v_pages, out), tables, lengths)
+  return (out, device_timing.poke(k_pages, out), device_timing.poke(v_pages, out), tables, lengths)
 
 
 TUNABLE = autotune.TunableOp(

@@ -45,7 +45,5 @@ def assert_close(out, expected, *, rtol: float, atol: float, what: str) -> None:
   allowed = atol + rtol * np.abs(b)
   if (err > allowed).any():
     worst = np.unravel_index(np.argmax(err - allowed), err.shape)
-    raise AssertionError(
-        f"{what}: max abs error {err.max():.3g} (at {tuple(map(int, worst))}: "
-        f"{a[worst]:.6g} vs {b[worst]:.6g}); rtol={rtol}, atol={atol}"
-    )
+    raise AssertionError(f"{what}: max abs error {err.max():.3g} (at {tuple(map(int, worst))}: "
+                         f"{a[worst]:.6g} vs {b[worst]:.6g}); rtol={rtol}, atol={atol}")

@@ -59,13 +59,12 @@ def _names_an_experiment(node: ast.AST) -> bool:
     return bool(_EXPERIMENT_MODULE.match(node.value))
   if isinstance(node, ast.JoinedStr) and node.values:
     first = node.values[0]
-    return (isinstance(first, ast.Constant) and isinstance(first.value, str)
-            and bool(_EXPERIMENT_MODULE.match(first.value)))
+    return (isinstance(first, ast.Constant) and isinstance(first.value, str) and
+            bool(_EXPERIMENT_MODULE.match(first.value)))
   return False
 
 
-def runs_an_experiment(func: Callable, owner: type | None = None,
-                       seen: set | None = None) -> bool:
+def runs_an_experiment(func: Callable, owner: type | None = None, seen: set | None = None) -> bool:
   """Whether `func`, or a function of its module (or method of `owner`) it calls, names an
   experiment module: how a test starts one (`[sys.executable, "-m", "experiments.x"]`)."""
   seen = set() if seen is None else seen
@@ -85,12 +84,12 @@ def runs_an_experiment(func: Callable, owner: type | None = None,
     callee = None
     if isinstance(node.func, ast.Name):
       callee = func.__globals__.get(node.func.id)
-    elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-          and node.func.value.id in ("self", "cls") and owner is not None):
+    elif (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and
+          node.func.value.id in ("self", "cls") and owner is not None):
       callee = getattr(owner, node.func.attr, None)
-    if (inspect.isfunction(getattr(callee, "__func__", callee))
-        and getattr(callee, "__module__", None) == func.__module__
-        and runs_an_experiment(callee, owner, seen)):
+    if (inspect.isfunction(getattr(callee, "__func__", callee)) and
+        getattr(callee, "__module__", None) == func.__module__ and
+        runs_an_experiment(callee, owner, seen)):
       return True
   return False
 
@@ -99,8 +98,7 @@ def _fixture_functions(item: pytest.Item) -> list[Callable]:
   info = getattr(item, "_fixtureinfo", None)
   if info is None:
     return []
-  return [defs[-1].func for name in item.fixturenames
-          if (defs := info.name2fixturedefs.get(name))]
+  return [defs[-1].func for name in item.fixturenames if (defs := info.name2fixturedefs.get(name))]
 
 
 def kind_of(item: pytest.Item) -> str:
@@ -111,8 +109,8 @@ def kind_of(item: pytest.Item) -> str:
   by_file = FILE_KINDS.get(item.path.name)
   if by_file:
     return by_file
-  if item.get_closest_marker("slow") or (
-      (item.path.name, getattr(item, "originalname", item.name)) in E2E_TESTS):
+  if item.get_closest_marker("slow") or ((item.path.name, getattr(item, "originalname", item.name))
+                                         in E2E_TESTS):
     return "e2e"
   func = getattr(item, "function", None)
   owner = getattr(item, "cls", None)

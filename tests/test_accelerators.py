@@ -14,15 +14,18 @@ from jaxroof.specs import what_if
 from jaxroof.specs.accelerators import TABLE, known_accelerators, load_accelerator, load_accelerators
 from jaxroof.errors import InputError
 
-REQUIRED = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l4", "l40s",
-            "rtx-4090", "mi250x", "mi300x", "mi325x", "mi355x", "tpu-v4", "tpu-v5e",
-            "tpu-v5p", "tpu-v6e", "gaudi3", "trainium2"}
+REQUIRED = {
+    "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l4", "l40s", "rtx-4090",
+    "mi250x", "mi300x", "mi325x", "mi355x", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "gaudi3",
+    "trainium2"
+}
 
-FACTS_RIDGE = {"rtx-4090": 164, "mi250x": 117, "a100-80gb": 153, "a100-40gb": 201,
-               "tpu-v5p": 166, "h200": 206, "mi325x": 218, "tpu-v4": 229, "trainium2": 230,
-               "tpu-v5e": 240, "mi300x": 247, "b200": 281, "h100-sxm": 295, "gb200": 312.5,
-               "mi355x": 312.5, "tpu7x": 313, "h100-pcie": 378, "l4": 403, "l40s": 419,
-               "gaudi3": 500, "tpu-v6e": 560}
+FACTS_RIDGE = {
+    "rtx-4090": 164, "mi250x": 117, "a100-80gb": 153, "a100-40gb": 201, "tpu-v5p": 166, "h200": 206,
+    "mi325x": 218, "tpu-v4": 229, "trainium2": 230, "tpu-v5e": 240, "mi300x": 247, "b200": 281,
+    "h100-sxm": 295, "gb200": 312.5, "mi355x": 312.5, "tpu7x": 313, "h100-pcie": 378, "l4": 403,
+    "l40s": 419, "gaudi3": 500, "tpu-v6e": 560
+}
 
 
 def test_required_slugs_are_lowercase_and_shipped():
@@ -38,14 +41,14 @@ def test_ridge_points_match_the_research_notes(slug, ridge):
 def test_every_figure_has_a_source():
   entries = json.loads(TABLE.read_text())["accelerators"]
   for slug, e in entries.items():
-    for field in ("memory_capacity_gb", "memory_bandwidth_tb_s", "dense_tflops",
-                  "on_chip", "interconnect", "tdp_w"):
+    for field in ("memory_capacity_gb", "memory_bandwidth_tb_s", "dense_tflops", "on_chip",
+                  "interconnect", "tdp_w"):
       assert e["sources"].get(field), f"{slug}: no source for {field}"
     assert e["dense_tflops"]["bf16"] > 0 and e["on_chip"] and e["interconnect"]["type"]
 
 
-@pytest.mark.parametrize("slug, sparse_bf16", [
-    ("h100-sxm", 1978.9), ("h200", 1978.9), ("l4", 242), ("b200", 4500)])
+@pytest.mark.parametrize("slug, sparse_bf16", [("h100-sxm", 1978.9), ("h200", 1978.9), ("l4", 242),
+                                               ("b200", 4500)])
 def test_nvidia_figures_are_dense_not_sparse(slug, sparse_bf16):
   assert load_accelerator(slug).flops_per_s["bf16"] == pytest.approx(sparse_bf16 / 2 * 1e12,
                                                                      rel=0.01)
@@ -83,11 +86,20 @@ def test_compute_dtype_falls_back_to_bf16_without_a_native_path():
 #   tpu7x FP8 4614: cloud.google.com/tpu/docs/tpu7x.
 #   gaudi3 FP8 1835: Intel Hot Chips 2024 Gaudi 3 slides (BF16/FP8 matrix 1835).
 DATASHEET_LOW_PRECISION = [
-    ("b200", "nvfp4", 9000), ("b200", "mxfp4", 9000), ("b200", "fp8", 4500),
-    ("gb200", "nvfp4", 10000), ("gb200", "mxfp4", 1440e3 / 72 / 2),
-    ("gb200", "fp8", 5000), ("mi355x", "mxfp4", 10100), ("mi355x", "fp8", 5000),
-    ("h100-sxm", "fp8", 3958 / 2), ("h200", "fp8", 3958 / 2), ("mi300x", "fp8", 2614.9),
-    ("tpu7x", "fp8", 4614), ("gaudi3", "fp8", 1835), ("trainium2", "fp8", 1299),
+    ("b200", "nvfp4", 9000),
+    ("b200", "mxfp4", 9000),
+    ("b200", "fp8", 4500),
+    ("gb200", "nvfp4", 10000),
+    ("gb200", "mxfp4", 1440e3 / 72 / 2),
+    ("gb200", "fp8", 5000),
+    ("mi355x", "mxfp4", 10100),
+    ("mi355x", "fp8", 5000),
+    ("h100-sxm", "fp8", 3958 / 2),
+    ("h200", "fp8", 3958 / 2),
+    ("mi300x", "fp8", 2614.9),
+    ("tpu7x", "fp8", 4614),
+    ("gaudi3", "fp8", 1835),
+    ("trainium2", "fp8", 1299),
 ]
 
 
@@ -98,10 +110,11 @@ def test_low_precision_weights_run_at_the_datasheet_rate(slug, weight_dtype, tfl
   assert device.flops(weight_dtype) == pytest.approx(tflops * 1e12, rel=0.002)
 
 
-@pytest.mark.parametrize("slug, weight_dtype", [
-    ("a100-80gb", "fp8"), ("a100-40gb", "fp8"), ("mi250x", "fp8"), ("tpu-v5e", "fp8"),
-    ("h100-sxm", "mxfp4"), ("h200", "nvfp4"), ("mi300x", "mxfp4"), ("mi355x", "nvfp4"),
-    ("tpu7x", "nvfp4"), ("l40s", "mxfp4")])
+@pytest.mark.parametrize("slug, weight_dtype", [("a100-80gb", "fp8"), ("a100-40gb", "fp8"),
+                                                ("mi250x", "fp8"), ("tpu-v5e", "fp8"),
+                                                ("h100-sxm", "mxfp4"), ("h200", "nvfp4"),
+                                                ("mi300x", "mxfp4"), ("mi355x", "nvfp4"),
+                                                ("tpu7x", "nvfp4"), ("l40s", "mxfp4")])
 def test_formats_without_a_datapath_fall_back_to_bf16_and_say_so(slug, weight_dtype):
   """No published rate (Ampere/CDNA2 lack FP8; only Blackwell has NVFP4, only
   Blackwell and CDNA4 have MXFP4): the bf16 rate, labelled as a fallback."""

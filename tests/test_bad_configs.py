@@ -16,9 +16,8 @@ from jaxroof.specs import models
 from jaxroof.specs.models import MODELS_DIR
 
 BASE = json.loads((MODELS_DIR / "mixtral-8x7b.json").read_text())
-SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "intermediate_size", "vocab_size",
-               "num_local_experts", "num_experts_per_tok")
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "vocab_size", "num_local_experts", "num_experts_per_tok")
 
 
 def _load(tmp_path, text: str | bytes, name="config.json"):
@@ -30,9 +29,9 @@ def _load(tmp_path, text: str | bytes, name="config.json"):
 
 bad_sizes = st.one_of(
     st.integers(max_value=0), st.integers(min_value=10**12, max_value=10**400),
-    st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not (
-        math.isfinite(x) and x == int(x) and 1 <= x <= 10**9)),
-    st.text(max_size=5), st.lists(st.integers(), max_size=2), st.booleans())
+    st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not (math.isfinite(
+        x) and x == int(x) and 1 <= x <= 10**9)), st.text(max_size=5),
+    st.lists(st.integers(), max_size=2), st.booleans())
 
 
 @settings(max_examples=60, deadline=None)

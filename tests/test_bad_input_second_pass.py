@@ -49,6 +49,7 @@ def _config(tmp_path, shipped: str, drop: str) -> str:
 
 # Real defects.
 
+
 def test_measure_ops_with_no_attention_point_is_one_line():
   proc = run("measure_ops", "--contexts=128", "--max_tokens=1", "--decode_rows=1",
              "--prefill_rows=2", "--d_in=8", "--d_out=8", "--repeats=1")
@@ -57,8 +58,7 @@ def test_measure_ops_with_no_attention_point_is_one_line():
 
 def test_decode_equivalence_refuses_work_and_memory_before_allocating():
   with pytest.raises(errors.InputError, match=r"700,000 block passes"):
-    check.require_feasible(LESSON.__class__(**{**LESSON.__dict__, "num_blocks": 100_000}),
-                           3, 2)
+    check.require_feasible(LESSON.__class__(**{**LESSON.__dict__, "num_blocks": 100_000}), 3, 2)
   with pytest.raises(errors.InputError, match=r"attention scores .* over the 4 GB limit"):
     check.require_feasible(LESSON, 100_000, 2)
   check.require_feasible(LESSON, 3, 2)  # The lesson's check is allowed.
@@ -83,11 +83,11 @@ def test_long_terminal_tables_are_capped():
 
 # Accepted although the input was wrong.
 
+
 @pytest.mark.parametrize("experiment, flags, needle", [
     ("batch_sweep", ("--model=", "--accelerator=h100-sxm", "--context=4096"), "--model=''"),
     ("batch_sweep", ("--accelerator=",), "--accelerator=''"),
-    ("kv_sizing", ("--model=llama-3-8b", "--context=4096", "--accelerator="),
-     "--accelerator=''"),
+    ("kv_sizing", ("--model=llama-3-8b", "--context=4096", "--accelerator="), "--accelerator=''"),
     ("calibrate", ("--from_csv=", "--accelerator=h100-sxm"), "--from_csv=''"),
 ])
 def test_an_empty_flag_value_is_an_error(experiment, flags, needle):
@@ -95,8 +95,9 @@ def test_an_empty_flag_value_is_an_error(experiment, flags, needle):
 
 
 def test_batch_sweep_refuses_layers_with_a_model():
-  one_error_line(run("batch_sweep", "--model=llama-3-8b", "--accelerator=h100-sxm",
-                     "--context=4096", "--layers=32"), "--layers")
+  one_error_line(
+      run("batch_sweep", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=4096",
+          "--layers=32"), "--layers")
 
 
 def test_a_profile_with_an_unknown_dtype_is_refused(tmp_path):
@@ -105,8 +106,8 @@ def test_a_profile_with_an_unknown_dtype_is_refused(tmp_path):
   data["dtype"] = "float8"
   path = tmp_path / "p.json"
   path.write_text(json.dumps(data))
-  one_error_line(run("batch_sweep", f"--profile={path}", "--batch_sizes=1"),
-                 "dtype='float8'", "float32")
+  one_error_line(run("batch_sweep", f"--profile={path}", "--batch_sizes=1"), "dtype='float8'",
+                 "float32")
 
 
 @pytest.mark.parametrize("budget", ["-1", "0"])
@@ -115,6 +116,7 @@ def test_autotune_refuses_a_budget_of_zero_or_less(budget):
 
 
 # Silent defaults in a user's config.json.
+
 
 def test_a_missing_kv_heads_field_is_said_and_in_the_json(tmp_path):
   config = _config(tmp_path, "llama-3-8b", "num_key_value_heads")
@@ -146,6 +148,7 @@ def test_a_missing_experts_per_token_field_is_recorded(tmp_path):
 
 # Smaller points.
 
+
 def test_a_context_beyond_the_model_is_a_labelled_warning(tmp_path):
   out = tmp_path / "kv.json"
   proc = run("kv_sizing", "--model=llama-3-8b", "--context=200000", f"--json_out={out}")
@@ -169,6 +172,7 @@ def test_crossovers_say_overflow_and_name_the_inputs(tmp_path):
 
 # The fuzz tier covers every flag an experiment takes.
 
+
 def test_fuzz_cases_cover_shared_flags_and_empty_strings():
   code = ("import sys; sys.argv = ['x']; import importlib; "
           "from experiments import _fuzzing as f; "
@@ -176,8 +180,8 @@ def test_fuzz_cases_cover_shared_flags_and_empty_strings():
           "cases = f.cases_for('experiments.batch_sweep'); "
           "print(sorted({c.args[-1].split('=')[0] for c in cases})); "
           "print([c.must_refuse for c in cases if c.kind == 'string:empty'])")
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
   assert proc.returncode == 0, proc.stderr
   names, refuse = proc.stdout.strip().splitlines()
   for flag in ("--model", "--accelerator", "--accelerator_file", "--tp", "--layers"):
@@ -185,10 +189,12 @@ def test_fuzz_cases_cover_shared_flags_and_empty_strings():
   assert "False" not in refuse and "True" in refuse
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (("--slots=100000",), "GB"),  # Was killed by the kernel at ~22 GB.
-    (("--prompt_tokens=10000000",), "prompt lengths"),  # Was a JAX out-of-memory traceback.
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (("--slots=100000",), "GB"),  # Was killed by the kernel at ~22 GB.
+        (("--prompt_tokens=10000000",), "prompt lengths"),  # Was a JAX out-of-memory traceback.
+    ])
 def test_serve_toy_refuses_loads_beyond_the_machine_before_allocating(flags, needle):
   one_error_line(run("serve_toy", "--num_requests=4", *flags, timeout=60), needle)
 
@@ -200,17 +206,19 @@ def test_bench_simulate_caps_requests_like_simulate():
 
 def test_bench_decode_refuses_a_billion_blocks_at_once():
   # Was silent past the timeout: the memory estimate traced every block.
-  one_error_line(run("bench_decode", "--preset=lesson", "--blocks=1000000000",
-                     "--new_tokens=2", "--prompt_len=8", timeout=60), "block passes")
+  one_error_line(
+      run("bench_decode", "--preset=lesson", "--blocks=1000000000", "--new_tokens=2",
+          "--prompt_len=8", timeout=60), "block passes")
 
 
 def test_heldout_model_without_heldout_runs_is_refused():
   """Found by the long fuzz run: the flag was silently ignored."""
   fixture = os.path.join(ROOT, "tests", "data", "vllm_cpu_detailed_fixture.json")
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={fixture}",
-       "--model=tinyllama-1.1b", "--accelerator=h100-sxm", "--max_simulations=10",
-       "--heldout_model=-5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={fixture}",
+      "--model=tinyllama-1.1b", "--accelerator=h100-sxm", "--max_simulations=10",
+      "--heldout_model=-5"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2
   assert "--heldout_model" in proc.stderr and "Traceback" not in proc.stderr
   assert proc.stderr.strip().count("\n") == 0

@@ -27,19 +27,22 @@ def _run(*flags):
 
 def test_each_combination_is_its_single_sweep():
   device = load_accelerator("h100-sxm")
-  sweeps = variants.variant_sweeps(SPEC, device, contexts=[4096, 32768],
-                                   weight_dtypes=["bf16", "fp8"], kv_dtypes=["fp8"],
-                                   batch_sizes=BATCHES)
-  assert [(s["inputs"]["weight_dtype"], s["inputs"]["context"]) for s in sweeps] == [
-      ("bf16", 4096), ("bf16", 32768), ("fp8", 4096), ("fp8", 32768)]
+  sweeps = variants.variant_sweeps(SPEC, device, contexts=[4096,
+                                                           32768], weight_dtypes=["bf16", "fp8"],
+                                   kv_dtypes=["fp8"], batch_sizes=BATCHES)
+  assert [(s["inputs"]["weight_dtype"], s["inputs"]["context"]) for s in sweeps] == [("bf16", 4096),
+                                                                                     ("bf16",
+                                                                                      32768),
+                                                                                     ("fp8", 4096),
+                                                                                     ("fp8", 32768)]
   for sweep in sweeps:
     i = sweep["inputs"]
     alone = layout_sweep(SPEC, device, context=i["context"], batch_sizes=BATCHES,
                          weight_dtype=i["weight_dtype"], kv_dtype=i["kv_dtype"])
     for row, single in zip(sweep["rows"], alone["rows"]):
       assert {k: row[k] for k in single} == single
-      assert (row["weight_dtype"], row["kv_dtype"], row["context"]) == (
-          i["weight_dtype"], i["kv_dtype"], i["context"])
+      assert (row["weight_dtype"], row["kv_dtype"], row["context"]) == (i["weight_dtype"],
+                                                                        i["kv_dtype"], i["context"])
 
 
 def test_published_in_a_list_is_its_single_sweep_and_tags_the_stored_dtype():
@@ -49,12 +52,12 @@ def test_published_in_a_list_is_its_single_sweep_and_tags_the_stored_dtype():
   sweeps = variants.variant_sweeps(spec, device, contexts=[4096],
                                    weight_dtypes=["published", "bf16"],
                                    kv_dtypes=["bf16", "fp8_block"], batch_sizes=BATCHES)
-  assert [(s["rows"][0]["weight_dtype"], s["rows"][0]["kv_dtype"]) for s in sweeps] == [
-      ("mxfp4", "bf16"), ("mxfp4", "fp8_block"), ("bf16", "bf16"), ("bf16", "fp8_block")]
+  assert [(s["rows"][0]["weight_dtype"], s["rows"][0]["kv_dtype"]) for s in sweeps
+         ] == [("mxfp4", "bf16"), ("mxfp4", "fp8_block"), ("bf16", "bf16"), ("bf16", "fp8_block")]
   assert sweeps[0]["inputs"]["weight_dtype_label"] == "mxfp4 (published)"
   for sweep, weight_dtype in zip(sweeps, ["published"] * 2 + ["bf16"] * 2):
-    alone = layout_sweep(spec, device, context=4096, batch_sizes=BATCHES,
-                         weight_dtype=weight_dtype, kv_dtype=sweep["inputs"]["kv_dtype"])
+    alone = layout_sweep(spec, device, context=4096, batch_sizes=BATCHES, weight_dtype=weight_dtype,
+                         kv_dtype=sweep["inputs"]["kv_dtype"])
     for row, single in zip(sweep["rows"], alone["rows"]):
       assert {k: row[k] for k in single} == single
   published, bf16 = sweeps[0]["rows"][0], sweeps[2]["rows"][0]
@@ -65,8 +68,8 @@ def test_rates_per_chip_per_kw_and_per_dollar():
   # h100-sxm: 700 W TDP (shipped table, glennklockwood.com/garden/processors/h100).
   device = load_accelerator("h100-sxm")
   [sweep] = variants.variant_sweeps(SPEC, device, contexts=[4096], weight_dtypes=["bf16"],
-                                    kv_dtypes=["bf16"], batch_sizes=[8],
-                                    layout=Layout(tp=2, dp=2), price_per_hour=2.0)
+                                    kv_dtypes=["bf16"], batch_sizes=[8], layout=Layout(tp=2, dp=2),
+                                    price_per_hour=2.0)
   row = sweep["rows"][0]
   assert row["fleet_tokens_per_s"] == pytest.approx(2 * row["aggregate_tokens_per_s"])
   assert row["tokens_per_s_per_chip"] == pytest.approx(row["fleet_tokens_per_s"] / 4)
@@ -93,8 +96,8 @@ def test_cli_lists_one_table_one_figure_and_the_same_numbers(tmp_path):
   assert png.read_bytes()[:4] == b"\x89PNG"
   single = tmp_path / "s.json"
   proc = _run("--model=llama-3-8b", "--accelerator=h100-sxm", "--context=32768",
-              "--weight_dtype=fp8", "--kv_dtype=fp8", "--batch_sizes=1,16",
-              "--price_per_hour=2.5", f"--json_out={single}")
+              "--weight_dtype=fp8", "--kv_dtype=fp8", "--batch_sizes=1,16", "--price_per_hour=2.5",
+              f"--json_out={single}")
   assert proc.returncode == 0, proc.stderr
   one = json.loads(single.read_text())
   assert set(one) >= {"kind", "rows", "summary", "inputs"}  # Today's structure.

@@ -14,14 +14,13 @@ from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8, width=32,
-                           mlp_dim=64)
+TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
 def run(module, *flags):
-  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -42,17 +41,15 @@ def test_calibrate_bad_input_is_one_line(flags, needle):
 
 def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
   prof = profiles.Profile(
-      device_kind=jax.devices()[0].device_kind, platform="cpu", backend="xla",
-      dtype="float32", jax_version="", created="",
-      ceilings={"bandwidth_Bps": 1e10, "flops_per_s": {"float32": 1e11}},
-      factors={"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4,
-               "t0_layer": 1e-5, "r_ovl": 1.0},
-      fit={}, model={"configs": {"calibration": dataclasses.asdict(TINY)}})
+      device_kind=jax.devices()[0].device_kind, platform="cpu", backend="xla", dtype="float32",
+      jax_version="", created="",
+      ceilings={"bandwidth_Bps": 1e10, "flops_per_s": {"float32": 1e11}}, factors={
+          "eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-5, "r_ovl": 1.0
+      }, fit={}, model={"configs": {"calibration": dataclasses.asdict(TINY)}})
   path, out = tmp_path / "p.json", tmp_path / "v.json"
   profiles.save_profile(prof, path)
-  proc = run("calibrate", "--validate", f"--profile={path}",
-             "--batch_sizes=2", "--contexts=8,24", "--rounds=2",
-             f"--json_out={out}")
+  proc = run("calibrate", "--validate", f"--profile={path}", "--batch_sizes=2", "--contexts=8,24",
+             "--rounds=2", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   rows = json.loads(out.read_text())["validation"]
   assert [(r["batch"], r["context"]) for r in rows] == [(2, 8), (2, 24)]

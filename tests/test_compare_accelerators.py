@@ -25,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(module, *flags):
-  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
 
 
 def test_decode_inputs_feed_the_step_model():
@@ -37,22 +37,23 @@ def test_decode_inputs_feed_the_step_model():
   assert kwargs["A_t"] == 32 * 4 * 32 * 128  # 32 blocks x 4*H*d FLOPs per retained token.
   assert (inputs.q, inputs.k, inputs.BW, inputs.F) == (2.0, 131_072, 3.35e12, 989.4e12)
   out = step_model("numpy")(**kwargs)
-  weights = parameter_counts(model).total - parameter_counts(model).embeddings  # Table looked up, not read.
+  weights = parameter_counts(model).total - parameter_counts(
+      model).embeddings  # Table looked up, not read.
   memory_b1 = (2 * (weights + 4096) + 1024 * 131_072) / 3.35e12
   assert out["step_s"][0] == pytest.approx(memory_b1)
   assert inputs.assumptions and all(isinstance(a, str) for a in inputs.assumptions)
 
 
 def test_moe_weights_read_vary_with_batch():
-  inputs = decode_step_inputs(load_model("mixtral-8x7b"), load_accelerator("mi300x"),
-                              context=512, batch_sizes=[1, 4, 64])
+  inputs = decode_step_inputs(load_model("mixtral-8x7b"), load_accelerator("mi300x"), context=512,
+                              batch_sizes=[1, 4, 64])
   assert np.all(np.diff(inputs.N) > 0)
   assert inputs.N_act == parameter_counts(load_model("mixtral-8x7b")).active_matmul
 
 
 def test_fits_agrees_with_the_largest_batch_in_memory():
-  inputs = decode_step_inputs(load_model("llama-3-8b"), load_accelerator("h100-sxm"),
-                              context=4096, batch_sizes=[1, 64, 103, 104, 105, 1000])
+  inputs = decode_step_inputs(load_model("llama-3-8b"), load_accelerator("h100-sxm"), context=4096,
+                              batch_sizes=[1, 64, 103, 104, 105, 1000])
   m = inputs.max_batch_in_memory
   usable = 80e9 * 0.9 - 2 * parameter_counts(load_model("llama-3-8b")).total
   assert m == int(usable // (131_072 * 4096))
@@ -60,8 +61,8 @@ def test_fits_agrees_with_the_largest_batch_in_memory():
 
 
 def test_weights_that_do_not_fit_leave_no_batch():
-  inputs = decode_step_inputs(load_model("llama-3.1-70b"), load_accelerator("l4"),
-                              context=128, batch_sizes=[1])
+  inputs = decode_step_inputs(load_model("llama-3.1-70b"), load_accelerator("l4"), context=128,
+                              batch_sizes=[1])
   assert inputs.max_batch_in_memory == 0 and not inputs.fits[0]
 
 
@@ -93,8 +94,10 @@ def test_comparison_marks_the_best_and_what_does_not_fit():
   names = [a["name"] for a in result["accelerators"]]
   assert names == ["h100-sxm", "h200", "l4"]
   for entry in result["accelerators"]:
-    assert {"name", "ridge_flop_per_byte", "compute_crossover_batch",
-            "weight_kv_crossover_batch", "max_batch_in_memory", "rows"} <= set(entry)
+    assert {
+        "name", "ridge_flop_per_byte", "compute_crossover_batch", "weight_kv_crossover_batch",
+        "max_batch_in_memory", "rows"
+    } <= set(entry)
   best = result["best"]
   assert best["by_batch"]["1"]["step_s"] == ["h200"]  # Most bandwidth.
   assert best["max_batch_in_memory"] == ["h200"]
@@ -118,8 +121,8 @@ def test_bad_workload_inputs(kwargs, needle):
 def test_compare_accelerators_cli(tmp_path):
   out, png = tmp_path / "c.json", tmp_path / "c.png"
   proc = run("compare_accelerators", "--model=qwen3-30b-a3b", "--context=2048",
-             "--batch_sizes=1,16,4096", "--accelerators=h100-sxm,mi300x",
-             "--weight_dtype=fp8", f"--json_out={out}", f"--plot_out={png}")
+             "--batch_sizes=1,16,4096", "--accelerators=h100-sxm,mi300x", "--weight_dtype=fp8",
+             f"--json_out={out}", f"--plot_out={png}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["kind"] == "bound" and data["inputs"]["weight_dtype"] == "fp8"
@@ -134,8 +137,8 @@ def test_compare_accelerators_cli(tmp_path):
 
 def test_kv_sizing_cli(tmp_path):
   out = tmp_path / "kv.json"
-  proc = run("kv_sizing", "--model=gemma-2-9b", "--context=8192", "--batch=4",
-             "--accelerator=l4", "--max_new_tokens=100", f"--json_out={out}")
+  proc = run("kv_sizing", "--model=gemma-2-9b", "--context=8192", "--batch=4", "--accelerator=l4",
+             "--max_new_tokens=100", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["kv_bytes_per_token"] == 172_032
@@ -149,17 +152,17 @@ def test_kv_sizing_cli(tmp_path):
 
 
 BAD_INPUT = [
-    ("compare_accelerators", ["--model=llama-3-8b", "--context=8", "--accelerators=h100"],
-     "accelerator='h100'"),
+    ("compare_accelerators", ["--model=llama-3-8b", "--context=8",
+                              "--accelerators=h100"], "accelerator='h100'"),
     ("kv_sizing", ["--model=llama3", "--context=8"], "model='llama3'"),
     ("kv_sizing", ["--model=llama-3-8b"], "--context"),
 ]
 
 
 def test_cli_bad_input_is_one_line():
-  procs = [(needle, subprocess.Popen(
-      [sys.executable, "-m", f"experiments.{module}", *flags], cwd=ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  procs = [(needle,
+            subprocess.Popen([sys.executable, "-m", f"experiments.{module}", *flags], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
            for module, flags, needle in BAD_INPUT]
   for needle, proc in procs:
     _, err = proc.communicate(timeout=300)

@@ -9,9 +9,8 @@ import pytest
 from jaxroof.measure import cost_analysis
 from jaxroof.measure import op_sweeps
 
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8, width=32,
-                           mlp_dim=64)
+TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+                           num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
 def test_linear_counts_equal_xlas():
@@ -39,8 +38,7 @@ def test_decode_step_compares_like_with_like():
   row = cost_analysis.decode_step_cost(bench, 2, 16)
   assert row.op == "decode_step" and row.flops_ratio > 0
   if "one block" in row.counts:  # A loop over blocks is counted once.
-    assert row.analytic_flops == pytest.approx(
-        2 * 2 * (bench.inputs.N - bench.inputs.N_block))
+    assert row.analytic_flops == pytest.approx(2 * 2 * (bench.inputs.N - bench.inputs.N_block))
   cells = cost_analysis.table_rows([row])
   assert len(cells[0]) == len(cost_analysis.HEADERS)
 
@@ -58,5 +56,4 @@ def test_cost_of_accepts_both_result_forms():
       return None
 
   assert cost_analysis.cost_of(Old()) == {"flops": 3.0, "bytes_accessed": 5.0}
-  assert cost_analysis.cost_of(Empty()) == {"flops": None,
-                                            "bytes_accessed": None}
+  assert cost_analysis.cost_of(Empty()) == {"flops": None, "bytes_accessed": None}

@@ -37,8 +37,10 @@ def _cost(name: str, device, **kw) -> IterationModel:
 # One model: every step expression is the cost model's.
 @pytest.mark.parametrize("form", cost_model.BOUNDS)
 def test_decode_step_expression_is_the_cost_models_iteration(form):
-  subs = {**cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, S.A_t),
-          S.t_comm: 0, S.o_ovl: 0}
+  subs = {
+      **cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, S.A_t), S.t_comm: 0,
+      S.o_ovl: 0
+  }
   ours = evaluate.step_outputs(form)["step_s"]
   assert sp.simplify(ours - cost_model.bound_terms(form)["floor_s"].subs(subs)) == 0
   if form == "fused":  # With no attention FLOPs, the lesson's floor exactly.
@@ -47,35 +49,42 @@ def test_decode_step_expression_is_the_cost_models_iteration(form):
 
 
 def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
-  subs = {**cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0),
-          S.t_comm: 0, S.o_ovl: 0}
+  subs = {
+      **cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0), S.t_comm: 0,
+      S.o_ovl: 0
+  }
   ours = cost_model.calibrated_terms()["step_s"].subs(subs)
-  values = {S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9,
-            S.L: 30, S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4,
-            S.t0_layer: 1e-6, S.r_ovl: 1.3, S.r_pack: 0}
-  assert float(ours.subs(values)) == pytest.approx(
-      float(calibrated.calibrated_step().subs(values)), rel=1e-12)
+  values = {
+      S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
+      S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
+      S.r_pack: 0
+  }
+  assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
+                                                   rel=1e-12)
 
 
 def test_calibrated_re_pack_is_the_calibrated_steps():
-  subs = {**cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0),
-          S.t_comm: 0, S.o_ovl: 0}
+  subs = {
+      **cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0), S.t_comm: 0,
+      S.o_ovl: 0
+  }
   ours = cost_model.calibrated_terms()["repack_s"].subs(subs)
   assert sp.simplify(ours - calibrated.repack_time()) == 0
 
 
 def test_layout_decode_at_one_chip_is_the_decode_step():
-  one = dict(tp=1, pp=1, ep=1, m_mb=1, u_kv=8, n_blk=32, L_moe=0, K=1, D=4096, V=32000,
-             a_act=2, W_ic=1e11, t_hop=1e-6, t_base=6.6e-6, h_tp=0, x_os=1, o_ovl=0, N_x=0)
-  values = dict(B=64.0, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=3.35e12, F=9.89e14,
-                N_act=8e9, A_t=524288.0)
-  names = [str(s) for s in (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp,
-                            S.ep, S.m_mb, S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act,
-                            S.o_ovl, S.A_t, *collectives.LINK_SYMBOLS)]
+  one = dict(tp=1, pp=1, ep=1, m_mb=1, u_kv=8, n_blk=32, L_moe=0, K=1, D=4096, V=32000, a_act=2,
+             W_ic=1e11, t_hop=1e-6, t_base=6.6e-6, h_tp=0, x_os=1, o_ovl=0, N_x=0)
+  values = dict(B=64.0, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=3.35e12, F=9.89e14, N_act=8e9,
+                A_t=524288.0)
+  names = [
+      str(s) for s in (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb,
+                       S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.o_ovl, S.A_t,
+                       *collectives.LINK_SYMBOLS)
+  ]
   layout = evaluate.lambdified(collectives.decode_outputs(), [S.BY_NAME[n].symbol for n in names])
   ours = layout(**{**one, **values})["step_s"]
-  assert float(ours) == pytest.approx(float(evaluate.step_model()(**values)["step_s"]),
-                                      rel=1e-12)
+  assert float(ours) == pytest.approx(float(evaluate.step_model()(**values)["step_s"]), rel=1e-12)
 
 
 def test_chunk_pairs_are_the_causal_sum_and_windows_cap_them():
@@ -93,8 +102,10 @@ def test_chunk_pairs_are_the_causal_sum_and_windows_cap_them():
 def test_only_the_symbolic_layer_builds_a_roofline():
   """No module outside jaxroof/symbolic writes a roofline Max; inside, only these."""
   root = pathlib.Path(__file__).resolve().parents[1]
-  allowed = {"cost_model.py", "formulas.py", "prefill.py", "request_formulas.py",
-             "collectives.py", "calibrated.py"}
+  allowed = {
+      "cost_model.py", "formulas.py", "prefill.py", "request_formulas.py", "collectives.py",
+      "calibrated.py"
+  }
   for path in list((root / "jaxroof").rglob("*.py")) + list((root / "experiments").glob("*.py")):
     if "sp.Max(" in path.read_text():
       assert path.parent.name == "symbolic" and path.name in allowed, path
@@ -137,7 +148,7 @@ def test_mixtral_decode_at_batch_64_by_hand():
   """
   attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096
   per_block = attention + 4096 * 8 + 2 * 4096
-  experts = 32 * 8 * 3 * 4096 * 14336 * (1 - 0.75 ** 64)
+  experts = 32 * 8 * 3 * 4096 * 14336 * (1 - 0.75**64)
   weights = (32 * per_block + 4096 + 32000 * 4096 + 64 * 4096 + experts) * 2
   kv = 64 * 2048 * 32 * 2 * 8 * 128 * 2
   expected = (weights + kv) / H200.memory_bandwidth_bytes_per_s
@@ -215,8 +226,8 @@ def _workload(rate: float, P: int, G: int, n: int = 1500, spread: float = 0.0):
 @pytest.mark.parametrize("name, device, layout, P, G", FAMILIES)
 def test_simulated_tpot_is_the_decisions_gap_at_the_running_batch(name, device, layout, P, G):
   spec = load_model(name)
-  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=P,
-                                  output_tokens=G, weight_dtype="published")
+  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=P, output_tokens=G,
+                                  weight_dtype="published")
   r = replica.from_model(spec, device, context=P + G, layout=layout, max_running=256,
                          weight_dtype="published")
   n_max = min(256, inputs.max_batch_in_memory)
@@ -225,21 +236,19 @@ def test_simulated_tpot_is_the_decisions_gap_at_the_running_batch(name, device, 
   for load in (0.15, 0.6):  # 1,500 requests: the warm-up and the drain weigh little.
     rate = load * capacity
     run = simulator.simulate(_workload(rate, P, G), r, "iteration")
-    m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                                run.output_tokens, run.itl_s)
+    m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
+                                run.itl_s)
     running = metrics.iteration_means(run)["running_batch_mean"]
     _, gap, _ = decision.loaded_gap(BOUND, inputs, running=running, arrival_rate=rate,
                                     prompt_tokens=P, output_tokens=G)
     assert m["tpot_s"]["mean"] == pytest.approx(gap, rel=0.05), (name, load)
 
 
-@pytest.mark.parametrize("name, device, n", [("llama-3-8b", H100, 32),
-                                             ("mixtral-8x7b", H200, 64)])
+@pytest.mark.parametrize("name, device, n", [("llama-3-8b", H100, 32), ("mixtral-8x7b", H200, 64)])
 def test_saturated_throughput_is_the_analytic_capacity(name, device, n):
   spec, P, G = load_model(name), 1024, 128
   inputs = multichip.model_inputs(spec, device, prompt_tokens=P, output_tokens=G)
-  capacity = decision.capacity_rate(BOUND, inputs, max_batch=n, prompt_tokens=P,
-                                    output_tokens=G)
+  capacity = decision.capacity_rate(BOUND, inputs, max_batch=n, prompt_tokens=P, output_tokens=G)
   r = replica.from_model(spec, device, context=P + 2 * G, max_running=n)
   # Three times the capacity: a backlog throughout; output lengths spread (uniform, +-50%)
   # so that admissions do not march in lockstep waves.
@@ -255,11 +264,10 @@ def test_operating_point_is_littles_law_and_below_capacity():
   point = decision.operating_point(BOUND, inputs, prompt_tokens=P, output_tokens=G,
                                    arrival_rate=5.0, max_batch=146)
   assert point["stable"]
-  assert point["running_batch"] == pytest.approx(5.0 * (G - 1) * point["token_gap_s"],
-                                                 rel=1e-6)
+  assert point["running_batch"] == pytest.approx(5.0 * (G - 1) * point["token_gap_s"], rel=1e-6)
   assert point["running_batch"] < 146 / 4  # A light load: far from the capacity's batch.
-  over = decision.operating_point(BOUND, inputs, prompt_tokens=P, output_tokens=G,
-                                  arrival_rate=1e4, max_batch=146)
+  over = decision.operating_point(BOUND, inputs, prompt_tokens=P, output_tokens=G, arrival_rate=1e4,
+                                  max_batch=146)
   assert over["running_batch"] is None and "unstable" in over["reason"]
 
 
@@ -288,9 +296,10 @@ def test_comm_overlap_hides_communication_up_to_the_floor():
 
 def test_raw_iteration_is_the_cost_model_with_one_full_group():
   raw = iteration.bound_terms()["step_s"]
-  values = {S.n_dec: 3, S.S_dec: 3 * 500, S.n_pre: 100, S.S_pre_att: 5050, S.S_pre_kv: 100,
-            S.N: 1e9, S.q: 2, S.k: 1e4, S.BW: 1e12, S.F: 1e14, S.N_act: 1e9, S.L: 4, S.H: 8,
-            S.d: 64}
+  values = {
+      S.n_dec: 3, S.S_dec: 3 * 500, S.n_pre: 100, S.S_pre_att: 5050, S.S_pre_kv: 100, S.N: 1e9,
+      S.q: 2, S.k: 1e4, S.BW: 1e12, S.F: 1e14, S.N_act: 1e9, S.L: 4, S.H: 8, S.d: 64
+  }
   linear = max(2e9 / 1e12, 2e9 * 103 / 1e14)
   attention = max(1e4 * (1500 + 100) / 1e12, 4 * 4 * 8 * 64 * (1500 + 5050) / 1e14)
   assert float(raw.subs(values)) == pytest.approx(linear + attention, rel=1e-12)

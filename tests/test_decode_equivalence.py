@@ -17,8 +17,7 @@ REL_TOL = 1e-10
 
 @pytest.mark.parametrize("name", toy.BREAKS)
 def test_each_break_is_detected(name):
-  result = toy.lesson_check(toy.LESSON, toy.LESSON_PROMPT, steps=2,
-                            break_name=name)
+  result = toy.lesson_check(toy.LESSON, toy.LESSON_PROMPT, steps=2, break_name=name)
   assert not result.agrees
   assert result.max_rel_diff > 1e3 * REL_TOL  # Far above rounding.
   decode_rows = result.rows[1:]
@@ -38,10 +37,9 @@ def test_mask_change_needs_two_blocks():
 
 
 def _run(module, *flags):
-  return subprocess.run(
-      [sys.executable, "-m", f"experiments.{module}", *flags], cwd=REPO,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-      text=True, timeout=300, check=False)
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags], cwd=REPO,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                        timeout=300, check=False)
 
 
 def test_experiment_lesson_run(tmp_path):
@@ -60,8 +58,8 @@ def test_experiment_lesson_run(tmp_path):
 
 def test_experiment_break_is_a_detected_mismatch(tmp_path):
   path = tmp_path / "d.json"
-  proc = _run("decode_equivalence", "--break=position_offset", "--blocks=4",
-              "--layout=growing", f"--json_out={path}")
+  proc = _run("decode_equivalence", "--break=position_offset", "--blocks=4", "--layout=growing",
+              f"--json_out={path}")
   assert proc.returncode == 0, proc.stderr
   result = json.loads(path.read_text())
   assert not result["agrees"] and result["detected"] and result["ok"]
@@ -82,8 +80,8 @@ def test_experiment_bad_input_is_one_line_and_writes_nothing(tmp_path):
 
 def test_bench_decode_writes_both_times(tmp_path):
   path = tmp_path / "b.json"
-  proc = _run("bench_decode", "--preset=lesson", "--prompt_len=6",
-              "--new_tokens=3", "--repeats=2", f"--json_out={path}")
+  proc = _run("bench_decode", "--preset=lesson", "--prompt_len=6", "--new_tokens=3", "--repeats=2",
+              f"--json_out={path}")
   assert proc.returncode == 0, proc.stderr
   result = json.loads(path.read_text())
   assert result["kind"] == "measurement"
@@ -91,7 +89,7 @@ def test_bench_decode_writes_both_times(tmp_path):
     t = result[path_name]
     assert t["repeats"] == 2 and t["warmup"] == 1
     assert 0 < t["min_s"] <= t["median_s"] <= t["max_s"]
-  assert result["speedup"] == pytest.approx(
-      result["recompute"]["median_s"] / result["cached"]["median_s"])
+  assert result["speedup"] == pytest.approx(result["recompute"]["median_s"] /
+                                            result["cached"]["median_s"])
   assert result["outputs_match"]
   assert "Speedup from caching" in toy_section.bench_decode_section(result)

@@ -25,10 +25,10 @@ TRUTH = {"eta_w": 0.55, "eta_f": 0.35, "t0_step": 2e-3}
 def _synthetic_run(rate: float, seed: int, n: int = 24) -> vllm_results.BenchRun:
   """A run whose 'measured' medians are the simulator's at TRUTH."""
   rng = np.random.default_rng(seed)
-  run = vllm_results.BenchRun(
-      path="synthetic.json", line=seed, engine="vLLM bench serve", request_rate=rate,
-      burstiness=1.0, max_concurrency=None, prompt_tokens=rng.integers(200, 1200, n),
-      output_tokens=rng.integers(16, 64, n), measured={})
+  run = vllm_results.BenchRun(path="synthetic.json", line=seed, engine="vLLM bench serve",
+                              request_rate=rate, burstiness=1.0, max_concurrency=None,
+                              prompt_tokens=rng.integers(200, 1200, n),
+                              output_tokens=rng.integers(16, 64, n), measured={})
   simulated = engine_fit.simulate_run(run, SETUP, TRUTH)
   return dataclasses.replace(run, measured={k: simulated[k] for k in vllm_results.METRICS})
 
@@ -47,10 +47,12 @@ def test_real_vllm_file_is_read_with_its_lengths_and_medians():
 
 
 def test_rate_inf_arrives_at_once_and_concurrency_drops_ttft():
-  run = vllm_results.parse_run("r.json", 1, {
-      "model_id": "m", "request_rate": "inf", "max_concurrency": 4, "completed": 8,
-      "total_input_tokens": 800, "total_output_tokens": 160, "median_ttft_ms": 50.0,
-      "median_tpot_ms": 10.0})
+  run = vllm_results.parse_run(
+      "r.json", 1, {
+          "model_id": "m", "request_rate": "inf", "max_concurrency": 4, "completed": 8,
+          "total_input_tokens": 800, "total_output_tokens": 160, "median_ttft_ms": 50.0,
+          "median_tpot_ms": 10.0
+      })
   assert math.isinf(run.request_rate)
   assert not engine_fit.workload_of(run, 0).arrival_s.any()
   assert set(run.measured) == {"median_tpot_s"}  # TTFT is after the client's semaphore.
@@ -66,8 +68,10 @@ def test_rate_inf_arrives_at_once_and_concurrency_drops_ttft():
     ({"total_input_tokens": None}, "total_input_tokens"),
 ])
 def test_bad_results_are_refused_naming_the_key(change, key):
-  record = {"model_id": "m", "request_rate": 2.0, "completed": 4, "total_input_tokens": 400,
-            "total_output_tokens": 80, "median_tpot_ms": 10.0, "median_ttft_ms": 30.0}
+  record = {
+      "model_id": "m", "request_rate": 2.0, "completed": 4, "total_input_tokens": 400,
+      "total_output_tokens": 80, "median_tpot_ms": 10.0, "median_ttft_ms": 30.0
+  }
   with pytest.raises(errors.InputError) as info:
     vllm_results.parse_run("r.json", 3, {**record, **change})
   assert f"r.json line 3, key {key!r}" in str(info.value) and "\n" not in str(info.value)
@@ -117,9 +121,11 @@ def test_search_recovers_factors_of_simulated_runs():
 def test_engine_profile_round_trips(tmp_path, monkeypatch):
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
   path = tmp_path / "r.json"
-  path.write_text(json.dumps({"model_id": "m", "request_rate": 4.0, "completed": 6,
-                              "total_input_tokens": 1200, "total_output_tokens": 120,
-                              "median_tpot_ms": 9.0, "median_ttft_ms": 40.0}))
+  path.write_text(
+      json.dumps({
+          "model_id": "m", "request_rate": 4.0, "completed": 6, "total_input_tokens": 1200,
+          "total_output_tokens": 120, "median_tpot_ms": 9.0, "median_ttft_ms": 40.0
+      }))
   result = engine_fit.calibrate_engine([str(path)], SETUP)
   assert result["rows_used"] == 1 and result["heldout_median_rel_error"] is None
   saved = tmp_path / "profile.json"
@@ -133,8 +139,8 @@ def test_engine_profile_round_trips(tmp_path, monkeypatch):
 def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
   run = _synthetic_run(4.0, seed=3, n=8)
   bound = engine_fit.simulate_run(run, SETUP, engine_fit.BOUND_FACTORS)
-  too_fast = dataclasses.replace(run, measured={**run.measured,
-                                                "median_tpot_s": bound["median_tpot_s"] / 3})
+  too_fast = dataclasses.replace(
+      run, measured={**run.measured, "median_tpot_s": bound["median_tpot_s"] / 3})
   kept, flags = engine_fit.screen([too_fast], SETUP)
   assert set(kept[0].measured) == {"median_ttft_s", "median_itl_s"}
   assert len(flags) == 1 and "below the bound" in flags[0]

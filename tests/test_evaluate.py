@@ -51,7 +51,8 @@ def test_jax_matches_exact_sympy(B, T, N, q, k, BW, F):
 def test_jax_form_is_differentiable():
   model = step_model("jax")
   # d(step)/d(BW) at a memory-bound point is -traffic/BW**2.
-  grad = jax.grad(lambda bw: model(B=32.0, T=1.0, N=8e9, q=2.0, k=2.5e8, BW=bw, F=6e14)["step_s"])(2e12)
+  grad = jax.grad(lambda bw: model(B=32.0, T=1.0, N=8e9, q=2.0, k=2.5e8, BW=bw, F=6e14)["step_s"])(
+      2e12)
   assert float(grad) == pytest.approx(-24e9 / 2e12**2, rel=1e-4)
 
 
@@ -65,8 +66,7 @@ def test_outputs_are_complete_and_broadcast():
 
 def test_monotonic_in_batch_and_bandwidth():
   batch = np.arange(1, 2049, dtype=float)
-  out = step_model("numpy", "fused")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=2e12,
-                                     F=6e14)
+  out = step_model("numpy", "fused")(B=batch, T=4096.0, N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
   assert np.all(np.diff(out["step_s"]) > 0)
   assert np.all(np.diff(out["aggregate_tokens_per_s"]) > 0)
   assert np.all(np.diff(out["per_sequence_tokens_per_s"]) < 0)

@@ -12,14 +12,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(module, *flags):
-  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  return subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
 
 
 def test_batch_sweep_json_and_plot(tmp_path):
   out, png = tmp_path / "s.json", tmp_path / "s.png"
-  proc = run("batch_sweep", "--batch_sizes=1,8,32", "--tflops=600",
-             f"--json_out={out}", f"--plot_out={png}")
+  proc = run("batch_sweep", "--batch_sizes=1,8,32", "--tflops=600", f"--json_out={out}",
+             f"--plot_out={png}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["kind"] == "bound"
@@ -33,8 +33,8 @@ def test_batch_sweep_json_and_plot(tmp_path):
 
 def test_batch_sweep_from_kv_per_token_and_context(tmp_path):
   out = tmp_path / "s.json"
-  proc = run("batch_sweep", "--kv_bytes_per_token=131072", "--context=4096",
-             "--batch_sizes=1", f"--json_out={out}")
+  proc = run("batch_sweep", "--kv_bytes_per_token=131072", "--context=4096", "--batch_sizes=1",
+             f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   row = json.loads(out.read_text())["rows"][0]
   assert row["kv_bytes"] == 131072 * 4096
@@ -65,8 +65,8 @@ def test_lesson_exits_zero_and_writes_claims(tmp_path):
   proc = run("lesson", f"--json_out={out}")
   assert proc.returncode == 0, proc.stdout + proc.stderr
   claims = json.loads(out.read_text())
-  assert claims and all({"claim", "expected", "computed", "unit", "agrees"} <= set(c)
-                        for c in claims)
+  assert claims and all(
+      {"claim", "expected", "computed", "unit", "agrees"} <= set(c) for c in claims)
   assert all(c["agrees"] for c in claims)
 
 
@@ -98,7 +98,7 @@ def test_crossovers_for_a_real_model_agree_with_the_sweep_and_filter(tmp_path):
   items = {q["name"]: q for q in document["quantities"]}
   assert set(items) == {"weight_kv_crossover_batch", "time_to_first_token", "prefill_time"}
   solved = step_inputs.crossover_batches(step_inputs.load_model("llama-3-8b"),
-                                      step_inputs.load_accelerator("h100-sxm"), context=8192)
+                                         step_inputs.load_accelerator("h100-sxm"), context=8192)
   assert items["weight_kv_crossover_batch"]["value"] == pytest.approx(
       solved.weight_kv_crossover_batch, rel=1e-3)
   assert items["time_to_first_token"]["value"] == items["prefill_time"]["value"]
@@ -136,8 +136,8 @@ def test_report_writes_summary_and_plots(tmp_path):
 
 def test_bench_sweep_reports_points_per_second(tmp_path):
   out = tmp_path / "b.json"
-  proc = run("bench_sweep", "--batches=64", "--contexts=64", "--repeats=2",
-             "--loop_points=10", f"--json_out={out}")
+  proc = run("bench_sweep", "--batches=64", "--contexts=64", "--repeats=2", "--loop_points=10",
+             f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["points"] == 64 * 64 and data["kind"] == "measurement"
@@ -155,8 +155,8 @@ def test_bench_decode_counts_positions_and_compares_outputs(tmp_path):
   data = json.loads(out.read_text())
   # Cached: the prompt once, then one row per further token; recompute: every slot per step.
   assert data["positions_processed"] == {"cached": 6 + 3 - 1, "recompute": 3 * (6 + 3)}
-  assert data["speedup"] == pytest.approx(
-      data["recompute"]["median_s"] / data["cached"]["median_s"])
+  assert data["speedup"] == pytest.approx(data["recompute"]["median_s"] /
+                                          data["cached"]["median_s"])
   assert data["outputs_match"] is True and data["experiment"] == "bench_decode"
 
 
@@ -200,12 +200,13 @@ def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
   from jaxroof.measure import profiles
   # Half the bandwidth for weights and K/V, ideal FLOPs, no fixed cost, the
   # roofline max (large r_ovl): the lesson's batch 32 reads 24 GB at 1 TB/s.
-  factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 1.0, "t0_step": 1e-12,
-             "t0_layer": 1e-12, "r_ovl": 1e3}
-  prof = profiles.Profile(
-      device_kind="test", platform="cpu", backend="xla", dtype="float32",
-      jax_version="0", created="2026-01-01T00:00:00+00:00", ceilings={},
-      factors=factors, fit={"heldout_median_rel_error": 0.05, "heldout_max_rel_error": 0.2})
+  factors = {
+      "eta_w": 0.5, "eta_kv": 0.5, "eta_f": 1.0, "t0_step": 1e-12, "t0_layer": 1e-12, "r_ovl": 1e3
+  }
+  prof = profiles.Profile(device_kind="test", platform="cpu", backend="xla", dtype="float32",
+                          jax_version="0", created="2026-01-01T00:00:00+00:00", ceilings={},
+                          factors=factors,
+                          fit={"heldout_median_rel_error": 0.05, "heldout_max_rel_error": 0.2})
   path, out = tmp_path / "p.json", tmp_path / "s.json"
   profiles.save_profile(prof, path)
   proc = run("batch_sweep", f"--profile={path}", "--batch_sizes=1,32", "--bandwidth_tbps=2",
@@ -216,8 +217,7 @@ def test_batch_sweep_with_a_profile_is_calibrated(tmp_path):
   rows = {r["batch"]: r for r in data["rows"]}
   assert rows[32]["step_s"] == pytest.approx(0.024, rel=1e-6)
   assert rows[1]["meets_token_gap"] and not rows[32]["meets_token_gap"]
-  proc = run("compare_accelerators", "--model=llama-3-8b", "--context=1024",
-             "--batch_sizes=1", "--accelerators=h100-sxm", f"--profile={path}", "--what_if",
-             f"--json_out={out}")
+  proc = run("compare_accelerators", "--model=llama-3-8b", "--context=1024", "--batch_sizes=1",
+             "--accelerators=h100-sxm", f"--profile={path}", "--what_if", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   assert json.loads(out.read_text())["kind"] == "calibrated"

@@ -33,8 +33,11 @@ def test_the_grid_is_the_search_per_model_and_accelerator():
   devices = [load_accelerator(H100), load_accelerator("tpu-v5e")]
   specs = {"llama-3-8b": load_model("llama-3-8b")}
   grid = fewest_chips.fewest_chips_grid(specs, devices, context=CONTEXT)
-  assert grid == {"llama-3-8b": {d.name: fewest_chips.fewest_chips(
-      specs["llama-3-8b"], d, context=CONTEXT) for d in devices}}
+  assert grid == {
+      "llama-3-8b": {
+          d.name: fewest_chips.fewest_chips(specs["llama-3-8b"], d, context=CONTEXT) for d in devices
+      }
+  }
   # 16.1 GB of weights pass a 16 GB TPU v5e: more than one chip.
   assert grid["llama-3-8b"]["tpu-v5e"].chips_per_replica >= 2
 

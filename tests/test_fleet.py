@@ -20,20 +20,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 2 TB/s, 600 TFLOP/s, 32 blocks of 32 heads of 128.
 RAW = dict(N=8e9, q=2.0, k=131072.0, BW=2e12, F=600e12, L=32, H=32, d=128)
 RAW_FLAGS = ("--params_b=8", "--bytes_per_weight=2", "--kv_bytes_per_token=131072",
-             "--bandwidth_tbps=2", "--tflops=600", "--layers=32", "--heads=32",
-             "--head_dim=128", "--kv_memory_gb=40")
+             "--bandwidth_tbps=2", "--tflops=600", "--layers=32", "--heads=32", "--head_dim=128",
+             "--kv_memory_gb=40")
 
 
 def _replica(max_running: int = 32) -> simulator.Replica:
-  return replica.from_numbers(**RAW, kv_memory_bytes=40e9, page_bytes=16 * RAW["k"],
-                              page_tokens=16, step_model=StepModel.bound(),
-                              max_running=max_running, max_context=4096)
+  return replica.from_numbers(**RAW, kv_memory_bytes=40e9, page_bytes=16 * RAW["k"], page_tokens=16,
+                              step_model=StepModel.bound(), max_running=max_running,
+                              max_context=4096)
 
 
 def _workload(rate: float, n: int = 400, seed: int = 0) -> arrivals.Workload:
   return arrivals.synthetic(arrival="poisson", num_requests=n, arrival_rate=rate, seed=seed,
-                            prompt_tokens=1000, output_tokens=200,
-                            prompt_distribution="uniform", prompt_spread=0.5)
+                            prompt_tokens=1000, output_tokens=200, prompt_distribution="uniform",
+                            prompt_spread=0.5)
 
 
 @pytest.mark.parametrize("scheduler", fleet.CONTINUOUS)
@@ -59,7 +59,8 @@ def test_routers_send_every_request_once():
       assert counts.max() - counts.min() <= 1
   again = fleet.simulate_fleet(w, r, 3, router="power_of_two", seed=1)
   np.testing.assert_array_equal(
-      again.assignment, fleet.simulate_fleet(w, r, 3, router="power_of_two", seed=1).assignment)
+      again.assignment,
+      fleet.simulate_fleet(w, r, 3, router="power_of_two", seed=1).assignment)
 
 
 def test_least_outstanding_routes_to_the_idle_replica():
@@ -73,19 +74,18 @@ def test_least_outstanding_routes_to_the_idle_replica():
 
 def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path):
   inputs = requests.ServingInputs(
-      N=RAW["N"], N_act=RAW["N"], q=RAW["q"], k=RAW["k"], BW=RAW["BW"], F=RAW["F"],
-      layers=RAW["L"],
+      N=RAW["N"], N_act=RAW["N"], q=RAW["q"], k=RAW["k"], BW=RAW["BW"], F=RAW["F"], layers=RAW["L"],
       pair_flops=RAW["L"] * float(prefill_formulas.full_attention_pair_flops(32, 128)))
-  capacity = decision.capacity_rate(StepModel.bound(), inputs, max_batch=32,
-                                    prompt_tokens=1000, output_tokens=200)
+  capacity = decision.capacity_rate(StepModel.bound(), inputs, max_batch=32, prompt_tokens=1000,
+                                    output_tokens=200)
   found = []
   for seed in (0, 1, 2):
     out = tmp_path / f"max{seed}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.simulate", *RAW_FLAGS, "--prompt_tokens=1000",
-         "--output_tokens=200", "--max_running=32", "--num_requests=1000",
-         "--find_max_rate", "--ttft_ms=3000", f"--seed={seed}", "--arrival_rate=5",
-         f"--json_out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, "-m", "experiments.simulate", *RAW_FLAGS, "--prompt_tokens=1000",
+        "--output_tokens=200", "--max_running=32", "--num_requests=1000", "--find_max_rate",
+        "--ttft_ms=3000", f"--seed={seed}", "--arrival_rate=5", f"--json_out={out}"
+    ], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["max_rate_per_chip"] == pytest.approx(data["max_rate_per_s"])  # One chip.
@@ -97,11 +97,11 @@ def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path)
 
 def test_simulate_fleet_cli_json(tmp_path):
   out = tmp_path / "fleet.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.simulate", *RAW_FLAGS, "--prompt_tokens=500",
-       "--output_tokens=50", "--num_requests=200", "--arrival_rate=30", "--dp=3",
-       "--router=power_of_two", f"--json_out={out}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.simulate", *RAW_FLAGS, "--prompt_tokens=500",
+      "--output_tokens=50", "--num_requests=200", "--arrival_rate=30", "--dp=3",
+      "--router=power_of_two", f"--json_out={out}"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "fleet of 3 replicas" in proc.stdout
   data = json.loads(out.read_text())
@@ -112,15 +112,14 @@ def test_simulate_fleet_cli_json(tmp_path):
 
 def test_long_samples_resampled_or_clipped_and_counted():
   w = arrivals.synthetic(arrival="poisson", num_requests=2000, arrival_rate=1.0, seed=0,
-                         prompt_tokens=1500, output_tokens=200,
-                         prompt_distribution="lognormal", prompt_spread=1.5, max_total=2048)
+                         prompt_tokens=1500, output_tokens=200, prompt_distribution="lognormal",
+                         prompt_spread=1.5, max_total=2048)
   beyond = w.description["beyond_context"]
   assert beyond["requests_beyond"] > 0 and beyond["policy"] == "resample"
   assert np.all(w.prompt_tokens + w.output_tokens <= 2048)
   clip = arrivals.synthetic(arrival="poisson", num_requests=2000, arrival_rate=1.0, seed=0,
-                            prompt_tokens=1500, output_tokens=200,
-                            prompt_distribution="lognormal", prompt_spread=1.5,
-                            max_total=2048, long_samples="clip")
+                            prompt_tokens=1500, output_tokens=200, prompt_distribution="lognormal",
+                            prompt_spread=1.5, max_total=2048, long_samples="clip")
   # Same seed, same first draws: clipping touches exactly the requests that were beyond.
   assert clip.description["beyond_context"]["clipped"] == beyond["requests_beyond"]
   assert np.all(clip.prompt_tokens + clip.output_tokens <= 2048)

@@ -121,8 +121,10 @@ def test_lesson_with_half_a_gigabyte_per_sequence():
 
 
 def test_throughput_plateaus_while_memory_binds():
-  memory = [float(formulas.memory_time(formulas.step_traffic(b_, 8e9, 2, 1, 0.25 * GB), 2e12))
-            for b_ in (1024, 2048, 4096)]
+  memory = [
+      float(formulas.memory_time(formulas.step_traffic(b_, 8e9, 2, 1, 0.25 * GB), 2e12))
+      for b_ in (1024, 2048, 4096)
+  ]
   compute = [float(formulas.compute_time(b_, 8e9, 6e14)) for b_ in (1024, 2048, 4096)]
   assert all(m > c for m, c in zip(memory, compute))
   rates = [b_ / m for b_, m in zip((1024, 2048, 4096), memory)]
@@ -134,8 +136,8 @@ def test_max_batch_for_token_gap():
   expected = sp.Min((t_gap * BW - N * q) / (T * k), t_gap * F / (2 * N_act))
   assert _equal(solved.max_batch_for_token_gap(), expected)
   # The lesson: a 12 ms token gap admits batch 32 (and its step takes exactly 12 ms).
-  batch = float(solved.max_batch_for_token_gap(t_gap=0.012, N=8e9, q=2, T=1, k=0.25 * GB,
-                                               BW=2e12, F=6e14))
+  batch = float(
+      solved.max_batch_for_token_gap(t_gap=0.012, N=8e9, q=2, T=1, k=0.25 * GB, BW=2e12, F=6e14))
   assert batch == pytest.approx(32)
   assert _step(batch) == pytest.approx(0.012)
   assert _step(batch + 1) > 0.012

@@ -28,13 +28,16 @@ TIMEOUT_S = 6.0
 @pytest.mark.fuzz
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_bad_flags_keep_the_contract(experiment):
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments._fuzzing", experiment,
-       str(CASES_PER_EXPERIMENT), str(TIMEOUT_S), "0"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments._fuzzing", experiment,
+      str(CASES_PER_EXPERIMENT),
+      str(TIMEOUT_S), "0"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   outcomes = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert outcomes, f"{experiment}: no cases ran"
-  broken = [o for o in outcomes if o["verdict"] in (
-      "traceback", "nonfinite", "half_written", "hang", "accepted_bad")]
+  broken = [
+      o for o in outcomes
+      if o["verdict"] in ("traceback", "nonfinite", "half_written", "hang", "accepted_bad")
+  ]
   assert not broken, json.dumps(broken[:5], indent=1)

@@ -46,8 +46,8 @@ def _diff(path: str, want, got, out: list[str]) -> None:
   elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
     for i, (a, b) in enumerate(zip(want, got)):
       _diff(f"{path}[{i}]", a, b, out)
-  elif (isinstance(want, (int, float)) and isinstance(got, (int, float))
-        and not isinstance(want, bool)):
+  elif (isinstance(want, (int, float)) and isinstance(got, (int, float)) and
+        not isinstance(want, bool)):
     if not _same_figure(want, got):
       out.append(f"{path}: {want!r} -> {got!r}")
   elif want != got:
@@ -63,14 +63,16 @@ def test_experiment_json_matches_golden(name):
   assert not differences, "\n".join(differences[:40])
 
 
-@pytest.mark.parametrize("want, got, same", [
-    (6.661338147750939e-16, 9.992007221626409e-16, True),  # The Intel/AMD residual.
-    (6.661338147750939e-16, 0.0, True),
-    (0.0, -3e-16, True),
-    (6.661338147750939e-16, 1e-9, False),  # A residual that grew is a failure.
-    (0.0125, 0.0125 * (1 + 1e-7), False),  # A figure is still compared to 1e-9.
-    (2, 2, True),
-])
+@pytest.mark.parametrize(
+    "want, got, same",
+    [
+        (6.661338147750939e-16, 9.992007221626409e-16, True),  # The Intel/AMD residual.
+        (6.661338147750939e-16, 0.0, True),
+        (0.0, -3e-16, True),
+        (6.661338147750939e-16, 1e-9, False),  # A residual that grew is a failure.
+        (0.0125, 0.0125 * (1 + 1e-7), False),  # A figure is still compared to 1e-9.
+        (2, 2, True),
+    ])
 def test_residuals_are_bounds_and_figures_are_equal(want, got, same):
   differences: list[str] = []
   _diff("x", want, got, differences)

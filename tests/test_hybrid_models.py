@@ -15,8 +15,8 @@ import sympy as sp
 
 from jaxroof.errors import InputError
 from jaxroof.specs import hf_config, kv_sizing, step_inputs
-from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, NO_MIXER,
-                                      RECURRENT, SLIDING)
+from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MAMBA2, NO_MIXER, RECURRENT,
+                                      SLIDING)
 from jaxroof.specs.models import MODELS_DIR, load_model
 from jaxroof.specs.parameters import parameter_counts
 from jaxroof.symbolic import architecture as af
@@ -35,6 +35,7 @@ def _rounds_to(value, published, unit):
 
 
 # --- Parameter totals against published figures ----------------------------
+
 
 def test_qwen3_next_parameters_match_the_published_80b_and_3b_active():
   # HF transformers docs, model_doc/qwen3_next: "80B total parameters, only 3B
@@ -88,13 +89,14 @@ def test_dense_variants_differences():
   phi3 = load_model("phi-3-mini-4k")
   assert set(phi3.layer_kinds) == {SLIDING} and phi3.attention.sliding_window == 2047
   olmo = load_model("olmo-2-13b")
-  plain = parameter_counts(hf_config.spec_from_config(
-      {**_raw("olmo-2-13b"), "model_type": "llama"}, name="x"))
+  plain = parameter_counts(
+      hf_config.spec_from_config({**_raw("olmo-2-13b"), "model_type": "llama"}, name="x"))
   # OLMo 2's q/k norms span all heads: (40 + 40) x 128 weights per block.
   assert parameter_counts(olmo).attention - plain.attention == 40 * 80 * 128
 
 
 # --- K/V and state from raw fields; published K/V figures --------------------
+
 
 def test_jamba_paper_kv_table():
   # Jamba paper (arXiv 2403.19887), Table 1: K/V cache at 256K tokens, 16-bit:
@@ -146,8 +148,8 @@ def test_nemotron_h_schedule_and_state():
   spec = load_model("nemotron-h-56b")
   assert spec.layers_of(MAMBA2) == 54 and spec.layers_of(FULL) == 10
   assert spec.layers_of(NO_MIXER) == 54
-  assert [i for i, k in enumerate(spec.layer_kinds) if k == FULL] == [
-      7, 18, 29, 40, 51, 62, 73, 84, 95, 106]
+  assert [i for i, k in enumerate(spec.layer_kinds) if k == FULL
+         ] == [7, 18, 29, 40, 51, 62, 73, 84, 95, 106]
   sizing = kv_sizing.size_kv(spec, context=8192, block_size=1)
   mamba = next(k for k in sizing.kinds if k.kind == MAMBA2)
   heads, dim, ds = c["mamba_num_heads"], c["mamba_head_dim"], c["ssm_state_size"]
@@ -155,8 +157,8 @@ def test_nemotron_h_schedule_and_state():
   assert mamba.state_dtype == "fp32"  # vLLM's NemotronH default.
   assert mamba.state_bytes == 54 * (heads * dim * ds * 4 + conv_channels * 4 * 2)
   bf16 = kv_sizing.size_kv(spec, context=8192, state_dtype="bf16")
-  assert next(k for k in bf16.kinds if k.kind == MAMBA2).state_bytes == 54 * (
-      heads * dim * ds * 2 + conv_channels * 4 * 2)
+  assert next(k for k in bf16.kinds if k.kind == MAMBA2).state_bytes == 54 * (heads * dim * ds * 2 +
+                                                                              conv_channels * 4 * 2)
 
 
 def test_nano_config_state_dtype_is_read():
@@ -182,21 +184,23 @@ def test_qwen3_next_state_per_sequence():
 
 # --- vLLM's hybrid page rule --------------------------------------------------
 
+
 def _vllm_block(attn_per_token, state):
   """vllm config.py @0144dd5 HybridAttentionMambaModelConfig: 16*cdiv(state, 16*attn)."""
   return 16 * -(-state // (16 * attn_per_token))
 
 
-@pytest.mark.parametrize("name, state_dtype, state_elements, conv_elements, per_token, block", [
-    # Per layer, vLLM shapes (conv keeps kernel - 1 taps), FACTS.md §11 worked results.
-    ("qwen3-next-80b-a3b", "bf16", 32 * 128 * 128, 8192 * 3, 2 * 2 * 256 * 2, 544),
-    ("jamba-v0.1", None, 8192 * 16, 8192 * 3, 2 * 8 * 128 * 2, 80),
-    ("nemotron-h-56b", None, 256 * 64 * 256, 20480 * 3, 2 * 8 * 128 * 2, 4128),
-    ("nemotron-3-nano-30b-a3b", None, 64 * 64 * 128, (64 * 64 + 2 * 8 * 128) * 3,
-     2 * 2 * 128 * 2, 2096),
-])
-def test_vllm_hybrid_page_size(name, state_dtype, state_elements, conv_elements, per_token,
-                               block):
+@pytest.mark.parametrize(
+    "name, state_dtype, state_elements, conv_elements, per_token, block",
+    [
+        # Per layer, vLLM shapes (conv keeps kernel - 1 taps), FACTS.md §11 worked results.
+        ("qwen3-next-80b-a3b", "bf16", 32 * 128 * 128, 8192 * 3, 2 * 2 * 256 * 2, 544),
+        ("jamba-v0.1", None, 8192 * 16, 8192 * 3, 2 * 8 * 128 * 2, 80),
+        ("nemotron-h-56b", None, 256 * 64 * 256, 20480 * 3, 2 * 8 * 128 * 2, 4128),
+        ("nemotron-3-nano-30b-a3b", None, 64 * 64 * 128,
+         (64 * 64 + 2 * 8 * 128) * 3, 2 * 2 * 128 * 2, 2096),
+    ])
+def test_vllm_hybrid_page_size(name, state_dtype, state_elements, conv_elements, per_token, block):
   spec = load_model(name)
   b_state = 2 if (state_dtype == "bf16" or spec.model_type == "jamba") else 4
   state = state_elements * b_state + conv_elements * 2
@@ -214,6 +218,7 @@ def test_no_hybrid_pages_without_both_parts():
 
 # --- Downstream: the decode step and the fit carry the state ----------------
 
+
 def test_decode_step_reads_the_state_once_per_sequence():
   spec = load_model("qwen3-next-80b-a3b")
   device = step_inputs.load_accelerator("h200")
@@ -224,8 +229,10 @@ def test_decode_step_reads_the_state_once_per_sequence():
   assert state > 0
   assert math.isclose(inputs.k * ctx, sizing.kv_bytes_per_token * ctx + state)
   assert any("recurrent state" in a for a in inputs.assumptions)
-  fit = kv_sizing.capacity(sizing, weight_bytes=40e9,  # e.g. 4-bit weights.
-                           memory_capacity_bytes=device.memory_capacity_bytes)
+  fit = kv_sizing.capacity(
+      sizing,
+      weight_bytes=40e9,  # e.g. 4-bit weights.
+      memory_capacity_bytes=device.memory_capacity_bytes)
   assert fit.max_batch == (device.memory_capacity_bytes * 0.9 - 40e9) // (
       sizing.kv_bytes_per_token * ctx + state)  # Pages of 16 divide 4096: no rounding.
 
@@ -239,6 +246,7 @@ def test_prefill_of_recurrent_blocks_is_linear_in_the_prompt():
 
 
 # --- Readers and bad input ----------------------------------------------------
+
 
 def _nemotron(**changes):
   c = {k: v for k, v in _raw("nemotron-h-56b").items() if k != "_jaxroof_source"}
@@ -268,12 +276,14 @@ def _qwen3_next(**changes):
     (_qwen3_next(full_attention_interval=5), ["full_attention_interval", "48"]),
     (_qwen3_next(linear_key_head_dim=0), ["linear_key_head_dim"]),
     (_qwen3_next(linear_conv_kernel_dim=0), ["linear_conv_kernel_dim"]),
-    ({**_raw("llama-4-scout-17b-16e"), "text_config": {
-        **_raw("llama-4-scout-17b-16e")["text_config"], "attention_chunk_size": 0}},
-     ["attention_chunk_size"]),
-    ({**_raw("llama-4-scout-17b-16e"), "text_config": {
-        **_raw("llama-4-scout-17b-16e")["text_config"], "attention_chunk_size": -8}},
-     ["attention_chunk_size"]),
+    ({
+        **_raw("llama-4-scout-17b-16e"),
+        "text_config": {**_raw("llama-4-scout-17b-16e")["text_config"], "attention_chunk_size": 0}
+    }, ["attention_chunk_size"]),
+    ({
+        **_raw("llama-4-scout-17b-16e"),
+        "text_config": {**_raw("llama-4-scout-17b-16e")["text_config"], "attention_chunk_size": -8}
+    }, ["attention_chunk_size"]),
     ({**_raw("jamba-v0.1"), "attn_layer_offset": 8}, ["attn_layer_offset"]),
     ({**_raw("jamba-v0.1"), "mamba_d_state": 0}, ["mamba_d_state"]),
 ])
@@ -287,8 +297,7 @@ def test_bad_hybrid_configs(config, words):
 def test_layer_types_override_the_interval():
   types = ["linear_attention"] * 5 + ["full_attention"] * 2
   spec = hf_config.spec_from_config(
-      _qwen3_next(num_hidden_layers=7, full_attention_interval=5, layer_types=types),
-      name="x")
+      _qwen3_next(num_hidden_layers=7, full_attention_interval=5, layer_types=types), name="x")
   assert spec.layers_of(FULL) == 2 and spec.layers_of(LINEAR_ATTENTION) == 5
 
 
@@ -299,17 +308,20 @@ def test_infinity_is_accepted_as_python_json_reads_it():
 
 
 def test_cohere2_reader_windows_three_blocks_in_four():
-  config = {"model_type": "cohere2", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "vocab_size": 100, "sliding_window": 16}
+  config = {
+      "model_type": "cohere2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "sliding_window": 16
+  }
   spec = hf_config.spec_from_config(config, name="x")
   assert spec.layer_kinds == (SLIDING,) * 3 + (FULL,) + (SLIDING,) * 3 + (FULL,)
   assert spec.tie_word_embeddings
 
 
 def test_unknown_type_is_refused_unless_assumed_llama_like(tmp_path):
-  config = {"model_type": "my_llama", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}
+  config = {
+      "model_type": "my_llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 100
+  }
   path = tmp_path / "config.json"
   path.write_text(json.dumps(config))
   with pytest.raises(InputError) as e:
@@ -336,14 +348,16 @@ def test_kv_sizing_cli_labels_the_fallback_and_shows_hybrid_pages(tmp_path):
   import sys
   root = MODELS_DIR.parents[3]
   config = tmp_path / "config.json"
-  config.write_text(json.dumps({
-      "model_type": "my_llama", "hidden_size": 64, "intermediate_size": 128,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}))
+  config.write_text(
+      json.dumps({
+          "model_type": "my_llama", "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100
+      }))
   out = tmp_path / "kv.json"
 
   def run(*flags):
-    return subprocess.run([sys.executable, "-m", "experiments.kv_sizing", *flags],
-                          cwd=root, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "experiments.kv_sizing", *flags], cwd=root,
+                          capture_output=True, text=True, timeout=120)
 
   refused = run(f"--model={config}", "--context=8")
   assert refused.returncode != 0 and "assume_llama_like" in refused.stderr
@@ -365,8 +379,8 @@ def test_kimi_k2_is_deepseek_v3_under_another_name():
   # layer, 384 experts, 8 selected per token, 1 shared expert, MLA.
   spec = load_model("kimi-k2")
   assert spec.num_layers == 61 and spec.num_moe_layers == 60 and not spec.moe_layers[0]
-  assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.num_shared_experts) == (
-      384, 8, 1)
+  assert (spec.moe.num_experts, spec.moe.experts_per_token, spec.moe.num_shared_experts) == (384, 8,
+                                                                                             1)
   # Same latent cache as DeepSeek-V3: (512 + 64) x 2 B x 61 blocks per token.
   per_token = kv_sizing.size_kv(spec, context=1).kv_bytes_per_token
   assert per_token == (512 + 64) * 2 * 61

@@ -24,10 +24,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Layer of each package prefix; a module may import its own layer or lower.
 LAYERS: dict[str, int] = {
-    "jaxroof.errors": 0, "jaxroof.files": 0, "jaxroof.timing": 0, "jaxroof.progress": 0,
+    "jaxroof.errors": 0,
+    "jaxroof.files": 0,
+    "jaxroof.timing": 0,
+    "jaxroof.progress": 0,
     "jaxroof.symbolic": 1,
     "jaxroof.specs": 2,
-    "jaxroof.toy": 3, "kernels": 3,
+    "jaxroof.toy": 3,
+    "kernels": 3,
     "jaxroof.measure": 4,
     "jaxroof.parallel": 5,
     "jaxroof.serving": 6,
@@ -140,9 +144,10 @@ def test_kernels_import_only_jax_leaf_utilities_and_symbolic():
   1, no jax): their `pl.CostEstimate` is the roofline's own FLOPs and bytes
   (`kernels/cost_estimate.py`). Nothing from specs up: a kernel knows shapes, not models."""
   allowed = ("jaxroof.errors", "jaxroof.files", "jaxroof.timing", "jaxroof.symbolic")
-  wrong = [f"{m} imports {d}" for m, deps in _graph().items() if m.startswith("kernels")
-           for d in deps if d.startswith("jaxroof")
-           and not any(d == a or d.startswith(a + ".") for a in allowed)]
+  wrong = [
+      f"{m} imports {d}" for m, deps in _graph().items() if m.startswith("kernels") for d in deps
+      if d.startswith("jaxroof") and not any(d == a or d.startswith(a + ".") for a in allowed)
+  ]
   assert not wrong, "\n".join(wrong)
 
 
@@ -153,22 +158,24 @@ def test_no_import_cycle():
 
 def test_the_checks_catch_what_they_name():
   """Planted faults: an upward import, an unlayered module, a cycle, a shared name."""
-  assert _upward({"jaxroof.symbolic.a": {"jaxroof.specs.b"}}) == [
-      "jaxroof.symbolic.a (layer 1) imports jaxroof.specs.b (layer 2)"]
+  assert _upward({"jaxroof.symbolic.a": {"jaxroof.specs.b"}
+                 }) == ["jaxroof.symbolic.a (layer 1) imports jaxroof.specs.b (layer 2)"]
   assert _upward({"jaxroof.nowhere": {"jaxroof.errors"}})
   assert not _upward({"jaxroof.specs.b": {"jaxroof.symbolic.a", "jaxroof.errors"}})
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
-  assert _shared_names(["jaxroof.symbolic.serving", "jaxroof.serving", "kernels.linear",
-                        "jaxroof.symbolic.formulas"]) == {
-      "serving": ["jaxroof.serving", "jaxroof.symbolic.serving"]}
+  assert _shared_names([
+      "jaxroof.symbolic.serving", "jaxroof.serving", "kernels.linear", "jaxroof.symbolic.formulas"
+  ]) == {"serving": ["jaxroof.serving", "jaxroof.symbolic.serving"]}
 
 
 def test_no_relative_imports():
   """The graph reads absolute imports only, so a relative one would hide an edge."""
-  relative = [f"{name}:{node.lineno}" for name, path in _modules().items()
-              for node in ast.walk(ast.parse(path.read_text()))
-              if isinstance(node, ast.ImportFrom) and node.level]
+  relative = [
+      f"{name}:{node.lineno}" for name, path in _modules().items()
+      for node in ast.walk(ast.parse(path.read_text()))
+      if isinstance(node, ast.ImportFrom) and node.level
+  ]
   assert not relative, relative
 
 
@@ -178,8 +185,8 @@ def test_symbolic_layer_does_not_import_jax():
           "  importlib.import_module('jaxroof.symbolic.' + m.name)\n"
           "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.'))\n"
           "assert not bad, bad\n")
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
   assert proc.returncode == 0, proc.stderr
 
 
@@ -222,8 +229,8 @@ def _other_programs_spans(tree: ast.AST, source: str) -> list[tuple[int, int]]:
   spans = []
   for node in ast.walk(tree):
     if isinstance(node, (ast.List, ast.Tuple)) and any(
-        isinstance(e, ast.Constant) and isinstance(e.value, str)
-        and _DASHED_FLAG.match(e.value) for e in ast.walk(node)):
+        isinstance(e, ast.Constant) and isinstance(e.value, str) and _DASHED_FLAG.match(e.value)
+        for e in ast.walk(node)):
       spans.append((starts[node.lineno - 1] + node.col_offset,
                     starts[node.end_lineno - 1] + node.end_col_offset))
   return spans
@@ -250,28 +257,31 @@ def test_flag_mentions_rule():
   source = ('"""Give --tp with --json_out."""\n'
             'cmd = ["vllm", "serve", "--model", m, "--max-num-seqs", "4"]\n'
             'hint = f"set --model={m} or --noprogress, not --tpx; --max-model-len"  # --tp\n')
-  assert flag_mentions(source, names) == [
-      (1, "--tp"), (1, "--json_out"), (3, "--model"), (3, "--noprogress"), (3, "--tp")]
+  assert flag_mentions(source, names) == [(1, "--tp"), (1, "--json_out"), (3, "--model"),
+                                          (3, "--noprogress"), (3, "--tp")]
 
 
 def test_no_library_module_names_an_experiment_flag():
   """Library errors name fields (`InputError(field=...)`); experiments map them to flags."""
   names = experiment_flags()
   assert {"model", "tp", "json_out", "accelerator"} <= names, sorted(names)
-  found = [f"{path.relative_to(ROOT)}:{line}: {flag}"
-           for name, path in sorted(_modules().items()) if name.startswith("jaxroof")
-           for line, flag in flag_mentions(path.read_text(), names)]
+  found = [
+      f"{path.relative_to(ROOT)}:{line}: {flag}" for name, path in sorted(_modules().items())
+      if name.startswith("jaxroof") for line, flag in flag_mentions(path.read_text(), names)
+  ]
   assert not found, "\n".join(found)
 
 
 @pytest.mark.e2e  # A long job: every experiment started (about 2 minutes on 2 loaded cores).
 def test_every_experiment_starts_and_lists_its_flags():
-  modules = [m.name for m in pkgutil.iter_modules(experiments.__path__)
-             if not m.name.startswith("_")]
+  modules = [
+      m.name for m in pkgutil.iter_modules(experiments.__path__) if not m.name.startswith("_")
+  ]
   assert {"batch_sweep", "crossovers", "lesson", "report", "bench_sweep"} <= set(modules)
-  procs = {m: subprocess.Popen([sys.executable, "-m", f"experiments.{m}", "--only_check_args"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True) for m in modules}
+  procs = {
+      m: subprocess.Popen([sys.executable, "-m", f"experiments.{m}", "--only_check_args"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in modules
+  }
   for module, proc in procs.items():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"{module}: {err}"

@@ -63,8 +63,8 @@ def test_output_path_under_a_file_says_it_is_a_file(tmp_path):
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
 
 
 @pytest.mark.parametrize("experiment, flags", [

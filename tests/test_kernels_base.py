@@ -27,11 +27,9 @@ def test_every_op_validates_through_one_base():
   for op in (da.TUNABLE, pa.TUNABLE, linear.TUNABLE):
     assert isinstance(op, base.KernelOp)
   with pytest.raises(InputError, match="N=48 must be a multiple"):
-    linear.validate(linear.LinearConfig(block_n=32, block_k=64), problem,
-                    "interpret")
+    linear.validate(linear.LinearConfig(block_n=32, block_k=64), problem, "interpret")
   space = linear.config_space(problem, "triton")
-  assert space and all(
-      linear.why_invalid(c, problem, "triton") is None for c in space)
+  assert space and all(linear.why_invalid(c, problem, "triton") is None for c in space)
 
 
 def test_small_row_counts_prefer_one_split():
@@ -49,42 +47,35 @@ def test_masked_rows_read_nothing_past_the_edge():
   # for M < block_m shows the rows are masked, not read.
   problem = linear.LinearProblem(m=5, k=128, n=64, dtype="float32")
   x, w = linear.example_args(problem, jax.random.key(0))
-  out = linear.linear(x, w, config=linear.LinearConfig(
-      block_m=16, block_n=32, block_k=64))
-  np.testing.assert_allclose(out, linear.reference(x, w), rtol=1e-5,
-                             atol=1e-5)
+  out = linear.linear(x, w, config=linear.LinearConfig(block_m=16, block_n=32, block_k=64))
+  np.testing.assert_allclose(out, linear.reference(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_one_split_normalises_in_the_kernel():
-  problem = da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64,
-                             head_dim=16, dtype="float32")
-  args = da.with_ragged_lengths(
-      da.example_args(problem, jax.random.key(1)), jax.random.key(2))
+  problem = da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64, head_dim=16, dtype="float32")
+  args = da.with_ragged_lengths(da.example_args(problem, jax.random.key(1)), jax.random.key(2))
   config = da.DecodeAttentionConfig(block_k=16, num_splits=1)
   for splits, outputs in ((1, 1), (2, 3)):  # (o) or (o, m, l) per split.
     jaxpr = jax.make_jaxpr(lambda *a, s=splits: da.decode_attention(
         *a, config=dataclasses.replace(config, num_splits=s)))(*args)
     calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "pallas_call"]
     assert [len(e.outvars) for e in calls] == [outputs]
-  np.testing.assert_allclose(da.decode_attention(*args, config=config),
-                             da.reference(*args), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(da.decode_attention(*args, config=config), da.reference(*args),
+                             rtol=2e-5, atol=2e-5)
 
 
 def test_paged_kernel_clamps_page_ids_under_jit():
   # Under jit the values are not checked; an out-of-range live page id must
   # read some page of the pool (finite output), never memory past it.
-  problem = pa.PagedProblem(batch=2, heads=4, kv_heads=2, head_dim=16,
-                            num_pages=8, page_size=16, pages_per_seq=2,
-                            dtype="float32")
+  problem = pa.PagedProblem(batch=2, heads=4, kv_heads=2, head_dim=16, num_pages=8, page_size=16,
+                            pages_per_seq=2, dtype="float32")
   q, k, v, tables, lengths = pa.example_args(problem, jax.random.key(3))
   tables = tables.at[0, 0].set(1000).at[1, 1].set(-5)
-  out = jax.jit(lambda *a: pa.paged_decode_attention(
-      *a, config=pa.PagedAttentionConfig(num_splits=1)))(
-          q, k, v, tables, lengths)
+  out = jax.jit(lambda *a: pa.paged_decode_attention(*a, config=pa.PagedAttentionConfig(
+      num_splits=1)))(q, k, v, tables, lengths)
   assert np.isfinite(np.asarray(out)).all()
   clamped = jnp.clip(tables, 0, problem.num_pages - 1)
-  np.testing.assert_allclose(out, pa.reference(q, k, v, clamped, lengths),
-                             rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(out, pa.reference(q, k, v, clamped, lengths), rtol=2e-5, atol=2e-5)
 
 
 def test_tolerance_scales_with_the_reference_rms():

@@ -57,11 +57,9 @@ class CostEstimateTest(parameterized.TestCase):
       ("_two_splits", da.DecodeAttentionConfig(block_k=16, num_splits=2)),
   )
   def test_decode_attention(self, config):
-    p = da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=32, head_dim=16,
-                         dtype="float32")
+    p = da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=32, head_dim=16, dtype="float32")
     args = da.example_args(p, jax.random.key(0))
-    [got] = _estimates(
-        lambda *a: da.decode_attention(*a, config=config, interpret=True), *args)
+    [got] = _estimates(lambda *a: da.decode_attention(*a, config=config, interpret=True), *args)
     self.assertEqual(got.flops, formulas.attention_flops(2, 32, 4, 16))
     self.assertEqual(got.bytes_accessed, formulas.attention_bytes(2, 32, 4, 2, 16, 4))
     # By hand: QK^T and PV, a multiply and an add each, per sequence, head, position
@@ -72,32 +70,29 @@ class CostEstimateTest(parameterized.TestCase):
     self.assertEqual(got.transcendentals, 2 * 4 * 32)
 
   def test_paged_attention_counts_every_position_a_table_addresses(self):
-    p = pa.PagedProblem(batch=3, heads=8, kv_heads=2, head_dim=32, num_pages=17,
-                        page_size=16, pages_per_seq=4, dtype="bfloat16")
+    p = pa.PagedProblem(batch=3, heads=8, kv_heads=2, head_dim=32, num_pages=17, page_size=16,
+                        pages_per_seq=4, dtype="bfloat16")
     args = pa.example_args(p, jax.random.key(0))
     config = pa.PagedAttentionConfig(num_splits=2)
-    [got] = _estimates(
-        lambda *a: pa.paged_decode_attention(*a, config=config, interpret=True), *args)
+    [got] = _estimates(lambda *a: pa.paged_decode_attention(*a, config=config, interpret=True),
+                       *args)
     positions = 4 * 16
     self.assertEqual(got.flops, formulas.attention_flops(3, positions, 8, 32))
-    self.assertEqual(got.bytes_accessed,
-                     formulas.attention_bytes(3, positions, 8, 2, 32, 2))
+    self.assertEqual(got.bytes_accessed, formulas.attention_bytes(3, positions, 8, 2, 32, 2))
     self.assertEqual(got.flops, 4 * 3 * 8 * 64 * 32)
     self.assertEqual(got.bytes_accessed, (2 * 3 * 64 * 2 * 32 + 2 * 3 * 8 * 32) * 2)
     self.assertEqual(got.transcendentals, 3 * 8 * 64)
 
   @parameterized.named_parameters(
-      ("_gpu_split_k", "cpu", linear.LinearConfig(block_m=16, block_n=32, block_k=64,
-                                                  split_k=2)),
-      ("_tpu_structure", "tpu", linear.LinearConfig(block_m=16, block_n=128,
-                                                    block_k=128)),
+      ("_gpu_split_k", "cpu", linear.LinearConfig(block_m=16, block_n=32, block_k=64, split_k=2)),
+      ("_tpu_structure", "tpu", linear.LinearConfig(block_m=16, block_n=128, block_k=128)),
   )
   def test_linear(self, platform, config):
     m, k, n = 5, 256, 128
     x = jnp.ones((m, k), jnp.bfloat16)
     w = jnp.ones((k, n), jnp.bfloat16)
-    [got] = _estimates(lambda a, b: linear.linear(a, b, config=config, platform=platform,
-                                                  interpret=True), x, w)
+    [got] = _estimates(
+        lambda a, b: linear.linear(a, b, config=config, platform=platform, interpret=True), x, w)
     self.assertEqual(got.flops, formulas.linear_flops(k * n, m))
     self.assertEqual(got.bytes_accessed, formulas.linear_bytes(m, k, n, 2))
     # By hand: a multiply and an add per (row, weight); w once, x read, output written,
@@ -111,16 +106,16 @@ class CostEstimateTest(parameterized.TestCase):
     w = jnp.ones((256, 128), jnp.bfloat16)
     config = linear.LinearConfig(block_m=16, block_n=128, block_k=128)
     [got] = _mosaic_estimates(
-        lambda a, b: linear.linear(a, b, config=config, platform="tpu", interpret=False),
-        x, w)
-    self.assertEqual(got, {"flops": 2 * 5 * 256 * 128, "transcendentals": 0,
-                           "bytes_accessed": (256 * 128 + 5 * 256 + 5 * 128) * 2,
-                           "remote_bytes_transferred": 0})
-    p = da.DecodeProblem(batch=2, heads=8, kv_heads=2, max_len=256, head_dim=128,
-                         dtype="bfloat16")
+        lambda a, b: linear.linear(a, b, config=config, platform="tpu", interpret=False), x, w)
+    self.assertEqual(
+        got, {
+            "flops": 2 * 5 * 256 * 128, "transcendentals": 0, "bytes_accessed":
+                (256 * 128 + 5 * 256 + 5 * 128) * 2, "remote_bytes_transferred": 0
+        })
+    p = da.DecodeProblem(batch=2, heads=8, kv_heads=2, max_len=256, head_dim=128, dtype="bfloat16")
     args = da.example_args(p, jax.random.key(0))
-    [got] = _mosaic_estimates(
-        lambda *a: da.decode_attention(*a, platform="tpu", interpret=False), *args)
+    [got] = _mosaic_estimates(lambda *a: da.decode_attention(*a, platform="tpu", interpret=False),
+                              *args)
     self.assertEqual(got["flops"], 4 * 2 * 8 * 256 * 128)
     self.assertEqual(got["bytes_accessed"], (2 * 2 * 256 * 2 * 128 + 2 * 2 * 8 * 128) * 2)
     self.assertEqual(got["transcendentals"], 2 * 8 * 256)

@@ -12,33 +12,28 @@ from kernels import _backend
 from kernels import decode_attention as da
 from kernels import testing
 
-_SMALL = da.DecodeProblem(
-    batch=3, heads=8, kv_heads=2, max_len=256, head_dim=32, dtype="float32"
-)
+_SMALL = da.DecodeProblem(batch=3, heads=8, kv_heads=2, max_len=256, head_dim=32, dtype="float32")
 # (platform, config): CPU heuristic, many small splits, the TPU structure
 # (all KV heads per program) interpreted on the CPU.
 _VARIANTS = {
     "heuristic": ("cpu", None),
-    "splits4_block16": ("cpu", da.DecodeAttentionConfig(block_k=16,
-                                                        num_splits=4)),
-    "tpu_structure": ("tpu", da.DecodeAttentionConfig(
-        block_k=128, num_splits=2, kv_heads_per_block=2)),
+    "splits4_block16": ("cpu", da.DecodeAttentionConfig(block_k=16, num_splits=4)),
+    "tpu_structure": ("tpu",
+                      da.DecodeAttentionConfig(block_k=128, num_splits=2, kv_heads_per_block=2)),
 }
 
 
 def _inputs(problem, seed):
   q, k, v, _ = da.example_args(problem, jax.random.key(seed))
   lengths = testing.ragged_lengths(seed, problem.batch, problem.max_len)
-  return q, testing.poison_beyond(k, lengths), testing.poison_beyond(
-      v, lengths), lengths
+  return q, testing.poison_beyond(k, lengths), testing.poison_beyond(v, lengths), lengths
 
 
 def _abstract(problem):
   dtype = jnp.dtype(problem.dtype)
   kv = (problem.batch, problem.max_len, problem.kv_heads, problem.head_dim)
   return (
-      jax.ShapeDtypeStruct((problem.batch, problem.heads, problem.head_dim),
-                           dtype),
+      jax.ShapeDtypeStruct((problem.batch, problem.heads, problem.head_dim), dtype),
       jax.ShapeDtypeStruct(kv, dtype),
       jax.ShapeDtypeStruct(kv, dtype),
       jax.ShapeDtypeStruct((problem.batch,), jnp.int32),
@@ -47,21 +42,20 @@ def _abstract(problem):
 
 class InterpretTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(
-      (f"_{variant}_{dtype}", dtype, variant)
-      for variant in _VARIANTS
-      for dtype in ("float32", "bfloat16")
-  )
+  @parameterized.named_parameters((f"_{variant}_{dtype}", dtype, variant) for variant in _VARIANTS
+                                  for dtype in ("float32", "bfloat16"))
   def test_matches_reference(self, dtype, variant):
     problem = dataclasses.replace(_SMALL, dtype=dtype)
     platform, config = _VARIANTS[variant]
     seed = testing.fresh_seed()
     q, k, v, lengths = _inputs(problem, seed)
-    out = da.decode_attention(q, k, v, lengths, config=config,
-                              platform=platform, interpret=True)
+    out = da.decode_attention(q, k, v, lengths, config=config, platform=platform, interpret=True)
     rtol, atol = da.tolerance(dtype)
     testing.assert_close(
-        out, da.reference(q, k, v, lengths), rtol=rtol, atol=atol,
+        out,
+        da.reference(q, k, v, lengths),
+        rtol=rtol,
+        atol=atol,
         what=f"{variant} {dtype} seed={seed} lengths={lengths.tolist()}",
     )
     self.assertEqual(out.dtype, q.dtype)
@@ -69,13 +63,15 @@ class InterpretTest(parameterized.TestCase):
   def test_mha_wide_group_and_scale(self):
     seed = testing.fresh_seed()
     for heads, kv_heads in ((4, 4), (32, 1)):
-      problem = dataclasses.replace(_SMALL, heads=heads, kv_heads=kv_heads,
-                                    batch=2, max_len=64)
+      problem = dataclasses.replace(_SMALL, heads=heads, kv_heads=kv_heads, batch=2, max_len=64)
       q, k, v, lengths = _inputs(problem, seed)
       out = da.decode_attention(q, k, v, lengths, scale=0.3)
       testing.assert_close(
-          out, da.reference(q, k, v, lengths, scale=0.3), rtol=2e-5,
-          atol=2e-5, what=f"{heads=} {kv_heads=} seed={seed}",
+          out,
+          da.reference(q, k, v, lengths, scale=0.3),
+          rtol=2e-5,
+          atol=2e-5,
+          what=f"{heads=} {kv_heads=} seed={seed}",
       )
 
   def test_reference_ignores_poisoned_slots_and_is_softmax(self):
@@ -83,8 +79,8 @@ class InterpretTest(parameterized.TestCase):
     problem = dataclasses.replace(_SMALL, batch=2, max_len=16)
     q, k, v, _ = da.example_args(problem, jax.random.key(testing.fresh_seed()))
     lengths = jnp.array([1, 1], jnp.int32)
-    out = da.reference(q, testing.poison_beyond(k, lengths),
-                       testing.poison_beyond(v, lengths), lengths)
+    out = da.reference(q, testing.poison_beyond(k, lengths), testing.poison_beyond(v, lengths),
+                       lengths)
     expected = jnp.repeat(v[:, 0], problem.group, axis=1)
     testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, what="length 1")
 
@@ -110,17 +106,14 @@ class ErrorTest(absltest.TestCase):
     bad = da.DecodeAttentionConfig(block_k=48, num_splits=1)
     problem = dataclasses.replace(_SMALL, max_len=96)
     self.assertIn("power of two", da.why_invalid(bad, problem, "triton"))
-    self.assertIn("multiple of num_splits*block_k",
-                  da.why_invalid(da.DecodeAttentionConfig(block_k=256,
-                                                          num_splits=2),
-                                 _SMALL, "interpret"))
+    self.assertIn(
+        "multiple of num_splits*block_k",
+        da.why_invalid(da.DecodeAttentionConfig(block_k=256, num_splits=2), _SMALL, "interpret"))
     self.assertIn("kv_heads_per_block",
-                  da.why_invalid(da.DecodeAttentionConfig(block_k=128),
-                                 _SMALL, "mosaic_tpu"))
+                  da.why_invalid(da.DecodeAttentionConfig(block_k=128), _SMALL, "mosaic_tpu"))
     q, k, v, lengths = da.example_args(_SMALL, jax.random.key(0))
     with self.assertRaisesRegex(InputError, "max_len=256 must be a multiple"):
-      da.decode_attention(q, k, v, lengths,
-                          config=da.DecodeAttentionConfig(block_k=96))
+      da.decode_attention(q, k, v, lengths, config=da.DecodeAttentionConfig(block_k=96))
     odd = dataclasses.replace(_SMALL, max_len=100)
     with self.assertRaisesRegex(InputError, "max_len a multiple of 128"):
       da.heuristic(odd, "triton")
@@ -132,19 +125,19 @@ class CrossLoweringTest(parameterized.TestCase):
   def _lowers(self, problem, config, platform):
     _backend.cross_lower(
         lambda *a: da.decode_attention(*a, config=config, platform=platform),
-        *_abstract(problem), platform=platform,
+        *_abstract(problem),
+        platform=platform,
     )
 
-  @parameterized.named_parameters(
-      (f"_{platform}_{dtype}", platform, dtype)
-      for platform in ("cuda", "tpu")
-      for dtype in ("float32", "bfloat16")
-  )
+  @parameterized.named_parameters((f"_{platform}_{dtype}", platform, dtype)
+                                  for platform in ("cuda", "tpu")
+                                  for dtype in ("float32", "bfloat16"))
   def test_every_config_in_the_space_lowers(self, platform, dtype):
     rules = _backend.resolve_target(platform).rules
-    problems = [dataclasses.replace(_SMALL, dtype=dtype),
-                dataclasses.replace(_SMALL, heads=4, kv_heads=4,
-                                    max_len=4096, head_dim=128, dtype=dtype)]
+    problems = [
+        dataclasses.replace(_SMALL, dtype=dtype),
+        dataclasses.replace(_SMALL, heads=4, kv_heads=4, max_len=4096, head_dim=128, dtype=dtype)
+    ]
     for problem in problems:
       space = da.config_space(problem, rules)
       self.assertNotEmpty(space)
@@ -163,7 +156,8 @@ class CrossLoweringTest(parameterized.TestCase):
     with self.assertRaisesRegex(Exception, "power of 2"):
       _backend.cross_lower(
           lambda *a: da._decode_call(*a, config=config, target=target),
-          *_abstract(problem), platform="cuda",
+          *_abstract(problem),
+          platform="cuda",
       )
 
 

@@ -22,42 +22,41 @@ _CUDA = _backend.resolve_target("cuda")
 
 
 def _abstract(case):
-  args = jax.eval_shape(
-      lambda: case.op.example_args(case.problem, jax.random.key(0)))
+  args = jax.eval_shape(lambda: case.op.example_args(case.problem, jax.random.key(0)))
   return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
 
 
 class BenchConfigsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      (case.name, case) for case in gpu_bench.CASES + gpu_bench.QUICK_CASES
-  )
+      (case.name, case) for case in gpu_bench.CASES + gpu_bench.QUICK_CASES)
   def test_every_config_tried_lowers_for_cuda(self, case):
     abstract = _abstract(case)
     tried = case.op.candidates(case.problem, "triton")[:12]
-    valid = [c for c in tried
-             if case.op.why_invalid(c, case.problem, "triton") is None]
+    valid = [c for c in tried if case.op.why_invalid(c, case.problem, "triton") is None]
     self.assertNotEmpty(valid)
     self.assertIn(case.op.heuristic(case.problem, "triton"), valid)
     for config in valid:
       with self.subTest(config=config):
         _backend.cross_lower(
             lambda *a, c=config: case.op.kernel(*a, config=c, target=_CUDA),
-            *abstract, platform="cuda",
+            *abstract,
+            platform="cuda",
         )
 
   def test_chains_keep_their_argument_types(self):
     for case in gpu_bench.CASES:
       abstract = _abstract(case)
       config = case.op.heuristic(case.problem, "triton")
-      fns = {"pallas": lambda *a, c=config, op=case.op: op.kernel(
-          *a, config=c, target=_CUDA), **gpu_bench.xla_variants(case)}
+      fns = {
+          "pallas": lambda *a, c=config, op=case.op: op.kernel(*a, config=c, target=_CUDA),
+          **gpu_bench.xla_variants(case)
+      }
       for name, fn in fns.items():
         if name == "cudnn_dot_product_attention":
           continue  # Needs cuDNN to trace; same wrapper as the xla one.
         with self.subTest(case=case.name, fn=name):
-          fed = jax.eval_shape(
-              lambda *a, f=fn, op=case.op: op.chain_feed(a, f(*a)), *abstract)
+          fed = jax.eval_shape(lambda *a, f=fn, op=case.op: op.chain_feed(a, f(*a)), *abstract)
           self.assertEqual(
               [(a.shape, a.dtype) for a in fed],
               [(a.shape, a.dtype) for a in abstract],
@@ -67,8 +66,7 @@ class BenchConfigsTest(parameterized.TestCase):
 class BenchArithmeticTest(absltest.TestCase):
 
   def test_analytic_traffic_and_flops(self):
-    attention = gpu_bench.analytic(
-        gpu_bench.attention_case(32, 32, 8, 8192, 128))
+    attention = gpu_bench.analytic(gpu_bench.attention_case(32, 32, 8, 8192, 128))
     self.assertEqual(attention["kv_bytes"], 2 * 32 * 8192 * 8 * 128 * 2)
     self.assertGreaterEqual(attention["kv_bytes"], 1e9)  # The target's size.
     self.assertEqual(attention["flops"], 4 * 32 * 32 * 8192 * 128)
@@ -80,8 +78,8 @@ class BenchArithmeticTest(absltest.TestCase):
   def test_attention_bytes_and_ragged_lengths(self):
     b, h, kv, t, d = 4, 32, 8, 1024, 128
     q_and_out = 2 * b * h * d * 2
-    for case in (gpu_bench.attention_case(b, h, kv, t, d),
-                 gpu_bench.paged_case(b, h, kv, t, d, 64)):
+    for case in (gpu_bench.attention_case(b, h, kv, t, d), gpu_bench.paged_case(b, h, kv, t, d,
+                                                                                64)):
       with self.subTest(case=case.name):
         full = gpu_bench.analytic(case)
         self.assertEqual(full["bytes"], 2 * b * t * kv * d * 2 + q_and_out)
@@ -97,14 +95,16 @@ class BenchArithmeticTest(absltest.TestCase):
       gpu_bench.analytic(gpu_bench.linear_case(16, 64, 64), [1])
 
   def test_dot_product_attention_wrapper_is_decode_attention(self):
-    problem = da.DecodeProblem(batch=3, heads=8, kv_heads=2, max_len=32,
-                               head_dim=16, dtype="float32")
+    problem = da.DecodeProblem(batch=3, heads=8, kv_heads=2, max_len=32, head_dim=16,
+                               dtype="float32")
     seed = testing.fresh_seed()
     q, k, v, _ = da.example_args(problem, jax.random.key(seed))
     lengths = testing.ragged_lengths(seed, 3, 32)
     testing.assert_close(
         gpu_bench.dot_product_attention("xla")(q, k, v, lengths),
-        da.reference(q, k, v, lengths), rtol=1e-5, atol=1e-5,
+        da.reference(q, k, v, lengths),
+        rtol=1e-5,
+        atol=1e-5,
         what=f"seed={seed}",
     )
 
@@ -119,19 +119,24 @@ class ReportSectionTest(absltest.TestCase):
 
   def test_latest_summary_becomes_a_table(self):
     root = self.create_tempdir().full_path
-    pallas = {"median_s": 250e-6, "bytes_per_s": 4.3e12, "flop_per_s": 4.3e12,
-              "fraction_of_copy_bandwidth": 0.93,
-              "fraction_of_matmul_rate": 0.006}
+    pallas = {
+        "median_s": 250e-6, "bytes_per_s": 4.3e12, "flop_per_s": 4.3e12,
+        "fraction_of_copy_bandwidth": 0.93, "fraction_of_matmul_rate": 0.006
+    }
     summary = {
-        "date": "2030-01-02T00:00:00+00:00", "device_kind": "NVIDIA H200",
-        "jax_version": "0.11.0", "timing": "chained",
-        "ceilings": {"copy": {"bytes_per_s": 4.6e12},
-                     "matmul": {"flop_per_s": 7.5e14}},
-        "cases": {"decode_attention_x": {
-            "pallas": pallas, "xla_best_median_s": 300e-6,
-            "targets": {"not_slower_than_xla": {"pass": True},
-                        "copy_bw>=0.8": {"pass": False}}}},
-        "skipped": ["linear_y"], "errors": {},
+        "date": "2030-01-02T00:00:00+00:00",
+        "device_kind": "NVIDIA H200",
+        "jax_version": "0.11.0",
+        "timing": "chained",
+        "ceilings": {"copy": {"bytes_per_s": 4.6e12}, "matmul": {"flop_per_s": 7.5e14}},
+        "cases": {
+            "decode_attention_x": {
+                "pallas": pallas, "xla_best_median_s": 300e-6,
+                "targets": {"not_slower_than_xla": {"pass": True}, "copy_bw>=0.8": {"pass": False}}
+            }
+        },
+        "skipped": ["linear_y"],
+        "errors": {},
     }
     old = dict(summary, date="2029-01-01T00:00:00+00:00", cases={})
     for name, data in (("new", summary), ("old", old)):
@@ -154,27 +159,32 @@ class BenchPlumbingTest(absltest.TestCase):
     out_dir = self.create_tempdir().full_path
     lin = gpu_bench.run_case(
         gpu_bench.Case(name="tiny_linear", op=linear.TUNABLE,
-                       problem=linear.LinearProblem(m=16, k=64, n=32,
-                                                    dtype="float32")),
-        ceilings, out_dir, repeats=3, max_candidates=2, tune_budget_s=5.0,
+                       problem=linear.LinearProblem(m=16, k=64, n=32, dtype="float32")),
+        ceilings,
+        out_dir,
+        repeats=3,
+        max_candidates=2,
+        tune_budget_s=5.0,
     )
     self.assertFalse(lin["tuning"]["tuned"])
     self.assertEqual(lin["backend"], "pallas-interpret")
     pallas = lin["pallas"]
-    self.assertAlmostEqual(pallas["fraction_of_copy_bandwidth"],
-                           pallas["bytes_per_s"] / 1e12)
+    self.assertAlmostEqual(pallas["fraction_of_copy_bandwidth"], pallas["bytes_per_s"] / 1e12)
     self.assertIn("linear_m<=16_fraction_of_copy_bw>=0.8", lin["targets"])
     self.assertIn("median_s", lin["xla"]["xla_reference"])
     attention = gpu_bench.run_case(
-        gpu_bench.Case(name="tiny_attention", op=da.TUNABLE,
-                       problem=da.DecodeProblem(
-                           batch=2, heads=4, kv_heads=2, max_len=64,
-                           head_dim=16, dtype="float32")),
-        ceilings, out_dir, repeats=3, max_candidates=2, tune_budget_s=5.0,
+        gpu_bench.Case(
+            name="tiny_attention", op=da.TUNABLE,
+            problem=da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64, head_dim=16,
+                                     dtype="float32")),
+        ceilings,
+        out_dir,
+        repeats=3,
+        max_candidates=2,
+        tune_budget_s=5.0,
     )
-    self.assertEqual(set(attention["xla"]), {
-        "xla_reference", "xla_dot_product_attention",
-        "cudnn_dot_product_attention"})
+    self.assertEqual(set(attention["xla"]),
+                     {"xla_reference", "xla_dot_product_attention", "cudnn_dot_product_attention"})
     self.assertIn("median_s", attention["xla"]["xla_dot_product_attention"])
     json.dumps([lin, attention])  # Serialisable as they are.
 
@@ -186,8 +196,7 @@ class BenchPlumbingTest(absltest.TestCase):
         [sys.executable, "-m", "experiments.gpu_bench", f"--out_dir={out_dir}"],
         ["bash", "experiments/gpu_bench.sh", out_dir],
     ):
-      proc = subprocess.run(command, cwd=root, env=env, capture_output=True,
-                            text=True, timeout=120)
+      proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=120)
       self.assertEqual(proc.returncode, 1, proc.stderr)
       self.assertIn("NO GPU", proc.stderr)
     self.assertEmpty(os.listdir(out_dir))

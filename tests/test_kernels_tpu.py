@@ -34,8 +34,8 @@ class TpuTest(parameterized.TestCase):
     seed = testing.fresh_seed()
     x, w = linear.example_args(problem, jax.random.key(seed))
     rtol, atol = linear.tolerance("bfloat16")
-    testing.assert_close(linear.linear(x, w), linear.reference(x, w), rtol=rtol,
-                         atol=atol, what=f"rows={rows} seed={seed}")
+    testing.assert_close(linear.linear(x, w), linear.reference(x, w), rtol=rtol, atol=atol,
+                         what=f"rows={rows} seed={seed}")
 
   def test_paged_attention_is_refused_with_a_reason(self):
     problem = pa.PagedProblem(batch=2, heads=8, kv_heads=2, head_dim=128, num_pages=16,

@@ -108,10 +108,18 @@ def test_kv_per_token_from_the_config_fields(name):
 
 
 @pytest.mark.parametrize("name, published", [
-    ("llama-2-7b", 524_288), ("llama-2-70b", 327_680), ("llama-3-8b", 131_072),
-    ("llama-3.1-70b", 327_680), ("llama-3.1-405b", 516_096), ("mixtral-8x7b", 131_072),
-    ("qwen2.5-7b", 57_344), ("qwen3-30b-a3b", 98_304), ("gemma-2-9b", 172_032),
-    ("deepseek-v3", 70_272), ("tinyllama-1.1b", 22_528), ("mamba-2.8b", 0),
+    ("llama-2-7b", 524_288),
+    ("llama-2-70b", 327_680),
+    ("llama-3-8b", 131_072),
+    ("llama-3.1-70b", 327_680),
+    ("llama-3.1-405b", 516_096),
+    ("mixtral-8x7b", 131_072),
+    ("qwen2.5-7b", 57_344),
+    ("qwen3-30b-a3b", 98_304),
+    ("gemma-2-9b", 172_032),
+    ("deepseek-v3", 70_272),
+    ("tinyllama-1.1b", 22_528),
+    ("mamba-2.8b", 0),
     ("lesson-toy", 32),
 ])
 def test_kv_per_token_matches_published_figures(name, published):
@@ -164,8 +172,7 @@ def test_paged_allocation_covers_payload_and_wastes_under_a_page(context, block,
   # Under a page per block; a sliding window that is not page-aligned can
   # leave part of a page at each end.
   slack = sum(k.bytes_per_token * (2 if k.window else 1) for k in z.kinds)
-  assert (z.allocated_bytes_per_sequence - z.payload_bytes_per_sequence
-          < block * slack)
+  assert (z.allocated_bytes_per_sequence - z.payload_bytes_per_sequence < block * slack)
   assert z.allocated_bytes_windowed_as_full_per_sequence >= z.allocated_bytes_per_sequence
 
 
@@ -203,14 +210,15 @@ def test_block_scaled_fp8_kv_counts_its_scales():
   Llama-3-8B token (2 x 32 layers x 8 KV heads x 128 = 65,536 values, from its
   config.json) takes 65,536 + 65,536 / 32 = 67,584 bytes; per-tensor fp8 65,536."""
   spec = load_model("llama-3-8b")
-  per_token = {dtype: kv_sizing.size_kv(spec, context=1, kv_dtype=dtype,
-                                        block_size=1).payload_bytes
-               for dtype in ("fp8", "fp8_block")}
+  per_token = {
+      dtype: kv_sizing.size_kv(spec, context=1, kv_dtype=dtype, block_size=1).payload_bytes
+      for dtype in ("fp8", "fp8_block")
+  }
   assert per_token == {"fp8": 65_536, "fp8_block": 67_584}
   assert kv_sizing.kv_bytes_per_element("fp8_block") == 1 + 1 / 32
   mla = load_model("deepseek-v3")  # MLA latent: the same 1/32 overhead.
-  ratio = (kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8_block").payload_bytes
-           / kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8").payload_bytes)
+  ratio = (kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8_block").payload_bytes /
+           kv_sizing.size_kv(mla, context=4096, kv_dtype="fp8").payload_bytes)
   assert ratio == pytest.approx(1.03125)
 
 
@@ -221,8 +229,7 @@ def test_lesson_toy_counts():
   positions = int(formulas.positions_with_kv(3, 3))  # Prompt [1, 4, 6] + 3 outputs.
   assert positions == 5
   assert kv_sizing.size_kv(toy, context=positions, block_size=1).payload_bytes == 160
-  doubled = dataclasses.replace(toy, layer_kinds=toy.layer_kinds * 2,
-                                moe_layers=toy.moe_layers * 2)
+  doubled = dataclasses.replace(toy, layer_kinds=toy.layer_kinds * 2, moe_layers=toy.moe_layers * 2)
   assert kv_sizing.size_kv(doubled, context=1).kv_bytes_per_token == 64
   assert kv_sizing.size_kv(doubled, context=positions, block_size=1).payload_bytes == 320
 
@@ -246,8 +253,8 @@ def test_capacity_is_the_largest_batch_that_fits():
 def test_arch_formula_closed_forms():
   assert af.paged_tokens(17, 16) == 32 and af.paged_tokens(32, 16) == 32
   assert af.windowed_tokens(5000, 4096) == 4096
-  assert sp.simplify(af.full_attention_kv_per_token() * sp.Symbol("L", positive=True)
-                     - formulas.kv_bytes_per_position()) == 0
+  assert sp.simplify(af.full_attention_kv_per_token() * sp.Symbol("L", positive=True) -
+                     formulas.kv_bytes_per_position()) == 0
   assert af.capacity_sequences(100, sp.Rational(1, 10), 50, 8) == 5
   assert af.quantized_bytes_per_weight(4, 128, 2) == sp.Rational(33, 64)
 
@@ -269,8 +276,7 @@ def test_windowed_pages_count_every_page_the_window_touches():
   """Brute force: the pages holding any of the last min(T, W) tokens."""
   from jaxroof.symbolic import architecture as af
   for context, window, page in [(8192, 4096, 16), (8200, 4096, 16), (100, 4096, 16),
-                                (4097, 4096, 16), (37, 10, 4), (9, 10, 4), (10, 10, 3),
-                                (23, 7, 5)]:
+                                (4097, 4096, 16), (37, 10, 4), (9, 10, 4), (10, 10, 3), (23, 7, 5)]:
     pages = {t // page for t in range(max(0, context - window), context)}
-    assert int(af.windowed_paged_tokens(context, window, page)) == len(pages) * page, (
-        context, window, page)
+    assert int(af.windowed_paged_tokens(context, window,
+                                        page)) == len(pages) * page, (context, window, page)

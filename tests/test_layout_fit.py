@@ -19,8 +19,10 @@ GPTFAST = DATA / "gptfast_a100_tp_steps.csv"
 
 
 def _row(line: int, **record) -> um.Row:
-  base = {"model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "decode", "batch": 1,
-          "context": 512, "time_s": 0.01, "tp": 1}
+  base = {
+      "model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "decode", "batch": 1,
+      "context": 512, "time_s": 0.01, "tp": 1
+  }
   return um.parse_row("rows.csv", line, {**base, **record})
 
 
@@ -63,8 +65,10 @@ def test_recovers_eta_comm_from_noisy_synthetic_rows():
         line += 1
   clean = user_fit.predict_rows(rows, truth, inputs=layout_fit.layout_inputs)
   noise = np.exp(np.random.default_rng(0).normal(0, 0.01, len(rows)))
-  noisy = [_row(r.line, model=r.model, tp=r.tp, batch=r.batch, time_s=t)
-           for r, t in zip(rows, clean * noise)]
+  noisy = [
+      _row(r.line, model=r.model, tp=r.tp, batch=r.batch, time_s=t)
+      for r, t in zip(rows, clean * noise)
+  ]
   fit = user_fit.fit_rows(noisy, inputs=layout_fit.layout_inputs, steps=1200)
   assert "eta_comm" in fit.free
   assert fit.factors["eta_comm"] == pytest.approx(0.35, rel=0.15)
@@ -76,8 +80,8 @@ def test_heldout_layouts_never_enter_the_fit(monkeypatch):
 
   def fake_fit(rows, **_):
     seen.append({r.line for r in rows})
-    return user_fit.UserFit(factors=dict(user_fit.FIXED_VALUES), free=(), fixed={},
-                            flags=(), loss=0.0, rows=len(rows))
+    return user_fit.UserFit(factors=dict(user_fit.FIXED_VALUES), free=(), fixed={}, flags=(),
+                            loss=0.0, rows=len(rows))
 
   monkeypatch.setattr(user_fit, "fit_rows", fake_fit)
   measurements = um.read_measurements(GPTFAST)
@@ -93,8 +97,8 @@ def test_heldout_layouts_never_enter_the_fit(monkeypatch):
   assert seen == [set(f["train_lines"]) for f in folds for _ in range(2)]
   leave_one_out = result["studies"]["leave_one_layout_out"]["folds"]
   assert {f["fold"] for f in leave_one_out} == {
-      "hold out tp1-pp1-ep1", "hold out tp2-pp1-ep1", "hold out tp4-pp1-ep1",
-      "hold out tp8-pp1-ep1"}
+      "hold out tp1-pp1-ep1", "hold out tp2-pp1-ep1", "hold out tp4-pp1-ep1", "hold out tp8-pp1-ep1"
+  }
   single = result["studies"]["single_chip_to_layouts"]["folds"][0]
   assert all(by_line[i].tp == 1 for i in single["train_lines"])
   assert all(by_line[i].tp > 1 for i in single["heldout_lines"])
@@ -105,8 +109,8 @@ def test_heldout_layouts_never_enter_the_fit(monkeypatch):
     ({"tp": 64}, "tp", "does not divide"),
     ({"accelerator": "a100-80gb", "tp": 16}, "tp", "scale-up domain"),
     ({"ep": 2}, "ep", "mixture-of-experts"),
-    ({"model": "llama-2-70b", "accelerator": "a100-80gb", "tp": 1}, "tp",
-     "cannot have been measured"),
+    ({"model": "llama-2-70b", "accelerator": "a100-80gb", "tp": 1
+     }, "tp", "cannot have been measured"),
 ])
 def test_impossible_layouts_are_refused_naming_line_and_column(record, column, words):
   with pytest.raises(errors.InputError) as info:
@@ -135,11 +139,16 @@ def test_gptfast_layout_carry_over_beats_the_bound():
 
 def test_report_shows_the_layout_carry_over(tmp_path):
   measurements = um.read_measurements(GPTFAST)
-  rows = [{"layout": "tp2-pp1-ep1", "measured_s": 1.0, "calibrated_s": 1.1, "bound_s": 0.5,
-           "calibrated_rel_error": 0.1, "bound_rel_error": 0.5, "ideal_split_rel_error": 0.2}]
+  rows = [{
+      "layout": "tp2-pp1-ep1", "measured_s": 1.0, "calibrated_s": 1.1, "bound_s": 0.5,
+      "calibrated_rel_error": 0.1, "bound_rel_error": 0.5, "ideal_split_rel_error": 0.2
+  }]
   summary = layout_fit._summaries(rows)
-  result = {"file": measurements.path, "studies": {"leave_one_layout_out": {
-      **summary, "by_heldout_layout": {"tp2-pp1-ep1": summary}}}}
+  result = {
+      "file": measurements.path, "studies": {
+          "leave_one_layout_out": {**summary, "by_heldout_layout": {"tp2-pp1-ep1": summary}}
+      }
+  }
   (tmp_path / "layout_carry_over_x.json").write_text(json.dumps(result))
   text = user_calibration.report_section(str(tmp_path))
   assert "| leave one layout out | tp2-pp1-ep1 | 1 | 10.0% | 20.0% | 50.0% |" in text

@@ -43,8 +43,7 @@ def test_formula_matches_simulated_uniform_routing(tokens, experts, top_k):
   hit = np.zeros((trials, experts), dtype=bool)
   np.put_along_axis(hit, chosen.reshape(trials, -1), True, axis=1)
   simulated = hit.sum(axis=1).mean()
-  assert EXPERTS(np.array([float(tokens)]), experts, top_k)[0] == pytest.approx(
-      simulated, rel=0.01)
+  assert EXPERTS(np.array([float(tokens)]), experts, top_k)[0] == pytest.approx(simulated, rel=0.01)
 
 
 def test_mixtral_weights_read_rise_from_active_towards_total():
@@ -57,13 +56,13 @@ def test_mixtral_weights_read_rise_from_active_towards_total():
   assert read[0] == pytest.approx(counts.read_every_step + 32 * 2 * expert + rows[0])
   assert read[0] - rows[0] == pytest.approx(counts.active_matmul)
   assert read[-1] - rows[-1] == pytest.approx(counts.total - counts.embeddings)
-  expected_b2 = counts.read_every_step + 32 * expert * 8 * (1 - (1 - 2 / 8) ** 2)
+  expected_b2 = counts.read_every_step + 32 * expert * 8 * (1 - (1 - 2 / 8)**2)
   assert read[1] == pytest.approx(expected_b2 + rows[1])
 
 
 def test_moe_weight_traffic_formula_is_built_on_weight_traffic():
   closed = af.moe_weight_traffic()
-  by_hand = af.q * (af.N_fixed + af.L_moe * af.N_exp * af.E * (1 - (1 - af.K / af.E) ** B))
+  by_hand = af.q * (af.N_fixed + af.L_moe * af.N_exp * af.E * (1 - (1 - af.K / af.E)**B))
   assert sp.simplify(closed - by_hand) == 0
 
 

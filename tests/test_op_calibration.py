@@ -25,8 +25,9 @@ from jaxroof.measure import measurement
 from jaxroof.symbolic.calibrated import FACTOR_NAMES
 from jaxroof.timing import Timing
 
-TRUE = {"eta_w": 0.6, "eta_kv": 0.3, "eta_f": 0.5, "t0_step": 4e-4,
-        "t0_layer": 1.5e-4, "r_ovl": 0.5}
+TRUE = {
+    "eta_w": 0.6, "eta_kv": 0.3, "eta_f": 0.5, "t0_step": 4e-4, "t0_layer": 1.5e-4, "r_ovl": 0.5
+}
 BW, F = 5e10, 2e11
 CALL_S = 3e-5  # A timed operation's own cost per call (dispatch).
 CEILINGS = ceilings_lib.Ceilings("cpu", BW, BW, BW, {"float32": F})
@@ -34,11 +35,10 @@ DEVICE = measurement.Device("cpu", "cpu", jax.__version__)
 
 
 def _record(op, shapes, seconds, extra=None):
-  timing = Timing(median_s=seconds, min_s=seconds, max_s=seconds,
-                  p10_s=seconds, p90_s=seconds, repeats=3, warmup=1)
-  return measurement.Measurement(op=op, shapes=shapes, dtype="float32",
-                             backend="xla", device=DEVICE, timing=timing,
-                             extra=extra or {})
+  timing = Timing(median_s=seconds, min_s=seconds, max_s=seconds, p10_s=seconds, p90_s=seconds,
+                  repeats=3, warmup=1)
+  return measurement.Measurement(op=op, shapes=shapes, dtype="float32", backend="xla",
+                                 device=DEVICE, timing=timing, extra=extra or {})
 
 
 def _model(inputs):
@@ -53,19 +53,19 @@ def synthetic_operations(noise: float, seed: int = 0):
   for d_in, d_out in ((1024, 1024), (1024, 2048), (2048, 1024), (1024, 4096)):
     for m in (1, 2, 4, 16, 64, 256, 1024, 2048):
       n = d_in * d_out
-      t = float(_model({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0,
-                        "k": 0.0, "L": 0.0}) - TRUE["t0_step"])
-      linear.append(_record("linear", {"rows": m, "d_in": d_in,
-                                       "d_out": d_out},
-                            (t + CALL_S) * jitter()))
+      t = float(
+          _model({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0, "k": 0.0, "L": 0.0}) -
+          TRUE["t0_step"])
+      linear.append(
+          _record("linear", {"rows": m, "d_in": d_in, "d_out": d_out}, (t + CALL_S) * jitter()))
   attention = []
-  for b, c in ((1, 128), (1, 4096), (4, 1024), (16, 2048), (64, 512),
-               (256, 128), (256, 512)):
+  for b, c in ((1, 128), (1, 4096), (4, 1024), (16, 2048), (64, 512), (256, 128), (256, 512)):
     k = 2 * 2 * 64 * 4
     t = b * c * k / (TRUE["eta_kv"] * BW)
-    attention.append(_record("decode_attention", {
-        "batch": b, "context": c, "heads": 16, "kv_heads": 2, "head_dim": 64},
-        (t + CALL_S) * jitter()))
+    attention.append(
+        _record("decode_attention",
+                {"batch": b, "context": c, "heads": 16, "kv_heads": 2, "head_dim": 64},
+                (t + CALL_S) * jitter()))
   return linear, attention
 
 
@@ -74,35 +74,37 @@ def synthetic_steps(configs, points, factors=TRUE, scale=1.0):
   out = []
   for p in points:
     inputs = op_sweeps.step_inputs(configs[p.model], "float32")
-    t = fitting.predict({"B": p.batch, "T": p.context + 1, "N": inputs.N,
-                         "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,
-                         "L": inputs.L, "BW": BW, "F": F}, factors)
-    out.append(_record("decode_step", {
-        "batch": p.batch, "context": p.context, "layers": inputs.L},
-        float(t) * scale, extra={
-            "model": p.model, "step_inputs": inputs.to_json(),
-            "retained_tokens": p.context + 1, "round_medians_s":
-            [float(t) * scale] * 3, "round_spread": 0.0,
-            "load_avg_1m": 0.5}))
+    t = fitting.predict(
+        {
+            "B": p.batch, "T": p.context + 1, "N": inputs.N, "N_act": inputs.N_act, "q": inputs.q,
+            "k": inputs.k, "L": inputs.L, "BW": BW, "F": F
+        }, factors)
+    out.append(
+        _record(
+            "decode_step", {"batch": p.batch, "context": p.context, "layers": inputs.L},
+            float(t) * scale, extra={
+                "model": p.model, "step_inputs": inputs.to_json(), "retained_tokens": p.context + 1,
+                "round_medians_s": [float(t) * scale] * 3, "round_spread": 0.0, "load_avg_1m": 0.5
+            }))
   return out
 
 
-SMALL_STEPS = [op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS
-               for b, c in toy_steps.SMALLEST]
+SMALL_STEPS = [
+    op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS for b, c in toy_steps.SMALLEST
+]
 
 
 def test_operation_fit_recovers_known_factors_from_noisy_timings():
   linear, attention = synthetic_operations(noise=0.03)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
   step_inputs = toy_fit.model_inputs(steps, BW, F)
-  factors, details = op_fit.fit_operations(
-      linear, attention, steps, step_inputs, bandwidth=BW, flop_rate=F)
+  factors, details = op_fit.fit_operations(linear, attention, steps, step_inputs, bandwidth=BW,
+                                           flop_rate=F)
   for name in ("eta_w", "eta_f", "eta_kv"):
     assert factors[name] == pytest.approx(TRUE[name], rel=0.1), name
   # The fixed costs come from the two depths' smallest steps.
   fixed = TRUE["t0_step"] + 4 * TRUE["t0_layer"]
-  assert factors["t0_step"] + 4 * factors["t0_layer"] == pytest.approx(
-      fixed, rel=0.25)
+  assert factors["t0_step"] + 4 * factors["t0_layer"] == pytest.approx(fixed, rel=0.25)
   # Each operation's own call cost is a nuisance of its fit, not a factor.
   assert details["linear"]["call_cost_s"] == pytest.approx(CALL_S, rel=0.5)
   assert details["linear"]["median_rel_error"] < 0.05
@@ -111,9 +113,8 @@ def test_operation_fit_recovers_known_factors_from_noisy_timings():
 def test_operation_fit_is_exact_on_exact_timings():
   linear, attention = synthetic_operations(noise=0.0)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
-  factors, _ = op_fit.fit_operations(
-      linear, attention, steps, toy_fit.model_inputs(steps, BW, F),
-      bandwidth=BW, flop_rate=F, fit_steps=4000)
+  factors, _ = op_fit.fit_operations(linear, attention, steps, toy_fit.model_inputs(steps, BW, F),
+                                     bandwidth=BW, flop_rate=F, fit_steps=4000)
   for name in ("eta_w", "eta_f", "eta_kv"):
     assert factors[name] == pytest.approx(TRUE[name], rel=0.03), name
   for name in ("t0_step", "t0_layer"):  # Two depths tell them apart.
@@ -125,9 +126,11 @@ def test_linear_fit_reproduces_m1_despite_a_small_m_penalty():
   # eta_f allows; the staged fit still reproduces M = 1 (batch 1), which a
   # joint fit gives away to the penalised points.
   linear, _ = synthetic_operations(noise=0.0)
-  penalised = [dataclasses.replace(r, timing=dataclasses.replace(
-      r.timing, median_s=r.median_s * 1.6)) if 2 <= r.shapes["rows"] <= 16
-      else r for r in linear]
+  penalised = [
+      dataclasses.replace(r, timing=dataclasses.replace(r.timing, median_s=r.median_s *
+                                                        1.6)) if 2 <= r.shapes["rows"] <= 16 else r
+      for r in linear
+  ]
   single = [r for r in penalised if r.shapes["rows"] == 1]
   many = [r for r in penalised if r.shapes["rows"] > 1]
   x1 = op_fit.linear_inputs(single, BW, F)
@@ -137,11 +140,10 @@ def test_linear_fit_reproduces_m1_despite_a_small_m_penalty():
     return float(np.max(np.abs(fitting.predict(x1, factors) / t1 - 1)))
 
   staged = op_fit.fit_linear(single, many, bandwidth=BW, flop_rate=F)
-  joint = fitting.fit_factors(
-      op_fit.linear_inputs(penalised, BW, F),
-      np.array([r.median_s for r in penalised]),
-      init={**TRUE, "t0_step": CALL_S}, steps=2000,
-      free=op_fit.LINEAR_FACTORS + ("t0_step",)).factors
+  joint = fitting.fit_factors(op_fit.linear_inputs(penalised, BW, F),
+                              np.array([r.median_s for r in penalised]),
+                              init={**TRUE, "t0_step": CALL_S}, steps=2000,
+                              free=op_fit.LINEAR_FACTORS + ("t0_step",)).factors
   assert m1_error(staged) < 0.02
   assert m1_error(joint) > 0.05  # What staging avoids.
 
@@ -151,15 +153,13 @@ def test_linear_fit_needs_m1_and_two_larger_points():
   no_m1 = [r for r in linear if r.shapes["rows"] > 1]
   steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
   with pytest.raises(errors.InputError, match="M = 1"):
-    op_fit.fit_operations(no_m1, attention, steps,
-                          toy_fit.model_inputs(steps, BW, F),
-                          bandwidth=BW, flop_rate=F)
+    op_fit.fit_operations(no_m1, attention, steps, toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
+                          flop_rate=F)
 
 
 def test_ops_are_timed_in_one_jit_in_sequence_on_the_cpu():
   point = op_sweeps.OpPoint("linear", (2, 64, 128))
-  record = op_sweeps.measure_op(point, "float32", "xla", warmup=1, repeats=6,
-                                planned_s=1e-5)
+  record = op_sweeps.measure_op(point, "float32", "xla", warmup=1, repeats=6, planned_s=1e-5)
   assert "in sequence" in record.method and record.median_s > 0
   assert record.extra["arg_sets"] >= 2 and record.timing.repeats >= 3
 
@@ -178,8 +178,7 @@ def test_in_sequence_calls_each_set_once_and_flags_a_nan():
 def test_operation_fit_refuses_too_few_points():
   linear, attention = synthetic_operations(noise=0.0)
   with pytest.raises(errors.InputError, match="budget_s"):
-    op_fit.fit_operations(linear[:2], attention, [], {}, bandwidth=BW,
-                          flop_rate=F)
+    op_fit.fit_operations(linear[:2], attention, [], {}, bandwidth=BW, flop_rate=F)
 
 
 def test_heldout_presets_differ_from_every_fit_model():
@@ -193,9 +192,8 @@ def test_heldout_presets_differ_from_every_fit_model():
 
 
 def test_heldout_variant_of_any_config_is_a_valid_other_model():
-  gpu = dataclasses.replace(op_sweeps.CALIBRATION, num_heads=32,
-                            num_kv_heads=8, head_dim=128, width=4096,
-                            mlp_dim=14336)
+  gpu = dataclasses.replace(op_sweeps.CALIBRATION, num_heads=32, num_kv_heads=8, head_dim=128,
+                            width=4096, mlp_dim=14336)
   for kind in ("narrow", "wide"):
     variant = op_sweeps.heldout_variant(gpu, kind)
     assert variant.num_heads % variant.num_kv_heads == 0
@@ -213,8 +211,7 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 
   def fake_sweep_models(configs, points, dtype, **kwargs):
     asked["steps"] += list(points)
-    scale = heldout_scale if set(configs) == set(
-        op_sweeps.HELDOUT_MODELS) else 1.0
+    scale = heldout_scale if set(configs) == set(op_sweeps.HELDOUT_MODELS) else 1.0
     return synthetic_steps(configs, points, scale=scale)
 
   def fake_interleaved(configs, points, dtype, **kwargs):
@@ -239,29 +236,24 @@ def test_heldout_models_never_enter_the_fit(monkeypatch):
   assert {p.model for p in asked["steps"][len(SMALL_STEPS):]} == held
   # Operations are timed at the fit models' shapes only.
   held_shapes = {(c.width, c.mlp_dim) for c in op_sweeps.HELDOUT_MODELS.values()}
-  assert not any(p.op == "linear" and p.sizes[1:] in held_shapes
-                 for p in asked["ops"])
+  assert not any(p.op == "linear" and p.sizes[1:] in held_shapes for p in asked["ops"])
   assert exact.status == "ok"
   assert exact.profile.fit["heldout_median_rel_error"] < 0.02
   assert {m["name"] for m in exact.to_json()["heldout_models"]} == held
-  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(
-      op_sweeps.FIT_MODELS)
+  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(op_sweeps.FIT_MODELS)
   # Doubling the held-out timings changes no factor: they never entered the
   # fit. Their error shows it, and the run says it missed its targets.
   slowed, _ = _fake_job(monkeypatch, heldout_scale=2.0)
   for name in FACTOR_NAMES:
-    assert slowed.profile.factors[name] == pytest.approx(
-        exact.profile.factors[name], rel=1e-6)
-  assert slowed.profile.fit["heldout_median_rel_error"] == pytest.approx(
-      0.5, abs=0.02)
+    assert slowed.profile.factors[name] == pytest.approx(exact.profile.factors[name], rel=1e-6)
+  assert slowed.profile.fit["heldout_median_rel_error"] == pytest.approx(0.5, abs=0.02)
   assert slowed.status == "inaccurate" and slowed.warnings
 
 
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
-    toy_job.run(120, ceilings=CEILINGS,
-                        models={"a": op_sweeps.CALIBRATION},
-                        heldout_models={"a": op_sweeps.HELDOUT_NARROW})
+    toy_job.run(120, ceilings=CEILINGS, models={"a": op_sweeps.CALIBRATION},
+                heldout_models={"a": op_sweeps.HELDOUT_NARROW})
 
 
 def test_budget_too_small_is_refused_at_once():
@@ -272,33 +264,31 @@ def test_budget_too_small_is_refused_at_once():
 
 
 def _profile(factors, median, path="a.json", fastest=None):
-  return profiles.Profile(
-      device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
-      jax_version="", created="", ceilings={}, factors=factors,
-      fit={"heldout_median_rel_error": median, "fastest_fit_step_s": fastest},
-      path=path)
+  return profiles.Profile(device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
+                          jax_version="", created="", ceilings={}, factors=factors,
+                          fit={"heldout_median_rel_error": median,
+                               "fastest_fit_step_s": fastest}, path=path)
 
 
 def test_repeatability_passes_within_ten_percent_and_three_points():
-  same = toy_fit.compare_profiles(_profile(TRUE, 0.06),
-                                          _profile(TRUE, 0.06))
+  same = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile(TRUE, 0.06))
   assert same["pass"] and same["max_factor_rel_diff"] == 0
   close = {**TRUE, "eta_w": TRUE["eta_w"] * 1.09}
-  result = toy_fit.compare_profiles(_profile(TRUE, 0.06),
-                                            _profile(close, 0.085))
+  result = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile(close, 0.085))
   assert result["pass"]
   assert result["factor_rel_diff"]["eta_w"] == pytest.approx(0.09)
   assert result["heldout_median_diff_points"] == pytest.approx(2.5)
 
 
-@pytest.mark.parametrize("change, median, failing", [
-    ({"t0_layer": TRUE["t0_layer"] * 1.2}, 0.06, ["t0_layer"]),
-    ({}, 0.095, []),  # 3.5 points apart.
-    ({"eta_kv": TRUE["eta_kv"] * 0.8}, 0.10, ["eta_kv"]),
-])
+@pytest.mark.parametrize(
+    "change, median, failing",
+    [
+        ({"t0_layer": TRUE["t0_layer"] * 1.2}, 0.06, ["t0_layer"]),
+        ({}, 0.095, []),  # 3.5 points apart.
+        ({"eta_kv": TRUE["eta_kv"] * 0.8}, 0.10, ["eta_kv"]),
+    ])
 def test_repeatability_fails_outside_its_criteria(change, median, failing):
-  result = toy_fit.compare_profiles(
-      _profile(TRUE, 0.06), _profile({**TRUE, **change}, median))
+  result = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile({**TRUE, **change}, median))
   assert not result["pass"]
   assert result["factors_outside"] == failing
 
@@ -311,14 +301,12 @@ def _rows(errors_by_model, spread=0.01):
 def test_assess_says_when_a_run_misses_its_accuracy():
   good = _rows({"a": [0.02, 0.05, 0.1], "b": [0.01, 0.07, 0.19]})
   assert toy_fit.assess(good, 6) == ("ok", [])
-  status, warnings = toy_fit.assess(
-      _rows({"a": [0.02, 0.05, 0.1], "b": [0.01, 0.07, 0.25]}), 6)
+  status, warnings = toy_fit.assess(_rows({"a": [0.02, 0.05, 0.1], "b": [0.01, 0.07, 0.25]}), 6)
   assert status == "inaccurate" and "b" in warnings[0]
   status, warnings = toy_fit.assess(good, 8)
   assert status == "incomplete" and "6 of 8" in warnings[0]
-  status, warnings = toy_fit.assess(
-      _rows({"a": [0.01] * 3}, spread=0.2), 3,
-      load={"cpu_count": 2, "load_avg_1m_max": 4.5})
+  status, warnings = toy_fit.assess(_rows({"a": [0.01] * 3}, spread=0.2), 3,
+                                    load={"cpu_count": 2, "load_avg_1m_max": 4.5})
   assert status == "ok" and len(warnings) == 2  # Noise and load are named.
 
 
@@ -340,8 +328,7 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
   # Fit and held-out models are timed together, in the same rounds.
   assert asked == [sorted({**op_sweeps.MODELS, **op_sweeps.HELDOUT_MODELS})]
   assert job.profile.fit["method"] == "steps" and not job.operations
-  assert {r["model"] for r in job.rows("heldout")} == set(
-      op_sweeps.HELDOUT_MODELS)
+  assert {r["model"] for r in job.rows("heldout")} == set(op_sweeps.HELDOUT_MODELS)
   for name in ("eta_w", "eta_kv", "eta_f"):
     assert job.profile.factors[name] == pytest.approx(TRUE[name], rel=0.1)
   assert job.profile.fit["heldout_median_rel_error"] < 0.03
@@ -351,15 +338,12 @@ def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
   tiny = {**TRUE, "t0_step": 1e-5, "t0_layer": 5e-6}
   moved = {**tiny, "t0_step": 3e-5, "t0_layer": 1e-6}  # 3x and 1/5: 20 us.
   # Beneath a 5 ms step, 20 us is 0.4% of it: the runs agree.
-  assert toy_fit.compare_profiles(
-      _profile(tiny, 0.06, fastest=5e-3), _profile(moved, 0.06))["pass"]
+  assert toy_fit.compare_profiles(_profile(tiny, 0.06, fastest=5e-3), _profile(moved, 0.06))["pass"]
   # Without the step's scale they are compared with themselves, and differ.
-  result = toy_fit.compare_profiles(_profile(tiny, 0.06),
-                                            _profile(moved, 0.06))
+  result = toy_fit.compare_profiles(_profile(tiny, 0.06), _profile(moved, 0.06))
   assert result["factors_outside"] == ["t0_step", "t0_layer"]
   # A fixed cost of the step's own size is still compared with itself.
   big = {**TRUE, "t0_step": 8e-3}
-  result = toy_fit.compare_profiles(
-      _profile(big, 0.06, fastest=5e-3),
-      _profile({**big, "t0_step": 1e-2}, 0.06))
+  result = toy_fit.compare_profiles(_profile(big, 0.06, fastest=5e-3),
+                                    _profile({**big, "t0_step": 1e-2}, 0.06))
   assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)

@@ -33,9 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _decode(**overrides):
   """The per-chip decode model at Llama-3.1-70B-like values, with overrides."""
   values = dict(B=8.0, T=8192.0, N=70e9, N_x=0.0, q=2.0, k=327680.0, BW=3.35e12, F=989e12,
-                N_act=70e9, tp=1.0, pp=1.0, ep=1.0, m_mb=1.0, u_kv=8.0, n_blk=80.0,
-                L_moe=0.0, K=1.0, D=8192.0, V=128256.0, a_act=2.0, W_ic=450e9,
-                t_hop=0.6e-6, o_ovl=0.0, t_base=6.6e-6, x_os=1.0)
+                N_act=70e9, tp=1.0, pp=1.0, ep=1.0, m_mb=1.0, u_kv=8.0, n_blk=80.0, L_moe=0.0,
+                K=1.0, D=8192.0, V=128256.0, a_act=2.0, W_ic=450e9, t_hop=0.6e-6, o_ovl=0.0,
+                t_base=6.6e-6, x_os=1.0)
   values.update(overrides)
   values.setdefault("h_tp", np.asarray(values["tp"], dtype=float) - 1)  # Switched fabric.
   return layout_lib.decode_model()(**values)
@@ -56,8 +56,7 @@ def test_single_chip_layout_sweep_is_todays_model_sweep():
 def test_parallel_model_at_one_chip_equals_the_step_model():
   batch = np.array([1.0, 8.0, 64.0, 512.0])
   ours = _decode(B=batch)
-  today = step_model("numpy")(B=batch, T=8192.0, N=70e9, q=2.0, k=327680.0, BW=3.35e12,
-                               F=989e12)
+  today = step_model("numpy")(B=batch, T=8192.0, N=70e9, q=2.0, k=327680.0, BW=3.35e12, F=989e12)
   for name in ("memory_s", "compute_s", "step_s", "aggregate_tokens_per_s"):
     np.testing.assert_allclose(ours[name], today[name], rtol=1e-13)
   assert np.all(ours["comm_s"] == 0)
@@ -82,12 +81,11 @@ def test_layout_sweep_agrees_with_the_full_parallel_expression():
   swept = layout_sweep(spec, device, context=8192, batch_sizes=[1, 16, 128], layout=layout)
   link = layout_lib.links(layout, device)
   for row in swept["rows"]:
-    inputs = step_inputs.decode_step_inputs(spec, device, context=8192,
-                                         batch_sizes=[row["batch"]])
-    direct = layout_lib.decode_model()(
-        B=float(row["batch"]), T=8192.0, N=inputs.N[0], N_x=0.0, q=inputs.q, k=inputs.k,
-        BW=inputs.BW, F=inputs.F, N_act=inputs.N_act,
-        **layout_lib.symbol_values(layout, spec, link))
+    inputs = step_inputs.decode_step_inputs(spec, device, context=8192, batch_sizes=[row["batch"]])
+    direct = layout_lib.decode_model()(B=float(row["batch"]), T=8192.0, N=inputs.N[0], N_x=0.0,
+                                       q=inputs.q, k=inputs.k, BW=inputs.BW, F=inputs.F,
+                                       N_act=inputs.N_act,
+                                       **layout_lib.symbol_values(layout, spec, link))
     assert row["step_s"] == pytest.approx(float(direct["step_s"]), rel=1e-12)
     assert row["comm_s"] == pytest.approx(float(direct["comm_s"]), rel=1e-12)
     assert row["chips"] == 8
@@ -114,8 +112,10 @@ def test_kv_replicated_beyond_the_kv_heads_and_mla_never_split():
 def test_comm_bound_degree_satisfies_its_defining_equation(latency):
   degree = collectives.comm_bound_degree(latency)
   comm, memory = collectives.comm_bound_equation(latency)
-  values = {"N": 70e9, "q": 2, "B": 64, "T": 8192, "k": 327680, "BW": 3.35e12, "D": 8192,
-            "a_act": 2, "n_blk": 80, "W_ic": 450e9, "t_hop": 0.6e-6}
+  values = {
+      "N": 70e9, "q": 2, "B": 64, "T": 8192, "k": 327680, "BW": 3.35e12, "D": 8192, "a_act": 2,
+      "n_blk": 80, "W_ic": 450e9, "t_hop": 0.6e-6
+  }
   subs = {BY_NAME[n].symbol: v for n, v in values.items()}
   t_star = float(degree.subs(subs))
   assert t_star > 1
@@ -129,12 +129,12 @@ def test_comm_bound_degree_satisfies_its_defining_equation(latency):
 
 
 def test_overlap_and_pipeline_bubble():
-  step = lambdified({"s": collectives.with_overlap()}, [BY_NAME[n].symbol for n in
-                                                ("t_floor", "t_comm", "o_ovl")])
+  step = lambdified({"s": collectives.with_overlap()},
+                    [BY_NAME[n].symbol for n in ("t_floor", "t_comm", "o_ovl")])
   assert step(t_floor=3.0, t_comm=1.0, o_ovl=0.0)["s"] == 4.0
   assert step(t_floor=3.0, t_comm=1.0, o_ovl=1.0)["s"] == 3.0
-  bubble = lambdified({"b": collectives.bubble_fraction()}, [BY_NAME["m_mb"].symbol,
-                                                       BY_NAME["pp"].symbol])
+  bubble = lambdified({"b": collectives.bubble_fraction()},
+                      [BY_NAME["m_mb"].symbol, BY_NAME["pp"].symbol])
   assert bubble(m_mb=1.0, pp=4.0)["b"] == 0.75 and bubble(m_mb=4.0, pp=4.0)["b"] == 0.0
 
 
@@ -142,8 +142,10 @@ def test_ring_and_tree_latency_terms():
   n = BY_NAME["n_r"].symbol
   ring = collectives.allreduce_time(algorithm="ring")
   tree = collectives.allreduce_time(algorithm="tree")
-  subs = {BY_NAME["S_b"].symbol: 0, BY_NAME["W_ic"].symbol: 1, BY_NAME["t_hop"].symbol: 1,
-          BY_NAME["t_base"].symbol: 0}
+  subs = {
+      BY_NAME["S_b"].symbol: 0, BY_NAME["W_ic"].symbol: 1, BY_NAME["t_hop"].symbol: 1,
+      BY_NAME["t_base"].symbol: 0
+  }
   assert ring.subs({**subs, n: 8}) == 14 and sp.simplify(tree.subs({**subs, n: 8})) == 6
 
 
@@ -153,8 +155,9 @@ def test_allreduce_is_alpha_beta_with_one_shot_for_small_messages():
   accelerators.json); a one-shot all-reduce beats the ring for a small one and loses
   for a large one."""
   names = ("S_b", "n_r", "W_ic", "t_hop", "t_base", "x_os")
-  t = lambdified({"ring": collectives.allreduce_time(algorithm="ring"), "best": collectives.allreduce_time()},
-                 [BY_NAME[x].symbol for x in names])
+  t = lambdified(
+      {"ring": collectives.allreduce_time(algorithm="ring"), "best": collectives.allreduce_time()},
+      [BY_NAME[x].symbol for x in names])
   nvlink = dict(W_ic=450e9, t_hop=0.6e-6, t_base=6.6e-6, x_os=1.0)
   assert t(S_b=0.0, n_r=8.0, **nvlink)["ring"] == pytest.approx(15.0e-6, rel=1e-12)
   assert t(S_b=0.0, n_r=2.0, **nvlink)["ring"] == pytest.approx(7.8e-6, rel=1e-12)
@@ -179,8 +182,8 @@ def test_scaling_book_llama3_70b_on_v5e_4x2_step_is_17_ms():
   # applied-inference.md: "(KV size + param size) / (8 * HBM bandwidth) = 112e9 / (8 * 8.1e11)
   # = 17ms"; int8 weights (70e9 B), KV 160e3 B/token, 8192 tokens, batch 32, 8 chips; the
   # book leaves communication out, so W_ic is infinite and t_hop zero here.
-  out = _decode(B=32.0, T=8192.0, N=70e9, N_act=70e9, q=1.0, k=160e3, BW=8.1e11, F=1.97e14,
-                tp=8.0, u_kv=8.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
+  out = _decode(B=32.0, T=8192.0, N=70e9, N_act=70e9, q=1.0, k=160e3, BW=8.1e11, F=1.97e14, tp=8.0,
+                u_kv=8.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
   assert float(out["step_s"]) == pytest.approx(112e9 / (8 * 8.1e11), rel=0.02)
   assert float(out["step_s"]) == pytest.approx(17.28e-3, rel=0.01)
   assert 32 / float(out["step_s"]) == pytest.approx(1882, rel=0.02)  # "1882 tokens / sec"
@@ -199,8 +202,8 @@ def test_scaling_book_llama3_70b_minimum_v5e_slices():
 
 def test_scaling_book_30b_int8_on_16_v5e_is_2_5_ms():
   # inference.md pop quiz: (4 * 819e6 + 30e9) / (16 * 8.1e11) = 2.5 ms (100 kB/token, 8192).
-  out = _decode(B=4.0, T=8192.0, N=30e9, N_act=30e9, q=1.0, k=819e6 / 8192, BW=8.1e11,
-                F=1.97e14, tp=16.0, u_kv=16.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
+  out = _decode(B=4.0, T=8192.0, N=30e9, N_act=30e9, q=1.0, k=819e6 / 8192, BW=8.1e11, F=1.97e14,
+                tp=16.0, u_kv=16.0, W_ic=np.inf, t_hop=0.0, t_base=0.0)
   assert float(out["step_s"]) == pytest.approx(2.5e-3, rel=0.03)
 
 
@@ -227,8 +230,9 @@ def test_bad_layouts_name_the_field_and_what_is_allowed():
   map fields to flags."""
   spec = load_model("llama-3.1-70b")
   h100 = load_accelerator("h100-sxm")
-  with pytest.raises(InputError, match=r"^tp=3 does not divide .*64 query heads: allowed tp "
-                     r"values are \[1, 2, 4, 8, 16, 32, 64\]") as caught:
+  with pytest.raises(
+      InputError, match=r"^tp=3 does not divide .*64 query heads: allowed tp "
+      r"values are \[1, 2, 4, 8, 16, 32, 64\]") as caught:
     layout_lib.validate(Layout(tp=3), spec, h100)
   assert caught.value.field == "tp"
   with pytest.raises(InputError, match="exceeds one PCIe host.*allowed tp\\*pp\\*ep <= 8"):
@@ -238,8 +242,9 @@ def test_bad_layouts_name_the_field_and_what_is_allowed():
   assert caught.value.field == "pp"
   with pytest.raises(InputError, match=r"^ep=2 needs a mixture-of-experts.*allowed ep=1"):
     layout_lib.validate(Layout(ep=2), spec, h100)
-  with pytest.raises(InputError, match=r"^ep=3 does not divide .*8 experts: allowed ep "
-                     r"values are \[1, 2, 4, 8\]") as caught:
+  with pytest.raises(
+      InputError, match=r"^ep=3 does not divide .*8 experts: allowed ep "
+      r"values are \[1, 2, 4, 8\]") as caught:
     layout_lib.validate(Layout(ep=3), load_model("mixtral-8x7b"), h100)
   assert caught.value.field == "ep"
   with pytest.raises(InputError, match=r"^accelerator='0xh100-sxm' has 0 chips"):
@@ -253,9 +258,10 @@ def test_busiest_chip_is_an_end_stage_by_hand_count():
   holds one block, and an end stage the table (or the head) too."""
   from jaxroof.specs import hf_config, parameters as params
 
-  config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-            "vocab_size": 100}
+  config = {
+      "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+      "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 100
+  }
   block = 64 * 64 + 2 * 64 * 16 + 64 * 64 + 3 * 64 * 128 + 2 * 64
   table, final_norm = 100 * 64, 64
   device = load_accelerator("h100-sxm")
@@ -264,8 +270,7 @@ def test_busiest_chip_is_an_end_stage_by_hand_count():
     spec = hf_config.spec_from_config({**config, **overrides}, name="t", source="t.json")
     return layout_lib.chip_memory(layout, spec, device,
                                   weight_format=params.weight_format(spec, "bf16"),
-                                  kv_allocated_bytes_per_sequence=1000.0,
-                                  workspace_fraction=0.1)
+                                  kv_allocated_bytes_per_sequence=1000.0, workspace_fraction=0.1)
 
   blocks = 4 * block + final_norm
   one = memory(Layout())
@@ -276,10 +281,9 @@ def test_busiest_chip_is_an_end_stage_by_hand_count():
   usable = device.memory_capacity_bytes * 0.9 - 2 * (blocks / 4 + table)
   assert four.max_batch_per_replica == int(usable // 250.0)
   # Tied: stored once on one chip; with pp = 4 the last stage keeps a copy for the logits.
-  assert memory(Layout(), tie_word_embeddings=True).resident_weight_bytes == 2 * (
-      blocks + table)
-  assert memory(Layout(pp=4), tie_word_embeddings=True).resident_weight_bytes == 2 * (
-      blocks / 4 + table)
+  assert memory(Layout(), tie_word_embeddings=True).resident_weight_bytes == 2 * (blocks + table)
+  assert memory(Layout(pp=4),
+                tie_word_embeddings=True).resident_weight_bytes == 2 * (blocks / 4 + table)
   assert memory(Layout(tp=2, pp=2)).resident_weight_bytes == 2 * (blocks / 2 + table) / 2
 
 
@@ -297,11 +301,12 @@ def test_planner_memory_is_the_busiest_chips():
   spec, device = load_model("mixtral-8x7b"), load_accelerator("h100-sxm")
   grid = planner.build_grid(spec, [device], 4096, ["bf16"], ["bf16"], np.array([8, 64]), 0.1)
   out = planner.evaluate_grid(grid, 4096)
-  i = int(np.nonzero((grid["pp"] == 4) & (grid["ep"] == 2) & (grid["tp"] == 1)
-                     & (grid["B"] == 64))[0][0])
+  i = int(
+      np.nonzero((grid["pp"] == 4) & (grid["ep"] == 2) & (grid["tp"] == 1) &
+                 (grid["B"] == 64))[0][0])
   inputs = step_inputs.decode_step_inputs(spec, device, context=4096, batch_sizes=[1])
-  chip = layout_lib.chip_memory(Layout(pp=4, ep=2), spec, device,
-                                weight_format=inputs.weight_format,
+  chip = layout_lib.chip_memory(Layout(pp=4,
+                                       ep=2), spec, device, weight_format=inputs.weight_format,
                                 kv_allocated_bytes_per_sequence=float(grid["s"][i]),
                                 workspace_fraction=0.1)
   expected = chip.resident_weight_bytes + 64 / 2 * chip.kv_allocated_bytes_per_sequence
@@ -314,9 +319,10 @@ def test_beyond_the_node_uses_the_scale_out_figure():
 
 
 def test_cli_bad_layout_is_one_line():
-  proc = subprocess.run([sys.executable, "-m", "experiments.batch_sweep",
-                         "--model=llama-3.1-70b", "--accelerator=h100-sxm", "--context=8192",
-                         "--tp=3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.batch_sweep", "--model=llama-3.1-70b",
+      "--accelerator=h100-sxm", "--context=8192", "--tp=3"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "--tp=3" in lines[0] and "allowed" in lines[0]
@@ -355,18 +361,20 @@ def test_prefill_moves_p_times_the_decode_bytes():
   prompt = BY_NAME["P"].symbol
   ratio = collectives.tp_bytes_per_pass(prompt * rows) / collectives.tp_bytes_per_pass(rows)
   assert sp.simplify(ratio - prompt) == 0
-  values = {BY_NAME["D"].symbol: 7168, BY_NAME["a_act"].symbol: 2,
-            BY_NAME["K"].symbol: 8, BY_NAME["ep"].symbol: 1}
+  values = {
+      BY_NAME["D"].symbol: 7168, BY_NAME["a_act"].symbol: 2, BY_NAME["K"].symbol: 8,
+      BY_NAME["ep"].symbol: 1
+  }
   assert collectives.alltoall_bytes_per_token().subs(values) == 0  # One group: nothing leaves.
 
 
 def test_kv_sizing_cli_per_chip_fit(tmp_path):
   out = tmp_path / "kv.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.kv_sizing", "--model=llama-3.1-70b",
-       "--context=8192", "--batch=32", "--accelerator=tpu-v5e-16", "--kv_dtype=int8",
-       "--weight_dtype=int8", f"--json_out={out}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.kv_sizing", "--model=llama-3.1-70b", "--context=8192",
+      "--batch=32", "--accelerator=tpu-v5e-16", "--kv_dtype=int8", "--weight_dtype=int8",
+      f"--json_out={out}"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   chip = json.loads(out.read_text())["per_chip"]
   assert chip["layout"]["tp"] == 16
@@ -377,25 +385,28 @@ def test_kv_sizing_cli_per_chip_fit(tmp_path):
 
 def test_plan_cli_json(tmp_path):
   out = tmp_path / "plan.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.plan", "--model=llama-3.1-70b", "--context=8192",
-       "--token_gap_ms=50", "--ttft_ms=2000", "--aggregate_tokens_per_s=5000",
-       "--accelerators=h100-sxm,tpu-v5e", f"--json_out={out}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.plan", "--model=llama-3.1-70b", "--context=8192",
+      "--token_gap_ms=50", "--ttft_ms=2000", "--aggregate_tokens_per_s=5000",
+      "--accelerators=h100-sxm,tpu-v5e", f"--json_out={out}"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert {"plans", "searched", "wall_s"} <= set(data)
-  need = {"accelerator", "chips", "tp", "pp", "ep", "dp", "batch", "weight_dtype", "kv_dtype",
-          "step_s", "aggregate_tokens_per_s", "binds"}
+  need = {
+      "accelerator", "chips", "tp", "pp", "ep", "dp", "batch", "weight_dtype", "kv_dtype", "step_s",
+      "aggregate_tokens_per_s", "binds"
+  }
   assert data["plans"] and need <= set(data["plans"][0])
 
 
 def test_compare_accelerators_cli_with_a_layout(tmp_path):
   out = tmp_path / "c.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.compare_accelerators", "--model=llama-3.1-70b",
-       "--context=8192", "--batch_sizes=1,32", "--tp=16", "--accelerators=h100-sxm,l4",
-       f"--json_out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.compare_accelerators", "--model=llama-3.1-70b",
+      "--context=8192", "--batch_sizes=1,32", "--tp=16", "--accelerators=h100-sxm,l4",
+      f"--json_out={out}"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert [e["name"] for e in data["accelerators"]] == ["h100-sxm"]  # Over its scale-out.

@@ -16,12 +16,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_sharded_toy_matches_unsharded_and_hlo_collectives_match_the_formulas():
-  env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, (
-             os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=4"))),
-         "PYTHONPATH": ROOT}
-  proc = subprocess.run([sys.executable, "-c", "from jaxroof.parallel import sharded_check; "
-                         "sharded_check.main([2, 4])"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
+  env = {
+      **os.environ, "XLA_FLAGS": " ".join(
+          filter(None, (os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=4"))),
+      "PYTHONPATH": ROOT
+  }
+  proc = subprocess.run([
+      sys.executable, "-c", "from jaxroof.parallel import sharded_check; "
+      "sharded_check.main([2, 4])"
+  ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr
   data = json.loads(proc.stdout)
   assert data["devices"] == 4

@@ -37,19 +37,23 @@ def test_totals_within_one_percent_of_published(name, published):
   assert parameter_counts(load_model(name)).total == pytest.approx(published, rel=0.01)
 
 
-@pytest.mark.parametrize("name, published, rel", [
-    ("mixtral-8x7b", 12.9 * B_, 0.01),
-    ("qwen3-30b-a3b", 3.3 * B_, 0.02),  # Published as "3.3B", two digits.
-    ("deepseek-v3", 37 * B_, 0.02),  # "About 37B" (the paper rounds).
-])
+@pytest.mark.parametrize(
+    "name, published, rel",
+    [
+        ("mixtral-8x7b", 12.9 * B_, 0.01),
+        ("qwen3-30b-a3b", 3.3 * B_, 0.02),  # Published as "3.3B", two digits.
+        ("deepseek-v3", 37 * B_, 0.02),  # "About 37B" (the paper rounds).
+    ])
 def test_active_per_token_against_published(name, published, rel):
   assert parameter_counts(load_model(name)).active == pytest.approx(published, rel=rel)
 
 
-@pytest.mark.parametrize("name, published", [
-    ("deepseek-v3", 36.6 * B_),  # README_WEIGHTS: activated, embedding excluded.
-    ("gpt-oss-20b", 3.61 * B_),  # Model card: active, embedding excluded.
-])
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("deepseek-v3", 36.6 * B_),  # README_WEIGHTS: activated, embedding excluded.
+        ("gpt-oss-20b", 3.61 * B_),  # Model card: active, embedding excluded.
+    ])
 def test_active_without_the_embedding_lookup(name, published):
   assert parameter_counts(load_model(name)).active_matmul == pytest.approx(published, rel=0.01)
 
@@ -86,15 +90,17 @@ def test_breakdown_sums_to_total_and_tied_models_have_no_head():
   assert parameter_counts(load_model("mamba-2.8b")).recurrent > 0
 
 
-@pytest.mark.parametrize("dtype, group, expected", [
-    ("bf16", None, 2.0),
-    ("fp16", None, 2.0),
-    ("fp8", None, 1.0),
-    ("int8", None, 1.0),
-    ("int8", 128, 1.0 + 2 / 128),
-    ("int4", None, 0.5 + 2 / 128),  # Default groups of 128, 2-byte scales.
-    ("int4", 32, 0.5 + 2 / 32),
-])
+@pytest.mark.parametrize(
+    "dtype, group, expected",
+    [
+        ("bf16", None, 2.0),
+        ("fp16", None, 2.0),
+        ("fp8", None, 1.0),
+        ("int8", None, 1.0),
+        ("int8", 128, 1.0 + 2 / 128),
+        ("int4", None, 0.5 + 2 / 128),  # Default groups of 128, 2-byte scales.
+        ("int4", 32, 0.5 + 2 / 32),
+    ])
 def test_bytes_per_weight_with_group_scales(dtype, group, expected):
   assert params.bytes_per_weight(dtype, group) == pytest.approx(expected)
 
@@ -119,21 +125,25 @@ def test_bad_dtypes_and_groups():
 def test_a_users_tied_llama_config():
   # meta-llama/Llama-3.2-1B's config.json fields; published: 1.24B parameters.
   from jaxroof.specs import hf_config
-  spec = hf_config.spec_from_config({
-      "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
-      "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-      "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True}, name="user")
+  spec = hf_config.spec_from_config(
+      {
+          "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+          "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "head_dim": 64, "vocab_size": 128256, "tie_word_embeddings": True
+      }, name="user")
   counts = parameter_counts(spec)
   assert counts.total == pytest.approx(1.24e9, rel=0.01)
   assert counts.lm_head == 0 and counts.active_matmul == counts.total  # Head multiplies.
 
 
-@pytest.mark.parametrize("dtype, bits_per_weight", [
-    # OCP MX v1.0: E2M1 + one 8-bit E8M0 scale per 32 (gpt-oss card: "4.25 bits").
-    ("mxfp4", 4 + 8 / 32),
-    # NVFP4: E2M1 + one FP8 E4M3 scale per 16 (NVIDIA: 3.5x smaller than FP16).
-    ("nvfp4", 4 + 8 / 16),
-])
+@pytest.mark.parametrize(
+    "dtype, bits_per_weight",
+    [
+        # OCP MX v1.0: E2M1 + one 8-bit E8M0 scale per 32 (gpt-oss card: "4.25 bits").
+        ("mxfp4", 4 + 8 / 32),
+        # NVFP4: E2M1 + one FP8 E4M3 scale per 16 (NVIDIA: 3.5x smaller than FP16).
+        ("nvfp4", 4 + 8 / 16),
+    ])
 def test_fp4_formats_store_their_block_scales(dtype, bits_per_weight):
   assert params.bytes_per_weight(dtype) == pytest.approx(bits_per_weight / 8)
 
@@ -169,16 +179,16 @@ def test_mixed_step_bytes_count_experts_at_mxfp4_and_the_rest_at_bf16():
   fmt = params.weight_format(spec, params.PUBLISHED)
   q = fmt.read_bytes_per_weight(counts, [1, 8, 64, 4096])
   n = params.weights_read_per_step(counts, [1, 8, 64, 4096])
-  expected_b1 = ((counts.read_every_step + counts.hidden_size) * 2
-                 + counts.moe_layers * counts.experts_per_token * counts.routed_expert * 0.53125)
+  expected_b1 = ((counts.read_every_step + counts.hidden_size) * 2 +
+                 counts.moe_layers * counts.experts_per_token * counts.routed_expert * 0.53125)
   assert q[0] * n[0] == pytest.approx(expected_b1, rel=1e-12)
   assert all(0.53125 < v < 2 for v in q)
   assert q[0] > q[1] > q[2]  # More experts read: a larger MXFP4 share (rows aside).
 
 
-@pytest.mark.parametrize("name, dtype", [
-    ("llama-3-8b", "bf16"), ("llama-2-7b", "fp16"), ("mixtral-8x7b", "bf16"),
-    ("deepseek-v3", "fp8"), ("kimi-k2", "fp8"), ("gpt-oss-20b", "mxfp4")])
+@pytest.mark.parametrize("name, dtype", [("llama-3-8b", "bf16"), ("llama-2-7b", "fp16"),
+                                         ("mixtral-8x7b", "bf16"), ("deepseek-v3", "fp8"),
+                                         ("kimi-k2", "fp8"), ("gpt-oss-20b", "mxfp4")])
 def test_published_dtype_follows_the_config(name, dtype):
   """torch_dtype (bfloat16 / float16) or quantization_config.quant_method."""
   fmt = params.published_format(load_model(name))

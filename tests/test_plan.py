@@ -18,10 +18,10 @@ from jaxroof.specs.accelerators import load_accelerator, load_accelerators
 from jaxroof.specs.models import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUESTION = dict(context=8192, prompt_tokens=7000, output_tokens=1000,
-                targets=planner.Targets(token_gap_s=0.05, ttft_s=2.0,
-                                        aggregate_tokens_per_s=10000.0),
-                weight_dtypes=("bf16",), kv_dtypes=("bf16",))
+QUESTION = dict(
+    context=8192, prompt_tokens=7000, output_tokens=1000,
+    targets=planner.Targets(token_gap_s=0.05, ttft_s=2.0, aggregate_tokens_per_s=10000.0),
+    weight_dtypes=("bf16",), kv_dtypes=("bf16",))
 PRICES = {"h100-sxm": 3.0, "h200": 3.8, "mi300x": 2.5}
 
 
@@ -35,8 +35,8 @@ def question():
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout)
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout)
 
 
 def test_rows_carry_cost_pools_and_simulation(question):
@@ -58,8 +58,9 @@ def test_rows_carry_cost_pools_and_simulation(question):
   for p in simulated:
     assert {"ttft_p90_s", "itl_p90_s", "tpot_p90_s", "meets"} <= set(p["simulated"])
   # Meeting plans first, missing plans last; cost order within each group.
-  group = [0 if p["simulated"] and p["simulated"]["meets"] else 2 if p["simulated"] else 1
-           for p in plans]
+  group = [
+      0 if p["simulated"] and p["simulated"]["meets"] else 2 if p["simulated"] else 1 for p in plans
+  ]
   assert group == sorted(group)
 
 
@@ -89,18 +90,17 @@ def test_the_old_first_plan_is_unstable_and_no_longer_offered(question):
   batches = np.asarray(planner.BATCHES, dtype=float)
   grid = planner.build_grid(spec, devices, 8192, ("bf16",), ("bf16",), batches, 0.1)
   out = planner.evaluate_grid(grid, 8192)  # The old search: a full-context prompt, alone.
-  ok = ((out["chip_bytes"] <= grid["capacity"]) & (out["step_s"] <= 0.05)
-        & (out["prefill_s"] <= 2.0) & (np.mod(grid["B"], grid["microbatches"]) == 0))
+  ok = ((out["chip_bytes"] <= grid["capacity"]) & (out["step_s"] <= 0.05) &
+        (out["prefill_s"] <= 2.0) & (np.mod(grid["B"], grid["microbatches"]) == 0))
   dp = np.ceil(10000.0 / out["aggregate_tokens_per_s"])
   chips = np.where(ok, dp * grid["tp"] * grid["pp"], np.inf)
   first = int(np.argmin(chips))
   old = dict(tp=int(grid["tp"][first]), pp=int(grid["pp"][first]), dp=int(dp[first]))
   assert chips[first] == 16  # The "plan's best" on H100.
   proc = _run("experiments.serving", "--model=llama-3.1-70b", "--accelerator=h100-sxm",
-              "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000",
-              "--token_gap_ms=50", "--ttft_ms=2000", "--arrival_rate=10",
-              "--weight_dtype=bf16", f"--tp={old['tp']}", f"--pp={old['pp']}",
-              f"--dp={old['dp']}", "--batch_sizes=1")
+              "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000", "--token_gap_ms=50",
+              "--ttft_ms=2000", "--arrival_rate=10", "--weight_dtype=bf16", f"--tp={old['tp']}",
+              f"--pp={old['pp']}", f"--dp={old['dp']}", "--batch_sizes=1")
   assert proc.returncode == 0, proc.stderr
   assert "unstable" in proc.stdout
   new = planner.plan(spec, devices, top=50, **QUESTION)["plans"]
@@ -115,10 +115,11 @@ def test_the_old_first_plan_is_unstable_and_no_longer_offered(question):
 def test_top_plan_through_serving_and_simulate(question, tmp_path):
   top = question["plans"][0]
   assert top["simulated"]["meets"]
-  layout = [f"--accelerator={top['accelerator']}", f"--tp={top['tp']}", f"--pp={top['pp']}",
-            f"--dp={top['dp']}", "--context=8192", "--prompt_tokens=7000",
-            "--output_tokens=1000", "--weight_dtype=bf16", "--kv_dtype=bf16",
-            "--model=llama-3.1-70b", "--arrival_rate=10"]
+  layout = [
+      f"--accelerator={top['accelerator']}", f"--tp={top['tp']}", f"--pp={top['pp']}",
+      f"--dp={top['dp']}", "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000",
+      "--weight_dtype=bf16", "--kv_dtype=bf16", "--model=llama-3.1-70b", "--arrival_rate=10"
+  ]
   serving = tmp_path / "serving.json"
   proc = _run("experiments.serving", *layout, "--token_gap_ms=50", "--ttft_ms=2000",
               "--batch_sizes=1", f"--json_out={serving}")
@@ -159,11 +160,10 @@ def test_split_pools_cost_the_kv_transfer(question):
 
 def test_identical_bytes_are_merged():
   spec = load_model("llama-3-8b")
-  result = planner.plan(spec, load_accelerators("h100-sxm"), context=4096, prompt_tokens=2048,
-                        output_tokens=256,
-                        targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0,
-                                                arrival_rate_per_s=2.0),
-                        weight_dtypes=("bf16",), kv_dtypes=("fp8", "int8"), top=5)
+  result = planner.plan(
+      spec, load_accelerators("h100-sxm"), context=4096, prompt_tokens=2048, output_tokens=256,
+      targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0, arrival_rate_per_s=2.0),
+      weight_dtypes=("bf16",), kv_dtypes=("fp8", "int8"), top=5)
   plans = result["plans"]
   assert plans
   # fp8 and int8 K/V: one byte per element each, the same step and memory: one row
@@ -174,26 +174,25 @@ def test_identical_bytes_are_merged():
 
 
 def test_without_prices_kinds_are_not_compared():
-  result = planner.plan(load_model("llama-3-8b"), load_accelerators("h100-sxm,tpu-v5e"),
-                        context=4096, prompt_tokens=2048, output_tokens=256,
-                        targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0,
-                                                arrival_rate_per_s=20.0), top=6)
+  result = planner.plan(
+      load_model("llama-3-8b"), load_accelerators("h100-sxm,tpu-v5e"), context=4096,
+      prompt_tokens=2048, output_tokens=256,
+      targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0, arrival_rate_per_s=20.0), top=6)
   plans = result["plans"]
-  assert all(p["cost_per_hour"] is None and p["cost_per_million_tokens"] is None
-             for p in plans)
+  assert all(p["cost_per_hour"] is None and p["cost_per_million_tokens"] is None for p in plans)
   # Rank 1 of each accelerator, then rank 2: chips compared only within a kind.
-  assert [p["rank_within_accelerator"] for p in plans] == sorted(
-      p["rank_within_accelerator"] for p in plans)
+  assert [p["rank_within_accelerator"] for p in plans
+         ] == sorted(p["rank_within_accelerator"] for p in plans)
   for name in ("h100-sxm", "tpu-v5e"):
     mine = [p["chips"] for p in plans if p["accelerator"] == name]
     assert mine == sorted(mine)
 
 
 def test_max_chips_and_default_formats():
-  result = planner.plan(load_model("llama-3-8b"), load_accelerators("h100-sxm"),
-                        context=4096, prompt_tokens=2048, output_tokens=256, max_chips=3,
-                        targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0,
-                                                arrival_rate_per_s=20.0))
+  result = planner.plan(
+      load_model("llama-3-8b"), load_accelerators("h100-sxm"), context=4096, prompt_tokens=2048,
+      output_tokens=256, max_chips=3, targets=planner.Targets(token_gap_s=0.05, ttft_s=1.0,
+                                                              arrival_rate_per_s=20.0))
   assert result["plans"] and all(p["chips"] <= 3 for p in result["plans"])
   assert {p["weight_dtype"] for p in result["plans"]} == {"bf16 (published)"}
   assert {p["kv_dtype"] for p in result["plans"]} == {"bf16"}
@@ -201,17 +200,15 @@ def test_max_chips_and_default_formats():
 
 def test_prices_parse_and_refuse():
   known = ("h100-sxm", "h200")
-  assert planner.parse_prices("h100-sxm=3.0, h200=3.8", known) == {"h100-sxm": 3.0,
-                                                                    "h200": 3.8}
-  for bad in ("b300=3", "h100-sxm=0", "h100-sxm=-1", "h100-sxm", "h100-sxm=x",
-              "h100-sxm=inf", "h100-sxm=1,h100-sxm=2"):
+  assert planner.parse_prices("h100-sxm=3.0, h200=3.8", known) == {"h100-sxm": 3.0, "h200": 3.8}
+  for bad in ("b300=3", "h100-sxm=0", "h100-sxm=-1", "h100-sxm", "h100-sxm=x", "h100-sxm=inf",
+              "h100-sxm=1,h100-sxm=2"):
     with pytest.raises(InputError):
       planner.parse_prices(bad, known)
 
 
 def test_a_format_without_a_datapath_says_its_fallback():
-  notes = planner.format_notes(load_model("llama-3-8b"), [load_accelerator("a100-80gb")],
-                               ("fp8",))
+  notes = planner.format_notes(load_model("llama-3-8b"), [load_accelerator("a100-80gb")], ("fp8",))
   assert len(notes) == 1 and "fallback" in notes[0] and "bf16" in notes[0]
 
 
@@ -222,9 +219,9 @@ def test_a_format_without_a_datapath_says_its_fallback():
     ("--weight_dtype=bf16,int3", "weight_dtype"),
 ])
 def test_plan_cli_bad_input_one_line(flag, needle):
-  proc = _run("experiments.plan", "--model=llama-3-8b", "--context=4096",
-              "--token_gap_ms=50", "--ttft_ms=1000", "--arrival_rate=2",
-              "--accelerators=h100-sxm", "--top_k=0", flag, timeout=120)
+  proc = _run("experiments.plan", "--model=llama-3-8b", "--context=4096", "--token_gap_ms=50",
+              "--ttft_ms=1000", "--arrival_rate=2", "--accelerators=h100-sxm", "--top_k=0", flag,
+              timeout=120)
   assert proc.returncode != 0
   lines = [l for l in proc.stderr.strip().splitlines() if l]
   assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -232,10 +229,9 @@ def test_plan_cli_bad_input_one_line(flag, needle):
 
 def test_plan_cli_fallback_note(tmp_path):
   out = tmp_path / "p.json"
-  proc = _run("experiments.plan", "--model=llama-3-8b", "--context=4096",
-              "--token_gap_ms=50", "--ttft_ms=1000", "--arrival_rate=2",
-              "--accelerators=a100-80gb", "--weight_dtype=fp8", "--top_k=0",
-              f"--json_out={out}", timeout=120)
+  proc = _run("experiments.plan", "--model=llama-3-8b", "--context=4096", "--token_gap_ms=50",
+              "--ttft_ms=1000", "--arrival_rate=2", "--accelerators=a100-80gb",
+              "--weight_dtype=fp8", "--top_k=0", f"--json_out={out}", timeout=120)
   assert proc.returncode == 0, proc.stderr
   notes = [l for l in proc.stderr.splitlines() if l.startswith("note:")]
   assert len(notes) == 1 and "fallback" in notes[0]
@@ -245,10 +241,9 @@ def test_plan_cli_fallback_note(tmp_path):
 def test_serving_pools_in_gpus_with_kv_transfer_and_fleet_aggregate(tmp_path):
   out = tmp_path / "serving.json"
   proc = _run("experiments.serving", "--model=llama-3.1-70b", "--accelerator=h100-sxm",
-              "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000",
-              "--token_gap_ms=50", "--ttft_ms=2000", "--arrival_rate=10", "--tp=8", "--dp=4",
-              "--weight_dtype=bf16", "--batch_sizes=1", "--aggregate_tokens_per_s=10000",
-              f"--json_out={out}")
+              "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000", "--token_gap_ms=50",
+              "--ttft_ms=2000", "--arrival_rate=10", "--tp=8", "--dp=4", "--weight_dtype=bf16",
+              "--batch_sizes=1", "--aggregate_tokens_per_s=10000", f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   # The fleet's 10,000 tokens/s over 4 replicas: each replica's share is 2,500.
@@ -274,9 +269,9 @@ def test_tensor_parallel_over_pcie_is_labelled(tmp_path):
   assert link.network == "pcie" and "PCIe" in link.note
   assert link.bytes_per_s == l4.links.collective_bytes_per_s  # The recorded 31 GB/s.
   out = tmp_path / "s.json"
-  proc = _run("experiments.serving", "--model=llama-3-8b", "--accelerator=l4",
-              "--context=2048", "--tp=2", "--token_gap_ms=100", "--batch_sizes=1,8",
-              "--prompt_tokens=512", "--output_tokens=64", f"--json_out={out}", timeout=120)
+  proc = _run("experiments.serving", "--model=llama-3-8b", "--accelerator=l4", "--context=2048",
+              "--tp=2", "--token_gap_ms=100", "--batch_sizes=1,8", "--prompt_tokens=512",
+              "--output_tokens=64", f"--json_out={out}", timeout=120)
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["decision"]["comm_s"] > 0
@@ -285,12 +280,12 @@ def test_tensor_parallel_over_pcie_is_labelled(tmp_path):
 
 def test_the_question_runs_as_typed(tmp_path):
   out = tmp_path / "plan.json"
-  proc = _run("experiments.plan", "--model=llama-3.1-70b", "--context=8192",
-              "--prompt_tokens=7000", "--output_tokens=1000", "--token_gap_ms=50",
-              "--ttft_ms=2000", "--aggregate_tokens_per_s=10000", "--weight_dtype=bf16",
-              "--kv_dtype=bf16", "--accelerators=h100-sxm,h200,mi300x",
-              "--price_per_hour=h100-sxm=3.0,h200=3.8,mi300x=2.5", f"--json_out={out}",
-              "--top_k=1", "--sim_requests=100")
+  proc = _run("experiments.plan", "--model=llama-3.1-70b", "--context=8192", "--prompt_tokens=7000",
+              "--output_tokens=1000", "--token_gap_ms=50", "--ttft_ms=2000",
+              "--aggregate_tokens_per_s=10000", "--weight_dtype=bf16", "--kv_dtype=bf16",
+              "--accelerators=h100-sxm,h200,mi300x",
+              "--price_per_hour=h100-sxm=3.0,h200=3.8,mi300x=2.5", f"--json_out={out}", "--top_k=1",
+              "--sim_requests=100")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["plans"] and data["ranked_by"] == "cost per hour"

@@ -73,8 +73,10 @@ def test_attention_overtakes_linear_at_n_over_lhd_minus_one():
 
 
 def test_chunked_totals_equal_the_sum_over_chunks():
-  values = {P: 4096, C_chunk: 512, B: 2, N: 8e9, N_act: 8e9, q: 2, k: 131072,
-            A_f: 4 * 32 * 32 * 128, BW: 2e12, F: 6e14}
+  values = {
+      P: 4096, C_chunk: 512, B: 2, N: 8e9, N_act: 8e9, q: 2, k: 131072, A_f: 4 * 32 * 32 * 128,
+      BW: 2e12, F: 6e14
+  }
   chunks = 4096 // 512
   memory = sum(float(prefill.chunk_memory_time(i).subs(values)) for i in range(1, chunks + 1))
   compute = sum(float(prefill.chunk_compute_time(i).subs(values)) for i in range(1, chunks + 1))
@@ -84,13 +86,14 @@ def test_chunked_totals_equal_the_sum_over_chunks():
   assert compute == pytest.approx(float(prefill.compute_time().subs(values)), rel=1e-12)
   # One chunk is one pass.
   one = {**values, C_chunk: 4096}
-  assert float(prefill.chunked_time().subs(one)) == pytest.approx(
-      float(prefill.floor().subs(one)), rel=1e-12)
+  assert float(prefill.chunked_time().subs(one)) == pytest.approx(float(prefill.floor().subs(one)),
+                                                                  rel=1e-12)
 
 
 def test_smallest_chunk_costs_exactly_the_overhead():
-  values = {P: 8192, B: 1, N: 8e9, N_act: 8e9, q: 2, k: 131072, A_f: 4 * 32 * 32 * 128,
-            BW: 2e12, F: 6e14}
+  values = {
+      P: 8192, B: 1, N: 8e9, N_act: 8e9, q: 2, k: 131072, A_f: 4 * 32 * 32 * 128, BW: 2e12, F: 6e14
+  }
   one_pass = float(prefill.floor().subs(values))
   chunk = float(prefill.smallest_chunk_for_overhead().subs({**values, x_over: 0.1, t: one_pass}))
   at = float(prefill.chunked_time().subs({**values, C_chunk: chunk}))
@@ -113,16 +116,15 @@ def test_attention_terms_per_layer_kind():
   assert terms["sliding"].pair_flops == 2 * 4 * 8 * 64 and terms["sliding"].window == 16
   assert terms["mla"].pair_flops == 2 * 4 * (2 * 32 + 8)
   length = 100
-  expected = (4 * 8 * 64 * length * (length + 1) / 2
-              + 2 * 4 * 8 * 64 * (16 * 17 / 2 + (length - 16) * 16)
-              + 2 * 4 * (2 * 32 + 8) * length * (length + 1) / 2)
+  expected = (4 * 8 * 64 * length * (length + 1) / 2 + 2 * 4 * 8 * 64 *
+              (16 * 17 / 2 + (length - 16) * 16) + 2 * 4 * (2 * 32 + 8) * length * (length + 1) / 2)
   assert prefill.attention_flops_of(tuple(terms.values()), length) == pytest.approx(expected)
 
 
 def test_unknown_layer_kind_raises_naming_it():
   with pytest.raises(ValueError, match="hyena"):
-    prefill.attention_terms(_spec(["full", "hyena"],
-                                  attention=types.SimpleNamespace(num_heads=1, head_dim=2)))
+    prefill.attention_terms(
+        _spec(["full", "hyena"], attention=types.SimpleNamespace(num_heads=1, head_dim=2)))
 
 
 def test_real_model_matches_the_full_attention_convention():
@@ -167,12 +169,12 @@ def test_every_shipped_model_has_prefill_terms():
     spec = load_model(name)
     terms = prefill.attention_terms(spec)
     kinds = list(spec.layer_kinds)
-    assert {t.kind: t.layers for t in terms} == {
-        kind: kinds.count(kind) for kind in kinds if kind not in no_quadratic}, name
+    assert {t.kind: t.layers for t in terms
+           } == {kind: kinds.count(kind) for kind in kinds if kind not in no_quadratic}, name
     for term in terms:
       seen.add(term.kind)
       assert term.pair_flops == term.layers * _hand_pair_flops(spec, term.kind), name
-      assert term.window == (spec.attention.sliding_window if term.kind == "sliding"
-                             else None), name
+      assert term.window == (spec.attention.sliding_window
+                             if term.kind == "sliding" else None), name
       assert term.chunk == (spec.attention.chunk_size if term.kind == "chunked" else None)
   assert seen == {"full", "sliding", "mla", "chunked"}  # Every quadratic kind is shipped.

@@ -20,20 +20,19 @@ from jaxroof.specs.model_sweep import model_sweep
 
 # Made-up but plausible factors of an H100 profile; r_ovl large, so the
 # linear layers take the larger of their two times (the roofline's Max).
-FACTORS = {"eta_w": 0.7, "eta_kv": 0.5, "eta_f": 0.6, "t0_step": 2e-4,
-           "t0_layer": 1e-5, "r_ovl": 60.0}
+FACTORS = {
+    "eta_w": 0.7, "eta_kv": 0.5, "eta_f": 0.6, "t0_step": 2e-4, "t0_layer": 1e-5, "r_ovl": 60.0
+}
 MEASURED_BW, MEASURED_F = 2.9e12, 6.5e14  # What the device sustained.
 
 
 def h100_profile() -> profiles.Profile:
   return profiles.Profile(
-      device_kind="NVIDIA H100 80GB HBM3", platform="gpu", backend="pallas",
-      dtype="bfloat16", jax_version="", created="",
-      ceilings={"bandwidth_Bps": MEASURED_BW,
-                "flops_per_s": {"bfloat16": MEASURED_F}},
+      device_kind="NVIDIA H100 80GB HBM3", platform="gpu", backend="pallas", dtype="bfloat16",
+      jax_version="", created="",
+      ceilings={"bandwidth_Bps": MEASURED_BW, "flops_per_s": {"bfloat16": MEASURED_F}},
       factors=FACTORS, fit={"heldout_median_rel_error": 0.06,
-                            "heldout_max_rel_error": 0.15},
-      path="profile_h100.json")
+                            "heldout_max_rel_error": 0.15}, path="profile_h100.json")
 
 
 def test_a_profile_predicts_llama_3_8b_on_its_own_device():
@@ -59,13 +58,11 @@ def test_a_profile_predicts_llama_3_8b_on_its_own_device():
     weight_s = n * 2 / (FACTORS["eta_w"] * MEASURED_BW)
     compute_s = 2 * n * b / (FACTORS["eta_f"] * MEASURED_F)
     kv_s = b * si["T"] * kv_per_token / (FACTORS["eta_kv"] * MEASURED_BW)
-    expected = (FACTORS["t0_step"] + 32 * FACTORS["t0_layer"]
-                + max(weight_s, compute_s) + kv_s)
+    expected = (FACTORS["t0_step"] + 32 * FACTORS["t0_layer"] + max(weight_s, compute_s) + kv_s)
     assert row["step_s"] == pytest.approx(expected, rel=1e-3)
   bound = model_sweep(spec, device, context=2048, batch_sizes=batches)
   assert bound["kind"] == "bound"
-  assert all(c["step_s"] > b["step_s"]
-             for c, b in zip(result["rows"], bound["rows"]))
+  assert all(c["step_s"] > b["step_s"] for c, b in zip(result["rows"], bound["rows"]))
 
 
 def test_a_profile_on_another_accelerator_is_a_labelled_what_if():
@@ -74,8 +71,7 @@ def test_a_profile_on_another_accelerator_is_a_labelled_what_if():
     profiles.check_applies(prof, "a100-80gb")
   notes = profiles.check_applies(prof, "a100-80gb", what_if=True)
   assert notes and "what-if" in notes[0]
-  result = model_sweep(models.load_model("llama-3-8b"),
-                       accelerators.load_accelerator("a100-80gb"),
+  result = model_sweep(models.load_model("llama-3-8b"), accelerators.load_accelerator("a100-80gb"),
                        context=2048, batch_sizes=[1],
                        model=profiles.step_model(prof, notes=tuple(notes)))
   assert any("what-if" in n for n in result["summary"]["notes"])
@@ -83,10 +79,10 @@ def test_a_profile_on_another_accelerator_is_a_labelled_what_if():
 
 def _batch_sweep(*flags):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  return subprocess.run(
-      [sys.executable, "-m", "experiments.batch_sweep", "--model=llama-3-8b",
-       "--context=2048", "--batch_sizes=1,16", *flags],
-      cwd=root, capture_output=True, text=True, timeout=120)
+  return subprocess.run([
+      sys.executable, "-m", "experiments.batch_sweep", "--model=llama-3-8b", "--context=2048",
+      "--batch_sizes=1,16", *flags
+  ], cwd=root, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.slow  # Three experiment start-ups: ~10-20 s on 2 cores.
@@ -99,8 +95,7 @@ def test_batch_sweep_labels_a_profiles_prediction_and_its_what_if(tmp_path):
   assert "what-if" not in own.stdout
   refused = _batch_sweep("--accelerator=a100-80gb", f"--profile={path}")
   assert refused.returncode == 2 and "--what_if" in refused.stderr
-  what_if = _batch_sweep("--accelerator=a100-80gb", f"--profile={path}",
-                         "--what_if")
+  what_if = _batch_sweep("--accelerator=a100-80gb", f"--profile={path}", "--what_if")
   assert what_if.returncode == 0, what_if.stderr
   assert "calibrated prediction" in what_if.stdout
   assert "what-if" in what_if.stdout

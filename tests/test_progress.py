@@ -6,6 +6,7 @@ from jaxroof import progress
 
 
 class _Terminal(io.StringIO):
+
   def isatty(self) -> bool:
     return True
 

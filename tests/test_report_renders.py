@@ -53,8 +53,11 @@ def job_imports(source: str) -> list[str]:
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
       names += [f"{node.module}.{alias.name}" for alias in node.names]
   allowed = ALLOWED_PREFIXES + tuple(ALLOWED_MODULES)
-  return sorted({n for n in names if n.split(".")[0] in ("jaxroof", "kernels")
-                 and not any(n == p or n.startswith(p + ".") for p in allowed)})
+  return sorted({
+      n for n in names
+      if n.split(".")[0] in ("jaxroof", "kernels") and not any(n == p or n.startswith(p + ".")
+                                                               for p in allowed)
+  })
 
 
 def test_the_check_catches_a_job_at_any_depth():
@@ -64,41 +67,55 @@ def test_the_check_catches_a_job_at_any_depth():
             "  from jaxroof.serving import simulator\n"
             "  import jaxroof.parallel.planner\n"
             "  from jaxroof.measure.calibration_job import run\n")
-  assert job_imports(source) == ["jaxroof.measure.calibration_job.run",
-                                 "jaxroof.parallel.planner", "jaxroof.serving.simulator",
-                                 "jaxroof.toy"]
+  assert job_imports(source) == [
+      "jaxroof.measure.calibration_job.run", "jaxroof.parallel.planner",
+      "jaxroof.serving.simulator", "jaxroof.toy"
+  ]
   assert job_imports("from jaxroof.serving import elasticity\nimport jaxroof.specs.models\n"
                      "from jaxroof.symbolic.sweep import decode_sweep\n") == []
 
 
 def test_the_report_imports_nothing_that_runs_a_job():
-  wrong = {path.name: job_imports(path.read_text()) for path in sorted(REPORT.glob("*.py"))
-           if path.name not in EXEMPT}
+  wrong = {
+      path.name: job_imports(path.read_text()) for path in sorted(REPORT.glob("*.py"))
+      if path.name not in EXEMPT
+  }
   assert not {name: found for name, found in wrong.items() if found}
 
 
 def _made_up_chips():
-  plan = {"searched": 7, "meeting": 3, "plans": [{
-      "rank": 1, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 12,
-      "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "batch": 77,
-      "weight_dtype": "fp8", "kv_dtype": "bf16", "merged": [], "loaded_token_gap_s": 0.0123,
-      "ttft_s": 0.456}]}
+  plan = {
+      "searched": 7, "meeting": 3, "plans": [{
+          "rank": 1, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 12,
+          "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "batch": 77,
+          "weight_dtype": "fp8", "kv_dtype": "bf16", "merged": [], "loaded_token_gap_s": 0.0123,
+          "ttft_s": 0.456
+      }]
+  }
   chips = {
-      "context": 1234, "accelerators": ["h200", "b200"], "subject_model": "m1",
-      "fewest": {"m1": {"h200": {"tp": 4, "pp": 2, "ep": 1, "chips": 8}, "b200": None},
-                 "m2": {"h200": {"tp": 1, "pp": 1, "ep": 1, "chips": 1},
-                        "b200": {"tp": 2, "pp": 1, "ep": 4, "chips": 8}}},
-      "plan_question": {"model": "m1", "accelerators": "h200",
-                        "targets": {"token_gap_s": 0.04, "ttft_s": 1.5,
-                                    "aggregate_tokens_per_s": 900.0}},
+      "context": 1234,
+      "accelerators": ["h200", "b200"],
+      "subject_model": "m1",
+      "fewest": {
+          "m1": {"h200": {"tp": 4, "pp": 2, "ep": 1, "chips": 8}, "b200": None}, "m2": {
+              "h200": {"tp": 1, "pp": 1, "ep": 1, "chips": 1},
+              "b200": {"tp": 2, "pp": 1, "ep": 4, "chips": 8}
+          }
+      },
+      "plan_question": {
+          "model": "m1", "accelerators": "h200",
+          "targets": {"token_gap_s": 0.04, "ttft_s": 1.5, "aggregate_tokens_per_s": 900.0}
+      },
       "plan": plan,
-      "single_stream": {"model": "m1", "accelerator": "h200", "allreduces_per_token": 99,
-                        "rows": [{"tp": 1, "fits_in_memory": False, "memory_s": 0.03,
-                                  "comm_s": 0.0, "step_s": 0.03,
-                                  "per_sequence_tokens_per_s": 33.3, "bound": "memory"},
-                                 {"tp": 2, "fits_in_memory": True, "memory_s": 0.015,
-                                  "comm_s": 0.002, "step_s": 0.017,
-                                  "per_sequence_tokens_per_s": 58.8, "bound": "memory"}]},
+      "single_stream": {
+          "model": "m1", "accelerator": "h200", "allreduces_per_token": 99, "rows": [{
+              "tp": 1, "fits_in_memory": False, "memory_s": 0.03, "comm_s": 0.0, "step_s": 0.03,
+              "per_sequence_tokens_per_s": 33.3, "bound": "memory"
+          }, {
+              "tp": 2, "fits_in_memory": True, "memory_s": 0.015, "comm_s": 0.002, "step_s": 0.017,
+              "per_sequence_tokens_per_s": 58.8, "bound": "memory"
+          }]
+      },
       "assumptions": ["first", "second"],
   }
   return chips, plan
@@ -119,14 +136,18 @@ def test_the_chips_section_shows_what_it_is_given():
 
 
 def test_the_plan_table_adds_cost_and_simulation_columns_when_there_are_some():
-  plan = {"prices_per_hour": {"h200": 3.0}, "simulation": {}, "plans": [{
-      "rank": 2, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 6,
-      "pools": {"kind": "split", "prefill_chips": 2, "decode_chips": 4,
-                "prefill": {"tp": 1, "replicas": 2}},
-      "tp": 2, "pp": 1, "ep": 1, "dp": 2, "batch": 5, "weight_dtype": "bf16", "kv_dtype": "fp8",
-      "merged": [{"weight_dtype": "bf16", "kv_dtype": "int8"}], "loaded_token_gap_s": 0.02,
-      "ttft_s": 0.3, "cost_per_hour": 18.0, "cost_per_million_tokens": 1.25,
-      "simulated": {"ttft_p90_s": 0.41, "tpot_p90_s": 0.0215, "meets": False}}]}
+  plan = {
+      "prices_per_hour": {"h200": 3.0}, "simulation": {}, "plans": [{
+          "rank": 2, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 6, "pools": {
+              "kind": "split", "prefill_chips": 2, "decode_chips": 4,
+              "prefill": {"tp": 1, "replicas": 2}
+          }, "tp": 2, "pp": 1, "ep": 1, "dp": 2, "batch": 5, "weight_dtype": "bf16",
+          "kv_dtype": "fp8", "merged": [{"weight_dtype": "bf16",
+                                         "kv_dtype": "int8"}], "loaded_token_gap_s": 0.02,
+          "ttft_s": 0.3, "cost_per_hour": 18.0, "cost_per_million_tokens": 1.25,
+          "simulated": {"ttft_p90_s": 0.41, "tpot_p90_s": 0.0215, "meets": False}
+      }]
+  }
   headers, rows = plan_table.plan_rows(plan)
   row = dict(zip(headers, rows[0]))
   assert row["rank"] == 2 and row["pools"] == "split 2+4 (prefill tp1x2)"
@@ -145,8 +166,10 @@ def test_the_worked_plan_command_repeats_the_question_it_is_given():
 
 
 def test_the_summary_commands_repeat_the_subject():
-  subject = {"model": "m9", "context": 5000, "prompt_tokens": 4000, "output_tokens": 1000,
-             "token_gap_s": 0.025, "ttft_s": 0.75}
+  subject = {
+      "model": "m9", "context": 5000, "prompt_tokens": 4000, "output_tokens": 1000,
+      "token_gap_s": 0.025, "ttft_s": 0.75
+  }
   assert _report_commands.serving(subject).endswith(
       "--model=m9 --accelerator=SLUG --prompt_tokens=4000 --output_tokens=1000 "
       "--token_gap_ms=25 --ttft_ms=750")
@@ -154,11 +177,11 @@ def test_the_summary_commands_repeat_the_subject():
 
 
 @pytest.mark.parametrize("render, given, shown, unnamed", [
-    (user_calibration.report_section, dict(fit_command="fit it"),
-     "No results yet: `fit it`.", "No results yet: the calibrate experiment fits"),
+    (user_calibration.report_section, dict(fit_command="fit it"), "No results yet: `fit it`.",
+     "No results yet: the calibrate experiment fits"),
     (lambda d, **given: real_engine.report_section(d, d, **given),
-     dict(measure_commands=("set up", "measure")),
-     "To measure: `set up`; then `measure` (README).", "then `experiments.vllm_bench`"),
+     dict(measure_commands=("set up", "measure")), "To measure: `set up`; then `measure` (README).",
+     "then `experiments.vllm_bench`"),
 ])
 def test_with_no_results_a_section_shows_the_commands_given_or_names_the_experiments(
     tmp_path, render, given, shown, unnamed):

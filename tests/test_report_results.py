@@ -25,8 +25,8 @@ def test_the_lessons_elasticities_say_bandwidth_moves_the_step():
 
 
 def test_the_study_frontier_holds_the_decision_and_the_memory_limit():
-  study = decision_study.study("llama-3-8b", "h100-sxm", prompt=2048, outputs=256,
-                               token_gap_s=0.02, ttft_s=0.5, arrival_rate=5.0)
+  study = decision_study.study("llama-3-8b", "h100-sxm", prompt=2048, outputs=256, token_gap_s=0.02,
+                               ttft_s=0.5, arrival_rate=5.0)
   batches = list(study["frontier"]["batch"])
   assert study["decision"]["batch"] in batches and study["max_batch_in_memory"] in batches
   assert set(decision_study.BATCHES) <= set(batches)
@@ -38,9 +38,9 @@ def test_every_scheduler_finishes_every_request():
   n = 40
   workload = arrivals.synthetic(arrival="poisson", num_requests=n, arrival_rate=5.0, seed=1,
                                 prompt_tokens=200, output_tokens=20)
-  runs = scheduler_comparison.compare(
-      load_model("llama-3-8b"), load_accelerator("h100-sxm"), workload, context=400,
-      batch_window_s=0.05, token_budget=256, ttft_target_s=0.5, tpot_target_s=0.05)
+  runs = scheduler_comparison.compare(load_model("llama-3-8b"), load_accelerator("h100-sxm"),
+                                      workload, context=400, batch_window_s=0.05, token_budget=256,
+                                      ttft_target_s=0.5, tpot_target_s=0.05)
   assert list(runs) == list(scheduler_comparison.SCHEDULERS)
   for run in runs.values():
     assert run["metrics"]["completed"] == n

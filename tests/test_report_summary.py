@@ -52,17 +52,19 @@ def _token_gap_limit(slug: str, kv_scale: float = 1.0) -> int:
                                  prompt_tokens=SMALL.prompt_tokens,
                                  output_tokens=SMALL.output_tokens)
   mean_context = SMALL.prompt_tokens + SMALL.output_tokens / 2
-  return math.floor(float(solved.max_batch_for_token_gap(
-      N=inputs.N, q=inputs.q, T=mean_context, k=inputs.k * kv_scale, BW=inputs.BW, F=inputs.F,
-      t_gap=SMALL.token_gap_s)))
+  return math.floor(
+      float(
+          solved.max_batch_for_token_gap(N=inputs.N, q=inputs.q, T=mean_context,
+                                         k=inputs.k * kv_scale, BW=inputs.BW, F=inputs.F,
+                                         t_gap=SMALL.token_gap_s)))
 
 
 def test_memory_fit_matches_an_independent_count(small):
   """Weights + 16-token pages of K/V for prompt + outputs in 90% of memory."""
   for slug in ("a100-80gb", "h100-sxm"):
     entry = _entry(small, slug)
-    assert entry["max_batch_in_memory"] == _memory_limit(
-        slug, LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), slug
+    assert entry["max_batch_in_memory"] == _memory_limit(slug,
+                                                         LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), slug
     assert entry["fits"] and entry["chips"] == 1
   # 90% of 16 GB holds less than 16.06 GB of weights: the answer takes more chips.
   assert load_accelerator("tpu-v5e").memory_capacity_bytes * 0.9 < LLAMA3_8B_PARAMS * 2
@@ -87,8 +89,8 @@ def test_best_serves_and_memory_binds_where_memory_is_smaller(small):
   and fp8 K/V (half the bytes per token) lets in the smaller of the two new limits."""
   assert small["best"] == "h100-sxm"  # 3.35 TB/s against 2.04 TB/s, same 80 GB.
   h100 = _entry(small, "h100-sxm")["bound"]
-  memory, gap = _memory_limit("h100-sxm", LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), _token_gap_limit(
-      "h100-sxm")
+  memory, gap = _memory_limit("h100-sxm",
+                              LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), _token_gap_limit("h100-sxm")
   assert memory < gap
   assert (h100["binds"], h100["batch"]) == ("memory", memory)
   assert small["best_token_gap_only_batch"] == gap
@@ -108,8 +110,8 @@ _LLAMA3_8B_POSITIONS = load_model("llama-3-8b").max_position_embeddings
     (dict(accelerators=("h100-sxm", "h100")), "accelerators", "accelerators=h100-sxm,h100 ",
      ["unknown: h100;", "h100-sxm", "tpu-v5e"]),
     (dict(context=200), "context", "context=200 ", [f"output_tokens={SMALL.output_tokens}"]),
-    (dict(context=10**7), "context", "context=10000000 ",
-     [f"at most {_LLAMA3_8B_POSITIONS + 1:,}"]),
+    (dict(context=10**7), "context", "context=10000000 ", [f"at most {_LLAMA3_8B_POSITIONS + 1:,}"
+                                                          ]),
 ])
 def test_bad_subject_is_one_line_naming_field_value_and_allowed(change, field, start, allowed):
   bad = answer.Subject(**{**SMALL.__dict__, **change})
@@ -128,10 +130,10 @@ def test_accelerator_list_takes_all_and_drops_repeats():
 
 
 def test_report_cli_refuses_a_bad_flag_in_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.report", "--accelerators=h100,b200",
-       "--calibration_budget_s=0", f"--out_dir={tmp_path}/r"],
-      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.report", "--accelerators=h100,b200",
+      "--calibration_budget_s=0", f"--out_dir={tmp_path}/r"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=120)
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr
   assert "accelerators=h100,b200" in lines[0] and "h100-sxm" in lines[0]
@@ -140,8 +142,10 @@ def test_report_cli_refuses_a_bad_flag_in_one_line(tmp_path):
 
 def test_sections_come_in_the_decision_order():
   names = [s.__name__ for s in document.SECTIONS]
-  order = ["summary", "_serving_section", "_parallel_section", "_accelerators_section",
-           "_kv_sizing_section", "calibration_section", "lesson_section"]
+  order = [
+      "summary", "_serving_section", "_parallel_section", "_accelerators_section",
+      "_kv_sizing_section", "calibration_section", "lesson_section"
+  ]
   positions = [names.index(n) for n in order]
   assert positions == sorted(positions) and positions[0] == 0
   assert names.index("lesson_section") > names.index("_user_calibration_section")
@@ -167,8 +171,8 @@ def named_files_outside(text: str, out_dir: str) -> list[str]:
       if not glob.glob(os.path.join(ROOT, pattern)):
         bad.append(name)
       continue
-    if not (os.path.exists(os.path.join(ROOT, name)) or os.path.exists(
-        os.path.join(out_dir, name))):
+    if not (os.path.exists(os.path.join(ROOT, name)) or
+            os.path.exists(os.path.join(out_dir, name))):
       bad.append(name)
   return sorted(set(bad))
 
@@ -192,16 +196,18 @@ def test_summary_section_names_only_repository_files(small, tmp_path):
 
 @pytest.mark.slow
 def test_whole_report_names_only_repository_files_in_order(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.report", "--calibration_budget_s=0",
-       f"--out_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.report", "--calibration_budget_s=0",
+      f"--out_dir={tmp_path}"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = (tmp_path / "README.md").read_text()
   assert named_files_outside(text, str(tmp_path)) == []
   headings = [line for line in text.splitlines() if line.startswith("## ")]
   assert headings[0].startswith("## Summary")
-  keys = ["Summary", "Serving", "Several chips", "Accelerators", "KV sizing", "Calibration",
-          "lesson"]
+  keys = [
+      "Summary", "Serving", "Several chips", "Accelerators", "KV sizing", "Calibration", "lesson"
+  ]
   at = [next(i for i, h in enumerate(headings) if k in h) for k in keys]
   assert at == sorted(at), headings
   default = answer.Subject()  # The experiment passes its command lines; the README shows them.
@@ -219,6 +225,6 @@ def test_tied_embedding_models_read_one_weight_count_per_batch():
   read = parameters.weights_read_per_step(counts, [1, 8, 64])
   assert read.shape == (3,) and read[0] == read[2] == counts.read_every_step
   entry = answer.accelerator_entry(
-      answer.Subject(model="gemma-3-1b", context=2048, accelerators=("h100-sxm",)),
-      "h100-sxm", RESULTS)
+      answer.Subject(model="gemma-3-1b", context=2048, accelerators=("h100-sxm",)), "h100-sxm",
+      RESULTS)
   assert entry["fits"] and entry["bound"]["batch"] >= 1

@@ -32,8 +32,7 @@ def _lesson_batch_for(gap_s: float) -> int:
 def test_lesson_decision(gap_ms, expected):
   """The lesson: "a 12 ms token gap ... batch 32"; check yourself 1: batch 8 at 9 ms."""
   assert _lesson_batch_for(gap_ms / 1e3) == expected
-  d = decision.decide(BOUND, LESSON, prompt_tokens=100, output_tokens=16,
-                      token_gap_s=gap_ms / 1e3)
+  d = decision.decide(BOUND, LESSON, prompt_tokens=100, output_tokens=16, token_gap_s=gap_ms / 1e3)
   assert d["status"] == "ok"
   assert d["batch"] == expected
   assert d["binds"] == "token_gap"
@@ -83,15 +82,15 @@ def test_closed_form_request_time_equals_step_by_step_sum(flops):
 def test_request_rows_are_consistent():
   inputs = requests.ServingInputs(N=8e9, N_act=8e9, q=2, k=131072.0, BW=2e12, F=6e14,
                                   pair_flops=4 * 32 * 32 * 128)
-  rows = requests.rows(BOUND, inputs, [1, 8], prompt_tokens=512, output_tokens=64,
-                       arrival_rate=0.0, window_s=0.01)
+  rows = requests.rows(BOUND, inputs, [1, 8], prompt_tokens=512, output_tokens=64, arrival_rate=0.0,
+                       window_s=0.01)
   for row in rows:
     assert row["e2e_s"] == pytest.approx(row["ttft_s"] + 63 * row["mean_token_gap_s"])
-    assert row["static_batch_tokens_per_s"] == pytest.approx(
-        row["batch"] * 64 / (row["prefill_s"] + row["decode_s"]))
+    assert row["static_batch_tokens_per_s"] == pytest.approx(row["batch"] * 64 /
+                                                             (row["prefill_s"] + row["decode_s"]))
     # One definition per field: the continuous-batching aggregate is B x per-sequence.
-    assert row["aggregate_tokens_per_s"] == pytest.approx(
-        row["batch"] * row["per_sequence_tokens_per_s"])
+    assert row["aggregate_tokens_per_s"] == pytest.approx(row["batch"] *
+                                                          row["per_sequence_tokens_per_s"])
   # Zero load: TTFT is the window plus one prompt's prefill.
   single = requests.rows(BOUND, inputs, [1], prompt_tokens=512, output_tokens=64)[0]["prefill_s"]
   assert rows[0]["ttft_s"] == pytest.approx(0.01 + single)
@@ -165,22 +164,24 @@ def test_lengths_beyond_the_models_context_are_refused():
 
 
 def _finite_difference(evaluate, name, point, h=1e-6):
+
   def log_step(scale):
     values = {**point, name: point[name] * scale}
     return math.log(float(evaluate(**values)["step_s"]))
+
   return (log_step(1 + h) - log_step(1 - h)) / (math.log(1 + h) - math.log(1 - h))
 
 
-CALIBRATED = StepModel.calibrated({"eta_w": 0.8, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 2e-4,
-                                   "t0_layer": 1e-5, "r_ovl": 3.0})
+CALIBRATED = StepModel.calibrated(
+    {"eta_w": 0.8, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 2e-4, "t0_layer": 1e-5, "r_ovl": 3.0})
 
 
 @pytest.mark.parametrize("model", [BOUND, CALIBRATED], ids=["bound", "calibrated"])
 @pytest.mark.parametrize("batch", [1, 48, 700])
 def test_elasticities_match_finite_differences(model, batch):
   point = dict(B=float(batch), T=1024.0, N=8e9, q=2.0, k=131072.0, BW=2e12, F=3e14)
-  got = elasticity.row_elasticities(model, [batch], **{n: v for n, v in point.items()
-                                                       if n != "B"}, L=32)[0]
+  got = elasticity.row_elasticities(model, [batch], **{n: v for n, v in point.items() if n != "B"},
+                                    L=32)[0]
   for name in elasticity.INPUT_NAMES:
     fd = _finite_difference(lambda **v: model.evaluate(**v, L=32), name, point)
     assert got[name] == pytest.approx(fd, abs=1e-5), name
@@ -188,8 +189,8 @@ def test_elasticities_match_finite_differences(model, batch):
 
 def test_f_elasticity_is_exactly_zero_where_memory_binds():
   """The lesson's 0.5 GB case: memory binds at every batch, so faster arithmetic does nothing."""
-  rows = elasticity.row_elasticities(BOUND, [1, 8, 32, 64, 4096], N=8e9, q=2, T=1, k=0.5e9,
-                                     BW=2e12, F=6e14)
+  rows = elasticity.row_elasticities(BOUND, [1, 8, 32, 64, 4096], N=8e9, q=2, T=1, k=0.5e9, BW=2e12,
+                                     F=6e14)
   assert all(r["F"] == 0.0 and r["BW"] == pytest.approx(-1.0) for r in rows)
   # The weight and K/V shares add up to the whole step.
   assert all(r["N"] + r["k"] == pytest.approx(1.0) for r in rows)
@@ -197,8 +198,7 @@ def test_f_elasticity_is_exactly_zero_where_memory_binds():
 
 
 def test_decision_with_a_calibrated_model():
-  d = decision.decide(CALIBRATED, LESSON, prompt_tokens=100, output_tokens=16,
-                      token_gap_s=0.03)
+  d = decision.decide(CALIBRATED, LESSON, prompt_tokens=100, output_tokens=16, token_gap_s=0.03)
   assert d["status"] == "ok" and d["batch"] >= 1
   step = CALIBRATED.evaluate(B=float(d["batch"]), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
                              F=math.inf)["step_s"]
@@ -280,11 +280,9 @@ def test_mean_context_is_the_mean_over_the_decode_steps():
 
 def test_raw_inputs_fit_the_lesson_in_memory():
   """80 GB with 10% kept free, 16 GB of weights: 56 GB of K/V, 0.25 GB per sequence."""
-  raw = dict(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12,
-             flops_per_s=None)
-  fixed = raw_inputs.serving_inputs(**raw, kv_per_sequence_bytes=0.25e9,
-                                    memory_capacity_bytes=80e9, prompt_tokens=1000,
-                                    output_tokens=24)
+  raw = dict(weight_bytes=16e9, bytes_per_weight=2, bandwidth_bytes_per_s=2e12, flops_per_s=None)
+  fixed = raw_inputs.serving_inputs(**raw, kv_per_sequence_bytes=0.25e9, memory_capacity_bytes=80e9,
+                                    prompt_tokens=1000, output_tokens=24)
   assert fixed.N == fixed.N_act == 8e9 and not fixed.grows
   assert fixed.max_batch_in_memory == 224
   assert fixed.memory["usable_memory_bytes"] == pytest.approx(56e9)
@@ -310,8 +308,8 @@ def test_run_metrics_reads_a_run_and_counts_the_masked_requests():
 
   from jaxroof.serving import metrics
 
-  run = SimpleNamespace(arrival_s=np.array([0.0, 1.0, 2.0]),
-                        first_token_s=np.array([0.5, 2.0, np.inf]),
+  run = SimpleNamespace(arrival_s=np.array([0.0, 1.0,
+                                            2.0]), first_token_s=np.array([0.5, 2.0, np.inf]),
                         finish_s=np.array([1.5, 3.0, np.inf]), output_tokens=np.array([3, 2, 4]),
                         itl_s=np.array([0.5, 0.5, 1.0]))
   m = metrics.run_metrics(run, ttft_target_s=0.75)

@@ -37,8 +37,8 @@ def test_lesson_decision_json_and_plot(tmp_path):
   assert {"kind", "inputs", "requests", "decision", "elasticities"} <= set(data)
   assert data["kind"] == "bound"
   d = data["decision"]
-  for key in ("batch", "binds", "step_s", "aggregate_tokens_per_s",
-              "per_sequence_tokens_per_s", "ttft_s", "max_arrival_rate_per_s"):
+  for key in ("batch", "binds", "step_s", "aggregate_tokens_per_s", "per_sequence_tokens_per_s",
+              "ttft_s", "max_arrival_rate_per_s"):
     assert key in d
   assert d["batch"] == (2e12 * 0.012 - 16e9) / 0.25e9  # 32, from the lesson's numbers.
   for row in data["requests"]:
@@ -70,8 +70,8 @@ def test_model_on_accelerator_with_load(tmp_path):
 @pytest.mark.slow
 def test_arrival_rate_beyond_capacity_is_unstable_not_nan(tmp_path):
   out = tmp_path / "s.json"
-  proc = run("--token_gap_ms=12", "--arrival_rate=1000", "--batch_sizes=1,32",
-             "--output_tokens=16", f"--json_out={out}")
+  proc = run("--token_gap_ms=12", "--arrival_rate=1000", "--batch_sizes=1,32", "--output_tokens=16",
+             f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["decision"]["status"] == "unstable"
@@ -87,8 +87,8 @@ def test_arrival_rate_beyond_capacity_is_unstable_not_nan(tmp_path):
     (("--token_gap_ms=12", "--output_tokens=1"), "--output_tokens"),
     (("--token_gap_ms=12", "--arrival_rate=-2"), "--arrival_rate"),
     (("--prompt_tokens=10",), "--token_gap_ms"),
-    (("--token_gap_ms=12", "--model=llama-2-7b", "--accelerator=a100-40gb",
-      "--prompt_tokens=4000", "--output_tokens=128"), "--prompt_tokens"),
+    (("--token_gap_ms=12", "--model=llama-2-7b", "--accelerator=a100-40gb", "--prompt_tokens=4000",
+      "--output_tokens=128"), "--prompt_tokens"),
     (("--token_gap_ms=12", "--compare_peer=llm_viewer"), "--compare_peer"),
 ])
 def test_bad_input_is_one_line(tmp_path, flags, needle):
@@ -118,8 +118,8 @@ def test_simulated_percentiles_sit_beside_the_means(tmp_path):
 
 
 def test_a_profile_from_another_device_needs_what_if():
-  profile = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "results", "profile_cpu.json")
+  profile = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
+                         "profile_cpu.json")
   proc = run("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=30",
              f"--profile={profile}")
   assert proc.returncode == 2 and "--what_if" in proc.stderr

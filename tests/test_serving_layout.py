@@ -58,7 +58,7 @@ def test_decode_steps_on_tp2_equal_the_layout_sweep():
     expected = [row["step_s"] for row in sweep["rows"]]
     np.testing.assert_allclose(steps[:, j - 1], expected, rtol=1e-12)
   at_prompt = layout_sweep(SPEC, DEVICE, context=P, batch_sizes=[fit], layout=Layout(tp=2),
-                          max_new_tokens=G)  # Both reserve P + G tokens per sequence.
+                           max_new_tokens=G)  # Both reserve P + G tokens per sequence.
   assert at_prompt["summary"]["max_batch_in_memory"] == fit
 
 
@@ -78,8 +78,8 @@ def test_comm_is_megatrons_all_reduces_and_logits_gather():
   expected = (2 * blocks + 1) * allreduce + gather
   assert float(requests.comm_s(inputs, batch)) == pytest.approx(expected, rel=1e-12)
   prefill = requests.prefill(inputs, P, 1.0)
-  assert float(prefill["comm_s"]) == pytest.approx(
-      float(requests.comm_s(inputs, float(P))), rel=1e-12)
+  assert float(prefill["comm_s"]) == pytest.approx(float(requests.comm_s(inputs, float(P))),
+                                                   rel=1e-12)
 
 
 def test_per_chip_memory_fit_and_traffic():
@@ -87,8 +87,8 @@ def test_per_chip_memory_fit_and_traffic():
   tp2 = _inputs(Layout(tp=2))
   m = today.memory
   usable = m["memory_capacity_bytes"] * (1 - m["workspace_fraction"])
-  expected = math.floor((usable - m["resident_weight_bytes"] / 2)
-                        / (m["kv_allocated_bytes_per_sequence"] / 2))
+  expected = math.floor(
+      (usable - m["resident_weight_bytes"] / 2) / (m["kv_allocated_bytes_per_sequence"] / 2))
   assert tp2.max_batch_in_memory == expected > today.max_batch_in_memory
   # N is read at each fit batch (the embedding rows grow with B): equal to 1e-3.
   assert tp2.N == pytest.approx(today.N / 2, rel=1e-3) and tp2.k == pytest.approx(today.k / 2)
@@ -109,8 +109,8 @@ def test_fleet_rates_are_dp_times_a_replica():
 
 def test_decision_says_when_communication_binds():
   """A slow link (1 ms per hop) makes the collectives outweigh a tiny model's floor."""
-  comm = dict(tp=8.0, pp=1.0, ep=1.0, n_blk=32.0, L_moe=0.0, K=1.0, D=4096.0, V=32000.0,
-              a_act=2.0, W_ic=1e11, t_hop=1e-3, t_base=0.0, h_tp=7.0, x_os=1.0)
+  comm = dict(tp=8.0, pp=1.0, ep=1.0, n_blk=32.0, L_moe=0.0, K=1.0, D=4096.0, V=32000.0, a_act=2.0,
+              W_ic=1e11, t_hop=1e-3, t_base=0.0, h_tp=7.0, x_os=1.0)
   inputs = requests.ServingInputs(N=1e9, N_act=1e9, q=2.0, k=1e4, BW=2e12, F=1e15, comm=comm,
                                   chips_per_replica=8)
   d = decision.decide(StepModel.bound(), inputs, prompt_tokens=128, output_tokens=16,
@@ -131,8 +131,8 @@ def test_simulator_one_chip_unchanged_and_tp2_per_chip():
   assert one.total_pages == today.total_pages
   assert one.description["cost_constants"] == today.description["cost_constants"]
   mix = today.cost.mix([2048.0] * 3, [5000.0], [100.0])
-  assert (one.cost.evaluate(mix, one.step_model)["step_s"]
-          == today.cost.evaluate(mix, today.step_model)["step_s"])
+  assert (one.cost.evaluate(mix, one.step_model)["step_s"] == today.cost.evaluate(
+      mix, today.step_model)["step_s"])
   tp2 = replica.from_model(SPEC, DEVICE, context=2048, layout=Layout(tp=2))
   # Pages: the busiest chip's memory over one chip's half page (8 K/V heads split by 2).
   page = today.description["page_bytes"]
@@ -153,8 +153,8 @@ def _run(module, *flags):
 def test_serving_cli_with_a_layout(tmp_path):
   out = tmp_path / "s.json"
   proc = _run("serving", "--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=20",
-              "--batch_sizes=1,8", "--output_tokens=16", "--tp=2", "--dp=2",
-              "--arrival_rate=4", f"--json_out={out}")
+              "--batch_sizes=1,8", "--output_tokens=16", "--tp=2", "--dp=2", "--arrival_rate=4",
+              f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
   assert data["inputs"]["layout"]["chips"] == 4
@@ -191,8 +191,8 @@ def test_simulate_cli_with_a_layout(tmp_path):
     ("serving", ("--token_gap_ms=20", "--model=llama-3-8b", "--accelerator=h100-sxm",
                  "--weight_dtype=fp7"), "--weight_dtype"),
     ("serving", ("--token_gap_ms=20", "--block_size=32"), "--block_size"),
-    ("simulate", ("--model=llama-3-8b", "--accelerator=h100-sxm", "--context=64",
-                  "--block_size=0"), "--block_size"),
+    ("simulate", ("--model=llama-3-8b", "--accelerator=h100-sxm", "--context=64", "--block_size=0"),
+     "--block_size"),
 ])
 def test_shared_model_flags_refuse_bad_values_in_one_line(module, flags, needle):
   proc = _run(module, *flags)
@@ -204,8 +204,8 @@ def test_shared_model_flags_refuse_bad_values_in_one_line(module, flags, needle)
 def test_serving_what_if_with_a_model_is_labelled(tmp_path):
   """--bandwidth_tbps with --model: twice the datasheet's 3.35 TB/s halves memory-bound steps."""
   base, fast = tmp_path / "b.json", tmp_path / "f.json"
-  args = ("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=20",
-          "--batch_sizes=1,8", "--output_tokens=16")
+  args = ("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=20", "--batch_sizes=1,8",
+          "--output_tokens=16")
   assert _run("serving", *args, f"--json_out={base}").returncode == 0
   proc = _run("serving", *args, "--bandwidth_tbps=6.7", f"--json_out={fast}")
   assert proc.returncode == 0, proc.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from jaxroof.serving import percentiles, replica
 from jaxroof.symbolic.step_model import StepModel
 
@@ -19,23 +18,23 @@ def _replica(max_running=32):
 def test_light_load_percentiles_meet_what_the_means_meet():
   """At a light load every request is served alone: TTFT is the prefill, every
   gap one decode step, so a target just above them holds at p99 too."""
-  alone = percentiles.simulated_percentiles(
-      _replica(), arrival_rate=0.01, prompt_tokens=200, output_tokens=20, ttft_s=None,
-      token_gap_s=None, num_requests=20)
+  alone = percentiles.simulated_percentiles(_replica(), arrival_rate=0.01, prompt_tokens=200,
+                                            output_tokens=20, ttft_s=None, token_gap_s=None,
+                                            num_requests=20)
   ttft = alone["metrics"]["ttft_s"]["p99"]
   gap = alone["metrics"]["itl_s"]["p99"]
-  checked = percentiles.simulated_percentiles(
-      _replica(), arrival_rate=0.01, prompt_tokens=200, output_tokens=20,
-      ttft_s=ttft * 1.01, token_gap_s=gap * 1.01, num_requests=20)
+  checked = percentiles.simulated_percentiles(_replica(), arrival_rate=0.01, prompt_tokens=200,
+                                              output_tokens=20, ttft_s=ttft * 1.01,
+                                              token_gap_s=gap * 1.01, num_requests=20)
   assert checked["targets"]["ttft"]["p99_meets"] and checked["targets"]["token_gap"]["p99_meets"]
   # The weights alone take 2 ms to read: no gap can be shorter.
   assert alone["metrics"]["itl_s"]["median"] >= 2e-3
 
 
 def test_heavy_load_tails_exceed_the_median():
-  out = percentiles.simulated_percentiles(
-      _replica(max_running=8), arrival_rate=200.0, prompt_tokens=200, output_tokens=20,
-      ttft_s=0.05, token_gap_s=0.01, num_requests=300)
+  out = percentiles.simulated_percentiles(_replica(max_running=8), arrival_rate=200.0,
+                                          prompt_tokens=200, output_tokens=20, ttft_s=0.05,
+                                          token_gap_s=0.01, num_requests=300)
   ttft = out["metrics"]["ttft_s"]
   assert ttft["p99"] > ttft["median"]
   assert out["targets"]["ttft"]["p99_meets"] is False

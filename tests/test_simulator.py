@@ -21,23 +21,22 @@ PAGE = 16
 def _replica(pages=4000, kind="bound", **kw):
   model = StepModel.bound() if kind == "bound" else StepModel.calibrated(FACTORS)
   return replica.from_numbers(**MODEL, kv_memory_bytes=pages * PAGE * MODEL["k"],
-                              page_bytes=PAGE * MODEL["k"], page_tokens=PAGE,
-                              step_model=model, **kw)
+                              page_bytes=PAGE * MODEL["k"], page_tokens=PAGE, step_model=model,
+                              **kw)
 
 
 def _workload(n=300, rate=5.0, seed=0, prompt=200, output=50, spread=0.0):
   dist = "lognormal" if spread else "fixed"
   return arrivals.synthetic(arrival="poisson", num_requests=n, arrival_rate=rate, seed=seed,
-                            prompt_tokens=prompt, output_tokens=output,
-                            prompt_distribution=dist, output_distribution=dist,
-                            prompt_spread=spread, output_spread=spread)
+                            prompt_tokens=prompt, output_tokens=output, prompt_distribution=dist,
+                            output_distribution=dist, prompt_spread=spread, output_spread=spread)
 
 
 def _sympy_time(kind, n_dec=0, S_dec=0, n_pre=0, S_pre_att=0, S_pre_kv=0):
   """The iteration's time by sympy substitution (not the lambdified path)."""
   expr = iteration.iteration_expression(kind, FACTORS if kind != "bound" else None)
-  values = dict(MODEL, N_act=MODEL["N"], n_dec=n_dec, S_dec=S_dec, n_pre=n_pre,
-                S_pre_att=S_pre_att, S_pre_kv=S_pre_kv)
+  values = dict(MODEL, N_act=MODEL["N"], n_dec=n_dec, S_dec=S_dec, n_pre=n_pre, S_pre_att=S_pre_att,
+                S_pre_kv=S_pre_kv)
   return float(expr.subs({sp.Symbol(k, positive=True): v for k, v in values.items()}))
 
 
@@ -47,8 +46,7 @@ def test_one_request_alone_is_prefill_plus_decode_steps(kind, scheduler):
   P, O = 300, 7
   w = arrivals.Workload(np.array([1.5]), np.array([P]), np.array([O]), {})
   run = simulator.simulate(w, _replica(kind=kind, token_budget=1024), scheduler)
-  prefill = _sympy_time(kind, n_pre=P, S_pre_att=iteration.chunk_attended_pairs(0, P),
-                        S_pre_kv=P)
+  prefill = _sympy_time(kind, n_pre=P, S_pre_att=iteration.chunk_attended_pairs(0, P), S_pre_kv=P)
   decodes = sum(_sympy_time(kind, n_dec=1, S_dec=P + g) for g in range(1, O))
   assert run.first_token_s[0] - 1.5 == pytest.approx(prefill, rel=1e-12)
   assert run.finish_s[0] - 1.5 == pytest.approx(prefill + decodes, rel=1e-12)
@@ -59,8 +57,9 @@ def test_chunked_prefill_splits_the_prompt_in_budgeted_chunks():
   P = 300
   w = arrivals.Workload(np.array([0.0]), np.array([P]), np.array([2]), {})
   run = simulator.simulate(w, _replica(token_budget=128), "chunked")
-  expected = sum(_sympy_time("bound", n_pre=c, S_pre_att=iteration.chunk_attended_pairs(o, c),
-                             S_pre_kv=o + c) for o, c in ((0, 128), (128, 128), (256, 44)))
+  expected = sum(
+      _sympy_time("bound", n_pre=c, S_pre_att=iteration.chunk_attended_pairs(o, c), S_pre_kv=o + c)
+      for o, c in ((0, 128), (128, 128), (256, 44)))
   assert run.first_token_s[0] == pytest.approx(expected, rel=1e-12)
 
 
@@ -119,8 +118,9 @@ def test_iteration_level_mean_ttft_is_never_worse_than_static(rate, seed):
 
 
 def test_same_seed_same_results_other_seed_differs():
-  runs = [simulator.simulate(_workload(seed=s, spread=0.5), _replica(), "chunked")
-          for s in (3, 3, 4)]
+  runs = [
+      simulator.simulate(_workload(seed=s, spread=0.5), _replica(), "chunked") for s in (3, 3, 4)
+  ]
   np.testing.assert_array_equal(runs[0].finish_s, runs[1].finish_s)
   np.testing.assert_array_equal(runs[0].itl_s, runs[1].itl_s)
   assert not np.array_equal(runs[0].finish_s, runs[2].finish_s)
@@ -130,8 +130,8 @@ def test_fixed_lengths_are_exact_and_metrics_follow_vllm():
   w = _workload(n=50, prompt=123, output=17)
   assert set(w.prompt_tokens) == {123} and set(w.output_tokens) == {17}
   run = simulator.simulate(w, _replica(), "iteration")
-  m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s,
-                              run.output_tokens, run.itl_s, ttft_target_s=1e9)
+  m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
+                              run.itl_s, ttft_target_s=1e9)
   e2el, ttft = run.finish_s - run.arrival_s, run.first_token_s - run.arrival_s
   assert m["tpot_s"]["mean"] == pytest.approx(np.mean((e2el - ttft) / 16))
   assert m["completed"] == 50 and m["goodput_per_s"] == m["request_throughput_per_s"]
@@ -142,11 +142,14 @@ def test_fixed_lengths_are_exact_and_metrics_follow_vllm():
 def test_calibrated_iteration_reduces_to_the_calibrated_decode_step():
   # No prefill, B equal contexts, no attention FLOPs (H -> 0): the calibrated step.
   B_, T_ = sp.Integer(8), sp.Integer(900)
-  it = iteration.calibrated_terms()["step_s"].subs(
-      {iteration.n_dec: B_, iteration.S_dec: B_ * T_, iteration.n_pre: 0,
-       iteration.S_pre_att: 0, iteration.S_pre_kv: 0, sp.Symbol("H", positive=True): 0})
-  step = calibrated.calibrated_step().subs({sp.Symbol("B", positive=True): B_,
-                                            sp.Symbol("T", positive=True): T_})
+  it = iteration.calibrated_terms()["step_s"].subs({
+      iteration.n_dec: B_, iteration.S_dec: B_ * T_, iteration.n_pre: 0, iteration.S_pre_att: 0,
+      iteration.S_pre_kv: 0,
+      sp.Symbol("H", positive=True): 0
+  })
+  step = calibrated.calibrated_step().subs(
+      {sp.Symbol("B", positive=True): B_,
+       sp.Symbol("T", positive=True): T_})
   values = {sp.Symbol(k, positive=True): v for k, v in {**MODEL, **FACTORS, "N_act": 1e9}.items()}
   assert float(it.subs(values)) == pytest.approx(float(step.subs(values)), rel=1e-12)
 
@@ -159,8 +162,8 @@ def test_calibrated_iteration_reduces_to_the_calibrated_decode_step():
     (dict(num_requests=0), "num_requests"),
 ])
 def test_bad_workload_is_one_line(kw, match):
-  args = dict(arrival="poisson", num_requests=10, arrival_rate=1.0, seed=0,
-              prompt_tokens=10, output_tokens=10)
+  args = dict(arrival="poisson", num_requests=10, arrival_rate=1.0, seed=0, prompt_tokens=10,
+              output_tokens=10)
   with pytest.raises(InputError, match=match) as e:
     arrivals.synthetic(**{**args, **kw})
   assert "\n" not in str(e.value)
@@ -204,17 +207,16 @@ def _cli(*args):
   import subprocess
   import sys
   env = {**os.environ, "PYTHONPATH": os.getcwd()}
-  return subprocess.run([sys.executable, "-m", "experiments.simulate", *args],
-                        capture_output=True, text=True, env=env, timeout=120)
+  return subprocess.run([sys.executable, "-m", "experiments.simulate", *args], capture_output=True,
+                        text=True, env=env, timeout=120)
 
 
 def test_cli_writes_the_issue_keys(tmp_path):
   out = tmp_path / "sim.json"
-  done = _cli("--params_b=1", "--kv_bytes_per_token=100000", "--bandwidth_tbps=1",
-              "--tflops=100", "--layers=16", "--heads=16", "--head_dim=64", "--kv_memory_gb=1",
-              "--num_requests=50", "--arrival_rate=5", "--prompt_tokens=100",
-              "--output_tokens=20", "--scheduler=chunked", "--ttft_ms=100", "--tpot_ms=10",
-              f"--json_out={out}")
+  done = _cli("--params_b=1", "--kv_bytes_per_token=100000", "--bandwidth_tbps=1", "--tflops=100",
+              "--layers=16", "--heads=16", "--head_dim=64", "--kv_memory_gb=1", "--num_requests=50",
+              "--arrival_rate=5", "--prompt_tokens=100", "--output_tokens=20",
+              "--scheduler=chunked", "--ttft_ms=100", "--tpot_ms=10", f"--json_out={out}")
   assert done.returncode == 0, done.stderr
   import json
   result = json.loads(out.read_text())
@@ -244,8 +246,8 @@ def test_padded_costing_charges_every_row_and_slot():
   # A fixed-shape server computes all rows over all slots: the decode cost is
   # the same with one running sequence as with max_running of them.
   r = _replica(max_running=4, max_context=64, padded_to=lambda c: 32)
-  one = simulator.simulate(arrivals.Workload(np.array([0.0]), np.array([10]), np.array([3]), {}),
-                           r, "iteration")
+  one = simulator.simulate(arrivals.Workload(np.array([0.0]), np.array([10]), np.array([3]), {}), r,
+                           "iteration")
   padded_decode = _sympy_time("bound", n_dec=4, S_dec=4 * 64)
   padded_prefill = _sympy_time("bound", n_pre=32, S_pre_att=32 * 64, S_pre_kv=64)
   assert one.finish_s[0] == pytest.approx(padded_prefill + 2 * padded_decode, rel=1e-12)

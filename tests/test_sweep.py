@@ -14,8 +14,10 @@ LESSON = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12)
 def test_rows_and_summary_have_the_documented_keys():
   sweep = decode_sweep([1, 32], **LESSON, F=6e14)
   assert sweep["kind"] == "bound"
-  row_keys = {"batch", "weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s",
-              "step_s", "bound", "aggregate_tokens_per_s", "per_sequence_tokens_per_s"}
+  row_keys = {
+      "batch", "weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s", "step_s",
+      "bound", "aggregate_tokens_per_s", "per_sequence_tokens_per_s"
+  }
   assert row_keys <= set(sweep["rows"][0])
   assert {"weight_kv_crossover_batch", "memory_limit_tokens_per_s",
           "compute_crossover_batch"} <= set(sweep["summary"])
@@ -91,13 +93,11 @@ def test_catalogue_step_floor_agrees_with_the_sweep_for_moe():
   """An MoE step (N read, N_act multiplied): the closed form the catalogue
   prints and the swept step time are one formula, so they agree."""
   from jaxroof.symbolic import catalogue
-  values = dict(N=4.7e10, N_act=1.3e10, q=2.0, T=4096.0, k=131072.0, BW=3.35e12,
-                F=9.89e14, B=512.0)
+  values = dict(N=4.7e10, N_act=1.3e10, q=2.0, T=4096.0, k=131072.0, BW=3.35e12, F=9.89e14, B=512.0)
   [floor] = [row for row in catalogue.evaluate(values) if row["name"] == "step_floor"]
-  swept = decode_sweep([512], N=values["N"], N_act=values["N_act"], q=2.0, T=4096.0,
-                       k=131072.0, BW=3.35e12, F=9.89e14)["rows"][0]["step_s"]
-  independent = max((4.7e10 * 2 + 512 * 4096 * 131072) / 3.35e12,
-                    2 * 1.3e10 * 512 / 9.89e14)
+  swept = decode_sweep([512], N=values["N"], N_act=values["N_act"], q=2.0, T=4096.0, k=131072.0,
+                       BW=3.35e12, F=9.89e14)["rows"][0]["step_s"]
+  independent = max((4.7e10 * 2 + 512 * 4096 * 131072) / 3.35e12, 2 * 1.3e10 * 512 / 9.89e14)
   assert floor["value"] == pytest.approx(independent, rel=1e-12)
   assert swept == pytest.approx(independent, rel=1e-12)
 
@@ -115,11 +115,13 @@ def test_answer_is_the_lessons_decision(gap_ms, batch):
 def test_answer_with_weights_varying_by_batch_matches_brute_force():
   """MoE-like: N grows with B; the answer is the largest whole B whose step
   meets the gap, checked against evaluating every B."""
+
   def weights(batch):
-    return 1e9 + 7e9 * (1 - (1 - 0.25) ** np.asarray(batch, dtype=float))
+    return 1e9 + 7e9 * (1 - (1 - 0.25)**np.asarray(batch, dtype=float))
+
   gap = 0.006
-  summary = decode_sweep([1], N=np.array([weights(1)]), q=2, T=1, k=1e7, BW=2e12, F=1e15,
-                         N_act=2e9, token_gap_s=gap, weights_read=weights)["summary"]
+  summary = decode_sweep([1], N=np.array([weights(1)]), q=2, T=1, k=1e7, BW=2e12, F=1e15, N_act=2e9,
+                         token_gap_s=gap, weights_read=weights)["summary"]
   batch = np.arange(1, 5000, dtype=float)
   step = np.maximum((weights(batch) * 2 + batch * 1e7) / 2e12, 2 * 2e9 * batch / 1e15)
   assert summary["answer_batch"] == int(batch[step <= gap].max())

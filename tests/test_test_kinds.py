@@ -59,8 +59,9 @@ print("KINDS " + json.dumps(out))
 def _collect(expressions: list[str], *files: str) -> dict[str, set[str]]:
   """Test names `pytest -m EXPRESSION` selects in `files`, per expression (collection only,
   in one subprocess: absl flags and experiments are per process)."""
-  proc = subprocess.run([sys.executable, "-c", _COLLECT, json.dumps(expressions), *files],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run([sys.executable, "-c", _COLLECT,
+                         json.dumps(expressions), *files], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
   line = [ln for ln in proc.stdout.splitlines() if ln.startswith("KINDS ")]
   assert line, proc.stdout[-2000:] + proc.stderr[-2000:]
   return {k: set(v) for k, v in json.loads(line[0][len("KINDS "):]).items()}
@@ -70,8 +71,9 @@ def test_markers_select_by_kind():
   got = _collect(["unit", "cli", "e2e", "golden", "gpu or tpu", "fuzz", "slow", ""],
                  "tests/data/kinds_sample.py", "tests/test_fuzz.py", "tests/test_golden.py")
   assert got["unit"] == {"test_library_call", "test_other_program", "test_plain_method"}
-  assert got["cli"] == {"test_through_a_helper", "test_direct", "test_through_a_fixture",
-                        "test_through_a_method"}
+  assert got["cli"] == {
+      "test_through_a_helper", "test_direct", "test_through_a_fixture", "test_through_a_method"
+  }
   assert got["e2e"] == {"test_old_slow_mark"}
   assert got["gpu or tpu"] == {"test_device"}
   assert got["fuzz"] == {"test_bad_flags_keep_the_contract"}

@@ -46,8 +46,10 @@ def test_donated_decode_step_updates_every_kv_buffer_in_place(batch):
   buffers = 2 * CONFIG.num_blocks
   assert {int(out) for out, _ in aliased} >= set(range(1, buffers + 1))
   cache_shape = f"f32[{batch * CONFIG.num_kv_heads},40,{CONFIG.head_dim}]"
-  copies = [line for line in _entry(hlo).splitlines()
-            if " copy(" in line and cache_shape in line.split("=")[1].split(" ")[1]]
+  copies = [
+      line for line in _entry(hlo).splitlines()
+      if " copy(" in line and cache_shape in line.split("=")[1].split(" ")[1]
+  ]
   assert not copies, copies[:3]
 
 

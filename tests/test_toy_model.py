@@ -59,18 +59,17 @@ def test_config_rejects_bad_values_naming_them(change, name):
     layout=st.sampled_from(["fixed", "growing"]),
     seed=st.integers(0, 2**16),
 )
-def test_cached_decode_equals_fresh_forward(
-    blocks, kv_heads, group, head_dim, positions, batch, prompt_len, steps,
-    layout, seed):
-  config = dataclasses.replace(
-      toy.LESSON, num_blocks=blocks, num_kv_heads=kv_heads,
-      num_heads=kv_heads * group, head_dim=head_dim,
-      width=kv_heads * group * head_dim, positions=positions,
-      max_positions=prompt_len + steps if positions == "learned" else 0)
+def test_cached_decode_equals_fresh_forward(blocks, kv_heads, group, head_dim, positions, batch,
+                                            prompt_len, steps, layout, seed):
+  config = dataclasses.replace(toy.LESSON, num_blocks=blocks, num_kv_heads=kv_heads,
+                               num_heads=kv_heads * group, head_dim=head_dim,
+                               width=kv_heads * group * head_dim, positions=positions,
+                               max_positions=prompt_len + steps if positions == "learned" else 0)
   with jax.enable_x64(True):
     params = _params(config, seed)
-    ids = jnp.asarray(np.random.default_rng(seed).integers(
-        0, config.vocab_size, (batch, prompt_len + steps)), jnp.int32)
+    ids = jnp.asarray(
+        np.random.default_rng(seed).integers(0, config.vocab_size, (batch, prompt_len + steps)),
+        jnp.int32)
     # Rows of one causal forward pass over the whole sequence; that row i
     # equals a forward pass over the first i + 1 tokens is tested below.
     fresh = toy.forward(params, ids)
@@ -92,8 +91,7 @@ def test_forward_is_causal(lesson_result):
     ids = jnp.asarray([[1, 4, 6, 2, 7]])
     full = toy.forward(params, ids)
     for n in (3, 4):
-      np.testing.assert_allclose(toy.forward(params, ids[:, :n]),
-                                 full[:, :n], rtol=0, atol=1e-12)
+      np.testing.assert_allclose(toy.forward(params, ids[:, :n]), full[:, :n], rtol=0, atol=1e-12)
     changed = toy.forward(params, ids.at[:, -1].set(0))
     np.testing.assert_array_equal(changed[:, :-1], full[:, :-1])
     assert _rel(changed[:, -1], full[:, -1]) > 1e-6
@@ -136,16 +134,15 @@ def test_twice_the_blocks_doubles_kv():
 
 
 def test_kv_account_matches_symbolic_formula():
-  assert sp.simplify(formulas.kv_bytes_per_position()
-                     - 2 * symbols.L * symbols.H_kv * symbols.d
-                     * symbols.b) == 0
-  config = dataclasses.replace(toy.LESSON, num_blocks=3, num_heads=4,
-                               num_kv_heads=2, head_dim=4, width=8)
+  assert sp.simplify(formulas.kv_bytes_per_position() -
+                     2 * symbols.L * symbols.H_kv * symbols.d * symbols.b) == 0
+  config = dataclasses.replace(toy.LESSON, num_blocks=3, num_heads=4, num_kv_heads=2, head_dim=4,
+                               width=8)
   params = _params(config, dtype=jnp.float32)
   _, state = toy.prefill(params, jnp.ones((2, 5), jnp.int32))
   account = toy.kv_account(state)
-  expected = formulas.kv_bytes_per_position(
-      config.num_blocks, config.num_kv_heads, config.head_dim, 4)
+  expected = formulas.kv_bytes_per_position(config.num_blocks, config.num_kv_heads, config.head_dim,
+                                            4)
   assert account.bytes_per_position == int(expected) == 2 * 3 * 2 * 4 * 4
   assert account.positions == int(formulas.positions_with_kv(5, 1))
   assert account.nbytes == 2 * 5 * account.bytes_per_position
@@ -207,8 +204,8 @@ def test_fixed_cache_decode_step_traces_once():
 
 def test_random_cache_for_timing():
   config = toy.LESSON
-  state = toy.random_cache(config, batch=3, max_len=10, length=7,
-                           key=jax.random.key(0), dtype=jnp.bfloat16)
+  state = toy.random_cache(config, batch=3, max_len=10, length=7, key=jax.random.key(0),
+                           dtype=jnp.bfloat16)
   assert int(state.length) == 7 and state.k.shape == (2, 3, 10, 2, 2)
   per_slot = jnp.abs(state.v.astype(jnp.float32)).sum(axis=(0, 1, 3, 4))
   assert jnp.all(per_slot[:7] > 0) and jnp.all(per_slot[7:] == 0)
@@ -222,8 +219,7 @@ def test_random_cache_for_timing():
 
 
 def test_learned_table_bounds_are_input_errors():
-  config = dataclasses.replace(toy.LESSON, positions="learned",
-                               max_positions=4)
+  config = dataclasses.replace(toy.LESSON, positions="learned", max_positions=4)
   params = _params(config, dtype=jnp.float32)
   with pytest.raises(errors.InputError, match="max_positions=4"):
     toy.forward(params, jnp.ones((1, 5), jnp.int32))
@@ -236,8 +232,7 @@ def test_generate_equals_recompute_and_a_plain_loop(lesson_result):
   with jax.enable_x64(True):
     params = _params(toy.LESSON)
     ids = jnp.asarray([[1, 4, 6]])
-    cached = jax.jit(toy.generate, static_argnames="steps")(params, ids,
-                                                            steps=3)
+    cached = jax.jit(toy.generate, static_argnames="steps")(params, ids, steps=3)
     recomputed = toy.generate_uncached(params, ids, 3)
     tokens = ids
     for _ in range(3):  # nanoGPT's loop: recompute, take the last row.
@@ -273,10 +268,10 @@ def test_decode_step_multiplies_every_weight_once_per_token(config):
   _, state = toy.prefill(params, jnp.asarray([[1, 4, 6], [2, 3, 1]]), state)
   counted = flops.dot_flops(toy.decode_step, params, state, jnp.asarray([2, 5]))
   # Independent weight count from the config: q, k, v, o, MLP up/down, head.
-  d, h, k, e, f, v = (config.width, config.num_heads, config.num_kv_heads,
-                      config.head_dim, config.mlp_dim, config.vocab_size)
+  d, h, k, e, f, v = (config.width, config.num_heads, config.num_kv_heads, config.head_dim,
+                      config.mlp_dim, config.vocab_size)
   weights = config.num_blocks * (d * h * e + 2 * d * k * e + h * e * d + 2 * d * f) + d * v
   assert flops.matmul_weights(params) == weights
-  expected = (formulas.linear_flops(weights, batch)
-              + config.num_blocks * formulas.attention_flops(batch, slots, h, e))
+  expected = (formulas.linear_flops(weights, batch) +
+              config.num_blocks * formulas.attention_flops(batch, slots, h, e))
   assert counted == expected

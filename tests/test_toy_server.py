@@ -44,8 +44,7 @@ def test_outputs_equal_generate_per_request(params, server, rate):
   n = 6
   w = arrivals.synthetic(arrival="poisson", num_requests=n, arrival_rate=rate, seed=1,
                          prompt_tokens=8, output_tokens=5)
-  w = arrivals.Workload(w.arrival_s, np.array([5, 9] * (n // 2)), np.array([4, 4, 6, 6, 4, 6]),
-                        {})
+  w = arrivals.Workload(w.arrival_s, np.array([5, 9] * (n // 2)), np.array([4, 4, 6, 6, 4, 6]), {})
   prompts = toy_server.prompts_for(w, TINY.vocab_size, seed=2)
   prompts[2] = prompts[0]  # The same prompt in other company gives the same output.
   served = server.serve(w, prompts)

@@ -32,18 +32,24 @@ def _synthetic_records():
   for model in ("llama-2-7b", "llama-3-8b", "mistral-7b"):
     for batch in (1, 8, 64, 256):
       for context in (256, 4096):
-        records.append({"model": model, "accelerator": "h100-sxm", "phase": "decode",
-                        "batch": batch, "context": context, "time_s": 1.0})
+        records.append({
+            "model": model, "accelerator": "h100-sxm", "phase": "decode", "batch": batch,
+            "context": context, "time_s": 1.0
+        })
     for prompt in (128, 1024, 4096):
-      records.append({"model": model, "accelerator": "h100-sxm", "phase": "prefill",
-                      "batch": 1, "prompt_tokens": prompt, "time_s": 1.0})
+      records.append({
+          "model": model, "accelerator": "h100-sxm", "phase": "prefill", "batch": 1,
+          "prompt_tokens": prompt, "time_s": 1.0
+      })
   return records
 
 
 @pytest.mark.slow
 def test_recovers_known_factors_from_noisy_synthetic_rows():
-  truth = {"eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6,
-           "t0_step": 3e-4, "t0_layer": 0.0, "r_ovl": 1.0}
+  truth = {
+      "eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6, "t0_step": 3e-4,
+      "t0_layer": 0.0, "r_ovl": 1.0
+  }
   rows = _rows(_synthetic_records())
   clean = user_fit.predict_rows(rows, truth)
   noise = np.random.default_rng(0).lognormal(0.0, 0.02, size=clean.size)
@@ -65,8 +71,7 @@ def test_heldout_rows_never_enter_the_fit(monkeypatch):
   def recording_fit(rows, **kw):
     seen.append([(r.model, r.line) for r in rows])
     factors = dict(user_fit.FIXED_VALUES)
-    return user_fit.UserFit(factors=factors, free=(), fixed={}, flags=(), loss=0.0,
-                            rows=len(rows))
+    return user_fit.UserFit(factors=factors, free=(), fixed={}, flags=(), loss=0.0, rows=len(rows))
 
   monkeypatch.setattr(user_fit, "fit_rows", recording_fit)
   rows = _rows(_synthetic_records())
@@ -82,14 +87,13 @@ def test_heldout_rows_never_enter_the_fit(monkeypatch):
 
 def test_user_profile_round_trip_and_old_profiles(tmp_path):
   prof = profiles.Profile(
-      device_kind="NVIDIA H200", platform="", backend="TensorRT-LLM", dtype="fp8",
-      jax_version="0", created="2026-01-01T00:00:00+00:00", ceilings={},
-      factors={"eta_w": 0.5, "eta_kv": 0.6, "eta_f": 0.4, "t0_step": 1e-4,
-               "t0_layer": 1e-6, "r_ovl": 1.0},
-      fit={"heldout_median_rel_error": 0.2, "heldout_max_rel_error": 0.5},
-      accelerator="h200", source={"file": "x.csv", "engine": "TensorRT-LLM",
-                                  "date": "2026-01-01", "rows_used": [2, 3, 4]},
-      prefill_factors={"eta_f_prefill": 0.3})
+      device_kind="NVIDIA H200", platform="", backend="TensorRT-LLM", dtype="fp8", jax_version="0",
+      created="2026-01-01T00:00:00+00:00", ceilings={}, factors={
+          "eta_w": 0.5, "eta_kv": 0.6, "eta_f": 0.4, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.0
+      }, fit={"heldout_median_rel_error": 0.2, "heldout_max_rel_error": 0.5}, accelerator="h200",
+      source={
+          "file": "x.csv", "engine": "TensorRT-LLM", "date": "2026-01-01", "rows_used": [2, 3, 4]
+      }, prefill_factors={"eta_f_prefill": 0.3})
   path = tmp_path / "p.json"
   profiles.save_profile(prof, path)
   back = profiles.load_profile(path)
@@ -116,15 +120,15 @@ def test_profile_applies_to_its_own_device_kind_only():
   factors = dict(user_fit.FIXED_VALUES)
   del factors["eta_f_prefill"]
   user = profiles.Profile(device_kind="NVIDIA H200", platform="", backend="", dtype="fp8",
-                          jax_version="0", created="", ceilings={}, factors=factors,
-                          fit={}, accelerator="h200")
+                          jax_version="0", created="", ceilings={}, factors=factors, fit={},
+                          accelerator="h200")
   assert profiles.check_applies(user, "h200") == []
   with pytest.raises(errors.InputError, match="what_if"):
     profiles.check_applies(user, "h100-sxm")
   assert "what-if" in profiles.check_applies(user, "h100-sxm", what_if=True)[0]
-  toy = profiles.Profile(device_kind="NVIDIA H100 80GB HBM3", platform="gpu",
-                         backend="xla", dtype="bfloat16", jax_version="0", created="",
-                         ceilings={}, factors=factors, fit={})
+  toy = profiles.Profile(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", backend="xla",
+                         dtype="bfloat16", jax_version="0", created="", ceilings={},
+                         factors=factors, fit={})
   assert profiles.check_applies(toy, "h100-sxm") == []
   cpu = profiles.Profile(**{**toy.__dict__, "device_kind": "cpu"})
   with pytest.raises(errors.InputError, match="'cpu'"):
@@ -152,8 +156,10 @@ def test_bad_rows_are_refused_naming_line_and_column(tmp_path, row, where):
 
 def test_jsonl_rows_are_read_and_checked(tmp_path):
   path = tmp_path / "m.jsonl"
-  good = {"model": "llama-2-7b", "accelerator": "h200", "phase": "decode", "batch": 8,
-          "context": 1024, "time_s": 0.01}
+  good = {
+      "model": "llama-2-7b", "accelerator": "h200", "phase": "decode", "batch": 8, "context": 1024,
+      "time_s": 0.01
+  }
   path.write_text(json.dumps(good) + "\n\n" + json.dumps(dict(good, batch=2.5)) + "\n")
   with pytest.raises(errors.InputError, match="line 3, column 'batch'"):
     um.read_measurements(path)
@@ -181,9 +187,10 @@ def test_too_few_rows_or_models_are_refused():
 
 
 def test_tp_splits_per_chip_traffic():
-  one, two = _rows([{"model": "llama-2-70b", "accelerator": "h200", "phase": "decode",
-                     "batch": 8, "context": 1024, "time_s": 0.02, "tp": tp}
-                    for tp in (1, 2)])
+  one, two = _rows([{
+      "model": "llama-2-70b", "accelerator": "h200", "phase": "decode", "batch": 8, "context": 1024,
+      "time_s": 0.02, "tp": tp
+  } for tp in (1, 2)])
   a, b = um.decode_inputs([one]), um.decode_inputs([two])
   for name in ("N", "N_act", "k"):
     assert b[name][0] == pytest.approx(a[name][0] / 2)
@@ -194,8 +201,8 @@ def test_vllm_result_maps_to_the_in_flight_batch():
   # VLLM_FORMAT.md §3 (research notes): from the per-request arrays of this run,
   # mean in flight = sum(latency) / duration = 5.1, mean lengths ~213 in / 213 out.
   path = DATA / "vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_01.json"
-  measured = vllm_results.read_results([str(path)], model="llama-3.1-70b",
-                                       accelerator="a100-40gb", tp=8)
+  measured = vllm_results.read_results([str(path)], model="llama-3.1-70b", accelerator="a100-40gb",
+                                       tp=8)
   [row] = measured.rows
   assert row.batch == 5 and row.context == pytest.approx(213 + 213 / 2, abs=2)
   assert row.time_s == pytest.approx(0.02431, rel=1e-3)  # median_itl_ms in the file
@@ -213,9 +220,8 @@ def test_cli_refuses_mixed_devices_without_accelerator(tmp_path):
   path = tmp_path / "m.csv"
   path.write_text(HEADER + "llama-2-7b,h200,decode,8,1024,,0.01,fp8,fp8,1\n"
                   "llama-2-7b,h100-sxm,decode,8,1024,,0.02,fp8,fp8,1\n")
-  proc = subprocess.run([sys.executable, "-m", "experiments.calibrate",
-                         f"--from_csv={path}"], cwd=ROOT, capture_output=True, text=True,
-                        timeout=120, check=False)
+  proc = subprocess.run([sys.executable, "-m", "experiments.calibrate", f"--from_csv={path}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 2 and "mixes devices" in proc.stderr and "accelerator" in proc.stderr
   assert "Traceback" not in proc.stderr
 
@@ -223,11 +229,11 @@ def test_cli_refuses_mixed_devices_without_accelerator(tmp_path):
 @pytest.mark.slow
 def test_cli_fits_the_shipped_trtllm_rows(tmp_path):
   profile, out = tmp_path / "p.json", tmp_path / "r.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate",
-       f"--from_csv={DATA / 'trtllm_0.9.0_steps.csv'}", "--accelerator=a100-80gb",
-       f"--profile_out={profile}", f"--json_out={out}", "--fit_steps=500"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate",
+      f"--from_csv={DATA / 'trtllm_0.9.0_steps.csv'}", "--accelerator=a100-80gb",
+      f"--profile_out={profile}", f"--json_out={out}", "--fit_steps=500"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(out.read_text())
   for key in ("heldout_median_rel_error", "heldout_max_rel_error", "factors", "rows_used",
@@ -240,22 +246,22 @@ def test_cli_fits_the_shipped_trtllm_rows(tmp_path):
 
 @pytest.mark.slow
 def test_batch_sweep_applies_a_user_profile_to_its_own_device_only(tmp_path):
-  factors = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4,
-             "t0_layer": 1e-6, "r_ovl": 1.0}
+  factors = {
+      "eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.0
+  }
   prof = profiles.Profile(device_kind="NVIDIA H200", platform="", backend="TensorRT-LLM",
-                          dtype="fp8", jax_version="0", created="", ceilings={},
-                          factors=factors, fit={"heldout_median_rel_error": 0.2,
-                                                "heldout_max_rel_error": 0.5},
-                          accelerator="h200")
+                          dtype="fp8", jax_version="0", created="", ceilings={}, factors=factors,
+                          fit={"heldout_median_rel_error": 0.2,
+                               "heldout_max_rel_error": 0.5}, accelerator="h200")
   path, out = tmp_path / "p.json", tmp_path / "s.json"
   profiles.save_profile(prof, path)
 
   def sweep(accelerator, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.batch_sweep", "--model=llama-2-7b",
-         f"--accelerator={accelerator}", "--context=1024", "--batch_sizes=1,8",
-         f"--profile={path}", f"--json_out={out}", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([
+        sys.executable, "-m", "experiments.batch_sweep", "--model=llama-2-7b",
+        f"--accelerator={accelerator}", "--context=1024", "--batch_sizes=1,8", f"--profile={path}",
+        f"--json_out={out}", *extra
+    ], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
   proc = sweep("h200")
   assert proc.returncode == 0, proc.stderr
@@ -269,11 +275,12 @@ def test_batch_sweep_applies_a_user_profile_to_its_own_device_only(tmp_path):
 
 def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
   # Keys of sglang.bench_serving's JSONL (VLLM_FORMAT.md §4); one run per line.
-  run = {"backend": "sglang", "dataset_name": "random", "request_rate": 4.0,
-         "max_concurrency": None, "duration": 50.0, "completed": 200,
-         "total_input_tokens": 200 * 1000, "total_output_tokens": 200 * 300,
-         "mean_e2e_latency_ms": 6000.0, "mean_ttft_ms": 100.0, "mean_tpot_ms": 20.0,
-         "median_itl_ms": 19.0, "concurrency": 23.9}
+  run = {
+      "backend": "sglang", "dataset_name": "random", "request_rate": 4.0, "max_concurrency": None,
+      "duration": 50.0, "completed": 200, "total_input_tokens": 200 * 1000,
+      "total_output_tokens": 200 * 300, "mean_e2e_latency_ms": 6000.0, "mean_ttft_ms": 100.0,
+      "mean_tpot_ms": 20.0, "median_itl_ms": 19.0, "concurrency": 23.9
+  }
   path = tmp_path / "sglang.jsonl"
   path.write_text(json.dumps(run) + "\n" + json.dumps(dict(run, max_concurrency=8)) + "\n")
   first, capped = vllm_results.read_results([str(path)], model="llama-3-8b",
@@ -285,24 +292,28 @@ def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
 
 # --- One model's rows (issue 27) ---
 
-SINGLE_TRUTH = {"eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6,
-                "t0_step": 3e-4, "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5}
+SINGLE_TRUTH = {
+    "eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6, "t0_step": 3e-4,
+    "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5
+}
 
 
 def _single_model_records():
   """llama-2-7b on h100-sxm: decode over batch x context, prefill over prompts."""
-  records = [{"model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "decode",
-              "batch": b, "context": c, "time_s": 1.0}
-             for b in (1, 4, 16, 64, 256) for c in (512, 4096)]
-  records += [{"model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "prefill",
-               "batch": 1, "prompt_tokens": p, "time_s": 1.0} for p in (128, 1024, 4096)]
+  records = [{
+      "model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "decode", "batch": b, "context": c,
+      "time_s": 1.0
+  } for b in (1, 4, 16, 64, 256) for c in (512, 4096)]
+  records += [{
+      "model": "llama-2-7b", "accelerator": "h100-sxm", "phase": "prefill", "batch": 1,
+      "prompt_tokens": p, "time_s": 1.0
+  } for p in (128, 1024, 4096)]
   return records
 
 
 def _write_csv(path, records):
   columns = ("model", "accelerator", "phase", "batch", "context", "prompt_tokens", "time_s")
-  lines = [",".join(columns)] + [",".join(str(r.get(c, "")) for c in columns)
-                                 for r in records]
+  lines = [",".join(columns)] + [",".join(str(r.get(c, "")) for c in columns) for r in records]
   path.write_text("\n".join(lines) + "\n")
 
 
@@ -323,12 +334,12 @@ def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_pa
   clean = user_fit.predict_rows(_rows(_single_model_records()), SINGLE_TRUTH)
   noise = np.random.default_rng(1).lognormal(0.0, sigma, size=clean.size)
   path = tmp_path / "one_model.csv"
-  _write_csv(path, [dict(r, time_s=f"{t:.9g}")
-                    for r, t in zip(_single_model_records(), clean * noise)])
+  _write_csv(path,
+             [dict(r, time_s=f"{t:.9g}") for r, t in zip(_single_model_records(), clean * noise)])
   prof, result = user_fit.calibrate(um.read_measurements(path), steps=2000)
   assert result["heldout_by"] == "rows" and prof.heldout_by == "rows"
-  assert {f"fold {k} of {user_fit.MAX_FOLDS}" for k in range(1, 6)} == {
-      f["heldout"] for f in result["folds"]}
+  assert {f"fold {k} of {user_fit.MAX_FOLDS}" for k in range(1, 6)
+         } == {f["heldout"] for f in result["folds"]}
   # Every row held out exactly once, by a fit that never saw it.
   assert sorted(r["line"] for r in result["heldout_rows"]) == list(range(2, 2 + clean.size))
   for fold in result["folds"]:
@@ -411,7 +422,7 @@ def _hand_bound_s(batch, context):
   bound), 2 bytes each; K/V: 2 (K and V) x 32 layers x 4096 x 2 bytes = 524,288 B
   per token; bandwidth 2.039 TB/s (NVIDIA A100 datasheet, 80 GB SXM).
   """
-  weights = 32 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
+  weights = 32 * (4 * 4096**2 + 3 * 4096 * 11008) * 2
   kv_per_token = 2 * 32 * 4096 * 2
   return (weights + batch * context * kv_per_token) / 2.039e12
 
@@ -422,13 +433,13 @@ def test_cli_fits_the_issue_users_five_points_and_flags_the_fast_rows(tmp_path):
   # Independently: lines 5 (B 64, 1024) and 6 (B 16, 2048) beat even a lower estimate of
   # the memory time; the others do not.
   assert 0.0225 < _hand_bound_s(64, 1024) and 0.0136 < _hand_bound_s(16, 2048)
-  assert all(t > _hand_bound_s(b, c) for b, c, t in ((1, 512, 0.0078), (8, 512, 0.0094),
-                                                      (32, 1024, 0.0149)))
+  assert all(t > _hand_bound_s(b, c)
+             for b, c, t in ((1, 512, 0.0078), (8, 512, 0.0094), (32, 1024, 0.0149)))
   profile, out = tmp_path / "p.json", tmp_path / "r.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate", f"--from_csv={path}",
-       f"--profile_out={profile}", f"--json_out={out}", "--fit_steps=500"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  proc = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate", f"--from_csv={path}",
+      f"--profile_out={profile}", f"--json_out={out}", "--fit_steps=500"
+  ], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(out.read_text())
   assert result["heldout_by"] == "rows" and result["heldout_median_rel_error"] > 0

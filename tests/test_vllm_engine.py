@@ -29,11 +29,12 @@ from jaxroof.specs import what_if
 
 DATA = pathlib.Path(__file__).parent / "data"
 FIXTURE = DATA / "vllm_cpu_detailed_fixture.json"
-CEILINGS = {"torch": "2.13.0+cpu", "threads": 1, "cpus": [1], "isa": "AVX512", "matmul_n": 2048,
-            "bf16_matmul_s": [2 * 2048**3 / 4e11, 0.1], "fp32_matmul_s": [2 * 2048**3 / 1e11],
-            "read_s": [512 * 2**20 / 2.5e10, 1.0],
-            "read_mb": 512, "bf16_flops_per_s": 4e11, "fp32_flops_per_s": 1e11,
-            "read_bytes_per_s": 2.5e10}
+CEILINGS = {
+    "torch": "2.13.0+cpu", "threads": 1, "cpus": [1], "isa": "AVX512", "matmul_n": 2048,
+    "bf16_matmul_s": [2 * 2048**3 / 4e11, 0.1], "fp32_matmul_s": [2 * 2048**3 / 1e11],
+    "read_s": [512 * 2**20 / 2.5e10, 1.0], "read_mb": 512, "bf16_flops_per_s": 4e11,
+    "fp32_flops_per_s": 1e11, "read_bytes_per_s": 2.5e10
+}
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -71,18 +72,19 @@ def test_preset_folder_has_config_and_exact_word_level_tokenizer(model_dir):
 
 def test_linear_shapes_of_one_block():
   small = vllm_model.PRESETS["small-llama"]  # 16 heads of 64, 4 K/V heads, MLP 2816.
-  assert vllm_engine.linear_shapes(small) == [(1024, (16 + 8) * 64), (1024, 1024),
-                                              (1024, 2 * 2816), (2816, 1024)]
+  assert vllm_engine.linear_shapes(small) == [(1024, (16 + 8) * 64), (1024, 1024), (1024, 2 * 2816),
+                                              (2816, 1024)]
 
 
 def test_shipped_config_scaled_down_by_flags(tmp_path):
   out = vllm_model.write_model_folder(str(tmp_path / "m"), "llama-3-8b", {
       "num_layers": 2, "hidden_size": 256, "num_heads": 4, "num_kv_heads": 2,
-      "intermediate_size": 512})
+      "intermediate_size": 512
+  })
   c = out["config"]
   assert (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
-          c["num_key_value_heads"], c["intermediate_size"], c["head_dim"]) == (2, 256, 4, 2,
-                                                                                 512, 64)
+          c["num_key_value_heads"], c["intermediate_size"], c["head_dim"]) == (2, 256, 4, 2, 512,
+                                                                               64)
   assert "_jaxroof_source" not in c and c["torch_dtype"] == "bfloat16"
 
 
@@ -118,9 +120,8 @@ def test_port_in_use_is_refused():
 def test_commands_are_loopback_dummy_and_state_the_scheduler(tmp_path):
   config = vllm_engine.ServerConfig(max_num_seqs=8, max_num_batched_tokens=512)
   serve = vllm_engine.server_command("/env", "/m", config, 8123)
-  for flag, value in (("--host", "127.0.0.1"), ("--load-format", "dummy"),
-                      ("--max-num-seqs", "8"), ("--max-num-batched-tokens", "512"),
-                      ("--block-size", "128")):
+  for flag, value in (("--host", "127.0.0.1"), ("--load-format", "dummy"), ("--max-num-seqs", "8"),
+                      ("--max-num-batched-tokens", "512"), ("--block-size", "128")):
     assert serve[serve.index(flag) + 1] == value
   assert "--enable-chunked-prefill" in serve
   spec = vllm_engine.BenchSpec(rate=2.0, prompt_tokens=128, output_tokens=32, num_prompts=10)
@@ -187,8 +188,7 @@ def test_stop_kills_what_ignores_sigint(tmp_path):
   env = _fake_env(tmp_path)
   log = tmp_path / "log"
   with open(log, "w") as f:
-    process = subprocess.Popen([os.path.join(env, "bin", "vllm")], stdout=f,
-                               start_new_session=True)
+    process = subprocess.Popen([os.path.join(env, "bin", "vllm")], stdout=f, start_new_session=True)
   server = vllm_engine.Server(process, 1, str(log))
   for _ in range(100):
     if "up" in log.read_text():
@@ -245,8 +245,12 @@ def test_detailed_run_replays_its_own_arrivals_lengths_and_percentiles():
 
 def _run_with_server(kv_blocks=40, block=32, seqs=4):
   [run] = vllm_results.read_runs([FIXTURE])
-  server = {"config": {"max_num_seqs": seqs, "max_num_batched_tokens": 256,
-                       "block_size": block, "chunked_prefill": True}, "kv_blocks": kv_blocks}
+  server = {
+      "config": {
+          "max_num_seqs": seqs, "max_num_batched_tokens": 256, "block_size": block,
+          "chunked_prefill": True
+      }, "kv_blocks": kv_blocks
+  }
   return dataclasses.replace(run, server=server)
 
 
@@ -278,11 +282,11 @@ def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file)
   result = engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[FIXTURE],
                                        heldout_model=model_dir)
   rows = result["heldout"]
-  assert {(r["metric"], r["percentile"]) for r in rows} == {
-      (m, q) for m in ("ttft", "tpot", "itl") for q in (50, 90)}
+  assert {(r["metric"], r["percentile"]) for r in rows
+         } == {(m, q) for m in ("ttft", "tpot", "itl") for q in (50, 90)}
   for r in rows:
-    assert r["rel_error"] == pytest.approx(abs(r["predicted_s"] - r["measured_s"])
-                                           / r["measured_s"])
+    assert r["rel_error"] == pytest.approx(
+        abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"])
     assert 0 < r["bound_s"] <= r["predicted_s"] * (1 + 1e-9) or r["metric"] == "itl"
   assert result["heldout_median_rel_error"] == pytest.approx(
       float(np.median([r["rel_error"] for r in rows])))
@@ -298,11 +302,11 @@ def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file)
 
 def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_file):
   out = tmp_path / "cal.json"
-  done = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={FIXTURE}",
-       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
-       "--scheduler=vllm", "--request_cost", "--max_simulations=12", f"--json_out={out}"],
-      capture_output=True, text=True, cwd=REPO, timeout=600)
+  done = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={FIXTURE}",
+      f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
+      "--scheduler=vllm", "--request_cost", "--max_simulations=12", f"--json_out={out}"
+  ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["heldout"] and math.isfinite(result["heldout_median_rel_error"])
@@ -311,17 +315,16 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("JAXROOF_VLLM_ENV"),
-                    reason="set JAXROOF_VLLM_ENV to the vLLM engine's venv "
-                           "(bash experiments/vllm_setup.sh DIR)")
+@pytest.mark.skipif(
+    not os.environ.get("JAXROOF_VLLM_ENV"), reason="set JAXROOF_VLLM_ENV to the vLLM engine's venv "
+    "(bash experiments/vllm_setup.sh DIR)")
 def test_whole_path_with_a_real_engine(tmp_path):
   env = os.environ["JAXROOF_VLLM_ENV"]
   out = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, "-m", "experiments.vllm_bench", f"--engine_env={env}",
-       "--model=tiny-llama", "--rates=4", "--prompt_tokens=64", "--output_tokens=8",
-       "--num_prompts=8", f"--out_dir={out}"], capture_output=True, text=True, cwd=REPO,
-      timeout=900)
+  done = subprocess.run([
+      sys.executable, "-m", "experiments.vllm_bench", f"--engine_env={env}", "--model=tiny-llama",
+      "--rates=4", "--prompt_tokens=64", "--output_tokens=8", "--num_prompts=8", f"--out_dir={out}"
+  ], capture_output=True, text=True, cwd=REPO, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   [run] = summary["runs"]
@@ -334,12 +337,12 @@ def test_whole_path_with_a_real_engine(tmp_path):
   leftover = subprocess.run(["pgrep", "-f", "vllm serve"], capture_output=True, text=True)
   assert str(out) not in leftover.stdout
   cal = tmp_path / "cal.json"
-  done = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={run['result_path']}",
-       f"--heldout_vllm={run['result_path']}", f"--model={run['model_dir']}",
-       f"--accelerator_file={summary['accelerator_file']}", "--scheduler=vllm",
-       "--request_cost", "--max_simulations=20", f"--json_out={cal}"],
-      capture_output=True, text=True, cwd=REPO, timeout=600)
+  done = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={run['result_path']}",
+      f"--heldout_vllm={run['result_path']}", f"--model={run['model_dir']}",
+      f"--accelerator_file={summary['accelerator_file']}", "--scheduler=vllm", "--request_cost",
+      "--max_simulations=20", f"--json_out={cal}"
+  ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(cal.read_text())["heldout"]
 
@@ -351,13 +354,18 @@ def test_report_section_renders_committed_results_or_says_how(tmp_path):
   assert "/work" not in empty  # Names no path of this machine.
   folder = tmp_path / "results" / real_engine.FOLDER
   folder.mkdir(parents=True)
-  row = {"run": "vllm_rate4_in128_out32.json:1 (rate 4)", "metric": "ttft", "percentile": 50,
-         "measured_s": 0.020, "predicted_s": 0.022, "bound_s": 0.004, "rel_error": 0.1}
-  result = {"heldout": [row], "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.1,
-            "heldout_points": 1, "factors": {"eta_w": 0.5, "t0_request": 0.01},
-            "source": {"files": ["a/vllm_rate2_in128_out32.json"]},
-            "cdfs": [{"run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
-                      "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}}]}
+  row = {
+      "run": "vllm_rate4_in128_out32.json:1 (rate 4)", "metric": "ttft", "percentile": 50,
+      "measured_s": 0.020, "predicted_s": 0.022, "bound_s": 0.004, "rel_error": 0.1
+  }
+  result = {
+      "heldout": [row], "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.1,
+      "heldout_points": 1, "factors": {"eta_w": 0.5, "t0_request": 0.01},
+      "source": {"files": ["a/vllm_rate2_in128_out32.json"]}, "cdfs": [{
+          "run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
+          "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}
+      }]
+  }
   (folder / "calibration.json").write_text(json.dumps(result))
   text = real_engine.report_section(str(tmp_path / "results"), str(tmp_path))
   assert "| vllm_rate4_in128_out32 | p50 TTFT | 20.00 | 22.00 | 10.0% | 4.00 |" in text

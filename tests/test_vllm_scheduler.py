@@ -35,9 +35,10 @@ class _Recorder:
     def recording(sim):
       waiting_before = list(sim.waiting)
       dec, chunks = original(sim)
-      self.steps.append({"dec": dec.tolist(), "chunks": list(chunks),
-                         "waiting_before": waiting_before, "running": list(sim.running),
-                         "free": sim.free, "preemptions": sim.preemptions})
+      self.steps.append({
+          "dec": dec.tolist(), "chunks": list(chunks), "waiting_before": waiting_before,
+          "running": list(sim.running), "free": sim.free, "preemptions": sim.preemptions
+      })
       return dec, chunks
 
     monkeypatch.setattr(vllm_scheduler, "plan", recording)

@@ -8,8 +8,10 @@ from jaxroof.errors import InputError
 from jaxroof.specs import accelerators
 from jaxroof.specs import what_if
 
-ENTRY = {"name": "My NPU", "memory_capacity_gb": 64, "memory_bandwidth_tb_s": 1.5,
-         "dense_tflops": {"bf16": 300, "fp8": 600}, "tdp_w": 350}
+ENTRY = {
+    "name": "My NPU", "memory_capacity_gb": 64, "memory_bandwidth_tb_s": 1.5,
+    "dense_tflops": {"bf16": 300, "fp8": 600}, "tdp_w": 350
+}
 
 
 def _write(tmp_path, data, name="my-npu.json"):

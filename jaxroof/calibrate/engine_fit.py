@@ -61,8 +61,9 @@ SEARCHED = ("eta_w", "eta_f", "t0_step")
 # With `ServingSetup.request_cost`: a fixed cost per request (HTTP, API server,
 # tokenisation) before the engine sees it, fitted too (0 at the bound).
 REQUEST_COST = "t0_request"
-BOUNDS = {"eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05),
-          REQUEST_COST: (1e-5, 0.5)}
+BOUNDS = {
+    "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5)
+}
 START = {"eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3}
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
@@ -122,9 +123,9 @@ def workload_of(run: vllm_results.BenchRun, seed: int) -> arrivals.Workload:
   """The run's requests: its lengths, arrivals at its rate (see the module docstring)."""
   n = len(run.prompt_tokens)
   if run.arrival_s is not None:
-    return arrivals.Workload(run.arrival_s.copy(), run.prompt_tokens, run.output_tokens,
-                             {"from": run.label, "num_requests": n,
-                              "arrivals": "replayed from the result's start_times"})
+    return arrivals.Workload(run.arrival_s.copy(), run.prompt_tokens, run.output_tokens, {
+        "from": run.label, "num_requests": n, "arrivals": "replayed from the result's start_times"
+    })
   if math.isinf(run.request_rate):
     times = np.zeros(n)
   else:
@@ -137,8 +138,10 @@ def workload_of(run: vllm_results.BenchRun, seed: int) -> arrivals.Workload:
 
 
 def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
-  return {"eta_w": values["eta_w"], "eta_kv": values["eta_w"], "eta_f": values["eta_f"],
-          "t0_step": values["t0_step"], **FIXED}
+  return {
+      "eta_w": values["eta_w"], "eta_kv": values["eta_w"], "eta_f": values["eta_f"],
+      "t0_step": values["t0_step"], **FIXED
+  }
 
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
@@ -151,8 +154,8 @@ def load_device(setup: ServingSetup) -> accelerators.Accelerator:
   return accelerators.load_accelerator(setup.accelerator)
 
 
-def replica_of(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mapping[str, float]
-               ) -> replica_lib.Replica:
+def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
+               factors: Mapping[str, float]) -> replica_lib.Replica:
   """The replica a run is simulated on: the run's own server facts where it has them."""
   spec = models.load_model(run.model or setup.model)
   longest = int(np.max(run.prompt_tokens + run.output_tokens))
@@ -165,12 +168,14 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mapping
       spec, load_device(setup), context=longest,
       step_model=StepModel.calibrated(_step_factors(factors)), weight_dtype=setup.weight_dtype,
       kv_dtype=setup.kv_dtype, max_running=max_running,
-      token_budget=int(config.get("max_num_batched_tokens") or setup.token_budget),
-      layout=Layout(tp=setup.tp), block_size=block)
+      token_budget=int(config.get("max_num_batched_tokens") or
+                       setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)
   if server.get("kv_blocks"):
-    description = {**replica.description, "kv_pages": int(server["kv_blocks"]),
-                   "kv_pages_from": "the server's log (KV cache size / block size)",
-                   "chunked_prefill": bool(config.get("chunked_prefill", True))}
+    description = {
+        **replica.description, "kv_pages": int(server["kv_blocks"]),
+        "kv_pages_from": "the server's log (KV cache size / block size)",
+        "chunked_prefill": bool(config.get("chunked_prefill", True))
+    }
     replica = dataclasses.replace(replica, total_pages=int(server["kv_blocks"]),
                                   description=description)
   return replica
@@ -192,8 +197,8 @@ def simulate_run(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mappi
     workload = arrivals.Workload(sent + cost, workload.prompt_tokens, workload.output_tokens,
                                  workload.description)
   out = simulator.simulate(workload, replica, setup.scheduler)
-  block = metrics_lib.serving_metrics(sent, out.first_token_s, out.finish_s,
-                                      out.output_tokens, out.itl_s)
+  block = metrics_lib.serving_metrics(sent, out.first_token_s, out.finish_s, out.output_tokens,
+                                      out.itl_s)
   result: dict[str, Any] = {}
   for metric in ("ttft", "tpot", "itl"):
     result[f"median_{metric}_s"] = block[f"{metric}_s"]["median"]
@@ -216,8 +221,8 @@ def _residuals(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       for name, measured in run.measured.items():
         value = simulated[name]
         # A metric the simulation cannot produce: a large, finite residual.
-        out.append(math.log(value / measured) if value is not None and value > 0
-                   else MISSING_RESIDUAL)
+        out.append(
+            math.log(value / measured) if value is not None and value > 0 else MISSING_RESIDUAL)
     cache[key] = np.asarray(out)
   return cache[key]
 
@@ -259,35 +264,35 @@ def search(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup, *,
   damping = DAMPING
   while len(cache) < max_simulations:
     steps = [FD_STEP if x[i] + FD_STEP <= high[i] else -FD_STEP for i in range(len(names))]
-    jacobian = np.stack([(residuals(x + h * e) - here) / h
-                         for h, e in zip(steps, np.eye(len(names)))], axis=1)
+    jacobian = np.stack(
+        [(residuals(x + h * e) - here) / h for h, e in zip(steps, np.eye(len(names)))], axis=1)
     normal = jacobian.T @ jacobian
-    move = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12),
-                           -jacobian.T @ here)
+    move = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -jacobian.T @ here)
     trial = np.clip(x + move, low, high)
     there = residuals(trial)
-    if np.mean(there ** 2) < np.mean(here ** 2):
+    if np.mean(there**2) < np.mean(here**2):
       settled = np.max(np.abs(trial - x)) < tolerance
       x, here, damping = trial, there, damping / 3
       if settled:
         break
     else:
       damping *= 4
-  return ({n: float(v) for n, v in zip(names, np.exp(x))}, float(np.mean(here ** 2)),
-          len(cache))
+  return ({n: float(v) for n, v in zip(names, np.exp(x))}, float(np.mean(here**2)), len(cache))
 
 
 def _errors(run: vllm_results.BenchRun, simulated: Mapping[str, float | None]) -> dict[str, Any]:
   out = {}
   for name, measured in run.measured.items():
     value = simulated[name]
-    out[name] = {"measured_s": measured, "simulated_s": value,
-                 "rel_error": None if value is None else abs(value - measured) / measured}
+    out[name] = {
+        "measured_s": measured, "simulated_s": value,
+        "rel_error": None if value is None else abs(value - measured) / measured
+    }
   return out
 
 
-def screen(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup
-           ) -> tuple[list[vllm_results.BenchRun], list[str]]:
+def screen(runs: Sequence[vllm_results.BenchRun],
+           setup: ServingSetup) -> tuple[list[vllm_results.BenchRun], list[str]]:
   """The runs with only the metrics the bound does not undercut; a flag per dropped one.
 
   A median measured below `BELOW_BOUND` of the one simulated at the bound
@@ -343,8 +348,10 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       fold_values, _, _ = search(train, setup, **fold_kw)
       errs = _errors(run, simulate_run(run, setup, fold_values))
       held += [e["rel_error"] for e in errs.values() if e["rel_error"] is not None]
-      folds.append({"heldout_run": run.label, "trained_on": [r.label for r in train],
-                    "factors": _factors(fold_values), "metrics": errs})
+      folds.append({
+          "heldout_run": run.label, "trained_on": [r.label for r in train],
+          "factors": _factors(fold_values), "metrics": errs
+      })
   per_run, bound_errs, train_errs = [], [], []
   fitted = {r.label: set(r.measured) for r in runs}
   for run in all_runs:
@@ -352,21 +359,30 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
     bound = _errors(run, simulate_run(run, setup, BOUND_FACTORS))
     for name in cal:
       cal[name]["in_fit"] = name in fitted.get(run.label, set())
-    train_errs += [e["rel_error"] for e in cal.values()
-                   if e["rel_error"] is not None and e["in_fit"]]
-    bound_errs += [bound[n]["rel_error"] for n, e in cal.items()
-                   if bound[n]["rel_error"] is not None and e["in_fit"]]
-    per_run.append({"run": run.label, "engine": run.engine,
-                    "request_rate": None if math.isinf(run.request_rate) else run.request_rate,
-                    "max_concurrency": run.max_concurrency, "requests": len(run.prompt_tokens),
-                    "mean_prompt_tokens": float(run.prompt_tokens.mean()),
-                    "mean_output_tokens": float(run.output_tokens.mean()),
-                    "calibrated": cal, "bound": bound})
+    train_errs += [
+        e["rel_error"] for e in cal.values() if e["rel_error"] is not None and e["in_fit"]
+    ]
+    bound_errs += [
+        bound[n]["rel_error"] for n, e in cal.items()
+        if bound[n]["rel_error"] is not None and e["in_fit"]
+    ]
+    per_run.append({
+        "run": run.label, "engine": run.engine,
+        "request_rate": None if math.isinf(run.request_rate) else run.request_rate,
+        "max_concurrency": run.max_concurrency, "requests": len(run.prompt_tokens),
+        "mean_prompt_tokens": float(run.prompt_tokens.mean()),
+        "mean_output_tokens": float(run.output_tokens.mean()), "calibrated": cal, "bound": bound
+    })
   held_summary = fitting.error_summary(held)
   return {
-      "factors": _factors(values), "searched": list(setup.searched), "fixed": dict(FIXED),
-      "tied": {"eta_kv": "eta_w"}, "loss": loss, "statistic": "mean squared log error",
-      "simulations": sims, "setup": dataclasses.asdict(setup),
+      "factors": _factors(values),
+      "searched": list(setup.searched),
+      "fixed": dict(FIXED),
+      "tied": {"eta_kv": "eta_w"},
+      "loss": loss,
+      "statistic": "mean squared log error",
+      "simulations": sims,
+      "setup": dataclasses.asdict(setup),
       "heldout_median_rel_error": held_summary["median_rel_error"],
       "heldout_max_rel_error": held_summary["max_rel_error"],
       "heldout_points": held_summary["points"],
@@ -374,11 +390,16 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
                          "searched on the other runs" if folds else
                          "none: one run (give two or more runs for a held-out error)"),
       "train": fitting.error_summary(train_errs),
-      "bound": {**fitting.error_summary(bound_errs),
-                "what": "simulated with eta = 1 and no fixed cost (the analytic bound "
-                        "iteration), on the metrics in the fit"},
-      "folds": folds, "runs": per_run, "rows_used": len(runs),
-      "metrics_used": sum(len(r.measured) for r in runs), "flags": flags,
+      "bound": {
+          **fitting.error_summary(bound_errs),
+          "what": "simulated with eta = 1 and no fixed cost (the analytic bound "
+                  "iteration), on the metrics in the fit"
+      },
+      "folds": folds,
+      "runs": per_run,
+      "rows_used": len(runs),
+      "metrics_used": sum(len(r.measured) for r in runs),
+      "flags": flags,
       "assumptions": list(ASSUMPTIONS),
   }
 
@@ -410,40 +431,45 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
         value = predicted.get(key)
         if measured is None or value is None:
           continue
-        rows.append({"run": run.label, "model": run.model or setup.model, "metric": metric,
-                     "percentile": q, "measured_s": measured, "predicted_s": value,
-                     "bound_s": bound.get(key),
-                     "rel_error": abs(value - measured) / measured})
+        rows.append({
+            "run": run.label, "model": run.model or setup.model, "metric": metric, "percentile": q,
+            "measured_s": measured, "predicted_s": value, "bound_s": bound.get(key),
+            "rel_error": abs(value - measured) / measured
+        })
     measured_rate = run.measured_throughput
     if measured_rate and predicted.get("request_throughput_per_s"):
-      throughput.append({"run": run.label, "metric": "request_throughput",
-                         "measured_per_s": measured_rate,
-                         "predicted_per_s": predicted["request_throughput_per_s"],
-                         "rel_error": abs(predicted["request_throughput_per_s"] - measured_rate)
-                         / measured_rate})
+      throughput.append({
+          "run": run.label, "metric": "request_throughput", "measured_per_s": measured_rate,
+          "predicted_per_s": predicted["request_throughput_per_s"],
+          "rel_error": abs(predicted["request_throughput_per_s"] - measured_rate) / measured_rate
+      })
     if run.detail is not None and len(run.detail["itl_s"]):
-      terms.append({"run": run.label, "term": "coalesced_itl_share",
-                    "value": float(np.mean(run.detail["itl_s"] < COALESCED_S)),
-                    "what": f"share of measured token gaps under {COALESCED_S * 1e3:g} ms: "
-                            "tokens the client received together (the client, API server "
-                            "and engine share the CPU), not engine steps; the simulator has "
-                            "no such term"})
+      terms.append({
+          "run": run.label, "term": "coalesced_itl_share",
+          "value": float(np.mean(run.detail["itl_s"] < COALESCED_S)),
+          "what": f"share of measured token gaps under {COALESCED_S * 1e3:g} ms: "
+                  "tokens the client received together (the client, API server "
+                  "and engine share the CPU), not engine steps; the simulator has "
+                  "no such term"
+      })
     if run.detail is not None:
-      cdfs.append({"run": run.label,
-                   "measured": {m: _thin(run.detail[f"{m}_s"]) for m in ("ttft", "itl")},
-                   "predicted": {m: _thin(predicted["detail"][f"{m}_s"])
-                                 for m in ("ttft", "itl")}})
+      cdfs.append({
+          "run": run.label, "measured": {m: _thin(run.detail[f"{m}_s"]) for m in ("ttft", "itl")},
+          "predicted": {m: _thin(predicted["detail"][f"{m}_s"]) for m in ("ttft", "itl")}
+      })
   errors_ = [r["rel_error"] for r in rows]
-  return {"heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs,
-          "heldout_terms": terms,
-          "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
-          "heldout_median_rel_error_by_metric": {
-              f"p{q} {m}": float(np.median([r["rel_error"] for r in rows
-                                            if r["metric"] == m and r["percentile"] == q]))
-              for m in ("ttft", "tpot", "itl") for q in PERCENTILES
-              if any(r["metric"] == m and r["percentile"] == q for r in rows)},
-          "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
-          "heldout_points": len(errors_)}
+  return {
+      "heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs, "heldout_terms": terms,
+      "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
+      "heldout_median_rel_error_by_metric": {
+          f"p{q} {m}": float(
+              np.median([r["rel_error"] for r in rows
+                         if r["metric"] == m and r["percentile"] == q]))
+          for m in ("ttft", "tpot", "itl") for q in PERCENTILES
+          if any(r["metric"] == m and r["percentile"] == q for r in rows)
+      }, "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
+      "heldout_points": len(errors_)
+  }
 
 
 def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
@@ -474,18 +500,22 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
   runs = vllm_results.read_runs(paths)
   held = []
   for path, model in zip(heldout_paths, per_file):
-    held += [dataclasses.replace(r, model=model or None)
-             for r in vllm_results.read_runs([path], field="heldout_vllm")]
+    held += [
+        dataclasses.replace(r, model=model or None)
+        for r in vllm_results.read_runs([path], field="heldout_vllm")
+    ]
   for run in held:
     if run.detail is None:
-      raise errors.InputError(f"heldout_vllm={run.path!r} has no per-request detail "
-                              "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
-                              "bench serve with --save-result --save-detailed.",
-                              field="heldout_vllm")
+      raise errors.InputError(
+          f"heldout_vllm={run.path!r} has no per-request detail "
+          "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
+          "bench serve with --save-result --save-detailed.", field="heldout_vllm")
   result = fit_runs(runs, setup, **search_kw)
   if held:
-    result["loo"] = {k: result[k] for k in ("heldout_median_rel_error", "heldout_max_rel_error",
-                                             "heldout_points", "heldout_method")}
+    result["loo"] = {
+        k: result[k] for k in ("heldout_median_rel_error", "heldout_max_rel_error", "heldout_points",
+                              "heldout_method")
+    }
     result.update(predict_heldout(held, setup, result["factors"]))
     result["heldout_method"] = (
         "held-out files: each run replayed with its own arrivals and lengths and predicted "
@@ -498,41 +528,47 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
         "date": f"{min(b.get('date', '') for b in blocks)} to "
                 f"{max(b.get('date', '') for b in blocks)}",
         "load": f"{min(loads):.2f}-{max(loads):.2f}" if loads else None,
-        "what": "measurement: vLLM bench serve on loopback (jaxroof_engine_run blocks)"}
-  return {"kind": "engine_calibration",
-          "what": "calibrated factors chosen so that the continuous-batching simulator "
-                  "reproduces measured serving-benchmark medians (TTFT, TPOT, ITL)",
-          "labels": {"measured": "measurement (the result files)",
-                     "predicted": "calibrated prediction (simulator + fitted factors)",
-                     "bound": "analytic bound (simulator, eta = 1, no fixed costs)"},
-          "source": {"files": [os.fspath(p) for p in paths],
-                     "heldout_files": [os.fspath(p) for p in heldout_paths],
-                     "heldout_models": per_file if heldout_paths else [],
-                     "engines": sorted({r.engine for r in runs}),
-                     "model": setup.model, "accelerator": setup.device_name,
-                     "tp": setup.tp},
-          **result,
-          "units": {"measured_s": "s", "simulated_s": "s", "predicted_s": "s", "bound_s": "s",
-                    "rel_error": "1", REQUEST_COST: "s", "t0_step": "s"}}
+        "what": "measurement: vLLM bench serve on loopback (jaxroof_engine_run blocks)"
+    }
+  return {
+      "kind": "engine_calibration",
+      "what": "calibrated factors chosen so that the continuous-batching simulator "
+              "reproduces measured serving-benchmark medians (TTFT, TPOT, ITL)", "labels": {
+                  "measured": "measurement (the result files)",
+                  "predicted": "calibrated prediction (simulator + fitted factors)",
+                  "bound": "analytic bound (simulator, eta = 1, no fixed costs)"
+              }, "source": {
+                  "files": [os.fspath(p) for p in paths],
+                  "heldout_files": [os.fspath(p) for p in heldout_paths],
+                  "heldout_models": per_file if heldout_paths else [],
+                  "engines": sorted({r.engine for r in runs}), "model": setup.model,
+                  "accelerator": setup.device_name, "tp": setup.tp
+              }, **result, "units": {
+                  "measured_s": "s", "simulated_s": "s", "predicted_s": "s", "bound_s": "s",
+                  "rel_error": "1", REQUEST_COST: "s", "t0_step": "s"
+              }
+  }
 
 
 def engine_profile(result: dict[str, Any]) -> profiles.Profile:
   """The fitted factors as a profile of the device (a `Profile` the experiments read)."""
   setup, source = result["setup"], result["source"]
-  device = (what_if.load_accelerator_file(setup["accelerator_file"])
-            if setup.get("accelerator_file") else accelerators.load_accelerator(setup["accelerator"]))
+  device = (what_if.load_accelerator_file(setup["accelerator_file"]) if
+            setup.get("accelerator_file") else accelerators.load_accelerator(setup["accelerator"]))
   created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  fit_block = {key: result[key] for key in (
-      "heldout_median_rel_error", "heldout_max_rel_error", "heldout_points",
-      "heldout_method", "loss", "statistic", "searched", "fixed", "tied")}
+  fit_block = {
+      key: result[key]
+      for key in ("heldout_median_rel_error", "heldout_max_rel_error", "heldout_points",
+                  "heldout_method", "loss", "statistic", "searched", "fixed", "tied")
+  }
   return profiles.Profile(
       device_kind=device.full_name, platform="", backend=", ".join(source["engines"]),
-      dtype=setup["weight_dtype"], jax_version=importlib.metadata.version("jax"),
-      created=created, ceilings={},
-      factors={n: float(result["factors"][n]) for n in calibrated.FACTOR_NAMES},
-      fit=fit_block, model={"setup": setup},
+      dtype=setup["weight_dtype"], jax_version=importlib.metadata.version("jax"), created=created,
+      ceilings={}, factors={n: float(result["factors"][n]) for n in calibrated.FACTOR_NAMES
+                           }, fit=fit_block, model={"setup": setup},
       method="serving-benchmark medians (TTFT, TPOT, ITL) reproduced by the "
-             "continuous-batching simulator (jaxroof.calibrate.engine_fit)",
-      accelerator=device.name,
-      source={**source, "date": created, "rows_used": result["rows_used"],
-              "what": "request-level metrics of the user's serving benchmark"})
+      "continuous-batching simulator (jaxroof.calibrate.engine_fit)", accelerator=device.name,
+      source={
+          **source, "date": created, "rows_used": result["rows_used"],
+          "what": "request-level metrics of the user's serving benchmark"
+      })

@@ -18,6 +18,7 @@ import optax
 from jaxroof.symbolic.calibrated import (FACTOR_NAMES, INPUT_NAMES, REGIME_FACTOR_NAMES,
                                          calibrated_model, calibrated_model_with_regime)
 
+
 @dataclasses.dataclass(frozen=True)
 class Fit:
   """Fitted factors and how well they reproduce the training points."""
@@ -28,13 +29,13 @@ class Fit:
   learning_rate: float
 
 
-def initial_factors(measured_s: np.ndarray, layers: np.ndarray
-                    ) -> dict[str, float]:
+def initial_factors(measured_s: np.ndarray, layers: np.ndarray) -> dict[str, float]:
   """A neutral start: half of each ceiling, small fixed costs, p = 2."""
   fastest = float(np.min(measured_s))
-  return {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5,
-          "t0_step": 0.05 * fastest,
-          "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0}
+  return {
+      "eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 0.05 * fastest,
+      "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0
+  }
 
 
 def fit_factors(
@@ -90,15 +91,13 @@ def fit_factors(
   def loss_fn(log_factors):
     factors = {**fixed, **{n: jnp.exp(v) for n, v in log_factors.items()}}
     predicted = model(**x, **factors)["step_s"]
-    data = jnp.mean((jnp.log(predicted) - log_measured) ** 2)
-    prior = sum((log_factors[n] - start[n]) ** 2 for n in names)
+    data = jnp.mean((jnp.log(predicted) - log_measured)**2)
+    prior = sum((log_factors[n] - start[n])**2 for n in names)
     return data + prior_weight * prior
 
   params, loss = minimize(loss_fn, start, steps=steps, learning_rate=learning_rate)
-  fitted = {n: float(jnp.exp(params[n])) if n in params else float(init[n])
-            for n in every}
-  return Fit(factors=fitted, loss=float(loss), steps=steps,
-             learning_rate=learning_rate)
+  fitted = {n: float(jnp.exp(params[n])) if n in params else float(init[n]) for n in every}
+  return Fit(factors=fitted, loss=float(loss), steps=steps, learning_rate=learning_rate)
 
 
 def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,
@@ -117,22 +116,21 @@ def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,
 
   @jax.jit
   def run(params):
-    (params, _), losses = jax.lax.scan(
-        step, (params, optimizer.init(params)), None, length=steps)
+    (params, _), losses = jax.lax.scan(step, (params, optimizer.init(params)), None, length=steps)
     return params, losses[-1]
 
   return run(start)
 
 
-def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]
-            ) -> np.ndarray:
+def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]) -> np.ndarray:
   """Calibrated step time (seconds) at each point, numpy; with `r_pack` among the
   factors, the re-pack term included."""
   if all(n in factors for n in REGIME_FACTOR_NAMES):
-    return np.asarray(calibrated_model_with_regime("numpy")(**inputs, **factors)["step_s"],
-                      dtype=np.float64)
-  return np.asarray(calibrated_model("numpy")(**inputs, **{n: factors[n] for n in FACTOR_NAMES})
-                    ["step_s"], dtype=np.float64)
+    return np.asarray(
+        calibrated_model_with_regime("numpy")(**inputs, **factors)["step_s"], dtype=np.float64)
+  return np.asarray(
+      calibrated_model("numpy")(**inputs, **{n: factors[n] for n in FACTOR_NAMES})["step_s"],
+      dtype=np.float64)
 
 
 def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -146,5 +144,7 @@ def error_summary(rel: Sequence[float]) -> dict[str, float | int | None]:
   rel = np.asarray(rel, dtype=np.float64)
   if rel.size == 0:
     return {"median_rel_error": None, "max_rel_error": None, "points": 0}
-  return {"median_rel_error": float(np.median(rel)),
-          "max_rel_error": float(np.max(rel)), "points": int(rel.size)}
+  return {
+      "median_rel_error": float(np.median(rel)), "max_rel_error": float(np.max(rel)),
+      "points": int(rel.size)
+  }

@@ -47,26 +47,23 @@ _STAGE_MARGIN_S = 10.0
 # The GPU-sized toy (bf16, width 4096, Llama-3-8B's block shapes, 4 blocks:
 # about 1.1 B weights, 2.3 GB per step at batch 1) and its two variants, as
 # `op_sweeps.MODELS` varies the CPU calibration model.
-GPU_CALIBRATION = ToyConfig(
-    vocab_size=32_768, num_blocks=4, num_heads=32, num_kv_heads=8,
-    head_dim=128, width=4096, mlp_dim=14_336)
+GPU_CALIBRATION = ToyConfig(vocab_size=32_768, num_blocks=4, num_heads=32, num_kv_heads=8,
+                            head_dim=128, width=4096, mlp_dim=14_336)
 GPU_MODELS = {
     "calibration": GPU_CALIBRATION,
     "shallow": dataclasses.replace(GPU_CALIBRATION, num_blocks=2),
     "wide_vocab": dataclasses.replace(GPU_CALIBRATION, vocab_size=131_072),
 }
 # The dry run's toy: the same three roles at a size a CPU steps in ms.
-DRY_CALIBRATION = ToyConfig(
-    vocab_size=256, num_blocks=2, num_heads=4, num_kv_heads=2, head_dim=16,
-    width=64, mlp_dim=128)
+DRY_CALIBRATION = ToyConfig(vocab_size=256, num_blocks=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                            width=64, mlp_dim=128)
 DRY_MODELS = {
     "calibration": DRY_CALIBRATION,
     "shallow": dataclasses.replace(DRY_CALIBRATION, num_blocks=1),
     "wide_vocab": dataclasses.replace(DRY_CALIBRATION, vocab_size=2048),
 }
-DRY_POINTS = tuple(
-    [StepPoint("calibration", b, c) for b in (1, 4, 16) for c in (32, 128)]
-    + [StepPoint(m, b, 32) for m in ("shallow", "wide_vocab") for b in (1, 8)])
+DRY_POINTS = tuple([StepPoint("calibration", b, c) for b in (1, 4, 16) for c in (32, 128)] +
+                   [StepPoint(m, b, 32) for m in ("shallow", "wide_vocab") for b in (1, 8)])
 # Fresh (batch, context) points to validate the profile at: off the grid.
 VALIDATION_POINTS = ((3, 384), (24, 1536), (96, 768))
 DRY_VALIDATION_POINTS = ((2, 64),)
@@ -74,10 +71,9 @@ DRY_VALIDATION_POINTS = ((2, 64),)
 # a step: seconds on a loaded CPU): the fit's and the held-out models' steps,
 # the linear layer's rows and attention's points.
 DRY_FIT_POINTS = tuple(StepPoint(m, 1, 32) for m in DRY_MODELS)
-DRY_HELDOUT_POINTS = tuple(StepPoint(f"heldout_{kind}", b, 32)
-                           for kind in ("narrow", "wide") for b in (1, 8))
-DRY_OPERATIONS = {"linear_rows": (1, 16, 256),
-                  "attention_grid": ((1, 32), (8, 128))}
+DRY_HELDOUT_POINTS = tuple(
+    StepPoint(f"heldout_{kind}", b, 32) for kind in ("narrow", "wide") for b in (1, 8))
+DRY_OPERATIONS = {"linear_rows": (1, 16, 256), "attention_grid": ((1, 32), (8, 128))}
 
 
 def header(dry_run: bool) -> dict[str, Any]:
@@ -92,16 +88,14 @@ def header(dry_run: bool) -> dict[str, Any]:
       "dry_run": dry_run,
       "timing": "kernels.device_timing.time_chained: chained dependent calls "
                 "in one jit, wall-clock with block_until_ready, median of "
-                "chains, per call" + (" (interpreted on a CPU: meaningless)"
-                                      if dry_run else ""),
+                "chains, per call" + (" (interpreted on a CPU: meaningless)" if dry_run else ""),
   }
 
 
 def ceilings_stage(out_dir: str, *, dry_run: bool, say: Say = print) -> None:
   """Measures the ceilings (or records why not) into ceilings.json."""
   ceilings = benchmark.measure_device_ceilings(quick=dry_run)
-  files.write_json(os.path.join(out_dir, "ceilings.json"),
-                   {**header(dry_run), **ceilings})
+  files.write_json(os.path.join(out_dir, "ceilings.json"), {**header(dry_run), **ceilings})
   if "error" in ceilings:
     say(f"ceilings: FAILED ({ceilings['error']}); cases get no fractions")
   else:
@@ -122,27 +116,23 @@ def _read(path: str) -> dict[str, Any]:
   return files.read_json("result", path)
 
 
-def case_stage(out_dir: str, name: str, *, dry_run: bool, quick: bool,
-               repeats: int, max_candidates: int, tune_budget_s: float,
-               say: Say = print) -> None:
+def case_stage(out_dir: str, name: str, *, dry_run: bool, quick: bool, repeats: int,
+               max_candidates: int, tune_budget_s: float, say: Say = print) -> None:
   """Tunes and times one case into `<case>.json`, printing every trial."""
   case = benchmark.cases_by_name(dry_run, quick)[name]
 
   def on_trial(trial) -> None:
-    median = (f"{trial.timing.median_s * 1e6:.1f} us" if trial.timing
-              else trial.reason)
+    median = (f"{trial.timing.median_s * 1e6:.1f} us" if trial.timing else trial.reason)
     say(f"  {name} trial {trial.status}: {trial.config} {median}")
 
-  record = benchmark.run_case(
-      case, read_ceilings(out_dir), out_dir, repeats, max_candidates,
-      tune_budget_s, max_inner=2 if dry_run else 1000, on_trial=on_trial)
-  files.write_json(os.path.join(out_dir, f"{name}.json"),
-                   {**header(dry_run), **record})
+  record = benchmark.run_case(case, read_ceilings(out_dir), out_dir, repeats, max_candidates,
+                              tune_budget_s, max_inner=2 if dry_run else 1000, on_trial=on_trial)
+  files.write_json(os.path.join(out_dir, f"{name}.json"), {**header(dry_run), **record})
   say(benchmark.summary_line(record))
 
 
-def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
-                      budget_s: float, say: Say = print) -> None:
+def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool, budget_s: float,
+                      say: Say = print) -> None:
   """Op sweeps, a toy calibration and its validation, within `budget_s`.
 
   Writes OUT/op_sweeps.json, OUT/calibration.json and the profile to
@@ -153,48 +143,44 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool,
   dtype = "float32" if dry_run else "bfloat16"
   main = models["calibration"]
   rows = (1, 16) if dry_run else (1, 16, 64, 256, 1024, 2048)
-  points = ((4, 128),) if dry_run else (
-      (1, 1024), (16, 1024), (64, 2048), (32, 8192))
+  points = ((4, 128),) if dry_run else ((1, 1024), (16, 1024), (64, 2048), (32, 8192))
   backend = "xla" if dry_run else "pallas"
-  sweeps = {"backend": backend, "dtype": dtype, "linear": [],
-            "attention": []}
-  sweeps["linear"] = [r.to_json() for r in op_sweeps.linear_sweep(
-      rows, d_in=main.width, d_out=main.mlp_dim, dtype=dtype,
-      backend=backend, repeats=3 if dry_run else 5, progress=say)]
-  files.write_json(os.path.join(out_dir, "op_sweeps.json"),
-                   {**header(dry_run), **sweeps})
-  sweeps["attention"] = [r.to_json() for r in op_sweeps.attention_sweep(
-      points, heads=main.num_heads, kv_heads=main.num_kv_heads,
-      head_dim=main.head_dim, dtype=dtype, backend=backend,
-      repeats=3 if dry_run else 5, progress=say)]
-  files.write_json(os.path.join(out_dir, "op_sweeps.json"),
-                   {**header(dry_run), **sweeps})
+  sweeps = {"backend": backend, "dtype": dtype, "linear": [], "attention": []}
+  sweeps["linear"] = [
+      r.to_json()
+      for r in op_sweeps.linear_sweep(rows, d_in=main.width, d_out=main.mlp_dim, dtype=dtype,
+                                      backend=backend, repeats=3 if dry_run else 5, progress=say)
+  ]
+  files.write_json(os.path.join(out_dir, "op_sweeps.json"), {**header(dry_run), **sweeps})
+  sweeps["attention"] = [
+      r.to_json() for r in op_sweeps.attention_sweep(
+          points, heads=main.num_heads, kv_heads=main.num_kv_heads, head_dim=main.head_dim,
+          dtype=dtype, backend=backend, repeats=3 if dry_run else 5, progress=say)
+  ]
+  files.write_json(os.path.join(out_dir, "op_sweeps.json"), {**header(dry_run), **sweeps})
   left = budget_s - (time.monotonic() - start)
   say(f"calibration: {left:.0f} s left of {budget_s:.0f} s")
   measured = read_ceilings(out_dir)
-  ceilings = (ceilings_lib.Ceilings.from_json(measured["measured"])
-              if measured else None)
+  ceilings = (ceilings_lib.Ceilings.from_json(measured["measured"]) if measured else None)
   validation_s = 0.15 * left
-  job = toy_job.run(
-      max(left - validation_s, 1.0), dtype=dtype, models=models,
-      points=list(DRY_FIT_POINTS) if dry_run else None,
-      heldout=list(DRY_HELDOUT_POINTS) if dry_run else None,
-      **(DRY_OPERATIONS if dry_run else {}), ceilings=ceilings,
-      rounds=2 if dry_run else 5, progress=say)
-  slug = "".join(ch if ch.isalnum() else "_"
-                 for ch in job.profile.device_kind.lower())
+  job = toy_job.run(max(left - validation_s, 1.0), dtype=dtype, models=models,
+                    points=list(DRY_FIT_POINTS) if dry_run else None,
+                    heldout=list(DRY_HELDOUT_POINTS) if dry_run else None,
+                    **(DRY_OPERATIONS if dry_run else {}), ceilings=ceilings,
+                    rounds=2 if dry_run else 5, progress=say)
+  slug = "".join(ch if ch.isalnum() else "_" for ch in job.profile.device_kind.lower())
   profile_path = os.path.join(results_dir, f"profile_gpu_{slug}.json")
   files.write_json(os.path.join(out_dir, "calibration.json"), job.to_json())
   profiles.save_profile(job.profile, profile_path)
   say(f"profile written to {profile_path}")
-  rows_out = toy_job.validate(
-      job.profile, DRY_VALIDATION_POINTS if dry_run else VALIDATION_POINTS,
-      rounds=2 if dry_run else 3, progress=say)
-  files.write_json(os.path.join(out_dir, "validation.json"), {
-      **header(dry_run), "profile": profile_path,
-      "what": "the toy decode step timed afresh at points off the "
-              "calibration grid (measured) against the profile (calibrated)",
-      "validation": rows_out})
+  rows_out = toy_job.validate(job.profile, DRY_VALIDATION_POINTS if dry_run else VALIDATION_POINTS,
+                              rounds=2 if dry_run else 3, progress=say)
+  files.write_json(
+      os.path.join(out_dir, "validation.json"), {
+          **header(dry_run), "profile": profile_path, "what":
+              "the toy decode step timed afresh at points off the "
+              "calibration grid (measured) against the profile (calibrated)", "validation": rows_out
+      })
   for row in rows_out:
     say(f"validate batch={row['batch']} context={row['context']}: predicted "
         f"{row['predicted_s'] * 1e3:.3f} ms, measured "
@@ -225,17 +211,19 @@ def plan(*, dry_run: bool, quick: bool, case_timeout_s: float,
          calibrate_budget_s: float) -> list[Stage]:
   """The stages of a run, in order."""
   stages = [Stage(name="ceilings", kind="ceilings", timeout_s=60 if dry_run else 120)]
-  stages += [Stage(name=name, kind="case", case=name, timeout_s=case_timeout_s)
-             for name in benchmark.cases_by_name(dry_run, quick)]
+  stages += [
+      Stage(name=name, kind="case", case=name, timeout_s=case_timeout_s)
+      for name in benchmark.cases_by_name(dry_run, quick)
+  ]
   if calibrate_budget_s > 0:
-    stages.append(Stage(name="calibrate", kind="calibrate",
-                        timeout_s=calibrate_budget_s + _STAGE_MARGIN_S,
-                        budgeted=True, reserved=True))
+    stages.append(
+        Stage(name="calibrate", kind="calibrate", timeout_s=calibrate_budget_s + _STAGE_MARGIN_S,
+              budgeted=True, reserved=True))
   return stages
 
 
-def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *,
-          budget_s: float, dry_run: bool, say: Say = print) -> int:
+def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *, budget_s: float,
+          dry_run: bool, say: Say = print) -> int:
   """Runs each stage as `command_of(stage, budget)` in its own subprocess.
 
   A stage that could not get a third of its timeout (at most 30 s) of
@@ -247,8 +235,9 @@ def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *,
     0 if every stage that ran succeeded and none was skipped, else 3.
   """
   start = time.monotonic()
-  summary = {**header(dry_run), "stages": {}, "skipped": [], "errors": {},
-             "ceilings": {}, "cases": {}}
+  summary = {
+      **header(dry_run), "stages": {}, "skipped": [], "errors": {}, "ceilings": {}, "cases": {}
+  }
   summary_path = os.path.join(out_dir, "summary.json")
   for index, stage in enumerate(stages):
     elapsed = time.monotonic() - start
@@ -266,17 +255,16 @@ def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *,
       stage_budget = float(round(max(1.0, min(planned, limit - _STAGE_MARGIN_S))))
     began = time.monotonic()
     try:
-      proc = subprocess.run(list(command_of(stage, stage_budget)), timeout=limit,
-                            stdout=sys.stdout, stderr=sys.stderr)
+      proc = subprocess.run(list(command_of(stage, stage_budget)), timeout=limit, stdout=sys.stdout,
+                            stderr=sys.stderr)
       code = proc.returncode
     except subprocess.TimeoutExpired:
       code = "timeout"
     took = time.monotonic() - began
     summary["stages"][stage.name] = {"exit": code, "seconds": took}
     if code != 0:
-      summary["errors"][stage.name] = (
-          f"timed out after {limit:.0f} s" if code == "timeout"
-          else f"exit {code}")
+      summary["errors"][stage.name] = (f"timed out after {limit:.0f} s"
+                                       if code == "timeout" else f"exit {code}")
       say(f"{stage.name}: FAILED ({summary['errors'][stage.name]})")
     _collect(out_dir, stage.name, summary)
     summary["elapsed_s"] = time.monotonic() - start
@@ -287,15 +275,14 @@ def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *,
 
 def _collect(out_dir: str, name: str, summary: dict[str, Any]) -> None:
   """Adds a finished stage's JSON (ceilings or a case) to the summary."""
-  path = os.path.join(out_dir, "ceilings.json" if name == "ceilings"
-                      else f"{name}.json")
+  path = os.path.join(out_dir, "ceilings.json" if name == "ceilings" else f"{name}.json")
   if name == "calibrate" or not os.path.exists(path):
     return
   data = _read(path)
   if name == "ceilings":
-    summary["ceilings"] = {k: data[k] for k in ("copy", "matmul", "error")
-                           if k in data}
+    summary["ceilings"] = {k: data[k] for k in ("copy", "matmul", "error") if k in data}
   else:
     summary["cases"][name] = {
-        k: data[k] for k in ("config", "pallas", "xla_best_median_s",
-                             "pallas_over_xla_best", "targets")}
+        k: data[k]
+        for k in ("config", "pallas", "xla_best_median_s", "pallas_over_xla_best", "targets")
+    }

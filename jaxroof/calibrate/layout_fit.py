@@ -91,11 +91,10 @@ def check_row(path: str, row: um.Row) -> None:
   refused = _refused_column(layout, spec, device)
   if refused:
     column, error = refused
-    raise errors.InputError(f"{path} line {row.line}, column {column!r}: {error}",
-                            field=column)
+    raise errors.InputError(f"{path} line {row.line}, column {column!r}: {error}", field=column)
   inputs = step_inputs.decode_step_inputs(spec, device, context=row.context or row.prompt_tokens,
-                                       batch_sizes=[1], weight_dtype=row.weight_dtype,
-                                       kv_dtype=row.kv_dtype)
+                                          batch_sizes=[1], weight_dtype=row.weight_dtype,
+                                          kv_dtype=row.kv_dtype)
   per_chip = inputs.resident_weight_bytes / (layout.tp * layout.pp)
   if per_chip > device.memory_capacity_bytes:
     raise errors.InputError(
@@ -126,15 +125,15 @@ def _single(row: um.Row) -> um.Row:
   return dataclasses.replace(row, tp=1, pp=1, ep=1)
 
 
-def _per_chip(row: um.Row, N: float, N_x: float, k: float, N_act: float, rows: float
-              ) -> tuple[dict[str, float], float]:
+def _per_chip(row: um.Row, N: float, N_x: float, k: float, N_act: float,
+              rows: float) -> tuple[dict[str, float], float]:
   """One chip's N, k, N_act on the row's layout, and the pass's communication (s)."""
   spec = models.load_model(row.model)
   device = accelerators.load_accelerator(row.accelerator)
   layout = _layout(row)
   terms = layout_lib.model_terms(spec)
-  path = _path_model()(N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp),
-                       pp=float(layout.pp), ep=float(layout.ep), u_kv=float(terms.kv_units))
+  path = _path_model()(N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp), pp=float(layout.pp),
+                       ep=float(layout.ep), u_kv=float(terms.kv_units))
   if layout.chips_per_replica == 1:
     return {n: float(v) for n, v in path.items()}, 0.0
   values = layout_lib.symbol_values(layout, spec, layout_lib.links(layout, device))
@@ -170,12 +169,12 @@ def layout_inputs(rows: Sequence[um.Row]) -> user_fit.StepInputs:
       spec = models.load_model(row.model)
       tokens = float(row.batch * row.prompt_tokens)
       n_x = float(layout_lib.expert_weights_read(spec, [tokens])[0])
-      path, prefill_comm[i] = _per_chip(row, out_prefill["N"][i], n_x, 0.0,
-                                        out_prefill["N_act"][i], tokens)
+      path, prefill_comm[i] = _per_chip(row, out_prefill["N"][i], n_x, 0.0, out_prefill["N_act"][i],
+                                        tokens)
       out_prefill["N"][i], out_prefill["N_act"][i] = path["N"], path["N_act"]
       out_prefill["H"][i] /= row.tp * row.ep
-  return user_fit.StepInputs(decode=out_decode, prefill=out_prefill,
-                             decode_comm_s=decode_comm, prefill_comm_s=prefill_comm)
+  return user_fit.StepInputs(decode=out_decode, prefill=out_prefill, decode_comm_s=decode_comm,
+                             prefill_comm_s=prefill_comm)
 
 
 def calibrate_layouts(measurements: um.Measurements, *, accelerator: str | None = None,
@@ -187,8 +186,8 @@ def calibrate_layouts(measurements: um.Measurements, *, accelerator: str | None 
       `user_fit.calibrate` refuses.
   """
   check_rows(measurements)
-  prof, result = user_fit.calibrate(measurements, accelerator=accelerator,
-                                    inputs=layout_inputs, layout_notes=LAYOUT_NOTES, **fit_kw)
+  prof, result = user_fit.calibrate(measurements, accelerator=accelerator, inputs=layout_inputs,
+                                    layout_notes=LAYOUT_NOTES, **fit_kw)
   result["kind"] = "user_calibration_layouts"
   result["layouts"] = sorted({_key(r) for r in measurements.rows})
   return prof, result
@@ -202,7 +201,6 @@ def _chips(row: um.Row) -> int:
   return row.tp * row.pp * row.ep
 
 
-
 def _splits(study: str, rows: Sequence[um.Row]) -> list[tuple[str, list[um.Row], list[um.Row]]]:
   """(name, train, test) of each fold of a study; folds without test rows are dropped."""
   if study == "single_chip_to_layouts":
@@ -212,19 +210,17 @@ def _splits(study: str, rows: Sequence[um.Row]) -> list[tuple[str, list[um.Row],
     folds = [("fit chips <= 2", [r for r in rows if _chips(r) <= 2],
               [r for r in rows if _chips(r) > 2])]
   else:
-    folds = [(f"hold out {key}", [r for r in rows if _key(r) != key],
-              [r for r in rows if _key(r) == key])
+    folds = [(f"hold out {key}", [r for r in rows
+                                  if _key(r) != key], [r for r in rows if _key(r) == key])
              for key in sorted({_key(r) for r in rows})]
   return [f for f in folds if f[2]]
 
 
-def _fold(slug: str, name: str, train: list[um.Row], test: list[um.Row], fit_kw
-          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _fold(slug: str, name: str, train: list[um.Row], test: list[um.Row],
+          fit_kw) -> tuple[dict[str, Any], list[dict[str, Any]]]:
   fit = user_fit.fit_rows(train, inputs=layout_inputs, **fit_kw)
-  report = user_fit.row_report(test, user_fit.predict_rows(test, fit.factors,
-                                                           inputs=layout_inputs),
-                               user_fit.bound_rows(test, inputs=layout_inputs),
-                               [True] * len(test))
+  report = user_fit.row_report(test, user_fit.predict_rows(test, fit.factors, inputs=layout_inputs),
+                               user_fit.bound_rows(test, inputs=layout_inputs), [True] * len(test))
   ideal_ok = all(r.pp == 1 and r.ep == 1 for r in train + test)
   ideal = None
   if ideal_ok:
@@ -237,27 +233,28 @@ def _fold(slug: str, name: str, train: list[um.Row], test: list[um.Row], fit_kw
       r["ideal_split_rel_error"] = float(abs(ideal[i] - r["measured_s"]) / r["measured_s"])
   train_layouts = sorted({_key(r) for r in train})
   assert not {id(r) for r in train} & {id(r) for r in test}
-  return ({"accelerator": slug, "fold": name, "train_lines": [r.line for r in train],
-           "train_layouts": train_layouts, "heldout_lines": [r.line for r in test],
-           "heldout_layouts": sorted({_key(r) for r in test}), "free": list(fit.free),
-           "fixed": fit.fixed, "factors": fit.factors,
-           "calibrated": user_fit.error_summary_of(report, "calibrated_rel_error"),
-           "bound": user_fit.error_summary_of(report, "bound_rel_error")}, report)
+  return ({
+      "accelerator": slug, "fold": name, "train_lines": [r.line for r in train
+                                                        ], "train_layouts": train_layouts,
+      "heldout_lines": [r.line for r in test], "heldout_layouts": sorted({_key(r) for r in test}),
+      "free": list(fit.free), "fixed": fit.fixed, "factors": fit.factors,
+      "calibrated": user_fit.error_summary_of(report, "calibrated_rel_error"),
+      "bound": user_fit.error_summary_of(report, "bound_rel_error")
+  }, report)
 
 
 def _summaries(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   cal = user_fit.error_summary_of(rows, "calibrated_rel_error")
   bound = user_fit.error_summary_of(rows, "bound_rel_error")
   with_ideal = [r for r in rows if "ideal_split_rel_error" in r]
-  ratio = (bound["median_rel_error"] / cal["median_rel_error"]
-           if cal["median_rel_error"] else None)
-  return {"calibrated": cal, "bound": bound,
-          "ideal_split_calibrated": user_fit.error_summary_of(with_ideal,
-                                                              "ideal_split_rel_error"),
-          "bound_over_calibrated_median_error": ratio,
-          "meets_targets": bool(cal["median_rel_error"] is not None
-                                and cal["median_rel_error"] <= 0.10
-                                and ratio is not None and ratio >= 2.0)}
+  ratio = (bound["median_rel_error"] / cal["median_rel_error"] if cal["median_rel_error"] else None)
+  return {
+      "calibrated": cal, "bound": bound,
+      "ideal_split_calibrated": user_fit.error_summary_of(with_ideal, "ideal_split_rel_error"),
+      "bound_over_calibrated_median_error": ratio,
+      "meets_targets": bool(cal["median_rel_error"] is not None and
+                            cal["median_rel_error"] <= 0.10 and ratio is not None and ratio >= 2.0)
+  }
 
 
 def layout_carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]:
@@ -281,24 +278,30 @@ def layout_carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]
           continue
         folds.append(fold)
         rows += report
-    by_layout = {key: _summaries([r for r in rows if r["layout"] == key])
-                 for key in sorted({r["layout"] for r in rows})}
-    studies[study] = {**_summaries(rows), "by_heldout_layout": by_layout, "folds": folds,
-                      "rows": rows}
+    by_layout = {
+        key: _summaries([r for r in rows if r["layout"] == key])
+        for key in sorted({r["layout"] for r in rows})
+    }
+    studies[study] = {
+        **_summaries(rows), "by_heldout_layout": by_layout, "folds": folds, "rows": rows
+    }
   return {
       "kind": "layout_carry_over",
       "what": "factors (with eta_comm) fitted on some parallel layouts' measured steps predict "
               "other layouts' steps on the same device (calibrated prediction), beside the "
               "analytic bound and the ideal-split fit without communication; errors relative "
               "to the measurement",
-      "file": measurements.path, "engine": measurements.engine,
+      "file": measurements.path,
+      "engine": measurements.engine,
       "studies": studies,
       "targets": {"median_rel_error_at_most": 0.10, "bound_over_calibrated_at_least": 2.0},
       "bound": user_fit.BOUND_NOTE,
       "assumptions": list(LAYOUT_NOTES) + [
           "ideal_split_calibrated: the measure layer's fit (tp divides weights, K/V and "
-          "FLOPs; no communication), shown to say what the communication term adds"],
-      "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s", "ideal_split_s": "s",
-                "calibrated_rel_error": "1", "bound_rel_error": "1",
-                "ideal_split_rel_error": "1"},
+          "FLOPs; no communication), shown to say what the communication term adds"
+      ],
+      "units": {
+          "measured_s": "s", "calibrated_s": "s", "bound_s": "s", "ideal_split_s": "s",
+          "calibrated_rel_error": "1", "bound_rel_error": "1", "ideal_split_rel_error": "1"
+      },
   }

@@ -58,10 +58,11 @@ def linear_inputs(records: Sequence[measurement.Measurement], bandwidth: float,
   """Calibrated-model inputs of timed linear layers (no K/V, no layers)."""
   n = _column([r.shapes["d_in"] * r.shapes["d_out"] for r in records])
   zeros = np.zeros(len(records))
-  return {"B": _column([r.shapes["rows"] for r in records]), "T": zeros,
-          "N": n, "N_act": n, "q": _column([_itemsize(r) for r in records]),
-          "k": zeros, "L": zeros, "BW": np.full(len(records), bandwidth),
-          "F": np.full(len(records), flop_rate)}
+  return {
+      "B": _column([r.shapes["rows"] for r in records]), "T": zeros, "N": n, "N_act": n,
+      "q": _column([_itemsize(r) for r in records]), "k": zeros, "L": zeros,
+      "BW": np.full(len(records), bandwidth), "F": np.full(len(records), flop_rate)
+  }
 
 
 def attention_inputs(records: Sequence[measurement.Measurement], bandwidth: float,
@@ -72,14 +73,17 @@ def attention_inputs(records: Sequence[measurement.Measurement], bandwidth: floa
   a negligible stand-in that keeps the linear term defined).
   """
   ones = np.ones(len(records))
-  k = _column([float(formulas.kv_bytes_per_position(1, r.shapes["kv_heads"],
-                                                     r.shapes["head_dim"], _itemsize(r)))
-               for r in records])
-  return {"B": _column([r.shapes["batch"] for r in records]),
-          "T": _column([r.shapes["context"] for r in records]), "N": ones,
-          "N_act": ones, "q": ones, "k": k, "L": np.zeros(len(records)),
-          "BW": np.full(len(records), bandwidth),
-          "F": np.full(len(records), flop_rate)}
+  k = _column([
+      float(
+          formulas.kv_bytes_per_position(1, r.shapes["kv_heads"], r.shapes["head_dim"],
+                                         _itemsize(r))) for r in records
+  ])
+  return {
+      "B": _column([r.shapes["batch"] for r in records]),
+      "T": _column([r.shapes["context"] for r in records]), "N": ones, "N_act": ones, "q": ones,
+      "k": k, "L": np.zeros(len(records)), "BW": np.full(len(records), bandwidth),
+      "F": np.full(len(records), flop_rate)
+  }
 
 
 def _itemsize(record: measurement.Measurement) -> int:
@@ -100,9 +104,8 @@ def _start(measured: np.ndarray) -> dict[str, float]:
   return fitting.initial_factors(measured, np.ones(1))
 
 
-def fit_linear(single: Sequence[measurement.Measurement],
-               many: Sequence[measurement.Measurement], *, bandwidth: float,
-               flop_rate: float, fit_steps: int = 2000,
+def fit_linear(single: Sequence[measurement.Measurement], many: Sequence[measurement.Measurement],
+               *, bandwidth: float, flop_rate: float, fit_steps: int = 2000,
                regime: bool = False) -> dict[str, float]:
   """The linear layer's factors, in stages (module docstring).
 
@@ -121,8 +124,7 @@ def fit_linear(single: Sequence[measurement.Measurement],
   for _ in range(ALTERNATIONS):
     current = fitting.fit_factors(x1, t1, init=current, steps=fit_steps,
                                   free=("eta_w", _CALL_COST)).factors
-    current = fitting.fit_factors(xm, tm, init=current, steps=fit_steps,
-                                  free=many_free).factors
+    current = fitting.fit_factors(xm, tm, init=current, steps=fit_steps, free=many_free).factors
   return current
 
 
@@ -154,8 +156,8 @@ def fit_operations(
     The factors, and per stage: the points, the fit's error on them and the
     nuisance call cost of each operation.
   """
-  for name, group, least in (("linear", linear, 3), ("attention", attention, 2),
-                             ("steps", steps, 2)):
+  for name, group, least in (("linear", linear, 3), ("attention", attention, 2), ("steps", steps,
+                                                                                  2)):
     if len(group) < least:
       raise errors.InputError(
           f"only {len(group)} {name} points were measured: the operation fit "
@@ -168,31 +170,30 @@ def fit_operations(
         f"the linear layer was measured at {len(single)} points with M = 1 and "
         f"{len(many)} with M >= 2: the fit needs at least 1 and 2; give a "
         "larger budget_s.", field="budget_s")
-  linear_fit = fit_linear(single, many, bandwidth=bandwidth,
-                          flop_rate=flop_rate, fit_steps=fit_steps, regime=regime)
-  factors = {n: linear_fit[n] for n in LINEAR_FACTORS
-             + (REGIME_FACTOR_NAMES if regime else ())}
+  linear_fit = fit_linear(single, many, bandwidth=bandwidth, flop_rate=flop_rate,
+                          fit_steps=fit_steps, regime=regime)
+  factors = {n: linear_fit[n] for n in LINEAR_FACTORS + (REGIME_FACTOR_NAMES if regime else ())}
   x = linear_inputs(linear, bandwidth, flop_rate)
-  details["linear"] = {"points": len(linear), "points_m1": len(single),
-                       "call_cost_s": linear_fit[_CALL_COST],
-                       **_scored(x, _medians(linear), linear_fit)}
+  details["linear"] = {
+      "points": len(linear), "points_m1": len(single), "call_cost_s": linear_fit[_CALL_COST],
+      **_scored(x, _medians(linear), linear_fit)
+  }
   x = attention_inputs(attention, bandwidth, flop_rate)
   t = _medians(attention)
   fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
                             free=ATTENTION_FACTORS + (_CALL_COST,))  # N = 1: no re-pack.
   factors["eta_kv"] = fit.factors["eta_kv"]
-  details["attention"] = {"points": len(attention),
-                          "call_cost_s": fit.factors[_CALL_COST],
-                          **_scored(x, t, fit.factors)}
+  details["attention"] = {
+      "points": len(attention), "call_cost_s": fit.factors[_CALL_COST],
+      **_scored(x, t, fit.factors)
+  }
   smallest = np.asarray(step_inputs["B"]) == np.min(step_inputs["B"])
   fixed_inputs = {n: np.asarray(v)[smallest] for n, v in step_inputs.items()}
   t = _medians(steps)[smallest]
   start = {**_start(t), **factors}
   start["t0_layer"] = 0.1 * float(np.min(t) / np.max(fixed_inputs["L"]))
-  fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps,
-                            free=FIXED_FACTORS)
+  fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=FIXED_FACTORS)
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
-  details["fixed"] = {"points": int(smallest.sum()),
-                      **_scored(fixed_inputs, t, factors)}
+  details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details

@@ -67,8 +67,7 @@ def bound_errors(records: Sequence[measurement.Measurement],
   return fitting.relative_errors(np.asarray(bound), [r.median_s for r in records])
 
 
-def point_row(record: measurement.Measurement, predicted: float,
-               subset: str) -> dict[str, Any]:
+def point_row(record: measurement.Measurement, predicted: float, subset: str) -> dict[str, Any]:
   measured = record.median_s
   return {
       "model": record.extra["model"],
@@ -104,8 +103,7 @@ class CalibrationRun:
   records: list[measurement.Measurement]  # The decode steps.
   elapsed_s: float
   budget_s: float
-  operations: list[measurement.Measurement] = dataclasses.field(
-      default_factory=list)
+  operations: list[measurement.Measurement] = dataclasses.field(default_factory=list)
 
   def rows(self, subset: str) -> list[dict[str, Any]]:
     return [p for p in self.points if p["set"] == subset]
@@ -123,10 +121,9 @@ class CalibrationRun:
     model = self.profile.model
     return {
         "kind": "calibrated",
-        "what": ("calibrated step model: factors fitted from "
-                 + ("operation sweeps and the smallest decode steps"
-                    if fit.get("method") == "ops" else "decode steps")
-                 + " of the fit models; error measured on held-out models"),
+        "what": ("calibrated step model: factors fitted from " +
+                 ("operation sweeps and the smallest decode steps" if fit.get("method") == "ops"
+                  else "decode steps") + " of the fit models; error measured on held-out models"),
         "device_kind": self.profile.device_kind,
         "platform": self.profile.platform,
         "backend": self.profile.backend,
@@ -163,26 +160,19 @@ class CalibrationRun:
     }
 
 
-
 def _now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(
-      timespec="seconds")
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-
-def errors_by_model(rows: Sequence[Mapping[str, Any]]
-                     ) -> dict[str, dict[str, Any]]:
+def errors_by_model(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
   out = {}
   for name in sorted({r["model"] for r in rows}):
-    out[name] = fitting.error_summary(
-        [r["rel_error"] for r in rows if r["model"] == name])
+    out[name] = fitting.error_summary([r["rel_error"] for r in rows if r["model"] == name])
   return out
 
 
-
-def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
-           spread_limit: float = 0.08, load: Mapping[str, Any] | None = None
-           ) -> tuple[str, list[str]]:
+def assess(rows: Sequence[Mapping[str, Any]], expected: int, *, spread_limit: float = 0.08,
+           load: Mapping[str, Any] | None = None) -> tuple[str, list[str]]:
   """The run's status and its warnings, from its held-out rows.
 
   "ok" only when every held-out model is within `TARGET_MEDIAN` and
@@ -196,22 +186,18 @@ def assess(rows: Sequence[Mapping[str, Any]], expected: int, *,
     warnings.append(f"only {len(rows)} of {expected} held-out points were "
                     "measured: give a larger budget_s")
   for name, errs in errors_by_model(rows).items():
-    if errs["median_rel_error"] > TARGET_MEDIAN or (
-        errs["max_rel_error"] > TARGET_MAX):
+    if errs["median_rel_error"] > TARGET_MEDIAN or (errs["max_rel_error"] > TARGET_MAX):
       status = "inaccurate" if status == "ok" else status
-      warnings.append(
-          f"held-out model {name}: median {errs['median_rel_error']:.1%}, max "
-          f"{errs['max_rel_error']:.1%} misses the target (median <= "
-          f"{TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%})")
+      warnings.append(f"held-out model {name}: median {errs['median_rel_error']:.1%}, max "
+                      f"{errs['max_rel_error']:.1%} misses the target (median <= "
+                      f"{TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%})")
   if not rows:
     status = "incomplete"
-  unsettled = [r for r in rows if r["round_spread"] is None
-               or r["round_spread"] > spread_limit]
+  unsettled = [r for r in rows if r["round_spread"] is None or r["round_spread"] > spread_limit]
   if unsettled:
-    warnings.append(
-        f"{len(unsettled)} of {len(rows)} held-out points still vary by more "
-        f"than {spread_limit:.0%} between their fastest rounds (a busy "
-        "machine?): their errors include that noise")
+    warnings.append(f"{len(unsettled)} of {len(rows)} held-out points still vary by more "
+                    f"than {spread_limit:.0%} between their fastest rounds (a busy "
+                    "machine?): their errors include that noise")
   cores = (load or {}).get("cpu_count")
   busiest = (load or {}).get("load_avg_1m_max")
   if cores and busiest is not None and busiest > cores:
@@ -227,9 +213,7 @@ def noise_floor(rows: Sequence[Mapping[str, Any]]) -> float | None:
   return float(np.median(spreads)) if spreads else None
 
 
-
-def compare_profiles(previous: profiles.Profile, current: profiles.Profile
-                     ) -> dict[str, Any]:
+def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> dict[str, Any]:
   """Whether two calibrations agree: factors within 10%, medians 3 points.
 
   The relative difference of each factor is |current - previous| / previous,
@@ -252,13 +236,10 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
       # A re-pack near zero is compared with one weight read (its unit).
       scale = max(previous.regime_factors[n], 1.0)
       diffs[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
-  old, new = (previous.heldout_median_rel_error,
-              current.heldout_median_rel_error)
-  median_points = (None if old is None or new is None
-                   else abs(new - old) * 100)
+  old, new = (previous.heldout_median_rel_error, current.heldout_median_rel_error)
+  median_points = (None if old is None or new is None else abs(new - old) * 100)
   failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
-  median_ok = median_points is not None and (
-      median_points <= REPEAT_MEDIAN_POINTS)
+  median_ok = median_points is not None and (median_points <= REPEAT_MEDIAN_POINTS)
   return {
       "previous": previous.path,
       "previous_created": previous.created,
@@ -268,16 +249,14 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile
       "heldout_median_previous": old,
       "heldout_median_current": new,
       "heldout_median_diff_points": median_points,
-      "criteria": {"factor_rel_diff_max": REPEAT_FACTOR_REL,
-                   "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
-                   "fixed_costs_relative_to": (
-                       f"the previous run's fastest fit step ({fastest:.3g} s)"
-                       " where larger than the cost" if fastest else
-                       "themselves")},
+      "criteria": {
+          "factor_rel_diff_max": REPEAT_FACTOR_REL,
+          "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
+          "fixed_costs_relative_to": (f"the previous run's fastest fit step ({fastest:.3g} s)"
+                                      " where larger than the cost" if fastest else "themselves")
+      },
       "pass": not failing and median_ok,
   }
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,18 +270,16 @@ class Measured:
   heldout_planned: int  # Held-out points the plan asked for.
 
 
-def _fit_factors(measured: Measured, fit: str, regime: bool,
-                 inputs: Mapping[str, np.ndarray], bandwidth: float, flop_rate: float
-                 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any], float | None]:
+def _fit_factors(
+    measured: Measured, fit: str, regime: bool, inputs: Mapping[str, np.ndarray], bandwidth: float,
+    flop_rate: float) -> tuple[dict[str, float], dict[str, float], dict[str, Any], float | None]:
   """The factors, the regime factors, the operation fit's details and the loss."""
   if fit == "ops":
     factors, details = op_fit.fit_operations(
         [r for r in measured.operations if r.op == "linear"],
-        [r for r in measured.operations if r.op == "decode_attention"],
-        measured.fit_records, inputs, bandwidth=bandwidth, flop_rate=flop_rate,
-        regime=regime)
-    regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES
-                      if n in factors}
+        [r for r in measured.operations if r.op == "decode_attention"], measured.fit_records,
+        inputs, bandwidth=bandwidth, flop_rate=flop_rate, regime=regime)
+    regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES if n in factors}
     return factors, regime_factors, details, None
   if len(measured.fit_records) < MIN_FIT_STEPS:
     raise errors.InputError(
@@ -336,19 +313,22 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
     raise errors.InputError("no held-out point was measured: give a larger budget_s.",
                             field="budget_s")
   if not measured.fit_records:
-    raise errors.InputError("no fit point was measured: give a larger budget_s.",
-                            field="budget_s")
+    raise errors.InputError("no fit point was measured: give a larger budget_s.", field="budget_s")
   ceilings = measured.ceilings
   bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
   fit_inputs = model_inputs(measured.fit_records, bandwidth, flop_rate)
   factors, regime_factors, details, loss = _fit_factors(measured, fit, regime, fit_inputs,
-                                                      bandwidth, flop_rate)
+                                                        bandwidth, flop_rate)
   every = {**factors, **regime_factors}
-  rows = [point_row(r, float(p), "train") for r, p in zip(
-      measured.fit_records, fitting.predict(fit_inputs, every))]
+  rows = [
+      point_row(r, float(p), "train")
+      for r, p in zip(measured.fit_records, fitting.predict(fit_inputs, every))
+  ]
   held_inputs = model_inputs(measured.heldout_records, bandwidth, flop_rate)
-  rows += [point_row(r, float(p), "heldout") for r, p in zip(
-      measured.heldout_records, fitting.predict(held_inputs, every))]
+  rows += [
+      point_row(r, float(p), "heldout")
+      for r, p in zip(measured.heldout_records, fitting.predict(held_inputs, every))
+  ]
   held_rows = [r for r in rows if r["set"] == "heldout"]
   steps = measured.fit_records + measured.heldout_records
   load = toy_steps.load_summary(measured.operations + steps)
@@ -361,15 +341,21 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   bound_errs = fitting.error_summary(bound_errors(measured.heldout_records, held_inputs))
   fit_info: dict[str, Any] = {
       "noise_floor_median_round_spread": floor,
-      "method": fit, "loss": loss, "statistic": op_sweeps.STATISTIC,
+      "method": fit,
+      "loss": loss,
+      "statistic": op_sweeps.STATISTIC,
       "objective": "mean squared log error (Adam on log factors)",
-      "status": status, "warnings": warnings,
-      "targets": {"heldout_median_rel_error": TARGET_MEDIAN,
-                  "heldout_max_rel_error": TARGET_MAX,
-                  "per": "held-out model"},
+      "status": status,
+      "warnings": warnings,
+      "targets": {
+          "heldout_median_rel_error": TARGET_MEDIAN, "heldout_max_rel_error": TARGET_MAX,
+          "per": "held-out model"
+      },
       "heldout_by_model": errors_by_model(held_rows),
       "fastest_fit_step_s": min(r.median_s for r in measured.fit_records),
-      "operations": details, "load": load, "heldout_by": "model",
+      "operations": details,
+      "load": load,
+      "heldout_by": "model",
       "bound_heldout_median_rel_error": bound_errs["median_rel_error"],
       "bound_heldout_max_rel_error": bound_errs["max_rel_error"],
   }
@@ -384,23 +370,26 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
       "configs": {name: dataclasses.asdict(c) for name, c in known.items()},
       "fit_models": _named_configs(models),
       "heldout_models": _named_configs(heldout_models),
-      "step_inputs": {name: op_sweeps.step_inputs(c, dtype_value).to_json()
-                      for name, c in known.items()},
-      "points": len(rows), "operations": len(measured.operations), **plan,
+      "step_inputs": {
+          name: op_sweeps.step_inputs(c, dtype_value).to_json() for name, c in known.items()
+      },
+      "points": len(rows),
+      "operations": len(measured.operations),
+      **plan,
   }
   device = measurement.current_device()
   prof = profiles.Profile(
       device_kind=device.device_kind, platform=device.platform,
-      backend=backend if fit == "ops" else "xla", dtype=dtype,
-      jax_version=device.jax_version, created=_now(),
-      ceilings={"bandwidth_Bps": ceilings.bandwidth_Bps,
-                "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
-                "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
-                "flops_per_s": dict(ceilings.flops_per_s)},
-      factors=factors, fit=fit_info, model=model_info, regime_factors=regime_factors,
+      backend=backend if fit == "ops" else "xla", dtype=dtype, jax_version=device.jax_version,
+      created=_now(), ceilings={
+          "bandwidth_Bps": ceilings.bandwidth_Bps,
+          "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
+          "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
+          "flops_per_s": dict(ceilings.flops_per_s)
+      }, factors=factors, fit=fit_info, model=model_info, regime_factors=regime_factors,
       method=(f"{steps[0].method}; {op_sweeps.STATISTIC} of up to {plan['rounds']} "
               "rounds visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "
               f"{measurement.allocator()}"))
-  return CalibrationRun(profile=prof, ceilings=ceilings, points=rows, records=steps,
-                        elapsed_s=0.0, budget_s=budget_s, operations=measured.operations)
+  return CalibrationRun(profile=prof, ceilings=ceilings, points=rows, records=steps, elapsed_s=0.0,
+                        budget_s=budget_s, operations=measured.operations)

@@ -137,8 +137,9 @@ def run(
     configs = dict(models)
   if heldout_models is None:
     first = next(iter(configs.values()))
-    heldout_models = {f"heldout_{kind}": op_sweeps.heldout_variant(first, kind)
-                      for kind in ("narrow", "wide")}
+    heldout_models = {
+        f"heldout_{kind}": op_sweeps.heldout_variant(first, kind) for kind in ("narrow", "wide")
+    }
   clash = sorted(set(configs) & set(heldout_models))
   if clash:
     raise errors.InputError(f"models {clash} are both fitted and held out: "
@@ -147,22 +148,19 @@ def run(
     points = ([StepPoint(n, b, c) for n in configs for b, c in toy_steps.SMALLEST]
               if fit == "ops" else toy_steps.default_points(budget_s, configs, dtype))
   points = list(points)
-  heldout = list(toy_steps.heldout_points(budget_s, heldout_models, dtype)
-                 if heldout is None else heldout)
+  heldout = list(
+      toy_steps.heldout_points(budget_s, heldout_models, dtype) if heldout is None else heldout)
   known = {**configs, **heldout_models}
   unknown = sorted({p.model for p in points + heldout} - set(known))
   if unknown:
-    raise errors.InputError(
-        f"models {unknown} have no config: known {', '.join(known)}.")
-  if any(p.model in heldout_models for p in points) or any(
-      p.model in configs for p in heldout):
+    raise errors.InputError(f"models {unknown} have no config: known {', '.join(known)}.")
+  if any(p.model in heldout_models for p in points) or any(p.model in configs for p in heldout):
     raise errors.InputError("a fit point names a held-out model (or a "
                             "held-out point a fit model).")
   if ceilings is None:
     say(f"ceilings on {jax.devices()[0].device_kind} ({platform})")
-    ceilings = ceilings_lib.measure_ceilings(
-        (dtype,), repeats=3 if quick else 8, rounds=2 if quick else 3,
-        progress=say)
+    ceilings = ceilings_lib.measure_ceilings((dtype,), repeats=3 if quick else 8,
+                                             rounds=2 if quick else 3, progress=say)
   bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
   measurement.release_memory()
   # The phases share the time the ceilings left: operations, the fit's
@@ -174,48 +172,46 @@ def run(
   operations: list[measurement.Measurement] = []
   if fit == "ops":
     rows_m = linear_rows or (toy_steps.LINEAR_ROWS_QUICK if quick else toy_steps.LINEAR_ROWS)
-    grid = attention_grid or (toy_steps.ATTENTION_GRID_QUICK if quick
-                              else toy_steps.ATTENTION_GRID)
-    linear_pts = sorted({p for c in configs.values()
-                         for p in op_sweeps.linear_points(c, rows_m)})
-    attention_pts = sorted({p for c in configs.values()
-                            for p in op_sweeps.attention_points(c, grid)})
-    attention_pts = [p for p in attention_pts if toy_steps.attention_kv_bytes(
-        p, dtype_value) <= toy_steps.MAX_KV_BYTES]
+    grid = attention_grid or (toy_steps.ATTENTION_GRID_QUICK if quick else toy_steps.ATTENTION_GRID)
+    linear_pts = sorted({p for c in configs.values() for p in op_sweeps.linear_points(c, rows_m)})
+    attention_pts = sorted(
+        {p for c in configs.values() for p in op_sweeps.attention_points(c, grid)})
+    attention_pts = [
+        p for p in attention_pts
+        if toy_steps.attention_kv_bytes(p, dtype_value) <= toy_steps.MAX_KV_BYTES
+    ]
     say(f"operations ({backend}): {len(linear_pts)} linear, "
         f"{len(attention_pts)} attention points")
-    operations = op_sweeps.op_sweep(
-        linear_pts + attention_pts, dtype=dtype_value, backend=backend,
-        rounds=3, deadline=ops_deadline, seed=seed,
-        always=toy_steps.minimum_operations(linear_pts, attention_pts), progress=say)
+    operations = op_sweeps.op_sweep(linear_pts + attention_pts, dtype=dtype_value, backend=backend,
+                                    rounds=3, deadline=ops_deadline, seed=seed,
+                                    always=toy_steps.minimum_operations(linear_pts, attention_pts),
+                                    progress=say)
     measurement.release_memory()
   if interleave:
     say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
         f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
-    both = toy_steps.sweep_interleaved(
-        {**configs, **heldout_models}, points + heldout, dtype_value, deadline=end,
-        rounds=rounds, warmup=warmup, repeats=repeats, seed=seed, say=say)
+    both = toy_steps.sweep_interleaved({**configs, **heldout_models}, points + heldout, dtype_value,
+                                       deadline=end, rounds=rounds, warmup=warmup, repeats=repeats,
+                                       seed=seed, say=say)
     fit_records = [r for r in both if r.extra["model"] in configs]
     heldout_records = [r for r in both if r.extra["model"] in heldout_models]
   else:
     say(f"fit steps: {len(points)} points of {', '.join(configs)}")
-    fit_records = toy_steps.sweep_models(
-        configs, points, dtype_value, deadline=fit_deadline, rounds=rounds,
-        warmup=warmup, repeats=repeats, seed=seed, say=say)
+    fit_records = toy_steps.sweep_models(configs, points, dtype_value, deadline=fit_deadline,
+                                         rounds=rounds, warmup=warmup, repeats=repeats, seed=seed,
+                                         say=say)
     say(f"held-out steps: {len(heldout)} points of "
         f"{', '.join(heldout_models)}")
-    heldout_records = toy_steps.sweep_models(
-        heldout_models, heldout, dtype_value, deadline=end, rounds=rounds,
-        warmup=warmup, repeats=repeats, seed=seed + 1, say=say)
+    heldout_records = toy_steps.sweep_models(heldout_models, heldout, dtype_value, deadline=end,
+                                             rounds=rounds, warmup=warmup, repeats=repeats,
+                                             seed=seed + 1, say=say)
   with_regime = platform == "cpu" if regime is None else regime
-  measured = toy_fit.Measured(ceilings=ceilings, operations=operations,
-                              fit_records=fit_records, heldout_records=heldout_records,
-                              heldout_planned=len(heldout))
-  job = toy_fit.fit_steps(measured, fit=fit, dtype=dtype, backend=backend,
-                          regime=with_regime, models=configs,
-                          heldout_models=heldout_models, budget_s=budget_s,
-                          plan={"rounds": rounds, "warmup": warmup, "repeats": repeats,
-                                "interleaved": interleave})
+  measured = toy_fit.Measured(ceilings=ceilings, operations=operations, fit_records=fit_records,
+                              heldout_records=heldout_records, heldout_planned=len(heldout))
+  job = toy_fit.fit_steps(
+      measured, fit=fit, dtype=dtype, backend=backend, regime=with_regime, models=configs,
+      heldout_models=heldout_models, budget_s=budget_s,
+      plan={"rounds": rounds, "warmup": warmup, "repeats": repeats, "interleaved": interleave})
   say(f"held-out relative error: median {job.profile.heldout_median_rel_error:.1%}, max "
       f"{job.profile.heldout_max_rel_error:.1%} ({job.status})")
   return dataclasses.replace(job, elapsed_s=time.monotonic() - start)
@@ -225,9 +221,8 @@ def config_from_profile(prof: profiles.Profile, model: str) -> ToyConfig:
   """The toy model a profile was calibrated with (to time it again)."""
   configs = prof.model.get("configs", {})
   if model not in configs:
-    raise errors.InputError(
-        f"model={model!r} is not in the profile: it has "
-        f"{', '.join(configs) or 'no model configs'}.")
+    raise errors.InputError(f"model={model!r} is not in the profile: it has "
+                            f"{', '.join(configs) or 'no model configs'}.")
   return ToyConfig(**configs[model])
 
 
@@ -255,32 +250,29 @@ def validate(
   measurement.keep_allocations()
   device = measurement.current_device()
   if device.device_kind != prof.device_kind:
-    raise errors.InputError(
-        f"profile device_kind={prof.device_kind!r} is not this device "
-        f"({device.device_kind!r}): validate on the device it describes.")
+    raise errors.InputError(f"profile device_kind={prof.device_kind!r} is not this device "
+                            f"({device.device_kind!r}): validate on the device it describes.")
   config = config_from_profile(prof, model)
   dtype = measurement.require_dtype(prof.dtype)
   too_big = [(b, c) for b, c in points if not toy_steps.fits_memory(config, dtype, b, c)]
   if too_big:
     b, c = too_big[0]
-    raise errors.InputError(
-        f"batch={b} x context={c} needs a "
-        f"{op_sweeps.kv_bytes(config, dtype, b, c) / 1e9:.2f} GB cache: "
-        f"allowed up to {toy_steps.MAX_KV_BYTES / 1e9:g} GB and "
-        f"{op_sweeps.MAX_RETAINED_TOKENS:,} tokens per point.")
+    raise errors.InputError(f"batch={b} x context={c} needs a "
+                            f"{op_sweeps.kv_bytes(config, dtype, b, c) / 1e9:.2f} GB cache: "
+                            f"allowed up to {toy_steps.MAX_KV_BYTES / 1e9:g} GB and "
+                            f"{op_sweeps.MAX_RETAINED_TOKENS:,} tokens per point.")
   bench = op_sweeps.DecodeStepBench(config, dtype, name=model, seed=seed)
   step_points = [StepPoint(model, b, c) for b, c in points]
-  records = op_sweeps.decode_step_sweep(
-      {model: bench}, step_points, rounds=rounds, warmup=warmup,
-      repeats=repeats, seed=seed, progress=progress)
+  records = op_sweeps.decode_step_sweep({model: bench}, step_points, rounds=rounds, warmup=warmup,
+                                        repeats=repeats, seed=seed, progress=progress)
   inputs = toy_fit.model_inputs(records, prof.bandwidth(), prof.flop_rate())
   predicted = fitting.predict(inputs, {**prof.factors, **prof.regime_factors})
   rows = []
   for record, pred in zip(records, predicted):
     row = toy_fit.point_row(record, float(pred), "validation")
     row["inside_calibrated_grid"] = (
-        toy_steps.BATCHES[0] <= row["batch"] <= toy_steps.BATCHES[-1]
-        and toy_steps.CONTEXTS[0] <= row["context"] <= toy_steps.CONTEXTS[-1]
-        and row["batch"] * row["context"] <= op_sweeps.MAX_RETAINED_TOKENS)
+        toy_steps.BATCHES[0] <= row["batch"] <= toy_steps.BATCHES[-1] and
+        toy_steps.CONTEXTS[0] <= row["context"] <= toy_steps.CONTEXTS[-1] and
+        row["batch"] * row["context"] <= op_sweeps.MAX_RETAINED_TOKENS)
     rows.append(row)
   return rows

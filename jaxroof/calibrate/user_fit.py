@@ -70,14 +70,15 @@ DECODE_FACTORS = calibrated.FACTOR_NAMES
 COMM_FACTORS = ("eta_comm",)
 ALL_FACTORS = DECODE_FACTORS + ("eta_f_prefill",) + COMM_FACTORS
 EFFICIENCIES = ("eta_w", "eta_kv", "eta_f", "eta_f_prefill", "eta_comm")
-PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_comm", "eta_f", "t0_layer",
-            "r_ovl")
+PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_comm", "eta_f", "t0_layer", "r_ovl")
 # Values of factors the data cannot fix: no fixed cost (1 ns, as profiles
 # hold positive factors), p = 2 overlap, and efficiencies typical of tuned
 # kernels (stated with the result); collectives at half their modelled speed
 # (NCCL's small-message all-reduce runs well below the ring model's figures).
-FIXED_VALUES = {"eta_w": 0.8, "eta_kv": 0.8, "eta_f": 0.5, "eta_f_prefill": 0.6,
-                "t0_step": 1e-9, "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5}
+FIXED_VALUES = {
+    "eta_w": 0.8, "eta_kv": 0.8, "eta_f": 0.5, "eta_f_prefill": 0.6, "t0_step": 1e-9,
+    "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5
+}
 # A factor the rows cannot separate from its partner takes the partner's value:
 # K/V reads stream like weight reads; decode matmuls run like prefill's.
 TIES = {"eta_kv": "eta_w", "eta_f": "eta_f_prefill", "eta_f_prefill": "eta_f"}
@@ -114,8 +115,7 @@ class UserFit:
 
 
 def _split(rows: Sequence[um.Row]) -> tuple[list[um.Row], list[um.Row]]:
-  return ([r for r in rows if r.phase == "decode"],
-          [r for r in rows if r.phase == "prefill"])
+  return ([r for r in rows if r.phase == "decode"], [r for r in rows if r.phase == "prefill"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +172,9 @@ class _Data:
 
 def _data(rows: Sequence[um.Row], inputs: InputsFn) -> _Data:
   decode, prefill = _split(rows)
-  return _Data(
-      inputs=inputs(rows),
-      decode_s=np.asarray([r.time_s for r in decode], dtype=np.float64),
-      prefill_s=np.asarray([r.time_s for r in prefill], dtype=np.float64))
+  return _Data(inputs=inputs(rows), decode_s=np.asarray([r.time_s for r in decode],
+                                                        dtype=np.float64),
+               prefill_s=np.asarray([r.time_s for r in prefill], dtype=np.float64))
 
 
 def _scales(data: _Data) -> dict[str, float]:
@@ -183,8 +182,9 @@ def _scales(data: _Data) -> dict[str, float]:
   times = np.concatenate([data.decode_s, data.prefill_s])
   layers = np.concatenate([data.decode.get("L", []), data.prefill.get("L", [])])
   fastest = float(np.min(times))
-  return {"t0_step": 0.05 * fastest, "t0_layer": 0.05 * fastest / float(np.max(layers)),
-          "r_ovl": 1.0}
+  return {
+      "t0_step": 0.05 * fastest, "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0
+  }
 
 
 def _to_factor(name: str, u, scales: Mapping[str, float]):
@@ -206,13 +206,17 @@ def _log_predictions(data: _Data, factors: Mapping[str, Any]):
   if data.decode_s.size:
     f = {n: factors[n] for n in DECODE_FACTORS}
     floor = calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]
-    parts.append(jnp.log(comm(t_floor=floor, t_comm=data.inputs.decode_comm_s,
-                              eta_comm=factors["eta_comm"])["step_s"]))
+    parts.append(
+        jnp.log(
+            comm(t_floor=floor, t_comm=data.inputs.decode_comm_s,
+                 eta_comm=factors["eta_comm"])["step_s"]))
   if data.prefill_s.size:
     f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
     floor = prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]
-    parts.append(jnp.log(comm(t_floor=floor, t_comm=data.inputs.prefill_comm_s,
-                              eta_comm=factors["eta_comm"])["step_s"]))
+    parts.append(
+        jnp.log(
+            comm(t_floor=floor, t_comm=data.inputs.prefill_comm_s,
+                 eta_comm=factors["eta_comm"])["step_s"]))
   return jnp.concatenate(parts)
 
 
@@ -227,9 +231,10 @@ def _relevant(data: _Data) -> list[str]:
 
 
 def _start(names: Sequence[str], scales: Mapping[str, float]) -> dict[str, float]:
-  start = {"eta_w": 0.7, "eta_kv": 0.7, "eta_f": 0.5, "eta_f_prefill": 0.5,
-           "t0_step": scales["t0_step"], "t0_layer": scales["t0_layer"], "r_ovl": 1.0,
-           "eta_comm": 0.5}
+  start = {
+      "eta_w": 0.7, "eta_kv": 0.7, "eta_f": 0.5, "eta_f_prefill": 0.5, "t0_step": scales["t0_step"],
+      "t0_layer": scales["t0_layer"], "r_ovl": 1.0, "eta_comm": 0.5
+  }
   return {n: _from_factor(n, start[n], scales) for n in names}
 
 
@@ -244,12 +249,12 @@ def _factors(params: Mapping[str, Any], fixed: Mapping[str, float | str],
 
 def _fixed_values(free: Sequence[str]) -> dict[str, float | str]:
   """Each factor not free: tied to its partner where that is free, else a value."""
-  return {n: (TIES[n] if TIES.get(n) in free else FIXED_VALUES[n])
-          for n in ALL_FACTORS if n not in free}
+  return {
+      n: (TIES[n] if TIES.get(n) in free else FIXED_VALUES[n]) for n in ALL_FACTORS if n not in free
+  }
 
 
-def _choose_free(data: _Data, scales: Mapping[str, float]
-                 ) -> tuple[list[str], dict[str, str]]:
+def _choose_free(data: _Data, scales: Mapping[str, float]) -> tuple[list[str], dict[str, str]]:
   """Factors the data can determine (Jacobian rank), the rest with reasons."""
   candidates = _relevant(data)
   start = _start(candidates, scales)
@@ -259,8 +264,9 @@ def _choose_free(data: _Data, scales: Mapping[str, float]
     params = dict(zip(candidates, vector))
     return _log_predictions(data, _factors(params, fixed_values, scales))
 
-  jac = np.asarray(jax.jacfwd(log_time)(
-      jnp.asarray([start[n] for n in candidates], jnp.float32)), dtype=np.float64)
+  jac = np.asarray(
+      jax.jacfwd(log_time)(jnp.asarray([start[n] for n in candidates], jnp.float32)),
+      dtype=np.float64)
   rows = jac.shape[0]
   free: list[str] = []
   fixed: dict[str, str] = {}
@@ -288,9 +294,10 @@ def _choose_free(data: _Data, scales: Mapping[str, float]
     free.append(name)
   for name in ALL_FACTORS:
     if name not in candidates:
-      fixed.setdefault(name, "no rows with communication (one chip, or the ideal tp "
-                       "split)" if name in COMM_FACTORS else "no rows of the phase it "
-                       "belongs to")
+      fixed.setdefault(
+          name, "no rows with communication (one chip, or the ideal tp "
+          "split)" if name in COMM_FACTORS else "no rows of the phase it "
+          "belongs to")
   return free, fixed
 
 
@@ -312,14 +319,13 @@ def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float 
   free, fixed = _choose_free(data, scales)
   start = _start(free, scales)
   fixed_values = _fixed_values(free)
-  log_measured = jnp.log(jnp.asarray(np.concatenate([data.decode_s, data.prefill_s]),
-                                     jnp.float32))
+  log_measured = jnp.log(jnp.asarray(np.concatenate([data.decode_s, data.prefill_s]), jnp.float32))
   start_j = {n: jnp.float32(v) for n, v in start.items()}
 
   def loss_fn(params):
     predicted = _log_predictions(data, _factors(params, fixed_values, scales))
-    prior = sum((params[n] - start_j[n]) ** 2 for n in free)
-    return jnp.mean((predicted - log_measured) ** 2) + prior_weight * prior
+    prior = sum((params[n] - start_j[n])**2 for n in free)
+    return jnp.mean((predicted - log_measured)**2) + prior_weight * prior
 
   params, loss = fitting.minimize(loss_fn, start_j, steps=steps, learning_rate=learning_rate)
   factors = {n: float(v) for n, v in _factors(params, fixed_values, scales).items()}
@@ -327,8 +333,9 @@ def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float 
                 "than the datasheet allows at this efficiency; check the accelerator "
                 "and dtypes" for n in EFFICIENCIES if n in free and factors[n] > AT_CEILING)
   fixed_reasons = {
-      n: (f"tied to {fixed_values[n]}" if isinstance(fixed_values[n], str)
-          else f"fixed at {FIXED_VALUES[n]:g}") + f": {why}" for n, why in fixed.items()}
+      n: (f"tied to {fixed_values[n]}" if isinstance(fixed_values[n], str) else
+          f"fixed at {FIXED_VALUES[n]:g}") + f": {why}" for n, why in fixed.items()
+  }
   return UserFit(factors=factors, free=tuple(free), fixed=fixed_reasons, flags=flags,
                  loss=float(loss), rows=len(rows))
 
@@ -345,13 +352,13 @@ def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float], *,
   if decode:
     f = {n: factors[n] for n in DECODE_FACTORS}
     floor = calibrated.calibrated_model("numpy")(**x.decode, **f)["step_s"]
-    out[[index[id(r)] for r in decode]] = comm(
-        t_floor=floor, t_comm=x.decode_comm_s, eta_comm=eta_comm)["step_s"]
+    out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=x.decode_comm_s,
+                                               eta_comm=eta_comm)["step_s"]
   if prefill:
     f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
     floor = prefill_calibrated.prefill_model("numpy")(**x.prefill, **f)["step_s"]
-    out[[index[id(r)] for r in prefill]] = comm(
-        t_floor=floor, t_comm=x.prefill_comm_s, eta_comm=eta_comm)["step_s"]
+    out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=x.prefill_comm_s,
+                                                eta_comm=eta_comm)["step_s"]
   return out
 
 
@@ -359,12 +366,10 @@ BOUND_NOTE = ("analytic bound at datasheet BW and F: decode = the step floor "
               "(max of memory and compute time); prefill = weights once, linear and "
               "causal attention FLOPs at peak, the larger binding, no fixed cost; on a "
               "layout, one chip's share plus the analytic communication, serial")
-_IDEAL = {"eta_w": 1.0, "eta_f_prefill": 1.0, "t0_step": 0.0, "t0_layer": 0.0,
-          "r_ovl": 1e3}
+_IDEAL = {"eta_w": 1.0, "eta_f_prefill": 1.0, "t0_step": 0.0, "t0_layer": 0.0, "r_ovl": 1e3}
 
 
-def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs
-               ) -> np.ndarray:
+def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
   """The analytic bound (seconds) of each row (`BOUND_NOTE`)."""
   out = np.empty(len(rows))
   decode, prefill = _split(rows)
@@ -373,15 +378,14 @@ def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs
   index = {id(r): i for i, r in enumerate(rows)}
   if decode:
     x = inp.decode
-    floor = StepModel.bound().evaluate(
-        B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"], F=x["F"],
-        N_act=x["N_act"])["step_s"]
-    out[[index[id(r)] for r in decode]] = comm(
-        t_floor=floor, t_comm=inp.decode_comm_s, eta_comm=1.0)["step_s"]
+    floor = StepModel.bound().evaluate(B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"],
+                                       F=x["F"], N_act=x["N_act"])["step_s"]
+    out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=inp.decode_comm_s,
+                                               eta_comm=1.0)["step_s"]
   if prefill:
     floor = prefill_calibrated.prefill_model("numpy")(**inp.prefill, **_IDEAL)["step_s"]
-    out[[index[id(r)] for r in prefill]] = comm(
-        t_floor=floor, t_comm=inp.prefill_comm_s, eta_comm=1.0)["step_s"]
+    out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=inp.prefill_comm_s,
+                                                eta_comm=1.0)["step_s"]
   return out
 
 
@@ -389,13 +393,13 @@ def row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
                heldout: Sequence[bool]) -> list[dict[str, Any]]:
   """Per row: the measurement, both predictions and their relative errors."""
   measured = np.asarray([r.time_s for r in rows])
-  return [{"line": r.line, "model": r.model, "phase": r.phase, "batch": r.batch,
-           "context": r.context, "prompt_tokens": r.prompt_tokens, "tp": r.tp,
-           "pp": r.pp, "ep": r.ep, "weight_dtype": r.weight_dtype, "kv_dtype": r.kv_dtype,
-           "measured_s": r.time_s, "calibrated_s": float(p), "bound_s": float(b),
-           "calibrated_rel_error": float(abs(p - m) / m),
-           "bound_rel_error": float(abs(b - m) / m), "heldout": bool(h)}
-          for r, p, b, m, h in zip(rows, predicted, bound, measured, heldout)]
+  return [{
+      "line": r.line, "model": r.model, "phase": r.phase, "batch": r.batch, "context": r.context,
+      "prompt_tokens": r.prompt_tokens, "tp": r.tp, "pp": r.pp, "ep": r.ep,
+      "weight_dtype": r.weight_dtype, "kv_dtype": r.kv_dtype, "measured_s": r.time_s,
+      "calibrated_s": float(p), "bound_s": float(b), "calibrated_rel_error": float(abs(p - m) / m),
+      "bound_rel_error": float(abs(b - m) / m), "heldout": bool(h)
+  } for r, p, b, m, h in zip(rows, predicted, bound, measured, heldout)]
 
 
 def _heldout(folds: Sequence[tuple[str, list[um.Row], list[um.Row]]], *, inputs: InputsFn,
@@ -405,11 +409,11 @@ def _heldout(folds: Sequence[tuple[str, list[um.Row], list[um.Row]]], *, inputs:
   for name, train, test in folds:
     fit = fit_rows(train, inputs=inputs, **fit_kw)
     predicted = predict_rows(test, fit.factors, inputs=inputs)
-    report += row_report(test, predicted, bound_rows(test, inputs=inputs),
-                         [True] * len(test))
-    out.append({"heldout": name, "trained_on_lines": [r.line for r in train],
-                "heldout_lines": [r.line for r in test], "free": list(fit.free),
-                "factors": fit.factors})
+    report += row_report(test, predicted, bound_rows(test, inputs=inputs), [True] * len(test))
+    out.append({
+        "heldout": name, "trained_on_lines": [r.line for r in train],
+        "heldout_lines": [r.line for r in test], "free": list(fit.free), "factors": fit.factors
+    })
   return {"folds": out, "rows": report}
 
 
@@ -480,8 +484,7 @@ def heldout_by_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_in
   return _heldout(splits, inputs=inputs, **fit_kw)
 
 
-def ratios_to_bound(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs
-                    ) -> np.ndarray:
+def ratios_to_bound(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
   """measured / analytic bound of each row."""
   return np.asarray([r.time_s for r in rows]) / bound_rows(rows, inputs=inputs)
 
@@ -504,12 +507,13 @@ def extrapolation(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inpu
   if not test or len(train) < MIN_ROWS:
     return None
   result = _heldout([("largest steps", train, test)], inputs=inputs, **fit_kw)
-  return {"method": f"the largest {share:.0%} of each phase's rows (tokens touched) held "
-                    "out together, predicted by a fit on the rest",
-          "heldout_lines": [r.line for r in test],
-          "calibrated": error_summary_of(result["rows"], "calibrated_rel_error"),
-          "bound": error_summary_of(result["rows"], "bound_rel_error"),
-          "rows": result["rows"]}
+  return {
+      "method": f"the largest {share:.0%} of each phase's rows (tokens touched) held "
+                "out together, predicted by a fit on the rest",
+      "heldout_lines": [r.line for r in test],
+      "calibrated": error_summary_of(result["rows"], "calibrated_rel_error"),
+      "bound": error_summary_of(result["rows"], "bound_rel_error"), "rows": result["rows"]
+  }
 
 
 def suspicious_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
@@ -543,10 +547,11 @@ def suspicious_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_in
                 "a wrong unit or a wrong row?")
     else:
       continue
-    out.append({"line": row.line, "model": row.model, "phase": row.phase,
-                "batch": row.batch, "context": row.context,
-                "prompt_tokens": row.prompt_tokens, "measured_s": row.time_s,
-                "bound_s": float(b), "ratio_to_bound": ratio, "reason": reason})
+    out.append({
+        "line": row.line, "model": row.model, "phase": row.phase, "batch": row.batch,
+        "context": row.context, "prompt_tokens": row.prompt_tokens, "measured_s": row.time_s,
+        "bound_s": float(b), "ratio_to_bound": ratio, "reason": reason
+    })
   return out
 
 
@@ -555,14 +560,13 @@ def error_summary_of(report: Sequence[Mapping[str, Any]], key: str) -> dict[str,
   return fitting.error_summary([r[key] for r in report])
 
 
-CARRY_OVER_WARNING = (
-    "the rows hold one model ({model}): the held-out error is over its other "
-    "batches and contexts; predicting another model (size, architecture, layout) "
-    "with this profile is a carry-over whose error these rows cannot show")
+CARRY_OVER_WARNING = ("the rows hold one model ({model}): the held-out error is over its other "
+                      "batches and contexts; predicting another model (size, architecture, layout) "
+                      "with this profile is a carry-over whose error these rows cannot show")
 
 
-def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn, drop_suspicious: bool
-                ) -> tuple[list[um.Row], list[dict[str, Any]], list[str]]:
+def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn,
+                drop_suspicious: bool) -> tuple[list[um.Row], list[dict[str, Any]], list[str]]:
   """The rows the fit uses, every suspicious row (with `dropped`), and warnings."""
   flagged = suspicious_rows(rows, inputs=inputs)
   lines = {f["line"] for f in flagged}
@@ -570,21 +574,18 @@ def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn, drop_suspicious: bo
   for f in flagged:
     f["dropped"] = drop_suspicious
   ratios = ratios_to_bound(rows, inputs=inputs)
-  near = [(r.line, x) for r, x in zip(rows, ratios)
-          if 1.0 - AT_BOUND_TOLERANCE <= x < 1.0]
+  near = [(r.line, x) for r, x in zip(rows, ratios) if 1.0 - AT_BOUND_TOLERANCE <= x < 1.0]
   if near:
-    warnings.append(
-        "at the analytic bound, within its "
-        f"{AT_BOUND_TOLERANCE:.0%} tolerance (kept, not flagged): "
-        + ", ".join(f"line {line} ({x:.4f}x the bound)" for line, x in near))
+    warnings.append("at the analytic bound, within its "
+                    f"{AT_BOUND_TOLERANCE:.0%} tolerance (kept, not flagged): " +
+                    ", ".join(f"line {line} ({x:.4f}x the bound)" for line, x in near))
   if flagged:
-    listing = ", ".join(f"line {f['line']} ({f['ratio_to_bound']:.3f}x the bound)"
-                        for f in flagged)
+    listing = ", ".join(f"line {f['line']} ({f['ratio_to_bound']:.3f}x the bound)" for f in flagged)
     warnings.append(
         f"{len(flagged)} suspicious row(s), faster than the analytic bound or more than "
-        f"{SLOWER_LIMIT:g}x slower: {listing}; "
-        + ("left out of the fit and of the held-out error" if drop_suspicious else
-           "kept in the fit and the held-out error: check them, or leave them out"))
+        f"{SLOWER_LIMIT:g}x slower: {listing}; " +
+        ("left out of the fit and of the held-out error" if drop_suspicious else
+         "kept in the fit and the held-out error: check them, or leave them out"))
   used = [r for r in rows if r.line not in lines] if drop_suspicious else list(rows)
   if len(used) < MIN_ROWS <= len(rows):
     raise errors.InputError(
@@ -606,8 +607,7 @@ def heldout_method(heldout_by: str) -> str:
 
 def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
               inputs: InputsFn = ideal_split_inputs, layout_notes: Sequence[str] | None = None,
-              drop_suspicious: bool = False, **fit_kw
-              ) -> tuple[profiles.Profile, dict[str, Any]]:
+              drop_suspicious: bool = False, **fit_kw) -> tuple[profiles.Profile, dict[str, Any]]:
   """Fits a device's profile to measured rows; the result JSON beside it.
 
   Rows of two or more models are held out by model; one model's rows by
@@ -620,8 +620,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   split and `um.TP_ASSUMPTION` is stated.
   """
   all_rows = list(measurements.rows)
-  rows, flagged, warnings = _check_rows(all_rows, inputs=inputs,
-                                        drop_suspicious=drop_suspicious)
+  rows, flagged, warnings = _check_rows(all_rows, inputs=inputs, drop_suspicious=drop_suspicious)
   slugs = measurements.accelerators()
   slug = accelerator or slugs[0]
   device = accelerators.load_accelerator(slug)
@@ -635,9 +634,9 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       heldout = heldout_by_rows(rows, inputs=inputs, **fit_kw)
     except errors.InputError as e:
       dropped = len(all_rows) - len(rows)
-      raise errors.InputError(
-          f"{e}" + (f" ({dropped} suspicious row(s) were left out: check them, or keep "
-                    "them with a warning)" if dropped else "")) from None
+      raise errors.InputError(f"{e}" +
+                              (f" ({dropped} suspicious row(s) were left out: check them, or keep "
+                               "them with a warning)" if dropped else "")) from None
     warnings.append(CARRY_OVER_WARNING.format(model=model_names[0]))
   larger = extrapolation(rows, inputs=inputs, **fit_kw) if heldout_by == HELDOUT_BY_ROWS else None
   fit = fit_rows(rows, inputs=inputs, **fit_kw)
@@ -647,8 +646,8 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   held_cal = error_summary_of(heldout["rows"], "calibrated_rel_error")
   held_bound = error_summary_of(heldout["rows"], "bound_rel_error")
   train_cal = error_summary_of(training, "calibrated_rel_error")
-  if (held_cal["median_rel_error"] is not None and held_bound["median_rel_error"] is not None
-      and held_cal["median_rel_error"] > held_bound["median_rel_error"]):
+  if (held_cal["median_rel_error"] is not None and held_bound["median_rel_error"] is not None and
+      held_cal["median_rel_error"] > held_bound["median_rel_error"]):
     warnings.append(
         f"the calibrated prediction's held-out median error "
         f"({held_cal['median_rel_error']:.1%}) is larger than the analytic bound's on the "
@@ -664,10 +663,14 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   notes += list(fit.flags)
   dropped = [f["line"] for f in flagged if f["dropped"]]
   source = {
-      "file": measurements.path, "engine": measurements.engine or "not named in the rows",
-      "date": created, "rows_used": [r.line for r in rows], "rows_dropped": dropped,
+      "file": measurements.path,
+      "engine": measurements.engine or "not named in the rows",
+      "date": created,
+      "rows_used": [r.line for r in rows],
+      "rows_dropped": dropped,
       "accelerator": device.name,
-      "phases": sorted({r.phase for r in rows}), "models": model_names,
+      "phases": sorted({r.phase for r in rows}),
+      "models": model_names,
       "what": "step times measured by the user's engine; factors are fractions of the "
               "accelerator's datasheet BW and F",
   }
@@ -683,21 +686,24 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "train_points": train_cal["points"],
       "bound_heldout_median_rel_error": held_bound["median_rel_error"],
       "bound_heldout_max_rel_error": held_bound["max_rel_error"],
-      "loss": fit.loss, "statistic": "mean squared log error",
-      "free_factors": list(fit.free), "fixed_factors": fit.fixed, "flags": list(fit.flags),
+      "loss": fit.loss,
+      "statistic": "mean squared log error",
+      "free_factors": list(fit.free),
+      "fixed_factors": fit.fixed,
+      "flags": list(fit.flags),
       "comm_factors": {n: fit.factors[n] for n in COMM_FACTORS},
-      "models": model_names, "suspicious_rows": flagged, "warnings": warnings,
+      "models": model_names,
+      "suspicious_rows": flagged,
+      "warnings": warnings,
   }
   dtypes = sorted({r.weight_dtype for r in rows})
   prof = profiles.Profile(
       device_kind=device.full_name, platform="", backend=source["engine"],
-      dtype=dtypes[0] if len(dtypes) == 1 else ",".join(dtypes),
-      jax_version=jax.__version__, created=created, ceilings={},
-      factors={n: fit.factors[n] for n in DECODE_FACTORS}, fit=fit_block,
-      model={"rows": [r.to_json() for r in rows]},
+      dtype=dtypes[0] if len(dtypes) == 1 else ",".join(dtypes), jax_version=jax.__version__,
+      created=created, ceilings={}, factors={n: fit.factors[n] for n in DECODE_FACTORS},
+      fit=fit_block, model={"rows": [r.to_json() for r in rows]},
       method="user measurements (see source); decode rows fitted with the calibrated "
-             "step, prefill rows with the calibrated prefill",
-      accelerator=device.name, source=source,
+      "step, prefill rows with the calibrated prefill", accelerator=device.name, source=source,
       prefill_factors=({"eta_f_prefill": fit.factors["eta_f_prefill"]}
                        if "eta_f_prefill" in fit.free else {}))
   result = {
@@ -714,16 +720,23 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "bound_heldout_max_rel_error": held_bound["max_rel_error"],
       "suspicious_rows": flagged,
       "warnings": warnings,
-      "factors": fit.factors, "free_factors": list(fit.free), "fixed_factors": fit.fixed,
-      "flags": list(fit.flags), "rows_used": len(rows), "rows_read": len(all_rows),
-      "heldout_method": method, "folds": heldout["folds"],
-      "heldout_rows": heldout["rows"], "training_rows": training,
+      "factors": fit.factors,
+      "free_factors": list(fit.free),
+      "fixed_factors": fit.fixed,
+      "flags": list(fit.flags),
+      "rows_used": len(rows),
+      "rows_read": len(all_rows),
+      "heldout_method": method,
+      "folds": heldout["folds"],
+      "heldout_rows": heldout["rows"],
+      "training_rows": training,
       "extrapolation": larger,
-      "bound": BOUND_NOTE, "assumptions": list(calibrated.ASSUMPTIONS)
-      + list(prefill_calibrated.ASSUMPTIONS) + notes,
-      "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s",
-                "calibrated_rel_error": "1", "bound_rel_error": "1",
-                "ratio_to_bound": "1 (measured / bound)"},
+      "bound": BOUND_NOTE,
+      "assumptions": list(calibrated.ASSUMPTIONS) + list(prefill_calibrated.ASSUMPTIONS) + notes,
+      "units": {
+          "measured_s": "s", "calibrated_s": "s", "bound_s": "s", "calibrated_rel_error": "1",
+          "bound_rel_error": "1", "ratio_to_bound": "1 (measured / bound)"
+      },
   }
   return prof, result
 
@@ -760,20 +773,20 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
       try:
         fit = fit_rows(train, inputs=inputs, **fit_kw)
       except errors.InputError as e:
-        pairs.append({"accelerator": slug, "fit_model": fit_model, "target": target,
-                      "skipped": str(e)})
+        pairs.append(
+            {"accelerator": slug, "fit_model": fit_model, "target": target, "skipped": str(e)})
         continue
       report = row_report(test, predict_rows(test, fit.factors, inputs=inputs),
-                           bound_rows(test, inputs=inputs), [True] * len(test))
+                          bound_rows(test, inputs=inputs), [True] * len(test))
       for r in report:
         r.update(accelerator=slug, fit_model=fit_model)
       all_rows += report
       pairs.append({
           "accelerator": slug, "fit_model": fit_model, "target": target,
-          "relation": _relation(fit_model, target), "fit_rows": len(train),
-          "free": list(fit.free), "factors": fit.factors,
-          "calibrated": error_summary_of(report, "calibrated_rel_error"),
-          "bound": error_summary_of(report, "bound_rel_error")})
+          "relation": _relation(fit_model, target), "fit_rows": len(train), "free": list(fit.free),
+          "factors": fit.factors, "calibrated": error_summary_of(report, "calibrated_rel_error"),
+          "bound": error_summary_of(report, "bound_rel_error")
+      })
   if not pairs:
     raise errors.InputError(
         f"carry_over needs rows of at least 2 models on one device; {measurements.path} has "
@@ -783,35 +796,46 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
   bound = error_summary_of(all_rows, "bound_rel_error")
   by_relation = {}
   for relation in ("dense to MoE", "MoE to dense", "small to large", "large to small"):
-    chosen = [r for r in all_rows
-              if relation in _relation(r["fit_model"], r["model"])]
-    by_relation[relation] = {"calibrated": error_summary_of(chosen, "calibrated_rel_error"),
-                             "bound": error_summary_of(chosen, "bound_rel_error")}
-  by_phase = {phase: {"calibrated": error_summary_of([r for r in all_rows if r["phase"] == phase],
-                                             "calibrated_rel_error"),
-                      "bound": error_summary_of([r for r in all_rows if r["phase"] == phase],
-                                        "bound_rel_error")}
-              for phase in um.PHASES}
-  ratio = (bound["median_rel_error"] / cal["median_rel_error"]
-           if cal["median_rel_error"] else None)
+    chosen = [r for r in all_rows if relation in _relation(r["fit_model"], r["model"])]
+    by_relation[relation] = {
+        "calibrated": error_summary_of(chosen, "calibrated_rel_error"),
+        "bound": error_summary_of(chosen, "bound_rel_error")
+    }
+  by_phase = {
+      phase: {
+          "calibrated": error_summary_of([r for r in all_rows if r["phase"] == phase],
+                                         "calibrated_rel_error"),
+          "bound": error_summary_of([r for r in all_rows if r["phase"] == phase], "bound_rel_error")
+      } for phase in um.PHASES
+  }
+  ratio = (bound["median_rel_error"] / cal["median_rel_error"] if cal["median_rel_error"] else None)
   return {
       "kind": "carry_over",
       "what": "factors fitted to one model's measured rows on a device predict another "
               "model's rows on the same device (calibrated prediction) vs the analytic "
               "bound; errors relative to the measurement",
-      "file": measurements.path, "engine": measurements.engine,
-      "median_rel_error": cal["median_rel_error"], "max_rel_error": cal["max_rel_error"],
+      "file": measurements.path,
+      "engine": measurements.engine,
+      "median_rel_error": cal["median_rel_error"],
+      "max_rel_error": cal["max_rel_error"],
       "bound_median_rel_error": bound["median_rel_error"],
       "bound_max_rel_error": bound["max_rel_error"],
       "bound_over_calibrated_median_error": ratio,
       "targets": {"median_rel_error_at_most": 0.10, "bound_over_calibrated_at_least": 2.0},
-      "meets_targets": bool(cal["median_rel_error"] is not None
-                            and cal["median_rel_error"] <= 0.10
-                            and ratio is not None and ratio >= 2.0),
-      "points": cal["points"], "by_relation": by_relation, "by_phase": by_phase,
-      "pairs": pairs, "rows": all_rows, "bound": BOUND_NOTE,
-      "assumptions": [um.TP_ASSUMPTION, "bf16 to fp8: no same-device pair in the data "
-                      "(TensorRT-LLM publishes H100/H200 in fp8 and A100 in fp16 only)"],
-      "units": {"measured_s": "s", "calibrated_s": "s", "bound_s": "s",
-                "calibrated_rel_error": "1", "bound_rel_error": "1"},
+      "meets_targets": bool(cal["median_rel_error"] is not None and
+                            cal["median_rel_error"] <= 0.10 and ratio is not None and ratio >= 2.0),
+      "points": cal["points"],
+      "by_relation": by_relation,
+      "by_phase": by_phase,
+      "pairs": pairs,
+      "rows": all_rows,
+      "bound": BOUND_NOTE,
+      "assumptions": [
+          um.TP_ASSUMPTION, "bf16 to fp8: no same-device pair in the data "
+          "(TensorRT-LLM publishes H100/H200 in fp8 and A100 in fp16 only)"
+      ],
+      "units": {
+          "measured_s": "s", "calibrated_s": "s", "bound_s": "s", "calibrated_rel_error": "1",
+          "bound_rel_error": "1"
+      },
   }

@@ -48,9 +48,8 @@ class Ceilings:
 
   def flop_rate(self, dtype: str) -> float:
     if dtype not in self.flops_per_s:
-      raise errors.InputError(
-          f"dtype={dtype!r} has no measured matmul rate: measured "
-          f"{', '.join(self.flops_per_s) or 'none'}.")
+      raise errors.InputError(f"dtype={dtype!r} has no measured matmul rate: measured "
+                              f"{', '.join(self.flops_per_s) or 'none'}.")
     return self.flops_per_s[dtype]
 
   def to_json(self) -> dict[str, Any]:
@@ -61,21 +60,20 @@ class Ceilings:
         "copy_bandwidth_Bps": self.copy_bandwidth_Bps,
         "read_bandwidth_Bps": self.read_bandwidth_Bps,
         "flops_per_s": dict(self.flops_per_s),
-        "units": {"bandwidth_Bps": "B/s", "copy_bandwidth_Bps": "B/s",
-                  "read_bandwidth_Bps": "B/s", "flops_per_s": "FLOP/s"},
+        "units": {
+            "bandwidth_Bps": "B/s", "copy_bandwidth_Bps": "B/s", "read_bandwidth_Bps": "B/s",
+            "flops_per_s": "FLOP/s"
+        },
         "records": [r.to_json() for r in self.records],
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Ceilings:
-    return cls(
-        device_kind=data["device_kind"],
-        bandwidth_Bps=float(data["bandwidth_Bps"]),
-        copy_bandwidth_Bps=float(data["copy_bandwidth_Bps"]),
-        read_bandwidth_Bps=float(data["read_bandwidth_Bps"]),
-        flops_per_s={k: float(v) for k, v in data["flops_per_s"].items()},
-        records=tuple(measurement.Measurement.from_json(r)
-                      for r in data.get("records", ())))
+    return cls(device_kind=data["device_kind"], bandwidth_Bps=float(data["bandwidth_Bps"]),
+               copy_bandwidth_Bps=float(data["copy_bandwidth_Bps"]),
+               read_bandwidth_Bps=float(data["read_bandwidth_Bps"]),
+               flops_per_s={k: float(v) for k, v in data["flops_per_s"].items()},
+               records=tuple(measurement.Measurement.from_json(r) for r in data.get("records", ())))
 
 
 def default_sizes(platform: str | None = None) -> tuple[int, int]:
@@ -89,19 +87,16 @@ def _arrays(count: int, shape: tuple[int, ...], dtype: Any) -> list[jax.Array]:
   return [measurement.filler(shape, dtype, seed) for seed in range(count)]
 
 
-def read_bandwidth(nbytes: int, *, warmup: int = 2,
-                   repeats: int = 10) -> measurement.Measurement:
+def read_bandwidth(nbytes: int, *, warmup: int = 2, repeats: int = 10) -> measurement.Measurement:
   """Sums a float32 array of `nbytes` (two rotated): bytes read per second."""
   n = errors.require_positive_int("nbytes", nbytes) // 4
   arrays = _arrays(2, (n,), jnp.float32)
-  return measurement.measure(
-      jax.jit(jnp.sum), [(a,) for a in arrays], op="read", shapes={"n": n},
-      dtype="float32", warmup=warmup, repeats=repeats, flops=float(n),
-      bytes=4.0 * n)
+  return measurement.measure(jax.jit(jnp.sum), [(a,) for a in arrays], op="read", shapes={"n": n},
+                             dtype="float32", warmup=warmup, repeats=repeats, flops=float(n),
+                             bytes=4.0 * n)
 
 
-def copy_bandwidth(nbytes: int, *, warmup: int = 2,
-                   repeats: int = 10) -> measurement.Measurement:
+def copy_bandwidth(nbytes: int, *, warmup: int = 2, repeats: int = 10) -> measurement.Measurement:
   """Updates a donated float32 array in place: bytes read + written per s."""
   n = errors.require_positive_int("nbytes", nbytes) // 4
   arrays = _arrays(2, (n,), jnp.float32)
@@ -111,10 +106,9 @@ def copy_bandwidth(nbytes: int, *, warmup: int = 2,
     arrays[slot] = update(arrays[slot])
     return arrays[slot]
 
-  return measurement.measure(
-      call, [(0,), (1,)], op="copy", shapes={"n": n}, dtype="float32",
-      warmup=warmup, repeats=repeats, flops=2.0 * n, bytes=8.0 * n,
-      extra={"donated": True})
+  return measurement.measure(call, [(0,), (1,)], op="copy", shapes={"n": n}, dtype="float32",
+                             warmup=warmup, repeats=repeats, flops=2.0 * n, bytes=8.0 * n,
+                             extra={"donated": True})
 
 
 def matmul_rate(n: int, dtype: Any, *, warmup: int = 2,
@@ -123,23 +117,24 @@ def matmul_rate(n: int, dtype: Any, *, warmup: int = 2,
   n = errors.require_positive_int("matmul_size", n)
   dtype = jnp.dtype(dtype)
   a, b = _arrays(2, (n, n), dtype)
-  return measurement.measure(
-      jax.jit(jnp.matmul), [(a, b), (b, a)], op="matmul",
-      shapes={"m": n, "k": n, "n": n}, dtype=dtype.name, warmup=warmup,
-      repeats=repeats, flops=float(formulas.linear_flops(n * n, n)),
-      bytes=float(formulas.linear_bytes(n, n, n, dtype.itemsize)),
-      extra={"precision": "default"})
+  return measurement.measure(jax.jit(jnp.matmul), [(a, b), (b, a)], op="matmul",
+                             shapes={"m": n, "k": n, "n": n}, dtype=dtype.name, warmup=warmup,
+                             repeats=repeats, flops=float(formulas.linear_flops(n * n, n)),
+                             bytes=float(formulas.linear_bytes(n, n, n, dtype.itemsize)),
+                             extra={"precision": "default"})
 
 
-def _best_of(rounds: int, measure_once: Callable[[], measurement.Measurement]
-             ) -> measurement.Measurement:
+def _best_of(rounds: int,
+             measure_once: Callable[[], measurement.Measurement]) -> measurement.Measurement:
   """The fastest of `rounds` measurements (load from other processes only
   ever slows a round down); the others' medians are kept in `extra`."""
   records = [measure_once() for _ in range(rounds)]
   best = min(records, key=lambda r: r.median_s)
-  return dataclasses.replace(best, extra={
-      **best.extra, "round_medians_s": [r.median_s for r in records],
-      "statistic": "best round's median"})
+  return dataclasses.replace(
+      best, extra={
+          **best.extra, "round_medians_s": [r.median_s for r in records],
+          "statistic": "best round's median"
+      })
 
 
 def measure_ceilings(
@@ -173,9 +168,8 @@ def measure_ceilings(
     rates[name] = record.rate(record.flops)
     records.append(record)
     say(f"matmul {name} n={n}: {rates[name] / 1e9:,.1f} GFLOP/s")
-  return Ceilings(
-      device_kind=read.device.device_kind,
-      bandwidth_Bps=max(read.rate(read.bytes), copy.rate(copy.bytes)),
-      copy_bandwidth_Bps=copy.rate(copy.bytes),
-      read_bandwidth_Bps=read.rate(read.bytes),
-      flops_per_s=rates, records=tuple(records))
+  return Ceilings(device_kind=read.device.device_kind,
+                  bandwidth_Bps=max(read.rate(read.bytes), copy.rate(copy.bytes)),
+                  copy_bandwidth_Bps=copy.rate(copy.bytes),
+                  read_bandwidth_Bps=read.rate(read.bytes), flops_per_s=rates,
+                  records=tuple(records))

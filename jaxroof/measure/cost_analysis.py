@@ -50,8 +50,7 @@ def xla_costs(fn: Callable[..., Any], *args: Any) -> dict[str, dict]:
 
 
 def _ratio(numerator: float | None, denominator: float) -> float | None:
-  return None if numerator is None or not denominator else (
-      numerator / denominator)
+  return None if numerator is None or not denominator else (numerator / denominator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,53 +75,46 @@ class CostRow:
     return _ratio(self.compiled["bytes_accessed"], self.analytic_bytes)
 
   def to_json(self) -> dict[str, Any]:
-    return {**dataclasses.asdict(self), "flops_ratio": self.flops_ratio,
-            "bytes_ratio": self.bytes_ratio,
-            "device_kind": jax.devices()[0].device_kind,
-            "jax_version": jax.__version__,
-            "what": "XLA compiled cost analysis / analytic count"}
+    return {
+        **dataclasses.asdict(self), "flops_ratio": self.flops_ratio,
+        "bytes_ratio": self.bytes_ratio, "device_kind": jax.devices()[0].device_kind,
+        "jax_version": jax.__version__, "what": "XLA compiled cost analysis / analytic count"
+    }
 
 
 def _shape(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def linear_cost(rows: int, d_in: int, d_out: int,
-                dtype: Any = jnp.float32) -> CostRow:
+def linear_cost(rows: int, d_in: int, d_out: int, dtype: Any = jnp.float32) -> CostRow:
   """x (rows, d_in) @ w (d_in, d_out) through the XLA reference."""
   from kernels import linear  # Deferred: see `jaxroof.measure.op_sweeps`.
 
   dtype = jnp.dtype(dtype)
-  costs = xla_costs(linear.reference, _shape((rows, d_in), dtype),
-                    _shape((d_in, d_out), dtype))
-  flops, traffic = op_sweeps.linear_analytic(rows, d_in, d_out,
-                                             dtype.itemsize)
-  return CostRow("linear", {"rows": rows, "d_in": d_in, "d_out": d_out},
-                 dtype.name, flops, traffic, costs["compiled"],
-                 costs["lowered"], "weights once, x read, output written")
+  costs = xla_costs(linear.reference, _shape((rows, d_in), dtype), _shape((d_in, d_out), dtype))
+  flops, traffic = op_sweeps.linear_analytic(rows, d_in, d_out, dtype.itemsize)
+  return CostRow("linear", {"rows": rows, "d_in": d_in, "d_out": d_out}, dtype.name, flops, traffic,
+                 costs["compiled"], costs["lowered"], "weights once, x read, output written")
 
 
-def attention_cost(batch: int, context: int, heads: int, kv_heads: int,
-                   head_dim: int, dtype: Any = jnp.float32) -> CostRow:
+def attention_cost(batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
+                   dtype: Any = jnp.float32) -> CostRow:
   """One layer's decode attention through the XLA reference."""
   from kernels import decode_attention  # Deferred, likewise.
 
   dtype = jnp.dtype(dtype)
   kv = _shape((batch, context, kv_heads, head_dim), dtype)
-  costs = xla_costs(decode_attention.reference,
-                    _shape((batch, heads, head_dim), dtype), kv, kv,
+  costs = xla_costs(decode_attention.reference, _shape((batch, heads, head_dim), dtype), kv, kv,
                     _shape((batch,), jnp.int32))
-  flops, traffic = op_sweeps.attention_analytic(
-      batch, context, heads, kv_heads, head_dim, dtype.itemsize)
-  return CostRow("decode_attention",
-                 {"batch": batch, "context": context, "heads": heads,
-                  "kv_heads": kv_heads, "head_dim": head_dim},
-                 dtype.name, flops, traffic, costs["compiled"],
-                 costs["lowered"], "K/V read once, queries read, outputs written")
+  flops, traffic = op_sweeps.attention_analytic(batch, context, heads, kv_heads, head_dim,
+                                                dtype.itemsize)
+  return CostRow("decode_attention", {
+      "batch": batch, "context": context, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim
+  }, dtype.name, flops, traffic, costs["compiled"], costs["lowered"],
+                 "K/V read once, queries read, outputs written")
 
 
-def decode_step_cost(bench: op_sweeps.DecodeStepBench, batch: int,
-                     context: int) -> CostRow:
+def decode_step_cost(bench: op_sweeps.DecodeStepBench, batch: int, context: int) -> CostRow:
   """The toy decode step as timed (donated cache), compiled by XLA.
 
   XLA's cost analysis counts the body of a while loop once. When the step
@@ -136,16 +128,14 @@ def decode_step_cost(bench: op_sweeps.DecodeStepBench, batch: int,
   scope = ("output head + one block (XLA counts the loop over blocks once)"
            if looped else "whole step")
   return CostRow("decode_step",
-                 {"batch": batch, "context": context,
-                  "layers": bench.config.num_blocks},
-                 jnp.dtype(bench.dtype).name, flops, traffic,
-                 cost_of(executable), None,
+                 {"batch": batch, "context": context, "layers": bench.config.num_blocks},
+                 jnp.dtype(bench.dtype).name, flops, traffic, cost_of(executable), None,
                  f"{scope}: weights N*q + K/V B*T*k (T = context + 1); "
                  "FLOPs 2*N*B")
 
 
-HEADERS = ("op", "shapes", "dtype", "analytic GFLOP", "XLA GFLOP",
-           "FLOP ratio", "analytic MB", "XLA MB", "bytes ratio")
+HEADERS = ("op", "shapes", "dtype", "analytic GFLOP", "XLA GFLOP", "FLOP ratio", "analytic MB",
+           "XLA MB", "bytes ratio")
 
 
 def table_rows(rows: Sequence[CostRow]) -> list[list[str]]:
@@ -154,10 +144,12 @@ def table_rows(rows: Sequence[CostRow]) -> list[list[str]]:
   def fmt(value: float | None, scale: float, spec: str) -> str:
     return "n/a" if value is None else format(value / scale, spec)
 
-  return [[r.op, " ".join(f"{k}={v}" for k, v in r.shapes.items()), r.dtype,
-           fmt(r.analytic_flops, 1e9, ",.4f"),
-           fmt(r.compiled["flops"], 1e9, ",.4f"),
-           fmt(r.flops_ratio, 1, ".3f"),
-           fmt(r.analytic_bytes, 1e6, ",.2f"),
-           fmt(r.compiled["bytes_accessed"], 1e6, ",.2f"),
-           fmt(r.bytes_ratio, 1, ".3f")] for r in rows]
+  return [[
+      r.op, " ".join(f"{k}={v}" for k, v in r.shapes.items()), r.dtype,
+      fmt(r.analytic_flops, 1e9, ",.4f"),
+      fmt(r.compiled["flops"], 1e9, ",.4f"),
+      fmt(r.flops_ratio, 1, ".3f"),
+      fmt(r.analytic_bytes, 1e6, ",.2f"),
+      fmt(r.compiled["bytes_accessed"], 1e6, ",.2f"),
+      fmt(r.bytes_ratio, 1, ".3f")
+  ] for r in rows]

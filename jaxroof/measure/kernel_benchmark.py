@@ -51,39 +51,36 @@ class Case:
 
 def attention_case(b, h, kv, t, d) -> Case:
   """bf16 decode attention: batch, heads, KV heads, cache length, head size."""
-  p = da.DecodeProblem(batch=b, heads=h, kv_heads=kv, max_len=t, head_dim=d,
-                       dtype=BF16)
-  return Case(name=f"decode_attention_b{b}_h{h}_kv{kv}_t{t}_d{d}_bf16",
-              op=da.TUNABLE, problem=p)
+  p = da.DecodeProblem(batch=b, heads=h, kv_heads=kv, max_len=t, head_dim=d, dtype=BF16)
+  return Case(name=f"decode_attention_b{b}_h{h}_kv{kv}_t{t}_d{d}_bf16", op=da.TUNABLE, problem=p)
 
 
 def paged_case(b, h, kv, t, d, page) -> Case:
   """bf16 paged decode attention, each sequence in t // page pages."""
-  p = pa.PagedProblem(batch=b, heads=h, kv_heads=kv, head_dim=d,
-                      num_pages=b * t // page, page_size=page,
-                      pages_per_seq=t // page, dtype=BF16)
-  return Case(name=f"paged_attention_b{b}_h{h}_kv{kv}_t{t}_d{d}_p{page}_bf16",
-              op=pa.TUNABLE, problem=p)
+  p = pa.PagedProblem(batch=b, heads=h, kv_heads=kv, head_dim=d, num_pages=b * t // page,
+                      page_size=page, pages_per_seq=t // page, dtype=BF16)
+  return Case(name=f"paged_attention_b{b}_h{h}_kv{kv}_t{t}_d{d}_p{page}_bf16", op=pa.TUNABLE,
+              problem=p)
 
 
 def linear_case(m, k, n) -> Case:
   """bf16 linear layer: x (m, k) @ w (k, n)."""
   p = linear.LinearProblem(m=m, k=k, n=n, dtype=BF16)
-  return Case(name=f"linear_m{m}_k{k}_n{n}_bf16", op=linear.TUNABLE,
-              problem=p)
+  return Case(name=f"linear_m{m}_k{k}_n{n}_bf16", op=linear.TUNABLE, problem=p)
 
 
 # Tiny float32 shapes for the dry run on a CPU (interpreted: plumbing only).
 DRY_RUN_CASES = (
     Case(name="dry_linear_m16_k64_n32_f32", op=linear.TUNABLE,
          problem=linear.LinearProblem(m=16, k=64, n=32, dtype="float32")),
-    Case(name="dry_decode_attention_b2_h4_kv2_t64_d16_f32", op=da.TUNABLE,
-         problem=da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64,
-                                  head_dim=16, dtype="float32")),
-    Case(name="dry_paged_attention_b2_h4_kv2_t64_d16_p16_f32", op=pa.TUNABLE,
-         problem=pa.PagedProblem(batch=2, heads=4, kv_heads=2, head_dim=16,
-                                 num_pages=8, page_size=16, pages_per_seq=4,
+    Case(
+        name="dry_decode_attention_b2_h4_kv2_t64_d16_f32", op=da.TUNABLE,
+        problem=da.DecodeProblem(batch=2, heads=4, kv_heads=2, max_len=64, head_dim=16,
                                  dtype="float32")),
+    Case(
+        name="dry_paged_attention_b2_h4_kv2_t64_d16_p16_f32", op=pa.TUNABLE,
+        problem=pa.PagedProblem(batch=2, heads=4, kv_heads=2, head_dim=16, num_pages=8,
+                                page_size=16, pages_per_seq=4, dtype="float32")),
 )
 
 
@@ -114,12 +111,10 @@ QUICK_CASES = (
     paged_case(4, 8, 2, 1024, 128, 64),
 )
 
-
 # Analytic traffic and work --------------------------------------------------
 
 
-def analytic(case: Case,
-             lengths: Sequence[int] | None = None) -> dict[str, float]:
+def analytic(case: Case, lengths: Sequence[int] | None = None) -> dict[str, float]:
   """Bytes moved and FLOPs of one call, from `jaxroof.symbolic.formulas`.
 
   Analytic bounds: each weight and K/V byte read once. For attention, K/V
@@ -139,9 +134,11 @@ def analytic(case: Case,
   if case.op is linear.TUNABLE:
     if lengths is not None:
       raise InputError(f"{lengths=} is not allowed for a linear case.")
-    return {"bytes": float(formulas.linear_bytes(p.m, p.k, p.n, size)),
-            "flops": float(formulas.linear_flops(p.k * p.n, p.m)),
-            "weight_bytes": float(formulas.weight_traffic(p.k * p.n, size))}
+    return {
+        "bytes": float(formulas.linear_bytes(p.m, p.k, p.n, size)),
+        "flops": float(formulas.linear_flops(p.k * p.n, p.m)),
+        "weight_bytes": float(formulas.weight_traffic(p.k * p.n, size))
+    }
   if case.op is pa.TUNABLE:
     positions = p.pages_per_seq * p.page_size
   else:
@@ -150,21 +147,16 @@ def analytic(case: Case,
     mean_len = sp.Integer(positions)
   else:
     lengths = [int(n) for n in lengths]
-    if len(lengths) != p.batch or not all(1 <= n <= positions
-                                          for n in lengths):
-      raise InputError(
-          f"{lengths=} is not allowed: give {p.batch} lengths (batch), each "
-          f"in 1..{positions}."
-      )
+    if len(lengths) != p.batch or not all(1 <= n <= positions for n in lengths):
+      raise InputError(f"{lengths=} is not allowed: give {p.batch} lengths (batch), each "
+                       f"in 1..{positions}.")
     mean_len = sp.Rational(sum(lengths), p.batch)
-  per_position = formulas.kv_bytes_per_position(1, p.kv_heads, p.head_dim,
-                                                size)
+  per_position = formulas.kv_bytes_per_position(1, p.kv_heads, p.head_dim, size)
   kv = formulas.retained_kv_bytes(p.batch, mean_len, per_position)
   return {
-      "bytes": float(formulas.attention_bytes(
-          p.batch, mean_len, p.heads, p.kv_heads, p.head_dim, size)),
-      "flops": float(formulas.attention_flops(p.batch, mean_len, p.heads,
-                                              p.head_dim)),
+      "bytes": float(
+          formulas.attention_bytes(p.batch, mean_len, p.heads, p.kv_heads, p.head_dim, size)),
+      "flops": float(formulas.attention_flops(p.batch, mean_len, p.heads, p.head_dim)),
       "kv_bytes": float(kv),
   }
 
@@ -172,8 +164,7 @@ def analytic(case: Case,
 # Measurements -----------------------------------------------------------------
 
 
-def _rates(timing, work: dict[str, float],
-           ceilings: dict[str, Any] | None) -> dict[str, Any]:
+def _rates(timing, work: dict[str, float], ceilings: dict[str, Any] | None) -> dict[str, Any]:
   """A timing with achieved rates and fractions of the measured ceilings.
 
   Without ceilings (their measurement failed) the fractions are None.
@@ -195,12 +186,11 @@ def _rates(timing, work: dict[str, float],
 
 def time_per_call(fn, args, feed, repeats, inner: int | None = None):
   """Per-call device time (see `kernels.device_timing`)."""
-  return device_timing.time_chained(fn, args, feed=feed, repeats=repeats,
-                                    inner=inner)
+  return device_timing.time_chained(fn, args, feed=feed, repeats=repeats, inner=inner)
 
 
-def chain_length(work: dict[str, float], ceilings: dict[str, Any] | None, *,
-                 target_s: float = 0.05, max_inner: int = 1000) -> int | None:
+def chain_length(work: dict[str, float], ceilings: dict[str, Any] | None, *, target_s: float = 0.05,
+                 max_inner: int = 1000) -> int | None:
   """Calls per timed chain so that a chain lasts about `target_s`.
 
   From the analytic bytes at the measured copy bandwidth (the fastest a call
@@ -227,8 +217,7 @@ def ceilings_record(measured: ceilings_lib.Ceilings) -> dict[str, Any]:
   }
 
 
-def measure_device_ceilings(*, quick: bool, repeats: int = 5,
-                            rounds: int = 2) -> dict[str, Any]:
+def measure_device_ceilings(*, quick: bool, repeats: int = 5, rounds: int = 2) -> dict[str, Any]:
   """This device's ceilings, or {"error": ...} when measuring them fails.
 
   A failure (out of memory, a driver fault) must not stop the benchmark: its
@@ -238,12 +227,10 @@ def measure_device_ceilings(*, quick: bool, repeats: int = 5,
   dtypes = (BF16, "float32")  # float32 for the dry run's toy calibration.
   try:
     if quick:
-      measured = ceilings_lib.measure_ceilings(
-          dtypes, bandwidth_bytes=8 * 2**20, matmul_size=256, repeats=3,
-          rounds=1)
+      measured = ceilings_lib.measure_ceilings(dtypes, bandwidth_bytes=8 * 2**20, matmul_size=256,
+                                               repeats=3, rounds=1)
     else:
-      measured = ceilings_lib.measure_ceilings(dtypes, repeats=repeats,
-                                               rounds=rounds)
+      measured = ceilings_lib.measure_ceilings(dtypes, repeats=repeats, rounds=rounds)
   except Exception as e:  # noqa: BLE001 - any failure falls back to none.
     return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
   return ceilings_record(measured)
@@ -254,7 +241,10 @@ def dot_product_attention(implementation: str) -> Callable[..., Any]:
 
   def fn(q, k, v, lengths):
     out = jax.nn.dot_product_attention(
-        q[:, None], k, v, key_value_seq_lengths=lengths,
+        q[:, None],
+        k,
+        v,
+        key_value_seq_lengths=lengths,
         implementation=implementation,
     )
     return out[:, 0]
@@ -282,32 +272,42 @@ def check_targets(case: Case, work, pallas, xla_best) -> dict[str, Any]:
     return verdicts
   if case.op is da.TUNABLE and work["kv_bytes"] >= 1e9:
     verdicts["attention_fraction_of_copy_bw>=0.8"] = {
-        "value": pallas["fraction_of_copy_bandwidth"], "threshold": 0.8,
+        "value": pallas["fraction_of_copy_bandwidth"],
+        "threshold": 0.8,
         "pass": pallas["fraction_of_copy_bandwidth"] >= 0.8,
     }
     if xla_best is not None:
       verdicts["attention_not_slower_than_xla"] = {
-          "value": pallas["median_s"], "threshold": xla_best,
+          "value": pallas["median_s"],
+          "threshold": xla_best,
           "pass": pallas["median_s"] <= xla_best,
       }
   if case.op is linear.TUNABLE and p.m <= 16:
     verdicts["linear_m<=16_fraction_of_copy_bw>=0.8"] = {
-        "value": pallas["fraction_of_copy_bandwidth"], "threshold": 0.8,
+        "value": pallas["fraction_of_copy_bandwidth"],
+        "threshold": 0.8,
         "pass": pallas["fraction_of_copy_bandwidth"] >= 0.8,
     }
   if case.op is linear.TUNABLE and p.m >= 4096:
     verdicts["linear_m>=4096_fraction_of_matmul>=0.6"] = {
-        "value": pallas["fraction_of_matmul_rate"], "threshold": 0.6,
+        "value": pallas["fraction_of_matmul_rate"],
+        "threshold": 0.6,
         "pass": pallas["fraction_of_matmul_rate"] >= 0.6,
     }
   return verdicts
 
 
-def run_case(case: Case, ceilings, out_dir: str, repeats: int,
-             max_candidates: int, tune_budget_s: float, *,
-             max_inner: int = 1000,
-             on_trial: Callable[[autotune.Trial], None] | None = None,
-             ) -> dict[str, Any]:
+def run_case(
+    case: Case,
+    ceilings,
+    out_dir: str,
+    repeats: int,
+    max_candidates: int,
+    tune_budget_s: float,
+    *,
+    max_inner: int = 1000,
+    on_trial: Callable[[autotune.Trial], None] | None = None,
+) -> dict[str, Any]:
   """Tunes, times and compares one case; returns its JSON record.
 
   With measured ceilings each candidate is compiled once, as its timed
@@ -320,19 +320,21 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
   work = analytic(case)
   inner = chain_length(work, ceilings, max_inner=max_inner)
   tuned = autotune.tune(
-      case.op, case.problem, target=target, args=args,
+      case.op,
+      case.problem,
+      target=target,
+      args=args,
       cache_dir=os.path.join(out_dir, "autotune_cache"),
-      max_candidates=max_candidates, time_budget_s=tune_budget_s,
+      max_candidates=max_candidates,
+      time_budget_s=tune_budget_s,
       timer=autotune.default_timer(repeats=max(3, repeats // 2), inner=inner),
-      progress=False, on_trial=on_trial,
-      chain=None if inner is None else autotune.ChainTiming(
-          inner=inner, repeats=max(3, repeats // 2)),
+      progress=False,
+      on_trial=on_trial,
+      chain=None if inner is None else autotune.ChainTiming(inner=inner, repeats=max(
+          3, repeats // 2)),
   )
-  kernel = functools.partial(case.op.kernel, config=tuned.config,
-                             target=target)
-  pallas = _rates(
-      time_per_call(kernel, args, case.op.chain_feed, repeats, inner),
-      work, ceilings)
+  kernel = functools.partial(case.op.kernel, config=tuned.config, target=target)
+  pallas = _rates(time_per_call(kernel, args, case.op.chain_feed, repeats, inner), work, ceilings)
   xla = {}
   for name, fn in xla_variants(case).items():
     try:
@@ -354,17 +356,17 @@ def run_case(case: Case, ceilings, out_dir: str, repeats: int,
       "tuning": {
           "tuned": tuned.tuned,
           "message": tuned.message,
-          **{k: (tuned.entry or {}).get(k)
-             for k in ("key", "checked_on", "timed_on")},
+          **{k: (tuned.entry or {}).get(k) for k in ("key", "checked_on", "timed_on")},
           "trials": tuned.entry["trials"] if tuned.entry else [],
       },
-      "analytic": {**work, "label": "analytic: each byte read once, lengths "
-                   "full (jaxroof.symbolic.formulas)"},
+      "analytic": {
+          **work, "label": "analytic: each byte read once, lengths "
+                           "full (jaxroof.symbolic.formulas)"
+      },
       "pallas": pallas,
       "xla": xla,
       "xla_best_median_s": xla_best,
-      "pallas_over_xla_best": (pallas["median_s"] / xla_best
-                               if xla_best else None),
+      "pallas_over_xla_best": (pallas["median_s"] / xla_best if xla_best else None),
       "targets": check_targets(case, work, pallas, xla_best),
   }
 
@@ -375,13 +377,10 @@ def summary_line(record: dict[str, Any]) -> str:
   xla = record["xla_best_median_s"]
   xla_text = f"{xla * 1e6:9.1f}" if xla else "      n/a"
   verdicts = " ".join(
-      f"{name}={'PASS' if t['pass'] else 'FAIL'}"
-      for name, t in record["targets"].items()
-  )
-  fractions = " ".join(
-      f"{label} {p[key]:5.1%}" if p[key] is not None else f"{label}   n/a"
-      for label, key in (("copy", "fraction_of_copy_bandwidth"),
-                         ("mm", "fraction_of_matmul_rate")))
+      f"{name}={'PASS' if t['pass'] else 'FAIL'}" for name, t in record["targets"].items())
+  fractions = " ".join(f"{label} {p[key]:5.1%}" if p[key] is not None else f"{label}   n/a"
+                       for label, key in (("copy", "fraction_of_copy_bandwidth"),
+                                          ("mm", "fraction_of_matmul_rate")))
   return (f"{record['case']:52s} {p['median_s'] * 1e6:9.1f} us "
           f"{p['bytes_per_s'] / 1e12:6.2f} TB/s "
           f"{p['flop_per_s'] / 1e12:7.1f} TFLOP/s "

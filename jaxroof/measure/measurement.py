@@ -28,8 +28,7 @@ from jaxroof.timing import Clock, Timing, time_call
 
 BACKENDS = ("xla", "pallas")
 KIND = "measurement"
-DTYPES: dict[str, Any] = {
-    "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def require_dtype(name: str) -> Any:
@@ -61,9 +60,8 @@ def keep_allocations() -> str:
   """
   try:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    done = (libc.mallopt(_M_ARENA_MAX, 1) == 1
-            and libc.mallopt(_M_MMAP_THRESHOLD, -1) == 1
-            and libc.mallopt(_M_TRIM_THRESHOLD, -1) == 1)
+    done = (libc.mallopt(_M_ARENA_MAX, 1) == 1 and libc.mallopt(_M_MMAP_THRESHOLD, -1) == 1 and
+            libc.mallopt(_M_TRIM_THRESHOLD, -1) == 1)
   except (OSError, AttributeError):
     done = False
   if done:
@@ -193,13 +191,10 @@ class Measurement:
   def from_json(cls, row: Mapping[str, Any]) -> Measurement:
     """Rebuilds a record written by `to_json`."""
     timing_fields = {f.name for f in dataclasses.fields(Timing)}
-    timing = Timing(**{k: v for k, v in row["timing"].items()
-                       if k in timing_fields})
-    device = Device(**{f.name: row[f.name]
-                       for f in dataclasses.fields(Device)})
-    return cls(op=row["op"], shapes=dict(row["shapes"]), dtype=row["dtype"],
-               backend=row["backend"], device=device, timing=timing,
-               flops=row.get("flops"), bytes=row.get("bytes"),
+    timing = Timing(**{k: v for k, v in row["timing"].items() if k in timing_fields})
+    device = Device(**{f.name: row[f.name] for f in dataclasses.fields(Device)})
+    return cls(op=row["op"], shapes=dict(row["shapes"]), dtype=row["dtype"], backend=row["backend"],
+               device=device, timing=timing, flops=row.get("flops"), bytes=row.get("bytes"),
                extra=dict(row.get("extra") or {}))
 
 
@@ -239,10 +234,9 @@ def measure(
     The labelled `Measurement`.
   """
   _check_backend(backend)
-  timing = time_call(fn, arg_sets, warmup=warmup, repeats=repeats,
-                     clock=clock)
-  return labelled(timing, op=op, shapes=shapes, dtype=dtype, backend=backend,
-                  flops=flops, bytes=bytes, extra=extra, device=device)
+  timing = time_call(fn, arg_sets, warmup=warmup, repeats=repeats, clock=clock)
+  return labelled(timing, op=op, shapes=shapes, dtype=dtype, backend=backend, flops=flops,
+                  bytes=bytes, extra=extra, device=device)
 
 
 def labelled(
@@ -259,9 +253,7 @@ def labelled(
 ) -> Measurement:
   """Labels a `Timing` taken through `time_call` (directly or chained)."""
   _check_backend(backend)
-  return Measurement(
-      op=op, shapes=dict(shapes), dtype=dtype, backend=backend,
-      device=current_device() if device is None else device, timing=timing,
-      flops=flops, bytes=bytes,
-      extra={"host_allocator": allocator(), **(extra or {})})
-
+  return Measurement(op=op, shapes=dict(shapes), dtype=dtype, backend=backend,
+                     device=current_device() if device is None else device, timing=timing,
+                     flops=flops, bytes=bytes,
+                     extra={"host_allocator": allocator(), **(extra or {})})

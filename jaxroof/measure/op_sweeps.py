@@ -43,16 +43,16 @@ from jaxroof.toy import weights as params_lib
 # The calibration model: 30.4M weights read per step (122 MB in float32, well
 # beyond a CPU's last-level cache), 4 KiB of K/V per position in float32
 # (2 KiB in bfloat16): 250,000 retained tokens take 1 GB.
-CALIBRATION = dataclasses.replace(
-    config_lib.SMALL_12L, vocab_size=4096, num_blocks=4, num_heads=16,
-    num_kv_heads=2, head_dim=64, width=1024, mlp_dim=2048)
+CALIBRATION = dataclasses.replace(config_lib.SMALL_12L, vocab_size=4096, num_blocks=4, num_heads=16,
+                                  num_kv_heads=2, head_dim=64, width=1024, mlp_dim=2048)
 # Two variants tell the fixed costs from weight streaming: the same blocks at
 # half the depth (per-layer costs), and an eight times larger vocabulary,
 # whose output head adds weights without adding layers (per-step costs).
 SHALLOW = dataclasses.replace(CALIBRATION, num_blocks=2)
 WIDE_VOCAB = dataclasses.replace(CALIBRATION, vocab_size=32_768)
 MODELS: dict[str, config_lib.ToyConfig] = {
-    "calibration": CALIBRATION, "shallow": SHALLOW, "wide_vocab": WIDE_VOCAB}
+    "calibration": CALIBRATION, "shallow": SHALLOW, "wide_vocab": WIDE_VOCAB
+}
 
 
 def _kv_heads(heads: int, target: float, avoid: int) -> int:
@@ -62,8 +62,7 @@ def _kv_heads(heads: int, target: float, avoid: int) -> int:
   return min(others, key=lambda d: (abs(d - target), d))
 
 
-def heldout_variant(config: config_lib.ToyConfig, kind: str
-                    ) -> config_lib.ToyConfig:
+def heldout_variant(config: config_lib.ToyConfig, kind: str) -> config_lib.ToyConfig:
   """A toy model a fit on `config` never sees: other width, depth, K/V heads.
 
   "narrow": 3/4 of the query heads (so of the width), one block fewer,
@@ -73,15 +72,13 @@ def heldout_variant(config: config_lib.ToyConfig, kind: str
   same family, as a user's model is.
   """
   errors.require_choice("kind", kind, ("narrow", "wide"))
-  scale, blocks, kv_scale = ((3, 4), -1, 2.0) if kind == "narrow" else (
-      (5, 4), 1, 1.5)
+  scale, blocks, kv_scale = ((3, 4), -1, 2.0) if kind == "narrow" else ((5, 4), 1, 1.5)
   heads = max(1, config.num_heads * scale[0] // scale[1])
   width = heads * config.head_dim
   return dataclasses.replace(
       config, num_heads=heads, width=width,
       num_kv_heads=_kv_heads(heads, config.num_kv_heads * kv_scale,
-                             config.num_kv_heads),
-      num_blocks=max(1, config.num_blocks + blocks),
+                             config.num_kv_heads), num_blocks=max(1, config.num_blocks + blocks),
       mlp_dim=max(1, config.mlp_dim * width // config.width))
 
 
@@ -89,12 +86,12 @@ def heldout_variant(config: config_lib.ToyConfig, kind: str
 # steps give the fixed costs) and the two held out: every profile's error is
 # measured on models the fit never saw (width 768 / 3 blocks / 4 K/V heads,
 # and width 1280 / 5 blocks / 4 K/V heads, against 1024 / 4 and 2 / 2).
-FIT_MODELS: dict[str, config_lib.ToyConfig] = {
-    "calibration": CALIBRATION, "shallow": SHALLOW}
+FIT_MODELS: dict[str, config_lib.ToyConfig] = {"calibration": CALIBRATION, "shallow": SHALLOW}
 HELDOUT_NARROW = heldout_variant(CALIBRATION, "narrow")
 HELDOUT_WIDE = heldout_variant(CALIBRATION, "wide")
 HELDOUT_MODELS: dict[str, config_lib.ToyConfig] = {
-    "heldout_narrow": HELDOUT_NARROW, "heldout_wide": HELDOUT_WIDE}
+    "heldout_narrow": HELDOUT_NARROW, "heldout_wide": HELDOUT_WIDE
+}
 ALL_MODELS: dict[str, config_lib.ToyConfig] = {**MODELS, **HELDOUT_MODELS}
 
 MAX_RETAINED_TOKENS = 250_000  # batch * context of the default grid.
@@ -121,18 +118,15 @@ def step_inputs(config: config_lib.ToyConfig, dtype: Any) -> StepInputs:
   The embedding table is a lookup (one row per sequence), not a weight read
   in full, so it is left out of N.
   """
-  shapes = jax.eval_shape(
-      lambda key: params_lib.init_params(config, key, dtype),
-      jax.random.key(0))
+  shapes = jax.eval_shape(lambda key: params_lib.init_params(config, key, dtype), jax.random.key(0))
   total = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
   read = total - math.prod(shapes.embed.shape)
-  blocks = sum(math.prod(x.shape)
-               for x in jax.tree_util.tree_leaves(shapes.blocks))
+  blocks = sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes.blocks))
   itemsize = jnp.dtype(dtype).itemsize
-  kv = formulas.kv_bytes_per_position(
-      config.num_blocks, config.num_kv_heads, config.head_dim, itemsize)
-  return StepInputs(N=read, N_act=read, q=itemsize, k=int(kv),
-                    L=config.num_blocks, N_block=blocks // config.num_blocks)
+  kv = formulas.kv_bytes_per_position(config.num_blocks, config.num_kv_heads, config.head_dim,
+                                      itemsize)
+  return StepInputs(N=read, N_act=read, q=itemsize, k=int(kv), L=config.num_blocks,
+                    N_block=blocks // config.num_blocks)
 
 
 def decode_grid(
@@ -165,16 +159,14 @@ class DecodeStepBench:
     name: the model's label in the records.
   """
 
-  def __init__(self, config: config_lib.ToyConfig = CALIBRATION,
-               dtype: Any = jnp.float32, *, param_sets: int = 2,
-               seed: int = 0, name: str = "calibration"):
+  def __init__(self, config: config_lib.ToyConfig = CALIBRATION, dtype: Any = jnp.float32, *,
+               param_sets: int = 2, seed: int = 0, name: str = "calibration"):
     self.config = config
     self.dtype = dtype
     self.name = name
     self.seed = seed
     self.inputs = step_inputs(config, dtype)
-    self.params = [filled_params(config, dtype, seed + 100 * i)
-                   for i in range(param_sets)]
+    self.params = [filled_params(config, dtype, seed + 100 * i) for i in range(param_sets)]
     self._step = jax.jit(_step, donate_argnums=1)
     self._compiled: dict[tuple[int, int], Any] = {}
 
@@ -182,8 +174,7 @@ class DecodeStepBench:
     """Step-model inputs of a point: T counts the slot the step writes."""
     return {"B": batch, "T": context + 1, **self.inputs.to_json()}
 
-  def analytic(self, batch: int, context: int, blocks: int | None = None
-               ) -> tuple[float, float]:
+  def analytic(self, batch: int, context: int, blocks: int | None = None) -> tuple[float, float]:
     """The step model's (FLOPs, bytes) of a point (lesson's counting).
 
     `blocks` counts only the output head and that many blocks (with their
@@ -194,19 +185,16 @@ class DecodeStepBench:
       c = self.config
       head = p["N"] - p["L"] * p["N_block"]
       p["N"] = p["N_act"] = head + blocks * p["N_block"]
-      p["k"] = float(formulas.kv_bytes_per_position(blocks, c.num_kv_heads, c.head_dim,
-                                                    p["q"]))
-    out = step_model("numpy")(B=p["B"], T=p["T"], N=p["N"], q=p["q"], k=p["k"], BW=1.0,
-                              F=1.0, N_act=p["N_act"])
-    return (float(formulas.linear_flops(p["N_act"], p["B"])),
-            float(out["traffic_bytes"]))
+      p["k"] = float(formulas.kv_bytes_per_position(blocks, c.num_kv_heads, c.head_dim, p["q"]))
+    out = step_model("numpy")(B=p["B"], T=p["T"], N=p["N"], q=p["q"], k=p["k"], BW=1.0, F=1.0,
+                              N_act=p["N_act"])
+    return (float(formulas.linear_flops(p["N_act"], p["B"])), float(out["traffic_bytes"]))
 
   def _cache_shape(self, batch: int, context: int) -> tuple[int, ...]:
     """One block's K (or V) buffer: `context` filled slots and the new one."""
     return cache_lib.block_shape(self.config, batch, context + 1)
 
-  def caches(self, batch: int, context: int, count: int
-             ) -> list[cache_lib.FixedCache]:
+  def caches(self, batch: int, context: int, count: int) -> list[cache_lib.FixedCache]:
     """`count` caches of `context` filled slots plus the one a step writes.
 
     Each block's K and V buffer is written once by a compiled fill
@@ -219,11 +207,14 @@ class DecodeStepBench:
     def buffer(index: int) -> jax.Array:
       return _pattern(shape, self.dtype, self.seed + index)
 
-    return [cache_lib.FixedCache(
-        k_blocks=tuple(buffer(2 * (i * blocks + j)) for j in range(blocks)),
-        v_blocks=tuple(buffer(2 * (i * blocks + j) + 1) for j in range(blocks)),
-        length=jnp.asarray(context, jnp.int32), batch=batch)
-        for i in range(count)]
+    return [
+        cache_lib.FixedCache(
+            k_blocks=tuple(buffer(2 * (i * blocks + j)) for j in range(blocks)),
+            v_blocks=tuple(buffer(2 * (i * blocks + j) + 1)
+                           for j in range(blocks)), length=jnp.asarray(context,
+                                                                       jnp.int32), batch=batch)
+        for i in range(count)
+    ]
 
   def compile(self, batch: int, context: int):
     """The step compiled ahead of time for a point (kept for later rounds).
@@ -231,16 +222,14 @@ class DecodeStepBench:
     Its `cost_analysis()` is XLA's count of the step's FLOPs and bytes.
     """
     if (batch, context) not in self._compiled:
-      cache = jax.eval_shape(lambda: cache_lib.init_cache(
-          self.config, batch, context + 1, self.dtype))
+      cache = jax.eval_shape(lambda: cache_lib.init_cache(self.config, batch, context + 1, self.
+                                                          dtype))
       token = jax.ShapeDtypeStruct((batch,), jnp.int32)
-      self._compiled[batch, context] = self._step.lower(
-          self.params[0], cache, token).compile()
+      self._compiled[batch, context] = self._step.lower(self.params[0], cache, token).compile()
     return self._compiled[batch, context]
 
-  def measure(self, batch: int, context: int, *, warmup: int = 2,
-              repeats: int = 5, cache_sets: int | None = None,
-              clock=time.perf_counter) -> measurement.Measurement:
+  def measure(self, batch: int, context: int, *, warmup: int = 2, repeats: int = 5,
+              cache_sets: int | None = None, clock=time.perf_counter) -> measurement.Measurement:
     """Times the decode step at one point.
 
     Args:
@@ -261,8 +250,8 @@ class DecodeStepBench:
     compiled = self.compile(batch, context)
     states = self.caches(batch, context, cache_sets)
     setup_s = time.perf_counter() - start
-    token = jax.random.randint(jax.random.key(self.seed + 2), (batch,), 0,
-                               self.config.vocab_size, jnp.int32)
+    token = jax.random.randint(jax.random.key(self.seed + 2), (batch,), 0, self.config.vocab_size,
+                               jnp.int32)
     slots = math.lcm(len(self.params), cache_sets)
 
     def call(slot: int):
@@ -275,14 +264,13 @@ class DecodeStepBench:
     record = measurement.measure(
         call, [(i,) for i in range(slots)], op="decode_step",
         shapes={"batch": batch, "context": context,
-                "layers": self.config.num_blocks},
-        dtype=jnp.dtype(self.dtype).name, backend="xla", warmup=warmup,
-        repeats=repeats, flops=flops, bytes=traffic, clock=clock,
-        extra={"model": self.name, "step_inputs": self.inputs.to_json(),
-               "retained_tokens": context + 1, "cache_sets": cache_sets,
-               "param_sets": len(self.params),
-               "setup_s": setup_s, "donated_cache": True,
-               "load_avg_1m": _load_average()})
+                "layers": self.config.num_blocks}, dtype=jnp.dtype(self.dtype).name, backend="xla",
+        warmup=warmup, repeats=repeats, flops=flops, bytes=traffic, clock=clock, extra={
+            "model": self.name, "step_inputs": self.inputs.to_json(),
+            "retained_tokens": context + 1, "cache_sets": cache_sets,
+            "param_sets": len(self.params), "setup_s": setup_s, "donated_cache": True,
+            "load_avg_1m": _load_average()
+        })
     states.clear()  # Free this point's caches before the next point allocates.
     measurement.release_memory()
     return record
@@ -294,14 +282,12 @@ def _pattern(shape: tuple[int, ...], dtype: Any, seed: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _compiled_pattern(shape: tuple[int, ...], dtype: Any, offset: jax.Array
-                      ) -> jax.Array:
+def _compiled_pattern(shape: tuple[int, ...], dtype: Any, offset: jax.Array) -> jax.Array:
   index = lax.iota(jnp.float32, math.prod(shape)).reshape(shape)
   return jnp.sin(index * 0.618 + offset).astype(dtype)
 
 
-def filled_params(config: config_lib.ToyConfig, dtype: Any, seed: int
-                  ) -> params_lib.Params:
+def filled_params(config: config_lib.ToyConfig, dtype: Any, seed: int) -> params_lib.Params:
   """Weights of the toy's shapes, each leaf one small constant per copy.
 
   Much faster than drawing them (`weights.init_params`, seconds per copy of
@@ -309,22 +295,18 @@ def filled_params(config: config_lib.ToyConfig, dtype: Any, seed: int
   does not depend on the values, which keep activations finite. Not donated,
   so host memory may back them.
   """
-  shapes = jax.eval_shape(
-      lambda key: params_lib.init_params(config, key, dtype),
-      jax.random.key(0))
+  shapes = jax.eval_shape(lambda key: params_lib.init_params(config, key, dtype), jax.random.key(0))
   leaves, tree = jax.tree_util.tree_flatten(shapes)
   value = 0.01 * (1 + seed % 7)
-  return jax.tree_util.tree_unflatten(tree, [
-      jnp.asarray(np.full(leaf.shape, value, jnp.dtype(leaf.dtype)))
-      for leaf in leaves])
+  return jax.tree_util.tree_unflatten(
+      tree, [jnp.asarray(np.full(leaf.shape, value, jnp.dtype(leaf.dtype))) for leaf in leaves])
 
 
-def kv_bytes(config: config_lib.ToyConfig, dtype: Any, batch: int,
-             context: int) -> float:
+def kv_bytes(config: config_lib.ToyConfig, dtype: Any, batch: int, context: int) -> float:
   """Bytes of one K/V cache of a point (context + the written slot)."""
-  per_position = formulas.kv_bytes_per_position(
-      config.num_blocks, config.num_kv_heads, config.head_dim,
-      jnp.dtype(dtype).itemsize)
+  per_position = formulas.kv_bytes_per_position(config.num_blocks, config.num_kv_heads,
+                                                config.head_dim,
+                                                jnp.dtype(dtype).itemsize)
   return float(formulas.retained_kv_bytes(batch, context + 1, per_position))
 
 
@@ -384,8 +366,7 @@ def round_spread(medians: Sequence[float]) -> float:
   return ordered[min(2, len(ordered) - 1)] / ordered[0] - 1.0
 
 
-def lower_quartile(records: Sequence[measurement.Measurement]
-                   ) -> measurement.Measurement:
+def lower_quartile(records: Sequence[measurement.Measurement]) -> measurement.Measurement:
   """The round at the lower quartile of the rounds' medians.
 
   Load from other processes only ever slows a round down, so the typical
@@ -449,13 +430,14 @@ def decode_step_sweep(
   done = 0
 
   def unsettled() -> list[int]:
-    return [i for i, p in enumerate(points) if p in measured and round_spread(
-        [r.median_s for r in measured[p]]) > spread_limit]
+    return [
+        i for i, p in enumerate(points)
+        if p in measured and round_spread([r.median_s for r in measured[p]]) > spread_limit
+    ]
 
   passes = [rng.permutation(len(points)) for _ in range(rounds)]
   first = [i for i, p in enumerate(points) if p in always]
-  passes[0] = np.asarray(first + [i for i in passes[0] if i not in first],
-                         dtype=int)
+  passes[0] = np.asarray(first + [i for i in passes[0] if i not in first], dtype=int)
   extra = 0
   round_index = -1
   while True:
@@ -478,16 +460,15 @@ def decode_step_sweep(
         cost = last.extra["setup_s"] + (warmup + count) * last.median_s
       else:
         cost = 1.0 + (warmup + repeats + 1) * guess.step_s(point)
-      if (deadline is not None and time.monotonic() + cost > deadline
-          and not (point in always and point not in measured)):
+      if (deadline is not None and time.monotonic() + cost > deadline and
+          not (point in always and point not in measured)):
         continue
-      record = benches[point.model].measure(
-          point.batch, point.context, warmup=warmup, repeats=count)
+      record = benches[point.model].measure(point.batch, point.context, warmup=warmup,
+                                            repeats=count)
       guess.add(point, record.median_s)
       measured.setdefault(point, []).append(record)
       if progress:
-        left = "" if deadline is None else (
-            f", {max(0.0, deadline - time.monotonic()):.0f} s left")
+        left = "" if deadline is None else (f", {max(0.0, deadline - time.monotonic()):.0f} s left")
         progress(f"[{done}/{total}] round {round_index + 1} {point.model} "
                  f"batch={point.batch} context={point.context}: "
                  f"{record.median_s * 1e3:.2f} ms (spread "
@@ -499,11 +480,10 @@ def decode_step_sweep(
       medians = [r.median_s for r in measured[point]]
       loads = [r.extra.get("load_avg_1m") for r in measured[point]]
       loads = [x for x in loads if x is not None]
-      extra = {**chosen.extra,
-               "round_medians_s": medians,
-               "round_spread": round_spread(medians),
-               "load_avg_1m_max": max(loads) if loads else None,
-               "statistic": STATISTIC}
+      extra = {
+          **chosen.extra, "round_medians_s": medians, "round_spread": round_spread(medians),
+          "load_avg_1m_max": max(loads) if loads else None, "statistic": STATISTIC
+      }
       out.append(dataclasses.replace(chosen, extra=extra))
   return out
 
@@ -518,9 +498,8 @@ def _platform() -> str:
 def _check_backend(backend: str) -> None:
   errors.require_choice("backend", backend, measurement.BACKENDS)
   if backend == "pallas" and _platform() == "cpu":
-    raise errors.InputError(
-        "backend='pallas' is not allowed on the CPU: Pallas only interprets "
-        "there and interpreted timings mean nothing; use backend='xla'.")
+    raise errors.InputError("backend='pallas' is not allowed on the CPU: Pallas only interprets "
+                            "there and interpreted timings mean nothing; use backend='xla'.")
 
 
 def _op_fn(op: str, backend: str) -> Callable[..., Any]:
@@ -544,10 +523,9 @@ def _sequenced(fn: Callable[..., Any]) -> Callable[..., Any]:
   return jax.jit(device_timing.in_sequence(fn))
 
 
-def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
-             shapes: dict[str, int], dtype: str, flops: float, traffic: float,
-             warmup: int, repeats: int, fn: Callable[..., Any] | None = None
-             ) -> measurement.Measurement:
+def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *, shapes: dict[str, int],
+             dtype: str, flops: float, traffic: float, warmup: int, repeats: int,
+             fn: Callable[..., Any] | None = None) -> measurement.Measurement:
   """Per-call time of an op from calls inside one jit, never from dispatch.
 
   On the CPU, one straight-line jit calls the op on each rotated argument
@@ -562,19 +540,17 @@ def _time_op(op: str, backend: str, arg_sets: Sequence[tuple], *,
   fn = fn or _op_fn(op, backend)
   if _platform() == "cpu":
     count = len(arg_sets)
-    timing = time_call(_sequenced(fn), [(tuple(arg_sets),)],
-                       warmup=warmup, repeats=repeats)
+    timing = time_call(_sequenced(fn), [(tuple(arg_sets),)], warmup=warmup, repeats=repeats)
     timing = device_timing.per_call(
         timing, count, f"one jit calling the op on {count} rotated argument "
         "sets in sequence (each call waits on the last), wall-clock with "
         f"block_until_ready, median of {repeats} sequences after {warmup} "
         "warm-up, divided by the sequence length")
   else:
-    timing = device_timing.time_chained(
-        fn, arg_sets[0], feed=device_timing.perturb_first, warmup=warmup,
-        repeats=repeats)
-  return measurement.labelled(timing, op=op, shapes=shapes, dtype=dtype,
-                          backend=backend, flops=flops, bytes=traffic)
+    timing = device_timing.time_chained(fn, arg_sets[0], feed=device_timing.perturb_first,
+                                        warmup=warmup, repeats=repeats)
+  return measurement.labelled(timing, op=op, shapes=shapes, dtype=dtype, backend=backend,
+                              flops=flops, bytes=traffic)
 
 
 MEMORY_LIMIT_BYTES = 4e9  # Operands of one timed op on a 24 GB, 2 GB-budget machine.
@@ -590,13 +566,12 @@ def require_memory(nbytes: float, what: str, limit: float = MEMORY_LIMIT_BYTES) 
 def linear_args(rows: int, d_in: int, d_out: int, dtype: Any, sets: int,
                 seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
   """`sets` independent (x, w) pairs: x (rows, d_in), w (d_in, d_out)."""
-  return [(measurement.filler((rows, d_in), dtype, seed + 2 * i),
-           measurement.filler((d_in, d_out), dtype, seed + 2 * i + 1)
-           / math.sqrt(d_in)) for i in range(sets)]
+  return [(measurement.filler(
+      (rows, d_in), dtype, seed + 2 * i), measurement.filler(
+          (d_in, d_out), dtype, seed + 2 * i + 1) / math.sqrt(d_in)) for i in range(sets)]
 
 
-def linear_analytic(rows: int, d_in: int, d_out: int,
-                    itemsize: int) -> tuple[float, float]:
+def linear_analytic(rows: int, d_in: int, d_out: int, itemsize: int) -> tuple[float, float]:
   """(FLOPs, bytes) of x @ w: `formulas.linear_flops` and `formulas.linear_bytes`
   (the weights once, x read, the output written)."""
   return (float(formulas.linear_flops(d_in * d_out, rows)),
@@ -604,9 +579,16 @@ def linear_analytic(rows: int, d_in: int, d_out: int,
 
 
 def linear_sweep(
-    rows: Sequence[int], *, d_in: int, d_out: int, dtype: Any = jnp.float32,
-    backend: str = "xla", phase: str = "decode", warmup: int = 2,
-    repeats: int = 10, progress: Callable[[str], None] | None = None,
+    rows: Sequence[int],
+    *,
+    d_in: int,
+    d_out: int,
+    dtype: Any = jnp.float32,
+    backend: str = "xla",
+    phase: str = "decode",
+    warmup: int = 2,
+    repeats: int = 10,
+    progress: Callable[[str], None] | None = None,
 ) -> list[measurement.Measurement]:
   """Times x (rows, d_in) @ w (d_in, d_out) for each row count."""
   _check_backend(backend)
@@ -616,39 +598,43 @@ def linear_sweep(
     flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
     require_memory(2 * traffic, f"linear rows={m} d_in={d_in} d_out={d_out}")
     args = linear_args(m, d_in, d_out, dtype, sets=2)
-    record = _time_op("linear", backend, args,
-                      shapes={"rows": m, "d_in": d_in, "d_out": d_out},
-                      dtype=dtype.name, flops=flops, traffic=traffic,
-                      warmup=warmup, repeats=repeats)
+    record = _time_op("linear", backend, args, shapes={"rows": m, "d_in": d_in,
+                                                       "d_out": d_out}, dtype=dtype.name,
+                      flops=flops, traffic=traffic, warmup=warmup, repeats=repeats)
     records.append(dataclasses.replace(record, extra={"phase": phase}))
     if progress:
       progress(f"linear {phase} rows={m}: {record.median_s * 1e3:.3f} ms")
   return records
 
 
-def attention_args(batch: int, context: int, heads: int, kv_heads: int,
-                   head_dim: int, dtype: Any, sets: int, seed: int = 0):
+def attention_args(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, dtype: Any,
+                   sets: int, seed: int = 0):
   """`sets` independent (q, k, v, lengths) of decode attention, all full."""
   shape = (batch, context, kv_heads, head_dim)
-  return [(measurement.filler((batch, heads, head_dim), dtype, seed + 3 * i),
-           measurement.filler(shape, dtype, seed + 3 * i + 1),
-           measurement.filler(shape, dtype, seed + 3 * i + 2),
-           jnp.full((batch,), context, jnp.int32)) for i in range(sets)]
+  return [(measurement.filler((batch, heads, head_dim), dtype,
+                              seed + 3 * i), measurement.filler(shape, dtype, seed + 3 * i + 1),
+           measurement.filler(shape, dtype, seed + 3 * i + 2), jnp.full(
+               (batch,), context, jnp.int32)) for i in range(sets)]
 
 
-def attention_analytic(batch: int, context: int, heads: int, kv_heads: int,
-                       head_dim: int, itemsize: int) -> tuple[float, float]:
+def attention_analytic(batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
+                       itemsize: int) -> tuple[float, float]:
   """(FLOPs, bytes) of one layer's decode attention: `formulas.attention_flops`
   and `formulas.attention_bytes` (the retained K/V, the queries and outputs)."""
   return (float(formulas.attention_flops(batch, context, heads, head_dim)),
-          float(formulas.attention_bytes(batch, context, heads, kv_heads, head_dim,
-                                         itemsize)))
+          float(formulas.attention_bytes(batch, context, heads, kv_heads, head_dim, itemsize)))
 
 
 def attention_sweep(
-    points: Sequence[tuple[int, int]], *, heads: int, kv_heads: int,
-    head_dim: int, dtype: Any = jnp.float32, backend: str = "xla",
-    warmup: int = 2, repeats: int = 10,
+    points: Sequence[tuple[int, int]],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: Any = jnp.float32,
+    backend: str = "xla",
+    warmup: int = 2,
+    repeats: int = 10,
     progress: Callable[[str], None] | None = None,
 ) -> list[measurement.Measurement]:
   """Times one layer's decode attention at each (batch, context) point."""
@@ -659,25 +645,22 @@ def attention_sweep(
     nbytes = formulas.retained_kv_bytes(
         batch, context, formulas.kv_bytes_per_position(1, kv_heads, head_dim, dtype.itemsize))
     sets = 2 if nbytes < 256e6 else 1
-    flops, traffic = attention_analytic(batch, context, heads, kv_heads,
-                                        head_dim, dtype.itemsize)
-    require_memory(sets * traffic, f"decode_attention batch={batch} context={context} "
-                   f"heads={heads} kv_heads={kv_heads} head_dim={head_dim}")
-    args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
-                          sets)
+    flops, traffic = attention_analytic(batch, context, heads, kv_heads, head_dim, dtype.itemsize)
+    require_memory(
+        sets * traffic, f"decode_attention batch={batch} context={context} "
+        f"heads={heads} kv_heads={kv_heads} head_dim={head_dim}")
+    args = attention_args(batch, context, heads, kv_heads, head_dim, dtype, sets)
     record = _time_op(
-        "decode_attention", backend, args,
-        shapes={"batch": batch, "context": context, "heads": heads,
-                "kv_heads": kv_heads, "head_dim": head_dim},
-        dtype=dtype.name, flops=flops, traffic=traffic, warmup=warmup,
-        repeats=repeats)
+        "decode_attention", backend, args, shapes={
+            "batch": batch, "context": context, "heads": heads, "kv_heads": kv_heads,
+            "head_dim": head_dim
+        }, dtype=dtype.name, flops=flops, traffic=traffic, warmup=warmup, repeats=repeats)
     records.append(record)
     if progress:
       progress(f"decode_attention batch={batch} context={context}: "
                f"{record.median_s * 1e3:.3f} ms")
     del args
   return records
-
 
 
 # Operation sweeps in rounds, for the calibration's fit -------------------------
@@ -700,26 +683,22 @@ class OpPoint:
   sizes: tuple[int, ...]
 
 
-def linear_points(config: config_lib.ToyConfig, rows: Sequence[int]
-                  ) -> list[OpPoint]:
+def linear_points(config: config_lib.ToyConfig, rows: Sequence[int]) -> list[OpPoint]:
   """The toy step's linear layers (distinct shapes) at each row count M."""
   c = config
-  shapes = sorted({(c.width, c.num_heads * c.head_dim),
-                   (c.width, c.num_kv_heads * c.head_dim),
-                   (c.num_heads * c.head_dim, c.width),
-                   (c.width, c.mlp_dim), (c.mlp_dim, c.width),
+  shapes = sorted({(c.width, c.num_heads * c.head_dim), (c.width, c.num_kv_heads * c.head_dim),
+                   (c.num_heads * c.head_dim, c.width), (c.width, c.mlp_dim), (c.mlp_dim, c.width),
                    (c.width, c.vocab_size)})
-  return [OpPoint("linear", (m, d_in, d_out)) for d_in, d_out in shapes
-          for m in rows]
+  return [OpPoint("linear", (m, d_in, d_out)) for d_in, d_out in shapes for m in rows]
 
 
-def attention_points(config: config_lib.ToyConfig,
-                     grid: Sequence[tuple[int, int]]) -> list[OpPoint]:
+def attention_points(config: config_lib.ToyConfig, grid: Sequence[tuple[int,
+                                                                        int]]) -> list[OpPoint]:
   """The toy step's decode attention (one layer) at (batch, context)."""
   c = config
-  return [OpPoint("decode_attention",
-                  (b, t, c.num_heads, c.num_kv_heads, c.head_dim))
-          for b, t in grid]
+  return [
+      OpPoint("decode_attention", (b, t, c.num_heads, c.num_kv_heads, c.head_dim)) for b, t in grid
+  ]
 
 
 # A CPU op's calls in one timed sequence last about this long (a longer op
@@ -738,9 +717,8 @@ def _rotated_sets(per_set_bytes: float, planned_s: float | None = None) -> int:
   return int(sets)
 
 
-def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
-               repeats: int, seed: int = 0, planned_s: float | None = None
-               ) -> measurement.Measurement:
+def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int, repeats: int,
+               seed: int = 0, planned_s: float | None = None) -> measurement.Measurement:
   """Times one operation point, its operands made afresh and freed after.
 
   `repeats` is the number of timed calls wanted; on a CPU they are made as
@@ -752,43 +730,40 @@ def measure_op(point: OpPoint, dtype: Any, backend: str, *, warmup: int,
   if point.op == "linear":
     m, d_in, d_out = point.sizes
     flops, traffic = linear_analytic(m, d_in, d_out, dtype.itemsize)
-    sets = _rotated_sets((m * d_in + d_in * d_out) * dtype.itemsize,
-                         planned_s)
+    sets = _rotated_sets((m * d_in + d_in * d_out) * dtype.itemsize, planned_s)
     require_memory(sets * traffic, f"linear rows={m} d_in={d_in} d_out={d_out}")
     args = linear_args(m, d_in, d_out, dtype, sets, seed)
     shapes = {"rows": m, "d_in": d_in, "d_out": d_out}
   else:
     batch, context, heads, kv_heads, head_dim = point.sizes
-    flops, traffic = attention_analytic(batch, context, heads, kv_heads,
-                                        head_dim, dtype.itemsize)
+    flops, traffic = attention_analytic(batch, context, heads, kv_heads, head_dim, dtype.itemsize)
     sets = _rotated_sets(traffic, planned_s)
     require_memory(sets * traffic, f"decode_attention batch={batch} "
                    f"context={context}")
-    shapes = {"batch": batch, "context": context, "heads": heads,
-              "kv_heads": kv_heads, "head_dim": head_dim}
+    shapes = {
+        "batch": batch, "context": context, "heads": heads, "kv_heads": kv_heads,
+        "head_dim": head_dim
+    }
     if backend == "xla":  # As the toy step runs it (see `toy_attention`).
-      args = toy_attention_args(batch, context, heads, kv_heads, head_dim,
-                                dtype, sets, seed)
+      args = toy_attention_args(batch, context, heads, kv_heads, head_dim, dtype, sets, seed)
       fn = toy_attention
     else:
-      args = attention_args(batch, context, heads, kv_heads, head_dim, dtype,
-                            sets, seed)
+      args = attention_args(batch, context, heads, kv_heads, head_dim, dtype, sets, seed)
   if _platform() == "cpu":
     repeats = max(3, math.ceil(repeats / sets))
   start = time.perf_counter()
-  record = _time_op(point.op, backend, args, shapes=shapes, dtype=dtype.name,
-                    flops=flops, traffic=traffic, warmup=warmup,
-                    repeats=repeats, fn=fn)
+  record = _time_op(point.op, backend, args, shapes=shapes, dtype=dtype.name, flops=flops,
+                    traffic=traffic, warmup=warmup, repeats=repeats, fn=fn)
   elapsed = time.perf_counter() - start
   del args
   measurement.release_memory()
-  return dataclasses.replace(record, extra={
-      **record.extra, "arg_sets": sets, "elapsed_s": elapsed,
-      "load_avg_1m": _load_average()})
+  return dataclasses.replace(
+      record, extra={
+          **record.extra, "arg_sets": sets, "elapsed_s": elapsed, "load_avg_1m": _load_average()
+      })
 
 
-def toy_attention(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array,
-                  mask: jax.Array) -> jax.Array:
+def toy_attention(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array, mask: jax.Array) -> jax.Array:
   """One layer's decode attention exactly as the toy's step computes it.
 
   XLA's operations on a CPU are the step's own: its head-major K/V rows
@@ -799,14 +774,13 @@ def toy_attention(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array,
   return model_lib._attention_rows(q, k_rows, v_rows, mask)  # noqa: SLF001
 
 
-def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int,
-                       head_dim: int, dtype: Any, sets: int, seed: int = 0):
+def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
+                       dtype: Any, sets: int, seed: int = 0):
   """`sets` (q, K rows, V rows, mask) of `toy_attention`, every slot read."""
   rows = (batch * kv_heads, context, head_dim)
   mask = jnp.ones((1, context), bool)
   return [(measurement.filler((batch, 1, heads, head_dim), dtype, seed + 3 * i),
-           _pattern(rows, dtype, seed + 3 * i + 1),
-           _pattern(rows, dtype, seed + 3 * i + 2), mask)
+           _pattern(rows, dtype, seed + 3 * i + 1), _pattern(rows, dtype, seed + 3 * i + 2), mask)
           for i in range(sets)]
 
 
@@ -820,16 +794,16 @@ def _guess_op_s(point: OpPoint) -> float:
   return max(8 * batch * context * kv_heads * head_dim / 1e10, 1e-5)
 
 
-def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator
-                 ) -> list[int]:
+def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator) -> list[int]:
   """A random order that alternates between the operations.
 
   So a round cut short by its deadline still holds every operation (each
   factor's fit needs its own), not only whichever came first.
   """
-  groups = [list(rng.permutation([i for i, p in enumerate(points)
-                                  if p.op == op]))
-            for op in sorted({p.op for p in points})]
+  groups = [
+      list(rng.permutation([i for i, p in enumerate(points) if p.op == op]))
+      for op in sorted({p.op for p in points})
+  ]
   order = []
   while any(groups):
     for group in groups:
@@ -872,21 +846,24 @@ def op_sweep(
   passes[0] = first + [i for i in passes[0] if i not in first]
   for extra in range(max_extra_rounds + 1):
     if extra:
-      passes = [rng.permutation([
-          i for i, p in enumerate(points) if p in measured
-          and round_spread([r.median_s for r in measured[p]]) > spread_limit])]
+      passes = [
+          rng.permutation([
+              i for i, p in enumerate(points)
+              if p in measured and round_spread([r.median_s for r in measured[p]]) > spread_limit
+          ])
+      ]
     for order in passes:
       for i in order:
         point = points[i]
         last = measured.get(point)
         cost = 2.0 if not last else last[-1].extra["elapsed_s"]
-        if (deadline is not None and time.monotonic() + cost > deadline
-            and not (point in always and not last)):
+        if (deadline is not None and time.monotonic() + cost > deadline and
+            not (point in always and not last)):
           continue
         planned = last[-1].median_s if last else _guess_op_s(point)
         count = int(min(repeats, max(2, math.ceil(min_timed_s / planned))))
-        record = measure_op(point, dtype, backend, warmup=warmup,
-                            repeats=count, seed=seed, planned_s=planned)
+        record = measure_op(point, dtype, backend, warmup=warmup, repeats=count, seed=seed,
+                            planned_s=planned)
         measured.setdefault(point, []).append(record)
         if progress:
           progress(f"{point.op} {point.sizes}: {record.median_s * 1e3:.3f} ms")
@@ -895,7 +872,10 @@ def op_sweep(
     if point in measured:
       chosen = lower_quartile(measured[point])
       medians = [r.median_s for r in measured[point]]
-      out.append(dataclasses.replace(chosen, extra={
-          **chosen.extra, "round_medians_s": medians,
-          "round_spread": round_spread(medians), "statistic": STATISTIC}))
+      out.append(
+          dataclasses.replace(
+              chosen, extra={
+                  **chosen.extra, "round_medians_s": medians, "round_spread": round_spread(medians),
+                  "statistic": STATISTIC
+              }))
   return out

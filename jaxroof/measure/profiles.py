@@ -17,7 +17,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof import errors
 from jaxroof import files
@@ -29,8 +28,9 @@ from jaxroof.toy.config import ToyConfig
 
 KIND = "profile"
 VERSION = 2  # 2 adds accelerator, source, prefill_factors, regime_factors (all optional).
-REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend",
-            "jax_version", "created")
+REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend", "jax_version",
+            "created")
+
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
@@ -114,23 +114,22 @@ class Profile:
   def to_json(self) -> dict[str, Any]:
     data = dataclasses.asdict(self)
     del data["path"]
-    return {"kind": KIND, "version": VERSION, **data,
-            "factor_units": dict(calibration.FACTOR_UNITS),
-            "expression": str(calibration.calibrated_step()),
-            "readable_expression": calibration.readable_step()}
+    return {
+        "kind": KIND, "version": VERSION, **data, "factor_units": dict(calibration.FACTOR_UNITS),
+        "expression": str(calibration.calibrated_step()),
+        "readable_expression": calibration.readable_step()
+    }
 
   @classmethod
-  def from_json(cls, data: Mapping[str, Any], path: str | None = None
-                ) -> Profile:
+  def from_json(cls, data: Mapping[str, Any], path: str | None = None) -> Profile:
     """Checks and reads a profile's JSON; raises InputError naming the gap."""
     where = f"profile={path!r}" if path else "profile"
     if not isinstance(data, Mapping):
       raise errors.InputError(f"{where} is not a JSON object.")
     version = data.get("version", 1)
     if not isinstance(version, int) or version > VERSION:
-      raise errors.InputError(
-          f"{where} has version {version!r}: this jaxroof reads versions up to "
-          f"{VERSION}.")
+      raise errors.InputError(f"{where} has version {version!r}: this jaxroof reads versions up to "
+                              f"{VERSION}.")
     missing = [name for name in REQUIRED if name not in data]
     if missing:
       raise errors.InputError(
@@ -138,19 +137,15 @@ class Profile:
           "calibration (jaxroof.calibrate).", field="profile")
     factors = data["factors"]
     names = sorted(factors) if isinstance(factors, Mapping) else factors
-    if not isinstance(factors, Mapping) or set(factors) != set(
-        calibration.FACTOR_NAMES):
-      raise errors.InputError(
-          f"{where} has factors {names!r}: expected "
-          f"{', '.join(calibration.FACTOR_NAMES)}.")
+    if not isinstance(factors, Mapping) or set(factors) != set(calibration.FACTOR_NAMES):
+      raise errors.InputError(f"{where} has factors {names!r}: expected "
+                              f"{', '.join(calibration.FACTOR_NAMES)}.")
     for name, value in factors.items():
       errors.require_positive(f"{where} factors.{name}", value)
     regime = data.get("regime_factors", {})
-    if not isinstance(regime, Mapping) or not set(regime) <= set(
-        calibration.REGIME_FACTOR_NAMES):
-      raise errors.InputError(
-          f"{where} regime_factors must be an object of "
-          f"{', '.join(calibration.REGIME_FACTOR_NAMES)}.")
+    if not isinstance(regime, Mapping) or not set(regime) <= set(calibration.REGIME_FACTOR_NAMES):
+      raise errors.InputError(f"{where} regime_factors must be an object of "
+                              f"{', '.join(calibration.REGIME_FACTOR_NAMES)}.")
     for name, value in regime.items():
       errors.require_non_negative(f"{where} regime_factors.{name}", value)
     _check_schema(data, where)
@@ -178,9 +173,8 @@ def _check_dtype(data: Mapping[str, Any], where: str) -> None:
     if part not in allowed:
       kind = ("a profile fitted to measurements on an accelerator takes weight dtypes"
               if users else "a profile measured by jaxroof takes")
-      raise errors.InputError(
-          f"{where} dtype={dtype[:40]!r} is not a known dtype: {kind} "
-          f"{', '.join(allowed)}.")
+      raise errors.InputError(f"{where} dtype={dtype[:40]!r} is not a known dtype: {kind} "
+                              f"{', '.join(allowed)}.")
 
 
 def _check_schema(data: Mapping[str, Any], where: str) -> None:
@@ -227,23 +221,20 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
   """Reads a profile; a missing or malformed file is a one-line InputError."""
   path = os.fspath(path)
   if not os.path.lexists(path):
-    raise errors.InputError(
-        f"profile={path!r} does not exist: write one with "
-        "`python -m experiments.calibrate`.")
+    raise errors.InputError(f"profile={path!r} does not exist: write one with "
+                            "`python -m experiments.calibrate`.")
   text = files.read_text("profile", path, max_bytes=MAX_PROFILE_BYTES)
   try:
     data = json.loads(text)
   except RecursionError:
     raise errors.InputError(f"profile={path!r} is nested too deeply.") from None
   except json.JSONDecodeError as e:
-    raise errors.InputError(
-        f"profile={path!r} is not valid JSON (line {e.lineno}): give a "
-        "profile written by `python -m experiments.calibrate`.") from None
+    raise errors.InputError(f"profile={path!r} is not valid JSON (line {e.lineno}): give a "
+                            "profile written by `python -m experiments.calibrate`.") from None
   return Profile.from_json(data, path=path)
 
 
-def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False
-                  ) -> list[str]:
+def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False) -> list[str]:
   """Refuses a profile fitted on one device kind for another accelerator.
 
   A profile's factors are what one device and implementation achieve; on
@@ -302,7 +293,8 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
   notes = list(notes) + accuracy_notes(profile) + [
       f"{name}={value:.3g} is above 1 (more than the measured ceiling): the fit absorbed "
       "something the model does not name; treat its predictions with care"
-      for name, value in profile.factors.items() if name.startswith("eta_") and value > 1]
+      for name, value in profile.factors.items() if name.startswith("eta_") and value > 1
+  ]
   measured_bw, measured_f = profile.bandwidth(), profile.flop_rate()
   ceilings = None
   if use_profile_ceilings and measured_bw and measured_f:

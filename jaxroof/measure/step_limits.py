@@ -48,10 +48,11 @@ class StreamFigure:
     return self.rate_Bps / self.read_bandwidth_Bps
 
   def to_json(self) -> dict[str, Any]:
-    return {"bytes": self.bytes, "seconds": self.seconds,
-            "rate_Bps": self.rate_Bps, "fraction_of_read_bandwidth": self.fraction,
-            "read_bandwidth_Bps": self.read_bandwidth_Bps,
-            "points": [list(p) for p in self.points]}
+    return {
+        "bytes": self.bytes, "seconds": self.seconds, "rate_Bps": self.rate_Bps,
+        "fraction_of_read_bandwidth": self.fraction, "read_bandwidth_Bps": self.read_bandwidth_Bps,
+        "points": [list(p) for p in self.points]
+    }
 
 
 def weight_bytes(inputs: Any) -> float:
@@ -77,22 +78,19 @@ def weight_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float, *,
   record = grid[batch, context]
   seconds = _round_range(record)[0] if best_round else record.median_s
   return StreamFigure(bytes=weight_bytes(inputs), seconds=seconds,
-                      read_bandwidth_Bps=read_bandwidth_Bps,
-                      points=((batch, context),))
+                      read_bandwidth_Bps=read_bandwidth_Bps, points=((batch, context),))
 
 
-def kv_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float
-              ) -> StreamFigure:
+def kv_stream(grid: Grid, inputs: Any, read_bandwidth_Bps: float) -> StreamFigure:
   """Extra K/V bytes per extra second, longest against shortest context, at
   the largest batch measured at two contexts or more."""
   batch = max(b for b, _ in grid if sum(1 for bb, _ in grid if bb == b) > 1)
   contexts = sorted(c for b, c in grid if b == batch)
   short, long_ = contexts[0], contexts[-1]
-  return StreamFigure(
-      bytes=kv_bytes(inputs, batch, long_) - kv_bytes(inputs, batch, short),
-      seconds=grid[batch, long_].median_s - grid[batch, short].median_s,
-      read_bandwidth_Bps=read_bandwidth_Bps,
-      points=((batch, short), (batch, long_)))
+  return StreamFigure(bytes=kv_bytes(inputs, batch, long_) - kv_bytes(inputs, batch, short),
+                      seconds=grid[batch, long_].median_s - grid[batch, short].median_s,
+                      read_bandwidth_Bps=read_bandwidth_Bps,
+                      points=((batch, short), (batch, long_)))
 
 
 def _round_range(record: measurement.Measurement) -> tuple[float, float]:
@@ -117,23 +115,27 @@ def monotonic_in_context(grid: Grid) -> dict[str, Any]:
     drops, strict_drops = [], []
     for short, long_ in zip(contexts, contexts[1:]):
       a, b = grid[batch, short], grid[batch, long_]
-      row = {"from_context": short, "to_context": long_,
-             "from_median_s": a.median_s, "to_median_s": b.median_s}
+      row = {
+          "from_context": short, "to_context": long_, "from_median_s": a.median_s,
+          "to_median_s": b.median_s
+      }
       if _round_range(b)[1] < _round_range(a)[0]:
         drops.append(row)
       if b.timing.p90_s < a.timing.p10_s:
         strict_drops.append(row)
-    by_batch[batch] = {"contexts": contexts, "monotonic": not drops, "drops": drops,
-                       "monotonic_within_round": not strict_drops,
-                       "drops_within_round": strict_drops}
-  return {"all_monotonic": all(v["monotonic"] for v in by_batch.values()),
-          "all_monotonic_within_round": all(v["monotonic_within_round"]
-                                            for v in by_batch.values()),
-          "rule": "a longer context's slowest round median is not below the shorter "
-                  "one's fastest round median",
-          "rule_within_round": "a longer context's p90 is not below the shorter one's "
-                               "p10 (the kept round's timed calls)",
-          "by_batch": {str(b): v for b, v in by_batch.items()}}
+    by_batch[batch] = {
+        "contexts": contexts, "monotonic": not drops, "drops": drops,
+        "monotonic_within_round": not strict_drops, "drops_within_round": strict_drops
+    }
+  return {
+      "all_monotonic": all(v["monotonic"] for v in by_batch.values()),
+      "all_monotonic_within_round": all(v["monotonic_within_round"] for v in by_batch.values()),
+      "rule": "a longer context's slowest round median is not below the shorter "
+              "one's fastest round median",
+      "rule_within_round": "a longer context's p90 is not below the shorter one's "
+                           "p10 (the kept round's timed calls)",
+      "by_batch": {str(b): v for b, v in by_batch.items()}
+  }
 
 
 def rows(grid: Grid, inputs: Any) -> list[dict[str, Any]]:
@@ -143,13 +145,12 @@ def rows(grid: Grid, inputs: Any) -> list[dict[str, Any]]:
     w, kv = weight_bytes(inputs), kv_bytes(inputs, batch, context)
     t = record.timing
     out.append({
-        "batch": batch, "context": context, "median_s": t.median_s,
-        "p10_s": t.p10_s, "p90_s": t.p90_s, "min_s": t.min_s, "max_s": t.max_s,
-        "spread": t.spread, "repeats": t.repeats,
-        "weight_bytes": w, "kv_bytes": kv,
-        "step_traffic_Bps": (w + kv) / t.median_s,
-        "load_avg_1m": record.extra.get("load_avg_1m"),
-        "round_medians_s": record.extra.get("round_medians_s")})
+        "batch": batch, "context": context, "median_s": t.median_s, "p10_s": t.p10_s,
+        "p90_s": t.p90_s, "min_s": t.min_s, "max_s": t.max_s, "spread": t.spread,
+        "repeats": t.repeats, "weight_bytes": w, "kv_bytes": kv, "step_traffic_Bps":
+            (w + kv) / t.median_s, "load_avg_1m": record.extra.get("load_avg_1m"),
+        "round_medians_s": record.extra.get("round_medians_s")
+    })
   return out
 
 
@@ -168,13 +169,13 @@ def summarize(grid: Grid, inputs: Any, read_bandwidth_Bps: float,
       "targets": dict(targets),
       "meets": {
           "weight_stream": weights.fraction >= targets["weight_stream_fraction"],
-          "weight_stream_best_round": (weights_best.fraction
-                                       >= targets["weight_stream_fraction"]),
-          "kv_read": kv.fraction >= targets["kv_read_fraction"],
-          "monotonic": mono["all_monotonic"]},
+          "weight_stream_best_round": (weights_best.fraction >= targets["weight_stream_fraction"]),
+          "kv_read": kv.fraction >= targets["kv_read_fraction"], "monotonic": mono["all_monotonic"]
+      },
   }
 
 
-def grid_of(records: Sequence[measurement.Measurement]) -> dict[tuple[int, int], measurement.Measurement]:
+def grid_of(
+    records: Sequence[measurement.Measurement]) -> dict[tuple[int, int], measurement.Measurement]:
   """Decode-step records keyed by (batch, context)."""
   return {(r.shapes["batch"], r.shapes["context"]): r for r in records}

@@ -39,26 +39,23 @@ ROTATE_WEIGHTS_BELOW = 64e6
 # Row counts of the linear layer (M = 1 ... 2048) and attention's points.
 LINEAR_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 LINEAR_ROWS_QUICK = (1, 2, 4, 16, 64, 256, 2048)
-ATTENTION_GRID = ((1, 128), (1, 1024), (1, 4096), (4, 512), (4, 2048),
-                  (16, 256), (16, 1024), (16, 4096), (64, 512), (64, 1024),
-                  (256, 128), (256, 512))
-ATTENTION_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 2048),
-                        (64, 512), (256, 128), (256, 512))
+ATTENTION_GRID = ((1, 128), (1, 1024), (1, 4096), (4, 512), (4, 2048), (16, 256), (16, 1024),
+                  (16, 4096), (64, 512), (64, 1024), (256, 128), (256, 512))
+ATTENTION_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 2048), (64, 512), (256, 128), (256,
+                                                                                            512))
 # The fixed costs' points: each fit model's smallest steps.
 SMALLEST = ((1, 128), (2, 128), (1, 512))
 # Held-out steps: batch 1-256, context 128-4096, spread over the grid.
-HELDOUT_GRID = ((1, 128), (1, 1024), (1, 4096), (2, 512), (4, 1024),
-                (8, 256), (16, 256), (16, 2048), (32, 1024), (64, 512),
-                (128, 256), (256, 128))
-HELDOUT_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 256), (16, 2048),
-                      (64, 512), (256, 128))
+HELDOUT_GRID = ((1, 128), (1, 1024), (1, 4096), (2, 512), (4, 1024), (8, 256), (16, 256),
+                (16, 2048), (32, 1024), (64, 512), (128, 256), (256, 128))
+HELDOUT_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 256), (16, 2048), (64, 512), (256, 128))
 HELDOUT_GRID_SHORT = ((1, 128), (4, 1024), (16, 2048), (64, 512), (256, 128))
 
 
 def fits_memory(config: ToyConfig, dtype: Any, batch: int, context: int) -> bool:
   """Whether a point's cache is within `MAX_KV_BYTES` and the token cap."""
-  return (op_sweeps.kv_bytes(config, dtype, batch, context) <= MAX_KV_BYTES
-          and batch * context <= op_sweeps.MAX_RETAINED_TOKENS)
+  return (op_sweeps.kv_bytes(config, dtype, batch, context) <= MAX_KV_BYTES and
+          batch * context <= op_sweeps.MAX_RETAINED_TOKENS)
 
 
 def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = None,
@@ -74,20 +71,20 @@ def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = Non
   configs = op_sweeps.MODELS if models is None else models
   quick = budget_s < QUICK_BUDGET_S
   grids = {
-      "calibration": (BATCHES[::2], CONTEXTS[::2]) if quick
-                     else (BATCHES, CONTEXTS),
-      "shallow": ((1, 16, 256), (128,)) if quick
-                 else ((1, 4, 16, 64, 256), (128, 256)),
-      "wide_vocab": ((1, 16), (128,)) if quick
-                    else ((1, 4, 16, 64), (128, 512)),
+      "calibration": (BATCHES[::2], CONTEXTS[::2]) if quick else (BATCHES, CONTEXTS),
+      "shallow": ((1, 16, 256), (128,)) if quick else ((1, 4, 16, 64, 256), (128, 256)),
+      "wide_vocab": ((1, 16), (128,)) if quick else ((1, 4, 16, 64), (128, 512)),
   }
-  points = [StepPoint(model, b, c)
-            for model, (batches, contexts) in grids.items() if model in configs
-            for b, c in op_sweeps.decode_grid(batches, contexts)]
+  points = [
+      StepPoint(model, b, c) for model, (batches, contexts) in grids.items() if model in configs
+      for b, c in op_sweeps.decode_grid(batches, contexts)
+  ]
   if not quick:
     points += [StepPoint("calibration", b, c) for b, c in EDGE_POINTS]
-  return [p for p in points if p.model in configs
-          and fits_memory(configs[p.model], dtype, p.batch, p.context)]
+  return [
+      p for p in points
+      if p.model in configs and fits_memory(configs[p.model], dtype, p.batch, p.context)
+  ]
 
 
 def heldout_points(budget_s: float, models: Mapping[str, ToyConfig],
@@ -96,13 +93,15 @@ def heldout_points(budget_s: float, models: Mapping[str, ToyConfig],
   smaller budgets, each within `MAX_KV_BYTES`."""
   grid = (HELDOUT_GRID if budget_s >= QUICK_BUDGET_S else
           HELDOUT_GRID_QUICK if budget_s >= 90 else HELDOUT_GRID_SHORT)
-  return [StepPoint(name, b, c) for name, config in models.items()
-          for b, c in grid if fits_memory(config, dtype, b, c)]
+  return [
+      StepPoint(name, b, c) for name, config in models.items() for b, c in grid
+      if fits_memory(config, dtype, b, c)
+  ]
 
 
-def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
-                 dtype: Any, *, deadline: float, rounds: int, warmup: int,
-                 repeats: int, seed: int, say: Progress) -> list[measurement.Measurement]:
+def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], dtype: Any, *,
+                 deadline: float, rounds: int, warmup: int, repeats: int, seed: int,
+                 say: Progress) -> list[measurement.Measurement]:
   """Times each model's points with one bench alive at a time (memory)."""
   records = []
   names = [n for n in configs if any(p.model == n for p in points)]
@@ -110,23 +109,20 @@ def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
     mine = [p for p in points if p.model == name]
     # Each model gets its share of the time left, so the last is not starved.
     share = (deadline - time.monotonic()) / (len(names) - index)
-    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
-        dtype).itemsize
-    bench = op_sweeps.DecodeStepBench(
-        configs[name], dtype, name=name, seed=seed,
-        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
-    records += op_sweeps.decode_step_sweep(
-        {name: bench}, mine, rounds=rounds, warmup=warmup, repeats=repeats,
-        deadline=time.monotonic() + share, seed=seed, always=mine[:1],
-        progress=say)
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
+    bench = op_sweeps.DecodeStepBench(configs[name], dtype, name=name, seed=seed,
+                                      param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
+    records += op_sweeps.decode_step_sweep({name: bench}, mine, rounds=rounds, warmup=warmup,
+                                           repeats=repeats, deadline=time.monotonic() + share,
+                                           seed=seed, always=mine[:1], progress=say)
     del bench
     measurement.release_memory()
   return records
 
 
-def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint],
-                      dtype: Any, *, deadline: float, rounds: int, warmup: int,
-                      repeats: int, seed: int, say: Progress) -> list[measurement.Measurement]:
+def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], dtype: Any, *,
+                      deadline: float, rounds: int, warmup: int, repeats: int, seed: int,
+                      say: Progress) -> list[measurement.Measurement]:
   """Times every model's points in the same rounds (fit and held-out together).
 
   Each round visits all points in a fresh random order, so load from other
@@ -136,15 +132,14 @@ def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoi
   names = [n for n in configs if any(p.model == n for p in points)]
   benches = {}
   for name in names:
-    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(
-        dtype).itemsize
+    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
     benches[name] = op_sweeps.DecodeStepBench(
         configs[name], dtype, name=name, seed=seed,
         param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
   always = [next(p for p in points if p.model == n) for n in names]
-  records = op_sweeps.decode_step_sweep(
-      benches, list(points), rounds=rounds, warmup=warmup, repeats=repeats,
-      deadline=deadline, seed=seed, always=always, progress=say)
+  records = op_sweeps.decode_step_sweep(benches, list(points), rounds=rounds, warmup=warmup,
+                                        repeats=repeats, deadline=deadline, seed=seed,
+                                        always=always, progress=say)
   del benches
   measurement.release_memory()
   return records
@@ -152,15 +147,17 @@ def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoi
 
 def load_summary(records: Sequence[measurement.Measurement]) -> dict[str, Any]:
   """The 1-minute load average over the timings (min, median, max, cores)."""
-  loads = [x for r in records for x in (r.extra.get("load_avg_1m"),
-                                        r.extra.get("load_avg_1m_max"))
-           if x is not None]
-  return {"load_avg_1m_min": min(loads) if loads else None,
-          "load_avg_1m_median": float(np.median(loads)) if loads else None,
-          "load_avg_1m_max": max(loads) if loads else None,
-          "cpu_count": os.cpu_count(),
-          "what": "the 1-minute load average at each timing (this process "
-                  "included)"}
+  loads = [
+      x for r in records for x in (r.extra.get("load_avg_1m"), r.extra.get("load_avg_1m_max"))
+      if x is not None
+  ]
+  return {
+      "load_avg_1m_min": min(loads) if loads else None,
+      "load_avg_1m_median": float(np.median(loads)) if loads else None,
+      "load_avg_1m_max": max(loads) if loads else None, "cpu_count": os.cpu_count(),
+      "what": "the 1-minute load average at each timing (this process "
+              "included)"
+  }
 
 
 def minimum_operations(linear: Sequence[op_sweeps.OpPoint],
@@ -171,14 +168,12 @@ def minimum_operations(linear: Sequence[op_sweeps.OpPoint],
   largest = max({p.sizes[1:] for p in linear}, key=lambda s: s[0] * s[1])
   rows = sorted(p for p in linear if p.sizes[1:] == largest)
   by_tokens = sorted(attention, key=lambda p: p.sizes[0] * p.sizes[1])
-  return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0],
-          by_tokens[-1]]
+  return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0], by_tokens[-1]]
 
 
 def attention_kv_bytes(point: op_sweeps.OpPoint, dtype: Any) -> float:
   """One layer's K/V of a decode-attention point (batch, context, heads,
   kv_heads, head_dim), from the symbolic K/V formulas."""
   batch, context, _, kv_heads, head_dim = point.sizes
-  per_position = formulas.kv_bytes_per_position(1, kv_heads, head_dim,
-                                                np.dtype(dtype).itemsize)
+  per_position = formulas.kv_bytes_per_position(1, kv_heads, head_dim, np.dtype(dtype).itemsize)
   return float(formulas.retained_kv_bytes(batch, context, per_position))

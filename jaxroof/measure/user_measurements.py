@@ -50,14 +50,12 @@ from jaxroof.specs.model_spec import FULL, SLIDING
 
 PHASES = ("decode", "prefill")
 REQUIRED = ("model", "accelerator", "phase", "batch", "time_s")
-OPTIONAL = ("context", "prompt_tokens", "weight_dtype", "kv_dtype", "tp", "pp", "ep",
-            "source")
+OPTIONAL = ("context", "prompt_tokens", "weight_dtype", "kv_dtype", "tp", "pp", "ep", "source")
 DEFAULT_DTYPE = "bf16"
-TP_ASSUMPTION = (
-    "tensor parallelism as an ideal split in this fit: with tp chips each reads "
-    "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
-    "communication is not modelled and lands in the fitted fixed costs (the layout "
-    "fit with communication and eta_comm: jaxroof.calibrate.layout_fit)")
+TP_ASSUMPTION = ("tensor parallelism as an ideal split in this fit: with tp chips each reads "
+                 "N/tp weights and k/tp K/V bytes per token and does 1/tp of the FLOPs; "
+                 "communication is not modelled and lands in the fitted fixed costs (the layout "
+                 "fit with communication and eta_comm: jaxroof.calibrate.layout_fit)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +116,8 @@ def _int(path: str, line: int, column: str, value) -> int:
   except (TypeError, ValueError):
     number = float("nan")
   if not np.isfinite(number) or number != int(number) or number < 1:
-    raise errors.InputError(
-        f"{_where(path, line, column)}: {value!r} is not allowed: give a whole "
-        "number >= 1.")
+    raise errors.InputError(f"{_where(path, line, column)}: {value!r} is not allowed: give a whole "
+                            "number >= 1.")
   return int(number)
 
 
@@ -130,9 +127,8 @@ def _time(path: str, line: int, value) -> float:
   except (TypeError, ValueError):
     number = float("nan")
   if not np.isfinite(number) or number <= 0:
-    raise errors.InputError(
-        f"{_where(path, line, 'time_s')}: {value!r} is not allowed: give the "
-        "measured seconds, a finite number > 0.")
+    raise errors.InputError(f"{_where(path, line, 'time_s')}: {value!r} is not allowed: give the "
+                            "measured seconds, a finite number > 0.")
   return number
 
 
@@ -144,14 +140,12 @@ def parse_row(path: str, line: int, record: dict) -> Row:
   """Validates one record (column -> value); errors name line and column."""
   for column in REQUIRED:
     if _blank(record.get(column)):
-      raise errors.InputError(
-          f"{_where(path, line, column)}: missing; every row needs "
-          f"{', '.join(REQUIRED)}.")
+      raise errors.InputError(f"{_where(path, line, column)}: missing; every row needs "
+                              f"{', '.join(REQUIRED)}.")
   unknown = sorted(set(record) - set(REQUIRED) - set(OPTIONAL))
   if unknown:
-    raise errors.InputError(
-        f"{_where(path, line, unknown[0])}: unknown column; allowed: "
-        f"{', '.join(REQUIRED + OPTIONAL)}.")
+    raise errors.InputError(f"{_where(path, line, unknown[0])}: unknown column; allowed: "
+                            f"{', '.join(REQUIRED + OPTIONAL)}.")
   model = str(record["model"]).strip()
   _check(path, line, "model", _model, model)
   accelerator = str(record["accelerator"]).strip().lower()
@@ -162,24 +156,22 @@ def parse_row(path: str, line: int, record: dict) -> Row:
   time_s = _time(path, line, record["time_s"])
   needed = "context" if phase == "decode" else "prompt_tokens"
   if _blank(record.get(needed)):
-    raise errors.InputError(
-        f"{_where(path, line, needed)}: missing; a {phase} row needs {needed} "
-        "(a whole number >= 1).")
+    raise errors.InputError(f"{_where(path, line, needed)}: missing; a {phase} row needs {needed} "
+                            "(a whole number >= 1).")
   context = _int(path, line, "context", record["context"]) if phase == "decode" else None
   prompt = (_int(path, line, "prompt_tokens", record["prompt_tokens"])
             if phase == "prefill" else None)
   weight_dtype = str(record.get("weight_dtype") or DEFAULT_DTYPE).strip().lower()
-  _check(path, line, "weight_dtype", errors.require_choice, "weight_dtype",
-         weight_dtype, tuple(parameters.WEIGHT_DTYPES))
+  _check(path, line, "weight_dtype", errors.require_choice, "weight_dtype", weight_dtype,
+         tuple(parameters.WEIGHT_DTYPES))
   kv_dtype = str(record.get("kv_dtype") or DEFAULT_DTYPE).strip().lower()
   _check(path, line, "kv_dtype", errors.require_choice, "kv_dtype", kv_dtype,
          tuple(kv_sizing.KV_DTYPES))
-  tp, pp, ep = (1 if _blank(record.get(c)) else _int(path, line, c, record[c])
-                for c in ("tp", "pp", "ep"))
-  return Row(line=line, model=model, accelerator=accelerator, phase=phase,
-             batch=batch, time_s=time_s, context=context, prompt_tokens=prompt,
-             weight_dtype=weight_dtype, kv_dtype=kv_dtype, tp=tp,
-             source=str(record.get("source") or ""), pp=pp, ep=ep)
+  tp, pp, ep = (
+      1 if _blank(record.get(c)) else _int(path, line, c, record[c]) for c in ("tp", "pp", "ep"))
+  return Row(line=line, model=model, accelerator=accelerator, phase=phase, batch=batch,
+             time_s=time_s, context=context, prompt_tokens=prompt, weight_dtype=weight_dtype,
+             kv_dtype=kv_dtype, tp=tp, source=str(record.get("source") or ""), pp=pp, ep=ep)
 
 
 def _records(path: str) -> list[tuple[int, dict]]:
@@ -190,8 +182,7 @@ def _records(path: str) -> list[tuple[int, dict]]:
 _ENGINES = ("TensorRT-LLM", "vLLM", "SGLang", "NIM", "llama.cpp", "TGI", "gpt-fast")
 
 
-def read_measurements(path: str | os.PathLike[str], *,
-                      accelerator: str | None = None,
+def read_measurements(path: str | os.PathLike[str], *, accelerator: str | None = None,
                       several_devices: bool = False) -> Measurements:
   """Reads and validates a file of measured step times.
 
@@ -213,9 +204,8 @@ def read_measurements(path: str | os.PathLike[str], *,
     slug = accelerators.load_accelerator(accelerator).name
     kept = [r for r in rows if r.accelerator == slug]
     if not kept:
-      raise errors.InputError(
-          f"accelerator={accelerator!r}: {path} has no rows for it (it has "
-          f"{', '.join(sorted({r.accelerator for r in rows}))}).")
+      raise errors.InputError(f"accelerator={accelerator!r}: {path} has no rows for it (it has "
+                              f"{', '.join(sorted({r.accelerator for r in rows}))}).")
     rows = kept
   elif not several_devices:
     found = sorted({r.accelerator for r in rows})
@@ -241,18 +231,19 @@ def _ideal_split_only(row: Row) -> None:
 
 def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
   """`jaxroof.symbolic.calibrated.INPUT_NAMES` -> one value per decode row."""
-  cols: dict[str, list[float]] = {n: [] for n in ("B", "T", "N", "q", "k", "BW", "F",
-                                                  "N_act", "L")}
+  cols: dict[str, list[float]] = {n: [] for n in ("B", "T", "N", "q", "k", "BW", "F", "N_act", "L")}
   for row in rows:
     _ideal_split_only(row)
     spec = _model(row.model)
     device = accelerators.load_accelerator(row.accelerator)
-    step = step_inputs.decode_step_inputs(
-        spec, device, context=row.context, batch_sizes=[row.batch],
-        weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype)
-    values = {"B": row.batch, "T": row.context, "N": float(step.N[0]) / row.tp,
-              "q": step.q, "k": step.k / row.tp, "BW": step.BW, "F": step.F,
-              "N_act": step.N_act / row.tp, "L": spec.num_layers}
+    step = step_inputs.decode_step_inputs(spec, device, context=row.context,
+                                          batch_sizes=[row.batch], weight_dtype=row.weight_dtype,
+                                          kv_dtype=row.kv_dtype)
+    values = {
+        "B": row.batch, "T": row.context, "N": float(step.N[0]) / row.tp, "q": step.q,
+        "k": step.k / row.tp, "BW": step.BW, "F": step.F, "N_act": step.N_act / row.tp,
+        "L": spec.num_layers
+    }
     for name, value in values.items():
       cols[name].append(float(value))
   return {n: np.asarray(v, dtype=np.float64) for n, v in cols.items()}
@@ -265,8 +256,9 @@ def prefill_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
   expert); attention runs over the blocks with full or sliding attention
   (a window longer than the prompt is full attention; shorter is not modelled).
   """
-  cols: dict[str, list[float]] = {n: [] for n in ("B", "P", "N", "q", "BW", "F",
-                                                  "N_act", "L", "L_attn", "H", "d")}
+  cols: dict[str, list[float]] = {
+      n: [] for n in ("B", "P", "N", "q", "BW", "F", "N_act", "L", "L_attn", "H", "d")
+  }
   for row in rows:
     _ideal_split_only(row)
     spec = _model(row.model)
@@ -282,8 +274,8 @@ def prefill_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
         "q": parameters.bytes_per_weight(row.weight_dtype),
         "BW": device.memory_bandwidth_bytes_per_s, "F": device.flops(row.weight_dtype),
         "N_act": float(counts.active_matmul) / row.tp, "L": spec.num_layers,
-        "L_attn": spec.layers_of(FULL) + spec.layers_of(SLIDING),
-        "H": heads / row.tp, "d": head_dim}
+        "L_attn": spec.layers_of(FULL) + spec.layers_of(SLIDING), "H": heads / row.tp, "d": head_dim
+    }
     for name, value in values.items():
       cols[name].append(float(value))
   return {n: np.asarray(v, dtype=np.float64) for n, v in cols.items()}

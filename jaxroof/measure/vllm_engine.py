@@ -84,8 +84,8 @@ def engine_python(env_dir: str) -> str:
   if not env_dir:
     raise errors.InputError(f"engine_env is empty: give the vLLM engine's venv; {SETUP_HINT}.")
   python = os.path.join(env_dir, "bin", "python")
-  if not (os.path.isfile(python) and os.access(python, os.X_OK)
-          and os.path.isfile(os.path.join(env_dir, "bin", "vllm"))):
+  if not (os.path.isfile(python) and os.access(python, os.X_OK) and
+          os.path.isfile(os.path.join(env_dir, "bin", "vllm"))):
     raise errors.InputError(f"engine_env={env_dir!r} holds no vLLM engine (no bin/python and "
                             f"bin/vllm); {SETUP_HINT}.")
   return python
@@ -95,9 +95,9 @@ def engine_version(env_dir: str) -> str:
   """The engine's vLLM version; refuses any but `ENGINE_VERSION`."""
   python = engine_python(env_dir)
   try:
-    out = subprocess.run([python, "-c", "import importlib.metadata as m; "
-                          "print(m.version('vllm'))"], capture_output=True, text=True,
-                         timeout=60, check=False)
+    out = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; "
+         "print(m.version('vllm'))"], capture_output=True, text=True, timeout=60, check=False)
   except (OSError, subprocess.TimeoutExpired) as e:
     raise errors.InputError(f"engine_env={env_dir!r}: its python does not run ({e}).") from None
   version = out.stdout.strip()
@@ -121,20 +121,24 @@ def engine_environment(work_dir: str, config: ServerConfig, cache_dir: str | Non
   `work_dir/tmp`), compile caches in `cache_dir` (default `work_dir`; a shared one makes
   later starts warm)."""
   cache_dir = cache_dir or work_dir
-  caches = {name: os.path.join(root, sub) for name, root, sub in (
-      ("VLLM_CACHE_ROOT", cache_dir, "vllm_cache"),
-      ("TORCHINDUCTOR_CACHE_DIR", cache_dir, "inductor_cache"),
-      ("XDG_CACHE_HOME", cache_dir, "xdg_cache"), ("HF_HOME", work_dir, "hf_home"),
-      ("TMPDIR", work_dir, "tmp"))}
+  caches = {
+      name: os.path.join(root, sub)
+      for name, root, sub in (("VLLM_CACHE_ROOT", cache_dir, "vllm_cache"),
+                              ("TORCHINDUCTOR_CACHE_DIR", cache_dir,
+                               "inductor_cache"), ("XDG_CACHE_HOME", cache_dir, "xdg_cache"),
+                              ("HF_HOME", work_dir, "hf_home"), ("TMPDIR", work_dir, "tmp"))
+  }
   if tmp_dir:
     caches["TMPDIR"] = tmp_dir
   for path in caches.values():
     os.makedirs(path, exist_ok=True)
   keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "USER")}
-  return {**keep, **caches, "VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1",
-          "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
-          "VLLM_CPU_KVCACHE_SPACE": str(config.kv_space_gib),
-          "VLLM_CPU_OMP_THREADS_BIND": config.engine_cpus, "PYTHONUNBUFFERED": "1"}
+  return {
+      **keep, **caches, "VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1",
+      "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+      "VLLM_CPU_KVCACHE_SPACE": str(config.kv_space_gib),
+      "VLLM_CPU_OMP_THREADS_BIND": config.engine_cpus, "PYTHONUNBUFFERED": "1"
+  }
 
 
 def require_free_port(port: int) -> int:
@@ -149,14 +153,18 @@ def require_free_port(port: int) -> int:
 
 
 def server_command(env_dir: str, model_dir: str, config: ServerConfig, port: int) -> list[str]:
-  return [os.path.join(env_dir, "bin", "vllm"), "serve", model_dir,
-          "--served-model-name", "tiny", "--load-format", "dummy", "--dtype", config.dtype,
-          "--max-model-len", str(config.max_model_len), "--seed", str(config.seed),
-          "--max-num-seqs", str(config.max_num_seqs),
-          "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-          "--enable-chunked-prefill" if config.chunked_prefill else "--no-enable-chunked-prefill",
-          "--block-size", str(config.block_size), "--no-enable-prefix-caching",
-          "--host", "127.0.0.1", "--port", str(port)]
+  return [
+      os.path.join(env_dir, "bin", "vllm"), "serve", model_dir, "--served-model-name", "tiny",
+      "--load-format", "dummy", "--dtype", config.dtype, "--max-model-len",
+      str(config.max_model_len), "--seed",
+      str(config.seed), "--max-num-seqs",
+      str(config.max_num_seqs), "--max-num-batched-tokens",
+      str(config.max_num_batched_tokens),
+      "--enable-chunked-prefill" if config.chunked_prefill else "--no-enable-chunked-prefill",
+      "--block-size",
+      str(config.block_size), "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port",
+      str(port)
+  ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,15 +182,18 @@ class BenchSpec:
 
 def bench_command(env_dir: str, model_dir: str, port: int, spec: BenchSpec, result_dir: str,
                   result_name: str) -> list[str]:
-  return [os.path.join(env_dir, "bin", "vllm"), "bench", "serve", "--backend", "vllm",
-          "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny", "--tokenizer", model_dir,
-          "--dataset-name", "random", "--random-input-len", str(spec.prompt_tokens),
-          "--random-output-len", str(spec.output_tokens),
-          "--random-range-ratio", f"{spec.range_ratio:g}", "--ignore-eos",
-          "--request-rate", f"{spec.rate:g}", "--num-prompts", str(spec.num_prompts),
-          "--seed", str(spec.seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
-          "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
-          "--result-dir", result_dir, "--result-filename", result_name]
+  return [
+      os.path.join(env_dir, "bin", "vllm"), "bench", "serve", "--backend", "vllm", "--base-url",
+      f"http://127.0.0.1:{port}", "--model", "tiny", "--tokenizer", model_dir, "--dataset-name",
+      "random", "--random-input-len",
+      str(spec.prompt_tokens), "--random-output-len",
+      str(spec.output_tokens), "--random-range-ratio", f"{spec.range_ratio:g}", "--ignore-eos",
+      "--request-rate", f"{spec.rate:g}", "--num-prompts",
+      str(spec.num_prompts), "--seed",
+      str(spec.seed), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
+      "50,90,99", "--save-result", "--save-detailed", "--result-dir", result_dir,
+      "--result-filename", result_name
+  ]
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -210,8 +221,10 @@ def parse_server_log(text: str, block_size: int) -> dict[str, Any]:
   elif kv_tokens is not None:
     kv_blocks = kv_tokens // block_size
   chunked = _CHUNKED.findall(text)
-  return {"kv_cache_tokens": kv_tokens, "kv_blocks": kv_blocks,
-          "chunked_prefill_logged": chunked[-1] == "True" if chunked else None}
+  return {
+      "kv_cache_tokens": kv_tokens, "kv_blocks": kv_blocks,
+      "chunked_prefill_logged": chunked[-1] == "True" if chunked else None
+  }
 
 
 def _descendants(pid: int) -> set[int]:
@@ -312,9 +325,9 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
     tmp_dir = tempfile.mkdtemp(prefix="jaxroof-vllm-")
   env = engine_environment(work_dir, config, cache_dir, tmp_dir)
   with open(log_path, "w", encoding="utf-8") as log:
-    process = subprocess.Popen(server_command(env_dir, model_dir, config, port), env=env,
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               cwd=work_dir, start_new_session=True)
+    process = subprocess.Popen(server_command(env_dir, model_dir, config,
+                                              port), env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, cwd=work_dir, start_new_session=True)
   server = Server(process, port, log_path)
   try:
     server.wait_healthy(start_timeout_s)
@@ -359,9 +372,13 @@ def measure_ceilings(env_dir: str, config: ServerConfig, matmul_n: int = 2048,
   env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
   env.update({"OMP_NUM_THREADS": str(len(cpus))})
   try:
-    out = subprocess.run([python, "-c", CEILINGS_SCRIPT, json.dumps(cpus), str(len(cpus)),
-                          str(matmul_n), str(read_mb)], capture_output=True, text=True,
-                         timeout=300, env=env, check=False)
+    out = subprocess.run([
+        python, "-c", CEILINGS_SCRIPT,
+        json.dumps(cpus),
+        str(len(cpus)),
+        str(matmul_n),
+        str(read_mb)
+    ], capture_output=True, text=True, timeout=300, env=env, check=False)
   except subprocess.TimeoutExpired:
     raise errors.InputError("the ceiling micro-benchmark took over 300 s.") from None
   if out.returncode:
@@ -395,13 +412,15 @@ print(json.dumps(out))
 def linear_shapes(config: dict[str, Any]) -> list[tuple[int, int]]:
   """(K, N) of one decoder block's linear layers (qkv, o, gate+up, down) of a Llama-like config."""
   h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-  kv, hd = int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or h // heads)
+  kv, hd = int(config.get("num_key_value_heads") or
+               heads), int(config.get("head_dim") or h // heads)
   inter = int(config["intermediate_size"])
   return [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * inter), (inter, h)]
 
 
-def measure_linear_rates(env_dir: str, config: ServerConfig, model_config: dict[str, Any],
-                         tokens: Sequence[int] = (1, 32, 128, 256)) -> dict[str, Any]:
+def measure_linear_rates(
+    env_dir: str, config: ServerConfig, model_config: dict[str, Any],
+    tokens: Sequence[int] = (1, 32, 128, 256)) -> dict[str, Any]:
   """bf16 FLOP/s of one block's linear layers at each token count (torch.mm in the engine's
   venv, its pinned core): how far the engine's own shapes reach the 2048^3 ceiling."""
   python = engine_python(env_dir)
@@ -410,17 +429,23 @@ def measure_linear_rates(env_dir: str, config: ServerConfig, model_config: dict[
   env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
   env["OMP_NUM_THREADS"] = str(len(cpus))
   try:
-    out = subprocess.run([python, "-c", LINEAR_SCRIPT, json.dumps(cpus), str(len(cpus)),
-                          json.dumps(shapes), json.dumps(list(tokens))], capture_output=True,
-                         text=True, timeout=300, env=env, check=False)
+    out = subprocess.run([
+        python, "-c", LINEAR_SCRIPT,
+        json.dumps(cpus),
+        str(len(cpus)),
+        json.dumps(shapes),
+        json.dumps(list(tokens))
+    ], capture_output=True, text=True, timeout=300, env=env, check=False)
   except subprocess.TimeoutExpired:
     raise errors.InputError("the linear-layer micro-benchmark took over 300 s.") from None
   if out.returncode:
     tail = " | ".join(out.stderr.strip().splitlines()[-3:])
     raise errors.InputError(f"the linear-layer micro-benchmark failed: {tail}")
-  return {"shapes_k_n": shapes, "rates": json.loads(out.stdout.strip().splitlines()[-1]),
-          "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
-                  "of 7 repeats, on the engine's pinned core"}
+  return {
+      "shapes_k_n": shapes, "rates": json.loads(out.stdout.strip().splitlines()[-1]),
+      "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
+              "of 7 repeats, on the engine's pinned core"
+  }
 
 
 def cpu_model() -> str:
@@ -475,17 +500,20 @@ def accelerator_entry(ceilings: dict[str, Any] | Sequence[dict[str, Any]],
          f"{sum(len(m['bf16_matmul_s']) for m in measured)} matmul repeats over "
          f"{len(measured)} measurement(s) (medians in `measured`)")
   return {
-      "name": f"{cpu_model()} ({cores}; torch, as vLLM CPU computes)", "vendor": "user",
+      "name": f"{cpu_model()} ({cores}; torch, as vLLM CPU computes)",
+      "vendor": "user",
       "memory_capacity_gb": round(memory_bytes() / 1e9, 3),
       "memory_type": "host DRAM",
       "memory_bandwidth_tb_s": best["read_bytes_per_s"] / 1e12,
-      "dense_tflops": {"bf16": best["bf16_flops_per_s"] / 1e12,
-                       "fp32": best["fp32_flops_per_s"] / 1e12},
+      "dense_tflops": {
+          "bf16": best["bf16_flops_per_s"] / 1e12, "fp32": best["fp32_flops_per_s"] / 1e12
+      },
       "sources": {
           "memory_bandwidth_tb_s": f"torch.sum over {ceilings['read_mb']} MiB of float32; {how}",
           "dense_tflops": f"torch.mm of {ceilings['matmul_n']}^2 matrices; {how}",
           "memory_capacity_gb": "/proc/meminfo MemTotal (the engine's K/V space is set apart: "
-                                "VLLM_CPU_KVCACHE_SPACE)"},
+                                "VLLM_CPU_KVCACHE_SPACE)"
+      },
       "decisions": ["label: measurement (ceilings as the engine computes, not a datasheet)"],
       "measured": measured[0] if len(measured) == 1 else measured,
   }
@@ -547,8 +575,8 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
   linear = measure_linear_rates(env_dir, config, folder["config"],
                                 tokens=sorted({1, 32, spec.prompt_tokens}))
   accelerator_path = os.path.join(out_dir, "accelerator.json")
-  files.write_json(accelerator_path, {"accelerators": {
-      "cpu-vllm-engine": accelerator_entry(ceilings, config)}})
+  files.write_json(accelerator_path,
+                   {"accelerators": {"cpu-vllm-engine": accelerator_entry(ceilings, config)}})
   best = best_rates([ceilings])
   log(f"  bf16 {best['bf16_flops_per_s'] / 1e9:,.0f} GFLOP/s, fp32 "
       f"{best['fp32_flops_per_s'] / 1e9:,.0f} GFLOP/s, read "
@@ -562,8 +590,9 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
                cache_dir) as server:
     with open(server.log_path, encoding="utf-8", errors="replace") as f:
       facts = parse_server_log(f.read(), config.block_size)
-    server_block = {"config": dataclasses.asdict(config), "start_s": time.monotonic() - started,
-                    **facts}
+    server_block = {
+        "config": dataclasses.asdict(config), "start_s": time.monotonic() - started, **facts
+    }
     log(f"  healthy after {server_block['start_s']:.0f} s; K/V: {facts['kv_blocks']} blocks "
         f"of {config.block_size} tokens")
     for rate in rates:
@@ -572,10 +601,10 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
       bench = dataclasses.replace(spec, rate=rate)
       log(f"bench serve at {rate:g} req/s, {spec.num_prompts} prompts ...")
       try:
-        done = subprocess.run(bench_command(env_dir, folder["model_dir"], port, bench, out_dir,
-                                            name), env=engine_environment(work, config),
-                              capture_output=True, text=True, timeout=spec.timeout_s,
-                              cwd=work, check=False)
+        done = subprocess.run(
+            bench_command(env_dir, folder["model_dir"], port, bench, out_dir,
+                          name), env=engine_environment(work, config), capture_output=True,
+            text=True, timeout=spec.timeout_s, cwd=work, check=False)
       except subprocess.TimeoutExpired:
         raise errors.InputError(f"vllm bench serve at rate {rate:g} took over "
                                 f"{spec.timeout_s:g} s (stopped).") from None
@@ -585,27 +614,31 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
         raise errors.InputError(f"vllm bench serve at rate {rate:g} failed "
                                 f"(code {done.returncode}): {tail}")
       load = {"before": load_before, "after": load_average(), "cores": os.cpu_count()}
-      result = annotate_result(path, {
-          "vllm_version": version, "server": server_block, "bench": dataclasses.asdict(bench),
-          "model_dir": folder["model_dir"], "model_source": folder["source"], "load": load,
-          "device": cpu_model(), "date": now_utc()})
+      result = annotate_result(
+          path, {
+              "vllm_version": version, "server": server_block, "bench": dataclasses.asdict(bench),
+              "model_dir": folder["model_dir"], "model_source": folder["source"], "load": load,
+              "device": cpu_model(), "date": now_utc()
+          })
       check_detailed(result, path)
-      runs.append({"rate": rate, "result_path": path, "model_dir": folder["model_dir"],
-                   "load": load, "completed": result.get("completed"),
-                   "median_ttft_ms": result.get("median_ttft_ms"),
-                   "median_tpot_ms": result.get("median_tpot_ms"),
-                   "median_itl_ms": result.get("median_itl_ms")})
+      runs.append({
+          "rate": rate, "result_path": path, "model_dir": folder["model_dir"], "load": load,
+          "completed": result.get("completed"), "median_ttft_ms": result.get("median_ttft_ms"),
+          "median_tpot_ms": result.get("median_tpot_ms"),
+          "median_itl_ms": result.get("median_itl_ms")
+      })
       log(f"  median TTFT {result.get('median_ttft_ms', 0):.1f} ms, TPOT "
           f"{result.get('median_tpot_ms', 0):.2f} ms, ITL {result.get('median_itl_ms', 0):.2f} "
           f"ms; load {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
-  summary = {"kind": "vllm_engine_run", "label": "measurement",
-             "what": "a real vLLM engine (vllm-cpu) served on this machine's CPU and measured "
-                     "by vllm bench serve on loopback, dummy weights",
-             "engine": {"vllm_version": version, "env": os.path.abspath(env_dir)},
-             "device": cpu_model(), "date": now_utc(), "server": server_block,
-             "model": {"dir": folder["model_dir"], "source": folder["source"],
-                       "config": folder["config"]},
-             "bench": dataclasses.asdict(spec), "runs": runs, "linear_rates": linear,
-             "accelerator_file": accelerator_path}
+  summary = {
+      "kind": "vllm_engine_run", "label": "measurement",
+      "what": "a real vLLM engine (vllm-cpu) served on this machine's CPU and measured "
+              "by vllm bench serve on loopback, dummy weights",
+      "engine": {"vllm_version": version, "env": os.path.abspath(env_dir)
+                }, "device": cpu_model(), "date": now_utc(), "server": server_block,
+      "model": {"dir": folder["model_dir"], "source": folder["source"],
+                "config": folder["config"]}, "bench": dataclasses.asdict(spec), "runs": runs,
+      "linear_rates": linear, "accelerator_file": accelerator_path
+  }
   files.write_json(os.path.join(out_dir, "summary.json"), summary)
   return summary

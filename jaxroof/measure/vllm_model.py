@@ -20,33 +20,38 @@ from jaxroof import errors
 from jaxroof import files
 from jaxroof.specs import models
 
-_LLAMA_BASE = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-               "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-               "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-               "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 4096,
-               "vocab_size": 8192, "attention_bias": False, "mlp_bias": False}
+_LLAMA_BASE = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+    "max_position_embeddings": 4096, "vocab_size": 8192, "attention_bias": False, "mlp_bias": False
+}
 # Named presets: small enough that a 2-core CPU serves them at several requests/s.
 PRESETS: dict[str, dict[str, Any]] = {
     # The facts file's model (hidden 512, 4 layers, 8 heads of 64).
-    "tiny-llama": {**_LLAMA_BASE, "hidden_size": 512, "intermediate_size": 1408,
-                   "num_hidden_layers": 4, "num_attention_heads": 8,
-                   "num_key_value_heads": 8, "head_dim": 64},
+    "tiny-llama": {
+        **_LLAMA_BASE, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64
+    },
     # A larger, grouped-query sibling: a model size a fit on tiny-llama never saw.
-    "small-llama": {**_LLAMA_BASE, "hidden_size": 1024, "intermediate_size": 2816,
-                    "num_hidden_layers": 6, "num_attention_heads": 16,
-                    "num_key_value_heads": 4, "head_dim": 64},
+    "small-llama": {
+        **_LLAMA_BASE, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 6,
+        "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64
+    },
     # MoE (8 experts, top 2); whether vLLM's CPU backend serves it is checked by running it.
-    "tiny-mixtral": {**_LLAMA_BASE, "model_type": "mixtral",
-                     "architectures": ["MixtralForCausalLM"], "hidden_size": 512,
-                     "intermediate_size": 704, "num_hidden_layers": 4,
-                     "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64,
-                     "num_local_experts": 8, "num_experts_per_tok": 2,
-                     "router_aux_loss_coef": 0.0},
+    "tiny-mixtral": {
+        **_LLAMA_BASE, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+        "hidden_size": 512, "intermediate_size": 704, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "router_aux_loss_coef": 0.0
+    },
 }
 # Scaling flags -> config.json keys.
-SCALABLE = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
-            "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-            "intermediate_size": "intermediate_size"}
+SCALABLE = {
+    "num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size"
+}
 MAX_VOCAB = 262_144
 SPECIAL = ("w0", "w1", "w2")  # unk, bos, eos: left out of vLLM's random prompts.
 
@@ -104,22 +109,30 @@ def scaled_config(model: str, overrides: Mapping[str, int | None]) -> tuple[dict
 def tokenizer_json(vocab_size: int) -> dict[str, Any]:
   """A WordLevel tokenizer (`tokenizers` JSON format): id i <-> word `w<i>`."""
   return {
-      "version": "1.0", "truncation": None, "padding": None,
-      "added_tokens": [{"id": i, "content": w, "single_word": False, "lstrip": False,
-                        "rstrip": False, "normalized": False, "special": True}
-                       for i, w in enumerate(SPECIAL)],
-      "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
-      "post_processor": None, "decoder": None,
-      "model": {"type": "WordLevel", "vocab": {f"w{i}": i for i in range(vocab_size)},
-                "unk_token": SPECIAL[0]},
+      "version": "1.0",
+      "truncation": None,
+      "padding": None,
+      "added_tokens": [{
+          "id": i, "content": w, "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": False, "special": True
+      } for i, w in enumerate(SPECIAL)],
+      "normalizer": None,
+      "pre_tokenizer": {"type": "WhitespaceSplit"},
+      "post_processor": None,
+      "decoder": None,
+      "model": {
+          "type": "WordLevel", "vocab": {f"w{i}": i for i in range(vocab_size)},
+          "unk_token": SPECIAL[0]
+      },
   }
 
 
 def tokenizer_config(max_length: int) -> dict[str, Any]:
-  return {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": SPECIAL[0],
-          "bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "add_bos_token": False,
-          "add_eos_token": False, "model_max_length": max_length,
-          "clean_up_tokenization_spaces": False}
+  return {
+      "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": SPECIAL[0],
+      "bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "add_bos_token": False,
+      "add_eos_token": False, "model_max_length": max_length, "clean_up_tokenization_spaces": False
+  }
 
 
 def write_model_folder(folder: str, model: str,
@@ -132,8 +145,7 @@ def write_model_folder(folder: str, model: str,
   config, source = scaled_config(model, overrides or {})
   os.makedirs(folder, exist_ok=True)
   files.write_json(os.path.join(folder, "config.json"), config)
-  files.write_json(os.path.join(folder, "tokenizer.json"),
-                   tokenizer_json(config["vocab_size"]))
+  files.write_json(os.path.join(folder, "tokenizer.json"), tokenizer_json(config["vocab_size"]))
   files.write_json(os.path.join(folder, "tokenizer_config.json"),
                    tokenizer_config(int(config.get("max_position_embeddings", 4096))))
   files.write_json(os.path.join(folder, "generation_config.json"),

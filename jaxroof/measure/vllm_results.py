@@ -49,14 +49,14 @@ from jaxroof.symbolic.lambdify import formula_function
 _MEAN_CONTEXT = formula_function(request_formulas.mean_context)  # P + G/2, tokens.
 
 # Metric (seconds here) -> the result file's key (milliseconds).
-METRICS = {"median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
-           "median_itl_s": "median_itl_ms"}
-ASSUMPTIONS = (
-    "analytic mapping, not the continuous-batching simulator (that fit is "
-    "jaxroof.calibrate.engine_fit): one decode row per run, batch = mean requests "
-    "in flight (Little's law), context = mean input + mean output / 2, step time "
-    "= median ITL (else mean TPOT); TTFT not used",
-)
+METRICS = {
+    "median_ttft_s": "median_ttft_ms", "median_tpot_s": "median_tpot_ms",
+    "median_itl_s": "median_itl_ms"
+}
+ASSUMPTIONS = ("analytic mapping, not the continuous-batching simulator (that fit is "
+               "jaxroof.calibrate.engine_fit): one decode row per run, batch = mean requests "
+               "in flight (Little's law), context = mean input + mean output / 2, step time "
+               "= median ITL (else mean TPOT); TTFT not used",)
 
 
 def engine_of(run: dict[str, Any]) -> str:
@@ -100,9 +100,8 @@ def _number(path: str, line: int, run: dict[str, Any], key: str) -> float:
   return float(value)
 
 
-def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str,
-               tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16"
-               ) -> um.Row:
+def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str, tp: int = 1,
+               weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> um.Row:
   """One benchmark run as a measured decode row (see the module docstring)."""
   if not isinstance(run, dict) or not engine_of(run):
     raise errors.InputError(
@@ -133,10 +132,12 @@ def run_to_row(path: str, line: int, run: Any, *, model: str, accelerator: str,
             f"({run.get('model_id') or run.get('backend', '')}, request_rate "
             f"{run.get('request_rate')!r}); {ASSUMPTIONS[0]}; mean in flight "
             f"{in_flight:.2f}, mean input {mean_in:.1f}, mean output {mean_out:.1f}")
-  record = {"model": model, "accelerator": accelerator, "phase": "decode",
-            "batch": max(1, round(in_flight)), "context": max(1, round(float(_MEAN_CONTEXT(mean_in, mean_out)))),
-            "time_s": step_s, "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
-            "tp": tp, "source": source}
+  record = {
+      "model": model, "accelerator": accelerator, "phase": "decode",
+      "batch": max(1, round(in_flight)),
+      "context": max(1, round(float(_MEAN_CONTEXT(mean_in, mean_out)))), "time_s": step_s,
+      "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "tp": tp, "source": source
+  }
   return um.parse_row(path, line, record)
 
 
@@ -151,8 +152,9 @@ def read_results(paths: Sequence[str], *, model: str, accelerator: str, tp: int 
   for path in paths:
     path = os.fspath(path)
     for line, run in load_runs(path):
-      rows.append(run_to_row(path, line, run, model=model, accelerator=accelerator,
-                             tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype))
+      rows.append(
+          run_to_row(path, line, run, model=model, accelerator=accelerator, tp=tp,
+                     weight_dtype=weight_dtype, kv_dtype=kv_dtype))
       engines.add(engine_of(run))
   return um.Measurements(path=",".join(os.fspath(p) for p in paths), rows=tuple(rows),
                          engine=", ".join(sorted(engines)))
@@ -208,8 +210,8 @@ def _lengths(path: str, line: int, run: Mapping[str, Any]) -> tuple[np.ndarray, 
     pairs = [(int(i), int(o)) for i, o in zip(inputs, outputs)
              if isinstance(i, (int, float)) and isinstance(o, (int, float)) and i >= 1 and o >= 1]
     if pairs:
-      return (np.asarray([p[0] for p in pairs], np.int64),
-              np.asarray([p[1] for p in pairs], np.int64))
+      return (np.asarray([p[0] for p in pairs],
+                         np.int64), np.asarray([p[1] for p in pairs], np.int64))
   completed = run.get("completed")
   if not isinstance(completed, (int, float)) or completed < 1:
     raise _bad(path, line, "completed", completed, "give a run with completed requests >= 1")
@@ -266,9 +268,9 @@ def parse_run(path: str, line: int, run: Any) -> BenchRun:
     prompts, outputs = extra.pop("prompt_tokens"), extra.pop("output_tokens")
   else:
     prompts, outputs = _lengths(path, line, run)
-  return BenchRun(path=path, line=line, engine=engine_of(run),
-                  request_rate=float(rate), burstiness=float(burst), max_concurrency=cap,
-                  prompt_tokens=prompts, output_tokens=outputs, measured=measured, **extra)
+  return BenchRun(path=path, line=line, engine=engine_of(run), request_rate=float(rate),
+                  burstiness=float(burst), max_concurrency=cap, prompt_tokens=prompts,
+                  output_tokens=outputs, measured=measured, **extra)
 
 
 def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,10 +284,11 @@ def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
   latencies = run.get("latencies") if isinstance(run.get("latencies"), list) else [None] * n
   keep, ttft, tpot, itl = [], [], [], []
   for i in range(n):
-    start, inp, out, first = (run[k][i] for k in ("start_times", "input_lens", "output_lens",
-                                                 "ttfts"))
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-               for v in (start, inp, out, first)) or out < 1 or inp < 1 or first <= 0:
+    start, inp, out, first = (
+        run[k][i] for k in ("start_times", "input_lens", "output_lens", "ttfts"))
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for v in (start, inp, out, first)) or out < 1 or inp < 1 or first <= 0:
       continue
     keep.append(i)
     ttft.append(float(first))
@@ -301,12 +304,13 @@ def _detail(path: str, line: int, run: Mapping[str, Any]) -> dict[str, Any]:
   block = run.get(vllm_engine.RUN_KEY)
   block = block if isinstance(block, dict) else None
   server = block.get("server") if block else None
-  return {"prompt_tokens": np.asarray([run["input_lens"][i] for i in keep], np.int64),
-          "output_tokens": np.asarray([run["output_lens"][i] for i in keep], np.int64),
-          "arrival_s": starts - starts.min(),
-          "detail": {"ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot),
-                     "itl_s": np.asarray(itl)},
-          "server": server if isinstance(server, dict) else None, "engine_run": block}
+  return {
+      "prompt_tokens": np.asarray([run["input_lens"][i] for i in keep], np.int64),
+      "output_tokens": np.asarray([run["output_lens"][i] for i in keep],
+                                  np.int64), "arrival_s": starts - starts.min(),
+      "detail": {"ttft_s": np.asarray(ttft), "tpot_s": np.asarray(tpot), "itl_s": np.asarray(itl)},
+      "server": server if isinstance(server, dict) else None, "engine_run": block
+  }
 
 
 def measured_percentile(run: BenchRun, metric: str, percentile: float) -> float | None:
@@ -327,6 +331,5 @@ def read_runs(paths: Sequence[str], field: str = "from_vllm") -> list[BenchRun]:
     for line, run in load_runs(path, field):
       out.append(parse_run(path, line, run))
   if not out:
-    raise errors.InputError(f"{field}={','.join(map(str, paths))!r} holds no runs.",
-                            field=field)
+    raise errors.InputError(f"{field}={','.join(map(str, paths))!r} holds no runs.", field=field)
   return out

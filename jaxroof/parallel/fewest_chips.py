@@ -25,8 +25,8 @@ from jaxroof.symbolic.symbols import n_blk
 SINGLE_STREAM_TP = (1, 2, 4, 8)
 
 
-def fewest_chips(spec: ModelSpec, device: Accelerator, *, context: int,
-                 weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> Layout | None:
+def fewest_chips(spec: ModelSpec, device: Accelerator, *, context: int, weight_dtype: str = "bf16",
+                 kv_dtype: str = "bf16") -> Layout | None:
   """The layout with the fewest chips per replica in which one sequence fits.
 
   Candidates are the planner's layouts without microbatching, fewest chips
@@ -35,9 +35,9 @@ def fewest_chips(spec: ModelSpec, device: Accelerator, *, context: int,
   """
   inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                           weight_dtype=weight_dtype, kv_dtype=kv_dtype)
-  candidates = sorted((lay for lay, _ in planner.candidate_layouts(spec, device)
-                       if lay.microbatches == 1),
-                      key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))
+  candidates = sorted(
+      (lay for lay, _ in planner.candidate_layouts(spec, device) if lay.microbatches == 1),
+      key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))
   for lay in candidates:
     memory = layout_lib.chip_memory(
         lay, spec, device, weight_format=inputs.weight_format,
@@ -51,8 +51,10 @@ def fewest_chips(spec: ModelSpec, device: Accelerator, *, context: int,
 def fewest_chips_grid(specs: dict[str, ModelSpec], devices: Sequence[Accelerator], *,
                       context: int) -> dict[str, dict[str, Layout | None]]:
   """`fewest_chips` (bf16 weights and K/V) per model name and accelerator name."""
-  return {name: {d.name: fewest_chips(spec, d, context=context) for d in devices}
-          for name, spec in specs.items()}
+  return {
+      name: {d.name: fewest_chips(spec, d, context=context) for d in devices}
+      for name, spec in specs.items()
+  }
 
 
 def tp_allreduces_per_token(spec: ModelSpec) -> int:
@@ -71,8 +73,7 @@ def single_stream(spec: ModelSpec, device: Accelerator, *, context: int,
   rows = []
   for tp in tps:
     try:
-      swept = layout_sweep(spec, device, context=context, batch_sizes=[1],
-                           layout=Layout(tp=tp))
+      swept = layout_sweep(spec, device, context=context, batch_sizes=[1], layout=Layout(tp=tp))
     except InputError:
       continue
     rows.append({"tp": tp, **swept["rows"][0]})

@@ -68,9 +68,11 @@ class Layout:
     return self.chips == 1
 
   def as_dict(self) -> dict[str, int]:
-    return {"tp": self.tp, "pp": self.pp, "ep": self.ep, "dp": self.dp,
-            "microbatches": self.microbatches, "chips": self.chips,
-            "chips_per_replica": self.chips_per_replica}
+    return {
+        "tp": self.tp, "pp": self.pp, "ep": self.ep, "dp": self.dp,
+        "microbatches": self.microbatches, "chips": self.chips,
+        "chips_per_replica": self.chips_per_replica
+    }
 
 
 def from_slice(layout: Layout, chips: int | None) -> Layout:
@@ -114,16 +116,14 @@ def model_terms(spec: ModelSpec) -> ModelTerms:
     rule = "MLA latent shared by all heads: replicated on every tensor rank"
   elif spec.attention is not None:
     heads, units = spec.attention.num_heads, spec.attention.num_kv_heads
-    rule = (f"{units} K/V heads split across tp, replicated once tp > {units}"
-            + ("; sliding-window blocks split the same way" if spec.attention.sliding_window
-               else ""))
+    rule = (f"{units} K/V heads split across tp, replicated once tp > {units}" +
+            ("; sliding-window blocks split the same way" if spec.attention.sliding_window else ""))
   else:
     heads, units = 0, spec.ssm.inner_size if spec.ssm else 1
     rule = "recurrent state split by channels across tp"
   moe = spec.moe
   return ModelTerms(blocks=spec.num_layers, width=spec.hidden_size, vocab=spec.vocab_size,
-                    heads=heads, kv_units=units, kv_rule=rule,
-                    moe_blocks=spec.num_moe_layers,
+                    heads=heads, kv_units=units, kv_rule=rule, moe_blocks=spec.num_moe_layers,
                     experts=moe.num_experts if moe else 0,
                     top_k=moe.experts_per_token if moe else 0)
 
@@ -138,29 +138,33 @@ def validate(layout: Layout, spec: ModelSpec, device: Accelerator) -> Layout:
   tp = layout.tp
   if terms.heads and terms.heads % tp:
     allowed = [x for x in range(1, terms.heads + 1) if terms.heads % x == 0]
-    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {terms.heads} query "
-                            f"heads: allowed tp values are {allowed}.", field="tp")
+    raise errors.InputError(
+        f"tp={tp} does not divide {spec.name}'s {terms.heads} query "
+        f"heads: allowed tp values are {allowed}.", field="tp")
   if spec.attention is not None and spec.mla is None:
     kv = terms.kv_units
     if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
-      raise errors.InputError(f"tp={tp} neither divides nor is a multiple of {spec.name}'s "
-                              f"{kv} K/V heads: heads cannot be split or replicated evenly.",
-                              field="tp")
+      raise errors.InputError(
+          f"tp={tp} neither divides nor is a multiple of {spec.name}'s "
+          f"{kv} K/V heads: heads cannot be split or replicated evenly.", field="tp")
   if not terms.heads and spec.ssm is not None and spec.ssm.inner_size % tp:
-    raise errors.InputError(f"tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
-                            "SSM channels.", field="tp")
+    raise errors.InputError(
+        f"tp={tp} does not divide {spec.name}'s {spec.ssm.inner_size} "
+        "SSM channels.", field="tp")
   if layout.pp > spec.num_layers:
-    raise errors.InputError(f"pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
-                            f"blocks: allowed 1..{spec.num_layers}.", field="pp")
+    raise errors.InputError(
+        f"pp={layout.pp} exceeds {spec.name}'s {spec.num_layers} "
+        f"blocks: allowed 1..{spec.num_layers}.", field="pp")
   if layout.ep > 1:
     if not spec.is_moe:
-      raise errors.InputError(f"ep={layout.ep} needs a mixture-of-experts model; "
-                              f"{spec.name} is dense: allowed ep=1.", field="ep")
+      raise errors.InputError(
+          f"ep={layout.ep} needs a mixture-of-experts model; "
+          f"{spec.name} is dense: allowed ep=1.", field="ep")
     if terms.experts % layout.ep:
       allowed = [x for x in range(1, terms.experts + 1) if terms.experts % x == 0]
-      raise errors.InputError(f"ep={layout.ep} does not divide {spec.name}'s "
-                              f"{terms.experts} experts: allowed ep values are {allowed}.",
-                              field="ep")
+      raise errors.InputError(
+          f"ep={layout.ep} does not divide {spec.name}'s "
+          f"{terms.experts} experts: allowed ep values are {allowed}.", field="ep")
   links(layout, device)
   return layout
 
@@ -187,28 +191,30 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
   if layout.chips_per_replica == 1:
     return LinkChoice(1.0, 0.0, "none", "one chip per replica: no communication")
   if net is None:
-    raise errors.InputError(f"tp*pp*ep = {layout.chips_per_replica}: {device.name} has no "
-                            "interconnect figures: allowed tp = pp = ep = 1.", field="tp")
+    raise errors.InputError(
+        f"tp*pp*ep = {layout.chips_per_replica}: {device.name} has no "
+        "interconnect figures: allowed tp = pp = ep = 1.", field="tp")
   if layout.chips_per_replica <= net.domain_chips:
     torus = "torus" in net.topology
-    return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
-                      f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
-                      f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
-                      f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
-                      f"collective ({net.base_latency_basis})"
-                      + ("; rings per torus axis" if torus else ""),
-                      base_latency_s=net.base_latency_s, torus=torus,
-                      axes=3 if "3d" in net.topology.lower() else 2)
-  if (net.domain_chips == 1 and "pcie" in net.technology.lower()
-      and layout.chips_per_replica <= PCIE_HOST_CHIPS):
-    return LinkChoice(net.collective_bytes_per_s, net.hop_latency_s, "pcie",
-                      f"no scale-up fabric on {device.name}: collectives over {net.technology} "
-                      f"at {net.collective_bytes_per_s / 1e9:g} GB/s per card "
-                      f"(the recorded PCIe rate; peer-to-peer through a shared root complex "
-                      f"is slower), {net.hop_latency_s * 1e6:g} us per hop "
-                      f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
-                      f"collective; one host of up to {PCIE_HOST_CHIPS} cards (assumed)",
-                      base_latency_s=net.base_latency_s)
+    return LinkChoice(
+        net.collective_bytes_per_s, net.hop_latency_s, "scale-up",
+        f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
+        f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
+        f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
+        f"collective ({net.base_latency_basis})" + ("; rings per torus axis" if torus else ""),
+        base_latency_s=net.base_latency_s, torus=torus,
+        axes=3 if "3d" in net.topology.lower() else 2)
+  if (net.domain_chips == 1 and "pcie" in net.technology.lower() and
+      layout.chips_per_replica <= PCIE_HOST_CHIPS):
+    return LinkChoice(
+        net.collective_bytes_per_s, net.hop_latency_s, "pcie",
+        f"no scale-up fabric on {device.name}: collectives over {net.technology} "
+        f"at {net.collective_bytes_per_s / 1e9:g} GB/s per card "
+        f"(the recorded PCIe rate; peer-to-peer through a shared root complex "
+        f"is slower), {net.hop_latency_s * 1e6:g} us per hop "
+        f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
+        f"collective; one host of up to {PCIE_HOST_CHIPS} cards (assumed)",
+        base_latency_s=net.base_latency_s)
   if net.scale_out_bytes_per_s is None:
     if net.domain_chips == 1 and "pcie" in net.technology.lower():
       raise errors.InputError(
@@ -221,19 +227,18 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
         f"recorded: allowed tp*pp*ep <= {net.domain_chips} (dp replicas for more chips).",
         field="tp")
   rate = min(net.scale_out_bytes_per_s, net.collective_bytes_per_s)
-  return LinkChoice(rate, net.hop_latency_s, "scale-out",
-                    f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "
-                    f"scale-up domain: collectives at the scale-out {rate / 1e9:g} GB/s per chip "
-                    f"(the slower link binds), {net.hop_latency_s * 1e6:g} us per hop, "
-                    f"{net.base_latency_s * 1e6:g} us per collective",
-                    base_latency_s=net.base_latency_s)
+  return LinkChoice(
+      rate, net.hop_latency_s, "scale-out",
+      f"replica spans {layout.chips_per_replica} chips > the {net.domain_chips}-chip "
+      f"scale-up domain: collectives at the scale-out {rate / 1e9:g} GB/s per chip "
+      f"(the slower link binds), {net.hop_latency_s * 1e6:g} us per hop, "
+      f"{net.base_latency_s * 1e6:g} us per collective", base_latency_s=net.base_latency_s)
 
 
 @functools.cache
 def _decode_evaluator(algorithm: str, bound: str):
-  inputs = (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb,
-            S.u_kv, S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.o_ovl, S.A_t,
-            *collectives.LINK_SYMBOLS)
+  inputs = (S.B, S.T, S.N, S.N_x, S.q, S.k, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.m_mb, S.u_kv,
+            S.n_blk, S.L_moe, S.K, S.D, S.V, S.a_act, S.o_ovl, S.A_t, *collectives.LINK_SYMBOLS)
   return lambdified(collectives.decode_outputs(algorithm, bound), inputs)
 
 
@@ -247,8 +252,8 @@ def decode_model(algorithm: str = "best", bound: str = "per_op"):
 
 @functools.cache
 def _prefill_evaluator(algorithm: str, bound: str):
-  inputs = (S.P, S.N, S.N_x, S.q, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.L_moe, S.K,
-            S.n_blk, S.D, S.V, S.a_act, S.o_ovl, S.A_f, *collectives.LINK_SYMBOLS)
+  inputs = (S.P, S.N, S.N_x, S.q, S.BW, S.F, S.N_act, S.tp, S.pp, S.ep, S.L_moe, S.K, S.n_blk, S.D,
+            S.V, S.a_act, S.o_ovl, S.A_f, *collectives.LINK_SYMBOLS)
   return lambdified(collectives.prefill_outputs(algorithm, bound), inputs)
 
 
@@ -263,12 +268,13 @@ def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
                   overlap: float = 0.0) -> dict[str, Any]:
   """The layout's and model's symbol values (tp, pp, ..., W_ic, t_hop) by name."""
   terms = model_terms(spec)
-  return {"tp": float(layout.tp), "pp": float(layout.pp), "ep": float(layout.ep),
-          "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
-          "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
-          "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
-          "a_act": activation_bytes, "o_ovl": overlap,
-          **link_values(link, layout.tp)}
+  return {
+      "tp": float(layout.tp), "pp": float(layout.pp), "ep": float(layout.ep),
+      "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
+      "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
+      "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
+      "a_act": activation_bytes, "o_ovl": overlap, **link_values(link, layout.tp)
+  }
 
 
 def ring_steps(chips: int, torus: bool, axes: int = 2) -> int:
@@ -293,9 +299,10 @@ def ring_steps(chips: int, torus: bool, axes: int = 2) -> int:
 
 def link_values(link: LinkChoice, tp: int) -> dict[str, float]:
   """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree."""
-  return {"W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s,
-          "t_base": link.base_latency_s, "h_tp": float(ring_steps(tp, link.torus, link.axes)),
-          "x_os": 0.0 if link.torus else 1.0}
+  return {
+      "W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s, "t_base": link.base_latency_s,
+      "h_tp": float(ring_steps(tp, link.torus, link.axes)), "x_os": 0.0 if link.torus else 1.0
+  }
 
 
 def expert_weights_read(spec: ModelSpec, batch: np.ndarray) -> np.ndarray:
@@ -320,27 +327,28 @@ class ChipMemory:
 _UNBOUNDED_BATCH = 10**9  # Sequences per ep group when a sequence keeps no K/V.
 
 
-def weight_byte_values(spec: ModelSpec, weight_format: params.WeightFormat
-                       ) -> dict[str, float]:
+def weight_byte_values(spec: ModelSpec, weight_format: params.WeightFormat) -> dict[str, float]:
   """`W_res`, `W_x`, `W_e`, `W_h` and `x_tie` of `collectives.chip_weight_bytes` for a
   model stored in `weight_format` (`W_h`: the tied table's bytes when tied)."""
   counts = params.parameter_counts(spec)
   head = "embeddings" if counts.tied else "lm_head"
-  return {"W_res": float(weight_format.resident_bytes(counts)),
-          "W_x": float(weight_format.part_bytes(counts, "experts_routed")),
-          "W_e": float(weight_format.part_bytes(counts, "embeddings")),
-          "W_h": float(weight_format.part_bytes(counts, head)),
-          "x_tie": float(counts.tied)}
+  return {
+      "W_res": float(weight_format.resident_bytes(counts)),
+      "W_x": float(weight_format.part_bytes(counts, "experts_routed")),
+      "W_e": float(weight_format.part_bytes(counts, "embeddings")),
+      "W_h": float(weight_format.part_bytes(counts, head)), "x_tie": float(counts.tied)
+  }
 
 
 @functools.cache
 def _chip_memory_model():
-  return lambdified({"weights": collectives.chip_weight_bytes(),
-                     "kv": collectives.chip_kv_bytes_per_sequence(),
-                     "usable": architecture.usable_kv_memory(S.C, S.w,
-                                                             collectives.chip_weight_bytes()),
-                     "sequences": collectives.replica_capacity_sequences()},
-                    collectives.CHIP_MEMORY_SYMBOLS)
+  return lambdified(
+      {
+          "weights": collectives.chip_weight_bytes(),
+          "kv": collectives.chip_kv_bytes_per_sequence(), "usable": architecture.usable_kv_memory(
+              S.C, S.w, collectives.chip_weight_bytes()),
+          "sequences": collectives.replica_capacity_sequences()
+      }, collectives.CHIP_MEMORY_SYMBOLS)
 
 
 def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
@@ -355,11 +363,11 @@ def chip_memory(layout: Layout, spec: ModelSpec, device: Accelerator, *,
   split over its ep groups.
   """
   with np.errstate(divide="ignore", invalid="ignore"):  # A sequence without K/V: s = 0.
-    out = _chip_memory_model()(
-        C=device.memory_capacity_bytes, w=workspace_fraction,
-        **weight_byte_values(spec, weight_format), s=kv_allocated_bytes_per_sequence,
-        tp=float(layout.tp), pp=float(layout.pp), ep=float(layout.ep),
-        u_kv=float(model_terms(spec).kv_units))
+    out = _chip_memory_model()(C=device.memory_capacity_bytes, w=workspace_fraction,
+                               **weight_byte_values(spec, weight_format),
+                               s=kv_allocated_bytes_per_sequence, tp=float(layout.tp),
+                               pp=float(layout.pp), ep=float(layout.ep),
+                               u_kv=float(model_terms(spec).kv_units))
   usable, kv = float(out["usable"]), float(out["kv"])
   if usable <= 0:
     batch = 0

@@ -91,8 +91,9 @@ class Targets:
     errors.require_positive("token_gap_ms", self.token_gap_s * 1e3)
     errors.require_positive("ttft_ms", self.ttft_s * 1e3)
     if (self.aggregate_tokens_per_s is None) == (self.arrival_rate_per_s is None):
-      raise errors.InputError("give the load once: aggregate_tokens_per_s or arrival_rate, "
-                              "not both and not neither.", field="aggregate_tokens_per_s")
+      raise errors.InputError(
+          "give the load once: aggregate_tokens_per_s or arrival_rate, "
+          "not both and not neither.", field="aggregate_tokens_per_s")
     if self.aggregate_tokens_per_s is not None:
       errors.require_positive("aggregate_tokens_per_s", self.aggregate_tokens_per_s)
     else:
@@ -110,20 +111,21 @@ def _load_model():
   """Capacity, loaded gap and mean TTFT of one replica, and the largest rates the gap
   and TTFT targets allow (`jaxroof.symbolic.request_formulas`), lambdified once."""
   rate_ttft = request_formulas.max_arrival_rate_for_ttft()
-  return lambdified({
-      "capacity": request_formulas.shared_capacity_rate(),
-      "rate_gap": request_formulas.max_arrival_rate_for_gap(),
-      "rate_ttft": rate_ttft,
-  }, (S.t, S.D_pf, S.B, S.n_out, S.t_gap, S.t_ttft, S.t_window))
-
+  return lambdified(
+      {
+          "capacity": request_formulas.shared_capacity_rate(),
+          "rate_gap": request_formulas.max_arrival_rate_for_gap(),
+          "rate_ttft": rate_ttft,
+      }, (S.t, S.D_pf, S.B, S.n_out, S.t_gap, S.t_ttft, S.t_window))
 
 
 @functools.cache
 def _at_rate_model():
-  return lambdified({"gap": request_formulas.loaded_token_gap(),
-                     "ttft": request_formulas.ttft(),
-                     "utilisation": request_formulas.utilisation()},
-                    (S.t, S.lam, S.D_pf, S.t_window))
+  return lambdified(
+      {
+          "gap": request_formulas.loaded_token_gap(), "ttft": request_formulas.ttft(),
+          "utilisation": request_formulas.utilisation()
+      }, (S.t, S.lam, S.D_pf, S.t_window))
 
 
 def parse_prices(text: str | None, known: Sequence[str]) -> dict[str, float]:
@@ -139,19 +141,22 @@ def parse_prices(text: str | None, known: Sequence[str]) -> dict[str, float]:
     name, sep, value = entry.strip().partition("=")
     name = name.strip()
     if not sep or not name:
-      raise errors.InputError(f"price_per_hour entry {entry.strip()!r} is not NAME=PRICE "
-                              "(e.g. h100-sxm=3.0).", field="price_per_hour")
+      raise errors.InputError(
+          f"price_per_hour entry {entry.strip()!r} is not NAME=PRICE "
+          "(e.g. h100-sxm=3.0).", field="price_per_hour")
     if name not in known:
-      raise errors.InputError(f"price_per_hour names {name!r}, not a known accelerator: "
-                              f"allowed {', '.join(known)}.", field="price_per_hour")
+      raise errors.InputError(
+          f"price_per_hour names {name!r}, not a known accelerator: "
+          f"allowed {', '.join(known)}.", field="price_per_hour")
     try:
       price = float(value)
     except ValueError:
       raise errors.InputError(f"price_per_hour for {name} is {value.strip()!r}, not a "
                               "number.", field="price_per_hour") from None
     if not math.isfinite(price) or price <= 0:
-      raise errors.InputError(f"price_per_hour for {name} is {value.strip()}: a price must "
-                              "be a finite number > 0 ($ per chip-hour).", field="price_per_hour")
+      raise errors.InputError(
+          f"price_per_hour for {name} is {value.strip()}: a price must "
+          "be a finite number > 0 ($ per chip-hour).", field="price_per_hour")
     if name in out:
       raise errors.InputError(f"price_per_hour names {name} twice.", field="price_per_hour")
     out[name] = price
@@ -179,12 +184,11 @@ def format_notes(spec: ModelSpec, devices: Sequence[Accelerator],
 def _memory_model():
   """The busiest chip's bytes (`collectives.chip_memory_bytes`), lambdified once."""
   return lambdified({"chip_bytes": collectives.chip_memory_bytes()},
-                    (S.B, S.W_res, S.W_x, S.W_e, S.W_h, S.x_tie, S.s, S.tp, S.pp, S.ep,
-                     S.u_kv))
+                    (S.B, S.W_res, S.W_x, S.W_e, S.W_h, S.x_tie, S.s, S.tp, S.pp, S.ep, S.u_kv))
 
 
-def candidate_layouts(spec: ModelSpec, device: Accelerator
-                      ) -> list[tuple[Layout, layout_lib.LinkChoice]]:
+def candidate_layouts(spec: ModelSpec,
+                      device: Accelerator) -> list[tuple[Layout, layout_lib.LinkChoice]]:
   """Every layout of the search grid this model and device accept, with its links."""
   eps = EP_CHOICES if spec.is_moe else (1,)
   out = []
@@ -202,8 +206,8 @@ def candidate_layouts(spec: ModelSpec, device: Accelerator
 
 
 def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
-               weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
-               batches: np.ndarray, workspace_fraction: float,
+               weight_dtypes: Sequence[str], kv_dtypes: Sequence[str], batches: np.ndarray,
+               workspace_fraction: float,
                prompt_tokens: int | None = None) -> dict[str, np.ndarray]:
   """Flat arrays, one entry per configuration, of every input the models take
   (`prompt_tokens`, default the context: the prefill's attention FLOPs per pair)."""
@@ -222,44 +226,45 @@ def build_grid(spec: ModelSpec, devices: Sequence[Accelerator], context: int,
     if not layouts:
       continue
     n_layouts, n_b = len(layouts), len(batches)
-    per_layout = {name: np.repeat(np.array([getattr(lay, name) for lay, _ in layouts],
-                                           dtype=float), n_b)
-                  for name in ("tp", "pp", "ep", "microbatches")}
-    link_columns = {name: np.repeat([layout_lib.link_values(link, lay.tp)[name]
-                                     for lay, link in layouts], n_b)
-                    for name in LINK_NAMES}
+    per_layout = {
+        name: np.repeat(np.array([getattr(lay, name) for lay, _ in layouts], dtype=float), n_b)
+        for name in ("tp", "pp", "ep", "microbatches")
+    }
+    link_columns = {
+        name: np.repeat([layout_lib.link_values(link, lay.tp)[name] for lay, link in layouts], n_b)
+        for name in LINK_NAMES
+    }
     b = np.tile(batches, n_layouts)
     for wi, wdt in enumerate(weight_dtypes):
       for ki, kdt in enumerate(kv_dtypes):
-        inputs = step_inputs.decode_step_inputs(
-            spec, device, context=context, batch_sizes=list(batches), weight_dtype=wdt,
-            kv_dtype=kdt, workspace_fraction=workspace_fraction)
+        inputs = step_inputs.decode_step_inputs(spec, device, context=context,
+                                                batch_sizes=list(batches), weight_dtype=wdt,
+                                                kv_dtype=kdt, workspace_fraction=workspace_fraction)
         size = n_layouts * n_b
         name = inputs.weight_dtype + (" (published)" if wdt == "published" else "")
-        same = (di, tuple(np.round(np.broadcast_to(inputs.q, (n_b,)), 12)),
-                round(float(inputs.k), 9), float(inputs.F),
+        same = (di, tuple(np.round(np.broadcast_to(inputs.q, (n_b,)),
+                                   12)), round(float(inputs.k), 9), float(inputs.F),
                 float(inputs.kv_allocated_bytes_per_sequence), float(inputs.A_t))
         cls = classes.setdefault(same, len(classes))
         members.setdefault(cls, []).append((name, kdt))
-        add(device=np.full(size, di), wdt=np.full(size, wi), kdt=np.full(size, ki),
-            cls=np.full(size, cls),
-            B=b, N=np.tile(inputs.N, n_layouts), N_x=np.tile(n_x, n_layouts),
-            q=np.tile(np.broadcast_to(inputs.q, (n_b,)), n_layouts), k=np.full(size, inputs.k),
-            BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
-            N_act=np.full(size, inputs.N_act), **link_columns,
-            A_t=np.full(size, inputs.A_t),
-            **{name: np.full(size, value) for name, value in
-               layout_lib.weight_byte_values(spec, inputs.weight_format).items()},
-            s=np.full(size, inputs.kv_allocated_bytes_per_sequence),
-            capacity=np.full(size, inputs.memory_capacity_bytes * (1 - workspace_fraction)),
-            **per_layout)
+        add(
+            device=np.full(size, di), wdt=np.full(size, wi), kdt=np.full(size, ki),
+            cls=np.full(size, cls), B=b, N=np.tile(inputs.N, n_layouts),
+            N_x=np.tile(n_x, n_layouts), q=np.tile(np.broadcast_to(inputs.q, (n_b,)), n_layouts),
+            k=np.full(size, inputs.k), BW=np.full(size, inputs.BW), F=np.full(size, inputs.F),
+            N_act=np.full(size, inputs.N_act), **link_columns, A_t=np.full(size, inputs.A_t), **{
+                name: np.full(size, value) for name, value in layout_lib.weight_byte_values(
+                    spec, inputs.weight_format).items()
+            }, s=np.full(size, inputs.kv_allocated_bytes_per_sequence),
+            capacity=np.full(size,
+                             inputs.memory_capacity_bytes * (1 - workspace_fraction)), **per_layout)
   grid = {name: np.concatenate(parts) for name, parts in columns.items()}
-  grid.update(u_kv=float(terms.kv_units), n_blk=float(terms.blocks),
-              L_moe=float(terms.moe_blocks), K=float(max(terms.top_k, 1)),
-              D=float(terms.width), V=float(terms.vocab),
-              class_members=members,
-              A_f=prefill_formulas.pair_flops_at(prefill_formulas.attention_terms(spec),
-                                                 prompt_tokens or context))
+  grid.update(
+      u_kv=float(terms.kv_units), n_blk=float(terms.blocks), L_moe=float(terms.moe_blocks),
+      K=float(max(terms.top_k,
+                  1)), D=float(terms.width), V=float(terms.vocab), class_members=members,
+      A_f=prefill_formulas.pair_flops_at(prefill_formulas.attention_terms(spec), prompt_tokens or
+                                         context))
   return grid
 
 
@@ -270,20 +275,19 @@ def evaluate_grid(grid: dict[str, Any], context: int,
   """Decode step, prefill and per-chip memory at every configuration (one call each):
   the one cost model's decode and prefill (`bound`) of a `prompt_tokens` prompt
   (default the context), communication hidden by `comm_overlap`."""
-  shared = dict(tp=grid["tp"], pp=grid["pp"], ep=grid["ep"], L_moe=grid["L_moe"],
-                K=grid["K"], D=grid["D"], V=grid["V"], a_act=activation_bytes,
-                **{name: grid[name] for name in LINK_NAMES}, o_ovl=comm_overlap,
-                n_blk=grid["n_blk"],
+  shared = dict(tp=grid["tp"], pp=grid["pp"], ep=grid["ep"], L_moe=grid["L_moe"], K=grid["K"],
+                D=grid["D"], V=grid["V"], a_act=activation_bytes,
+                **{name: grid[name] for name in LINK_NAMES}, o_ovl=comm_overlap, n_blk=grid["n_blk"],
                 q=grid["q"], F=grid["F"], N_act=grid["N_act"], BW=grid["BW"])
   decode = layout_lib.decode_model(bound=bound)(B=grid["B"], T=float(context), N=grid["N"],
-                                     N_x=grid["N_x"], k=grid["k"], m_mb=grid["microbatches"],
-                                     u_kv=grid["u_kv"], A_t=grid["A_t"], **shared)
-  prefill = layout_lib.prefill_model(bound=bound)(P=float(prompt_tokens or context), N=grid["N"], N_x=grid["N_x"],
-                                       A_f=grid["A_f"], **shared)
-  memory = _memory_model()(B=grid["B"], W_res=grid["W_res"], W_x=grid["W_x"],
-                           W_e=grid["W_e"], W_h=grid["W_h"], x_tie=grid["x_tie"],
-                           s=grid["s"], tp=grid["tp"], pp=grid["pp"], ep=grid["ep"],
-                           u_kv=grid["u_kv"])
+                                                N_x=grid["N_x"], k=grid["k"],
+                                                m_mb=grid["microbatches"], u_kv=grid["u_kv"],
+                                                A_t=grid["A_t"], **shared)
+  prefill = layout_lib.prefill_model(bound=bound)(P=float(prompt_tokens or context), N=grid["N"],
+                                                  N_x=grid["N_x"], A_f=grid["A_f"], **shared)
+  memory = _memory_model()(B=grid["B"], W_res=grid["W_res"], W_x=grid["W_x"], W_e=grid["W_e"],
+                           W_h=grid["W_h"], x_tie=grid["x_tie"], s=grid["s"], tp=grid["tp"],
+                           pp=grid["pp"], ep=grid["ep"], u_kv=grid["u_kv"])
   return {**decode, **prefill, **memory}
 
 
@@ -292,8 +296,6 @@ def _binds(out: dict[str, np.ndarray]) -> np.ndarray:
   kv_s = out["memory_s"] - weights_s
   terms = np.stack([weights_s, kv_s, out["compute_s"], out["comm_s"]])
   return np.array(["weights", "K/V", "compute", "communication"])[np.argmax(terms, axis=0)]
-
-
 
 
 def _replicas(grid: Mapping[str, Any], out: Mapping[str, np.ndarray], targets: Targets,
@@ -316,20 +318,20 @@ def _replicas(grid: Mapping[str, Any], out: Mapping[str, np.ndarray], targets: T
     lam = request_rate / dp
     at = _at_rate_model()(t=step, lam=lam, D_pf=prefill, t_window=0.0)
     queue = _at_rate_model()(t=step, lam=lam, D_pf=service, t_window=0.0)
-  binding = np.array(["capacity", "token_gap", "ttft"])[
-      np.argmin(np.stack([capacity, gap_rate, ttft_rate]), axis=0)]
-  return {"dp": dp, "lam": lam, "lam_max": lam_max, "capacity": capacity,
-          "loaded_gap": at["gap"], "ttft": queue["ttft"],
-          "utilisation": queue["utilisation"], "load_binds": binding}
+  binding = np.array(["capacity", "token_gap",
+                      "ttft"])[np.argmin(np.stack([capacity, gap_rate, ttft_rate]), axis=0)]
+  return {
+      "dp": dp, "lam": lam, "lam_max": lam_max, "capacity": capacity, "loaded_gap": at["gap"],
+      "ttft": queue["ttft"], "utilisation": queue["utilisation"], "load_binds": binding
+  }
 
 
 def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targets: Targets,
          prompt_tokens: int | None = None, output_tokens: int = DEFAULT_OUTPUT_TOKENS,
          weight_dtypes: Sequence[str] = DEFAULT_WEIGHT_DTYPES,
-         kv_dtypes: Sequence[str] = DEFAULT_KV_DTYPES,
-         batches: Sequence[int] = BATCHES, workspace_fraction: float = 0.1,
-         top: int = 20, bound: str = "per_op", comm_overlap: float = 0.0,
-         prices: Mapping[str, float] | None = None,
+         kv_dtypes: Sequence[str] = DEFAULT_KV_DTYPES, batches: Sequence[int] = BATCHES,
+         workspace_fraction: float = 0.1, top: int = 20, bound: str = "per_op",
+         comm_overlap: float = 0.0, prices: Mapping[str, float] | None = None,
          max_chips: int | None = None, pools: str = "both") -> dict[str, Any]:
   """Configurations serving the workload within `targets`, ranked.
 
@@ -353,15 +355,16 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   output_tokens = errors.require_positive_int("output_tokens", output_tokens)
   if prompt_tokens is None:
     if output_tokens >= context:
-      raise errors.InputError(f"output_tokens={output_tokens} leaves no prompt within the "
-                              f"{context}-token context: give prompt_tokens or a larger "
-                              "context.", field="output_tokens")
+      raise errors.InputError(
+          f"output_tokens={output_tokens} leaves no prompt within the "
+          f"{context}-token context: give prompt_tokens or a larger "
+          "context.", field="output_tokens")
     prompt_tokens = context - output_tokens
   prompt_tokens = errors.require_positive_int("prompt_tokens", prompt_tokens)
   if prompt_tokens + output_tokens > context:
-    raise errors.InputError(f"prompt_tokens + output_tokens = {prompt_tokens + output_tokens} "
-                            f"exceeds the {context}-token context: allowed a sum <= {context}.",
-                            field="prompt_tokens")
+    raise errors.InputError(
+        f"prompt_tokens + output_tokens = {prompt_tokens + output_tokens} "
+        f"exceeds the {context}-token context: allowed a sum <= {context}.", field="prompt_tokens")
   if not devices:
     raise errors.InputError("accelerators is empty: give at least one.", field="accelerators")
   if not weight_dtypes or not kv_dtypes:
@@ -372,9 +375,9 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   if prices:
     missing = [d.name for d in devices if d.name not in prices]
     if missing:
-      raise errors.InputError(f"no price per hour for {', '.join(missing)}: give one for "
-                              "every accelerator searched, or leave it out.",
-                              field="price_per_hour")
+      raise errors.InputError(
+          f"no price per hour for {', '.join(missing)}: give one for "
+          "every accelerator searched, or leave it out.", field="price_per_hour")
   if max_chips is not None:
     max_chips = errors.require_positive_int("max_chips", max_chips)
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batches), dtype=float)
@@ -382,9 +385,9 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   grid = build_grid(spec, devices, context, weight_dtypes, kv_dtypes, batch, workspace_fraction,
                     prompt_tokens=prompt_tokens)
   if "B" not in grid:
-    raise errors.InputError(f"no layout of {spec.name} fits any of "
-                            f"{', '.join(d.name for d in devices)}'s interconnects.",
-                            field="accelerators")
+    raise errors.InputError(
+        f"no layout of {spec.name} fits any of "
+        f"{', '.join(d.name for d in devices)}'s interconnects.", field="accelerators")
   out = evaluate_grid(grid, context, bound=bound, comm_overlap=comm_overlap,
                       prompt_tokens=prompt_tokens)
   rate = targets.request_rate(output_tokens)
@@ -396,8 +399,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   if max_chips is not None:
     ok &= chips <= max_chips
   with np.errstate(divide="ignore", invalid="ignore"):
-    headroom = np.minimum(targets.token_gap_s / load["loaded_gap"],
-                          targets.ttft_s / load["ttft"])
+    headroom = np.minimum(targets.token_gap_s / load["loaded_gap"], targets.ttft_s / load["ttft"])
   price = np.array([prices.get(d.name, np.nan) for d in devices])[grid["device"].astype(int)]
   cost = chips * price
   idx = np.nonzero(ok)[0]
@@ -421,8 +423,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   if not prices:  # Rank 1 of each accelerator, then rank 2, ...: kinds never compared.
     chosen = sorted(chosen, key=lambda c: (c[1], int(grid["device"][c[0]])))[:top]
   order = np.asarray([c[0] for c in chosen], dtype=int)
-  binds = _binds({n: out[n][order] for n in ("memory_s", "weight_bytes", "kv_bytes",
-                                               "compute_s", "comm_s")})
+  binds = _binds(
+      {n: out[n][order] for n in ("memory_s", "weight_bytes", "kv_bytes", "compute_s", "comm_s")})
   served_tokens_per_s = rate * output_tokens
   plans = []
   for rank, ((i, in_device), bind) in enumerate(zip(chosen, binds), 1):
@@ -432,55 +434,64 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     per_hour = float(cost[i]) if prices else None
     plans.append({
         "rank": rank, "rank_within_accelerator": in_device,
-        "accelerator": devices[int(grid["device"][i])].name,
-        "chips": n_chips, "tp": int(grid["tp"][i]), "pp": int(grid["pp"][i]),
-        "ep": int(grid["ep"][i]), "dp": dp, "microbatches": int(grid["microbatches"][i]),
-        "batch": int(grid["B"][i]), "weight_dtype": wname, "kv_dtype": kname,
+        "accelerator": devices[int(grid["device"][i])].name, "chips": n_chips,
+        "tp": int(grid["tp"][i]), "pp": int(grid["pp"][i]), "ep": int(grid["ep"][i]), "dp": dp,
+        "microbatches": int(grid["microbatches"][i]
+                           ), "batch": int(grid["B"][i]), "weight_dtype": wname, "kv_dtype": kname,
         "merged": [{"weight_dtype": w, "kv_dtype": k} for w, k in members[1:]],
-        "step_s": float(out["step_s"][i]),
-        "loaded_token_gap_s": float(load["loaded_gap"][i]),
+        "step_s": float(out["step_s"][i]), "loaded_token_gap_s": float(load["loaded_gap"][i]),
         "prefill_s": float(out["prefill_s"][i]), "ttft_s": float(load["ttft"][i]),
-        "utilisation": float(load["utilisation"][i]),
-        "arrival_rate_per_replica_per_s": float(load["lam"][i]),
-        "capacity_per_replica_per_s": float(load["capacity"][i]),
-        "load_binds": str(load["load_binds"][i]),
-        "comm_s": float(out["comm_s"][i]),
+        "utilisation": float(load["utilisation"][i]), "arrival_rate_per_replica_per_s": float(
+            load["lam"][i]), "capacity_per_replica_per_s": float(load["capacity"][i]),
+        "load_binds": str(load["load_binds"][i]), "comm_s": float(out["comm_s"][i]),
         "aggregate_tokens_per_s": float(load["capacity"][i] * dp * output_tokens),
         "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][i]),
-        "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][i]),
-        "chip_memory_bytes": float(out["chip_bytes"][i]), "binds": str(bind),
-        "headroom": float(headroom[i]),
-        "cost_per_hour": per_hour,
-        "cost_per_million_tokens": (None if per_hour is None
-                                    else per_hour / (served_tokens_per_s * 3600 / 1e6)),
-        "pools": {"kind": "shared", "prefill_chips": n_chips, "decode_chips": n_chips,
-                  "note": "one pool: every replica prefills and decodes on its own chips"},
-        "simulated": None})
+        "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][i]
+                                          ), "chip_memory_bytes": float(out["chip_bytes"][i]
+                                                                       ), "binds": str(bind),
+        "headroom": float(headroom[i]), "cost_per_hour": per_hour, "cost_per_million_tokens":
+            (None if per_hour is None else per_hour / (served_tokens_per_s * 3600 / 1e6)
+            ), "pools": {
+                "kind": "shared", "prefill_chips": n_chips, "decode_chips": n_chips,
+                "note": "one pool: every replica prefills and decodes on its own chips"
+            }, "simulated": None
+    })
   if pools in ("both", "split"):
-    plans += _split_plans(spec, devices, grid, out, targets, rate, output_tokens,
-                          prompt_tokens, even, prices, max_chips, served_tokens_per_s)
+    plans += _split_plans(spec, devices, grid, out, targets, rate, output_tokens, prompt_tokens,
+                          even, prices, max_chips, served_tokens_per_s)
   if pools == "split":
     plans = [p for p in plans if p["pools"]["kind"] == "split"]
   plans = _order(plans, devices, bool(prices), top)
   return {
-      "kind": "bound", "model": spec.name, "context": context, "pools_searched": pools,
-      "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                   "arrival_rate_per_s": rate, "output_tokens_per_s": served_tokens_per_s},
+      "kind": "bound",
+      "model": spec.name,
+      "context": context,
+      "pools_searched": pools,
+      "workload": {
+          "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+          "arrival_rate_per_s": rate, "output_tokens_per_s": served_tokens_per_s
+      },
       "targets": dataclasses.asdict(targets),
-      "searched": int(grid["B"].size), "meeting": int(idx.size),
+      "searched": int(grid["B"].size),
+      "meeting": int(idx.size),
       "wall_s": time.perf_counter() - start,
       "accelerators": [d.name for d in devices],
       "prices_per_hour": prices or None,
-      "ranked_by": ("cost per hour" if prices else
-                    "chips within each accelerator (no prices: kinds not compared)"),
-      "weight_dtypes": list(weight_dtypes), "kv_dtypes": list(kv_dtypes),
-      "max_chips": max_chips, "notes": notes,
-      "assumptions": list(ASSUMPTIONS), "plans": plans,
-      "units": {"step_s": "s", "ttft_s": "s (mean, M/D/1)", "comm_s": "s", "chips": "chips",
-                "aggregate_tokens_per_s": "tokens/s (fleet capacity at the plan's batch)",
-                "chip_memory_bytes": "B", "cost_per_hour": "$ per hour (fleet)",
-                "cost_per_million_tokens": "$ per million output tokens at the target load",
-                "wall_s": "s (wall-clock of the search, this CPU)"},
+      "ranked_by": ("cost per hour"
+                    if prices else "chips within each accelerator (no prices: kinds not compared)"),
+      "weight_dtypes": list(weight_dtypes),
+      "kv_dtypes": list(kv_dtypes),
+      "max_chips": max_chips,
+      "notes": notes,
+      "assumptions": list(ASSUMPTIONS),
+      "plans": plans,
+      "units": {
+          "step_s": "s", "ttft_s": "s (mean, M/D/1)", "comm_s": "s", "chips": "chips",
+          "aggregate_tokens_per_s": "tokens/s (fleet capacity at the plan's batch)",
+          "chip_memory_bytes": "B", "cost_per_hour": "$ per hour (fleet)",
+          "cost_per_million_tokens": "$ per million output tokens at the target load",
+          "wall_s": "s (wall-clock of the search, this CPU)"
+      },
   }
 
 
@@ -498,8 +509,8 @@ def _order(plans: list[dict[str, Any]], devices: Sequence[Accelerator], priced: 
     for rows in by_device.values():
       for k, p in enumerate(rows, 1):
         p["rank_within_accelerator"] = k
-    plans = sorted((p for rows in by_device.values() for p in rows[:top]),
-                   key=lambda p: (p["rank_within_accelerator"], index[p["accelerator"]]))[:top]
+    plans = sorted((p for rows in by_device.values() for p in rows[:top]), key=lambda p:
+                   (p["rank_within_accelerator"], index[p["accelerator"]]))[:top]
   for rank, p in enumerate(plans, 1):
     p["rank"] = rank
   return plans
@@ -512,10 +523,9 @@ def _kv_link(device: Accelerator) -> tuple[float, str]:
 
 
 def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[str, Any],
-                 out: Mapping[str, np.ndarray], targets: Targets, rate: float,
-                 output_tokens: int, prompt_tokens: int, even: np.ndarray,
-                 prices: Mapping[str, float], max_chips: int | None,
-                 served_tokens_per_s: float) -> list[dict[str, Any]]:
+                 out: Mapping[str, np.ndarray], targets: Targets, rate: float, output_tokens: int,
+                 prompt_tokens: int, even: np.ndarray, prices: Mapping[str, float],
+                 max_chips: int | None, served_tokens_per_s: float) -> list[dict[str, Any]]:
   """The fewest-chip split (prefill pool + decode pool) per accelerator and bytes class.
 
   The pools are independent, so each is its own minimum: prefill replicas of a layout
@@ -532,11 +542,12 @@ def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[
     pre = _load_model()(t=out["step_s"], D_pf=out["prefill_s"], B=grid["B"],
                         n_out=float(output_tokens), t_gap=targets.token_gap_s,
                         t_ttft=np.where(budget > 0, budget, np.nan), t_window=0.0)
-    rate_p = np.where((budget > out["prefill_s"]) & np.isfinite(pre["rate_ttft"]),
-                      pre["rate_ttft"], 0.0)
+    rate_p = np.where((budget > out["prefill_s"]) & np.isfinite(pre["rate_ttft"]), pre["rate_ttft"],
+                      0.0)
     n_p = np.ceil(rate / np.where(rate_p > 0, rate_p, np.nan) * (1 - 1e-12))
-    dec = _load_model()(t=out["step_s"], D_pf=np.zeros_like(out["step_s"]), B=grid["B"], n_out=float(output_tokens),
-                        t_gap=targets.token_gap_s, t_ttft=targets.ttft_s, t_window=0.0)
+    dec = _load_model()(t=out["step_s"], D_pf=np.zeros_like(out["step_s"]), B=grid["B"],
+                        n_out=float(output_tokens), t_gap=targets.token_gap_s,
+                        t_ttft=targets.ttft_s, t_window=0.0)
     rate_d = np.where(out["step_s"] <= targets.token_gap_s, dec["capacity"], 0.0)
     n_d = np.ceil(rate / np.where(rate_d > 0, rate_d, np.nan) * (1 - 1e-12))
   chips_p = np.where(fits & (grid["B"] == grid["B"].min()) & (rate_p > 0), n_p * per_replica,
@@ -560,36 +571,35 @@ def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[
     per_hour = total * prices[device.name] if prices else None
     wname, kname = grid["class_members"][cls][0]
     plans.append({
-        "rank": 0, "rank_within_accelerator": 0, "accelerator": device.name,
-        "chips": total, "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
-        "ep": int(grid["ep"][idec]), "dp": int(n_d[idec]),
-        "microbatches": int(grid["microbatches"][idec]), "batch": int(grid["B"][idec]),
-        "weight_dtype": wname, "kv_dtype": kname,
-        "merged": [{"weight_dtype": w, "kv_dtype": k}
-                   for w, k in grid["class_members"][cls][1:]],
+        "rank": 0, "rank_within_accelerator": 0, "accelerator": device.name, "chips": total,
+        "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]), "ep": int(grid["ep"][idec]),
+        "dp": int(n_d[idec]), "microbatches": int(grid["microbatches"][idec]),
+        "batch": int(grid["B"][idec]), "weight_dtype": wname, "kv_dtype": kname,
+        "merged": [{"weight_dtype": w, "kv_dtype": k} for w, k in grid["class_members"][cls][1:]],
         "step_s": step, "loaded_token_gap_s": step, "prefill_s": float(out["prefill_s"][ip]),
         "ttft_s": ttft, "utilisation": float(queue["utilisation"]),
-        "arrival_rate_per_replica_per_s": float(rate / n_d[idec]),
-        "capacity_per_replica_per_s": float(rate_d[idec]), "load_binds": "split",
-        "comm_s": float(out["comm_s"][idec]),
-        "aggregate_tokens_per_s": float(rate_d[idec] * n_d[idec] * output_tokens),
-        "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][idec]),
-        "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][idec]),
-        "chip_memory_bytes": float(out["chip_bytes"][idec]), "binds": "split pools",
-        "headroom": float(min(targets.token_gap_s / step, targets.ttft_s / ttft)),
-        "cost_per_hour": per_hour,
-        "cost_per_million_tokens": (None if per_hour is None
-                                    else per_hour / (served_tokens_per_s * 3600 / 1e6)),
-        "pools": {"kind": "split", "prefill_chips": int(chips_p[ip]),
-                  "decode_chips": int(chips_d[idec]),
-                  "prefill": {"tp": int(grid["tp"][ip]), "pp": int(grid["pp"][ip]),
-                              "ep": int(grid["ep"][ip]), "replicas": int(n_p[ip]),
-                              "utilisation": float(queue["utilisation"])},
-                  "decode": {"tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
-                             "ep": int(grid["ep"][idec]), "replicas": int(n_d[idec]),
-                             "batch": int(grid["B"][idec])},
-                  "kv_transfer_s": float(transfer[ip]),
-                  "kv_link": _kv_link(device)[1]},
-        "simulated": None})
+        "arrival_rate_per_replica_per_s": float(rate / n_d[idec]
+                                               ), "capacity_per_replica_per_s": float(rate_d[idec]),
+        "load_binds": "split", "comm_s": float(out["comm_s"][idec]), "aggregate_tokens_per_s":
+            float(rate_d[idec] * n_d[idec] * output_tokens
+                 ), "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][idec]),
+        "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][idec]
+                                          ), "chip_memory_bytes": float(out["chip_bytes"][idec]),
+        "binds": "split pools", "headroom": float(
+            min(targets.token_gap_s / step,
+                targets.ttft_s / ttft)), "cost_per_hour": per_hour, "cost_per_million_tokens":
+                    (None if per_hour is None else per_hour / (served_tokens_per_s * 3600 / 1e6)
+                    ), "pools": {
+                        "kind": "split", "prefill_chips": int(chips_p[ip]),
+                        "decode_chips": int(chips_d[idec]), "prefill": {
+                            "tp": int(grid["tp"][ip]), "pp": int(grid["pp"][ip]),
+                            "ep": int(grid["ep"][ip]), "replicas": int(n_p[ip]),
+                            "utilisation": float(queue["utilisation"])
+                        }, "decode": {
+                            "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
+                            "ep": int(grid["ep"][idec]), "replicas": int(n_d[idec]),
+                            "batch": int(grid["B"][idec])
+                        }, "kv_transfer_s": float(transfer[ip]), "kv_link": _kv_link(device)[1]
+                    }, "simulated": None
+    })
   return plans
-

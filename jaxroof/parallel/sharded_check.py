@@ -27,8 +27,8 @@ from jaxroof.toy import model as toy_model
 from jaxroof.toy.config import ToyConfig
 from jaxroof.toy.weights import init_params
 
-CONFIG = ToyConfig(vocab_size=64, num_blocks=2, num_heads=8, num_kv_heads=4, head_dim=8,
-                   width=32, mlp_dim=64)
+CONFIG = ToyConfig(vocab_size=64, num_blocks=2, num_heads=8, num_kv_heads=4, head_dim=8, width=32,
+                   mlp_dim=64)
 BATCH, PROMPT = 2, 5
 
 
@@ -40,10 +40,13 @@ def _expected(rows: int, tp: int) -> dict:
   """
   values = {"D": CONFIG.width, "V": CONFIG.vocab_size, "a_act": 8, "n_blk": CONFIG.num_blocks}
   s = {BY_NAME[n].symbol: v for n, v in values.items()}
-  return {"all-reduce": {"count": int(collectives.tp_allreduces_per_pass().subs(s)),
-                         "bytes": int(collectives.tp_allreduce_bytes(rows).subs(s))},
-          "all-gather": {"count": 1, "bytes": int(collectives.logits_gather_bytes(rows).subs(s))},
-          "time_is_zero": tp == 1}
+  return {
+      "all-reduce": {
+          "count": int(collectives.tp_allreduces_per_pass().subs(s)),
+          "bytes": int(collectives.tp_allreduce_bytes(rows).subs(s))
+      }, "all-gather": {"count": 1, "bytes": int(collectives.logits_gather_bytes(rows).subs(s))},
+      "time_is_zero": tp == 1
+  }
 
 
 def check(tps: list[int]) -> dict:
@@ -72,8 +75,7 @@ def check(tps: list[int]) -> dict:
         "collectives": {name: sharded_toy.collectives(text) for name, text in programs.items()},
         "expected": {"prefill": _expected(BATCH * PROMPT, tp), "decode": _expected(BATCH, tp)},
     }
-  return {"devices": len(jax.devices()), "platform": jax.devices()[0].platform,
-          "results": results}
+  return {"devices": len(jax.devices()), "platform": jax.devices()[0].platform, "results": results}
 
 
 def main(tps: Sequence[int] = (1, 2, 4)) -> None:

@@ -33,10 +33,14 @@ AXIS = "tp"
 
 # How each weight splits over the tp axis (None: replicated).
 _BLOCK_SPECS = {
-    "attn_norm": Spec(), "mlp_norm": Spec(),
-    "wq": Spec(None, None, AXIS, None), "wk": Spec(None, None, AXIS, None),
-    "wv": Spec(None, None, AXIS, None), "wo": Spec(None, AXIS, None, None),
-    "w_up": Spec(None, None, AXIS), "w_down": Spec(None, AXIS, None),
+    "attn_norm": Spec(),
+    "mlp_norm": Spec(),
+    "wq": Spec(None, None, AXIS, None),
+    "wk": Spec(None, None, AXIS, None),
+    "wv": Spec(None, None, AXIS, None),
+    "wo": Spec(None, AXIS, None, None),
+    "w_up": Spec(None, None, AXIS),
+    "w_down": Spec(None, AXIS, None),
 }
 _KV_SPEC = Spec(None, None, None, AXIS, None)  # (l, b, s, kv heads, e)
 
@@ -62,16 +66,16 @@ def _weights(params: Params) -> tuple:
           params.final_norm, params.unembed)
 
 
-_WEIGHT_SPECS = (Spec(AXIS, None), _BLOCK_SPECS["attn_norm"], _BLOCK_SPECS["wq"],
-                 _BLOCK_SPECS["wk"], _BLOCK_SPECS["wv"], _BLOCK_SPECS["wo"],
-                 _BLOCK_SPECS["mlp_norm"], _BLOCK_SPECS["w_up"], _BLOCK_SPECS["w_down"],
-                 Spec(), Spec(None, AXIS))
+_WEIGHT_SPECS = (Spec(AXIS,
+                      None), _BLOCK_SPECS["attn_norm"], _BLOCK_SPECS["wq"], _BLOCK_SPECS["wk"],
+                 _BLOCK_SPECS["wv"], _BLOCK_SPECS["wo"], _BLOCK_SPECS["mlp_norm"],
+                 _BLOCK_SPECS["w_up"], _BLOCK_SPECS["w_down"], Spec(), Spec(None, AXIS))
 
 
 def shard_weights(params: Params, mesh: Mesh) -> tuple:
   """The weights placed on the mesh with their `NamedSharding`s."""
-  return tuple(jax.device_put(w, NamedSharding(mesh, s))
-               for w, s in zip(_weights(params), _WEIGHT_SPECS))
+  return tuple(
+      jax.device_put(w, NamedSharding(mesh, s)) for w, s in zip(_weights(params), _WEIGHT_SPECS))
 
 
 def _pass(config, weights, ids, k_cache, v_cache, start: int):
@@ -118,8 +122,9 @@ def prefill_fn(params: Params, mesh: Mesh):
   def body(weights, ids):
     return _pass(config, weights, ids, None, None, 0)
 
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(_WEIGHT_SPECS, Spec()),
-                               out_specs=(Spec(), _KV_SPEC, _KV_SPEC), check_vma=False))
+  return jax.jit(
+      jax.shard_map(body, mesh=mesh, in_specs=(_WEIGHT_SPECS, Spec()),
+                    out_specs=(Spec(), _KV_SPEC, _KV_SPEC), check_vma=False))
 
 
 def decode_fn(params: Params, mesh: Mesh, cached: int):
@@ -132,17 +137,16 @@ def decode_fn(params: Params, mesh: Mesh, cached: int):
     logits, _, _ = _pass(config, weights, token[:, None], k_cache, v_cache, cached)
     return logits[:, 0]
 
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(_WEIGHT_SPECS, Spec(), _KV_SPEC,
-                                                          _KV_SPEC),
-                               out_specs=Spec(), check_vma=False))
+  return jax.jit(
+      jax.shard_map(body, mesh=mesh, in_specs=(_WEIGHT_SPECS, Spec(), _KV_SPEC, _KV_SPEC),
+                    out_specs=Spec(), check_vma=False))
 
 
 _COLLECTIVE = re.compile(
     r"=\s*(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d,]*)\][^\s]*\s+"
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
     r"(?:-start)?\(")
-_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1,
-          "pred": 1}
+_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1}
 
 
 def collectives(hlo_text: str) -> list[dict]:
@@ -154,6 +158,8 @@ def collectives(hlo_text: str) -> list[dict]:
   out = []
   for match in _COLLECTIVE.finditer(hlo_text):
     shape = [int(d) for d in match["shape"].split(",") if d]
-    out.append({"kind": match["kind"], "dtype": match["dtype"],
-                "bytes": int(np.prod(shape, dtype=np.int64)) * _BYTES[match["dtype"]]})
+    out.append({
+        "kind": match["kind"], "dtype": match["dtype"],
+        "bytes": int(np.prod(shape, dtype=np.int64)) * _BYTES[match["dtype"]]
+    })
   return out

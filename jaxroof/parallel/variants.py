@@ -79,8 +79,8 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
                    weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                    batch_sizes: Sequence[int], layout: Layout | None = None,
                    model: StepModel | None = None, token_gap_s: float | None = None,
-                   price_per_hour: float | None = None, **step_input_kw: Any
-                   ) -> list[dict[str, Any]]:
+                   price_per_hour: float | None = None,
+                   **step_input_kw: Any) -> list[dict[str, Any]]:
   """One `layout_sweep` per (weight dtype, K/V dtype, context), rows tagged and normalised.
 
   Each sweep is exactly the single-combination sweep, plus the tags and the
@@ -88,9 +88,9 @@ def variant_sweeps(spec: ModelSpec, device: Accelerator, *, contexts: Sequence[i
   """
   layout = layout or Layout()
   out = []
-  for weight_dtype, kv_dtype, context in itertools.product(
-      _unique("weight_dtypes", weight_dtypes), _unique("kv_dtypes", kv_dtypes),
-      _unique("contexts", contexts)):
+  for weight_dtype, kv_dtype, context in itertools.product(_unique("weight_dtypes", weight_dtypes),
+                                                           _unique("kv_dtypes", kv_dtypes),
+                                                           _unique("contexts", contexts)):
     sweep = layout_sweep(spec, device, context=context, batch_sizes=batch_sizes, layout=layout,
                          weight_dtype=weight_dtype, kv_dtype=kv_dtype, model=model,
                          token_gap_s=token_gap_s, **step_input_kw)
@@ -113,8 +113,10 @@ def combined(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
   """Several tagged sweeps as one document: every row, one summary per combination."""
   first = sweeps[0]
   tags = [{tag: sweep["rows"][0][tag] for tag in TAGS} for sweep in sweeps]
-  inputs = {key: value for key, value in first["inputs"].items()
-            if key not in ("weight_dtype", "kv_dtype", "context", "si", *_PER_FORMAT)}
+  inputs = {
+      key: value for key, value in first["inputs"].items()
+      if key not in ("weight_dtype", "kv_dtype", "context", "si", *_PER_FORMAT)
+  }
   inputs.update(weight_dtypes=list(dict.fromkeys(t["weight_dtype"] for t in tags)),
                 kv_dtypes=list(dict.fromkeys(t["kv_dtype"] for t in tags)),
                 contexts=list(dict.fromkeys(t["context"] for t in tags)))
@@ -123,9 +125,10 @@ def combined(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
       "units": first["units"],
       "assumptions": first["assumptions"],
       "inputs": inputs,
-      "combinations": [{**tag, "si": sweep["inputs"].get("si"),
-                        **{key: sweep["inputs"].get(key) for key in _PER_FORMAT}}
-                       for tag, sweep in zip(tags, sweeps)],
+      "combinations": [{
+          **tag, "si": sweep["inputs"].get("si"),
+          **{key: sweep["inputs"].get(key) for key in _PER_FORMAT}
+      } for tag, sweep in zip(tags, sweeps)],
       "rows": [row for sweep in sweeps for row in sweep["rows"]],
       "summaries": [{**tag, **sweep["summary"]} for tag, sweep in zip(tags, sweeps)],
   }

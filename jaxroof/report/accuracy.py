@@ -25,11 +25,12 @@ def fields(provenance: Mapping[str, Any]) -> dict[str, Any]:
   """The error fields a calibrated row or entry carries (JSON)."""
   cal = provenance.get("heldout_median_rel_error")
   bound = provenance.get("bound_heldout_median_rel_error")
-  return {ROW_FIELD: cal,
-          "profile_heldout_max_rel_error": provenance.get("heldout_max_rel_error"),
-          "profile_heldout_by": provenance.get("heldout_by", "model"),
-          "bound_heldout_median_rel_error": bound,
-          "worse_than_bound": bool(cal is not None and bound is not None and cal > bound)}
+  return {
+      ROW_FIELD: cal, "profile_heldout_max_rel_error": provenance.get("heldout_max_rel_error"),
+      "profile_heldout_by": provenance.get("heldout_by",
+                                           "model"), "bound_heldout_median_rel_error": bound,
+      "worse_than_bound": bool(cal is not None and bound is not None and cal > bound)
+  }
 
 
 def bound_first(provenance: Mapping[str, Any]) -> bool:
@@ -49,12 +50,12 @@ def cell(provenance: Mapping[str, Any]) -> str:
 def sentence(provenance: Mapping[str, Any]) -> str:
   """One sentence: the held-out error, how it was held out, the bound's beside it."""
   f = fields(provenance)
-  by = ("on whole models the fit never saw" if f["profile_heldout_by"] == "model"
-        else "on held-out rows of the one model measured (another model is a carry-over "
-             "of unknown error)")
-  text = (f"calibrated prediction's held-out error: median {_pct(f[ROW_FIELD])}"
-          + ("" if f["profile_heldout_max_rel_error"] is None
-             else f", max {_pct(f['profile_heldout_max_rel_error'])}") + f", {by}")
+  by = ("on whole models the fit never saw" if f["profile_heldout_by"] == "model" else
+        "on held-out rows of the one model measured (another model is a carry-over "
+        "of unknown error)")
+  text = (f"calibrated prediction's held-out error: median {_pct(f[ROW_FIELD])}" +
+          ("" if f["profile_heldout_max_rel_error"] is None else
+           f", max {_pct(f['profile_heldout_max_rel_error'])}") + f", {by}")
   if f["bound_heldout_median_rel_error"] is not None:
     text += f"; the analytic bound's on the same data: {_pct(f['bound_heldout_median_rel_error'])}"
   return text

@@ -6,35 +6,44 @@ from typing import Any
 
 
 def _sweep(result: dict[str, Any]) -> list[str]:
-  lines = [f"{name:12s} {r['points_per_s']:>16,.0f} points/s"
-           for name, r in result["backends"].items()]
-  return lines + [f"grid: {result['points']:,} (batch, context) points; points_per_s (numpy) "
-                  f"= {result['points_per_s']:,.0f}"]
+  lines = [
+      f"{name:12s} {r['points_per_s']:>16,.0f} points/s" for name, r in result["backends"].items()
+  ]
+  return lines + [
+      f"grid: {result['points']:,} (batch, context) points; points_per_s (numpy) "
+      f"= {result['points_per_s']:,.0f}"
+  ]
 
 
 def _plan(result: dict[str, Any]) -> list[str]:
   whole, evaluation = result["plan_timing"], result["evaluate_timing"]
-  return [f"issue 24's question with top-5 simulations: "
-          f"{result['question']['timing']['median_s']:.2f} s median",
-          f"{result['searched']:,} configurations: plan {whole['median_s']:.2f} s median "
-          f"({result['plan_configs_per_s']:,.0f} configs/s), evaluation alone "
-          f"{evaluation['median_s']:.2f} s ({result['evaluate_configs_per_s']:,.0f} configs/s)"]
+  return [
+      f"issue 24's question with top-5 simulations: "
+      f"{result['question']['timing']['median_s']:.2f} s median",
+      f"{result['searched']:,} configurations: plan {whole['median_s']:.2f} s median "
+      f"({result['plan_configs_per_s']:,.0f} configs/s), evaluation alone "
+      f"{evaluation['median_s']:.2f} s ({result['evaluate_configs_per_s']:,.0f} configs/s)"
+  ]
 
 
 def _simulate(result: dict[str, Any]) -> list[str]:
   requests = result["workload"]["num_requests"]
-  return [f"{name}: {r['wall_s_median']:.2f} s (min {r['wall_s_min']:.2f}, max "
-          f"{r['wall_s_max']:.2f}) for {requests} requests, {r['iterations']} iterations: "
-          f"{r['requests_per_s_simulated']:,.0f} requests/s, "
-          f"{r['iterations_per_s_simulated']:,.0f} iterations/s simulated"
-          for name, r in result["schedulers"].items()]
+  return [
+      f"{name}: {r['wall_s_median']:.2f} s (min {r['wall_s_min']:.2f}, max "
+      f"{r['wall_s_max']:.2f}) for {requests} requests, {r['iterations']} iterations: "
+      f"{r['requests_per_s_simulated']:,.0f} requests/s, "
+      f"{r['iterations_per_s_simulated']:,.0f} iterations/s simulated"
+      for name, r in result["schedulers"].items()
+  ]
 
 
 def _decode(result: dict[str, Any]) -> list[str]:
   inputs = result["inputs"]
-  lines = [f"{inputs['preset']} ({inputs['weights']:,} weights, {result['dtype']}), batch "
-           f"{inputs['batch']}: {inputs['new_tokens']} tokens after a {inputs['prompt_len']}"
-           f"-token prompt on {result['device']} ({result['backend']})"]
+  lines = [
+      f"{inputs['preset']} ({inputs['weights']:,} weights, {result['dtype']}), batch "
+      f"{inputs['batch']}: {inputs['new_tokens']} tokens after a {inputs['prompt_len']}"
+      f"-token prompt on {result['device']} ({result['backend']})"
+  ]
   for name, key in (("with KV cache", "cached"), ("recomputing prefix", "recompute")):
     t = result[key]
     lines.append(f"  {name:<19} median {t['median_s']:.3f} s (min {t['min_s']:.3f}, max "
@@ -43,8 +52,9 @@ def _decode(result: dict[str, Any]) -> list[str]:
   return lines + [f"  speedup {result['speedup']:.1f}x (measured); greedy outputs {same}."]
 
 
-_LINES = {"bench_sweep": _sweep, "bench_plan": _plan, "bench_simulate": _simulate,
-          "bench_decode": _decode}
+_LINES = {
+    "bench_sweep": _sweep, "bench_plan": _plan, "bench_simulate": _simulate, "bench_decode": _decode
+}
 
 
 def lines(result: dict[str, Any]) -> list[str]:

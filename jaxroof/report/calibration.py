@@ -19,26 +19,25 @@ from jaxroof.symbolic import calibrated
 from jaxroof.symbolic.symbols import FACTOR_QUANTITIES, REGIME_FACTOR_QUANTITIES
 
 
-def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
-         title: str) -> None:
+def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str) -> None:
   """Measured against calibrated step time, log-log, with 10%/25% bands."""
   fig, ax = plots.plt.subplots(figsize=(6.5, 6))
-  styles = {"train": ("o", "tab:blue", "fit models' steps"),
-            "heldout": ("s", "tab:red", "held-out models"),
-            "validation": ("D", "tab:green", "validation")}
+  styles = {
+      "train": ("o", "tab:blue", "fit models' steps"),
+      "heldout": ("s", "tab:red", "held-out models"), "validation": ("D", "tab:green", "validation")
+  }
   values = [v for p in points for v in (p["measured_s"], p["predicted_s"])]
   low, high = min(values) / 1.5, max(values) * 1.5
   line = np.geomspace(low, high, 50)
   ax.plot(line, line, color="black", linewidth=1, label="predicted = measured")
   for band, shade in ((0.10, 0.25), (0.25, 0.12)):
-    ax.fill_between(line, line * (1 - band), line * (1 + band), color="gray",
-                    alpha=shade, linewidth=0, label=f"±{band:.0%}")
+    ax.fill_between(line, line * (1 - band), line * (1 + band), color="gray", alpha=shade,
+                    linewidth=0, label=f"±{band:.0%}")
   for subset, (marker, color, label) in styles.items():
     chosen = [p for p in points if p.get("set", "validation") == subset]
     if chosen:
-      ax.scatter([p["measured_s"] for p in chosen],
-                 [p["predicted_s"] for p in chosen], marker=marker,
-                 color=color, label=f"{label} ({len(chosen)})", s=24)
+      ax.scatter([p["measured_s"] for p in chosen], [p["predicted_s"] for p in chosen],
+                 marker=marker, color=color, label=f"{label} ({len(chosen)})", s=24)
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlim(low, high)
@@ -66,8 +65,7 @@ def factor_rows(factors: Mapping[str, float],
       q for q in REGIME_FACTOR_QUANTITIES if str(q.symbol) in regime):
     name = str(quantity.symbol)
     value = factors[name] if name in factors else regime[name]
-    shown = (f"{value * 1e6:,.1f} µs" if quantity.unit == "s"
-             else f"{value:.3f}")
+    shown = (f"{value * 1e6:,.1f} µs" if quantity.unit == "s" else f"{value:.3f}")
     out.append([f"`{name}`", shown, quantity.meaning])
   return out
 
@@ -75,17 +73,15 @@ def factor_rows(factors: Mapping[str, float],
 def ceiling_rows(c: ceilings.Ceilings) -> list[list[str]]:
   rows = [["sustained bandwidth (BW)", f"{c.bandwidth_Bps / 1e9:,.1f} GB/s"],
           ["read (sum) bandwidth", f"{c.read_bandwidth_Bps / 1e9:,.1f} GB/s"],
-          ["copy bandwidth (read + write)",
-           f"{c.copy_bandwidth_Bps / 1e9:,.1f} GB/s"]]
+          ["copy bandwidth (read + write)", f"{c.copy_bandwidth_Bps / 1e9:,.1f} GB/s"]]
   rows += [[f"matmul {dtype} (F)", f"{rate / 1e9:,.1f} GFLOP/s"]
            for dtype, rate in c.flops_per_s.items()]
   return rows
 
 
 def _model_list(models: Sequence[Mapping[str, Any]]) -> str:
-  return "; ".join(
-      f"`{m['name']}` (width {m['width']}, {m['num_blocks']} blocks, "
-      f"{m['num_kv_heads']} K/V heads)" for m in models)
+  return "; ".join(f"`{m['name']}` (width {m['width']}, {m['num_blocks']} blocks, "
+                   f"{m['num_kv_heads']} K/V heads)" for m in models)
 
 
 def _bound_words(fit: Mapping[str, Any]) -> str:
@@ -95,8 +91,8 @@ def _bound_words(fit: Mapping[str, Any]) -> str:
     return ""
   worse = fit["heldout_median_rel_error"] > bound
   return (f"; the analytic bound's (step floor at the measured ceilings) median on the "
-          f"same steps: {bound:.1%}"
-          + (" (smaller: the bound is the better estimate here)" if worse else ""))
+          f"same steps: {bound:.1%}" +
+          (" (smaller: the bound is the better estimate here)" if worse else ""))
 
 
 def _longer_run(command: str | None) -> str:
@@ -120,20 +116,18 @@ def section_markdown(job: toy_fit.CalibrationRun, longer_command: str | None = N
          "eta_f and r_ovl at M >= 2) and decode attention, each timed apart "
          "from the step at the fit models' shapes (on a CPU, inside one jit "
          "over rotated operands, with no dispatch per call), fixed costs to "
-         "their batch-1 decode steps" if fit.get("method") == "ops" else
-         "every factor fitted to the fit models' decode steps")
-  per_model = "; ".join(
-      f"`{name}`: median {e['median_rel_error']:.1%}, max "
-      f"{e['max_rel_error']:.1%} ({e['points']} points)"
-      for name, e in (fit.get("heldout_by_model") or {}).items())
+         "their batch-1 decode steps"
+         if fit.get("method") == "ops" else "every factor fitted to the fit models' decode steps")
+  per_model = "; ".join(f"`{name}`: median {e['median_rel_error']:.1%}, max "
+                        f"{e['max_rel_error']:.1%} ({e['points']} points)"
+                        for name, e in (fit.get("heldout_by_model") or {}).items())
   status = fit.get("status", "unknown")
   verdict = ("It meets its targets (median <= "
              f"{toy_fit.TARGET_MEDIAN:.0%}, max <= "
              f"{toy_fit.TARGET_MAX:.0%} on each held-out model)."
-             if status == "ok" else
-             f"**Status: {status}. This calibration did not reach its "
-             "accuracy targets; read its factors as rough.** "
-             + " ".join(f"{w}." for w in fit.get("warnings", [])))
+             if status == "ok" else f"**Status: {status}. This calibration did not reach its "
+             "accuracy targets; read its factors as rough.** " +
+             " ".join(f"{w}." for w in fit.get("warnings", [])))
   return "\n".join([
       "## Calibration on this device (measurement, calibrated prediction)",
       "",
@@ -151,9 +145,9 @@ def section_markdown(job: toy_fit.CalibrationRun, longer_command: str | None = N
       table.markdown_table(("ceiling", "value"), ceiling_rows(job.ceilings)),
       "",
       "Fitted factors of the *calibrated* model "
-      f"`step = {calibrated.readable_step()}`"
-      + (f" plus the re-pack from B = 2, `{calibrated.repack_time()}`"
-         if prof.regime_factors else "") + ":",
+      f"`step = {calibrated.readable_step()}`" +
+      (f" plus the re-pack from B = 2, `{calibrated.repack_time()}`" if prof.regime_factors else "")
+      + ":",
       "",
       table.markdown_table(("factor", "value", "meaning"),
                            factor_rows(prof.factors, prof.regime_factors)),
@@ -183,17 +177,16 @@ def report_section(out_dir: str, job: toy_fit.CalibrationRun | None, *, budget_s
         "## Calibration on this device (measurement)", "",
         f"The {budget_s:.0f}-second calibration could not fit a profile on this run: "
         f"{failure} Other processes may have slowed the timings; "
-        f"{_longer_run(longer_command)} measures more points."])
-  slug = "".join(ch if ch.isalnum() else "_"
-                 for ch in job.profile.device_kind.lower())
-  write_results(job, json_out=None,
-                profile_out=os.path.join(out_dir, f"profile_{slug}.json"),
+        f"{_longer_run(longer_command)} measures more points."
+    ])
+  slug = "".join(ch if ch.isalnum() else "_" for ch in job.profile.device_kind.lower())
+  write_results(job, json_out=None, profile_out=os.path.join(out_dir, f"profile_{slug}.json"),
                 plot_out=os.path.join(out_dir, "calibration.png"))
   return section_markdown(job, longer_command)
 
 
-def write_results(job: toy_fit.CalibrationRun, *, json_out: str | None,
-                  profile_out: str | None, plot_out: str | None) -> None:
+def write_results(job: toy_fit.CalibrationRun, *, json_out: str | None, profile_out: str | None,
+                  plot_out: str | None) -> None:
   """Writes the job's JSON, profile and plot, each atomically, if asked."""
   if json_out:
     files.write_json(json_out, job.to_json())

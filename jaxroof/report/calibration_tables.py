@@ -21,9 +21,10 @@ from jaxroof.symbolic import calibrated
 def points_table(rows: Sequence[Mapping[str, Any]]) -> str:
   """Toy decode steps: measured against the calibrated prediction."""
   headers = ("set", "model", "batch", "context", "measured ms", "predicted ms", "error")
-  cells = [[r["set"], r["model"], r["batch"], r["context"],
-            f"{r['measured_s'] * 1e3:,.2f}", f"{r['predicted_s'] * 1e3:,.2f}",
-            f"{r['rel_error']:.1%}"] for r in rows]
+  cells = [[
+      r["set"], r["model"], r["batch"], r["context"], f"{r['measured_s'] * 1e3:,.2f}",
+      f"{r['predicted_s'] * 1e3:,.2f}", f"{r['rel_error']:.1%}"
+  ] for r in rows]
   return table.format_table(headers, cells)
 
 
@@ -45,26 +46,26 @@ def toy_text(job: toy_fit.CalibrationRun) -> str:
       f"Calibration on {prof.device_kind} ({prof.platform}), backend {prof.backend}, "
       f"{prof.dtype}, jax {prof.jax_version}; fit {fit['method']}: "
       f"{len(job.operations)} operation and {len(job.points)} step points in "
-      f"{job.elapsed_s:.0f} s.",
-      "Ceilings (measurement):",
+      f"{job.elapsed_s:.0f} s.", "Ceilings (measurement):",
       table.format_table(("ceiling", "value"), calibration_report.ceiling_rows(job.ceilings)),
-      f"Calibrated model: step = {calibrated.readable_step()}"]
+      f"Calibrated model: step = {calibrated.readable_step()}"
+  ]
   if prof.regime_factors:
     lines.append(f"  plus the weight re-pack from B = 2: {calibrated.repack_time()}")
   lines += [
       table.format_table(("factor", "value", "meaning"),
                          calibration_report.factor_rows(prof.factors, prof.regime_factors)),
       points_table(job.points),
-      "fit models: " + ", ".join(m["name"] for m in prof.model["fit_models"])
-      + "; held out: " + ", ".join(m["name"] for m in prof.model["heldout_models"])]
+      "fit models: " + ", ".join(m["name"] for m in prof.model["fit_models"]) + "; held out: " +
+      ", ".join(m["name"] for m in prof.model["heldout_models"])
+  ]
   for name, errs in fit["heldout_by_model"].items():
     lines.append(f"held-out {name}: median {errs['median_rel_error']:.1%}, max "
                  f"{errs['max_rel_error']:.1%} ({errs['points']} points)")
-  lines.append(
-      f"held-out relative error: median {fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points on models the "
-      "fit never saw); analytic bound's median on the same points: "
-      f"{table.percent(fit.get('bound_heldout_median_rel_error'))}")
+  lines.append(f"held-out relative error: median {fit['heldout_median_rel_error']:.1%}, max "
+               f"{fit['heldout_max_rel_error']:.1%} ({fit['heldout_points']} points on models the "
+               "fit never saw); analytic bound's median on the same points: "
+               f"{table.percent(fit.get('bound_heldout_median_rel_error'))}")
   load = fit["load"]
   if load["load_avg_1m_max"] is not None:
     lines.append(f"load average during the timings: {load['load_avg_1m_min']:.1f}-"
@@ -89,55 +90,61 @@ def validation_text(path: str, prof: profiles.Profile, rows: Sequence[Mapping[st
   return "\n".join([
       f"Validation of {path} on {prof.device_kind} ({prof.backend}, {prof.dtype}): "
       "measured afresh vs calibrated.",
-      points_table(rows),
-      f"relative error: median {errs['median_rel_error']:.1%}, max "
-      f"{errs['max_rel_error']:.1%} ({errs['points']} points)"])
+      points_table(rows), f"relative error: median {errs['median_rel_error']:.1%}, max "
+      f"{errs['max_rel_error']:.1%} ({errs['points']} points)"
+  ])
 
 
 def _user_rows(rows: Sequence[Mapping[str, Any]], title: str) -> str:
   headers = ("line", "model", "phase", "batch", "context/prompt", "tp", "measured ms",
              "calibrated ms", "error", "bound ms", "bound error")
-  cells = [[r["line"], r["model"], r["phase"], r["batch"],
-            r["context"] or r["prompt_tokens"], r["tp"], f"{r['measured_s'] * 1e3:,.2f}",
-            f"{r['calibrated_s'] * 1e3:,.2f}", f"{r['calibrated_rel_error']:.1%}",
-            f"{r['bound_s'] * 1e3:,.2f}", f"{r['bound_rel_error']:.1%}"] for r in rows]
+  cells = [[
+      r["line"], r["model"], r["phase"], r["batch"], r["context"] or r["prompt_tokens"], r["tp"],
+      f"{r['measured_s'] * 1e3:,.2f}", f"{r['calibrated_s'] * 1e3:,.2f}",
+      f"{r['calibrated_rel_error']:.1%}", f"{r['bound_s'] * 1e3:,.2f}",
+      f"{r['bound_rel_error']:.1%}"
+  ] for r in rows]
   return title + "\n" + table.format_table(headers, cells)
 
 
 def _suspicious(flagged: Sequence[Mapping[str, Any]]) -> list[str]:
   if not flagged:
     return []
-  cells = [[f["line"], f["model"], f["phase"], f["batch"], f["context"] or f["prompt_tokens"],
-            f"{f['measured_s'] * 1e3:,.3f}", f"{f['bound_s'] * 1e3:,.3f}",
-            f"{f['ratio_to_bound']:.3f}", "left out" if f["dropped"] else "kept"]
-           for f in flagged]
-  return ["Suspicious rows (measurement / analytic bound; a step cannot beat the bound, "
-          f"and more than {user_fit.SLOWER_LIMIT:g}x slower is doubtful):",
-          table.format_table(("line", "model", "phase", "batch", "context/prompt",
-                              "measured ms", "bound ms", "ratio", "in the fit"), cells)]
+  cells = [[
+      f["line"], f["model"], f["phase"], f["batch"], f["context"] or f["prompt_tokens"],
+      f"{f['measured_s'] * 1e3:,.3f}", f"{f['bound_s'] * 1e3:,.3f}", f"{f['ratio_to_bound']:.3f}",
+      "left out" if f["dropped"] else "kept"
+  ] for f in flagged]
+  return [
+      "Suspicious rows (measurement / analytic bound; a step cannot beat the bound, "
+      f"and more than {user_fit.SLOWER_LIMIT:g}x slower is doubtful):",
+      table.format_table(("line", "model", "phase", "batch", "context/prompt", "measured ms",
+                          "bound ms", "ratio", "in the fit"), cells)
+  ]
 
 
-def user_fit_text(result: Mapping[str, Any], source: str, engine: str,
-                  drop_hint: str) -> str:
+def user_fit_text(result: Mapping[str, Any], source: str, engine: str, drop_hint: str) -> str:
   """A fit to users' measured rows (`user_fit.calibrate`); `drop_hint` says how to
   leave the suspicious rows out, shown when some were kept."""
-  by = ("leave-one-model-out" if result["heldout_by"] == user_fit.HELDOUT_BY_MODEL
-        else "k-fold over the rows of one model")
-  lines = [f"Calibration of {result['accelerator']} from {result['rows_used']} of "
-           f"{result['rows_read']} measured rows of {source} (engine: {engine}).",
-           *_suspicious(result["suspicious_rows"]),
-           table.factor_table(dict(result)),
-           _user_rows(result["heldout_rows"],
-                      f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
-                      "analytic bound):"),
-           table.heldout_line(dict(result)) + f" (held out by {result['heldout_by']})"]
+  by = ("leave-one-model-out" if result["heldout_by"] == user_fit.HELDOUT_BY_MODEL else
+        "k-fold over the rows of one model")
+  lines = [
+      f"Calibration of {result['accelerator']} from {result['rows_used']} of "
+      f"{result['rows_read']} measured rows of {source} (engine: {engine}).",
+      *_suspicious(result["suspicious_rows"]),
+      table.factor_table(dict(result)),
+      _user_rows(
+          result["heldout_rows"],
+          f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
+          "analytic bound):"),
+      table.heldout_line(dict(result)) + f" (held out by {result['heldout_by']})"
+  ]
   larger = result.get("extrapolation")
   if larger:
-    lines.append(
-        f"larger steps (line(s) {', '.join(str(n) for n in larger['heldout_lines'])}, "
-        "predicted by a fit on the smaller ones): calibrated median "
-        f"{table.percent(larger['calibrated']['median_rel_error'])}, bound median "
-        f"{table.percent(larger['bound']['median_rel_error'])}")
+    lines.append(f"larger steps (line(s) {', '.join(str(n) for n in larger['heldout_lines'])}, "
+                 "predicted by a fit on the smaller ones): calibrated median "
+                 f"{table.percent(larger['calibrated']['median_rel_error'])}, bound median "
+                 f"{table.percent(larger['bound']['median_rel_error'])}")
   lines += [f"WARNING: {w}" for w in result["warnings"]]
   if any(not f["dropped"] for f in result["suspicious_rows"]):
     lines.append(f"({drop_hint} leaves the suspicious rows out of the fit.)")
@@ -146,17 +153,22 @@ def user_fit_text(result: Mapping[str, Any], source: str, engine: str,
 
 def carry_over_text(result: Mapping[str, Any], source: str, engine: str) -> str:
   """The carry-over study: fit on one model, predict another, per device."""
-  cells = [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-            ", ".join(p["free"]), table.percent(p["bound"]["median_rel_error"]),
-            table.percent(p["calibrated"]["median_rel_error"])
-            + (" (worse than the bound)" if p["calibrated"]["median_rel_error"]
-               > p["bound"]["median_rel_error"] else "")]
-           for p in result["pairs"] if "skipped" not in p]
-  lines = [f"Carry-over from {source} (engine: {engine}):",
-           table.format_table(("device", "fit on", "predict", "relation", "free factors",
-                               "bound median", "calibrated median"), cells)]
-  lines += [f"skipped {p['accelerator']} {p['fit_model']} -> {p['target']}: {p['skipped']}"
-            for p in result["pairs"] if "skipped" in p]
+  cells = [[
+      p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]), ", ".join(p["free"]),
+      table.percent(p["bound"]["median_rel_error"]),
+      table.percent(p["calibrated"]["median_rel_error"]) +
+      (" (worse than the bound)"
+       if p["calibrated"]["median_rel_error"] > p["bound"]["median_rel_error"] else "")
+  ] for p in result["pairs"] if "skipped" not in p]
+  lines = [
+      f"Carry-over from {source} (engine: {engine}):",
+      table.format_table(("device", "fit on", "predict", "relation", "free factors", "bound median",
+                          "calibrated median"), cells)
+  ]
+  lines += [
+      f"skipped {p['accelerator']} {p['fit_model']} -> {p['target']}: {p['skipped']}"
+      for p in result["pairs"] if "skipped" in p
+  ]
   lines.append(
       f"all predicted rows: calibrated median {table.percent(result['median_rel_error'])}, "
       f"max {table.percent(result['max_rel_error'])}; bound median "
@@ -171,7 +183,8 @@ def layout_fit_text(result: Mapping[str, Any], source: str) -> str:
       f"Calibration of {result['accelerator']} from {result['rows_used']} measured rows "
       f"of {source} on layouts {', '.join(result['layouts'])}.",
       table.factor_table(dict(result)),
-      table.heldout_line(dict(result), "held-out (leave-one-model-out)")])
+      table.heldout_line(dict(result), "held-out (leave-one-model-out)")
+  ])
 
 
 def layout_carry_over_text(result: Mapping[str, Any], source: str, engine: str) -> str:
@@ -180,17 +193,22 @@ def layout_carry_over_text(result: Mapping[str, Any], source: str, engine: str) 
   for study, block in result["studies"].items():
     summaries = [*block["by_heldout_layout"].items(), ("all held out", block)]
     for key, summary in summaries:
-      cells.append([study, key, summary["calibrated"]["points"],
-                    table.percent(summary["calibrated"]["median_rel_error"]),
-                    table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
-                    table.percent(summary["bound"]["median_rel_error"])])
-  lines = [f"Layout carry-over from {source} (engine: {engine}); median relative error "
-           "vs the measurement:",
-           table.format_table(("study", "held-out layout", "rows", "calibrated (eta_comm)",
-                               "calibrated (ideal split)", "bound"), cells)]
-  lines += [f"skipped {fold['accelerator']} {fold['fold']}: {fold['skipped']}"
-            for block in result["studies"].values() for fold in block["folds"]
-            if "skipped" in fold]
+      cells.append([
+          study, key, summary["calibrated"]["points"],
+          table.percent(summary["calibrated"]["median_rel_error"]),
+          table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
+          table.percent(summary["bound"]["median_rel_error"])
+      ])
+  lines = [
+      f"Layout carry-over from {source} (engine: {engine}); median relative error "
+      "vs the measurement:",
+      table.format_table(("study", "held-out layout", "rows", "calibrated (eta_comm)",
+                          "calibrated (ideal split)", "bound"), cells)
+  ]
+  lines += [
+      f"skipped {fold['accelerator']} {fold['fold']}: {fold['skipped']}"
+      for block in result["studies"].values() for fold in block["folds"] if "skipped" in fold
+  ]
   return "\n".join(lines)
 
 
@@ -200,24 +218,38 @@ def _ms(value: float | None) -> str:
 
 def engine_fit_text(result: Mapping[str, Any]) -> str:
   """vLLM runs fitted through the simulator: factors, per-run medians, held out."""
-  lines = [f"Fitted through the simulator ({result['simulations']} loss evaluations): "
-           + ", ".join(f"{n} = {v:.4g}" for n, v in result["factors"].items())]
-  cells = [[run["run"], name, _ms(cal["measured_s"]), _ms(cal["simulated_s"]),
-            table.percent(cal["rel_error"]), _ms(run["bound"][name]["simulated_s"]),
-            table.percent(run["bound"][name]["rel_error"])]
-           for run in result["runs"] for name, cal in run["calibrated"].items()]
-  lines.append(table.format_table(("run", "metric", "measured ms", "calibrated ms", "error",
-                                   "bound ms", "bound error"), cells))
+  lines = [
+      f"Fitted through the simulator ({result['simulations']} loss evaluations): " +
+      ", ".join(f"{n} = {v:.4g}" for n, v in result["factors"].items())
+  ]
+  cells = [[
+      run["run"], name,
+      _ms(cal["measured_s"]),
+      _ms(cal["simulated_s"]),
+      table.percent(cal["rel_error"]),
+      _ms(run["bound"][name]["simulated_s"]),
+      table.percent(run["bound"][name]["rel_error"])
+  ] for run in result["runs"] for name, cal in run["calibrated"].items()]
+  lines.append(
+      table.format_table(
+          ("run", "metric", "measured ms", "calibrated ms", "error", "bound ms", "bound error"),
+          cells))
   lines += [f"FLAG: {flag}" for flag in result["flags"]]
   if result.get("heldout"):
-    lines.append(table.format_table(
-        ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms"),
-        [[r["run"], f"p{r['percentile']} {r['metric']}", _ms(r["measured_s"]),
-          _ms(r["predicted_s"]), table.percent(r["rel_error"]), _ms(r["bound_s"])]
-         for r in result["heldout"]]))
-    lines += [f"{r['run']}: throughput measured {r['measured_per_s']:.3f} req/s, predicted "
-              f"{r['predicted_per_s']:.3f} ({table.percent(r['rel_error'])})"
-              for r in result["heldout_throughput"]]
+    lines.append(
+        table.format_table(
+            ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms"), [[
+                r["run"], f"p{r['percentile']} {r['metric']}",
+                _ms(r["measured_s"]),
+                _ms(r["predicted_s"]),
+                table.percent(r["rel_error"]),
+                _ms(r["bound_s"])
+            ] for r in result["heldout"]]))
+    lines += [
+        f"{r['run']}: throughput measured {r['measured_per_s']:.3f} req/s, predicted "
+        f"{r['predicted_per_s']:.3f} ({table.percent(r['rel_error'])})"
+        for r in result["heldout_throughput"]
+    ]
   lines.append(f"held-out ({result['heldout_method']}): median "
                f"{table.percent(result['heldout_median_rel_error'])}, max "
                f"{table.percent(result['heldout_max_rel_error'])}")

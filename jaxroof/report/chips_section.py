@@ -17,26 +17,29 @@ from jaxroof.report import table
 def _cell(layout: dict[str, int] | None) -> str:
   if layout is None:
     return "-"
-  parts = [f"tp{layout['tp']}"] + ([f"pp{layout['pp']}"] if layout["pp"] > 1 else []) + (
-      [f"ep{layout['ep']}"] if layout["ep"] > 1 else [])
+  parts = [f"tp{layout['tp']}"] + ([f"pp{layout['pp']}"] if layout["pp"] > 1 else
+                                   []) + ([f"ep{layout['ep']}"] if layout["ep"] > 1 else [])
   return f"{layout['chips']} ({' '.join(parts)})"
 
 
 def chips_table(chips: dict[str, Any]) -> str:
   """Fewest chips per model (rows, the subject's in bold) and accelerator (columns)."""
   accelerators = chips["accelerators"]
-  rows = [[f"**{name}**" if name == chips["subject_model"] else name]
-          + [_cell(row[a]) for a in accelerators] for name, row in chips["fewest"].items()]
+  rows = [[f"**{name}**" if name == chips["subject_model"] else name] +
+          [_cell(row[a]) for a in accelerators] for name, row in chips["fewest"].items()]
   return table.markdown_table(("model",) + tuple(accelerators), rows)
 
 
 def single_stream_table(rows: list[dict[str, Any]], accelerator: str) -> str:
   """One row per tensor-parallel degree: fits, memory, communication and step, rate."""
-  cells = [[r["tp"], "yes" if r["fits_in_memory"] else "no", f"{r['memory_s'] * 1e3:.2f}",
-            f"{r['comm_s'] * 1e3:.2f}", f"{r['step_s'] * 1e3:.2f}",
-            f"{r['per_sequence_tokens_per_s']:.1f}", r["bound"]] for r in rows]
-  return table.markdown_table((f"{accelerator} chips (tp)", "fits", "memory ms", "comm ms",
-                               "step ms", "tokens/s", "binds"), cells)
+  cells = [[
+      r["tp"], "yes" if r["fits_in_memory"] else "no", f"{r['memory_s'] * 1e3:.2f}",
+      f"{r['comm_s'] * 1e3:.2f}", f"{r['step_s'] * 1e3:.2f}",
+      f"{r['per_sequence_tokens_per_s']:.1f}", r["bound"]
+  ] for r in rows]
+  return table.markdown_table(
+      (f"{accelerator} chips (tp)", "fits", "memory ms", "comm ms", "step ms", "tokens/s", "binds"),
+      cells)
 
 
 def report_section(chips: dict[str, Any], plan_command: str | None = None) -> str:
@@ -60,8 +63,8 @@ def report_section(chips: dict[str, Any], plan_command: str | None = None) -> st
       f"Worked plan: {question['model']} at {context} tokens, token gap <= "
       f"{targets['token_gap_s'] * 1e3:g} ms, TTFT <= {targets['ttft_s'] * 1e3:g} ms, "
       f"{targets['aggregate_tokens_per_s']:,.0f} tokens/s; {plan['searched']:,} "
-      f"configurations searched, {plan['meeting']:,} meet the targets"
-      + (f" (`{plan_command}`)" if plan_command else "") + ":",
+      f"configurations searched, {plan['meeting']:,} meet the targets" +
+      (f" (`{plan_command}`)" if plan_command else "") + ":",
       "",
       table.markdown_table(headers, rows),
       "",

@@ -20,23 +20,23 @@ def _batches(value: float | None) -> str:
 
 SUMMARY_HEADERS = ("accelerator", "memory GB", "TB/s", "dense TFLOP/s", "ridge FLOP/B",
                    "compute crossover B", "weight/KV crossover B", "max batch in memory")
-ROW_HEADERS = ("accelerator", "batch", "step ms", "aggregate tok/s", "per-seq tok/s",
-               "binds", "fits")
+ROW_HEADERS = ("accelerator", "batch", "step ms", "aggregate tok/s", "per-seq tok/s", "binds",
+               "fits")
 
 
 def summary_rows(result: dict[str, Any]) -> list[list[str]]:
   """One display row per accelerator; `*` marks the best of a column."""
   best = result["best"]
-  return [[e["name"], f"{e['memory_capacity_bytes'] / 1e9:,.1f}",
-           f"{e['memory_bandwidth_bytes_per_s'] / 1e12:,.3f}",
-           f"{e['flops_per_s'] / 1e12:,.1f} {e['compute_dtype']}"
-           + (" (fallback)" if e.get("compute_fallback") else ""),
-           _mark(f"{e['ridge_flop_per_byte']:,.1f}", e["name"] in best["ridge_flop_per_byte"]),
-           _mark(_batches(e["compute_crossover_batch"]),
-                 e["name"] in best["compute_crossover_batch"]),
-           _batches(e["weight_kv_crossover_batch"]),
-           _mark(f"{e['max_batch_in_memory']:,}", e["name"] in best["max_batch_in_memory"])]
-          for e in result["accelerators"]]
+  return [[
+      e["name"], f"{e['memory_capacity_bytes'] / 1e9:,.1f}",
+      f"{e['memory_bandwidth_bytes_per_s'] / 1e12:,.3f}",
+      f"{e['flops_per_s'] / 1e12:,.1f} {e['compute_dtype']}" +
+      (" (fallback)" if e.get("compute_fallback") else ""),
+      _mark(f"{e['ridge_flop_per_byte']:,.1f}", e["name"] in best["ridge_flop_per_byte"]),
+      _mark(_batches(e["compute_crossover_batch"]), e["name"] in best["compute_crossover_batch"]),
+      _batches(e["weight_kv_crossover_batch"]),
+      _mark(f"{e['max_batch_in_memory']:,}", e["name"] in best["max_batch_in_memory"])
+  ] for e in result["accelerators"]]
 
 
 def batch_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -46,13 +46,15 @@ def batch_rows(result: dict[str, Any]) -> list[list[str]]:
     for row in e["rows"]:
       best = result["best"]["by_batch"][str(row["batch"])]
       out.append([
-          e["name"], f"{row['batch']}",
+          e["name"],
+          f"{row['batch']}",
           _mark(f"{row['step_s'] * 1e3:,.3f}", e["name"] in best["step_s"]),
-          _mark(f"{row['aggregate_tokens_per_s']:,.1f}",
-                e["name"] in best["aggregate_tokens_per_s"]),
-          _mark(f"{row['per_sequence_tokens_per_s']:,.1f}",
-                e["name"] in best["per_sequence_tokens_per_s"]),
-          row["bound"], "yes" if row["fits_in_memory"] else "NO",
+          _mark(f"{row['aggregate_tokens_per_s']:,.1f}", e["name"]
+                in best["aggregate_tokens_per_s"]),
+          _mark(f"{row['per_sequence_tokens_per_s']:,.1f}", e["name"]
+                in best["per_sequence_tokens_per_s"]),
+          row["bound"],
+          "yes" if row["fits_in_memory"] else "NO",
       ])
   return out
 
@@ -86,21 +88,22 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], *, batch: int | N
       if not fit:
         bar.set_hatch("//")
         axis.annotate(f" does not fit (max B = {e['max_batch_in_memory']:,})",
-                      (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                      va="center", fontsize=7, color="dimgray")
+                      (bar.get_width(), bar.get_y() + bar.get_height() / 2), va="center",
+                      fontsize=7, color="dimgray")
       else:
         axis.annotate(f" {bar.get_width():,.0f}",
-                      (bar.get_width(), bar.get_y() + bar.get_height() / 2),
-                      va="center", fontsize=7)
+                      (bar.get_width(), bar.get_y() + bar.get_height() / 2), va="center",
+                      fontsize=7)
     axis.set_xlabel(label)
     axis.grid(True, axis="x", alpha=0.3)
     axis.margins(x=0.35)
   inputs = result["inputs"]
   kind = "analytic bound" if result["kind"] == "bound" else "calibrated prediction"
   shown = f"top {len(entries)} of {len(result['accelerators'])}"
-  fig.suptitle(f"{result['model']}, context {inputs['context']:,} tokens, "
-               f"{inputs.get('weight_dtype_label', inputs['weight_dtype'])} weights, "
-               f"{inputs['kv_dtype']} K/V, batch {batch} "
-               f"({kind}; {shown}; hatched = does not fit in memory)", fontsize=10)
+  fig.suptitle(
+      f"{result['model']}, context {inputs['context']:,} tokens, "
+      f"{inputs.get('weight_dtype_label', inputs['weight_dtype'])} weights, "
+      f"{inputs['kv_dtype']} K/V, batch {batch} "
+      f"({kind}; {shown}; hatched = does not fit in memory)", fontsize=10)
   fig.tight_layout()
   plots.save(fig, path)

@@ -91,8 +91,11 @@ def lesson_section(ctx: Context) -> str:
   """Every worked number and quiz answer of the lesson, recomputed."""
   del ctx  # Unused.
   claims = lesson.all_claims()
-  rows = [[c.section, c.claim, table.fmt(c.expected), table.fmt(c.computed), c.unit,
-           "yes" if c.agrees else "**NO**"] for c in claims]
+  rows = [[
+      c.section, c.claim,
+      table.fmt(c.expected),
+      table.fmt(c.computed), c.unit, "yes" if c.agrees else "**NO**"
+  ] for c in claims]
   agree = sum(c.agrees for c in claims)
   return "\n".join([
       "## The lesson, recomputed (analytic bounds)",
@@ -108,12 +111,13 @@ def lesson_section(ctx: Context) -> str:
 def crossovers_section(ctx: Context) -> str:
   """Closed forms of the derived quantities, with the lesson's numbers."""
   del ctx  # Unused.
-  values = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14, R=300, B=32, P=1000,
-                t_gap=0.012, t_window=0.01, t_queue=0.02)
+  values = dict(N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14, R=300, B=32, P=1000, t_gap=0.012,
+                t_window=0.01, t_queue=0.02)
   rows = []
   for item in catalogue.evaluate(values):
-    if item["derived_by"] == "formula" and item["name"] not in (
-        "step_floor", "ridge_point", "prefill_time", "time_to_first_token"):
+    if item["derived_by"] == "formula" and item["name"] not in ("step_floor", "ridge_point",
+                                                                "prefill_time",
+                                                                "time_to_first_token"):
       continue
     value = item["note"] or table.fmt(item["value"])
     rows.append([item["name"], f"${item['latex']}$", item["derived_by"], value, item["unit"]])
@@ -131,8 +135,8 @@ def crossovers_section(ctx: Context) -> str:
 
 def sweep_section(ctx: Context) -> str:
   """The lesson's batch sweep on a 300 FLOP/B device, with its plot."""
-  sweep = decode_sweep([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-                       N=8e9, q=2, T=1, k=2.5e8, BW=2e12, F=6e14)
+  sweep = decode_sweep([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], N=8e9, q=2, T=1,
+                       k=2.5e8, BW=2e12, F=6e14)
   plots.plot_sweep(sweep, os.path.join(ctx.out_dir, "batch_sweep.png"),
                    "8B BF16, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
   s = sweep["summary"]
@@ -142,9 +146,9 @@ def sweep_section(ctx: Context) -> str:
       "",
       "Aggregate throughput rises towards the memory-only limit of "
       f"{s['memory_limit_tokens_per_s']:,.0f} tokens/s while each user's rate falls; "
-      f"K/V traffic passes the weights at B = {s['weight_kv_crossover_batch']:,.0f}. "
-      + ("Memory binds at every batch: the plateau is not a compute limit."
-         if crossover is None else f"Compute binds from B = {crossover:,.0f}."),
+      f"K/V traffic passes the weights at B = {s['weight_kv_crossover_batch']:,.0f}. " +
+      ("Memory binds at every batch: the plateau is not a compute limit."
+       if crossover is None else f"Compute binds from B = {crossover:,.0f}."),
       "",
       table.markdown_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])),
       "",
@@ -159,8 +163,8 @@ def toy_check_section(ctx: Context) -> str:
   if os.path.exists(bench):
     parts.append(toy_section.bench_decode_section(files.read_json("results", bench)))
     rerun = ctx.commands.bench_decode
-    parts.append(f"(From `{in_repository(bench)}`, measured earlier"
-                 + (f"; rerun with `{rerun}`.)" if rerun else ".)"))
+    parts.append(f"(From `{in_repository(bench)}`, measured earlier" +
+                 (f"; rerun with `{rerun}`.)" if rerun else ".)"))
   return "\n".join(parts)
 
 
@@ -170,9 +174,9 @@ def calibration_section(ctx: Context) -> str:
   if budget == 0:
     return ("## Calibration on this device\n\nSkipped (a calibration budget of 0 s); "
             "`python -m experiments.calibrate` measures and fits a profile.")
-  return calibration_report.report_section(
-      ctx.out_dir, ctx.calibration, budget_s=budget, failure=ctx.calibration_failure,
-      longer_command=ctx.commands.longer_calibration)
+  return calibration_report.report_section(ctx.out_dir, ctx.calibration, budget_s=budget,
+                                           failure=ctx.calibration_failure,
+                                           longer_command=ctx.commands.longer_calibration)
 
 
 def summary(ctx: Context) -> str:
@@ -183,10 +187,10 @@ def summary(ctx: Context) -> str:
 
 def _accelerators_section(ctx: Context) -> str:
   s = ctx.subject
-  return specs_section.accelerator_section(
-      ctx.out_dir, model_name=s["model"], context=s["context"],
-      accelerators=tuple(s["accelerators"]), weight_dtype=s["weight_dtype"],
-      kv_dtype=s["kv_dtype"], any_model_command=ctx.commands.compare_accelerators)
+  return specs_section.accelerator_section(ctx.out_dir, model_name=s["model"], context=s["context"],
+                                           accelerators=tuple(s["accelerators"]),
+                                           weight_dtype=s["weight_dtype"], kv_dtype=s["kv_dtype"],
+                                           any_model_command=ctx.commands.compare_accelerators)
 
 
 def _kv_sizing_section(ctx: Context) -> str:
@@ -210,8 +214,7 @@ def _serving_section(ctx: Context) -> str:
 
 
 def _parallel_section(ctx: Context) -> str:
-  return chips_section.report_section(ctx.results["chips"],
-                                      plan_command=ctx.commands.worked_plan)
+  return chips_section.report_section(ctx.results["chips"], plan_command=ctx.commands.worked_plan)
 
 
 def _simulation_section(ctx: Context) -> str:
@@ -261,8 +264,7 @@ SECTIONS: list[Callable[[Context], str]] = [
 ]
 
 
-def build(ctx: Context, sections: Sequence[Callable[[Context], str]] = tuple(SECTIONS)
-          ) -> str:
+def build(ctx: Context, sections: Sequence[Callable[[Context], str]] = tuple(SECTIONS)) -> str:
   """Runs every section and writes `<out_dir>/README.md`; returns its path."""
   out_dir = ctx.out_dir
   os.makedirs(out_dir, exist_ok=True)

@@ -17,9 +17,7 @@ from jaxroof.report import table
 RESULTS_ROOT = "results"
 
 
-def latest_summary(
-    root: str = RESULTS_ROOT,
-) -> tuple[str, dict[str, Any]] | None:
+def latest_summary(root: str = RESULTS_ROOT,) -> tuple[str, dict[str, Any]] | None:
   """The newest `summary.json` written by experiments/gpu_bench under root.
 
   Summaries of dry runs (interpreted on a CPU, times meaningless) are
@@ -59,7 +57,8 @@ def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
   title = "## Kernels on a GPU (measurements)"
   if latest is None:
     return "\n".join([
-        title, "",
+        title,
+        "",
         f"No GPU benchmark under `{paths.in_repository(root)}/` yet. On a machine with a "
         "GPU run "
         "`PYTHONPATH=. bash experiments/gpu_bench.sh OUT` and commit "
@@ -72,25 +71,27 @@ def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
     p = case["pallas"]
     xla = case.get("xla_best_median_s")
     verdicts = ", ".join(
-        f"{k}: {'pass' if t['pass'] else '**FAIL**'}"
-        for k, t in case["targets"].items()
-    ) or "-"
+        f"{k}: {'pass' if t['pass'] else '**FAIL**'}" for k, t in case["targets"].items()) or "-"
     rows.append([
-        name, f"{p['median_s'] * 1e6:.1f}", f"{p['bytes_per_s'] / 1e12:.2f}",
+        name,
+        f"{p['median_s'] * 1e6:.1f}",
+        f"{p['bytes_per_s'] / 1e12:.2f}",
         f"{p['flop_per_s'] / 1e12:.1f}",
         _percent(p.get("fraction_of_copy_bandwidth")),
         _percent(p.get("fraction_of_matmul_rate")),
-        f"{xla * 1e6:.1f}" if xla else "-", verdicts,
+        f"{xla * 1e6:.1f}" if xla else "-",
+        verdicts,
     ])
   skipped = data.get("skipped", []) + list(data.get("errors", {}))
   return "\n".join([
-      title, "",
+      title,
+      "",
       f"Measured on {data['device_kind']} with jax {data['jax_version']} on "
       f"{data['date'][:10]} (`{paths.in_repository(path)}`). "
       f"{_ceilings_text(data['ceilings'])} "
       f"Times: {data['timing']}. Rates use analytic bytes and FLOPs (all "
-      "lengths full).", "",
-      table.markdown_table(
-          ("case", "Pallas us", "TB/s", "TFLOP/s", "of copy BW",
-           "of matmul", "XLA best us", "targets"), rows),
+      "lengths full).",
+      "",
+      table.markdown_table(("case", "Pallas us", "TB/s", "TFLOP/s", "of copy BW", "of matmul",
+                            "XLA best us", "targets"), rows),
   ] + ([f"\nNot measured: {', '.join(skipped)}."] if skipped else []))

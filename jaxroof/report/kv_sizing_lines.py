@@ -16,31 +16,39 @@ def _gb(value: float) -> str:
   return f"{value / 1e9:,.4f}"
 
 
-def sizing_lines(spec: ModelSpec, sizing: kv_sizing.KVSizing, counts: ParamCounts
-                 ) -> list[str]:
+def sizing_lines(spec: ModelSpec, sizing: kv_sizing.KVSizing, counts: ParamCounts) -> list[str]:
   """The title, the parameters, the table per layer kind and the batch's totals."""
-  out = [f"KV sizing of {spec.name} ({spec.model_type}, {spec.num_layers} blocks): "
-         f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
-         f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
-         "(analytic bound; GB = 1e9 B)"]
+  out = [
+      f"KV sizing of {spec.name} ({spec.model_type}, {spec.num_layers} blocks): "
+      f"context {sizing.context} tokens, batch {sizing.batch}, K/V {sizing.kv_dtype}, "
+      f"pages of {sizing.block_size} tokens, {sizing.max_new_tokens} tokens reserved "
+      "(analytic bound; GB = 1e9 B)"
+  ]
   if spec.assumed_llama_like:
     out.append(f"ASSUMED Llama-like: model_type {spec.model_type!r} is not supported; read as "
                "Llama as asked (assume_llama_like)")
   out.append(f"parameters: {counts.total / 1e9:,.3f}B total, {counts.active / 1e9:,.3f}B "
              f"active per token ({counts.active_matmul / 1e9:,.3f}B multiplied)")
-  rows = [[k.kind, k.layers, k.window or "-",
-           f"{k.bytes_per_token:,.0f}" if k.bytes_per_token else "-",
-           f"{k.state_bytes:,.0f} ({k.state_dtype})" if k.state_dtype else "-",
-           k.retained_tokens if not k.state_dtype else "-", _gb(k.payload_bytes),
-           _gb(k.allocated_bytes), _gb(k.allocated_bytes_windowed_as_full)]
-          for k in sizing.kinds]
-  rows.append(["total", sum(k.layers for k in sizing.kinds), "-", "-",
-               f"{sum(k.state_bytes for k in sizing.kinds):,.0f}", "-",
-               _gb(sizing.payload_bytes_per_sequence), _gb(sizing.allocated_bytes_per_sequence),
-               _gb(sizing.allocated_bytes_windowed_as_full_per_sequence)])
-  out.append(table.format_table(
-      ("kind", "blocks", "cap (tokens)", "B/token while kept", "state B/seq",
-       "tokens kept", "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
+  rows = [[
+      k.kind, k.layers, k.window or "-", f"{k.bytes_per_token:,.0f}" if k.bytes_per_token else "-",
+      f"{k.state_bytes:,.0f} ({k.state_dtype})" if k.state_dtype else "-",
+      k.retained_tokens if not k.state_dtype else "-",
+      _gb(k.payload_bytes),
+      _gb(k.allocated_bytes),
+      _gb(k.allocated_bytes_windowed_as_full)
+  ] for k in sizing.kinds]
+  rows.append([
+      "total",
+      sum(k.layers for k in sizing.kinds), "-", "-",
+      f"{sum(k.state_bytes for k in sizing.kinds):,.0f}", "-",
+      _gb(sizing.payload_bytes_per_sequence),
+      _gb(sizing.allocated_bytes_per_sequence),
+      _gb(sizing.allocated_bytes_windowed_as_full_per_sequence)
+  ])
+  out.append(
+      table.format_table(
+          ("kind", "blocks", "cap (tokens)", "B/token while kept", "state B/seq", "tokens kept",
+           "payload GB/seq", "allocated GB/seq", "windowed-as-full GB/seq"), rows))
   for k in sizing.kinds:
     if k.window:
       out.append(f"{k.kind} blocks: {k.bytes_per_token:,.0f} B per token up to {k.window:,} "
@@ -65,13 +73,14 @@ def sizing_lines(spec: ModelSpec, sizing: kv_sizing.KVSizing, counts: ParamCount
 
 def note_lines(spec: ModelSpec, sizing: kv_sizing.KVSizing, warned: list[str]) -> list[str]:
   """The sizing's and the model's notes; a context limit already `warned` is not repeated."""
-  return [f"note: {note}" for note in sizing.notes + spec.notes
-          if not (warned and "max_position_embeddings" in note)]
+  return [
+      f"note: {note}" for note in sizing.notes + spec.notes
+      if not (warned and "max_position_embeddings" in note)
+  ]
 
 
 def fit_line(device: Accelerator, fmt: WeightFormat, weight_bytes: float,
-             sizing: kv_sizing.KVSizing, workspace_fraction: float,
-             fit: kv_sizing.Capacity) -> str:
+             sizing: kv_sizing.KVSizing, workspace_fraction: float, fit: kv_sizing.Capacity) -> str:
   """Whether the batch fits the device, and the most sequences that would."""
   verdict = "fits" if fit.fits else "does NOT fit"
   return (f"{device.name} ({device.full_name}, {_gb(device.memory_capacity_bytes)} GB): "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_BASE = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "batch", "weights",
-         "K/V", "gap ms", "TTFT ms")
+_BASE = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "batch", "weights", "K/V",
+         "gap ms", "TTFT ms")
 _COST = ("$/h", "$/Mtok")
 _SIMULATED = ("sim p90 TTFT/TPOT ms", "meets")
 
@@ -34,15 +34,19 @@ def plan_rows(result: dict[str, Any]) -> tuple[tuple[str, ...], list[list[Any]]]
   rows = []
   for p in result["plans"]:
     merged = "".join(f" (= {m['weight_dtype']}/{m['kv_dtype']})" for m in p["merged"])
-    row = [p["rank"] if priced else f"{p['rank']} ({p['rank_within_accelerator']})",
-           p["accelerator"], p["chips"], _pools(p["pools"]), p["tp"], p["pp"], p["ep"], p["dp"],
-           p["batch"], p["weight_dtype"], p["kv_dtype"] + merged,
-           f"{p['loaded_token_gap_s'] * 1e3:,.1f}", f"{p['ttft_s'] * 1e3:,.0f}"]
+    row = [
+        p["rank"] if priced else f"{p['rank']} ({p['rank_within_accelerator']})", p["accelerator"],
+        p["chips"],
+        _pools(p["pools"]), p["tp"], p["pp"], p["ep"], p["dp"], p["batch"], p["weight_dtype"],
+        p["kv_dtype"] + merged, f"{p['loaded_token_gap_s'] * 1e3:,.1f}", f"{p['ttft_s'] * 1e3:,.0f}"
+    ]
     if priced:
       row += [_cell(p["cost_per_hour"], ",.2f"), _cell(p["cost_per_million_tokens"], ",.3f")]
     if simulated:
       s = p.get("simulated")
-      row += ["-" if s is None else f"{s['ttft_p90_s'] * 1e3:,.0f} / {s['tpot_p90_s'] * 1e3:,.1f}",
-              "-" if s is None else ("yes" if s["meets"] else "MISSES")]
+      row += [
+          "-" if s is None else f"{s['ttft_p90_s'] * 1e3:,.0f} / {s['tpot_p90_s'] * 1e3:,.1f}",
+          "-" if s is None else ("yes" if s["meets"] else "MISSES")
+      ]
     rows.append(row)
   return headers, rows

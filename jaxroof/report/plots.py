@@ -32,8 +32,8 @@ def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) 
              label="per sequence (1 / step)")
   misfits = [r for r in rows if r.get("fits_in_memory") is False]
   if misfits:
-    left.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits],
-              "x", color="red", markersize=10, label="does not fit in memory")
+    left.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits], "x",
+              color="red", markersize=10, label="does not fit in memory")
   summary = sweep["summary"]
   marks = (("weight_kv_crossover_batch", "weight = KV traffic", "tab:green"),
            ("compute_crossover_batch", "compute = memory time", "tab:red"))
@@ -63,8 +63,7 @@ def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) 
   save(fig, path)
 
 
-def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str],
-                  title: str) -> None:
+def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str], title: str) -> None:
   """Aggregate rate against batch for several (weight dtype, K/V dtype, context) sweeps.
 
   One line per combination; batches that do not fit memory are drawn as
@@ -84,15 +83,16 @@ def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str],
               marker=marker, linestyle="-", color=color,
               label=f"{label} (fits up to B={sweep['summary'].get('max_batch_in_memory', 0):,})")
     if misfits:
-      axis.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits],
-                "x:", color=color)
+      axis.plot([r["batch"] for r in misfits], [r["aggregate_tokens_per_s"] for r in misfits], "x:",
+                color=color)
   axis.set_xscale("log", base=2)
   axis.set_yscale("log")
   axis.set_xlabel("batch (sequences per replica)")
   axis.set_ylabel("aggregate tokens/s per replica")
   kind = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
-  axis.set_title(f"{title} ({kind.get(sweeps[0]['kind'], sweeps[0]['kind'])}); "
-                 "x: does not fit memory", fontsize=9)
+  axis.set_title(
+      f"{title} ({kind.get(sweeps[0]['kind'], sweeps[0]['kind'])}); "
+      "x: does not fit memory", fontsize=9)
   axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   axis.grid(True, which="both", alpha=0.3)
   fig.tight_layout()

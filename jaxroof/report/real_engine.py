@@ -41,11 +41,11 @@ def _short(run: str) -> str:
 
 def heldout_rows(result: dict[str, Any]) -> list[list[str]]:
   """One row per held-out (run, metric, percentile)."""
-  return [[_short(r["run"]), f"p{r['percentile']} {r['metric'].upper()}",
-           f"{r['measured_s'] * 1e3:.2f}", f"{r['predicted_s'] * 1e3:.2f}",
-           table.percent(r["rel_error"]),
-           f"{r['bound_s'] * 1e3:.2f}" if r.get("bound_s") else "n/a"]
-          for r in result.get("heldout", [])]
+  return [[
+      _short(r["run"]), f"p{r['percentile']} {r['metric'].upper()}", f"{r['measured_s'] * 1e3:.2f}",
+      f"{r['predicted_s'] * 1e3:.2f}",
+      table.percent(r["rel_error"]), f"{r['bound_s'] * 1e3:.2f}" if r.get("bound_s") else "n/a"
+  ] for r in result.get("heldout", [])]
 
 
 def plot(result: dict[str, Any], path: str, runs: int = 3) -> None:
@@ -55,11 +55,13 @@ def plot(result: dict[str, Any], path: str, runs: int = 3) -> None:
   for color, cdf in zip(colors, result.get("cdfs", [])[:runs]):
     name = _short(cdf["run"])
     for kind, style in (("measured", "-"), ("predicted", "--")):
-      series[f"{name} {kind}"] = {"ttft_s": np.asarray(cdf[kind]["ttft"]),
-                                  "itl_s": np.asarray(cdf[kind]["itl"]), "style": style,
-                                  "color": color}
-  simulation.plot_cdfs(series, path, "vLLM 0.32.0 on this CPU: measured (solid) vs calibrated "
-                       "simulator (dashed), held-out runs")
+      series[f"{name} {kind}"] = {
+          "ttft_s": np.asarray(cdf[kind]["ttft"]), "itl_s": np.asarray(cdf[kind]["itl"]),
+          "style": style, "color": color
+      }
+  simulation.plot_cdfs(
+      series, path, "vLLM 0.32.0 on this CPU: measured (solid) vs calibrated "
+      "simulator (dashed), held-out runs")
 
 
 def _spread(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
@@ -76,16 +78,17 @@ def _spread(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     return []
   return [
       "Pass 2 (every run measured again with the same commands, its own fit): held-out "
-      f"median error {table.percent(second.get('heldout_median_rel_error'))}; by metric "
-      + ", ".join(f"{k} {table.percent(v)}" for k, v in
-                  second.get("heldout_median_rel_error_by_metric", {}).items())
-      + ". Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in second.get("factors", {}).items()
-                                 if n in ("eta_w", "eta_f", "t0_step", "t0_request"))
-      + ". The measurement itself moved between the passes (median |pass 2 - pass 1| / "
-      "pass 1 over the held-out runs): "
-      + ", ".join(f"{k} {table.percent(float(np.median(v)))} (max "
-                  f"{table.percent(float(np.max(v)))})" for k, v in spreads.items())
-      + "; ITL left out (coalesced gaps)."]
+      f"median error {table.percent(second.get('heldout_median_rel_error'))}; by metric " +
+      ", ".join(f"{k} {table.percent(v)}"
+                for k, v in second.get("heldout_median_rel_error_by_metric", {}).items()) +
+      ". Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in second.get("factors", {}).items()
+                               if n in ("eta_w", "eta_f", "t0_step", "t0_request")) +
+      ". The measurement itself moved between the passes (median |pass 2 - pass 1| / "
+      "pass 1 over the held-out runs): " +
+      ", ".join(f"{k} {table.percent(float(np.median(v)))} (max "
+                f"{table.percent(float(np.max(v)))})"
+                for k, v in spreads.items()) + "; ITL left out (coalesced gaps)."
+  ]
 
 
 def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[str] = ()) -> str:
@@ -100,7 +103,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
              "experiment's vllm source")
     return "\n".join(lines + [
         f"No committed results under `{paths.in_repository(folder)}`. To measure: {steps} "
-        "(README)."])
+        "(README)."
+    ])
   meta = first.get("engine_run", {})
   factors = first.get("factors", {})
   png = os.path.join(out_dir, "real_engine_cdfs.png")
@@ -112,22 +116,23 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       f"load average {meta.get('load', 'n/a')} on 2 cores shared with other jobs. "
       "Calibrated prediction: the simulator with its `vllm` scheduler (vLLM V1's), "
       "each run replayed with its own arrivals and lengths, on ceilings measured through the "
-      f"engine's torch (`{paths.in_repository(folder)}/accelerator.json`), factors fitted on "
-      + ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"])
-      + ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
+      f"engine's torch (`{paths.in_repository(folder)}/accelerator.json`), factors fitted on " +
+      ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"]) +
+      ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
       "",
-      "Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in factors.items()
-                             if n in ("eta_w", "eta_f", "t0_step", "t0_request"))
-      + " (t0_step and t0_request in seconds; t0_request: the fixed per-request cost, HTTP + "
+      "Fitted: " +
+      ", ".join(f"{n} = {v:.3g}"
+                for n, v in factors.items() if n in ("eta_w", "eta_f", "t0_step", "t0_request")) +
+      " (t0_step and t0_request in seconds; t0_request: the fixed per-request cost, HTTP + "
       "API server + tokenisation, before the engine sees a request).",
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",
       f"Held-out median error {table.percent(first.get('heldout_median_rel_error'))}, max "
       f"{table.percent(first.get('heldout_max_rel_error'))} over "
-      f"{first.get('heldout_points', 0)} points; by metric: "
-      + ", ".join(f"{k} {table.percent(v)}" for k, v in
-                  first.get("heldout_median_rel_error_by_metric", {}).items()) + ".",
+      f"{first.get('heldout_points', 0)} points; by metric: " +
+      ", ".join(f"{k} {table.percent(v)}"
+                for k, v in first.get("heldout_median_rel_error_by_metric", {}).items()) + ".",
   ]
   for r in first.get("heldout_throughput", []):
     lines.append(f"- {_short(r['run'])}: throughput measured {r['measured_per_s']:.3f} req/s, "
@@ -136,22 +141,25 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
   if terms:
     lines.append("- Token gaps under 0.1 ms (tokens the client received together while the "
                  "client, API server and engine shared two cores; a term the simulator "
-                 "lacks, which makes such measured ITL percentiles no engine step time): "
-                 + ", ".join(f"{_short(t['run'])} {table.percent(t['value'])}" for t in terms)
-                 + ".")
+                 "lacks, which makes such measured ITL percentiles no engine step time): " +
+                 ", ".join(f"{_short(t['run'])} {table.percent(t['value'])}" for t in terms) + ".")
   second = _load(os.path.join(folder, RESULTS[1]))
   if second is not None:
     lines += [""] + _spread(first, second)
   moe = _load(os.path.join(folder, MOE))
   if moe is not None:
     rows = {(r["metric"], r["percentile"]): r for r in moe.get("heldout", [])}
-    cells = [f"p{q} {m.upper()} {rows[(m, q)]['measured_s'] * 1e3:.2f} ms measured, "
-             f"{rows[(m, q)]['predicted_s'] * 1e3:.2f} predicted"
-             for m, q in (("ttft", 50), ("tpot", 50)) if (m, q) in rows]
-    lines += ["", "MoE: vLLM's CPU backend serves `tiny-mixtral` (8 experts, top 2, the same "
-              "active weights per token as tiny-llama). Predicted with the factors above "
-              f"(`{paths.in_repository(folder)}/{MOE}`): " + "; ".join(cells) + ". The "
-              "simulator charges an MoE step by the experts it reads; vLLM's CPU MoE path "
-              "costs more than that (a term the model lacks, measured on one short run)."]
+    cells = [
+        f"p{q} {m.upper()} {rows[(m, q)]['measured_s'] * 1e3:.2f} ms measured, "
+        f"{rows[(m, q)]['predicted_s'] * 1e3:.2f} predicted"
+        for m, q in (("ttft", 50), ("tpot", 50)) if (m, q) in rows
+    ]
+    lines += [
+        "", "MoE: vLLM's CPU backend serves `tiny-mixtral` (8 experts, top 2, the same "
+        "active weights per token as tiny-llama). Predicted with the factors above "
+        f"(`{paths.in_repository(folder)}/{MOE}`): " + "; ".join(cells) + ". The "
+        "simulator charges an MoE step by the experts it reads; vLLM's CPU MoE path "
+        "costs more than that (a term the model lacks, measured on one short run)."
+    ]
   lines += ["", f"![measured vs predicted CDFs]({os.path.basename(png)})"]
   return "\n".join(lines)

@@ -21,8 +21,8 @@ def pools_line(p: dict[str, Any]) -> str:
   a = (f"split {split['prefill_gpus']} prefill + {split['decode_gpus']} decode = "
        f"{split['gpus']} GPUs (K/V transfer {split['kv_transfer_s'] * 1e3:.3g} ms)"
        if split["feasible"] else f"split infeasible ({split['reason']})")
-  b = (f"shared {shared['gpus']} GPUs" if shared["feasible"]
-       else f"shared infeasible ({shared['reason']})")
+  b = (f"shared {shared['gpus']} GPUs"
+       if shared["feasible"] else f"shared infeasible ({shared['reason']})")
   return (f"  pools at {p['arrival_rate_per_s']:g} requests/s{unit}: {a}; {b}; fewer: "
           f"{p['fewer_chips'] or 'neither'} ({p['kv_transfer']['note']})")
 
@@ -38,8 +38,10 @@ def percentiles_line(out: dict[str, Any], arrival_rate: float, batch: int) -> st
 
 def bound_first_lines(bound_decision: dict[str, Any]) -> list[str]:
   """The bound's decision, shown before a profile whose held-out error is the larger."""
-  return (["Analytic bound, shown first (the profile's held-out error is larger than the "
-           "bound's on the same data):"] + serving_section.decision_lines(bound_decision) + [""])
+  return ([
+      "Analytic bound, shown first (the profile's held-out error is larger than the "
+      "bound's on the same data):"
+  ] + serving_section.decision_lines(bound_decision) + [""])
 
 
 def lines(result: dict[str, Any]) -> list[str]:
@@ -47,9 +49,11 @@ def lines(result: dict[str, Any]) -> list[str]:
   decision, the error of a calibrated profile, the layout, pools and the peer's rows."""
   inputs, decision, rows = result["inputs"], result["decision"], result["requests"]
   provenance = result.get("profile")
-  out = [f"Serving {inputs['label']}: prompt {inputs['prompt_tokens']}, "
-         f"{inputs['output_tokens']} outputs, {inputs['arrival_rate_per_s']:g} requests/s "
-         f"({_LABEL[result['kind']]}; TTFT: M/D/1 mean)"]
+  out = [
+      f"Serving {inputs['label']}: prompt {inputs['prompt_tokens']}, "
+      f"{inputs['output_tokens']} outputs, {inputs['arrival_rate_per_s']:g} requests/s "
+      f"({_LABEL[result['kind']]}; TTFT: M/D/1 mean)"
+  ]
   headers, cells = serving_section.REQUEST_HEADERS, serving_section.request_cells(rows)
   if provenance is not None:
     headers = tuple(headers) + (accuracy.HEADER,)
@@ -66,11 +70,13 @@ def lines(result: dict[str, Any]) -> list[str]:
   if "pools" in result:
     out.append(pools_line(result["pools"]))
   if "peer" in result:
-    out.append(table.format_table(serving_section.PEER_HEADERS,
-                                  serving_section.peer_cells(result["peer"]["rows"])))
+    out.append(
+        table.format_table(serving_section.PEER_HEADERS,
+                           serving_section.peer_cells(result["peer"]["rows"])))
   if "percentiles" in result:
-    out.append(percentiles_line(result["percentiles"], inputs["arrival_rate_per_replica_s"],
-                                decision["batch"]))
+    out.append(
+        percentiles_line(result["percentiles"], inputs["arrival_rate_per_replica_s"],
+                         decision["batch"]))
   return out
 
 
@@ -87,7 +93,7 @@ def plot_frontier(frontier: dict[str, Any], kind: str, inputs: requests.ServingI
                   question: Any, decision: dict[str, Any], path: str) -> None:
   """Writes the rate frontier around the decision (`serving_result.frontier`) as a PNG."""
   prompt, outputs = question.prompt_tokens, question.output_tokens
-  serving_section.plot_frontier(
-      frontier, decision, path, f"{inputs.label}\nprompt {prompt} + {outputs} outputs",
-      kind=kind, token_gap_s=question.token_gap_s,
-      memory_limit=inputs.max_batch_in_memory)
+  serving_section.plot_frontier(frontier, decision, path,
+                                f"{inputs.label}\nprompt {prompt} + {outputs} outputs", kind=kind,
+                                token_gap_s=question.token_gap_s,
+                                memory_limit=inputs.max_batch_in_memory)

@@ -34,22 +34,24 @@ def request_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
   out = []
   for row in rows:
     batch = f"{row['batch']}" + (" (no fit)" if row.get("fits_in_memory") is False else "")
-    out.append([batch, f"{row['prefill_s'] * 1e3:,.2f}", ms(row["ttft_s"]),
-                ms(row["mean_token_gap_s"]),
-                "unstable" if row["e2e_s"] is None else f"{row['e2e_s']:,.3f}",
-                f"{row['aggregate_tokens_per_s']:,.1f}",
-                "unstable" if row["per_sequence_tokens_per_s"] is None
-                else f"{row['per_sequence_tokens_per_s']:,.1f}",
-                row.get("moved_by", "")])
+    out.append([
+        batch, f"{row['prefill_s'] * 1e3:,.2f}",
+        ms(row["ttft_s"]),
+        ms(row["mean_token_gap_s"]), "unstable" if row["e2e_s"] is None else f"{row['e2e_s']:,.3f}",
+        f"{row['aggregate_tokens_per_s']:,.1f}", "unstable"
+        if row["per_sequence_tokens_per_s"] is None else f"{row['per_sequence_tokens_per_s']:,.1f}",
+        row.get("moved_by", "")
+    ])
   return out
 
 
 def peer_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
   """Display cells of `serving.peer.compare` rows."""
-  return [[f"{r['batch']}", f"{r['jaxroof_prefill_s']:.4f}", f"{r['peer_prefill_s']:.4f}",
-           f"{r['jaxroof_mean_step_s'] * 1e3:.3f}", f"{r['peer_mean_step_s'] * 1e3:.3f}",
-           f"{r['jaxroof_total_s']:.4f}", f"{r['peer_total_s']:.4f}",
-           f"{r['total_ratio']:.3f}"] for r in rows]
+  return [[
+      f"{r['batch']}", f"{r['jaxroof_prefill_s']:.4f}", f"{r['peer_prefill_s']:.4f}",
+      f"{r['jaxroof_mean_step_s'] * 1e3:.3f}", f"{r['peer_mean_step_s'] * 1e3:.3f}",
+      f"{r['jaxroof_total_s']:.4f}", f"{r['peer_total_s']:.4f}", f"{r['total_ratio']:.3f}"
+  ] for r in rows]
 
 
 def decision_lines(decision: dict[str, Any]) -> list[str]:
@@ -71,24 +73,23 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
       f"{decision['prefill_service_s'] * 1e3:.2f} ms, utilisation "
       f"{decision['utilisation']:.3f}); load limit "
       f"{decision['max_arrival_rate_per_s']:.4g} requests/s",
-      f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities "
-      + ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()),
+      f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities " +
+      ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()),
   ]
   if point.get("running_batch") is not None:
-    lines.append(
-        f"operating point at {point['arrival_rate_per_s']:g} requests/s (Little's law): "
-        f"{point['running_batch']:.1f} sequences running, step "
-        f"{point['step_s'] * 1e3:.3f} ms, token gap {point['token_gap_s'] * 1e3:.3f} ms, "
-        f"TTFT {point['ttft_s'] * 1e3:.2f} ms" if point.get("ttft_s") is not None else
-        f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
-        f"{point['running_batch']:.1f} sequences running; the prefill queue is unstable")
+    lines.append(f"operating point at {point['arrival_rate_per_s']:g} requests/s (Little's law): "
+                 f"{point['running_batch']:.1f} sequences running, step "
+                 f"{point['step_s'] * 1e3:.3f} ms, token gap {point['token_gap_s'] * 1e3:.3f} ms, "
+                 f"TTFT {point['ttft_s'] * 1e3:.2f} ms" if point.get("ttft_s") is not None else
+                 f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
+                 f"{point['running_batch']:.1f} sequences running; the prefill queue is unstable")
   elif point:
     lines.append(f"operating point: {point.get('reason', 'unstable')}")
   return lines
 
 
-def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
-                  title: str, *, kind: str = "bound", token_gap_s: float | None = None,
+def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str, title: str, *,
+                  kind: str = "bound", token_gap_s: float | None = None,
                   memory_limit: int | None = None) -> None:
   """Aggregate tokens/s against per-sequence tokens/s over batch, decision marked."""
   import matplotlib.pyplot as plt
@@ -121,8 +122,8 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
       ax.axvline(rate, color="tab:orange", linestyle="--",
                  label=f"token-gap target {token_gap_s * 1e3:g} ms{load} (x = {rate:,.0f})")
   if decision.get("batch") is not None:
-    ax.plot([decision["per_sequence_tokens_per_s"]], [decision["aggregate_tokens_per_s"]],
-            "*", color="tab:green", markersize=16,
+    ax.plot([decision["per_sequence_tokens_per_s"]], [decision["aggregate_tokens_per_s"]], "*",
+            color="tab:green", markersize=16,
             label=f"decision: B = {decision['batch']} ({decision['binds']} binds)")
   ax.set_xlabel("per-sequence tokens/s (1 / mean decode step)")
   ax.set_ylabel("aggregate tokens/s (batch / mean decode step)")
@@ -135,27 +136,26 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
 
 
 def _lesson_table(decisions: Sequence[dict[str, Any]]) -> str:
-  rows = [[f"{d['token_gap_s'] * 1e3:g}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
-           f"{d['aggregate_tokens_per_s']:,.0f}", f"{d['per_sequence_tokens_per_s']:.1f}"]
-          for d in decisions]
-  return table.markdown_table(("token gap ms", "batch", "binds", "step ms", "aggregate tok/s",
-                               "per-seq tok/s"), rows)
+  rows = [[
+      f"{d['token_gap_s'] * 1e3:g}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
+      f"{d['aggregate_tokens_per_s']:,.0f}", f"{d['per_sequence_tokens_per_s']:.1f}"
+  ] for d in decisions]
+  return table.markdown_table(
+      ("token gap ms", "batch", "binds", "step ms", "aggregate tok/s", "per-seq tok/s"), rows)
 
 
 def _pools_sentence(study: dict[str, Any]) -> str:
   pool = study["pools"]
   split, shared = pool["split"], pool["shared"]
-  return (
-      f"At {pool['arrival_rate_per_s']:g} requests/s: split pools need "
-      + (f"{split['chips']} chips ({split['prefill_chips']} prefill + {split['decode_chips']} "
-         f"decode), {split['goodput_per_chip']:.1f} requests/s per chip"
-         if split["feasible"] else "no feasible split")
-      + "; one shared pool needs "
-      + (f"{shared['chips']} chips (batch {shared['batch']}), "
-         f"{shared['goodput_per_chip']:.1f} requests/s per chip"
-         if shared["feasible"] else "more chips than searched")
-      + ". A shared pool wins with " + "; ".join(study["shared_wins"])
-      + ". The split wins with " + "; ".join(study["split_wins"]) + ".")
+  return (f"At {pool['arrival_rate_per_s']:g} requests/s: split pools need " +
+          (f"{split['chips']} chips ({split['prefill_chips']} prefill + {split['decode_chips']} "
+           f"decode), {split['goodput_per_chip']:.1f} requests/s per chip"
+           if split["feasible"] else "no feasible split") + "; one shared pool needs " +
+          (f"{shared['chips']} chips (batch {shared['batch']}), "
+           f"{shared['goodput_per_chip']:.1f} requests/s per chip"
+           if shared["feasible"] else "more chips than searched") + ". A shared pool wins with " +
+          "; ".join(study["shared_wins"]) + ". The split wins with " +
+          "; ".join(study["split_wins"]) + ".")
 
 
 def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[str, Any]],
@@ -164,10 +164,12 @@ def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[st
   elasticities (`jaxroof.serving.decision_study`'s `lesson_decisions`, `study` and
   `lesson_elasticities`); writes the frontier plot into `out_dir`."""
   d, outputs = study["decision"], study["output_tokens"]
-  lines = ["## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", "",
-           "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
-           "the largest batch whose token gap meets the target.", "",
-           _lesson_table(lesson), ""]
+  lines = [
+      "## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", "",
+      "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
+      "the largest batch whose token gap meets the target.", "",
+      _lesson_table(lesson), ""
+  ]
   layout, chips = study["layout"], study["chips"]
   where = "" if chips == 1 else (
       f" (tp{layout['tp']} pp{layout['pp']} ep{layout['ep']}, {chips} chips)")
@@ -180,17 +182,18 @@ def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[st
       f"### {title}", "",
       f"Targets: {study['token_gap_s'] * 1e3:g} ms token gap, {study['ttft_s'] * 1e3:g} ms "
       f"TTFT, at {study['arrival_rate_per_s']:.3g} requests/s with a "
-      f"{study['window_s'] * 1e3:g} ms batching window. "
-      + (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
-         f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
-         f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
-         f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
-         f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s."
-         if d["batch"] is not None else " ".join(decision_lines(d)))
-      + f" Rows: a static batch of B requests (prefill of all B prompts, then {outputs - 1} "
+      f"{study['window_s'] * 1e3:g} ms batching window. " +
+      (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
+       f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
+       f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
+       f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
+       f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s."
+       if d["batch"] is not None else " ".join(decision_lines(d))) +
+      f" Rows: a static batch of B requests (prefill of all B prompts, then {outputs - 1} "
       "decode steps); TTFT for one prompt prefilled on arrival.", "",
       table.markdown_table(REQUEST_HEADERS[:-1], [c[:-1] for c in request_cells(study["rows"])]),
-      "", "![serving frontier](serving_frontier.png)", ""]
+      "", "![serving frontier](serving_frontier.png)", ""
+  ]
 
   cross = study["crossovers"]
   decode_cross = cross["decode_sequences_per_step"]
@@ -199,29 +202,31 @@ def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[st
       f"Prefill turns compute-bound at about {cross['prefill_tokens_per_step_linear']:,.0f} "
       f"prompt tokens per step (linear layers, R*q/2; "
       f"{cross['prefill_tokens_per_step_with_attention']:,.0f} with causal attention and K/V "
-      "writes); decode "
-      + ("never does at this context: each sequence adds more K/V time than compute time"
-         if decode_cross is None else f"at {decode_cross:,.0f} sequences per step")
-      + f". Attention FLOPs overtake the linear FLOPs past a "
+      "writes); decode " +
+      ("never does at this context: each sequence adds more K/V time than compute time"
+       if decode_cross is None else f"at {decode_cross:,.0f} sequences per step") +
+      f". Attention FLOPs overtake the linear FLOPs past a "
       f"{cross['attention_overtakes_linear_at_prompt']:,.0f}-token prompt. "
       "So prefill wants a few hundred tokens per step, decode as many sequences as the "
       "token gap and memory allow.", "",
-      _pools_sentence(study), ""]
+      _pools_sentence(study), ""
+  ]
 
-  el_rows = [[f"{e['batch']}"] + [f"{e['elasticities'][n]:+.3f}" for n in elasticity.INPUT_NAMES]
-             + [e["moved_by"]] for e in elasticities]
+  el_rows = [[f"{e['batch']}"] + [f"{e['elasticities'][n]:+.3f}"
+                                  for n in elasticity.INPUT_NAMES] + [e["moved_by"]]
+             for e in elasticities]
   lines += [
       "### What moves the step: the lesson's 0.5 GB case", "",
       "Elasticities d ln(step)/d ln(x) from `jax.grad` of the lambdified step (16 GB weights, "
       "0.5 GB K/V per sequence, 2 TB/s, 600 TFLOP/s). Memory binds at every batch, so the "
       "elasticity to F is exactly 0: faster arithmetic alone would not move the step; "
       "bandwidth moves it one for one (-1), and the K/V share grows with batch.", "",
-      table.markdown_table(("batch",) + elasticity.INPUT_NAMES + ("moved by",), el_rows),
-      "",
+      table.markdown_table(("batch",) + elasticity.INPUT_NAMES + ("moved by",), el_rows), "",
       "Prefill convention: linear FLOPs 2*N_act*P*B; causal attention over the lower "
       "triangle, 2*L*H*d*P*(P+1) per sequence for QK^T and PV (softmax omitted); weights "
       "read once, K/V written; floor = max(memory, compute) "
       "(`jaxroof.symbolic.prefill`); attention overtakes the linear FLOPs at "
       f"P = `{prefill_formulas.attention_overtakes_linear_prompt()}` (A_f: attention FLOPs "
-      "per (query, key) pair over all blocks, 4*L*H*d for full attention)."]
+      "per (query, key) pair over all blocks, 4*L*H*d for full attention)."
+  ]
   return "\n".join(lines)

@@ -16,8 +16,8 @@ from jaxroof.report import table
 
 def label(step_model: str) -> str:
   """What the simulated numbers are, from the replica's step model ("bound" or not)."""
-  return "simulated prediction, " + ("analytic iteration bound" if step_model == "bound"
-                                     else "calibrated iteration model")
+  return "simulated prediction, " + ("analytic iteration bound"
+                                     if step_model == "bound" else "calibrated iteration model")
 
 
 def metrics_table(name: str, metrics: dict[str, Any],
@@ -42,10 +42,10 @@ def max_rate_line(found: dict[str, Any], scheduler: str) -> str:
   rate = found["max_rate_per_s"]
   return (f"largest arrival rate meeting the SLOs at p{found['slo_percentile']:g} "
           f"({len(found['tried'])} seeded simulations of {found['num_requests']} requests, "
-          f"{scheduler} scheduler, {found['replicas']} replica(s), {found['chips']} chip(s)): "
-          + ("none (the smallest rate tried misses)" if rate is None else
-             f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
-             f"{found['bracket']}"))
+          f"{scheduler} scheduler, {found['replicas']} replica(s), {found['chips']} chip(s)): " +
+          ("none (the smallest rate tried misses)" if rate is None else
+           f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
+           f"{found['bracket']}"))
 
 
 def run_line(run: Any, total_pages: int) -> str:
@@ -69,11 +69,15 @@ def run_lines(run_label: str, scheduler: str, requests: int, metrics: dict[str, 
   larger (`bound_metrics`), then the run's with the profile's error, and its figures."""
   out = []
   if bound_metrics is not None:
-    out += [f"{label('bound')}, shown first (the profile's held-out error is larger than "
-            f"the bound's on the same data): {scheduler} scheduler, {requests} requests",
-            metrics_table(scheduler, bound_metrics) + "\n"]
-  out += [f"{run_label}: {scheduler} scheduler, {requests} requests",
-          metrics_table(scheduler, metrics, provenance)]
+    out += [
+        f"{label('bound')}, shown first (the profile's held-out error is larger than "
+        f"the bound's on the same data): {scheduler} scheduler, {requests} requests",
+        metrics_table(scheduler, bound_metrics) + "\n"
+    ]
+  out += [
+      f"{run_label}: {scheduler} scheduler, {requests} requests",
+      metrics_table(scheduler, metrics, provenance)
+  ]
   if provenance is not None:
     out += accuracy.footnote_lines(provenance)
   return out + [run_line(run, total_pages)]
@@ -83,26 +87,29 @@ def fleet_lines(out: dict[str, Any], label: str, router: str, scheduler: str, re
                 rate: float) -> list[str]:
   """A fleet's run (`simulation_result.fleet_run`): its metrics and the routing."""
   replicas = len(out["replicas"])
-  return [f"{label}: fleet of {replicas} replicas behind {router}, {scheduler} scheduler, "
-          f"{requests} requests at {rate:g}/s",
-          metrics_table(f"fleet ({replicas})", out["metrics"]),
-          fleet_line(out["run"], replicas)]
+  return [
+      f"{label}: fleet of {replicas} replicas behind {router}, {scheduler} scheduler, "
+      f"{requests} requests at {rate:g}/s",
+      metrics_table(f"fleet ({replicas})", out["metrics"]),
+      fleet_line(out["run"], replicas)
+  ]
 
 
 def annotate_calibrated(result: dict[str, Any], provenance: Mapping[str, Any]) -> None:
   """Puts the profile and its held-out error beside a calibrated run's metrics (JSON)."""
   result["profile"] = dict(provenance)
   result["accuracy"] = accuracy.fields(provenance)
-  result["metrics"] = {**result["metrics"],
-                       accuracy.ROW_FIELD: provenance.get("heldout_median_rel_error")}
+  result["metrics"] = {
+      **result["metrics"], accuracy.ROW_FIELD: provenance.get("heldout_median_rel_error")
+  }
 
 
 def plot_run(run: Any, total_pages: int, scheduler: str, path: str, label: str) -> None:
   """The run's TTFT/ITL CDFs at `path`, and beside it `<stem>_kv.png` (K/V pages and
   queue over time)."""
   stem, _ = os.path.splitext(path)
-  simulation.plot_cdfs({scheduler: {"ttft_s": run.first_token_s - run.arrival_s,
-                                    "itl_s": run.itl_s}}, path, label)
+  simulation.plot_cdfs(
+      {scheduler: {"ttft_s": run.first_token_s - run.arrival_s, "itl_s": run.itl_s}}, path, label)
   simulation.plot_kv_over_time(run, total_pages, f"{stem}_kv.png", label)
 
 
@@ -111,4 +118,3 @@ def plot_goodput(sweep: dict[str, Any], path: str, label: str) -> None:
   stem, _ = os.path.splitext(path)
   simulation.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
                           f"{stem}_goodput.png", label)
-

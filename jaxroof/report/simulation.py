@@ -40,15 +40,22 @@ def metrics_rows(results: dict[str, dict]) -> list[list[str]]:
     cell = lambda key: " / ".join(  # noqa: E731
         "-" if m[key][s] is None else f"{1e3 * m[key][s]:.1f}" for s in ("median", "p90", "p99"))
     good = m.get("goodput_per_s")
-    rows.append([name, cell("ttft_s"), cell("tpot_s"), cell("itl_s"), cell("e2el_s"),
-                 f"{m['request_throughput_per_s']:.2f}",
-                 f"{m['output_throughput_tokens_per_s']:.0f}",
-                 "-" if good is None else f"{good:.2f}", str(m["completed"])])
+    rows.append([
+        name,
+        cell("ttft_s"),
+        cell("tpot_s"),
+        cell("itl_s"),
+        cell("e2el_s"), f"{m['request_throughput_per_s']:.2f}",
+        f"{m['output_throughput_tokens_per_s']:.0f}", "-" if good is None else f"{good:.2f}",
+        str(m["completed"])
+    ])
   return rows
 
 
-HEADER = ["run", "TTFT ms (med/p90/p99)", "TPOT ms", "ITL ms", "E2EL ms", "req/s", "out tok/s",
-          "goodput/s", "completed"]
+HEADER = [
+    "run", "TTFT ms (med/p90/p99)", "TPOT ms", "ITL ms", "E2EL ms", "req/s", "out tok/s",
+    "goodput/s", "completed"
+]
 
 
 def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[str],
@@ -59,8 +66,10 @@ def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[
     for ax, key in zip(axes, ("ttft_s", "itl_s")):
       v = np.sort(np.asarray(values[key]))
       if len(v):
-        ax.plot(v * 1e3, np.arange(1, len(v) + 1) / len(v), label=name,
-                linestyle=values.get("style", "-"), color=values.get("color"))
+        ax.plot(v * 1e3,
+                np.arange(1,
+                          len(v) + 1) / len(v), label=name, linestyle=values.get("style", "-"),
+                color=values.get("color"))
   for ax, label in zip(axes, ("TTFT (ms)", "ITL (ms)")):
     _log_x(ax)
     ax.set_xlabel(label)
@@ -71,8 +80,7 @@ def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[
   plots.save(fig, path)
 
 
-def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str],
-                      title: str) -> None:
+def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str], title: str) -> None:
   """K/V pages in use and queue length against simulated time (`run`: a simulator Run)."""
   fig, left = plt.subplots(figsize=(8, 4))
   left.step(run.history_s, run.pages_in_use / total_pages, where="post", color="tab:blue",
@@ -89,8 +97,8 @@ def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str],
   plots.save(fig, path)
 
 
-def plot_goodput(rates: list[float], goodput: dict[str, list[float]],
-                 path: str | os.PathLike[str], title: str) -> None:
+def plot_goodput(rates: list[float], goodput: dict[str, list[float]], path: str | os.PathLike[str],
+                 title: str) -> None:
   """Goodput against arrival rate, one line per scheduler."""
   fig, ax = plt.subplots(figsize=(7, 4))
   ax.plot(rates, rates, ":", color="gray", label="arrival rate")
@@ -111,8 +119,8 @@ def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
   for col, (name, load) in enumerate(loads.items()):
     for row, key in enumerate(("ttft_s", "itl_s")):
       ax = axes[row, col]
-      for source, style, label in (("measured", "-", "measured"),
-                                   ("tokens_held_out", "--", "twin, held-out fit"),
+      for source, style, label in (("measured", "-", "measured"), ("tokens_held_out", "--",
+                                                                   "twin, held-out fit"),
                                    ("computed_held_out", "-.", "twin (computed), held-out"),
                                    ("tokens_own_fit", ":", "twin, fit to this run")):
         v = np.asarray(load["cdf"][f"{source}_{key}"])
@@ -124,19 +132,22 @@ def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
         ax.set_title(f"{name}: {load['arrival_rate_per_s']:.1f} req/s", fontsize=9)
   axes[0, 0].legend(fontsize=8)
   dev = result["device"]
-  fig.suptitle(f"toy server ({dev['device_kind']}, {dev['backend']}) measured vs simulated twin"
-               f", {result['date']}", fontsize=10)
+  fig.suptitle(
+      f"toy server ({dev['device_kind']}, {dev['backend']}) measured vs simulated twin"
+      f", {result['date']}", fontsize=10)
   plots.save(fig, path)
 
 
 def _scenario(sim: dict[str, Any]) -> dict[str, str]:
   """The scenario's inputs in words, for the plot's title and the section's text."""
   w, r = sim["workload"], sim["replica"]
-  return {"requests": f"{w['num_requests']:,} {w['arrival'].capitalize()} requests at "
-                      f"{w['arrival_rate']:g}/s",
-          "lengths": f"{w['prompt_distribution']} prompts (mean {w['prompt_tokens']:,}) and "
-                     f"outputs (mean {w['output_tokens']:,})",
-          "window": f"{r['batch_window_s'] * 1e3:g} ms", "budget": f"{r['token_budget']}"}
+  return {
+      "requests": f"{w['num_requests']:,} {w['arrival'].capitalize()} requests at "
+                  f"{w['arrival_rate']:g}/s",
+      "lengths": f"{w['prompt_distribution']} prompts (mean {w['prompt_tokens']:,}) and "
+                 f"outputs (mean {w['output_tokens']:,})",
+      "window": f"{r['batch_window_s'] * 1e3:g} ms", "budget": f"{r['token_budget']}"
+  }
 
 
 def simulation_section(sim: dict[str, Any], out_dir: str) -> str:
@@ -157,8 +168,9 @@ def simulation_section(sim: dict[str, Any], out_dir: str) -> str:
       f"prefill (Sarathi, {words['budget']} tokens per iteration). Goodput targets: TTFT "
       f"{t['ttft_target_s'] * 1e3:g} ms, TPOT {t['tpot_target_s'] * 1e3:g} ms.",
       "",
-      table.markdown_table(HEADER, metrics_rows(
-          {name: run["metrics"] for name, run in sim["runs"].items()})),
+      table.markdown_table(HEADER,
+                           metrics_rows({name: run["metrics"] for name, run in sim["runs"].items()
+                                        })),
       "",
       f"![TTFT and ITL CDFs]({os.path.basename(png)})",
       "",

@@ -58,27 +58,30 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
   for e in summary["accelerators"]:
     b, c = e["bound"], e["calibrated"]
     if not e["fits"]:
-      rows.append([e["accelerator"], f"no: {e['weights_gb']:,.1f} GB of weights, "
-                   f"{e['memory_gb']:,.0f} GB a chip, no layout within reach holds it",
-                   "-", "-", "-", "-", "-", "-", "-"])
+      rows.append([
+          e["accelerator"], f"no: {e['weights_gb']:,.1f} GB of weights, "
+          f"{e['memory_gb']:,.0f} GB a chip, no layout within reach holds it", "-", "-", "-", "-",
+          "-", "-", "-"
+      ])
       continue
     served = b["status"] == "ok"
     chips = e["chips"]
     where = "1 chip" if chips == 1 else f"{e['layout_name']} ({chips} chips)"
-    rate = _rate(b["aggregate_tokens_per_s"]) + (
-        "" if chips == 1 or b["aggregate_tokens_per_s"] is None
-        else f" ({_rate(e['aggregate_tokens_per_s_per_chip'])}/chip)")
+    rate = _rate(
+        b["aggregate_tokens_per_s"]) + ("" if chips == 1 or b["aggregate_tokens_per_s"] is None else
+                                        f" ({_rate(e['aggregate_tokens_per_s_per_chip'])}/chip)")
     rows.append([
         e["accelerator"] + (" **best**" if e["accelerator"] == summary["best"] else ""),
         ("yes: " if served else "no: ") + f"{where}, B <= {e['max_batch_in_memory']:,}",
         f"{b['batch']:,}" if b["batch"] is not None else "-",
-        _ms(b.get("loaded_token_gap_s")), _ms(b["ttft_s"]), rate,
+        _ms(b.get("loaded_token_gap_s")),
+        _ms(b["ttft_s"]), rate,
         BINDS.get(b["binds"], b["binds"]) if served else _missed(b, summary["subject"]),
-        _top_two(b["elasticities"]) if b.get("elasticities") else "-",
-        "-" if c is None or c["batch"] is None else
-        f"B {c['batch']:,}, {_ms(c['loaded_token_gap_s'])} ms, "
+        _top_two(b["elasticities"]) if b.get("elasticities") else "-", "-" if c is None or
+        c["batch"] is None else f"B {c['batch']:,}, {_ms(c['loaded_token_gap_s'])} ms, "
         f"{_rate(c['aggregate_tokens_per_s'])} tok/s "
-        f"({BINDS.get(c['binds'], c['binds']).split(' (')[0]}); " + calibrated_error(c)])
+        f"({BINDS.get(c['binds'], c['binds']).split(' (')[0]}); " + calibrated_error(c)
+    ])
   return rows
 
 
@@ -86,8 +89,8 @@ def calibrated_error(c: dict[str, Any]) -> str:
   """The held-out error beside a calibrated prediction, and the bound's on the same data."""
   cal, top = c.get("profile_heldout_median_rel_error"), c.get("profile_heldout_max_rel_error")
   bound = c.get("bound_heldout_median_rel_error")
-  text = ("held-out error unknown" if cal is None else
-          f"held-out error {cal:.0%} median" + ("" if top is None else f", {top:.0%} max"))
+  text = ("held-out error unknown" if cal is None else f"held-out error {cal:.0%} median" +
+          ("" if top is None else f", {top:.0%} max"))
   if bound is not None:
     text += f"; bound's {bound:.0%}"
   if c.get("worse_than_bound"):
@@ -104,31 +107,33 @@ def _ceiling_words(values: dict[str, float]) -> str:
   """Which ceiling moves the step, in words, from the BW and F elasticities."""
   bw, flops = abs(values.get("BW", 0.0)), abs(values.get("F", 0.0))
   if bw >= flops:
-    return (f"1% more bandwidth cuts the step {bw:.2f}%; a faster FLOP rate "
-            + ("would not move it" if flops < 0.005 else f"{flops:.2f}%"))
-  return (f"compute binds: 1% more FLOP/s cuts the step {flops:.2f}%; more bandwidth "
-          + ("would not move it" if bw < 0.005 else f"{bw:.2f}%"))
+    return (f"1% more bandwidth cuts the step {bw:.2f}%; a faster FLOP rate " +
+            ("would not move it" if flops < 0.005 else f"{flops:.2f}%"))
+  return (f"compute binds: 1% more FLOP/s cuts the step {flops:.2f}%; more bandwidth " +
+          ("would not move it" if bw < 0.005 else f"{bw:.2f}%"))
 
 
 def what_moves_lines(summary: dict[str, Any]) -> list[str]:
   """Bullets: the best accelerator's limits, elasticities and dtype what-ifs."""
   best = next((e for e in summary["accelerators"] if e["accelerator"] == summary["best"]), None)
   if best is None:
-    return ["No listed accelerator serves it at these targets, on one chip or on the fewest "
-            "chips that hold it: see the multi-chip section (`python -m experiments.plan` "
-            "searches layouts, batches and dtypes)."]
+    return [
+        "No listed accelerator serves it at these targets, on one chip or on the fewest "
+        "chips that hold it: see the multi-chip section (`python -m experiments.plan` "
+        "searches layouts, batches and dtypes)."
+    ]
   b = best["bound"]
   gap_limit, memory_limit = summary["best_token_gap_only_batch"], b["memory_limit_batch"]
   lines = [
-      f"- On {best['accelerator']}"
-      + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
-      + f": the token gap alone would allow B <= {gap_limit:,}, memory "
+      f"- On {best['accelerator']}" +
+      ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)") +
+      f": the token gap alone would allow B <= {gap_limit:,}, memory "
       f"alone B <= {memory_limit:,} ({best['weights_gb']:,.1f} GB weights, "
       f"{best['kv_allocated_gb_per_sequence']:,.3f} GB allocated K/V per sequence, "
       f"{best['memory_gb']:,.0f} GB a chip less 10% workspace); the smaller is the answer.",
-      "- The step's elasticities d ln(step)/d ln(x) at that batch: "
-      + ", ".join(f"{k} {v:+.2f}" for k, v in b["elasticities"].items() if abs(v) >= 0.005)
-      + f" ({_ceiling_words(b['elasticities'])}).",
+      "- The step's elasticities d ln(step)/d ln(x) at that batch: " +
+      ", ".join(f"{k} {v:+.2f}" for k, v in b["elasticities"].items() if abs(v) >= 0.005) +
+      f" ({_ceiling_words(b['elasticities'])}).",
   ]
   for alt in summary["what_moves_best"]:
     if alt["batch"] is None:
@@ -162,8 +167,8 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
     rate = per_chip(e)
     if rate is None:
       target = BINDS.get(b["binds"], b["binds"]).split(" (")[0]
-      why = ("does not fit in memory" if not e["fits"] else f"misses the {target}"
-             + ("" if e["chips"] == 1 else f" on {e['layout_name']}"))
+      why = ("does not fit in memory" if not e["fits"] else f"misses the {target}" +
+             ("" if e["chips"] == 1 else f" on {e['layout_name']}"))
       ax.text(top * 0.01, y, why, va="center", fontsize=8, color="red")
       continue
     best = e["accelerator"] == summary["best"]
@@ -171,15 +176,16 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
             label="analytic bound, highest rate" if best else "analytic bound")
     binds = BINDS.get(b["binds"], b["binds"]).split(" (")[0]
     where = "" if e["chips"] == 1 else f"{e['layout_name']}, "
-    ax.text(rate + top * 0.01, y, f"{where}B = {b['batch']:,}, {binds} binds; gap "
-            f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
+    ax.text(
+        rate + top * 0.01, y, f"{where}B = {b['batch']:,}, {binds} binds; gap "
+        f"{b['loaded_token_gap_s'] * 1e3:.1f} ms", va="center", fontsize=8)
     if c is not None and c["batch"] is not None:
       ax.plot([c["aggregate_tokens_per_s"]], [y], "D", color="tab:orange", markersize=7,
               label="calibrated prediction (shipped profile; ± held-out median error)")
       error = c.get("profile_heldout_median_rel_error")
       ax.annotate(f"B = {c['batch']:,}" + ("" if error is None else f", ±{error:.0%}"),
-                  (c["aggregate_tokens_per_s"], y),
-                  textcoords="offset points", xytext=(0, -13), ha="center", fontsize=7,
+                  (c["aggregate_tokens_per_s"], y), textcoords="offset points", xytext=(0, -13),
+                  ha="center", fontsize=7,
                   bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
   handles, labels = ax.get_legend_handles_labels()
   unique = dict(zip(labels, handles))
@@ -216,9 +222,9 @@ def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: st
   subject = summary["subject"]
   files.write_json(os.path.join(out_dir, JSON_NAME), summary)
   targets = (f"mean token gap <= {subject['token_gap_s'] * 1e3:g} ms, mean TTFT <= "
-             f"{subject['ttft_s'] * 1e3:g} ms"
-             + (f" at {subject['arrival_rate']:g} requests/s (M/D/1)" if subject['arrival_rate']
-                else " (one prompt, idle prefill)"))
+             f"{subject['ttft_s'] * 1e3:g} ms" +
+             (f" at {subject['arrival_rate']:g} requests/s (M/D/1)"
+              if subject['arrival_rate'] else " (one prompt, idle prefill)"))
   plot_summary(summary, os.path.join(out_dir, PLOT_NAME),
                f"{describe(subject)}\n{targets} (analytic bound; orange: calibrated)")
   served = [e for e in summary["accelerators"] if e["accelerator"] in summary["serving"]]
@@ -229,23 +235,22 @@ def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: st
       "calibrated predictions where shown)",
       "",
       f"**{describe(subject)}; targets: {targets}.** "
-      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it"
-      + (f" ({single} on one chip)" if served else "")
-      + ("." if best is None else
-         f"; the highest rate per chip is on **{best['accelerator']}**"
-         + ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)")
-         + f": batch {best['bound']['batch']:,}, "
-         f"{best['bound']['aggregate_tokens_per_s']:,.0f} tokens/s, "
-         f"{BINDS.get(best['bound']['binds'], best['bound']['binds'])} binds."),
+      f"{len(served)} of {len(summary['accelerators'])} accelerators serve it" +
+      (f" ({single} on one chip)" if served else "") +
+      ("." if best is None else f"; the highest rate per chip is on **{best['accelerator']}**" +
+       ("" if best["chips"] == 1 else f" ({best['layout_name']}, {best['chips']} chips)") +
+       f": batch {best['bound']['batch']:,}, "
+       f"{best['bound']['aggregate_tokens_per_s']:,.0f} tokens/s, "
+       f"{BINDS.get(best['bound']['binds'], best['bound']['binds'])} binds."),
       "Each row: the largest decode batch whose mean token gap meets the target and whose "
       "weights + paged K/V (reserved for the whole request) fit in 90% of memory, on one "
       "chip or, when the model does not fit one, on the fewest chips that hold it (tensor "
       "parallel first; `jaxroof.serving.decision`). TTFT: the prefill of one prompt "
-      "(M/D/1 mean with queueing under load)."
-      + (" The fewest chips are not the best layout: more hold more K/V, so a larger batch "
-         f"(`{plan_command or 'experiments.plan'}` searches layouts, batches and dtypes)."
-         if any(e["chips"] > 1 for e in summary["accelerators"]) else "")
-      + " *Analytic bound* from datasheet figures; *calibrated "
+      "(M/D/1 mean with queueing under load)." +
+      (" The fewest chips are not the best layout: more hold more K/V, so a larger batch "
+       f"(`{plan_command or 'experiments.plan'}` searches layouts, batches and dtypes)." if any(
+           e["chips"] > 1 for e in summary["accelerators"]) else "") +
+      " *Analytic bound* from datasheet figures; *calibrated "
       "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
       "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements), "
       "with its held-out error (whole models the fit never saw) and the bound's on the "

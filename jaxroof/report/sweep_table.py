@@ -9,8 +9,9 @@ from jaxroof.report import accuracy
 from jaxroof.report import plots
 from jaxroof.report import table
 
-_CEILING_SOURCES = {"profile": "the profile's measured ceilings",
-                    "given": "the given datasheet or flag figures"}
+_CEILING_SOURCES = {
+    "profile": "the profile's measured ceilings", "given": "the given datasheet or flag figures"
+}
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -36,9 +37,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
   if "token_gap_s" in summary:
     gap_ms = summary["token_gap_s"] * 1e3
     best = summary["largest_swept_batch_meeting_token_gap"]
-    lines.append(f"largest swept batch with a token gap <= {gap_ms:g} ms"
-                 + (" (and fitting in memory)" if "max_batch_in_memory" in summary else "")
-                 + f": {best if best is not None else 'none'}")
+    lines.append(f"largest swept batch with a token gap <= {gap_ms:g} ms" +
+                 (" (and fitting in memory)" if "max_batch_in_memory" in summary else "") +
+                 f": {best if best is not None else 'none'}")
     if summary.get("max_batch_for_token_gap") is not None:
       lines.append(f"largest batch for that gap (solved): B = "
                    f"{summary['max_batch_for_token_gap']:,.1f}")
@@ -91,10 +92,12 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
     cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"] for c, r in zip(cells, rows)]
   if sweeps:
     headers = headers + ("tok/s/chip", "tok/s/kW") + (("tok/$",) if priced else ())
-    cells = [c + [f"{r['tokens_per_s_per_chip']:,.1f}",
-                  "n/a" if r["tokens_per_s_per_kw"] is None else f"{r['tokens_per_s_per_kw']:,.1f}"]
-             + ([f"{r['tokens_per_dollar']:,.0f}"] if priced else [])
-             for c, r in zip(cells, rows)]
+    cells = [
+        c + [
+            f"{r['tokens_per_s_per_chip']:,.1f}",
+            "n/a" if r["tokens_per_s_per_kw"] is None else f"{r['tokens_per_s_per_kw']:,.1f}"
+        ] + ([f"{r['tokens_per_dollar']:,.0f}"] if priced else []) for c, r in zip(cells, rows)
+    ]
   headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, rows)]
   if sweep["kind"] == "calibrated":  # The error beside every calibrated number.
     headers = headers + (accuracy.HEADER,)
@@ -113,8 +116,7 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
 def bound_first_lines(title: str, sweeps: list[dict], sweep: dict, priced: bool) -> list[str]:
   """The bound's table, shown before a profile whose held-out error is larger than the
   bound's, and a blank line."""
-  return ([title_line(title, sweep, bound_first=True)] + lines(sweeps, sweep, priced=priced)
-          + [""])
+  return ([title_line(title, sweep, bound_first=True)] + lines(sweeps, sweep, priced=priced) + [""])
 
 
 def plot(sweeps: list[dict[str, Any]], sweep: dict[str, Any], path: str, title: str) -> None:

@@ -19,11 +19,10 @@ def percent(value: float | None) -> str:
 
 def factor_table(result: dict) -> str:
   """A fit's factors with whether each was fitted or fixed (and why)."""
-  return format_table(
-      ("factor", "value", "status"),
-      [[name, f"{value:.4g}", "fitted" if name in result["free_factors"]
-        else result["fixed_factors"].get(name, "")]
-       for name, value in result["factors"].items()])
+  return format_table(("factor", "value", "status"), [[
+      name, f"{value:.4g}",
+      "fitted" if name in result["free_factors"] else result["fixed_factors"].get(name, "")
+  ] for name, value in result["factors"].items()])
 
 
 def heldout_line(result: dict, label: str = "held-out") -> str:
@@ -71,9 +70,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *,
   ]
   lines.insert(1, "  ".join("-" * w for w in widths))
   if omitted:
-    lines.insert(2 + len(rows) // 2,
-                 f"... {omitted:,} rows not shown ({len(rows) + omitted:,} rows in all; "
-                 "the JSON output has every row) ...")
+    lines.insert(
+        2 + len(rows) // 2, f"... {omitted:,} rows not shown ({len(rows) + omitted:,} rows in all; "
+        "the JSON output has every row) ...")
   return "\n".join(lines)
 
 

@@ -22,11 +22,10 @@ def decode_equivalence_section(result: dict[str, Any]) -> str:
       "|---|---|---|---|---|---|---|",
   ]
   for row in result["rows"]:
-    lines.append(
-        f"| {row['step']} ({row['phase']}) | {row['fed']} |"
-        f" {row['max_abs_diff']:.3g} | {row['max_rel_diff']:.3g} |"
-        f" {row['agrees']} | {row['positions_with_kv']} |"
-        f" {row['kv_bytes_2byte']} |")
+    lines.append(f"| {row['step']} ({row['phase']}) | {row['fed']} |"
+                 f" {row['max_abs_diff']:.3g} | {row['max_rel_diff']:.3g} |"
+                 f" {row['agrees']} | {row['positions_with_kv']} |"
+                 f" {row['kv_bytes_2byte']} |")
   verdict = ("agrees" if result["agrees"] else "differs (detected)")
   lines += [
       "",

@@ -22,7 +22,6 @@ LAYOUT_CARRY_OVERS = "layout_carry_over_*.json"
 ENGINE_CALIBRATIONS = "engine_calibration_*.json"
 
 
-
 def _load(path: str) -> dict[str, Any]:
   return files.read_json("results", path)
 
@@ -37,20 +36,24 @@ def _versus_bound(calibrated: float | None, bound: float | None) -> str:
 
 def heldout_rows(results: list[dict[str, Any]]) -> list[list[str]]:
   """One display row per device: held-out error of the bound, then of the calibrated."""
-  return [[r["accelerator"], str(r["rows_used"]), r.get("heldout_by", "model"),
-           ", ".join(r["free_factors"]),
-           table.percent(r["bound_heldout_median_rel_error"]),
-           _versus_bound(r["heldout_median_rel_error"], r["bound_heldout_median_rel_error"]),
-           table.percent(r["heldout_max_rel_error"])] for r in results]
+  return [[
+      r["accelerator"],
+      str(r["rows_used"]),
+      r.get("heldout_by", "model"), ", ".join(r["free_factors"]),
+      table.percent(r["bound_heldout_median_rel_error"]),
+      _versus_bound(r["heldout_median_rel_error"], r["bound_heldout_median_rel_error"]),
+      table.percent(r["heldout_max_rel_error"])
+  ] for r in results]
 
 
 def carry_over_rows(result: dict[str, Any]) -> list[list[str]]:
   """One display row per (device, fitted model, predicted model): the bound's median
   error first, then the calibrated one's, marked where it is the worse."""
-  return [[p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
-           table.percent(p["bound"]["median_rel_error"]),
-           _versus_bound(p["calibrated"]["median_rel_error"], p["bound"]["median_rel_error"])]
-          for p in result["pairs"] if "skipped" not in p]
+  return [[
+      p["accelerator"], p["fit_model"], p["target"], ", ".join(p["relation"]),
+      table.percent(p["bound"]["median_rel_error"]),
+      _versus_bound(p["calibrated"]["median_rel_error"], p["bound"]["median_rel_error"])
+  ] for p in result["pairs"] if "skipped" not in p]
 
 
 def layout_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -58,10 +61,13 @@ def layout_rows(result: dict[str, Any]) -> list[list[str]]:
   out = []
   for study, block in result["studies"].items():
     parts = list(block["by_heldout_layout"].items()) + [("all held out", block)]
-    out += [[study.replace("_", " "), key, str(summary["calibrated"]["points"]),
-             table.percent(summary["calibrated"]["median_rel_error"]),
-             table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
-             table.percent(summary["bound"]["median_rel_error"])] for key, summary in parts]
+    out += [[
+        study.replace("_", " "), key,
+        str(summary["calibrated"]["points"]),
+        table.percent(summary["calibrated"]["median_rel_error"]),
+        table.percent(summary["ideal_split_calibrated"]["median_rel_error"]),
+        table.percent(summary["bound"]["median_rel_error"])
+    ] for key, summary in parts]
   return out
 
 
@@ -77,9 +83,13 @@ def engine_rows(result: dict[str, Any]) -> list[list[str]]:
   for run in result["runs"]:
     for name, cal in run["calibrated"].items():
       bound = run["bound"][name]
-      out.append([_run_label(run["run"]), name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
-                  "n/a" if cal["simulated_s"] is None else f"{cal['simulated_s'] * 1e3:.1f}",
-                  table.percent(cal["rel_error"]), table.percent(bound["rel_error"])])
+      out.append([
+          _run_label(run["run"]),
+          name.removesuffix("_s"), f"{cal['measured_s'] * 1e3:.1f}",
+          "n/a" if cal["simulated_s"] is None else f"{cal['simulated_s'] * 1e3:.1f}",
+          table.percent(cal["rel_error"]),
+          table.percent(bound["rel_error"])
+      ])
   return out
 
 
@@ -94,19 +104,22 @@ def _layout_and_engine_lines(results_dir: str) -> list[str]:
         "the ideal-split fit (no communication) and the analytic bound. Median relative "
         "error vs the measurement.", "",
         table.markdown_table(("study", "held-out layout", "rows", "calibrated (eta_comm)",
-                              "calibrated (ideal split)", "bound"), layout_rows(result))]
+                              "calibrated (ideal split)", "bound"), layout_rows(result))
+    ]
   for path in sorted(glob.glob(os.path.join(results_dir, ENGINE_CALIBRATIONS))):
     result = _load(path)
     source = result["source"]
     lines += [
         "", f"Serving benchmark through the simulator (`results/{os.path.basename(path)}`: "
         f"{', '.join(source['engines'])} runs of {source['model']} on {source['tp']}x "
-        f"{source['accelerator']}): factors "
-        + ", ".join(f"{n} = {result['factors'][n]:.3g}" for n in result["searched"])
-        + f"; held out ({result['heldout_method']}): median "
+        f"{source['accelerator']}): factors " +
+        ", ".join(f"{n} = {result['factors'][n]:.3g}" for n in result["searched"]) +
+        f"; held out ({result['heldout_method']}): median "
         f"{table.percent(result['heldout_median_rel_error'])}.", "",
-        table.markdown_table(("run", "metric", "measured ms", "simulated ms (calibrated)",
-                              "error", "bound error"), engine_rows(result))]
+        table.markdown_table(
+            ("run", "metric", "measured ms", "simulated ms (calibrated)", "error", "bound error"),
+            engine_rows(result))
+    ]
   return lines
 
 
@@ -120,7 +133,8 @@ def report_section(results_dir: str, fit_command: str | None = None) -> str:
   if not paths and not os.path.exists(carry_path) and not extra:
     return "\n".join(lines + [
         f"No results yet: `{fit_command}`." if fit_command else
-        "No results yet: the calibrate experiment fits a CSV of measured step times."])
+        "No results yet: the calibrate experiment fits a CSV of measured step times."
+    ])
   if paths:
     results = [_load(p) for p in paths]
     lines += [
@@ -129,9 +143,11 @@ def report_section(results_dir: str, fit_command: str | None = None) -> str:
         "model (leave-one-model-out) where the rows hold several models, by rows (k-fold) "
         "where they hold one; analytic bound and calibrated prediction, relative to the "
         "measurement.", "",
-        table.markdown_table(("accelerator", "rows", "held out by", "fitted factors",
-                              "held-out median (bound)", "held-out median (calibrated)",
-                              "held-out max (calibrated)"), heldout_rows(results)), ""]
+        table.markdown_table(
+            ("accelerator", "rows", "held out by", "fitted factors", "held-out median (bound)",
+             "held-out median (calibrated)", "held-out max (calibrated)"), heldout_rows(results)),
+        ""
+    ]
     for r in results:  # Suspicious rows and other warnings of each fit (newer results).
       lines += [f"- {r['accelerator']}: {w}." for w in r.get("warnings", [])]
     if any(r.get("warnings") for r in results):
@@ -145,9 +161,8 @@ def report_section(results_dir: str, fit_command: str | None = None) -> str:
         f"{table.percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
         f"as accurate as the bound) met: {'yes' if result['meets_targets'] else 'no'}. "
         "The bound comes first; a calibrated error larger than the bound's is marked, and "
-        "there the bound is the better estimate.",
-        "",
-        table.markdown_table(("accelerator", "fitted on", "predicted", "relation",
-                              "bound median", "calibrated median"),
-                             carry_over_rows(result))]
+        "there the bound is the better estimate.", "",
+        table.markdown_table(("accelerator", "fitted on", "predicted", "relation", "bound median",
+                              "calibrated median"), carry_over_rows(result))
+    ]
   return "\n".join(lines + extra)

@@ -34,8 +34,8 @@ from jaxroof.symbolic.step_model import StepModel
 
 DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_CONTEXT = 4096
-DEFAULT_ACCELERATORS = ("l40s", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x",
-                        "tpu-v5e", "tpu-v6e")
+DEFAULT_ACCELERATORS = ("l40s", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "tpu-v5e",
+                        "tpu-v6e")
 PROFILE_PATTERN = "profile_{slug}_trtllm_0.9.0.json"  # Under the results folder.
 
 
@@ -73,23 +73,24 @@ class Subject:
     passes the model's, each as one line naming the field, the value and what is allowed."""
     shipped = shipped_models()
     if self.model not in shipped:
-      raise InputError(f"model={self.model} is not allowed: give a shipped model, one of "
-                       f"{', '.join(shipped)}.", field="model")
+      raise InputError(
+          f"model={self.model} is not allowed: give a shipped model, one of "
+          f"{', '.join(shipped)}.", field="model")
     known = known_accelerators()
     bad = [a for a in self.accelerators if a not in known]
     if not self.accelerators or bad:
       why = "unknown: " + ", ".join(bad) if bad else "none given"
-      raise InputError(f"accelerators={','.join(self.accelerators)} is not allowed: {why}; "
-                       f"give slugs of {', '.join(known)} (comma-separated), or all.",
-                       field="accelerators")
+      raise InputError(
+          f"accelerators={','.join(self.accelerators)} is not allowed: {why}; "
+          f"give slugs of {', '.join(known)} (comma-separated), or all.", field="accelerators")
     limit = load_model(self.model).max_position_embeddings
     top = limit + 1 if isinstance(limit, int) else None  # Positions: prompt + outputs - 1.
     if self.prompt_tokens < 1 or (top is not None and self.context > top):
       raise InputError(
           f"context={self.context} is not allowed: it must exceed output_tokens="
-          f"{self.output_tokens} (the prompt is the rest)"
-          + (f" and be at most {top:,} ({self.model}'s max_position_embeddings + 1)"
-             if top is not None else "") + ".", field="context")
+          f"{self.output_tokens} (the prompt is the rest)" +
+          (f" and be at most {top:,} ({self.model}'s max_position_embeddings + 1)"
+           if top is not None else "") + ".", field="context")
 
 
 def accelerator_list(values: list[str]) -> tuple[str, ...]:
@@ -100,20 +101,19 @@ def accelerator_list(values: list[str]) -> tuple[str, ...]:
 
 
 def _decide(subject: Subject, slug: str, model: StepModel, layout: Layout | None = None,
-            memory_binds: bool = True, **dtypes: str) -> tuple[dict[str, Any],
-                                                            requests.ServingInputs]:
+            memory_binds: bool = True,
+            **dtypes: str) -> tuple[dict[str, Any], requests.ServingInputs]:
   """The serving decision on one replica of `layout` (default one chip)."""
   kinds = {"weight_dtype": subject.weight_dtype, "kv_dtype": subject.kv_dtype, **dtypes}
-  inputs = multichip.model_inputs(load_model(subject.model), load_accelerator(slug),
-                                  layout=layout, prompt_tokens=subject.prompt_tokens,
+  inputs = multichip.model_inputs(load_model(subject.model), load_accelerator(slug), layout=layout,
+                                  prompt_tokens=subject.prompt_tokens,
                                   output_tokens=subject.output_tokens, **kinds)
   if not memory_binds:
     inputs = dataclasses.replace(inputs, max_batch_in_memory=None)
   decision = decision_lib.decide(model, inputs, prompt_tokens=subject.prompt_tokens,
                                  output_tokens=subject.output_tokens,
                                  token_gap_s=subject.token_gap_s, ttft_s=subject.ttft_s,
-                                 arrival_rate=subject.arrival_rate,
-                                 with_elasticities=memory_binds)
+                                 arrival_rate=subject.arrival_rate, with_elasticities=memory_binds)
   return decision, inputs
 
 
@@ -142,11 +142,13 @@ def _shipped_profile(slug: str, results_dir: str) -> tuple[profiles.Profile, str
 
 def _profile_errors(profile: profiles.Profile) -> dict[str, Any]:
   """The held-out errors a calibrated entry carries beside its figures."""
-  return {"profile_heldout_median_rel_error": profile.heldout_median_rel_error,
-          "profile_heldout_max_rel_error": profile.heldout_max_rel_error,
-          "profile_heldout_by": profile.heldout_by,
-          "bound_heldout_median_rel_error": profile.bound_heldout_median_rel_error,
-          "worse_than_bound": profile.worse_than_bound}
+  return {
+      "profile_heldout_median_rel_error": profile.heldout_median_rel_error,
+      "profile_heldout_max_rel_error": profile.heldout_max_rel_error,
+      "profile_heldout_by": profile.heldout_by,
+      "bound_heldout_median_rel_error": profile.bound_heldout_median_rel_error,
+      "worse_than_bound": profile.worse_than_bound
+  }
 
 
 def _headline(decision: dict[str, Any]) -> dict[str, Any]:
@@ -251,8 +253,9 @@ def summarise(subject: Subject, results_dir: str) -> dict[str, Any]:
       "best": None if best is None else best["accelerator"],
       "what_moves_best": [] if best is None else what_moves(subject, best),
       "best_token_gap_only_batch": None if best is None else gap_only_limit(subject, best),
-      "units": {"memory_gb": "GB (1e9 B)", "step_s": "s", "loaded_token_gap_s": "s",
-                "ttft_s": "s (M/D/1 mean)", "aggregate_tokens_per_s": "tokens/s",
-                "max_arrival_rate_per_s": "requests/s",
-                "elasticities": "d ln(step_s) / d ln(input)"},
+      "units": {
+          "memory_gb": "GB (1e9 B)", "step_s": "s", "loaded_token_gap_s": "s",
+          "ttft_s": "s (M/D/1 mean)", "aggregate_tokens_per_s": "tokens/s",
+          "max_arrival_rate_per_s": "requests/s", "elasticities": "d ln(step_s) / d ln(input)"
+      },
   }

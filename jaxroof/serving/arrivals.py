@@ -68,15 +68,17 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
   mean = require_positive(name, mean)
   if distribution == "fixed":
     if mean != int(mean):
-      raise InputError(f"{name}={mean!r} is not allowed: a fixed length must be a whole number >= 1.")
+      raise InputError(
+          f"{name}={mean!r} is not allowed: a fixed length must be a whole number >= 1.")
     return np.full(n, int(mean), dtype=np.int64)
   spread = require_positive(f"{name}_spread", spread)
   if distribution == "uniform":
     if spread > 1:
-      raise InputError(f"{name}_spread={spread!r} is not allowed: uniform lengths need spread in (0, 1].")
+      raise InputError(
+          f"{name}_spread={spread!r} is not allowed: uniform lengths need spread in (0, 1].")
     lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
     return rng.integers(lo, hi + 1, n).astype(np.int64)
-  sigma2 = math.log1p(spread ** 2)
+  sigma2 = math.log1p(spread**2)
   draws = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
   return np.maximum(1, np.rint(draws)).astype(np.int64)
 
@@ -109,16 +111,17 @@ def fit_context(prompts: np.ndarray, outputs: np.ndarray, max_total: int, policy
   idx = np.nonzero(prompts + outputs > max_total)[0]
   outputs[idx] = np.minimum(outputs[idx], max_total - 1)
   prompts[idx] = np.minimum(prompts[idx], max_total - outputs[idx])
-  return prompts, outputs, {"policy": policy, "max_total_tokens": max_total,
-                            "requests_beyond": count, "draws_redone": resampled,
-                            "clipped": int(len(idx))}
+  return prompts, outputs, {
+      "policy": policy, "max_total_tokens": max_total, "requests_beyond": count,
+      "draws_redone": resampled, "clipped": int(len(idx))
+  }
 
 
 def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int,
               prompt_tokens: float, output_tokens: float, prompt_distribution: str = "fixed",
               output_distribution: str = "fixed", prompt_spread: float = 0.0,
-              output_spread: float = 0.0, burstiness: float = 1.0,
-              max_total: int | None = None, long_samples: str = "resample") -> Workload:
+              output_spread: float = 0.0, burstiness: float = 1.0, max_total: int | None = None,
+              long_samples: str = "resample") -> Workload:
   """A seeded synthetic workload (arrivals first, then prompt and output lengths).
 
   `max_total` (the model's context): a request whose prompt + output exceeds it
@@ -137,13 +140,17 @@ def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int
         lengths("prompt_tokens", prompt_distribution, prompt_tokens, prompt_spread, n, rng),
         lengths("output_tokens", output_distribution, output_tokens, output_spread, n, rng))
     prompts, outputs, beyond = fit_context(prompts, outputs, max_total, long_samples, draw)
-  description = {"arrival": arrival, "arrival_rate_per_s": float(arrival_rate),
-                 "burstiness": float(burstiness), "num_requests": int(num_requests),
-                 "seed": int(seed),
-                 "prompt_tokens": {"distribution": prompt_distribution, "mean": float(prompt_tokens),
-                                   "spread": float(prompt_spread)},
-                 "output_tokens": {"distribution": output_distribution, "mean": float(output_tokens),
-                                   "spread": float(output_spread)}}
+  description = {
+      "arrival": arrival, "arrival_rate_per_s": float(arrival_rate),
+      "burstiness": float(burstiness), "num_requests": int(num_requests), "seed": int(seed),
+      "prompt_tokens": {
+          "distribution": prompt_distribution, "mean": float(prompt_tokens),
+          "spread": float(prompt_spread)
+      }, "output_tokens": {
+          "distribution": output_distribution, "mean": float(output_tokens),
+          "spread": float(output_spread)
+      }
+  }
   if beyond is not None:
     description["beyond_context"] = beyond
   return Workload(times, prompts, outputs, description)

@@ -70,8 +70,8 @@ def _largest_meeting(meets, hi: int) -> int:
 def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
            output_tokens: int, token_gap_s: float, ttft_s: float | None = None,
            arrival_rate: float = 0.0, window_s: float = 0.0,
-           aggregate_tokens_per_s: float | None = None,
-           with_elasticities: bool = True, prefill_batch: int = 1) -> dict[str, Any]:
+           aggregate_tokens_per_s: float | None = None, with_elasticities: bool = True,
+           prefill_batch: int = 1) -> dict[str, Any]:
   """The decision for requests of P prompt and G output tokens at a load.
 
   Returns the JSON `decision` block: `batch`, `binds`, `step_s`,
@@ -90,27 +90,36 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   errors.require_non_negative("batching_window", window_s)
   prompt_tokens, output_tokens = requests.check_lengths(inputs, prompt_tokens, output_tokens)
   prefill_batch = errors.require_positive_int("prefill_batch", prefill_batch)
-  kwargs = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                arrival_rate=arrival_rate, window_s=window_s, prefill_batch=prefill_batch)
+  kwargs = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens, arrival_rate=arrival_rate,
+                window_s=window_s, prefill_batch=prefill_batch)
   base = requests.evaluate(model, inputs, [1], **kwargs)
   queue = base["queue"]
   single = base["single_prefill_s"]
   out: dict[str, Any] = {
-      "batch": None, "binds": None, "step_s": None, "aggregate_tokens_per_s": None,
-      "per_sequence_tokens_per_s": None, "ttft_s": queue.ttft_s,
-      "max_arrival_rate_per_s": None, "status": "ok", "reason": "",
-      "queue_model": queueing.MODEL, "prefill_service_s": single,
-      "utilisation": queue.utilisation, "prefill_batch": prefill_batch,
+      "batch": None,
+      "binds": None,
+      "step_s": None,
+      "aggregate_tokens_per_s": None,
+      "per_sequence_tokens_per_s": None,
+      "ttft_s": queue.ttft_s,
+      "max_arrival_rate_per_s": None,
+      "status": "ok",
+      "reason": "",
+      "queue_model": queueing.MODEL,
+      "prefill_service_s": single,
+      "utilisation": queue.utilisation,
+      "prefill_batch": prefill_batch,
   }
   ttft_rate = (queueing.max_arrival_rate(ttft_s, single, window_s, prefill_batch)
                if ttft_s is not None else queueing.capacity(single, prefill_batch))
   out["ttft_limited_arrival_rate_per_s"] = ttft_rate
   if not queue.stable:
-    out.update(status="unstable", binds="ttft", reason=(
-        f"arrival rate {arrival_rate:g}/s x prefill {single:.4g} s / {prefill_batch} "
-        f"prompt(s) per prefill = utilisation "
-        f"{queue.utilisation:.3g} >= 1: the prefill queue grows without bound "
-        f"(capacity {queueing.capacity(single, prefill_batch):.4g} requests/s)"))
+    out.update(
+        status="unstable", binds="ttft",
+        reason=(f"arrival rate {arrival_rate:g}/s x prefill {single:.4g} s / {prefill_batch} "
+                f"prompt(s) per prefill = utilisation "
+                f"{queue.utilisation:.3g} >= 1: the prefill queue grows without bound "
+                f"(capacity {queueing.capacity(single, prefill_batch):.4g} requests/s)"))
     return out
 
   def gap(batch: int) -> float:
@@ -126,9 +135,10 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
                reason="the weights and one sequence's allocated K/V do not fit in memory")
     return out
   if gap_limit == 0:
-    out.update(status="infeasible", binds="token_gap", reason=(
-        f"even one sequence's mean token gap ({gap(1) * 1e3:.4g} ms) exceeds the "
-        f"{token_gap_s * 1e3:g} ms target"))
+    out.update(
+        status="infeasible", binds="token_gap",
+        reason=(f"even one sequence's mean token gap ({gap(1) * 1e3:.4g} ms) exceeds the "
+                f"{token_gap_s * 1e3:g} ms target"))
     return out
   batch = gap_limit
   if memory_limit is not None and memory_limit <= gap_limit:
@@ -154,12 +164,11 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
   # The load limit: prompts joining the running iterations at this batch (`capacity_rate`).
   capacity = capacity_rate(model, inputs, max_batch=batch, prompt_tokens=prompt_tokens,
                            output_tokens=output_tokens)
-  out.update(
-      batch=int(batch), binds=binds, step_s=step,
-      aggregate_tokens_per_s=batch / step, per_sequence_tokens_per_s=1 / step,
-      loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
-      max_arrival_rate_per_s=min(ttft_rate, capacity),
-      shared_capacity_per_s=shared, capacity_per_s=capacity, compute_bound=compute_bound)
+  out.update(batch=int(batch), binds=binds, step_s=step, aggregate_tokens_per_s=batch / step,
+             per_sequence_tokens_per_s=1 / step,
+             loaded_token_gap_s=float(at["mean_token_gap_s"][0]),
+             max_arrival_rate_per_s=min(ttft_rate, capacity), shared_capacity_per_s=shared,
+             capacity_per_s=capacity, compute_bound=compute_bound)
   if inputs.comm is not None or inputs.replicas > 1:
     out.update(comm_s=comm, chips=inputs.chips_per_replica * inputs.replicas,
                replicas=inputs.replicas,
@@ -169,29 +178,32 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
     out["elasticities"] = elasticity.row_elasticities(
         model, [batch], N=inputs.N, q=inputs.q, T=context, k=k, BW=inputs.BW, F=inputs.F,
         N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)[0]
-  out["operating_point"] = operating_point(
-      model, inputs, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-      arrival_rate=arrival_rate, max_batch=batch)
+  out["operating_point"] = operating_point(model, inputs, prompt_tokens=prompt_tokens,
+                                           output_tokens=output_tokens, arrival_rate=arrival_rate,
+                                           max_batch=batch)
   if ttft_s is not None and queue.ttft_s > ttft_s * (1 + _SLACK):
-    out.update(status="infeasible", binds="ttft", reason=(
-        f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "
-        f"{ttft_s * 1e3:g} ms target (largest rate meeting it: {ttft_rate:.4g}/s)"))
+    out.update(
+        status="infeasible", binds="ttft", reason=(
+            f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "
+            f"{ttft_s * 1e3:g} ms target (largest rate meeting it: {ttft_rate:.4g}/s)"))
   elif arrival_rate >= capacity:
-    out.update(status="unstable", reason=(
-        f"{arrival_rate:g} requests/s is at or past what batch {batch} sustains "
-        f"({capacity:.4g}/s: prefill plus the request's share of decode steps)"))
+    out.update(
+        status="unstable",
+        reason=(f"{arrival_rate:g} requests/s is at or past what batch {batch} sustains "
+                f"({capacity:.4g}/s: prefill plus the request's share of decode steps)"))
   if aggregate_tokens_per_s is not None:
     out["meets_aggregate_target"] = batch / step >= aggregate_tokens_per_s * (1 - _SLACK)
     if not out["meets_aggregate_target"] and out["status"] == "ok":
-      out.update(status="infeasible", reason=(
-          f"{batch / step:,.0f} tokens/s at batch {batch} is below the "
-          f"{aggregate_tokens_per_s:,.0f} tokens/s aggregate target"))
+      out.update(
+          status="infeasible",
+          reason=(f"{batch / step:,.0f} tokens/s at batch {batch} is below the "
+                  f"{aggregate_tokens_per_s:,.0f} tokens/s aggregate target"))
   return out
 
 
 def loaded_gap(model: StepModel, inputs: requests.ServingInputs, *, running: float,
-               arrival_rate: float, prompt_tokens: int, output_tokens: int
-               ) -> tuple[float, float, float]:
+               arrival_rate: float, prompt_tokens: int,
+               output_tokens: int) -> tuple[float, float, float]:
   """(step, token gap, mixed iteration) with `running` sequences decoding at a load.
 
   step: the mean decode iteration over the requests' contexts; mixed: one
@@ -204,8 +216,9 @@ def loaded_gap(model: StepModel, inputs: requests.ServingInputs, *, running: flo
   prompts alone outrun the replica.
   """
   context = mean_context(inputs, prompt_tokens, output_tokens)
-  step = float(requests.decode_steps(model, inputs, [max(running, 1e-9)], prompt_tokens,
-                                     output_tokens).mean())
+  step = float(
+      requests.decode_steps(model, inputs, [max(running, 1e-9)], prompt_tokens,
+                            output_tokens).mean())
   with_prompts = lambda k: requests.mixed_iteration_s(  # noqa: E731
       model, inputs, decode_rows=running, context=context, prompt_tokens=prompt_tokens,
       prefill_sequences=k)
@@ -279,11 +292,13 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
     return loaded_gap(model, inputs, running=n, arrival_rate=arrival_rate,
                       prompt_tokens=prompt_tokens, output_tokens=output_tokens)
 
-  out: dict[str, Any] = {"arrival_rate_per_s": arrival_rate, "running_batch": None,
-                         "step_s": None, "token_gap_s": None, "ttft_s": None,
-                         "stable": False, "model": "Little's law fixed point, "
-                         "n = arrival_rate x (G - 1) x gap(n); TTFT M/D/1 with the mixed "
-                         "iteration as service"}
+  out: dict[str, Any] = {
+      "arrival_rate_per_s": arrival_rate, "running_batch": None, "step_s": None,
+      "token_gap_s": None, "ttft_s": None, "stable": False,
+      "model": "Little's law fixed point, "
+               "n = arrival_rate x (G - 1) x gap(n); TTFT M/D/1 with the mixed "
+               "iteration as service"
+  }
   if arrival_rate <= 0:
     step, gap, mixed = at(0.0)
     out.update(running_batch=0.0, step_s=step, token_gap_s=gap, ttft_s=mixed, stable=True)
@@ -306,8 +321,8 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
   return out
 
 
-def mean_context(inputs: requests.ServingInputs, prompt_tokens: float, output_tokens: float
-                 ) -> float:
+def mean_context(inputs: requests.ServingInputs, prompt_tokens: float,
+                 output_tokens: float) -> float:
   """Mean retained tokens over the decode steps (`request_formulas.mean_context`; 1 for a
   fixed K/V per sequence, which `kv_per_sequence_bytes` already holds)."""
   if not inputs.grows:
@@ -315,14 +330,16 @@ def mean_context(inputs: requests.ServingInputs, prompt_tokens: float, output_to
   return float(formula_function(request_formulas.mean_context)(prompt_tokens, output_tokens))
 
 
-def frontier(model: StepModel, inputs: requests.ServingInputs, batch_sizes, *,
-             prompt_tokens: int, output_tokens: int) -> dict[str, np.ndarray]:
+def frontier(model: StepModel, inputs: requests.ServingInputs, batch_sizes, *, prompt_tokens: int,
+             output_tokens: int) -> dict[str, np.ndarray]:
   """Aggregate and per-sequence decode rates (1/mean step) over batch, for the plot."""
   batch = np.asarray(batch_sizes, dtype=float)
   decode = requests.decode_time(model, inputs, batch, prompt_tokens, output_tokens)
   step = decode / (output_tokens - 1)
-  return {"batch": batch, "step_s": step, "aggregate_tokens_per_s": batch / step,
-          "per_sequence_tokens_per_s": 1 / step}
+  return {
+      "batch": batch, "step_s": step, "aggregate_tokens_per_s": batch / step,
+      "per_sequence_tokens_per_s": 1 / step
+  }
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -42,9 +42,11 @@ def lesson_inputs() -> requests.ServingInputs:
 
 def lesson_decisions() -> list[dict[str, Any]]:
   """The lesson's decision at each of `LESSON_GAPS_S`, with its `token_gap_s`."""
-  return [{"token_gap_s": gap, **decision_lib.decide(
-      StepModel.bound(), lesson_inputs(), prompt_tokens=LESSON_PROMPT,
-      output_tokens=LESSON_OUTPUTS, token_gap_s=gap)} for gap in LESSON_GAPS_S]
+  return [{
+      "token_gap_s": gap,
+      **decision_lib.decide(StepModel.bound(), lesson_inputs(), prompt_tokens=LESSON_PROMPT,
+                            output_tokens=LESSON_OUTPUTS, token_gap_s=gap)
+  } for gap in LESSON_GAPS_S]
 
 
 def lesson_elasticities() -> list[dict[str, Any]]:
@@ -52,8 +54,7 @@ def lesson_elasticities() -> list[dict[str, Any]]:
   out = []
   for batch in ELASTICITY_BATCHES:
     values = elasticity.row_elasticities(StepModel.bound(), [batch], **ELASTICITY_CASE)[0]
-    out.append({"batch": batch, "elasticities": values,
-                "moved_by": elasticity.moved_by(values)})
+    out.append({"batch": batch, "elasticities": values, "moved_by": elasticity.moved_by(values)})
   return out
 
 
@@ -65,8 +66,8 @@ def frontier_batches(batches: Sequence[int], decision: dict[str, Any],
 
 
 def study(model_name: str, accelerator: str, *, prompt: int, outputs: int, token_gap_s: float,
-          ttft_s: float, arrival_rate: float, weight_dtype: str = "bf16",
-          kv_dtype: str = "bf16", layout: Layout | None = None) -> dict[str, Any]:
+          ttft_s: float, arrival_rate: float, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+          layout: Layout | None = None) -> dict[str, Any]:
   """One model on one replica of `layout` (default one chip) at `arrival_rate`.
 
   Returns the inputs, the `decision`, the `frontier` (arrays over batch), the
@@ -83,18 +84,27 @@ def study(model_name: str, accelerator: str, *, prompt: int, outputs: int, token
                                  arrival_rate=arrival_rate, window_s=WINDOW_S, **work)
   layout = layout or Layout()
   return {
-      "model": model_name, "accelerator": accelerator, "prompt_tokens": prompt,
-      "output_tokens": outputs, "token_gap_s": token_gap_s, "ttft_s": ttft_s,
-      "arrival_rate_per_s": arrival_rate, "window_s": WINDOW_S, "weight_dtype": weight_dtype,
-      "kv_dtype": kv_dtype, "layout": {"tp": layout.tp, "pp": layout.pp, "ep": layout.ep},
-      "chips": layout.chips_per_replica, "max_batch_in_memory": inputs.max_batch_in_memory,
+      "model": model_name,
+      "accelerator": accelerator,
+      "prompt_tokens": prompt,
+      "output_tokens": outputs,
+      "token_gap_s": token_gap_s,
+      "ttft_s": ttft_s,
+      "arrival_rate_per_s": arrival_rate,
+      "window_s": WINDOW_S,
+      "weight_dtype": weight_dtype,
+      "kv_dtype": kv_dtype,
+      "layout": {"tp": layout.tp, "pp": layout.pp, "ep": layout.ep},
+      "chips": layout.chips_per_replica,
+      "max_batch_in_memory": inputs.max_batch_in_memory,
       "decision": decision,
-      "frontier": decision_lib.frontier(model, inputs,
-                                        frontier_batches(BATCHES, decision, inputs), **work),
+      "frontier": decision_lib.frontier(model, inputs, frontier_batches(BATCHES, decision, inputs),
+                                        **work),
       "rows": requests.rows(model, inputs, list(BATCHES), arrival_rate=arrival_rate,
                             window_s=WINDOW_S, **work),
       "crossovers": pools.crossovers(model, inputs, **work),
       "pools": pools.compare(model, inputs, arrival_rate=POOL_ARRIVAL_RATE, ttft_s=ttft_s,
                              token_gap_s=token_gap_s, window_s=WINDOW_S, **work),
-      "shared_wins": list(pools.SHARED_WINS[:3]), "split_wins": list(pools.SPLIT_WINS[:3]),
+      "shared_wins": list(pools.SHARED_WINS[:3]),
+      "split_wins": list(pools.SPLIT_WINS[:3]),
   }

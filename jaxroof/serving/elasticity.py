@@ -29,8 +29,8 @@ from jaxroof.symbolic.step_model import StepModel
 INPUT_NAMES: tuple[str, ...] = ("BW", "F", "N", "q", "k", "T", "B")
 
 
-def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
-                 L=None, A_t=None) -> dict[str, np.ndarray]:
+def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None, L=None,
+                 A_t=None) -> dict[str, np.ndarray]:
   """`d ln(step_s) / d ln(x)` for every input, at each point of a sweep.
 
   Arguments broadcast against each other (one point per batch, typically);
@@ -43,8 +43,8 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
 
   BW, F = model.scaled_ceilings(BW, F)
   with_attention = A_t is not None and np.any(np.asarray(A_t, dtype=float) > 0)
-  names = (list(INPUT_NAMES) + (["N_act"] if N_act is not None else [])
-           + (["A_t"] if with_attention else []))
+  names = (list(INPUT_NAMES) + (["N_act"] if N_act is not None else []) +
+           (["A_t"] if with_attention else []))
   values = {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F}
   if N_act is not None:
     values["N_act"] = N_act
@@ -56,7 +56,8 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
   finite = np.isfinite(flat)
   logs = np.log(np.where(finite, flat, 1.0))
   factors = None if model.factors is None else tuple(sorted(model.factors.items()))
-  gradient = _log_gradient(model.kind, model.form, factors, None if L is None else float(L), tuple(names))
+  gradient = _log_gradient(model.kind, model.form, factors, None if L is None else float(L),
+                           tuple(names))
   with jax.enable_x64(True):  # float64 derivatives, without changing the process's default.
     grads = gradient(jnp.asarray(logs), jnp.asarray(finite))
     grads = np.where(finite, np.asarray(grads), 0.0)
@@ -64,7 +65,8 @@ def elasticities(model: StepModel, *, B, T, N, q, k, BW, F, N_act=None,
 
 
 @functools.cache
-def _log_gradient(kind: str, form: str, factors: tuple | None, L: float | None, names: tuple[str, ...]):
+def _log_gradient(kind: str, form: str, factors: tuple | None, L: float | None, names: tuple[str,
+                                                                                             ...]):
   """`jit(vmap(grad(log step)))` in log inputs, compiled once per model and inputs."""
   import jax
   import jax.numpy as jnp
@@ -73,20 +75,19 @@ def _log_gradient(kind: str, form: str, factors: tuple | None, L: float | None, 
 
   def log_step(log_x, mask):
     x = dict(zip(names, jnp.where(mask, jnp.exp(log_x), jnp.inf)))
-    out = model.evaluate("jax", B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"],
-                         BW=x["BW"], F=x["F"], N_act=x.get("N_act"), L=L,
-                         A_t=x.get("A_t"))
+    out = model.evaluate("jax", B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"],
+                         F=x["F"], N_act=x.get("N_act"), L=L, A_t=x.get("A_t"))
     return jnp.log(out["step_s"])
 
   return jax.jit(jax.vmap(jax.grad(log_step)))
 
 
-def row_elasticities(model: StepModel, batches: Sequence[int], **inputs: Any
-                     ) -> list[dict[str, float]]:
+def row_elasticities(model: StepModel, batches: Sequence[int],
+                     **inputs: Any) -> list[dict[str, float]]:
   """One `{input name: elasticity}` per batch size (`inputs` as `elasticities`)."""
   out = elasticities(model, B=np.asarray(batches, dtype=float), **inputs)
-  return [{name: _clean(float(np.broadcast_to(v, (len(batches),))[i]))
-           for name, v in out.items()} for i in range(len(batches))]
+  return [{name: _clean(float(np.broadcast_to(v, (len(batches),))[i])) for name, v in out.items()}
+          for i in range(len(batches))]
 
 
 def _clean(value: float) -> float:

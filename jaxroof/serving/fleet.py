@@ -118,8 +118,9 @@ def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int
   require_choice("router", router, ROUTERS)
   require_choice("scheduler", scheduler, simulator.SCHEDULERS)
   if scheduler not in CONTINUOUS:
-    raise InputError(f"scheduler={scheduler!r} is not allowed behind a router: a fleet "
-                     f"simulates continuous batching ({', '.join(CONTINUOUS)}).", field="scheduler")
+    raise InputError(
+        f"scheduler={scheduler!r} is not allowed behind a router: a fleet "
+        f"simulates continuous batching ({', '.join(CONTINUOUS)}).", field="scheduler")
   simulator.validate(workload, replica, scheduler)
   start = time.perf_counter()
   members = [_Member(workload, replica, scheduler) for _ in range(replicas)]
@@ -153,14 +154,14 @@ def _merge(w: Workload, members: list[_Member], runs: list[simulator.Run],
     first[mine], finish[mine] = run.first_token_s[mine], run.finish_s[mine]
     emitted[mine] = run.emitted[mine]
   cat = lambda name: np.concatenate([getattr(r, name) for r in runs])  # noqa: E731
-  return simulator.Run(
-      arrival_s=w.arrival_s.astype(float), first_token_s=first, finish_s=finish,
-      prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens, emitted=emitted,
-      itl_s=cat("itl_s"), iterations=sum(r.iterations for r in runs),
-      prefill_tokens=sum(r.prefill_tokens for r in runs),
-      preemptions=sum(r.preemptions for r in runs), history_s=cat("history_s"),
-      pages_in_use=cat("pages_in_use"), queue_length=cat("queue_length"),
-      running=cat("running"), decoding=cat("decoding"), step_s=cat("step_s"))
+  return simulator.Run(arrival_s=w.arrival_s.astype(float), first_token_s=first, finish_s=finish,
+                       prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
+                       emitted=emitted, itl_s=cat("itl_s"),
+                       iterations=sum(r.iterations for r in runs),
+                       prefill_tokens=sum(r.prefill_tokens for r in runs),
+                       preemptions=sum(r.preemptions for r in runs), history_s=cat("history_s"),
+                       pages_in_use=cat("pages_in_use"), queue_length=cat("queue_length"),
+                       running=cat("running"), decoding=cat("decoding"), step_s=cat("step_s"))
 
 
 def replica_metrics(fleet: FleetRun, **targets: Any) -> list[dict[str, Any]]:
@@ -170,22 +171,23 @@ def replica_metrics(fleet: FleetRun, **targets: Any) -> list[dict[str, Any]]:
     mine = fleet.assignment == k
     m = metrics.run_metrics(run, requests=mine, **targets)
     m.update(metrics.iteration_means(run))
-    out.append({"replica": k, "requests": int(mine.sum()), "iterations": run.iterations,
-                "preemptions": run.preemptions, "metrics": m})
+    out.append({
+        "replica": k, "requests": int(mine.sum()), "iterations": run.iterations,
+        "preemptions": run.preemptions, "metrics": m
+    })
   return out
 
 
 def slo_values(run: simulator.Run, percentile: float) -> dict[str, float | None]:
   """TTFT, TPOT and ITL at `percentile` over a run's completed requests."""
   per = metrics.per_request(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens)
-  pick = lambda x: (float(np.percentile(x, percentile))  # noqa: E731
-                    if np.size(x) else None)
-  return {"ttft_s": pick(per["ttft_s"]), "tpot_s": pick(per["tpot_s"]),
-          "itl_s": pick(run.itl_s)}
+  pick = lambda x: (
+      float(np.percentile(x, percentile))  # noqa: E731
+      if np.size(x) else None)
+  return {"ttft_s": pick(per["ttft_s"]), "tpot_s": pick(per["tpot_s"]), "itl_s": pick(run.itl_s)}
 
 
-def meets_slo(run: simulator.Run, percentile: float, targets: dict[str, float | None]
-              ) -> bool:
+def meets_slo(run: simulator.Run, percentile: float, targets: dict[str, float | None]) -> bool:
   """Every request completed and each given target held at `percentile`."""
   if not np.all(np.isfinite(run.finish_s)):
     return False
@@ -194,9 +196,9 @@ def meets_slo(run: simulator.Run, percentile: float, targets: dict[str, float | 
              for name, limit in targets.items())
 
 
-def find_max_rate(run_at: Callable[[float], simulator.Run], *, start_rate: float,
-                  percentile: float, targets: dict[str, float | None],
-                  rel_tol: float = 0.01, max_runs: int = 40) -> dict[str, Any]:
+def find_max_rate(run_at: Callable[[float], simulator.Run], *, start_rate: float, percentile: float,
+                  targets: dict[str, float | None], rel_tol: float = 0.01,
+                  max_runs: int = 40) -> dict[str, Any]:
   """The largest arrival rate (the fleet's) whose SLO percentiles hold, by bisection.
 
   `run_at(rate)` simulates the seeded workload at `rate`; the rate is doubled or
@@ -232,8 +234,10 @@ def find_max_rate(run_at: Callable[[float], simulator.Run], *, start_rate: float
   if lo is None:
     return {"max_rate_per_s": None, "tried": tried, "bracket": [None, hi]}
   if hi is None:
-    return {"max_rate_per_s": lo, "tried": tried, "bracket": [lo, None],
-            "note": "the targets held at every rate tried (the largest is reported)"}
+    return {
+        "max_rate_per_s": lo, "tried": tried, "bracket": [lo, None],
+        "note": "the targets held at every rate tried (the largest is reported)"
+    }
   while hi - lo > rel_tol * lo and len(tried) < max_runs:
     mid = 0.5 * (lo + hi)
     lo, hi = (mid, hi) if ok(mid) else (lo, mid)

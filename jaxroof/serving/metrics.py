@@ -20,8 +20,10 @@ def stats(values: np.ndarray) -> dict[str, float | None]:
   values = np.asarray(values, float)
   if values.size == 0:
     return {name: None for name in STATS}
-  return {"mean": float(values.mean()), "median": float(np.median(values)),
-          "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))}
+  return {
+      "mean": float(values.mean()), "median": float(np.median(values)),
+      "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99))
+  }
 
 
 def per_request(arrival_s, first_token_s, finish_s, output_tokens) -> dict[str, np.ndarray]:
@@ -37,8 +39,7 @@ def per_request(arrival_s, first_token_s, finish_s, output_tokens) -> dict[str, 
 
 
 def serving_metrics(arrival_s, first_token_s, finish_s, output_tokens, itl_s, *,
-                    ttft_target_s: float | None = None,
-                    tpot_target_s: float | None = None) -> dict:
+                    ttft_target_s: float | None = None, tpot_target_s: float | None = None) -> dict:
   """The metrics block: latency stats, throughputs, goodput, completed."""
   per = per_request(arrival_s, first_token_s, finish_s, output_tokens)
   done = per["done"]
@@ -64,16 +65,16 @@ def serving_metrics(arrival_s, first_token_s, finish_s, output_tokens, itl_s, *,
       "e2el_s": stats(per["e2el_s"]),
       "request_throughput_per_s": rate(completed),
       "output_throughput_tokens_per_s": rate(int(output.sum())),
-      "goodput_per_s": (rate(int(good.sum()))
-                        if ttft_target_s is not None or tpot_target_s is not None else None),
+      "goodput_per_s":
+          (rate(int(good.sum())) if ttft_target_s is not None or tpot_target_s is not None else None
+          ),
       "completed": completed,
       "duration_s": duration,
       "goodput_targets": {"ttft_s": ttft_target_s, "tpot_s": tpot_target_s},
   }
 
 
-def run_metrics(run, *, ttft_target_s: float | None = None,
-                tpot_target_s: float | None = None,
+def run_metrics(run, *, ttft_target_s: float | None = None, tpot_target_s: float | None = None,
                 requests: np.ndarray | None = None) -> dict:
   """`serving_metrics` of a run: anything with `arrival_s`, `first_token_s`, `finish_s`,
   `output_tokens` and `itl_s` per request (a simulated `Run`, a served toy run).
@@ -102,9 +103,11 @@ def iteration_means(run) -> dict[str, float | None]:
   decoding = np.asarray(run.decoding, float)
   running = np.asarray(run.running, float)
   busy, rows = float(steps.sum()), float(decoding.sum())
-  return {"running_batch_mean": float(np.dot(decoding, running) / rows) if rows else None,
-          "running_batch_time_mean": float(np.dot(running, steps) / busy) if busy else None,
-          "decode_step_mean_s": float(np.dot(decoding, steps) / rows) if rows else None}
+  return {
+      "running_batch_mean": float(np.dot(decoding, running) / rows) if rows else None,
+      "running_batch_time_mean": float(np.dot(running, steps) / busy) if busy else None,
+      "decode_step_mean_s": float(np.dot(decoding, steps) / rows) if rows else None
+  }
 
 
 def _thinned(values: np.ndarray, keep: int) -> list:
@@ -124,7 +127,8 @@ def simulation_block(run, total_pages: int, keep: int = 500) -> dict:
       "kv_pages_total": int(total_pages),
       "kv_pages_peak": int(run.pages_in_use.max()) if len(run.pages_in_use) else 0,
       "queue_length_max": int(run.queue_length.max()) if len(run.queue_length) else 0,
-      "over_time": {"t_s": _thinned(run.history_s, keep),
-                    "kv_pages_in_use": _thinned(run.pages_in_use, keep),
-                    "queue_length": _thinned(run.queue_length, keep)},
+      "over_time": {
+          "t_s": _thinned(run.history_s, keep), "kv_pages_in_use": _thinned(run.pages_in_use, keep),
+          "queue_length": _thinned(run.queue_length, keep)
+      },
   }

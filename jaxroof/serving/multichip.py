@@ -40,8 +40,8 @@ def path_values(layout: Layout, spec: ModelSpec, *, N: float, N_x: float, k: flo
                 N_act: float) -> dict[str, float]:
   """One chip's N, k and N_act along a token's path (`parallel.path_inputs`)."""
   terms = layout_lib.model_terms(spec)
-  out = _path_model()(N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp),
-                      pp=float(layout.pp), ep=float(layout.ep), u_kv=float(terms.kv_units))
+  out = _path_model()(N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp), pp=float(layout.pp),
+                      ep=float(layout.ep), u_kv=float(terms.kv_units))
   return {name: float(value) for name, value in out.items()}
 
 
@@ -50,8 +50,7 @@ def chip_shares(layout: Layout, spec: ModelSpec) -> dict[str, float]:
   `weights`, `experts`, `kv` and `flops` (`parallel.path_inputs` at unit inputs)."""
   dense = path_values(layout, spec, N=1.0, N_x=0.0, k=1.0, N_act=1.0)
   routed = path_values(layout, spec, N=1.0, N_x=1.0, k=1.0, N_act=1.0)
-  return {"weights": dense["N"], "experts": routed["N"], "kv": dense["k"],
-          "flops": dense["N_act"]}
+  return {"weights": dense["N"], "experts": routed["N"], "kv": dense["k"], "flops": dense["N_act"]}
 
 
 def assumptions(inputs: requests.ServingInputs) -> list[str]:
@@ -90,17 +89,16 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
   layout_lib.validate(layout, spec, device)
   link = layout_lib.links(layout, device)
   memory = layout_lib.chip_memory(
-      layout, spec, device,
-      weight_format=params.weight_format(spec, weight_dtype, step_input_kw.get("group_size")),
+      layout, spec, device, weight_format=params.weight_format(spec, weight_dtype,
+                                                               step_input_kw.get("group_size")),
       kv_allocated_bytes_per_sequence=single.memory["kv_allocated_bytes_per_sequence"],
       workspace_fraction=single.memory["workspace_fraction"])
   fit = max(memory.max_batch_per_replica, 1)
   at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
-                                       weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       max_new_tokens=output_tokens, **step_input_kw)
+                                          weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                          max_new_tokens=output_tokens, **step_input_kw)
   n_x = float(layout_lib.expert_weights_read(spec, [float(fit)])[0])
-  path = path_values(layout, spec, N=float(at_fit.N[0]), N_x=n_x, k=single.k,
-                     N_act=single.N_act)
+  path = path_values(layout, spec, N=float(at_fit.N[0]), N_x=n_x, k=single.k, N_act=single.N_act)
   values = layout_lib.symbol_values(layout, spec, link)
   comm = {name: float(values[name]) for name in requests.COMM_SYMBOLS}
   chip_memory = {
@@ -108,7 +106,9 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, layout: Layout | None 
       "resident_weight_bytes_per_chip": memory.resident_weight_bytes,
       "kv_allocated_bytes_per_sequence_per_chip": memory.kv_allocated_bytes_per_sequence,
       "usable_memory_bytes_per_chip": memory.usable_bytes,
-      "layout": layout.as_dict(), "network": link.network, "link_note": link.note,
+      "layout": layout.as_dict(),
+      "network": link.network,
+      "link_note": link.note,
   }
   cost = single.cost.on_layout(**chip_shares(layout, spec),
                                comm=lambda rows: requests.pass_comm_s(comm, rows),

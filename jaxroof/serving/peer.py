@@ -16,8 +16,9 @@ from typing import Any
 from jaxroof import errors
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "llm_viewer_llama2_7b_a100.json")
-CASE = {"model": "llama-2-7b", "accelerator": "a100-40gb", "prompt_tokens": 1024,
-        "output_tokens": 128}
+CASE = {
+    "model": "llama-2-7b", "accelerator": "a100-40gb", "prompt_tokens": 1024, "output_tokens": 128
+}
 
 DIFFERENCES: tuple[str, ...] = (
     "time per operator: LLM-Viewer takes max(bytes/BW, OPs/peak) per operator and sums the "
@@ -47,8 +48,10 @@ def load_llm_viewer() -> dict[str, Any]:
 
 def check_case(model: str, accelerator: str, prompt_tokens: int, output_tokens: int) -> None:
   """The peer's numbers exist for one case only; anything else is a one-line error."""
-  given = {"model": model, "accelerator": accelerator, "prompt_tokens": prompt_tokens,
-           "output_tokens": output_tokens}
+  given = {
+      "model": model, "accelerator": accelerator, "prompt_tokens": prompt_tokens,
+      "output_tokens": output_tokens
+  }
   wrong = [f"{k}={v!r}" for k, v in given.items() if v != CASE[k]]
   if wrong:
     case = ", ".join(f"{k}={v!r}" for k, v in CASE.items() if k in given)
@@ -83,9 +86,11 @@ def compare(ours: list[dict[str, Any]]) -> dict[str, Any]:
         "step_ratio": row["mean_token_gap_s"] / theirs["decode_step_mean_s"],
         "total_ratio": total / theirs["generate_total_s"],
     })
-  return {"peer": peer["peer"], "paper": peer["paper"], "how": peer["how"],
-          "hardware": peer["hardware"], "workload": peer["workload"], "label": peer["label"],
-          "rows": rows, "differences": list(DIFFERENCES), "explanation": _explain(rows)}
+  return {
+      "peer": peer["peer"], "paper": peer["paper"], "how": peer["how"],
+      "hardware": peer["hardware"], "workload": peer["workload"], "label": peer["label"],
+      "rows": rows, "differences": list(DIFFERENCES), "explanation": _explain(rows)
+  }
 
 
 def _explain(rows: list[dict[str, Any]]) -> list[str]:

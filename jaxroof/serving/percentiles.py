@@ -30,16 +30,20 @@ def simulated_percentiles(replica: Replica, *, arrival_rate: float, prompt_token
   prediction from the replica's step model.
   """
   workload = arrivals.synthetic(arrival="poisson", num_requests=num_requests,
-                                arrival_rate=arrival_rate, seed=seed,
-                                prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+                                arrival_rate=arrival_rate, seed=seed, prompt_tokens=prompt_tokens,
+                                output_tokens=output_tokens)
   run = simulator.simulate(workload, replica, scheduler)
   block = metrics.run_metrics(run, ttft_target_s=ttft_s, tpot_target_s=token_gap_s)
   checks = {}
   for name, key, target in (("ttft", "ttft_s", ttft_s), ("token_gap", "itl_s", token_gap_s)):
     if target is not None:
       stats = block[key]
-      checks[name] = {f"{p}_meets": None if stats[p] is None else stats[p] <= target
-                      for p in ("median", "p90", "p99")}
-  return {"kind": "simulated", "scheduler": scheduler, "num_requests": num_requests,
-          "arrival_rate_per_s": arrival_rate, "seed": seed, "metrics": block,
-          "targets": checks, "iterations": run.iterations, "wall_s": run.wall_s}
+      checks[name] = {
+          f"{p}_meets": None if stats[p] is None else stats[p] <= target
+          for p in ("median", "p90", "p99")
+      }
+  return {
+      "kind": "simulated", "scheduler": scheduler, "num_requests": num_requests,
+      "arrival_rate_per_s": arrival_rate, "seed": seed, "metrics": block, "targets": checks,
+      "iterations": run.iterations, "wall_s": run.wall_s
+  }

@@ -30,32 +30,31 @@ def _dtype(name: str) -> str:
 
 
 def simulate_plan(spec: ModelSpec, device: Accelerator, row: dict[str, Any], *, context: int,
-                  prompt_tokens: int, output_tokens: int, fleet_rate: float,
-                  token_gap_s: float, ttft_s: float, num_requests: int = DEFAULT_REQUESTS,
-                  seed: int = 0, scheduler: str = "iteration", bound: str = "per_op",
+                  prompt_tokens: int, output_tokens: int, fleet_rate: float, token_gap_s: float,
+                  ttft_s: float, num_requests: int = DEFAULT_REQUESTS, seed: int = 0,
+                  scheduler: str = "iteration", bound: str = "per_op",
                   comm_overlap: float = 0.0) -> dict[str, Any]:
   """One replica of the plan at `fleet_rate / dp`: p50/p90/p99 TTFT, ITL, TPOT, `meets`."""
   layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"], microbatches=row["microbatches"])
-  r = replica.from_model(spec, device, context=context,
-                         weight_dtype=_dtype(row["weight_dtype"]), kv_dtype=row["kv_dtype"],
-                         step_model=StepModel.bound(bound), max_running=row["batch"],
-                         layout=layout, comm_overlap=comm_overlap)
+  r = replica.from_model(spec, device, context=context, weight_dtype=_dtype(row["weight_dtype"]),
+                         kv_dtype=row["kv_dtype"], step_model=StepModel.bound(bound),
+                         max_running=row["batch"], layout=layout, comm_overlap=comm_overlap)
   rate = fleet_rate / row["dp"]
-  w = arrivals.synthetic(arrival="poisson", num_requests=num_requests, arrival_rate=rate,
-                         seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+  w = arrivals.synthetic(arrival="poisson", num_requests=num_requests, arrival_rate=rate, seed=seed,
+                         prompt_tokens=prompt_tokens, output_tokens=output_tokens)
   run = simulator.simulate(w, r, scheduler)
   m = metrics.run_metrics(run, ttft_target_s=ttft_s, tpot_target_s=token_gap_s)
   ttft, itl, tpot = m["ttft_s"]["p90"], m["itl_s"]["p90"], m["tpot_s"]["p90"]
-  meets = (m["completed"] == num_requests and ttft is not None and tpot is not None
-           and ttft <= ttft_s * (1 + _SLACK) and tpot <= token_gap_s * (1 + _SLACK))
-  return {"label": "simulated prediction, analytic iteration bound",
-          "scheduler": scheduler, "num_requests": num_requests, "seed": seed,
-          "arrival_rate_per_replica_per_s": rate,
-          "ttft_p90_s": ttft, "itl_p90_s": itl, "tpot_p90_s": tpot,
-          "ttft_s": m["ttft_s"], "itl_s": m["itl_s"], "tpot_s": m["tpot_s"],
-          "completed": m["completed"], "preemptions": int(run.preemptions),
-          "meets": bool(meets), "wall_s": run.wall_s,
-          "meets_rule": "TTFT p90 <= TTFT target and TPOT p90 <= token-gap target"}
+  meets = (m["completed"] == num_requests and ttft is not None and tpot is not None and
+           ttft <= ttft_s * (1 + _SLACK) and tpot <= token_gap_s * (1 + _SLACK))
+  return {
+      "label": "simulated prediction, analytic iteration bound", "scheduler": scheduler,
+      "num_requests": num_requests, "seed": seed, "arrival_rate_per_replica_per_s": rate,
+      "ttft_p90_s": ttft, "itl_p90_s": itl, "tpot_p90_s": tpot, "ttft_s": m["ttft_s"],
+      "itl_s": m["itl_s"], "tpot_s": m["tpot_s"], "completed": m["completed"],
+      "preemptions": int(run.preemptions), "meets": bool(meets), "wall_s": run.wall_s,
+      "meets_rule": "TTFT p90 <= TTFT target and TPOT p90 <= token-gap target"
+  }
 
 
 def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Accelerator], *,
@@ -69,22 +68,25 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
   work, targets = result["workload"], result["targets"]
   plans = result["plans"]
   for row in [p for p in plans if p["pools"]["kind"] == "shared"][:k]:
-    row["simulated"] = simulate_plan(
-        spec, by_name[row["accelerator"]], row, context=result["context"],
-        prompt_tokens=work["prompt_tokens"], output_tokens=work["output_tokens"],
-        fleet_rate=work["arrival_rate_per_s"], token_gap_s=targets["token_gap_s"],
-        ttft_s=targets["ttft_s"], num_requests=num_requests, seed=seed,
-        scheduler=scheduler, bound=bound, comm_overlap=comm_overlap)
-  group = lambda p: (0 if p["simulated"] and p["simulated"]["meets"]  # noqa: E731
-                     else 2 if p["simulated"] else 1)
+    row["simulated"] = simulate_plan(spec, by_name[row["accelerator"]], row,
+                                     context=result["context"], prompt_tokens=work["prompt_tokens"],
+                                     output_tokens=work["output_tokens"],
+                                     fleet_rate=work["arrival_rate_per_s"],
+                                     token_gap_s=targets["token_gap_s"], ttft_s=targets["ttft_s"],
+                                     num_requests=num_requests, seed=seed, scheduler=scheduler,
+                                     bound=bound, comm_overlap=comm_overlap)
+  group = lambda p: (
+      0 if p["simulated"] and p["simulated"]["meets"]  # noqa: E731
+      else 2 if p["simulated"] else 1)
   plans.sort(key=group)  # Stable: the analytic order within each group.
   for rank, row in enumerate(plans, 1):
     row["rank"] = rank
-  result["simulation"] = {"top_k": sum(p["simulated"] is not None for p in plans), "num_requests": num_requests,
-                          "seed": seed, "scheduler": scheduler,
-                          "wall_s": time.perf_counter() - start,
-                          "note": "the first k shared plans, each replica simulated at the "
-                          "fleet's arrival rate / dp (Poisson, fixed lengths); a plan whose "
-                          "simulated p90 misses a target is marked and ranked below the rest; "
-                          "split plans are not simulated (the simulator runs shared replicas)"}
+  result["simulation"] = {
+      "top_k": sum(p["simulated"] is not None for p in plans), "num_requests": num_requests,
+      "seed": seed, "scheduler": scheduler, "wall_s": time.perf_counter() - start,
+      "note": "the first k shared plans, each replica simulated at the "
+              "fleet's arrival rate / dp (Poisson, fixed lengths); a plan whose "
+              "simulated p90 misses a target is marked and ranked below the rest; "
+              "split plans are not simulated (the simulator runs shared replicas)"
+  }
   return result

@@ -58,26 +58,26 @@ def crossovers(model: StepModel, inputs: requests.ServingInputs, *, prompt_token
                output_tokens: int) -> dict[str, Any]:
   """Prefill crossover in prompt tokens per step vs decode crossover in sequences per step."""
   bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
-  out: dict[str, Any] = {"prefill_tokens_per_step_linear": None,
-                         "prefill_tokens_per_step_with_attention": None,
-                         "decode_sequences_per_step": None}
+  out: dict[str, Any] = {
+      "prefill_tokens_per_step_linear": None, "prefill_tokens_per_step_with_attention": None,
+      "decode_sequences_per_step": None
+  }
   if math.isfinite(flops):
     ridge = flops / bw
-    out["prefill_tokens_per_step_linear"] = float(
-        _linear_crossover_model()(R=ridge, q=inputs.q)["prompt"])
+    out["prefill_tokens_per_step_linear"] = float(_linear_crossover_model()(R=ridge,
+                                                                            q=inputs.q)["prompt"])
     pair = (prefill_formulas.pair_flops_at(inputs.attention_terms, prompt_tokens)
             if inputs.attention_terms else inputs.pair_flops)
     k = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes / prompt_tokens
     if pair > 0:
-      prompts = _attention_crossover_model()(R=ridge, q=inputs.q, N=inputs.N,
-                                             N_act=inputs.N_act, k=k, A_f=pair)
+      prompts = _attention_crossover_model()(R=ridge, q=inputs.q, N=inputs.N, N_act=inputs.N_act,
+                                             k=k, A_f=pair)
       out["prefill_tokens_per_step_with_attention"] = float(prompts["with_attention"])
-      out["attention_overtakes_linear_at_prompt"] = max(
-          float(prompts["attention_overtakes"]), 0.0)
+      out["attention_overtakes_linear_at_prompt"] = max(float(prompts["attention_overtakes"]), 0.0)
     context = decision.mean_context(inputs, prompt_tokens, output_tokens)
     summary = model.summary(N=inputs.N, q=inputs.q, T=context,
-                            k=inputs.k if inputs.grows else inputs.kv_per_sequence_bytes,
-                            BW=bw, F=flops, N_act=inputs.N_act, L=inputs.layers)
+                            k=inputs.k if inputs.grows else inputs.kv_per_sequence_bytes, BW=bw,
+                            F=flops, N_act=inputs.N_act, L=inputs.layers)
     cross = summary["compute_crossover_batch"]
     out["decode_sequences_per_step"] = cross if math.isfinite(cross) and cross > 0 else None
   return out
@@ -93,9 +93,10 @@ def _linear_crossover_model():
 def _attention_crossover_model():
   """The same crossover with attention, and where attention FLOPs overtake the linear."""
   return lambdified(
-      {"with_attention": prefill_formulas.compute_bound_prompt_with_attention(),
-       "attention_overtakes": prefill_formulas.attention_overtakes_linear_prompt()},
-      (S.R, S.q, S.N, S.N_act, S.k, S.A_f))
+      {
+          "with_attention": prefill_formulas.compute_bound_prompt_with_attention(),
+          "attention_overtakes": prefill_formulas.attention_overtakes_linear_prompt()
+      }, (S.R, S.q, S.N, S.N_act, S.k, S.A_f))
 
 
 def _ceil(x: float) -> int:
@@ -119,25 +120,28 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
     transfer_s = float(k) / kv_link_bytes_per_s
   per_prefill_chip = (queueing.max_arrival_rate(ttft_s - transfer_s, single, window_s)
                       if ttft_s > transfer_s else 0.0)
-  decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s,
-                                with_elasticities=False, **kw)
+  decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s, with_elasticities=False,
+                                **kw)
   split: dict[str, Any] = {"feasible": False}
   if per_prefill_chip > 0 and decode_only["status"] == "ok":
     per_decode_chip = decode_only["batch"] / ((output_tokens - 1) * decode_only["step_s"])
     prefill_chips = _ceil(arrival_rate / per_prefill_chip)
     decode_chips = _ceil(arrival_rate / per_decode_chip)
     chips = prefill_chips + decode_chips
-    split = {"feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
-             "chips": chips, "decode_batch": decode_only["batch"],
-             "prefill_rate_per_chip": per_prefill_chip, "decode_rate_per_chip": per_decode_chip,
-             "goodput_per_chip": arrival_rate / chips, "kv_transfer_s": transfer_s,
-             "prefill_gpus": prefill_chips * inputs.chips_per_replica,
-             "decode_gpus": decode_chips * inputs.chips_per_replica,
-             "gpus": chips * inputs.chips_per_replica}
+    split = {
+        "feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
+        "chips": chips, "decode_batch": decode_only["batch"],
+        "prefill_rate_per_chip": per_prefill_chip, "decode_rate_per_chip": per_decode_chip,
+        "goodput_per_chip": arrival_rate / chips, "kv_transfer_s": transfer_s,
+        "prefill_gpus": prefill_chips * inputs.chips_per_replica,
+        "decode_gpus": decode_chips * inputs.chips_per_replica,
+        "gpus": chips * inputs.chips_per_replica
+    }
   else:
     split["reason"] = ("prefill alone (with the K/V transfer) misses the TTFT target"
                        if per_prefill_chip <= 0 else decode_only["reason"])
-  shared: dict[str, Any] = {"feasible": False, "reason": f"no feasible pool up to {MAX_CHIPS} chips"}
+  shared: dict[str,
+               Any] = {"feasible": False, "reason": f"no feasible pool up to {MAX_CHIPS} chips"}
 
   def works(chips: int) -> dict[str, Any] | None:
     d = decision.decide(model, inputs, token_gap_s=token_gap_s, ttft_s=ttft_s,
@@ -154,23 +158,25 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
       mid = (lo + chips) // 2
       lo, chips = (lo, mid) if works(mid) is not None else (mid, chips)
     d = works(chips)
-    shared = {"feasible": True, "chips": chips, "batch": d["batch"], "binds": d["binds"],
-              "ttft_s": d["ttft_s"], "token_gap_s": d["loaded_token_gap_s"],
-              "goodput_per_chip": arrival_rate / chips,
-              "gpus": chips * inputs.chips_per_replica}
+    shared = {
+        "feasible": True, "chips": chips, "batch": d["batch"], "binds": d["binds"],
+        "ttft_s": d["ttft_s"], "token_gap_s": d["loaded_token_gap_s"],
+        "goodput_per_chip": arrival_rate / chips, "gpus": chips * inputs.chips_per_replica
+    }
   winner = None
   if split["feasible"] and shared["feasible"]:
     winner = ("shared" if shared["chips"] < split["chips"] else
               "split" if split["chips"] < shared["chips"] else "tie")
   elif split["feasible"] or shared["feasible"]:
     winner = "split" if split["feasible"] else "shared"
-  return {"arrival_rate_per_s": arrival_rate, "ttft_target_s": ttft_s,
-          "token_gap_target_s": token_gap_s, "prefill_service_s": single,
-          "split": split, "shared": shared, "fewer_chips": winner,
-          "chips_per_replica": inputs.chips_per_replica,
-          "kv_transfer": {"bytes_per_s": kv_link_bytes_per_s, "seconds": transfer_s,
-                          "note": kv_link_note or ("assumed free (no link figure)"
-                                                   if kv_link_bytes_per_s is None else "")},
-          "queue_model": queueing.MODEL,
-          "assumptions_favouring_shared": list(SHARED_WINS),
-          "assumptions_favouring_split": list(SPLIT_WINS)}
+  return {
+      "arrival_rate_per_s": arrival_rate, "ttft_target_s": ttft_s,
+      "token_gap_target_s": token_gap_s, "prefill_service_s": single, "split": split,
+      "shared": shared, "fewer_chips": winner, "chips_per_replica": inputs.chips_per_replica,
+      "kv_transfer": {
+          "bytes_per_s": kv_link_bytes_per_s, "seconds": transfer_s,
+          "note": kv_link_note or
+                  ("assumed free (no link figure)" if kv_link_bytes_per_s is None else "")
+      }, "queue_model": queueing.MODEL, "assumptions_favouring_shared": list(SHARED_WINS),
+      "assumptions_favouring_split": list(SPLIT_WINS)
+  }

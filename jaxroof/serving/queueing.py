@@ -37,12 +37,13 @@ MODEL = ("M/D/1 prefill server: Poisson arrivals, deterministic prefill time, on
 @functools.cache
 def _evaluators():
   inputs = (lam, D_pf, t_window, t_ttft)
-  return lambdified({
-      "utilisation": request_formulas.utilisation(),
-      "wait_s": request_formulas.md1_wait(),
-      "ttft_s": request_formulas.ttft(),
-      "max_rate": request_formulas.max_arrival_rate_for_ttft(),
-  }, inputs)
+  return lambdified(
+      {
+          "utilisation": request_formulas.utilisation(),
+          "wait_s": request_formulas.md1_wait(),
+          "ttft_s": request_formulas.ttft(),
+          "max_rate": request_formulas.max_arrival_rate_for_ttft(),
+      }, inputs)
 
 
 @functools.cache
@@ -68,8 +69,8 @@ class QueueResult:
     return "stable" if self.stable else "unstable"
 
 
-def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0, batch: int = 1
-         ) -> QueueResult:
+def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0,
+         batch: int = 1) -> QueueResult:
   """Mean TTFT at `arrival_rate` requests/s, prefill `service_s` of `batch`
   prompts at once, batching window `window_s`."""
   batch = errors.require_positive_int("prefill_batch", batch)
@@ -83,10 +84,10 @@ def ttft(arrival_rate: float, service_s: float, window_s: float = 0.0, batch: in
   out = _evaluators()(lam=arrival_rate, D_pf=service_s, t_window=window_s, t_ttft=1.0)
   gather = 0.0
   if batch > 1:  # Prompts wait for the batch to gather (serving.gathering_time).
-    gather = (math.inf if arrival_rate == 0 else
-              float(formula_function(request_formulas.gathering_time)(batch, arrival_rate * batch)))
-  return QueueResult(arrival_rate * batch, service_s, window_s, rho, True,
-                     float(out["wait_s"]), float(out["ttft_s"]) + gather, gather)
+    gather = (math.inf if arrival_rate == 0 else float(
+        formula_function(request_formulas.gathering_time)(batch, arrival_rate * batch)))
+  return QueueResult(arrival_rate * batch, service_s, window_s, rho, True, float(out["wait_s"]),
+                     float(out["ttft_s"]) + gather, gather)
 
 
 def max_arrival_rate(ttft_target_s: float, service_s: float, window_s: float = 0.0,

@@ -17,9 +17,8 @@ LESSON_KV_PER_SEQUENCE_BYTES = 0.25e9  # The lesson's fixed K/V per sequence.
 WORKSPACE_FRACTION = step_inputs.DEFAULT_WORKSPACE_FRACTION
 
 
-def serving_inputs(*, weight_bytes: float, bytes_per_weight: float,
-                   bandwidth_bytes_per_s: float, flops_per_s: float | None,
-                   prompt_tokens: int, output_tokens: int,
+def serving_inputs(*, weight_bytes: float, bytes_per_weight: float, bandwidth_bytes_per_s: float,
+                   flops_per_s: float | None, prompt_tokens: int, output_tokens: int,
                    kv_bytes_per_token: float | None = None,
                    kv_per_sequence_bytes: float | None = None,
                    memory_capacity_bytes: float | None = None,
@@ -39,29 +38,28 @@ def serving_inputs(*, weight_bytes: float, bytes_per_weight: float,
     fixed = LESSON_KV_PER_SEQUENCE_BYTES if kv_per_sequence_bytes is None else kv_per_sequence_bytes
   max_batch, memory = None, {}
   if memory_capacity_bytes is not None:
-    per_sequence = fixed if fixed is not None else kv_bytes_per_token * (prompt_tokens
-                                                                         + output_tokens)
+    per_sequence = fixed if fixed is not None else kv_bytes_per_token * (prompt_tokens +
+                                                                         output_tokens)
     fit = dict(weight_bytes=weight_bytes, memory_capacity_bytes=memory_capacity_bytes,
                workspace_fraction=WORKSPACE_FRACTION)
     max_batch = kv_sizing.sequences_fit(per_sequence_bytes=per_sequence, **fit)
-    memory = {"memory_capacity_bytes": memory_capacity_bytes,
-              "workspace_fraction": WORKSPACE_FRACTION,
-              "usable_memory_bytes": kv_sizing.usable_bytes(**fit),
-              "kv_allocated_bytes_per_sequence": per_sequence}
-  kv = (f"{fixed / 1e9:g} GB K/V per sequence" if fixed is not None
-        else f"{kv_bytes_per_token:g} B K/V per token")
+    memory = {
+        "memory_capacity_bytes": memory_capacity_bytes, "workspace_fraction": WORKSPACE_FRACTION,
+        "usable_memory_bytes": kv_sizing.usable_bytes(**fit),
+        "kv_allocated_bytes_per_sequence": per_sequence
+    }
+  kv = (f"{fixed / 1e9:g} GB K/V per sequence"
+        if fixed is not None else f"{kv_bytes_per_token:g} B K/V per token")
   compute = (f"{flops_per_s / 1e12:g} TFLOP/s" if flops_per_s is not None else "memory only")
   return ServingInputs(
       N=n, N_act=n, q=bytes_per_weight, k=kv_bytes_per_token or 0.0, BW=bandwidth_bytes_per_s,
       F=flops_per_s, kv_per_sequence_bytes=fixed, layers=layers, max_batch_in_memory=max_batch,
       label=(f"{weight_bytes / 1e9:g} GB weights ({bytes_per_weight:g} B/weight), {kv}, "
-             f"{bandwidth_bytes_per_s / 1e12:g} TB/s, {compute}"),
-      memory=memory)
+             f"{bandwidth_bytes_per_s / 1e12:g} TB/s, {compute}"), memory=memory)
 
 
-def sweep_inputs(*, weight_bytes: float, bytes_per_weight: float,
-                 bandwidth_bytes_per_s: float, flops_per_s: float | None,
-                 kv_bytes_per_token: float | None = None,
+def sweep_inputs(*, weight_bytes: float, bytes_per_weight: float, bandwidth_bytes_per_s: float,
+                 flops_per_s: float | None, kv_bytes_per_token: float | None = None,
                  kv_per_sequence_bytes: float | None = None,
                  context: int | None = None) -> dict[str, float | None]:
   """A batch sweep's inputs of raw numbers (SI units: N, q, T, k, BW, F).
@@ -78,7 +76,9 @@ def sweep_inputs(*, weight_bytes: float, bytes_per_weight: float,
                               field="context")
     T, k = float(context), kv_bytes_per_token
   else:
-    T, k = 1.0, (LESSON_KV_PER_SEQUENCE_BYTES if kv_per_sequence_bytes is None
-                 else kv_per_sequence_bytes)
-  return {"N": weight_bytes / errors.require_positive("bytes_per_weight", bytes_per_weight),
-          "q": bytes_per_weight, "T": T, "k": k, "BW": bandwidth_bytes_per_s, "F": flops_per_s}
+    T, k = 1.0, (LESSON_KV_PER_SEQUENCE_BYTES
+                 if kv_per_sequence_bytes is None else kv_per_sequence_bytes)
+  return {
+      "N": weight_bytes / errors.require_positive("bytes_per_weight", bytes_per_weight),
+      "q": bytes_per_weight, "T": T, "k": k, "BW": bandwidth_bytes_per_s, "F": flops_per_s
+  }

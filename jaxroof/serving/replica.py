@@ -38,69 +38,69 @@ from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 
 
-def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H: int,
-                 d: int, kv_memory_bytes: float, page_bytes: float, page_tokens: int,
-                 step_model: StepModel, N_act: float | None = None, max_running: int = 256,
-                 max_context: int | None = None, token_budget: int = 512,
-                 batch_window_s: float = 0.0, padded_to=None,
+def from_numbers(*, N: float, q: float, k: float, BW: float, F: float, L: int, H: int, d: int,
+                 kv_memory_bytes: float, page_bytes: float, page_tokens: int, step_model: StepModel,
+                 N_act: float | None = None, max_running: int = 256, max_context: int | None = None,
+                 token_budget: int = 512, batch_window_s: float = 0.0, padded_to=None,
                  description: dict | None = None, comm_s=None) -> Replica:
   """A replica from raw step-model inputs (SI units) and a K/V memory budget.
 
   `comm_s`, if given, is `f(rows) -> seconds`: the communication of a pass of
   an iteration's tokens, added to each iteration (a multi-chip replica).
   """
-  for name, value in (("N", N), ("q", q), ("k", k), ("BW", BW), ("kv_memory_bytes",
-                      kv_memory_bytes), ("page_bytes", page_bytes)):
+  for name, value in (("N", N), ("q", q), ("k", k), ("BW", BW),
+                      ("kv_memory_bytes", kv_memory_bytes), ("page_bytes", page_bytes)):
     require_positive(name, value)
   require_positive_int("page_tokens", page_tokens)
   if batch_window_s < 0:
     raise InputError(f"batch_window_s={batch_window_s!r} is not allowed: it must be >= 0.",
                      field="batch_window_s")
-  values = {"N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N if N_act is None else N_act,
-            "L": L, "H": H, "d": d}
+  values = {
+      "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N if N_act is None else N_act, "L": L,
+      "H": H, "d": d
+  }
   total_pages = int(kv_memory_bytes // page_bytes)
   if total_pages < 1:
-    raise InputError(f"kv_memory_bytes={kv_memory_bytes:g} is not allowed: it holds no K/V "
-                     f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
+    raise InputError(
+        f"kv_memory_bytes={kv_memory_bytes:g} is not allowed: it holds no K/V "
+        f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
   cost = IterationModel.from_numbers(
       N=N, q=q, k=k, BW=BW, F=F, N_act=N_act, L=L,
       pair_flops=L * float(prefill_formulas.full_attention_pair_flops(H, d)))
   if comm_s is not None:
     cost = dataclasses.replace(cost, comm=comm_s)
-  return _replica(cost, step_model, total_pages=total_pages, page_tokens=page_tokens,
-                  max_running=max_running, max_context=max_context, token_budget=token_budget,
-                  batch_window_s=batch_window_s, padded_to=padded_to,
-                  description={**(description or {}),
-                               "inputs": {n: None if v is None else float(v)
-                                          for n, v in values.items()}},
-                  page_bytes=page_bytes)
+  return _replica(
+      cost, step_model, total_pages=total_pages, page_tokens=page_tokens, max_running=max_running,
+      max_context=max_context, token_budget=token_budget, batch_window_s=batch_window_s,
+      padded_to=padded_to, description={
+          **(description or {}),
+          "inputs": {n: None if v is None else float(v) for n, v in values.items()}
+      }, page_bytes=page_bytes)
 
 
-def _replica(cost: IterationModel, step_model: StepModel, *, total_pages: int,
-             page_tokens: int, max_running: int, max_context: int | None, token_budget: int,
-             batch_window_s: float, padded_to, description: dict, page_bytes: float
-             ) -> Replica:
+def _replica(cost: IterationModel, step_model: StepModel, *, total_pages: int, page_tokens: int,
+             max_running: int, max_context: int | None, token_budget: int, batch_window_s: float,
+             padded_to, description: dict, page_bytes: float) -> Replica:
   return Replica(
       cost=cost, step_model=step_model, total_pages=total_pages, page_tokens=page_tokens,
-      max_running=require_positive_int("max_running", max_running),
-      max_context=max_context, token_budget=require_positive_int("token_budget", token_budget),
-      batch_window_s=batch_window_s, padded_to=padded_to,
-      description={**description, "step_model": step_model.kind,
-                   "bound": step_model.form if step_model.kind == "bound" else None,
-                   "factors": dict(step_model.factors or {}),
-                   "cost_constants": {n: float(v) for n, v in cost.constants.items()},
-                   "comm_overlap": cost.comm_overlap,
-                   "kv_pages": total_pages, "page_tokens": page_tokens,
-                   "page_bytes": float(page_bytes)})
+      max_running=require_positive_int("max_running", max_running), max_context=max_context,
+      token_budget=require_positive_int("token_budget", token_budget),
+      batch_window_s=batch_window_s, padded_to=padded_to, description={
+          **description, "step_model": step_model.kind,
+          "bound": step_model.form if step_model.kind == "bound" else None,
+          "factors": dict(step_model.factors or
+                          {}), "cost_constants": {n: float(v) for n, v in cost.constants.items()},
+          "comm_overlap": cost.comm_overlap, "kv_pages": total_pages, "page_tokens": page_tokens,
+          "page_bytes": float(page_bytes)
+      })
 
 
 def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
                step_model: StepModel | None = None, weight_dtype: str = "bf16",
                kv_dtype: str = "bf16", block_size: int = kv_sizing.DEFAULT_BLOCK_SIZE,
                workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION, max_running: int = 256,
-               token_budget: int = 512, batch_window_s: float = 0.0,
-               layout: Layout | None = None, mla_prefill: str = "mha",
-               comm_overlap: float = 0.0) -> Replica:
+               token_budget: int = 512, batch_window_s: float = 0.0, layout: Layout | None = None,
+               mla_prefill: str = "mha", comm_overlap: float = 0.0) -> Replica:
   """A replica of `spec` on `accelerator` (`context`: the memory fit's reference length).
 
   `layout`: the replica's tensor/pipeline/expert degrees (dp replicas are
@@ -110,16 +110,20 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
   step_model = step_model or StepModel.bound()
   layout = layout or Layout()
   inputs = decode_step_inputs(spec, accelerator, context=context, batch_sizes=[1],
-                              weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                              block_size=block_size, workspace_fraction=workspace_fraction)
+                              weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=block_size,
+                              workspace_fraction=workspace_fraction)
   page = kv_sizing.size_kv(spec, context=block_size, kv_dtype=kv_dtype, block_size=block_size)
   cost = IterationModel.from_spec(spec, BW=inputs.BW, F=inputs.F, weight_dtype=weight_dtype,
                                   kv_dtype=kv_dtype, mla_prefill=mla_prefill)
-  notes = ["a page holds block_size positions of every attention block's K/V (sliding-window "
-           "blocks counted as at a block_size context); a hybrid model's recurrent state is "
-           "reserved once for each of max_running slots", *cost.assumptions]
-  description = {"model": spec.name, "accelerator": accelerator.name, "context": context,
-                 "weight_dtype": inputs.weight_dtype, "kv_dtype": kv_dtype, "notes": notes}
+  notes = [
+      "a page holds block_size positions of every attention block's K/V (sliding-window "
+      "blocks counted as at a block_size context); a hybrid model's recurrent state is "
+      "reserved once for each of max_running slots", *cost.assumptions
+  ]
+  description = {
+      "model": spec.name, "accelerator": accelerator.name, "context": context,
+      "weight_dtype": inputs.weight_dtype, "kv_dtype": kv_dtype, "notes": notes
+  }
   common = dict(page_tokens=block_size, max_running=max_running,
                 max_context=spec.max_position_embeddings, token_budget=token_budget,
                 batch_window_s=batch_window_s, padded_to=None)
@@ -131,21 +135,20 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
           "with more chips (tensor, pipeline or expert parallel) or choose a larger device.",
           field="model")
     page_bytes, state = _page_and_state(page, 1.0)
-    return _replica(cost.with_overlap(comm_overlap), step_model,
-                    total_pages=_pages(inputs.usable_memory_bytes - max_running * state,
-                                       page_bytes),
-                    description={**description, "layout": layout.as_dict()},
-                    page_bytes=page_bytes, **common)
+    return _replica(
+        cost.with_overlap(comm_overlap), step_model,
+        total_pages=_pages(inputs.usable_memory_bytes - max_running * state, page_bytes),
+        description={**description, "layout": layout.as_dict()}, page_bytes=page_bytes, **common)
   layout_lib.validate(layout, spec, accelerator)
   link = layout_lib.links(layout, accelerator)
-  memory = layout_lib.chip_memory(
-      layout, spec, accelerator, weight_format=inputs.weight_format,
-      kv_allocated_bytes_per_sequence=page.allocated_bytes_per_sequence,
-      workspace_fraction=workspace_fraction)
+  memory = layout_lib.chip_memory(layout, spec, accelerator, weight_format=inputs.weight_format,
+                                  kv_allocated_bytes_per_sequence=page.allocated_bytes_per_sequence,
+                                  workspace_fraction=workspace_fraction)
   if memory.usable_bytes <= 0:
-    raise InputError(f"tp={layout.tp} pp={layout.pp} ep={layout.ep}: {spec.name}'s "
-                     f"weights leave no memory for K/V on a {accelerator.name} chip "
-                     f"({memory.resident_weight_bytes / 1e9:.4g} GB per chip).", field="tp")
+    raise InputError(
+        f"tp={layout.tp} pp={layout.pp} ep={layout.ep}: {spec.name}'s "
+        f"weights leave no memory for K/V on a {accelerator.name} chip "
+        f"({memory.resident_weight_bytes / 1e9:.4g} GB per chip).", field="tp")
   values = layout_lib.symbol_values(layout, spec, link)
   comm = {name: float(values[name]) for name in requests.COMM_SYMBOLS}
   cost = cost.on_layout(**multichip.chip_shares(layout, spec),
@@ -154,18 +157,18 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
   page_bytes, state = _page_and_state(
       page, memory.kv_allocated_bytes_per_sequence / page.allocated_bytes_per_sequence)
   return _replica(
-      cost, step_model, total_pages=_pages(
-          memory.usable_bytes * layout.ep - max_running * state, page_bytes),
-      page_bytes=page_bytes,
-      description={**description, "layout": layout.as_dict(), "network": link.network,
-                   "link_note": link.note,
-                   "resident_weight_bytes_per_chip": memory.resident_weight_bytes,
-                   "notes": notes + [
-                       "one chip's share of weights, experts, K/V and FLOPs along a token's "
-                       "path; communication of each iteration's tokens, hidden by the "
-                       "overlap fraction; K/V pages on the busiest chip, pooled over the ep "
-                       "groups"]},
-      **common)
+      cost, step_model, total_pages=_pages(memory.usable_bytes * layout.ep - max_running * state,
+                                           page_bytes), page_bytes=page_bytes,
+      description={
+          **description, "layout": layout.as_dict(), "network": link.network,
+          "link_note": link.note, "resident_weight_bytes_per_chip": memory.resident_weight_bytes,
+          "notes": notes + [
+              "one chip's share of weights, experts, K/V and FLOPs along a token's "
+              "path; communication of each iteration's tokens, hidden by the "
+              "overlap fraction; K/V pages on the busiest chip, pooled over the ep "
+              "groups"
+          ]
+      }, **common)
 
 
 def _page_and_state(page: kv_sizing.KVSizing, share: float) -> tuple[float, float]:
@@ -180,6 +183,7 @@ def _page_and_state(page: kv_sizing.KVSizing, share: float) -> tuple[float, floa
 def _pages(memory_bytes: float, page_bytes: float) -> int:
   pages = int(memory_bytes // page_bytes)
   if pages < 1:
-    raise InputError(f"kv_memory_bytes={memory_bytes:g} is not allowed: it holds no K/V "
-                     f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
+    raise InputError(
+        f"kv_memory_bytes={memory_bytes:g} is not allowed: it holds no K/V "
+        f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
   return pages

@@ -35,14 +35,12 @@ SINGLE_STREAM_MODEL = "llama-3.1-70b"
 SINGLE_STREAM_DEVICE = "h100-sxm"
 # Deep dive when no listed accelerator serves the subject.
 FALLBACK_MODEL, FALLBACK_DEVICE = "llama-3-8b", "h100-sxm"
-FALLBACK_REQUEST = dict(prompt=2048, outputs=256, token_gap_s=0.02, ttft_s=0.5,
-                        arrival_rate=5.0)
+FALLBACK_REQUEST = dict(prompt=2048, outputs=256, token_gap_s=0.02, ttft_s=0.5, arrival_rate=5.0)
 # The scheduler comparison: Llama-3-8B (bf16) on one H100 under lognormal Poisson requests.
 SIMULATION_MODEL, SIMULATION_DEVICE = "llama-3-8b", "h100-sxm"
 SIMULATION_WORKLOAD = dict(arrival="poisson", num_requests=2000, arrival_rate=20.0, seed=0,
-                           prompt_tokens=1000, output_tokens=200,
-                           prompt_distribution="lognormal", output_distribution="lognormal",
-                           prompt_spread=0.5, output_spread=0.5)
+                           prompt_tokens=1000, output_tokens=200, prompt_distribution="lognormal",
+                           output_distribution="lognormal", prompt_spread=0.5, output_spread=0.5)
 SIMULATION_REPLICA = dict(context=1200, batch_window_s=0.05, token_budget=512)
 SIMULATION_TARGETS = dict(ttft_target_s=0.5, tpot_target_s=0.05)
 TOY_STEPS = 2
@@ -65,12 +63,10 @@ def serving(subject: answer.Subject, summary: dict[str, Any]) -> dict[str, Any]:
   else:
     study = decision_study.study(
         subject.model, best, prompt=subject.prompt_tokens, outputs=subject.output_tokens,
-        token_gap_s=subject.token_gap_s, ttft_s=subject.ttft_s,
-        weight_dtype=subject.weight_dtype, kv_dtype=subject.kv_dtype,
-        layout=answer.best_layout(summary),
+        token_gap_s=subject.token_gap_s, ttft_s=subject.ttft_s, weight_dtype=subject.weight_dtype,
+        kv_dtype=subject.kv_dtype, layout=answer.best_layout(summary),
         arrival_rate=subject.arrival_rate or 0.5 * answer.best_load_limit(summary))
-  return {"study": study, "lesson": lesson, "elasticities": elasticities,
-          "fallback": best is None}
+  return {"study": study, "lesson": lesson, "elasticities": elasticities, "fallback": best is None}
 
 
 def chips(subject_model: str, accelerators: tuple[str, ...]) -> dict[str, Any]:
@@ -84,16 +80,21 @@ def chips(subject_model: str, accelerators: tuple[str, ...]) -> dict[str, Any]:
                       context=CHIPS_CONTEXT, targets=PLAN_TARGETS, top=PLAN_TOP)
   stream_spec = load_model(SINGLE_STREAM_MODEL)
   return {
-      "context": CHIPS_CONTEXT, "accelerators": list(accelerators), "subject_model": subject_model,
+      "context": CHIPS_CONTEXT,
+      "accelerators": list(accelerators),
+      "subject_model": subject_model,
       "fewest": {m: {a: _layout_fields(lay) for a, lay in row.items()} for m, row in grid.items()},
-      "plan_question": {"model": PLAN_MODEL, "accelerators": PLAN_ACCELERATORS,
-                        "targets": dataclasses.asdict(PLAN_TARGETS)},
+      "plan_question": {
+          "model": PLAN_MODEL, "accelerators": PLAN_ACCELERATORS,
+          "targets": dataclasses.asdict(PLAN_TARGETS)
+      },
       "plan": plan,
       "single_stream": {
           "model": SINGLE_STREAM_MODEL, "accelerator": SINGLE_STREAM_DEVICE,
           "rows": fewest_chips.single_stream(stream_spec, load_accelerator(SINGLE_STREAM_DEVICE),
                                              context=CHIPS_CONTEXT),
-          "allreduces_per_token": fewest_chips.tp_allreduces_per_token(stream_spec)},
+          "allreduces_per_token": fewest_chips.tp_allreduces_per_token(stream_spec)
+      },
       "assumptions": list(planner.ASSUMPTIONS[:3]),
   }
 
@@ -101,12 +102,13 @@ def chips(subject_model: str, accelerators: tuple[str, ...]) -> dict[str, Any]:
 def simulation() -> dict[str, Any]:
   """The three schedulers at one Poisson load, with the scenario's inputs."""
   workload = arrivals.synthetic(**SIMULATION_WORKLOAD)
-  runs = scheduler_comparison.compare(
-      load_model(SIMULATION_MODEL), load_accelerator(SIMULATION_DEVICE), workload,
-      **SIMULATION_REPLICA, **SIMULATION_TARGETS)
-  return {"model": SIMULATION_MODEL, "accelerator": SIMULATION_DEVICE,
-          "workload": SIMULATION_WORKLOAD, "replica": SIMULATION_REPLICA,
-          "targets": SIMULATION_TARGETS, "runs": runs}
+  runs = scheduler_comparison.compare(load_model(SIMULATION_MODEL),
+                                      load_accelerator(SIMULATION_DEVICE), workload,
+                                      **SIMULATION_REPLICA, **SIMULATION_TARGETS)
+  return {
+      "model": SIMULATION_MODEL, "accelerator": SIMULATION_DEVICE, "workload": SIMULATION_WORKLOAD,
+      "replica": SIMULATION_REPLICA, "targets": SIMULATION_TARGETS, "runs": runs
+  }
 
 
 def toy() -> dict[str, Any]:
@@ -119,6 +121,7 @@ def toy() -> dict[str, Any]:
 def compute(subject: answer.Subject, results_dir: str) -> dict[str, Any]:
   """Every result of the report: keys summary, serving, chips, simulation, toy."""
   summary = answer.summarise(subject, results_dir)
-  return {"summary": summary, "serving": serving(subject, summary),
-          "chips": chips(subject.model, subject.accelerators),
-          "simulation": simulation(), "toy": toy()}
+  return {
+      "summary": summary, "serving": serving(subject, summary),
+      "chips": chips(subject.model, subject.accelerators), "simulation": simulation(), "toy": toy()
+  }

@@ -63,8 +63,7 @@ UNITS: dict[str, str] = {
     "per_sequence_tokens_per_s": "tokens/s",
     "static_batch_tokens_per_s": "tokens/s",
 }
-LAYOUT_UNITS: dict[str, str] = {"comm_s": "s", "chips": "chips",
-                                "fleet_tokens_per_s": "tokens/s"}
+LAYOUT_UNITS: dict[str, str] = {"comm_s": "s", "chips": "chips", "fleet_tokens_per_s": "tokens/s"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +196,12 @@ def prefill(inputs: ServingInputs, prompt_tokens: int, batch: Any,
   batch = np.asarray(batch, dtype=float)
   cost = inputs.cost_model()
   if not inputs.grows:
-    cost = dataclasses.replace(cost, constants={
-        **cost.constants, "k_full": inputs.kv_per_sequence_bytes / prompt_tokens})
+    cost = dataclasses.replace(
+        cost, constants={**cost.constants, "k_full": inputs.kv_per_sequence_bytes / prompt_tokens})
   out = cost.prefill(float(prompt_tokens), batch, model)
-  result = {name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape)
-            for name, v in out.items()}
+  result = {
+      name: np.broadcast_to(np.asarray(v, dtype=float), batch.shape) for name, v in out.items()
+  }
   result["prefill_s"] = result["step_s"]
   return result
 
@@ -219,8 +219,8 @@ def decode_steps(model: StepModel, inputs: ServingInputs, batch: Any, prompt_tok
                          (batch.shape[0], output_tokens - 1))
 
 
-def decode_terms(model: StepModel, inputs: ServingInputs, batch: float, context: float
-                 ) -> dict[str, float]:
+def decode_terms(model: StepModel, inputs: ServingInputs, batch: float,
+                 context: float) -> dict[str, float]:
   """Every term of one decode iteration of `batch` rows at `context` (floats)."""
   ctx = context if inputs.grows else 1.0
   out = inputs.cost_model().decode(float(batch), float(ctx), model)
@@ -228,15 +228,14 @@ def decode_terms(model: StepModel, inputs: ServingInputs, batch: float, context:
 
 
 def mixed_iteration_s(model: StepModel, inputs: ServingInputs, *, decode_rows: float,
-                      context: float, prompt_tokens: int, prefill_sequences: Any = 1.0
-                      ) -> Any:
+                      context: float, prompt_tokens: int, prefill_sequences: Any = 1.0) -> Any:
   """One iteration of `decode_rows` rows at `context` beside `prefill_sequences` whole
   prompts of `prompt_tokens` (an iteration-level scheduler admitting them); an
   array of prompt counts gives an array of times."""
   cost = inputs.cost_model()
   ctx = context if inputs.grows else 1.0
-  mix = cost.uniform_mix(decode_rows=decode_rows, context=ctx,
-                         prefill_sequences=prefill_sequences, prompt_tokens=prompt_tokens)
+  mix = cost.uniform_mix(decode_rows=decode_rows, context=ctx, prefill_sequences=prefill_sequences,
+                         prompt_tokens=prompt_tokens)
   out = np.asarray(cost.evaluate(mix, model)["step_s"], dtype=float)
   return float(out) if out.ndim == 0 else out
 
@@ -289,8 +288,8 @@ def _value(x: float) -> float | None:
   return float(x) if math.isfinite(x) else None
 
 
-def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int], **kwargs: Any
-         ) -> list[dict[str, Any]]:
+def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int],
+         **kwargs: Any) -> list[dict[str, Any]]:
   """One row per batch size (keys `UNITS`, plus `status`); `evaluate`'s keywords."""
   batches = errors.require_positive_ints("batch_sizes", batch_sizes)
   out = evaluate(model, inputs, batches, **kwargs)
@@ -321,35 +320,34 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
   fits (every expert a large batch touches).
   """
   limit = spec.max_position_embeddings
-  check_lengths(ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
-                              context_limit=limit if isinstance(limit, int) else None),
-                prompt_tokens, output_tokens)
+  check_lengths(
+      ServingInputs(N=1, N_act=1, q=1, k=1, BW=1, F=1,
+                    context_limit=limit if isinstance(limit, int) else None), prompt_tokens,
+      output_tokens)
   base = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[1],
-                                     weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                     max_new_tokens=output_tokens, **step_input_kw)
+                                        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                        max_new_tokens=output_tokens, **step_input_kw)
   fit = max(base.max_batch_in_memory, 1)
   at_fit = step_inputs.decode_step_inputs(spec, device, context=prompt_tokens, batch_sizes=[fit],
-                                       weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       max_new_tokens=output_tokens, **step_input_kw)
+                                          weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                          max_new_tokens=output_tokens, **step_input_kw)
   memory = {
       "memory_capacity_bytes": base.memory_capacity_bytes,
       "resident_weight_bytes": base.resident_weight_bytes,
       "usable_memory_bytes": base.usable_memory_bytes,
       "kv_payload_bytes_per_sequence": base.kv_payload_bytes_per_sequence,
       "kv_allocated_bytes_per_sequence": base.kv_allocated_bytes_per_sequence,
-      "workspace_fraction": base.workspace_fraction, "block_size": base.block_size,
+      "workspace_fraction": base.workspace_fraction,
+      "block_size": base.block_size,
       "reserved_output_tokens": output_tokens,
   }
   return ServingInputs(
-      N=float(at_fit.N[0]), N_act=float(base.N_act), q=float(np.ravel(at_fit.q)[0]),
-      k=base.k, BW=base.BW,
-      F=base.F, layers=spec.num_layers, max_batch_in_memory=base.max_batch_in_memory,
+      N=float(at_fit.N[0]), N_act=float(base.N_act), q=float(np.ravel(at_fit.q)[0]), k=base.k,
+      BW=base.BW, F=base.F, layers=spec.num_layers, max_batch_in_memory=base.max_batch_in_memory,
       context_limit=limit if isinstance(limit, int) else None,
       label=f"{spec.name} on {device.name}, {base.weight_format.label} weights, "
-            f"{kv_dtype} K/V",
-      memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
-      cost=IterationModel.from_spec(
-          spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-          group_size=step_input_kw.get("group_size"), state_dtype=step_input_kw.get("state_dtype"),
-          mla_prefill=mla_prefill),
-      comm_overlap=comm_overlap)
+      f"{kv_dtype} K/V", memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
+      cost=IterationModel.from_spec(spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype,
+                                    kv_dtype=kv_dtype, group_size=step_input_kw.get("group_size"),
+                                    state_dtype=step_input_kw.get("state_dtype"),
+                                    mla_prefill=mla_prefill), comm_overlap=comm_overlap)

@@ -20,10 +20,9 @@ from jaxroof.specs.model_spec import ModelSpec
 SCHEDULERS = ("static", "iteration", "chunked")
 
 
-def compare(spec: ModelSpec, device: Accelerator, workload: arrivals.Workload, *,
-            context: int, batch_window_s: float, token_budget: int, ttft_target_s: float,
-            tpot_target_s: float, schedulers: Sequence[str] = SCHEDULERS
-            ) -> dict[str, dict[str, Any]]:
+def compare(spec: ModelSpec, device: Accelerator, workload: arrivals.Workload, *, context: int,
+            batch_window_s: float, token_budget: int, ttft_target_s: float, tpot_target_s: float,
+            schedulers: Sequence[str] = SCHEDULERS) -> dict[str, dict[str, Any]]:
   """Per scheduler: `metrics` (vLLM's, with goodput at the targets) and `series`
   (`ttft_s` per request, `itl_s` per gap, seconds)."""
   out = {}
@@ -33,7 +32,9 @@ def compare(spec: ModelSpec, device: Accelerator, workload: arrivals.Workload, *
     run = simulator.simulate(workload, r, scheduler)
     out[scheduler] = {
         "metrics": metrics.run_metrics(run, ttft_target_s=ttft_target_s,
-                                       tpot_target_s=tpot_target_s),
-        "series": {"ttft_s": np.asarray(run.first_token_s - run.arrival_s),
-                   "itl_s": np.asarray(run.itl_s)}}
+                                       tpot_target_s=tpot_target_s), "series": {
+                                           "ttft_s": np.asarray(run.first_token_s - run.arrival_s),
+                                           "itl_s": np.asarray(run.itl_s)
+                                       }
+    }
   return out

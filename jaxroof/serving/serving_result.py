@@ -64,8 +64,8 @@ class Question:
                 aggregate_tokens_per_s=None if aggregate is None else aggregate / replicas)
 
 
-def model_inputs(spec: ModelSpec, device: Accelerator, *, prompt_tokens: int,
-                 output_tokens: int, context: int | None, what_ifs: list[str],
+def model_inputs(spec: ModelSpec, device: Accelerator, *, prompt_tokens: int, output_tokens: int,
+                 context: int | None, what_ifs: list[str],
                  **options: Any) -> requests.ServingInputs:
   """`multichip.model_inputs` with each sequence's K/V reserved for `context` tokens
   (default prompt + outputs), labelled a what-if when `what_ifs` replaced datasheet
@@ -81,8 +81,9 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, prompt_tokens: int,
         f"positions: beyond {spec.name}'s context (max_position_embeddings = {limit}).",
         field="prompt_tokens")
   if context is not None and context < needed:
-    raise errors.InputError(f"context={context} is not allowed: it must be >= "
-                            f"prompt_tokens + output_tokens - 1 = {needed}.", field="context")
+    raise errors.InputError(
+        f"context={context} is not allowed: it must be >= "
+        f"prompt_tokens + output_tokens - 1 = {needed}.", field="context")
   inputs = multichip.model_inputs(
       spec, device, prompt_tokens=prompt_tokens,
       output_tokens=output_tokens if context is None else context - prompt_tokens, **options)
@@ -90,15 +91,16 @@ def model_inputs(spec: ModelSpec, device: Accelerator, *, prompt_tokens: int,
                              memory={**inputs.memory, "what_if": what_ifs})
 
 
-def with_profile_ceilings(model: StepModel, inputs: requests.ServingInputs
-                          ) -> requests.ServingInputs:
+def with_profile_ceilings(model: StepModel,
+                          inputs: requests.ServingInputs) -> requests.ServingInputs:
   """The inputs' label naming the profile's measured ceilings its rows scale."""
   if model.ceilings is None:
     return inputs
   bw, flops = model.scaled_ceilings(inputs.BW, inputs.F)
   sizes = ", ".join(inputs.label.split(", ")[:2])
-  return dataclasses.replace(inputs, label=f"{sizes}, the profile's ceilings {bw / 1e9:.3g} "
-                             f"GB/s, {flops / 1e12:.3g} TFLOP/s")
+  return dataclasses.replace(
+      inputs, label=f"{sizes}, the profile's ceilings {bw / 1e9:.3g} "
+      f"GB/s, {flops / 1e12:.3g} TFLOP/s")
 
 
 def kv_link(device: Accelerator | None) -> tuple[float | None, str]:
@@ -114,36 +116,37 @@ def pools(model: StepModel, inputs: requests.ServingInputs, question: Question,
   """Split prefill/decode pools against one shared pool at the fleet's rate, the K/V
   crossing `device`'s network (`kv_link`)."""
   link, note = kv_link(device)
-  return pools_lib.compare(
-      model, inputs, prompt_tokens=question.prompt_tokens,
-      output_tokens=question.output_tokens, arrival_rate=question.arrival_rate_per_s,
-      ttft_s=question.ttft_s, token_gap_s=question.token_gap_s, window_s=question.window_s,
-      kv_link_bytes_per_s=link, kv_link_note=note)
+  return pools_lib.compare(model, inputs, prompt_tokens=question.prompt_tokens,
+                           output_tokens=question.output_tokens,
+                           arrival_rate=question.arrival_rate_per_s, ttft_s=question.ttft_s,
+                           token_gap_s=question.token_gap_s, window_s=question.window_s,
+                           kv_link_bytes_per_s=link, kv_link_note=note)
 
 
-def _rows(model: StepModel, inputs: requests.ServingInputs, question: Question
-          ) -> list[dict[str, Any]]:
+def _rows(model: StepModel, inputs: requests.ServingInputs,
+          question: Question) -> list[dict[str, Any]]:
   """One row per batch, with its elasticities and the input that moves its step most."""
   batches, load = question.batch_sizes, question.load(inputs.replicas)
   rows = requests.rows(model, inputs, batches, **load)
   context = decision_lib.mean_context(inputs, question.prompt_tokens, question.output_tokens)
   kv = inputs.k if inputs.grows else inputs.kv_per_sequence_bytes
-  for row, values in zip(rows, elasticity.row_elasticities(
-      model, batches, N=inputs.N, q=inputs.q, T=context, k=kv, BW=inputs.BW, F=inputs.F,
-      N_act=None if inputs.N_act == inputs.N else inputs.N_act, L=inputs.layers)):
+  for row, values in zip(
+      rows,
+      elasticity.row_elasticities(model, batches, N=inputs.N, q=inputs.q, T=context, k=kv,
+                                  BW=inputs.BW, F=inputs.F,
+                                  N_act=None if inputs.N_act == inputs.N else inputs.N_act,
+                                  L=inputs.layers)):
     row["elasticities"], row["moved_by"] = values, elasticity.moved_by(values)
   return rows
 
 
-def decide(model: StepModel, inputs: requests.ServingInputs, question: Question
-           ) -> dict[str, Any]:
+def decide(model: StepModel, inputs: requests.ServingInputs, question: Question) -> dict[str, Any]:
   """The decision (`decision.decide`) at one replica's load and targets."""
   return decision_lib.decide(model, inputs, **question.targets(inputs.replicas),
                              **question.load(inputs.replicas))
 
 
-def percentiles(replica_: replica.Replica, question: Question, num_requests: int
-                ) -> dict[str, Any]:
+def percentiles(replica_: replica.Replica, question: Question, num_requests: int) -> dict[str, Any]:
   """TTFT/TPOT/ITL percentiles of `num_requests` simulated on a replica at its share of
   the fleet's load (`replica_` running at most the decided batch)."""
   return percentiles_lib.simulated_percentiles(
@@ -152,47 +155,43 @@ def percentiles(replica_: replica.Replica, question: Question, num_requests: int
       ttft_s=question.ttft_s, token_gap_s=question.token_gap_s, num_requests=num_requests)
 
 
-def result(model: StepModel, inputs: requests.ServingInputs, question: Question
-           ) -> dict[str, Any]:
+def result(model: StepModel, inputs: requests.ServingInputs, question: Question) -> dict[str, Any]:
   """The rows with their elasticities, the decision and the crossovers, as the JSON."""
   load, targets = question.load(inputs.replicas), question.targets(inputs.replicas)
   decision = decide(model, inputs, question)
   fmt = question.weight_format
   return {
-      "kind": model.kind,
-      "inputs": {
+      "kind": model.kind, "inputs": {
           "label": inputs.label, "model": question.model, "accelerator": question.accelerator,
           "prompt_tokens": question.prompt_tokens, "output_tokens": question.output_tokens,
-          "batch_sizes": question.batch_sizes,
-          "arrival_rate_per_s": question.arrival_rate_per_s,
+          "batch_sizes": question.batch_sizes, "arrival_rate_per_s": question.arrival_rate_per_s,
           "batching_window_s": question.window_s,
-          "arrival_rate_per_replica_s": load["arrival_rate"],
-          "layout": question.layout.as_dict(), "prefill_batch": question.prefill_batch,
-          "ttft_target_s": targets["ttft_s"], "token_gap_target_s": targets["token_gap_s"],
+          "arrival_rate_per_replica_s": load["arrival_rate"], "layout": question.layout.as_dict(),
+          "prefill_batch": question.prefill_batch, "ttft_target_s": targets["ttft_s"],
+          "token_gap_target_s": targets["token_gap_s"],
           "aggregate_target_tokens_per_s": question.aggregate_tokens_per_s,
-          "aggregate_target_per_replica_tokens_per_s": targets["aggregate_tokens_per_s"],
-          "si": {"N": inputs.N, "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,
-                 "kv_per_sequence_bytes": inputs.kv_per_sequence_bytes, "BW": inputs.BW,
-                 "F": inputs.F, "layers": inputs.layers},
-          "memory": inputs.memory, "max_batch_in_memory": inputs.max_batch_in_memory,
+          "aggregate_target_per_replica_tokens_per_s": targets["aggregate_tokens_per_s"], "si": {
+              "N": inputs.N, "N_act": inputs.N_act, "q": inputs.q, "k": inputs.k,
+              "kv_per_sequence_bytes": inputs.kv_per_sequence_bytes, "BW": inputs.BW, "F": inputs.F,
+              "layers": inputs.layers
+          }, "memory": inputs.memory, "max_batch_in_memory": inputs.max_batch_in_memory,
           "weight_dtype": fmt.dtype if fmt else None,
-          "weight_format": fmt.describe() if fmt else None,
-          "kv_dtype": question.kv_dtype},
-      "units": {**requests.UNITS, **requests.LAYOUT_UNITS,
-                "elasticities": "d ln(step_s) / d ln(input)",
-                "max_arrival_rate_per_s": "requests/s"},
-      "assumptions": list(model.assumptions) + [
+          "weight_format": fmt.describe() if fmt else None, "kv_dtype": question.kv_dtype
+      }, "units": {
+          **requests.UNITS, **requests.LAYOUT_UNITS, "elasticities": "d ln(step_s) / d ln(input)",
+          "max_arrival_rate_per_s": "requests/s"
+      }, "assumptions": list(model.assumptions) + [
           "prefill: analytic bound with causal attention (lower triangle, softmax omitted), "
           "weights read once, K/V written",
           "rows: a static batch of B requests (all B prompts prefilled together, then "
           "G - 1 decode steps at contexts P+1 .. P+G-1)",
           "TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival",
-          "token gap under load: decode steps stretched by 1/(1 - lam*D)"]
-      + multichip.assumptions(inputs),
-      "requests": _rows(model, inputs, question), "decision": decision,
-      "elasticities": decision.get("elasticities"),
+          "token gap under load: decode steps stretched by 1/(1 - lam*D)"
+      ] + multichip.assumptions(inputs), "requests": _rows(model, inputs, question),
+      "decision": decision, "elasticities": decision.get("elasticities"),
       "prefill_decode": pools_lib.crossovers(model, inputs, prompt_tokens=question.prompt_tokens,
-                                             output_tokens=question.output_tokens)}
+                                             output_tokens=question.output_tokens)
+  }
 
 
 def frontier(model: StepModel, inputs: requests.ServingInputs, question: Question,

@@ -30,8 +30,7 @@ def simulate(workload: arrivals.Workload, replica_: replica.Replica, scheduler: 
   terminal, unless `show_progress` is False)."""
   if len(workload) < 2000 or not progress.enabled(show_progress):
     return simulator.simulate(workload, replica_, scheduler)
-  bar = progress.bar(total=len(workload), unit="req", desc="simulating",
-                     requested=show_progress)
+  bar = progress.bar(total=len(workload), unit="req", desc="simulating", requested=show_progress)
   run = simulator.simulate(workload, replica_, scheduler,
                            lambda finished: bar.update(finished - bar.n))
   bar.close()
@@ -49,8 +48,8 @@ def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: floa
     w = workload_at(x, num_requests)
     for name in simulator.SCHEDULERS:
       m = metrics.run_metrics(simulator.simulate(w, replica_, name), **targets)
-      out[name].append(m["goodput_per_s"] if m["goodput_per_s"] is not None
-                       else m["request_throughput_per_s"])
+      out[name].append(
+          m["goodput_per_s"] if m["goodput_per_s"] is not None else m["request_throughput_per_s"])
   return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": num_requests}
 
 
@@ -58,28 +57,31 @@ def fleet_run(workload: arrivals.Workload, replica_: replica.Replica, replicas: 
               scheduler: str, router: str, seed: int,
               targets: dict[str, float | None]) -> dict[str, Any]:
   """The fleet behind the router: its run, its metrics and each replica's."""
-  run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler,
-                             router=router, seed=seed)
-  return {"run": run, "metrics": metrics.run_metrics(run.fleet, **targets),
-          "replicas": fleet.replica_metrics(run, **targets)}
+  run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler, router=router,
+                             seed=seed)
+  return {
+      "run": run, "metrics": metrics.run_metrics(run.fleet, **targets),
+      "replicas": fleet.replica_metrics(run, **targets)
+  }
 
 
 def fleet_json(out: dict[str, Any], *, label: str, scheduler: str, router: str,
                replica_: replica.Replica, workload: arrivals.Workload) -> dict[str, Any]:
   """A fleet's JSON (`fleet_run`'s `out`)."""
   m = out["metrics"]
-  return {"label": label, "scheduler": scheduler, "router": router,
-          "replica": replica_.description, "workload": workload.description, "metrics": m,
-          "fleet": {"replicas": len(out["replicas"]), "router": router,
-                    "request_throughput_per_s": m["request_throughput_per_s"],
-                    "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"]},
-          "replicas": out["replicas"]}
+  return {
+      "label": label, "scheduler": scheduler, "router": router, "replica": replica_.description,
+      "workload": workload.description, "metrics": m, "fleet": {
+          "replicas": len(out["replicas"]), "router": router,
+          "request_throughput_per_s": m["request_throughput_per_s"],
+          "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"]
+      }, "replicas": out["replicas"]
+  }
 
 
-def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int,
-             chips: int, scheduler: str, router: str, seed: int, num_requests: int,
-             start_rate: float, percentile: float,
-             targets: dict[str, float | None]) -> dict[str, Any]:
+def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int, chips: int,
+             scheduler: str, router: str, seed: int, num_requests: int, start_rate: float,
+             percentile: float, targets: dict[str, float | None]) -> dict[str, Any]:
   """The largest fleet arrival rate whose SLO percentiles hold (`fleet.find_max_rate`, a
   seeded bisection), per chip too."""
 
@@ -90,26 +92,31 @@ def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: in
     return fleet.simulate_fleet(w, replica_, replicas, scheduler=scheduler, router=router,
                                 seed=seed).fleet
 
-  found = fleet.find_max_rate(run_at, start_rate=start_rate, percentile=percentile,
-                              targets=targets)
+  found = fleet.find_max_rate(run_at, start_rate=start_rate, percentile=percentile, targets=targets)
   rate = found["max_rate_per_s"]
-  return {**found, "max_rate_per_chip": None if rate is None else rate / chips,
-          "replicas": replicas, "chips": chips, "slo_percentile": percentile,
-          "targets": targets, "num_requests": num_requests, "seed": seed,
-          "label": "simulated (seeded bisection over the arrival rate)"}
+  return {
+      **found, "max_rate_per_chip": None if rate is None else rate / chips, "replicas": replicas,
+      "chips": chips, "slo_percentile": percentile, "targets": targets,
+      "num_requests": num_requests, "seed": seed,
+      "label": "simulated (seeded bisection over the arrival rate)"
+  }
 
 
 def max_rate_json(found: dict[str, Any], replica_: replica.Replica, scheduler: str,
                   router: str) -> dict[str, Any]:
   """`max_rate`'s answer as its JSON, with the replica and scheduling (a router only for a
   fleet)."""
-  return {"label": found["label"], "replica": replica_.description, "scheduler": scheduler,
-          "router": router if found["replicas"] > 1 else None, **found}
+  return {
+      "label": found["label"], "replica": replica_.description, "scheduler": scheduler,
+      "router": router if found["replicas"] > 1 else None, **found
+  }
 
 
 def run_json(run: simulator.Run, m: dict[str, Any], *, label: str, scheduler: str,
              replica_: replica.Replica, workload: arrivals.Workload) -> dict[str, Any]:
   """One replica's run as its JSON: what ran, its metrics, the simulation's figures."""
-  return {"label": label, "scheduler": scheduler, "replica": replica_.description,
-          "workload": workload.description, "metrics": m,
-          "simulation": metrics.simulation_block(run, replica_.total_pages)}
+  return {
+      "label": label, "scheduler": scheduler, "replica": replica_.description,
+      "workload": workload.description, "metrics": m,
+      "simulation": metrics.simulation_block(run, replica_.total_pages)
+  }

@@ -298,8 +298,8 @@ class _Sim:
       self.now = max(self.now, self.arrival_l[self.next_arrival])
       return []
     close = self.arrival_l[self.waiting[0]] + self.r.batch_window_s
-    while (len(self.waiting) < self.r.max_running and self.next_arrival < len(self.arrival_l)
-           and self.arrival_l[self.next_arrival] <= close):
+    while (len(self.waiting) < self.r.max_running and self.next_arrival < len(self.arrival_l) and
+           self.arrival_l[self.next_arrival] <= close):
       self.now = max(self.now, self.arrival_l[self.next_arrival])
       self._arrive()
     if len(self.waiting) < self.r.max_running:
@@ -397,11 +397,10 @@ class _Sim:
   def result(self) -> Run:
     if self.progress is not None:
       self.progress(self.finished)
-    return Run(
-        arrival_s=self.arrival, first_token_s=self.first_s, finish_s=self.finish_s,
-        prompt_tokens=self.prompt, output_tokens=self.output, emitted=self.emitted,
-        itl_s=self.itl[:self.n_itl], iterations=self.iterations,
-        prefill_tokens=self.prefill_tokens, preemptions=self.preemptions,
-        history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
-        queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
-        decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step))
+    return Run(arrival_s=self.arrival, first_token_s=self.first_s, finish_s=self.finish_s,
+               prompt_tokens=self.prompt, output_tokens=self.output, emitted=self.emitted,
+               itl_s=self.itl[:self.n_itl], iterations=self.iterations,
+               prefill_tokens=self.prefill_tokens, preemptions=self.preemptions,
+               history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
+               queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
+               decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step))

@@ -66,8 +66,7 @@ def prompts_for(workload: Workload, vocab_size: int, seed: int) -> list[np.ndarr
 class ToyServer:
   """A compiled, warmed-up server of `slots` rows of `max_len` positions."""
 
-  def __init__(self, params: Params, *, slots: int, max_len: int,
-               prompt_lengths: np.ndarray):
+  def __init__(self, params: Params, *, slots: int, max_len: int, prompt_lengths: np.ndarray):
     self.params = params
     self.slots = require_positive_int("slots", slots)
     self.max_len = require_positive_int("max_len", max_len)
@@ -177,17 +176,18 @@ class ToyServer:
           row_of[r] = -1
           lengths[r] = 0
           done += 1
-    return Served(
-        arrival_s=workload.arrival_s.copy(), first_token_s=first, finish_s=finish,
-        output_tokens=workload.output_tokens.copy(), itl_s=np.asarray(itl),
-        outputs=outputs, prompts=prompts, iteration_s=np.asarray(iteration_s),
-        mix={k: np.asarray(v) for k, v in mix.items()},
-        computed_mix={k: np.asarray(v) for k, v in computed.items()},
-        wall_s=time.perf_counter() - start)
+    return Served(arrival_s=workload.arrival_s.copy(), first_token_s=first, finish_s=finish,
+                  output_tokens=workload.output_tokens.copy(), itl_s=np.asarray(itl),
+                  outputs=outputs, prompts=prompts, iteration_s=np.asarray(iteration_s),
+                  mix={k: np.asarray(v) for k, v in mix.items()
+                      }, computed_mix={k: np.asarray(v) for k, v in computed.items()},
+                  wall_s=time.perf_counter() - start)
 
 
 def device_description() -> dict:
   """The device the server ran on, for the JSON."""
   d = jax.devices()[0]
-  return {"platform": d.platform, "device_kind": d.device_kind, "jax_version": jax.__version__,
-          "backend": "xla"}
+  return {
+      "platform": d.platform, "device_kind": d.device_kind, "jax_version": jax.__version__,
+      "backend": "xla"
+  }

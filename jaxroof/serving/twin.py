@@ -31,9 +31,10 @@ def toy_model_values(params: Params) -> dict[str, float]:
   b = float(params.embed.dtype.itemsize)
   weights = float(flops.matmul_weights(params))
   k = float(formulas.kv_bytes_per_position(c.num_blocks, c.num_kv_heads, c.head_dim, b))
-  return {"N": weights, "q": b, "k": k,
-          "BW": NOMINAL_BW, "F": NOMINAL_F, "N_act": weights, "L": float(c.num_blocks),
-          "H": float(c.num_heads), "d": float(c.head_dim)}
+  return {
+      "N": weights, "q": b, "k": k, "BW": NOMINAL_BW, "F": NOMINAL_F, "N_act": weights,
+      "L": float(c.num_blocks), "H": float(c.num_heads), "d": float(c.head_dim)
+  }
 
 
 @functools.cache
@@ -59,18 +60,20 @@ def fit_iteration_factors(mix: dict[str, np.ndarray], measured_s: np.ndarray,
   inputs = {str(s): jnp.asarray(mix[str(s)], jnp.float32) for s in iteration.MIX}
   target = jnp.log(jnp.asarray(measured_s, jnp.float32))
   has_prefill = np.asarray(mix["n_pre"]) > 0
-  weight = np.where(has_prefill, 1.0 / max(has_prefill.sum(), 1),
-                    1.0 / max((~has_prefill).sum(), 1))
+  weight = np.where(has_prefill, 1.0 / max(has_prefill.sum(), 1), 1.0 / max(
+      (~has_prefill).sum(), 1))
   weight = jnp.asarray(weight / weight.sum(), jnp.float32)
   fastest = float(np.min(measured_s))
-  init = {"eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 0.5 * fastest,
-          "t0_layer": 0.05 * fastest / model_values["L"], "r_ovl": 1.0}
+  init = {
+      "eta_w": 0.5, "eta_kv": 0.5, "eta_f": 0.5, "t0_step": 0.5 * fastest,
+      "t0_layer": 0.05 * fastest / model_values["L"], "r_ovl": 1.0
+  }
   params = {n: jnp.log(jnp.asarray(v, jnp.float32)) for n, v in init.items()}
 
   def loss(log_factors):
     factors = {n: jnp.exp(v) for n, v in log_factors.items()}
     predicted = step(**inputs, **fixed, **factors)["step_s"]
-    return jnp.sum(weight * (jnp.log(predicted) - target) ** 2)
+    return jnp.sum(weight * (jnp.log(predicted) - target)**2)
 
   optimizer = optax.adam(learning_rate)
   state = optimizer.init(params)
@@ -101,6 +104,7 @@ def twin_replica(params: Params, factors: dict[str, float], *, slots: int, max_l
       L=int(values["L"]), H=int(values["H"]), d=int(values["d"]),
       kv_memory_bytes=slots * max_len * values["k"], page_bytes=max_len * values["k"],
       page_tokens=max_len, step_model=model, max_running=slots, max_context=max_len,
-      padded_to=toy_server.padded_prompt if costing == "computed" else None,
-      description={"model": "toy", "fitted_to": "the toy server's own iterations",
-                   "costing": costing, **provenance})
+      padded_to=toy_server.padded_prompt if costing == "computed" else None, description={
+          "model": "toy", "fitted_to": "the toy server's own iterations", "costing": costing,
+          **provenance
+      })

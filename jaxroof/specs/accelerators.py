@@ -25,8 +25,10 @@ TABLE = Path(__file__).parent / "data" / "accelerators.json"
 # activations (W8A8); int4 weights are dequantized to bf16 (W4A16); mxfp4 and
 # nvfp4 run at the device's rate for that FP4 format where it has one
 # (Blackwell both, MI355X mxfp4), else they are dequantized to bf16.
-COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8",
-                 "int4": "bf16", "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
+COMPUTE_DTYPE = {
+    "bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16", "mxfp4": "mxfp4",
+    "nvfp4": "nvfp4"
+}
 FALLBACK_DTYPE = "bf16"  # Where a device has no tensor rate for the weights' format.
 
 
@@ -75,8 +77,7 @@ class Accelerator:
 
   def ridge_point(self, weight_dtype: str = "bf16") -> float:
     """FLOPs per byte at which compute and memory take equally long."""
-    return float(formulas.ridge_point(self.flops(weight_dtype),
-                                      self.memory_bandwidth_bytes_per_s))
+    return float(formulas.ridge_point(self.flops(weight_dtype), self.memory_bandwidth_bytes_per_s))
 
 
 # Per-hop latency used where the vendor publishes none: scaling-book's ICI
@@ -136,17 +137,16 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
   domain = entry.get("scale_up_domain", {})
   out = entry.get("scale_out", {}).get("per_chip_unidirectional_gb_s")
   return Links(
-      technology=(up.get("generation") or "") if up.get("technology", "") in (
-          up.get("generation") or "") else f"{up.get('technology')} {up.get('generation') or ''}".strip(),
-      topology=up.get("topology", ""),
-      unidirectional_bytes_per_s=unidirectional, per_link_bytes_per_s=per_link,
-      collective_bytes_per_s=collective,
-      domain_chips=int(domain.get("max_single_slice_chips") or domain.get("chips") or 1),
-      domain_unit=domain.get("unit", ""), hop_latency_s=latency, hop_latency_basis=basis,
-      scale_out_bytes_per_s=None if out is None else float(out) * 1e9,
+      technology=(up.get("generation") or "")
+      if up.get("technology", "") in (up.get("generation") or "") else
+      f"{up.get('technology')} {up.get('generation') or ''}".strip(),
+      topology=up.get("topology", ""), unidirectional_bytes_per_s=unidirectional,
+      per_link_bytes_per_s=per_link, collective_bytes_per_s=collective,
+      domain_chips=int(domain.get("max_single_slice_chips") or domain.get("chips") or
+                       1), domain_unit=domain.get("unit", ""), hop_latency_s=latency,
+      hop_latency_basis=basis, scale_out_bytes_per_s=None if out is None else float(out) * 1e9,
       base_latency_s=base, base_latency_basis=base_basis,
-      slice_shapes=tuple(shapes) if isinstance(shapes := domain.get("slice_shapes"), list)
-      else ())
+      slice_shapes=tuple(shapes) if isinstance(shapes := domain.get("slice_shapes"), list) else ())
 
 
 # NCCL's base latency of a ring collective, LL protocol (src/graph/tuning.cc baseLat Ring
@@ -228,8 +228,9 @@ def load_accelerator(name: str) -> Accelerator:
     InputError: an unknown name, listing the known ones and the closest match.
   """
   if not isinstance(name, str):
-    raise errors.InputError(f"accelerator={name!r} is not a name: give one of "
-                            f"{', '.join(known_accelerators())}.", field="accelerator")
+    raise errors.InputError(
+        f"accelerator={name!r} is not a name: give one of "
+        f"{', '.join(known_accelerators())}.", field="accelerator")
   return parse_slice(name)[0]
 
 
@@ -255,8 +256,9 @@ def parse_slice(name: str) -> tuple[Accelerator, int | None]:
     if match and match.group(slug_group) in known:
       chips = int(match.group(chips_group))
       if chips < 1:
-        raise errors.InputError(f"accelerator={name!r} has {chips} chips: a slice needs "
-                                "at least 1 (e.g. 8xh100-sxm or tpu-v5e-8).", field="accelerator")
+        raise errors.InputError(
+            f"accelerator={name!r} has {chips} chips: a slice needs "
+            "at least 1 (e.g. 8xh100-sxm or tpu-v5e-8).", field="accelerator")
       return _table()[match.group(slug_group)], chips
   slug = names.require_known("accelerator", text, known)
   return _table()[slug], None

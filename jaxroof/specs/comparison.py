@@ -21,13 +21,14 @@ from jaxroof.specs.model_sweep import model_sweep
 from jaxroof.specs.step_inputs import crossover_batches
 from jaxroof.symbolic.step_model import BOUND_UNITS, StepModel
 
-UNITS = {**BOUND_UNITS,
-         "ridge_flop_per_byte": "FLOP/B", "max_batch_in_memory": "sequences",
-         "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s",
-         "flops_per_s": "FLOP/s", "resident_weight_bytes": "B",
-         "comm_s": "s", "chips": "chips"}
-SUMMARY_BEST = {"ridge_flop_per_byte": min, "compute_crossover_batch": min,
-                "max_batch_in_memory": max}
+UNITS = {
+    **BOUND_UNITS, "ridge_flop_per_byte": "FLOP/B", "max_batch_in_memory": "sequences",
+    "memory_capacity_bytes": "B", "memory_bandwidth_bytes_per_s": "B/s", "flops_per_s": "FLOP/s",
+    "resident_weight_bytes": "B", "comm_s": "s", "chips": "chips"
+}
+SUMMARY_BEST = {
+    "ridge_flop_per_byte": min, "compute_crossover_batch": min, "max_batch_in_memory": max
+}
 ROW_BEST = {"step_s": min, "aggregate_tokens_per_s": max, "per_sequence_tokens_per_s": max}
 
 
@@ -35,9 +36,8 @@ def _entry(spec: ModelSpec, device: Accelerator, batch: list[int], model: StepMo
            sweeper=model_sweep, **kw) -> dict[str, Any]:
   swept = sweeper(spec, device, batch_sizes=batch, model=model, **kw)
   inputs, summary = swept["inputs"], swept["summary"]
-  cross = crossover_batches(spec, device, context=kw["context"],
-                            weight_dtype=kw["weight_dtype"], kv_dtype=kw["kv_dtype"],
-                            group_size=kw.get("group_size"))
+  cross = crossover_batches(spec, device, context=kw["context"], weight_dtype=kw["weight_dtype"],
+                            kv_dtype=kw["kv_dtype"], group_size=kw.get("group_size"))
   return {
       "name": device.name,
       "full_name": device.full_name,
@@ -81,9 +81,8 @@ def _best(entries: list[dict], batch: list[int]) -> dict[str, Any]:
 
 
 def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: int,
-            batch_sizes: Sequence[int], weight_dtype: str = "bf16",
-            kv_dtype: str = "bf16", step_model: StepModel | None = None,
-            sweeper=None, **kw: Any) -> dict[str, Any]:
+            batch_sizes: Sequence[int], weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+            step_model: StepModel | None = None, sweeper=None, **kw: Any) -> dict[str, Any]:
   """Per accelerator: ridge point, crossovers, max batch, and a row per batch.
 
   With a calibrated `step_model`, rows are calibrated predictions: its fitted
@@ -96,11 +95,15 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
   batch = [int(b) for b in batch_sizes]
   step = step_model or StepModel.bound()
   fmt = parameters.weight_format(model, weight_dtype, kw.get("group_size"))
-  entries = [_entry(model, d, batch, step, sweeper=sweeper or model_sweep, context=context,
-                    weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw) for d in accelerators]
+  entries = [
+      _entry(model, d, batch, step, sweeper=sweeper or model_sweep, context=context,
+             weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw) for d in accelerators
+  ]
   device_notes = ("datasheet", f"{fmt.dtype} weights multiply at")  # Per device: in rows.
-  shared = [a for a in entries[0]["_assumptions"]
-            if not a.startswith(device_notes) and a not in step.assumptions]
+  shared = [
+      a for a in entries[0]["_assumptions"]
+      if not a.startswith(device_notes) and a not in step.assumptions
+  ]
   for e in entries:
     del e["_assumptions"]
   calibrated = []
@@ -111,16 +114,21 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
         f"calibrated: factors of the profile measured on {origin.get('device_kind')} "
         f"({origin.get('backend')}, {origin.get('dtype')}; held-out median error "
         f"{'unknown' if error is None else f'{error:.1%}'}) applied to every device's "
-        "datasheet figures; crossovers and max batch stay analytic bounds"]
+        "datasheet figures; crossovers and max batch stay analytic bounds"
+    ]
   return {
       "kind": step.kind,
       "model": model.name,
-      "inputs": {"model": model.name, "context": context, "batch_sizes": batch,
-                 "weight_dtype": fmt.dtype, "weight_dtype_label": fmt.label,
-                 "weight_format": fmt.describe(), "kv_dtype": kv_dtype, **kw},
+      "inputs": {
+          "model": model.name, "context": context, "batch_sizes": batch, "weight_dtype": fmt.dtype,
+          "weight_dtype_label": fmt.label, "weight_format": fmt.describe(), "kv_dtype": kv_dtype,
+          **kw
+      },
       "units": UNITS,
-      "assumptions": ["datasheet bandwidth and dense FLOP/s of each accelerator taken "
-                      "as sustained rates (upper bounds)"] + shared + calibrated,
+      "assumptions": [
+          "datasheet bandwidth and dense FLOP/s of each accelerator taken "
+          "as sustained rates (upper bounds)"
+      ] + shared + calibrated,
       "accelerators": entries,
       "best": _best(entries, batch),
   }

@@ -24,14 +24,14 @@ from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.readers import classic, dense, hybrid
 from jaxroof.specs.readers.fields import Fields
 
-READERS: dict[str, Callable[[Fields, str], ModelSpec]] = {
-    **classic.READERS, **dense.READERS, **hybrid.READERS}
+READERS: dict[str, Callable[[Fields, str],
+                            ModelSpec]] = {**classic.READERS, **dense.READERS, **hybrid.READERS}
 SUPPORTED_TYPES: tuple[str, ...] = tuple(READERS)
 NOT_SUPPORTED = {
     "falcon_h1": "Mamba-2 and attention side by side in every block",
 }
-LLAMA_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "vocab_size")
+LLAMA_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "vocab_size")
 
 
 def _llama_like(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
@@ -39,9 +39,8 @@ def _llama_like(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
   missing = [k for k in LLAMA_FIELDS if k not in config]
   model_type = config.get("model_type")
   if missing:
-    raise errors.InputError(
-        f"{source}: model_type {model_type!r} cannot be read as Llama-like: no "
-        f"{', '.join(missing)} field(s).")
+    raise errors.InputError(f"{source}: model_type {model_type!r} cannot be read as Llama-like: no "
+                            f"{', '.join(missing)} field(s).")
   fields = Fields(config, model_type=str(model_type), source=source)
   fields.notes.append(
       f"ASSUMED Llama-like: model_type {model_type!r} is not supported and was read "
@@ -50,8 +49,7 @@ def _llama_like(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
   return dataclasses.replace(spec, assumed_llama_like=True)
 
 
-def spec_from_config(config: Mapping[str, Any], *, name: str,
-                     source: str = "config.json",
+def spec_from_config(config: Mapping[str, Any], *, name: str, source: str = "config.json",
                      assume_llama_like: bool = False) -> ModelSpec:
   """A `ModelSpec` from a parsed `config.json` dict.
 
@@ -73,15 +71,14 @@ def spec_from_config(config: Mapping[str, Any], *, name: str,
   if model_type is None and "d_model" in config and "n_layer" in config:
     return classic.mamba_ssm(config, name, source)
   if model_type is None:
-    raise errors.InputError(
-        f"{source}: config.json has no 'model_type' field; supported types: "
-        f"{', '.join(SUPPORTED_TYPES)}.")
+    raise errors.InputError(f"{source}: config.json has no 'model_type' field; supported types: "
+                            f"{', '.join(SUPPORTED_TYPES)}.")
   if model_type not in READERS:
     if assume_llama_like and model_type not in NOT_SUPPORTED:
       return _llama_like(config, name, source)
     why = NOT_SUPPORTED.get(model_type)
-    hint = (f" ({why}, which jaxroof does not model)" if why else
-            "; if its fields are Llama's, assume_llama_like reads it as Llama")
+    hint = (f" ({why}, which jaxroof does not model)"
+            if why else "; if its fields are Llama's, assume_llama_like reads it as Llama")
     raise errors.InputError(
         f"{source}: model_type={model_type!r} is not supported{hint}; supported: "
         f"{', '.join(SUPPORTED_TYPES)}.")

@@ -61,10 +61,9 @@ class IterationModel:
 
   # Building.
   @classmethod
-  def from_spec(cls, spec: ModelSpec, *, BW: float, F: float | None,
-                weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                group_size: int | None = None, state_dtype: str | None = None,
-                mla_prefill: str = "mha") -> IterationModel:
+  def from_spec(cls, spec: ModelSpec, *, BW: float, F: float | None, weight_dtype: str = "bf16",
+                kv_dtype: str = "bf16", group_size: int | None = None,
+                state_dtype: str | None = None, mla_prefill: str = "mha") -> IterationModel:
     """The constants of `spec` stored as `weight_dtype` with `kv_dtype` K/V."""
     errors.require_choice("mla_prefill", mla_prefill, cost_model.MLA_PREFILL)
     counts = params.parameter_counts(spec)
@@ -75,12 +74,11 @@ class IterationModel:
     c: dict[str, float] = {name: 0.0 for name in cost_model.MODEL_NAMES}
     c.update(
         W_b=float(sum(fmt.part_bytes(counts, p) for p in body)),
-        W_x=float(fmt.part_bytes(counts, "experts_routed")),
-        E=float(max(counts.num_experts, 1)), K=float(max(counts.experts_per_token, 1)),
-        N_b=float(counts.active_matmul - n_head), N_h=float(n_head),
-        W_h=float(fmt.part_bytes(counts, head)),
-        r_e=0.0 if counts.tied else float(
-            counts.hidden_size * fmt.part_bytes_per_weight("embeddings")),
+        W_x=float(fmt.part_bytes(counts, "experts_routed")), E=float(max(counts.num_experts, 1)),
+        K=float(max(counts.experts_per_token, 1)), N_b=float(counts.active_matmul - n_head),
+        N_h=float(n_head), W_h=float(fmt.part_bytes(counts, head)),
+        r_e=0.0 if counts.tied else float(counts.hidden_size *
+                                          fmt.part_bytes_per_weight("embeddings")),
         L=float(spec.num_layers), BW=float(BW), F=math.inf if F is None else float(F))
     sizing = kv_sizing.size_kv(spec, context=1, kv_dtype=kv_dtype, state_dtype=state_dtype)
     window_kind = window = None
@@ -95,13 +93,14 @@ class IterationModel:
       if kind.kind == MLA:
         m = spec.mla
         d_qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        c["a_mla"] += kind.layers * float(prefill_formulas.mla_pair_flops(
-            m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim))
+        c["a_mla"] += kind.layers * float(
+            prefill_formulas.mla_pair_flops(m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim))
         if mla_prefill == "mha":
-          c["ap_mla"] += kind.layers * float(prefill_formulas.mla_mha_pair_flops(
-              m.num_heads, d_qk, m.v_head_dim))
-          c["u_mla"] += kind.layers * float(prefill_formulas.mla_upprojection_flops(
-              m.num_heads, m.kv_lora_rank, d_qk, m.qk_rope_head_dim, m.v_head_dim))
+          c["ap_mla"] += kind.layers * float(
+              prefill_formulas.mla_mha_pair_flops(m.num_heads, d_qk, m.v_head_dim))
+          c["u_mla"] += kind.layers * float(
+              prefill_formulas.mla_upprojection_flops(m.num_heads, m.kv_lora_rank, d_qk,
+                                                      m.qk_rope_head_dim, m.v_head_dim))
         continue
       a = spec.attention
       c[f"a_{group}"] += kind.layers * float(
@@ -109,8 +108,9 @@ class IterationModel:
       if group == "win":
         span = a.sliding_window if kind.kind == SLIDING else a.chunk_size
         if window_kind not in (None, kind.kind):
-          raise errors.InputError(f"model={spec.name!r} has both sliding and chunked blocks: "
-                                  "the cost model holds one windowed group.", field="model")
+          raise errors.InputError(
+              f"model={spec.name!r} has both sliding and chunked blocks: "
+              "the cost model holds one windowed group.", field="model")
         window_kind, window = kind.kind, int(span)
     if mla_prefill == "absorbed":
       c["ap_mla"] = c["a_mla"]
@@ -129,13 +129,13 @@ class IterationModel:
     """`from_spec` at a device's datasheet bandwidth and the dense FLOP rate of the
     weights' stored dtype (`weight_dtype` may be "published")."""
     fmt = params.weight_format(spec, weight_dtype, kwargs.get("group_size"))
-    return cls.from_spec(spec, BW=device.memory_bandwidth_bytes_per_s,
-                         F=device.flops(fmt.dtype), weight_dtype=weight_dtype, **kwargs)
+    return cls.from_spec(spec, BW=device.memory_bandwidth_bytes_per_s, F=device.flops(fmt.dtype),
+                         weight_dtype=weight_dtype, **kwargs)
 
   @classmethod
   def from_numbers(cls, *, N: float, q: float, k: float, BW: float, F: float | None,
-                   N_act: float | None = None, L: float = 0.0, pair_flops: float = 0.0
-                   ) -> IterationModel:
+                   N_act: float | None = None, L: float = 0.0,
+                   pair_flops: float = 0.0) -> IterationModel:
     """Raw numbers: N weights of q bytes, k K/V bytes per token in one full group,
     `pair_flops` attention FLOPs per (query, key) pair over all blocks."""
     c = {name: 0.0 for name in cost_model.MODEL_NAMES}
@@ -147,13 +147,13 @@ class IterationModel:
   def on_layout(self, *, weights: float, experts: float, kv: float, flops: float,
                 comm: CommFn | None, comm_overlap: float = 0.0) -> IterationModel:
     """One chip's share: bytes and FLOPs scaled, the pass's communication added."""
-    scale = {"W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts,
-             "k_full": kv, "k_win": kv, "k_mla": kv, "s_st": kv,
-             "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops, "a_mla": flops,
-             "ap_mla": flops, "u_mla": flops}
+    scale = {
+        "W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts, "k_full": kv, "k_win": kv,
+        "k_mla": kv, "s_st": kv, "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops,
+        "a_mla": flops, "ap_mla": flops, "u_mla": flops
+    }
     c = {n: v * scale.get(n, 1.0) for n, v in self.constants.items()}
-    return dataclasses.replace(self, constants=c, comm=comm,
-                               comm_overlap=_overlap(comm_overlap))
+    return dataclasses.replace(self, constants=c, comm=comm, comm_overlap=_overlap(comm_overlap))
 
   def with_overlap(self, comm_overlap: float) -> IterationModel:
     return dataclasses.replace(self, comm_overlap=_overlap(comm_overlap))
@@ -165,11 +165,15 @@ class IterationModel:
     return group, 1.0
 
   def _groups(self) -> tuple[str, ...]:
-    return tuple(g for g in ("full", "win", "mla") if self.constants[f"k_{g}"] > 0
-                 or self.constants[f"a_{g}"] > 0)
+    return tuple(g for g in ("full", "win", "mla")
+                 if self.constants[f"k_{g}"] > 0 or self.constants[f"a_{g}"] > 0)
 
-  def mix(self, decode_context: Any = (), chunk_offset: Any = (), chunk_tokens: Any = (),
-          ) -> dict[str, Any]:
+  def mix(
+      self,
+      decode_context: Any = (),
+      chunk_offset: Any = (),
+      chunk_tokens: Any = (),
+  ) -> dict[str, Any]:
     """The cost model's mix for one iteration (sums over its rows and chunks).
 
     `decode_context`: each decode row's attended positions (its retained
@@ -187,8 +191,7 @@ class IterationModel:
       span = cost_model.span_evaluator(kind)
       suffix = group
       if ctx.size:
-        out[f"S_{suffix}"] = float(np.sum(span(T=ctx, o_chunk=0.0, c_chunk=0.0,
-                                               W=window)["keys"]))
+        out[f"S_{suffix}"] = float(np.sum(span(T=ctx, o_chunk=0.0, c_chunk=0.0, W=window)["keys"]))
       if c.size:
         chunk = span(T=1.0, o_chunk=o, c_chunk=c, W=window)
         out[f"X_{suffix}"] = float(np.sum(chunk["pairs"]))
@@ -197,9 +200,8 @@ class IterationModel:
           out["O_up"] = float(o.sum())
     return out
 
-  def uniform_mix(self, *, decode_rows: Any = 0.0, context: Any = 1.0,
-                  prefill_sequences: Any = 0.0, prompt_tokens: Any = 0.0,
-                  prefill_done: Any = 0.0) -> dict[str, Any]:
+  def uniform_mix(self, *, decode_rows: Any = 0.0, context: Any = 1.0, prefill_sequences: Any = 0.0,
+                  prompt_tokens: Any = 0.0, prefill_done: Any = 0.0) -> dict[str, Any]:
     """A mix of `decode_rows` rows at one `context` and `prefill_sequences`
     chunks of `prompt_tokens` after `prefill_done` (arrays broadcast)."""
     rows = np.asarray(decode_rows, dtype=float)
@@ -210,8 +212,8 @@ class IterationModel:
     for group in self._groups():
       kind, window = self._spans(group)
       span = cost_model.span_evaluator(kind)(T=np.asarray(context, dtype=float),
-                                             o_chunk=np.asarray(prefill_done, dtype=float),
-                                             c_chunk=c, W=window)
+                                             o_chunk=np.asarray(prefill_done,
+                                                                dtype=float), c_chunk=c, W=window)
       out[f"S_{group}"] = rows * span["keys"]
       out[f"X_{group}"] = seqs * span["pairs"]
       out[f"V_{group}"] = seqs * span["kv_positions"]
@@ -232,8 +234,8 @@ class IterationModel:
     if model.kind == "bound":
       return cost_model.evaluator("bound", model.form, "numpy", step_only)(**values)
     regime = {"r_pack": 0.0, **(getattr(model, "regime", None) or {})}
-    return cost_model.evaluator("calibrated", "per_op", "numpy", step_only)(
-        **values, **model.factors, **regime)
+    return cost_model.evaluator("calibrated", "per_op", "numpy",
+                                step_only)(**values, **model.factors, **regime)
 
   def step_function(self, model: StepModel | None = None) -> Callable[..., float]:
     """`f(decode_context, chunk_offset, chunk_tokens) -> seconds`, for the simulator."""
@@ -245,16 +247,16 @@ class IterationModel:
 
     return step_s
 
-  def decode(self, batch: Any, context: Any, model: StepModel | None = None
-             ) -> dict[str, Any]:
+  def decode(self, batch: Any, context: Any, model: StepModel | None = None) -> dict[str, Any]:
     """A decode step of `batch` rows each attending to `context` positions."""
     return self.evaluate(self.uniform_mix(decode_rows=batch, context=context), model)
 
-  def prefill(self, prompt_tokens: Any, batch: Any = 1.0, model: StepModel | None = None,
-              *, done: Any = 0.0) -> dict[str, Any]:
+  def prefill(self, prompt_tokens: Any, batch: Any = 1.0, model: StepModel | None = None, *,
+              done: Any = 0.0) -> dict[str, Any]:
     """One iteration prefilling `batch` prompts of `prompt_tokens` (after `done`)."""
-    return self.evaluate(self.uniform_mix(prefill_sequences=batch, prompt_tokens=prompt_tokens,
-                                          prefill_done=done), model)
+    return self.evaluate(
+        self.uniform_mix(prefill_sequences=batch, prompt_tokens=prompt_tokens, prefill_done=done),
+        model)
 
   def attention_flops_per_token(self, context: Any) -> Any:
     """Decode attention FLOPs per retained token of one row at `context` (`A_t`)."""

@@ -41,8 +41,8 @@ import sympy as sp
 
 from jaxroof.symbolic import architecture as af
 from jaxroof import errors
-from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MLA,
-                                      NO_MIXER, RECURRENT, SLIDING, STATE_KINDS, ModelSpec)
+from jaxroof.specs.model_spec import (CHUNKED, FULL, LINEAR_ATTENTION, MLA, NO_MIXER, RECURRENT,
+                                      SLIDING, STATE_KINDS, ModelSpec)
 from jaxroof.symbolic.symbols import T
 
 # Block-scaled FP8 K/V: E4M3 elements with one 1-byte E8M0 scale per block of
@@ -52,9 +52,12 @@ from jaxroof.symbolic.symbols import T
 # v_scale per layer) and per-head scales are negligible: 1 B per element.
 FP8_BLOCK_VALUES, FP8_BLOCK_SCALE_BYTES = 32, 1
 KV_DTYPES: dict[str, float] = {
-    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1,
-    "fp8_block": float(af.quantized_bytes_per_weight(8, FP8_BLOCK_VALUES,
-                                                     FP8_BLOCK_SCALE_BYTES)),
+    "fp32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "fp8_block": float(af.quantized_bytes_per_weight(8, FP8_BLOCK_VALUES, FP8_BLOCK_SCALE_BYTES)),
 }
 DEFAULT_BLOCK_SIZE = 16  # Tokens per page (vLLM's default).
 HYBRID_PAGE_ALIGN = 16  # vLLM rounds hybrid attention blocks to 16 tokens.
@@ -131,8 +134,8 @@ def kind_expressions(spec: ModelSpec, kv_dtype: str = "bf16",
   for kind in dict.fromkeys(k for k in spec.layer_kinds if k != NO_MIXER):
     n = spec.layers_of(kind)
     per_token = _per_token_per_block(spec, kind, b)
-    window = {SLIDING: spec.attention.sliding_window,
-              CHUNKED: spec.attention.chunk_size}.get(kind) if spec.attention else None
+    window = {SLIDING: spec.attention.sliding_window, CHUNKED: spec.attention.chunk_size
+             }.get(kind) if spec.attention else None
     state = sp.Integer(0)
     if kind in STATE_KINDS:
       b_state = kv_bytes_per_element(state_dtype_of(spec, kind, kv_dtype, state_dtype))
@@ -150,8 +153,8 @@ def kind_expressions(spec: ModelSpec, kv_dtype: str = "bf16",
     else:
       payload = n * af.kv_bytes(T, per_token)
       allocated = full_pages = n * af.kv_bytes(af.paged_tokens(reserved, af.p), per_token)
-    out.append(KindExpressions(kind, n, window, n * per_token, state, payload,
-                               allocated, full_pages))
+    out.append(
+        KindExpressions(kind, n, window, n * per_token, state, payload, allocated, full_pages))
   return tuple(out)
 
 
@@ -248,8 +251,7 @@ def _value(expr: sp.Expr, values: dict) -> float:
 
 
 def hybrid_pages(spec: ModelSpec, *, context: int, kv_dtype: str = "bf16",
-                 state_dtype: str | None = None, max_new_tokens: int = 0
-                 ) -> HybridPages | None:
+                 state_dtype: str | None = None, max_new_tokens: int = 0) -> HybridPages | None:
   """vLLM's page policy for a model with attention and recurrent blocks; else None."""
   kinds = [k for k in dict.fromkeys(spec.layer_kinds) if k != NO_MIXER]
   attention = [k for k in kinds if k in ATTENTION_KINDS]
@@ -258,9 +260,11 @@ def hybrid_pages(spec: ModelSpec, *, context: int, kv_dtype: str = "bf16",
     return None
   b = kv_bytes_per_element(kv_dtype)
   per_token = float(_per_token_per_block(spec, attention[0], b))
-  state = max(float(state_bytes_per_block(
-      spec, k, b, kv_bytes_per_element(state_dtype_of(spec, k, kv_dtype, state_dtype)),
-      conv_taps_less=1)) for k in states)
+  state = max(
+      float(
+          state_bytes_per_block(
+              spec, k, b, kv_bytes_per_element(state_dtype_of(spec, k, kv_dtype, state_dtype)),
+              conv_taps_less=1)) for k in states)
   block = int(af.hybrid_block_size(state, per_token, HYBRID_PAGE_ALIGN))
   page = block * per_token
   values = {T: context, af.p: block, af.M_new: max_new_tokens}
@@ -268,21 +272,19 @@ def hybrid_pages(spec: ModelSpec, *, context: int, kv_dtype: str = "bf16",
   for e in kind_expressions(spec, kv_dtype, state_dtype):
     if e.kind in STATE_KINDS:
       b_state = kv_bytes_per_element(state_dtype_of(spec, e.kind, kv_dtype, state_dtype))
-      payload += e.layers * float(state_bytes_per_block(spec, e.kind, b, b_state,
-                                                        conv_taps_less=1))
+      payload += e.layers * float(state_bytes_per_block(spec, e.kind, b, b_state, conv_taps_less=1))
       allocated += e.layers * page
     else:
       payload += _value(e.payload, values)
       allocated += _value(e.allocated, values)
-  return HybridPages(
-      attention_bytes_per_token_per_layer=per_token, state_bytes_per_layer=state,
-      block_size=block, page_bytes=page, state_padding_fraction=page / state - 1,
-      allocated_bytes_per_sequence=allocated, payload_bytes_per_sequence=payload)
+  return HybridPages(attention_bytes_per_token_per_layer=per_token, state_bytes_per_layer=state,
+                     block_size=block, page_bytes=page, state_padding_fraction=page / state - 1,
+                     allocated_bytes_per_sequence=allocated, payload_bytes_per_sequence=payload)
 
 
-def size_kv(spec: ModelSpec, *, context: int, batch: int = 1,
-            kv_dtype: str = "bf16", block_size: int = DEFAULT_BLOCK_SIZE,
-            max_new_tokens: int = 0, state_dtype: str | None = None) -> KVSizing:
+def size_kv(spec: ModelSpec, *, context: int, batch: int = 1, kv_dtype: str = "bf16",
+            block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 0,
+            state_dtype: str | None = None) -> KVSizing:
   """Payload and allocation of `batch` sequences that each retain `context` tokens.
 
   Args:
@@ -302,8 +304,7 @@ def size_kv(spec: ModelSpec, *, context: int, batch: int = 1,
   errors.require_non_negative("max_new_tokens", max_new_tokens)
   if max_new_tokens != int(max_new_tokens):
     raise errors.InputError(
-        f"max_new_tokens={max_new_tokens!r} is not allowed: it must be a whole number >= 0."
-    )
+        f"max_new_tokens={max_new_tokens!r} is not allowed: it must be a whole number >= 0.")
   max_new_tokens = int(max_new_tokens)
   if state_dtype is not None:
     errors.require_choice("state_dtype", state_dtype, tuple(KV_DTYPES))
@@ -316,15 +317,15 @@ def size_kv(spec: ModelSpec, *, context: int, batch: int = 1,
       retained = int(af.windowed_tokens(context, e.window))
     else:
       retained = context
-    kinds.append(KindSizing(
-        kind=e.kind, layers=e.layers, window=e.window,
-        bytes_per_token=float(e.bytes_per_token), state_bytes=float(e.state_bytes),
-        retained_tokens=retained, payload_bytes=_value(e.payload, values),
-        allocated_bytes=_value(e.allocated, values),
-        allocated_bytes_windowed_as_full=_value(e.allocated_windowed_as_full, values),
-        payload_formula=str(e.payload), allocated_formula=str(e.allocated),
-        state_dtype=(state_dtype_of(spec, e.kind, kv_dtype, state_dtype)
-                     if e.kind in STATE_KINDS else None)))
+    kinds.append(
+        KindSizing(
+            kind=e.kind, layers=e.layers, window=e.window, bytes_per_token=float(e.bytes_per_token),
+            state_bytes=float(e.state_bytes), retained_tokens=retained,
+            payload_bytes=_value(e.payload, values), allocated_bytes=_value(e.allocated, values),
+            allocated_bytes_windowed_as_full=_value(e.allocated_windowed_as_full,
+                                                    values), payload_formula=str(e.payload),
+            allocated_formula=str(e.allocated), state_dtype=(state_dtype_of(
+                spec, e.kind, kv_dtype, state_dtype) if e.kind in STATE_KINDS else None)))
   notes = []
   limit = spec.max_position_embeddings
   if isinstance(limit, int) and context + max_new_tokens > limit:
@@ -332,16 +333,16 @@ def size_kv(spec: ModelSpec, *, context: int, batch: int = 1,
                  f"model's max_position_embeddings {limit}")
   total = sp.Add(*(e.payload for e in kind_expressions(spec, kv_dtype, state_dtype)))
   return KVSizing(
-      model=spec.name, context=context, batch=batch, kv_dtype=kv_dtype,
-      block_size=block_size, max_new_tokens=max_new_tokens, kinds=tuple(kinds),
+      model=spec.name, context=context, batch=batch, kv_dtype=kv_dtype, block_size=block_size,
+      max_new_tokens=max_new_tokens, kinds=tuple(kinds),
       kv_bytes_per_token=sum(k.bytes_per_token for k in kinds if k.kind in (FULL, MLA)),
       payload_bytes_per_sequence=sum(k.payload_bytes for k in kinds),
       allocated_bytes_per_sequence=sum(k.allocated_bytes for k in kinds),
       allocated_bytes_windowed_as_full_per_sequence=sum(
-          k.allocated_bytes_windowed_as_full for k in kinds),
-      payload_formula=str(total), notes=tuple(notes),
-      hybrid_pages=hybrid_pages(spec, context=context, kv_dtype=kv_dtype,
-                                state_dtype=state_dtype, max_new_tokens=max_new_tokens))
+          k.allocated_bytes_windowed_as_full for k in kinds), payload_formula=str(total),
+      notes=tuple(notes), hybrid_pages=hybrid_pages(spec, context=context, kv_dtype=kv_dtype,
+                                                    state_dtype=state_dtype,
+                                                    max_new_tokens=max_new_tokens))
 
 
 def mla_expanded_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16") -> float:
@@ -349,9 +350,8 @@ def mla_expanded_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16") -> flo
   m = spec.mla
   if m is None:
     raise errors.InputError(f"model={spec.name!r} has no MLA blocks.")
-  per_block = af.mla_expanded_kv_per_token(
-      m.num_heads, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim,
-      kv_bytes_per_element(kv_dtype))
+  per_block = af.mla_expanded_kv_per_token(m.num_heads, m.qk_nope_head_dim + m.qk_rope_head_dim,
+                                           m.v_head_dim, kv_bytes_per_element(kv_dtype))
   return float(spec.layers_of(MLA) * per_block)
 
 
@@ -379,8 +379,8 @@ def _check_fit(weight_bytes: float, memory_capacity_bytes: float,
         field="workspace_fraction")
 
 
-def sequences_fit(*, per_sequence_bytes: float, weight_bytes: float,
-                  memory_capacity_bytes: float, workspace_fraction: float = 0.1) -> int:
+def sequences_fit(*, per_sequence_bytes: float, weight_bytes: float, memory_capacity_bytes: float,
+                  workspace_fraction: float = 0.1) -> int:
   """Sequences of `per_sequence_bytes` each that fit beside the weights, a workspace
   kept free (`arch_formulas.capacity_sequences`); 0 when the weights alone do not
   fit or a sequence takes no bytes."""

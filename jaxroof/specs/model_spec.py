@@ -25,7 +25,6 @@ LAYER_KINDS = (FULL, SLIDING, MLA, RECURRENT, CHUNKED, LINEAR_ATTENTION, MAMBA2,
 STATE_KINDS = (RECURRENT, LINEAR_ATTENTION, MAMBA2)  # A fixed state per sequence.
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionSpec:
   """Grouped-query attention (full or sliding-window blocks)."""
@@ -188,28 +187,24 @@ class ModelSpec:
 
   def __post_init__(self):
     if len(self.layer_kinds) != len(self.moe_layers):
-      raise errors.InputError(
-          f"{self.name}: {len(self.layer_kinds)} layer kinds but "
-          f"{len(self.moe_layers)} MoE flags: give one of each per block."
-      )
+      raise errors.InputError(f"{self.name}: {len(self.layer_kinds)} layer kinds but "
+                              f"{len(self.moe_layers)} MoE flags: give one of each per block.")
     for kind in self.layer_kinds:
       errors.require_choice("layer kind", kind, LAYER_KINDS)
-    needs = {FULL: "attention", SLIDING: "attention", MLA: "mla", RECURRENT: "ssm",
-             CHUNKED: "attention", LINEAR_ATTENTION: "linear", MAMBA2: "mamba2"}
+    needs = {
+        FULL: "attention", SLIDING: "attention", MLA: "mla", RECURRENT: "ssm", CHUNKED: "attention",
+        LINEAR_ATTENTION: "linear", MAMBA2: "mamba2"
+    }
     for kind in set(self.layer_kinds) & set(needs):
       if getattr(self, needs[kind]) is None:
         raise errors.InputError(f"{self.name}: {kind} blocks need `{needs[kind]}`.")
     if SLIDING in self.layer_kinds and not self.attention.sliding_window:
-      raise errors.InputError(
-          f"{self.name}: sliding-window blocks but no sliding_window length."
-      )
+      raise errors.InputError(f"{self.name}: sliding-window blocks but no sliding_window length.")
     if CHUNKED in self.layer_kinds and not self.attention.chunk_size:
-      raise errors.InputError(
-          f"{self.name}: chunked-attention blocks but no attention_chunk_size.")
+      raise errors.InputError(f"{self.name}: chunked-attention blocks but no attention_chunk_size.")
     if self.mlp_layers is not None and len(self.mlp_layers) != len(self.layer_kinds):
-      raise errors.InputError(
-          f"{self.name}: {len(self.mlp_layers)} dense-MLP flags for "
-          f"{len(self.layer_kinds)} blocks.")
+      raise errors.InputError(f"{self.name}: {len(self.mlp_layers)} dense-MLP flags for "
+                              f"{len(self.layer_kinds)} blocks.")
     if any(self.moe_layers) and self.moe is None:
       raise errors.InputError(f"{self.name}: MoE blocks need `moe`.")
 
@@ -253,4 +248,3 @@ class ModelSpec:
   @property
   def is_moe(self) -> bool:
     return self.num_moe_layers > 0
-

@@ -43,15 +43,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     config = json.loads(text)
   except json.JSONDecodeError as e:
     raise errors.InputError(
-        f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}."
-    ) from None
+        f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
   except RecursionError:
     raise errors.InputError(f"{where} is nested too deeply to be a config.json.") from None
   if not isinstance(config, dict):
-    raise errors.InputError(
-        f"{where} is not a config.json: expected a JSON object, got "
-        f"{type(config).__name__}."
-    )
+    raise errors.InputError(f"{where} is not a config.json: expected a JSON object, got "
+                            f"{type(config).__name__}.")
   return config
 
 
@@ -63,9 +60,8 @@ def _resolve(name_or_path: str) -> tuple[str, Path, bool]:
   path = Path(name_or_path).expanduser()
   if path.is_dir():
     if not (path / "config.json").is_file():
-      raise errors.InputError(
-          f"model={name_or_path!r} is a folder without a config.json in it.", field="model"
-      )
+      raise errors.InputError(f"model={name_or_path!r} is a folder without a config.json in it.",
+                              field="model")
     return path.resolve().name, path / "config.json", False
   if path.exists():
     name = path.parent.resolve().name if path.name == "config.json" else path.stem
@@ -106,6 +102,5 @@ def load_model(name_or_path: str, *, assume_llama_like: bool = False) -> ModelSp
   if not isinstance(name_or_path, str) or not name_or_path.strip():
     raise errors.InputError(
         f"model={name_or_path!r} is not allowed: give a shipped name "
-        f"({', '.join(shipped_models())}) or a path to a config.json.", field="model"
-    )
+        f"({', '.join(shipped_models())}) or a path to a config.json.", field="model")
   return _load(name_or_path, bool(assume_llama_like))

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from jaxroof import errors
 
 
-def require_known(param: str, value: str, known: Sequence[str], *,
-                  otherwise: str = "") -> str:
+def require_known(param: str, value: str, known: Sequence[str], *, otherwise: str = "") -> str:
   """Returns `value` if it is in `known`; otherwise raises `InputError`.
 
   The message suggests the known names that contain `value` (so "h100" finds
@@ -22,5 +21,5 @@ def require_known(param: str, value: str, known: Sequence[str], *,
   matches = matches or difflib.get_close_matches(value, known, n=1)
   hint = f" Did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
   tail = f" {otherwise}" if otherwise else ""
-  raise errors.InputError(
-      f"{param}={value!r} is unknown.{hint} Known: {', '.join(known)}.{tail}", field=param)
+  raise errors.InputError(f"{param}={value!r} is unknown.{hint} Known: {', '.join(known)}.{tail}",
+                          field=param)

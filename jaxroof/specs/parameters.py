@@ -68,8 +68,8 @@ class ParamCounts:
   hidden_size: int = 0
   tied: bool = False
 
-  COMPONENTS = ("embeddings", "attention", "mlp", "experts_routed",
-                "experts_shared", "router", "recurrent", "norms", "lm_head")
+  COMPONENTS = ("embeddings", "attention", "mlp", "experts_routed", "experts_shared", "router",
+                "recurrent", "norms", "lm_head")
 
   def breakdown(self) -> dict[str, int]:
     return {name: getattr(self, name) for name in self.COMPONENTS}
@@ -163,10 +163,11 @@ def _gated_mlp(hidden: int, units: int, bias: bool, gated: bool = True) -> int:
   return (2 + gated) * hidden * units + ((1 + gated) * units + hidden) * bias
 
 
-_MIXERS = {FULL: _attention_block, SLIDING: _attention_block, CHUNKED: _attention_block,
-           MLA: _mla_block, RECURRENT: _recurrent_block,
-           LINEAR_ATTENTION: _linear_attention_block, MAMBA2: _mamba2_block,
-           NO_MIXER: lambda spec: 0}
+_MIXERS = {
+    FULL: _attention_block, SLIDING: _attention_block, CHUNKED: _attention_block, MLA: _mla_block,
+    RECURRENT: _recurrent_block, LINEAR_ATTENTION: _linear_attention_block, MAMBA2: _mamba2_block,
+    NO_MIXER: lambda spec: 0
+}
 
 
 def parameter_counts(spec: ModelSpec) -> ParamCounts:
@@ -190,8 +191,8 @@ def parameter_counts(spec: ModelSpec) -> ParamCounts:
     routed = spec.num_moe_layers * moe.num_experts * expert
     shared = spec.num_moe_layers * moe.num_shared_experts * _gated_mlp(
         h, moe.shared_intermediate_size, False, spec.mlp_gated)
-    per_router = (moe.num_experts * (h + moe.router_bias + moe.router_score_bias)
-                  + h * moe.shared_expert_gate)
+    per_router = (moe.num_experts * (h + moe.router_bias + moe.router_score_bias) +
+                  h * moe.shared_expert_gate)
     router = spec.num_moe_layers * per_router
   embeddings = spec.vocab_size * h
   return ParamCounts(
@@ -224,9 +225,11 @@ def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarr
   rows = np.zeros_like(B) if counts.tied else B * counts.hidden_size  # One value per batch.
   if not counts.moe_layers:
     return counts.read_every_step + rows
-  read = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(
-      B, counts.read_every_step, counts.routed_expert, counts.moe_layers,
-      counts.num_experts, counts.experts_per_token)
+  read = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(B, counts.read_every_step,
+                                                                      counts.routed_expert,
+                                                                      counts.moe_layers,
+                                                                      counts.num_experts,
+                                                                      counts.experts_per_token)
   return read + rows
 
 
@@ -249,8 +252,7 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
       raise errors.InputError(
           f"group_size={group_size} is not allowed with weight_dtype={dtype!r}: "
           "only quantized dtypes (fp8, int8, int4, mxfp4, nvfp4) have group scales.",
-          field="group_size"
-      )
+          field="group_size")
   errors.require_non_negative("scale_bytes", scale_bytes)
   group = group_size or default_group
   if group is None:
@@ -258,8 +260,7 @@ def bytes_per_weight(dtype: str, group_size: int | None = None,
   return float(arch_formulas.quantized_bytes_per_weight(bits, group, scale_bytes))
 
 
-def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *,
-                 group_size: int | None = None,
+def weight_bytes(counts: ParamCounts, dtype: str = "bf16", *, group_size: int | None = None,
                  scale_bytes: float | None = None) -> dict[str, float]:
   """Bytes of the total and active weights, every weight stored in `dtype`.
 
@@ -284,8 +285,10 @@ PUBLISHED = "published"
 # DeepSeek-V3 keeps them bf16, quantizing only its block-scaled linear layers).
 QUANTIZED_PARTS = ("attention", "mlp", "experts_routed", "experts_shared", "recurrent")
 # `modules_to_not_convert` patterns and the component each excludes.
-_NOT_CONVERTED = {"attn": "attention", "mlp.experts": "experts_routed",
-                  "shared_expert": "experts_shared", "mixer": "recurrent"}
+_NOT_CONVERTED = {
+    "attn": "attention", "mlp.experts": "experts_routed", "shared_expert": "experts_shared",
+    "mixer": "recurrent"
+}
 # A published 16-bit `torch_dtype` and its weight dtype. float32 (and float64)
 # checkpoints are served in 16 bits: bf16, labelled as not the published dtype.
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
@@ -363,8 +366,8 @@ class WeightFormat:
     """Mean bytes per weight when `quantized` of `weights` are in `dtype`."""
     if not self.mixed:
       return self.q
-    return arch_formulas.numpy_function(arch_formulas.mixed_bytes_per_weight)(
-        weights, quantized, self.q_rest, self.q)
+    return arch_formulas.numpy_function(arch_formulas.mixed_bytes_per_weight)(weights, quantized,
+                                                                              self.q_rest, self.q)
 
   def read_bytes_per_weight(self, counts: ParamCounts,
                             batch: Sequence[float] | np.ndarray) -> np.ndarray | float:
@@ -377,15 +380,14 @@ class WeightFormat:
     fixed = sum(getattr(counts, p) for p in self.parts if p != "experts_routed")
     routed = 0.0
     if "experts_routed" in self.parts and counts.moe_layers:
-      routed = arch_formulas.numpy_function(arch_formulas.moe_weights_read)(
-          B, 0, counts.routed_expert, counts.moe_layers, counts.num_experts,
-          counts.experts_per_token)
+      routed = arch_formulas.numpy_function(
+          arch_formulas.moe_weights_read)(B, 0, counts.routed_expert, counts.moe_layers,
+                                          counts.num_experts, counts.experts_per_token)
     return np.asarray(self.bytes_per_weight(read, fixed + routed), dtype=float)
 
 
 def _excluded(patterns: Sequence[str]) -> set[str]:
-  return {part for pattern in patterns for key, part in _NOT_CONVERTED.items()
-          if key in pattern}
+  return {part for pattern in patterns for key, part in _NOT_CONVERTED.items() if key in pattern}
 
 
 def published_format(spec: ModelSpec) -> WeightFormat:
@@ -400,8 +402,8 @@ def published_format(spec: ModelSpec) -> WeightFormat:
   """
   method, dtype = spec.quant_method, spec.torch_dtype
   counts = parameter_counts(spec)
-  parts = tuple(p for p in QUANTIZED_PARTS if getattr(counts, p)
-                and p not in _excluded(spec.quant_not_converted))
+  parts = tuple(p for p in QUANTIZED_PARTS
+                if getattr(counts, p) and p not in _excluded(spec.quant_not_converted))
   if method == "mxfp4":
     return WeightFormat(dtype="mxfp4", parts=parts, published=True,
                         basis="quantization_config quant_method mxfp4")
@@ -410,8 +412,8 @@ def published_format(spec: ModelSpec) -> WeightFormat:
     where = (f"{'x'.join(map(str, spec.quant_weight_block))} blocks, float32 scales"
              if block else "per-tensor scales")
     return WeightFormat(dtype="fp8", parts=parts, group_size=block,
-                        scale_bytes=FP8_BLOCK_SCALE_BYTES if block else None,
-                        published=True, basis=f"quantization_config fp8, {where}")
+                        scale_bytes=FP8_BLOCK_SCALE_BYTES if block else None, published=True,
+                        basis=f"quantization_config fp8, {where}")
   if method is not None:
     return WeightFormat(dtype="bf16", published=False,
                         basis=f"quant_method {method!r} is not modelled: bf16 assumed")

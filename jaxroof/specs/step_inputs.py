@@ -26,8 +26,10 @@ from jaxroof.specs.model_spec import LINEAR_ATTENTION, MAMBA2, ModelSpec
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 
-__all__ = ["DecodeInputs", "Crossovers", "decode_step_inputs", "crossover_batches",
-           "load_model", "load_accelerator"]
+__all__ = [
+    "DecodeInputs", "Crossovers", "decode_step_inputs", "crossover_batches", "load_model",
+    "load_accelerator"
+]
 
 DEFAULT_WORKSPACE_FRACTION = 0.1  # Kept free for activations and workspace.
 
@@ -67,22 +69,22 @@ class DecodeInputs:
 
   def step_kwargs(self) -> dict[str, object]:
     """Keyword arguments for `evaluate.step_model("numpy")`."""
-    return {"B": self.batch_sizes.astype(float), "T": float(self.context),
-            "N": self.N, "q": self.q, "k": self.k, "BW": self.BW, "F": self.F,
-            "N_act": self.N_act, "A_t": self.A_t}
+    return {
+        "B": self.batch_sizes.astype(float), "T": float(self.context), "N": self.N, "q": self.q,
+        "k": self.k, "BW": self.BW, "F": self.F, "N_act": self.N_act, "A_t": self.A_t
+    }
 
 
-def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
-           batch: np.ndarray, weight_dtype: str, kv_dtype: str, block_size: int,
-           workspace_fraction: float, max_new_tokens: int = 0,
-           group_size: int | None = None, state_dtype: str | None = None) -> DecodeInputs:
+def _build(model: ModelSpec, accelerator: Accelerator, *, context: int, batch: np.ndarray,
+           weight_dtype: str, kv_dtype: str, block_size: int, workspace_fraction: float,
+           max_new_tokens: int = 0, group_size: int | None = None,
+           state_dtype: str | None = None) -> DecodeInputs:
   counts = parameter_counts(model)
   fmt = params.weight_format(model, weight_dtype, group_size)
   weight_dtype = fmt.dtype
   q = fmt.read_bytes_per_weight(counts, batch)
-  sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype,
-                             block_size=block_size, max_new_tokens=max_new_tokens,
-                             state_dtype=state_dtype)
+  sizing = kv_sizing.size_kv(model, context=context, kv_dtype=kv_dtype, block_size=block_size,
+                             max_new_tokens=max_new_tokens, state_dtype=state_dtype)
   resident = fmt.resident_bytes(counts)
   fit = kv_sizing.capacity(sizing, weight_bytes=resident,
                            memory_capacity_bytes=accelerator.memory_capacity_bytes,
@@ -90,8 +92,7 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
   compute_dtype = accelerator.compute_dtype(weight_dtype)
   cost = IterationModel.from_spec(model, BW=accelerator.memory_bandwidth_bytes_per_s,
                                   F=accelerator.flops(weight_dtype), weight_dtype=weight_dtype,
-                                  kv_dtype=kv_dtype, group_size=group_size,
-                                  state_dtype=state_dtype)
+                                  kv_dtype=kv_dtype, group_size=group_size, state_dtype=state_dtype)
   assumptions = [
       "analytic bound: weights read once per step and shared by the batch; each "
       "sequence's K/V read once per step; decode attention FLOPs per layer kind (MLA "
@@ -124,31 +125,31 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int,
   if warning:
     assumptions.append(warning)
   if model.is_moe:
-    assumptions.append(
-        "uniform routing (assumption): each MoE block reads "
-        f"{architecture.expected_distinct_experts()} distinct experts of E = "
-        f"{counts.num_experts}, top-K = {counts.experts_per_token}")
+    assumptions.append("uniform routing (assumption): each MoE block reads "
+                       f"{architecture.expected_distinct_experts()} distinct experts of E = "
+                       f"{counts.num_experts}, top-K = {counts.experts_per_token}")
   return DecodeInputs(
-      model=model.name, accelerator=accelerator.name, context=context,
-      batch_sizes=batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-      compute_dtype=compute_dtype,
-      N=params.weights_read_per_step(counts, batch), N_act=float(counts.active_matmul),
-      q=q, k=sizing.payload_bytes_per_sequence / context,
-      BW=accelerator.memory_bandwidth_bytes_per_s, F=accelerator.flops(weight_dtype),
-      fits=batch <= fit.max_batch,
-      max_batch_in_memory=fit.max_batch,
-      memory_capacity_bytes=accelerator.memory_capacity_bytes,
+      model=model.name, accelerator=accelerator.name, context=context, batch_sizes=batch,
+      weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
+      N=params.weights_read_per_step(counts, batch), N_act=float(counts.active_matmul), q=q,
+      k=sizing.payload_bytes_per_sequence / context, BW=accelerator.memory_bandwidth_bytes_per_s,
+      F=accelerator.flops(weight_dtype), fits=batch <= fit.max_batch,
+      max_batch_in_memory=fit.max_batch, memory_capacity_bytes=accelerator.memory_capacity_bytes,
       usable_memory_bytes=fit.usable_bytes, resident_weight_bytes=resident,
       kv_payload_bytes_per_sequence=sizing.payload_bytes_per_sequence,
       kv_allocated_bytes_per_sequence=sizing.allocated_bytes_per_sequence,
-      workspace_fraction=workspace_fraction, block_size=block_size,
-      assumptions=tuple(assumptions), weight_format=fmt,
-      A_t=float(cost.attention_flops_per_token(float(context))))
+      workspace_fraction=workspace_fraction, block_size=block_size, assumptions=tuple(assumptions),
+      weight_format=fmt, A_t=float(cost.attention_flops_per_token(float(context))))
 
 
 def decode_step_inputs(
-    model: ModelSpec, accelerator: Accelerator, *, context: int,
-    batch_sizes: Sequence[int], weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+    model: ModelSpec,
+    accelerator: Accelerator,
+    *,
+    context: int,
+    batch_sizes: Sequence[int],
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
     block_size: int = kv_sizing.DEFAULT_BLOCK_SIZE,
     workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION,
     max_new_tokens: int = 0,
@@ -176,11 +177,9 @@ def decode_step_inputs(
   context = errors.require_positive_int("context", context)
   batch = np.asarray(errors.require_positive_ints("batch_sizes", batch_sizes))
   params.weight_format(model, weight_dtype, group_size)  # Validates these first.
-  return _build(model, accelerator, context=context, batch=batch,
-                weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                block_size=block_size, workspace_fraction=workspace_fraction,
-                max_new_tokens=max_new_tokens, group_size=group_size,
-                state_dtype=state_dtype)
+  return _build(model, accelerator, context=context, batch=batch, weight_dtype=weight_dtype,
+                kv_dtype=kv_dtype, block_size=block_size, workspace_fraction=workspace_fraction,
+                max_new_tokens=max_new_tokens, group_size=group_size, state_dtype=state_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,25 +221,22 @@ def crossover_batches(model: ModelSpec, accelerator: Accelerator, *, context: in
   step's.
   """
   context = errors.require_positive_int("context", context)
-  base = _build(model, accelerator, context=context, batch=np.array([1]),
-                weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=1,
-                workspace_fraction=0.0, group_size=group_size)
+  base = _build(model, accelerator, context=context, batch=np.array([1]), weight_dtype=weight_dtype,
+                kv_dtype=kv_dtype, block_size=1, workspace_fraction=0.0, group_size=group_size)
   counts = parameter_counts(model)
   f = step_model("numpy", "fused")
   linear_only = form == "per_op"
 
   def outputs(batch: np.ndarray) -> dict:
-    kwargs = dict(base.step_kwargs(), B=batch,
-                  N=params.weights_read_per_step(counts, batch),
+    kwargs = dict(base.step_kwargs(), B=batch, N=params.weights_read_per_step(counts, batch),
                   q=base.weight_format.read_bytes_per_weight(counts, batch))
     return f(**kwargs)
 
   def compute_gap(batch: np.ndarray) -> np.ndarray:
     out = outputs(batch)
     if linear_only:  # The linear layers alone: no K/V, no attention FLOPs.
-      out = f(**dict(base.step_kwargs(), B=batch, k=0.0, A_t=0.0,
-                     N=params.weights_read_per_step(counts, batch),
-                     q=base.weight_format.read_bytes_per_weight(counts, batch)))
+      out = f(**dict(base.step_kwargs(), B=batch, k=0.0, A_t=0.0, N=params.weights_read_per_step(
+          counts, batch), q=base.weight_format.read_bytes_per_weight(counts, batch)))
     return np.asarray(out["compute_s"] - out["memory_s"], dtype=float)
 
   def kv_gap(batch: np.ndarray) -> np.ndarray:

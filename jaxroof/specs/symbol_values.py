@@ -22,8 +22,8 @@ from jaxroof.specs.model_spec import FULL, ModelSpec
 
 
 def model_values(spec: ModelSpec, device: Accelerator, *, context: int, batch: int = 1,
-                 weight_dtype: str = "published", kv_dtype: str = "bf16"
-                 ) -> tuple[dict[str, float], list[str]]:
+                 weight_dtype: str = "published",
+                 kv_dtype: str = "bf16") -> tuple[dict[str, float], list[str]]:
   """Symbol values (SI) and notes on how each was taken.
 
   Gives N, N_act, q, k, T (= context), P (= context: a prompt filling it),
@@ -31,15 +31,18 @@ def model_values(spec: ModelSpec, device: Accelerator, *, context: int, batch: i
   per-position formula's case).
   """
   inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[batch],
-                                       weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                       block_size=1)
-  values = {"N": float(inputs.N[0]), "N_act": float(inputs.N_act),
-            "q": float(np.ravel(inputs.q)[0]), "k": float(inputs.k), "T": float(context),
-            "P": float(context), "BW": inputs.BW, "F": inputs.F,
-            "R": inputs.F / inputs.BW}
-  notes = [f"{spec.name} on {device.name}: {inputs.weight_format.label} weights "
-           f"({inputs.weight_format.describe()}), {kv_dtype} K/V, context {context:,} "
-           f"(T = P = {context:,}); {device.compute_note(inputs.weight_dtype)}"]
+                                          weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                          block_size=1)
+  values = {
+      "N": float(inputs.N[0]), "N_act": float(inputs.N_act), "q": float(np.ravel(inputs.q)[0]),
+      "k": float(inputs.k), "T": float(context), "P": float(context), "BW": inputs.BW,
+      "F": inputs.F, "R": inputs.F / inputs.BW
+  }
+  notes = [
+      f"{spec.name} on {device.name}: {inputs.weight_format.label} weights "
+      f"({inputs.weight_format.describe()}), {kv_dtype} K/V, context {context:,} "
+      f"(T = P = {context:,}); {device.compute_note(inputs.weight_dtype)}"
+  ]
   if spec.is_moe:
     notes.append(f"MoE: N = the weights a step reads at B = {batch} (uniform routing), held "
                  "fixed by the closed forms; batch_sweep solves with N varying")

@@ -35,8 +35,9 @@ def _number(where: str, value: Any, limit: float, field: str = "accelerator_file
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise errors.InputError(f"{where}={value!r} is not a number: give one > 0.", field=field)
   if not (math.isfinite(value) and 0 < value <= limit):
-    raise errors.InputError(f"{where}={value!r} is not allowed: give a finite number in "
-                            f"(0, {limit:g}].", field=field)
+    raise errors.InputError(
+        f"{where}={value!r} is not allowed: give a finite number in "
+        f"(0, {limit:g}].", field=field)
   return float(value)
 
 
@@ -65,9 +66,10 @@ def check_entry(slug: str, entry: Any, where: str) -> dict[str, Any]:
   tdp = entry.get("tdp_w")
   if tdp is not None:
     _number(f"{where}.tdp_w", tdp, 1e5)
-  return {"vendor": "user", "on_chip": {}, "interconnect": {}, "tdp_w": None,
-          "memory_type": "unknown", "decisions": [],
-          "sources": {"file": where}, **dict(entry)}
+  return {
+      "vendor": "user", "on_chip": {}, "interconnect": {}, "tdp_w": None, "memory_type": "unknown",
+      "decisions": [], "sources": {"file": where}, **dict(entry)
+  }
 
 
 def load_accelerator_file(path: str | os.PathLike[str]) -> Accelerator:
@@ -114,5 +116,4 @@ def with_overrides(device: Accelerator, *, bandwidth_tb_s: float | None = None,
                  f"{device.memory_capacity_bytes / 1e9:g}")
   if not changes:
     return device
-  return dataclasses.replace(device, decisions=tuple(device.decisions) + tuple(notes),
-                             **changes)
+  return dataclasses.replace(device, decisions=tuple(device.decisions) + tuple(notes), **changes)

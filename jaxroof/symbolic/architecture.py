@@ -27,9 +27,9 @@ import sympy as sp
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import formula_function
 from jaxroof.symbolic.symbols import (  # noqa: F401  (re-exported for callers)
-    ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W,
-    W_res, b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w,
-    P, H_lk, H_lv, H_m, W_chunk, b_s, c_state, d_lk, d_lv, d_m, n_g, N, N_lp, q_lp)
+    ARCHITECTURE as QUANTITIES, B, C, E, G, H, H_kv, K, L_moe, M_new, N_exp, N_fixed, T, W, W_res,
+    b, bits, d, d_conv, d_inner, d_qk, d_rope, d_state, d_v, k, p, q, r_kv, s, s_b, w, P, H_lk,
+    H_lv, H_m, W_chunk, b_s, c_state, d_lk, d_lv, d_m, n_g, N, N_lp, q_lp)
 
 Expr = sp.Expr
 
@@ -38,9 +38,7 @@ def _s(*values) -> list[Expr]:
   return [sp.sympify(v) for v in values]
 
 
-def full_attention_kv_per_token(
-    H_kv: Expr = H_kv, d: Expr = d, b: Expr = b
-) -> Expr:
+def full_attention_kv_per_token(H_kv: Expr = H_kv, d: Expr = d, b: Expr = b) -> Expr:
   """K/V bytes per retained token of ONE full-attention block: `2*H_kv*d*b`."""
   return formulas.kv_bytes_per_position(1, H_kv, d, b)
 
@@ -61,16 +59,16 @@ def mla_kv_per_token(r_kv: Expr = r_kv, d_rope: Expr = d_rope, b: Expr = b) -> E
   return (r_kv + d_rope) * b
 
 
-def mla_expanded_kv_per_token(
-    H: Expr = H, d_qk: Expr = d_qk, d_v: Expr = d_v, b: Expr = b
-) -> Expr:
+def mla_expanded_kv_per_token(H: Expr = H, d_qk: Expr = d_qk, d_v: Expr = d_v, b: Expr = b) -> Expr:
   """Bytes per token of the same block if it cached per-head K and V (MHA)."""
   H, d_qk, d_v, b = _s(H, d_qk, d_v, b)
   return H * (d_qk + d_v) * b
 
 
 def ssm_state_bytes(
-    d_inner: Expr = d_inner, d_state: Expr = d_state, d_conv: Expr = d_conv,
+    d_inner: Expr = d_inner,
+    d_state: Expr = d_state,
+    d_conv: Expr = d_conv,
     b: Expr = b,
 ) -> Expr:
   """Recurrent state of ONE Mamba block per sequence, whatever its length.
@@ -122,9 +120,7 @@ def usable_kv_memory(C: Expr = C, w: Expr = w, W_res: Expr = W_res) -> Expr:
   return C * (1 - w) - W_res
 
 
-def capacity_sequences(
-    C: Expr = C, w: Expr = w, W_res: Expr = W_res, s: Expr = s
-) -> Expr:
+def capacity_sequences(C: Expr = C, w: Expr = w, W_res: Expr = W_res, s: Expr = s) -> Expr:
   """Sequences that fit: `floor((C*(1 - w) - W_res) / s)` (<= 0: none fit)."""
   (s,) = _s(s)
   return sp.floor(usable_kv_memory(C, w, W_res) / s)
@@ -138,12 +134,16 @@ def expected_distinct_experts(B: Expr = B, E: Expr = E, K: Expr = K) -> Expr:
   and tends to E as B grows. Real routers are skewed, which touches fewer.
   """
   B, E, K = _s(B, E, K)
-  return E * (1 - (1 - K / E) ** B)
+  return E * (1 - (1 - K / E)**B)
 
 
 def moe_weights_read(
-    B: Expr = B, N_fixed: Expr = N_fixed, N_exp: Expr = N_exp,
-    L_moe: Expr = L_moe, E: Expr = E, K: Expr = K,
+    B: Expr = B,
+    N_fixed: Expr = N_fixed,
+    N_exp: Expr = N_exp,
+    L_moe: Expr = L_moe,
+    E: Expr = E,
+    K: Expr = K,
 ) -> Expr:
   """Weights a decode step reads: the fixed part plus every touched expert."""
   N_fixed, N_exp, L_moe = _s(N_fixed, N_exp, L_moe)
@@ -151,8 +151,13 @@ def moe_weights_read(
 
 
 def moe_weight_traffic(
-    B: Expr = B, N_fixed: Expr = N_fixed, N_exp: Expr = N_exp,
-    L_moe: Expr = L_moe, E: Expr = E, K: Expr = K, q: Expr = q,
+    B: Expr = B,
+    N_fixed: Expr = N_fixed,
+    N_exp: Expr = N_exp,
+    L_moe: Expr = L_moe,
+    E: Expr = E,
+    K: Expr = K,
+    q: Expr = q,
 ) -> Expr:
   """Weight bytes per step of an MoE model: rises with B, unlike a dense one."""
   return formulas.weight_traffic(moe_weights_read(B, N_fixed, N_exp, L_moe, E, K), q)
@@ -169,8 +174,7 @@ def quantized_bytes_per_weight(bits: Expr = bits, G: Expr = G, s_b: Expr = s_b) 
   return bits / 8 + s_b / G
 
 
-def mixed_bytes_per_weight(N: Expr = N, N_lp: Expr = N_lp, q: Expr = q,
-                           q_lp: Expr = q_lp) -> Expr:
+def mixed_bytes_per_weight(N: Expr = N, N_lp: Expr = N_lp, q: Expr = q, q_lp: Expr = q_lp) -> Expr:
   """Bytes per weight over N weights of which N_lp are in a quantized format.
 
   `(N_lp*q_lp + (N - N_lp)*q) / N`: the rest keep q bytes each (bf16: 2).
@@ -199,8 +203,11 @@ def chunked_attended_tokens(T: Expr = T, W_chunk: Expr = W_chunk) -> Expr:
 
 
 def mamba1_state_bytes(
-    d_inner: Expr = d_inner, d_state: Expr = d_state, d_conv: Expr = d_conv,
-    b_s: Expr = b_s, b: Expr = b,
+    d_inner: Expr = d_inner,
+    d_state: Expr = d_state,
+    d_conv: Expr = d_conv,
+    b_s: Expr = b_s,
+    b: Expr = b,
 ) -> Expr:
   """State of ONE Mamba-1 block per sequence with the SSM matrix in its own dtype.
 
@@ -212,8 +219,13 @@ def mamba1_state_bytes(
 
 
 def linear_attention_state_bytes(
-    H_lk: Expr = H_lk, H_lv: Expr = H_lv, d_lk: Expr = d_lk, d_lv: Expr = d_lv,
-    d_conv: Expr = d_conv, b_s: Expr = b_s, b: Expr = b,
+    H_lk: Expr = H_lk,
+    H_lv: Expr = H_lv,
+    d_lk: Expr = d_lk,
+    d_lv: Expr = d_lv,
+    d_conv: Expr = d_conv,
+    b_s: Expr = b_s,
+    b: Expr = b,
 ) -> Expr:
   """State of ONE Gated DeltaNet block per sequence, whatever its length.
 
@@ -226,8 +238,13 @@ def linear_attention_state_bytes(
 
 
 def mamba2_state_bytes(
-    H_m: Expr = H_m, d_m: Expr = d_m, d_state: Expr = d_state, n_g: Expr = n_g,
-    d_conv: Expr = d_conv, b_s: Expr = b_s, b: Expr = b,
+    H_m: Expr = H_m,
+    d_m: Expr = d_m,
+    d_state: Expr = d_state,
+    n_g: Expr = n_g,
+    d_conv: Expr = d_conv,
+    b_s: Expr = b_s,
+    b: Expr = b,
 ) -> Expr:
   """State of ONE Mamba-2 block per sequence, whatever its length.
 
@@ -251,8 +268,7 @@ def hybrid_block_size(state: Expr = s, per_token: Expr = k, align: Expr = 16) ->
   return align * sp.ceiling(state / (align * per_token))
 
 
-def recurrent_prefill_flops(P: Expr = P, n: Expr | None = None,
-                            c_state: Expr = c_state) -> Expr:
+def recurrent_prefill_flops(P: Expr = P, n: Expr | None = None, c_state: Expr = c_state) -> Expr:
   """FLOPs a linear-attention or Mamba block spends on its state over a P-token prompt.
 
   `c_state*P*n` for a state of n elements: every prompt token updates and

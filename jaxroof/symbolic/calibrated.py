@@ -31,15 +31,12 @@ import sympy as sp
 
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
-from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f,
-                                      eta_kv, eta_w, k, q, r_ovl, r_pack, t0_layer, t0_step)
+from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f, eta_kv,
+                                      eta_w, k, q, r_ovl, r_pack, t0_layer, t0_step)
 
-
-FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer,
-                                  r_ovl)
+FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
-FACTOR_UNITS: dict[str, str] = {str(x.symbol): x.unit
-                                for x in FACTOR_QUANTITIES}
+FACTOR_UNITS: dict[str, str] = {str(x.symbol): x.unit for x in FACTOR_QUANTITIES}
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, L)
 INPUT_NAMES: tuple[str, ...] = tuple(str(s) for s in INPUTS)
 
@@ -56,7 +53,7 @@ def _overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   """The p-norm of a and b, p = 1 + r_ovl, written so no power underflows."""
   larger = sp.Max(a, b)
   p = 1 + r_ovl
-  return larger * ((a / larger) ** p + (b / larger) ** p) ** (1 / p)
+  return larger * ((a / larger)**p + (b / larger)**p)**(1 / p)
 
 
 def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
@@ -67,8 +64,7 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
 def _terms() -> dict[str, sp.Expr]:
   """The calibrated step's named expressions, built from `formulas`."""
   weight_s = formulas.memory_time(formulas.weight_traffic(N, q), eta_w * BW)
-  kv_s = formulas.memory_time(formulas.retained_kv_bytes(B, T, k),
-                              eta_kv * BW)
+  kv_s = formulas.memory_time(formulas.retained_kv_bytes(B, T, k), eta_kv * BW)
   compute_s = formulas.compute_time(B, N_act, eta_f * F)
   fixed_s = t0_step + L * t0_layer
   step_s = fixed_s + _overlap(weight_s, compute_s) + kv_s
@@ -130,10 +126,8 @@ def _summary_exprs() -> tuple[sp.Expr, ...]:
   memory_limit = sp.limit(B / t["memory_s"], B, sp.oo)
   [compute_cross] = sp.solve(sp.Eq(t["memory_s"], t["compute_s"]), B)
   # Past every crossover the linear layers are compute-bound.
-  rate_limit = sp.limit(B / (t["fixed_s"] + t["compute_s"] + t["kv_s"]), B,
-                        sp.oo)
-  return tuple(sp.simplify(e) for e in (kv_cross, memory_limit,
-                                        compute_cross, rate_limit))
+  rate_limit = sp.limit(B / (t["fixed_s"] + t["compute_s"] + t["kv_s"]), B, sp.oo)
+  return tuple(sp.simplify(e) for e in (kv_cross, memory_limit, compute_cross, rate_limit))
 
 
 @functools.cache
@@ -147,8 +141,7 @@ REGIME_FACTORS: tuple[sp.Symbol, ...] = (r_pack,)
 REGIME_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in REGIME_FACTORS)
 REGIME_ASSUMPTIONS: tuple[str, ...] = (
     "a matmul of two or more rows first re-packs the weights (XLA:CPU's GEMM): "
-    "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",
-)
+    "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",)
 
 
 def repack_time() -> sp.Expr:

@@ -53,14 +53,11 @@ CATALOGUE: tuple[Derived, ...] = (
     Derived("memory_limit_rate", solved.memory_limit_rate, "tokens/s",
             "aggregate rate as B -> oo, memory-bound", "sympy.limit"),
     Derived("max_batch_for_token_gap", solved.max_batch_for_token_gap, "sequences",
-            "largest batch whose step stays within the token-gap target t_gap",
-            "sympy.solve"),
-    Derived("prefill_time", formulas.prefill_time, "s",
-            "optimistic prefill of a P-token prompt"),
+            "largest batch whose step stays within the token-gap target t_gap", "sympy.solve"),
+    Derived("prefill_time", formulas.prefill_time, "s", "optimistic prefill of a P-token prompt"),
     Derived("time_to_first_token", formulas.time_to_first_token, "s",
             "queueing wait + batching window + prefill"),
 )
-
 
 NAMES: tuple[str, ...] = tuple(item.name for item in CATALOGUE)
 # Symbols for which zero is a meaningful value: no queueing wait, no batching
@@ -129,8 +126,9 @@ def require_names(names: list[str], field: str = "only") -> tuple[str, ...]:
                             field=field)
   for name in chosen:
     if name not in NAMES:
-      raise errors.InputError(f"{field}={name!r} is not a quantity: give one or more of "
-                              f"{', '.join(NAMES)}.", field=field)
+      raise errors.InputError(
+          f"{field}={name!r} is not a quantity: give one or more of "
+          f"{', '.join(NAMES)}.", field=field)
   return tuple(dict.fromkeys(chosen))
 
 

@@ -55,10 +55,10 @@ import sympy as sp
 from jaxroof.symbolic import architecture
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill as prefill_formulas
-from jaxroof.symbolic.symbols import (
-    A_f, A_t, B, BW, C, D, F, K, L_moe, N, N_act, N_x, P, S_b, T, V, W_e, W_h, W_ic, W_res, W_x,
-    a_act, dp, ep, eta_comm, h_tp, k, m_mb, n_blk, n_r, o_ovl, pp, q, s, t_base, t_comm,
-    t_floor, t_hand, t_hop, t_stage, tp, u_kv, w, x_os, x_tie)
+from jaxroof.symbolic.symbols import (A_f, A_t, B, BW, C, D, F, K, L_moe, N, N_act, N_x, P, S_b, T,
+                                      V, W_e, W_h, W_ic, W_res, W_x, a_act, dp, ep, eta_comm, h_tp,
+                                      k, m_mb, n_blk, n_r, o_ovl, pp, q, s, t_base, t_comm, t_floor,
+                                      t_hand, t_hop, t_stage, tp, u_kv, w, x_os, x_tie)
 
 # The figures of the link a replica's collectives run over (`parallel.layout.links`).
 LINK_SYMBOLS: tuple[sp.Symbol, ...] = (W_ic, t_hop, t_base, h_tp, x_os)
@@ -109,8 +109,7 @@ def path_inputs() -> dict[str, sp.Expr]:
   = Max(pp a, pp b)`: the step model evaluated with these N, k and N_act
   (and the B sequences) plus the path's communication is `decode_outputs`.
   """
-  return {"N": pp * per_chip_weights(), "k": k * kv_share() / ep,
-          "N_act": N_act / (tp * ep)}
+  return {"N": pp * per_chip_weights(), "k": k * kv_share() / ep, "N_act": N_act / (tp * ep)}
 
 
 # Memory of the busiest chip.
@@ -152,8 +151,8 @@ def replica_capacity_sequences() -> sp.Expr:
 
 
 # The chip-memory inputs, in the order `parallel.layout.chip_memory` passes them.
-CHIP_MEMORY_SYMBOLS: tuple[sp.Symbol, ...] = (C, w, W_res, W_x, W_e, W_h, x_tie, s, tp, pp,
-                                              ep, u_kv)
+CHIP_MEMORY_SYMBOLS: tuple[sp.Symbol,
+                           ...] = (C, w, W_res, W_x, W_e, W_h, x_tie, s, tp, pp, ep, u_kv)
 
 
 # Collectives: bytes.
@@ -249,9 +248,9 @@ def path_comm_s(rows: sp.Expr, algorithm: Algorithm = "best") -> sp.Expr:
   Tensor all-reduces and the logits gather over tp; the MoE all-to-alls over
   ep (two per MoE block).
   """
-  tensor = (tp_allreduces_per_pass()
-            * allreduce_time(tp_allreduce_bytes(rows), tp, algorithm, h_tp)
-            + allgather_time(logits_gather_bytes(rows), tp, algorithm, h_tp))
+  tensor = (
+      tp_allreduces_per_pass() * allreduce_time(tp_allreduce_bytes(rows), tp, algorithm, h_tp) +
+      allgather_time(logits_gather_bytes(rows), tp, algorithm, h_tp))
   experts = 2 * L_moe * alltoall_time(alltoall_bytes_per_chip(rows), ep)
   return tensor + experts
 
@@ -291,14 +290,15 @@ def bubble_fraction() -> sp.Expr:
   return 1 - m_mb / sp.Max(m_mb, pp)
 
 
-def _stage_terms(bound: str, rows: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr,
-                 n_act: sp.Expr, k_chip: sp.Expr, a_chip: sp.Expr) -> dict[str, sp.Expr]:
+def _stage_terms(bound: str, rows: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, n_act: sp.Expr,
+                 k_chip: sp.Expr, a_chip: sp.Expr) -> dict[str, sp.Expr]:
   """The one cost model's decode iteration (`cost_model`) for one chip's stage."""
-  subs = {**cost_model.decode_specialisation(rows, context, weight_bytes, n_act, k_chip,
-                                             a_chip), t_comm: 0, o_ovl: 0}
+  subs = {
+      **cost_model.decode_specialisation(rows, context, weight_bytes, n_act, k_chip, a_chip),
+      t_comm: 0, o_ovl: 0
+  }
   terms = cost_model.bound_terms(bound)
-  return {name: sp.sympify(terms[name]).subs(subs) for name in ("memory_s", "compute_s",
-                                                                "floor_s")}
+  return {name: sp.sympify(terms[name]).subs(subs) for name in ("memory_s", "compute_s", "floor_s")}
 
 
 def decode_outputs(algorithm: Algorithm = "best", bound: str = "per_op") -> dict[str, sp.Expr]:
@@ -311,7 +311,8 @@ def decode_outputs(algorithm: Algorithm = "best", bound: str = "per_op") -> dict
   rates are per replica (times dp for the fleet).
   """
   rows = rows_per_pass()
-  stage_terms = _stage_terms(bound, rows, T, per_chip_weights() * q, N_act / (tp * pp),
+  stage_terms = _stage_terms(bound, rows, T,
+                             per_chip_weights() * q, N_act / (tp * pp),
                              k * kv_share() / pp, A_t / (tp * pp))
   memory, compute = stage_terms["memory_s"], stage_terms["compute_s"]
   stage_comm = path_comm_s(rows, algorithm) / pp
@@ -332,8 +333,7 @@ def decode_outputs(algorithm: Algorithm = "best", bound: str = "per_op") -> dict
   }
 
 
-def prefill_outputs(algorithm: Algorithm = "best", bound: str = "per_op"
-                    ) -> dict[str, sp.Expr]:
+def prefill_outputs(algorithm: Algorithm = "best", bound: str = "per_op") -> dict[str, sp.Expr]:
   """One prompt of P tokens through the replica: the cost model's operations and
   communication.
 
@@ -347,11 +347,12 @@ def prefill_outputs(algorithm: Algorithm = "best", bound: str = "per_op"
   linear = 2 * P * N_act / (tp * ep * F)
   attention = prefill_formulas.attention_flops(P, 1, A_f) / (tp * ep * F)
   memory, compute = weights, linear + attention
-  floor = (sp.Max(weights, linear) + attention if bound == "per_op"
-           else sp.Max(memory, compute))
+  floor = (sp.Max(weights, linear) + attention if bound == "per_op" else sp.Max(memory, compute))
   comm = path_comm_s(P, algorithm) + handoffs_s(P)
-  return {"prefill_memory_s": memory, "prefill_compute_s": compute,
-          "prefill_comm_s": comm, "prefill_s": with_overlap(floor, comm, o_ovl)}
+  return {
+      "prefill_memory_s": memory, "prefill_compute_s": compute, "prefill_comm_s": comm,
+      "prefill_s": with_overlap(floor, comm, o_ovl)
+  }
 
 
 def pass_comm_s(rows: sp.Expr = B, algorithm: Algorithm = "best") -> sp.Expr:

@@ -60,11 +60,11 @@ from jaxroof.symbolic import architecture
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import prefill
 from jaxroof.symbolic.lambdify import Backend, Evaluator, lambdified
-from jaxroof.symbolic.symbols import (
-    BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T, V_full, V_mla, V_win, W, W_b,
-    W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv,
-    eta_w, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk, o_ovl, r_e, s_st,
-    r_pack, t0_layer, t0_step, t_comm, u_mla)
+from jaxroof.symbolic.symbols import (BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T,
+                                      V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
+                                      a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
+                                      k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
+                                      o_ovl, r_e, s_st, r_pack, t0_layer, t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -73,11 +73,11 @@ MLA_PREFILL: tuple[str, ...] = ("mha", "absorbed")
 OPERATIONS: tuple[str, ...] = ("linear", "head", "attention")
 
 # What an iteration is: its rows and the keys they attend to, per group.
-MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla, X_full,
-                              X_win, X_mla, V_full, V_win, V_mla, O_up)
+MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla, X_full, X_win,
+                              X_mla, V_full, V_win, V_mla, O_up)
 # What a model on a chip's share of a layout is.
-MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla,
-                                a_full, a_win, a_mla, ap_mla, u_mla, s_st, L, BW, F)
+MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla, a_full,
+                                a_win, a_mla, ap_mla, u_mla, s_st, L, BW, F)
 COMM: tuple[sp.Symbol, ...] = (t_comm, o_ovl)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL + COMM
 MIX_NAMES: tuple[str, ...] = tuple(str(s) for s in MIX)
@@ -114,10 +114,10 @@ def operations() -> dict[str, tuple[sp.Expr, sp.Expr]]:
   experts = W_x * architecture.expected_distinct_experts(tokens(), E, K) / E
   linear = (W_b + experts, 2 * N_b * tokens())
   head = (W_h + r_e * tokens(), 2 * N_h * n_samp)
-  attention_bytes = (k_full * (S_full + V_full) + k_win * (S_win + V_win)
-                     + k_mla * (S_mla + V_mla) + s_st * n_seq)
-  attention_flops = (a_full * (S_full + X_full) + a_win * (S_win + X_win)
-                     + a_mla * S_mla + ap_mla * X_mla + u_mla * O_up)
+  attention_bytes = (k_full * (S_full + V_full) + k_win * (S_win + V_win) + k_mla *
+                     (S_mla + V_mla) + s_st * n_seq)
+  attention_flops = (a_full * (S_full + X_full) + a_win * (S_win + X_win) + a_mla * S_mla +
+                     ap_mla * X_mla + u_mla * O_up)
   return {"linear": linear, "head": head, "attention": (attention_bytes, attention_flops)}
 
 
@@ -160,9 +160,11 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   # (`calibrated.repack_time`; r_pack = 0 on devices whose kernels stream them as stored).
   repack_s = r_pack * sp.Min(1, sp.Max(0, tokens() - 1)) * ops["linear"][0] / (eta_w * BW)
   floor_s = fixed_s + linear_s + kv_s + repack_s
-  return {"weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s, "fixed_s": fixed_s,
-          "linear_s": linear_s, "repack_s": repack_s, "floor_s": floor_s, "comm_s": t_comm,
-          "step_s": with_overlap(floor_s, t_comm, o_ovl)}
+  return {
+      "weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s, "fixed_s": fixed_s,
+      "linear_s": linear_s, "repack_s": repack_s, "floor_s": floor_s, "comm_s": t_comm,
+      "step_s": with_overlap(floor_s, t_comm, o_ovl)
+  }
 
 
 def terms(kind: str, bound: Bound = "per_op") -> dict[str, sp.Expr]:
@@ -177,8 +179,7 @@ def evaluator(kind: str, bound: Bound = "per_op", backend: Backend = "numpy",
   exprs = terms(kind, bound)
   if step_only:
     exprs = {"step_s": exprs["step_s"]}
-  inputs = (INPUTS if kind == "bound"
-            else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS)
+  inputs = (INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS)
   return lambdified(exprs, inputs, backend)
 
 
@@ -198,8 +199,7 @@ def decode_keys(group: str, T: sp.Expr = T, W: sp.Expr = W) -> sp.Expr:
   raise ValueError(f"group={group!r} is not a layer-kind group")
 
 
-def chunk_pairs(group: str, o: sp.Expr = o_chunk, c: sp.Expr = c_chunk,
-                W: sp.Expr = W) -> sp.Expr:
+def chunk_pairs(group: str, o: sp.Expr = o_chunk, c: sp.Expr = c_chunk, W: sp.Expr = W) -> sp.Expr:
   """Causal (query, key) pairs of a chunk of c tokens after o, per block of `group`.
 
   The prompt's pairs up to o + c less those up to o, with the prompt-level
@@ -226,12 +226,15 @@ def chunk_kv_positions(group: str, o: sp.Expr = o_chunk, c: sp.Expr = c_chunk,
 @functools.cache
 def span_evaluator(group: str) -> Evaluator:
   """`f(T=, o_chunk=, c_chunk=, W=) -> {"keys", "pairs", "kv_positions"}` (numpy)."""
-  return lambdified({"keys": decode_keys(group), "pairs": chunk_pairs(group),
-                     "kv_positions": chunk_kv_positions(group)}, (T, o_chunk, c_chunk, W))
+  return lambdified(
+      {
+          "keys": decode_keys(group), "pairs": chunk_pairs(group),
+          "kv_positions": chunk_kv_positions(group)
+      }, (T, o_chunk, c_chunk, W))
 
 
-def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr,
-                          N_act: sp.Expr, k: sp.Expr, A: sp.Expr) -> dict[sp.Symbol, sp.Expr]:
+def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, N_act: sp.Expr,
+                          k: sp.Expr, A: sp.Expr) -> dict[sp.Symbol, sp.Expr]:
   """Substitutions that make an iteration the decode step of B rows at one context.
 
   Weights read (`weight_bytes`, routed experts already counted) and the
@@ -240,11 +243,14 @@ def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr,
   prefill, no LM head of its own (its weights are in `weight_bytes`, its
   FLOPs in `N_act`: the same intensity, so a separate roofline would agree).
   """
-  zero = {s: 0 for s in (n_pre, X_full, X_win, X_mla, V_full, V_win, V_mla, O_up, S_win,
-                         S_mla, W_x, N_h, W_h, r_e, k_win, k_mla, a_win, a_mla, ap_mla,
-                         u_mla, s_st)}
-  return {**zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes,
-          E: 1, K: 1, N_b: N_act, k_full: k, a_full: A}
+  zero = {
+      s: 0 for s in (n_pre, X_full, X_win, X_mla, V_full, V_win, V_mla, O_up, S_win, S_mla, W_x,
+                     N_h, W_h, r_e, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st)
+  }
+  return {
+      **zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes, E: 1, K: 1,
+      N_b: N_act, k_full: k, a_full: A
+  }
 
 
 def inputs_with_defaults(values: dict[str, Any]) -> dict[str, Any]:
@@ -264,8 +270,10 @@ def decode_outputs(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   from jaxroof.symbolic import formulas
   from jaxroof.symbolic.symbols import A_t, B, N, N_act, k, q
 
-  subs = {**decode_specialisation(B, T, formulas.weight_traffic(N, q), N_act, k, A_t),
-          t_comm: 0, o_ovl: 0}
+  subs = {
+      **decode_specialisation(B, T, formulas.weight_traffic(N, q), N_act, k, A_t), t_comm: 0,
+      o_ovl: 0
+  }
   t = bound_terms(bound)
   step_s = t["floor_s"].subs(subs)
   return {
@@ -295,8 +303,9 @@ def decode_compute_crossover_batch(bound: Bound = "per_op") -> sp.Expr:
   if bound == "fused":
     from jaxroof.symbolic import solved
     return solved.compute_crossover_batch()
-  root = sp.solve(sp.Eq(formulas.memory_time(formulas.weight_traffic(N, q), BW),
-                        formulas.compute_time(B, N_act, F)), B)
+  root = sp.solve(
+      sp.Eq(formulas.memory_time(formulas.weight_traffic(N, q), BW),
+            formulas.compute_time(B, N_act, F)), B)
   return root[0]
 
 
@@ -328,5 +337,5 @@ def max_batch_for_token_gap(bound: Bound = "per_op", **values: float) -> sp.Expr
   from jaxroof.symbolic.symbols import BY_NAME
 
   expr = decode_max_batch_for_token_gap(bound)
-  return expr.subs({BY_NAME[name].symbol: sp.sympify(v) for name, v in values.items()
-                    if name in BY_NAME})
+  return expr.subs(
+      {BY_NAME[name].symbol: sp.sympify(v) for name, v in values.items() if name in BY_NAME})

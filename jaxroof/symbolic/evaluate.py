@@ -24,13 +24,12 @@ from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import (  # noqa: F401  (re-exported: the public helpers)
     Backend, Evaluator, formula_function, lambdified)
-from jaxroof.symbolic.symbols import (A_t, B, BW, F, N, N_act, T, k, q,
-                                      with_dense_default)
+from jaxroof.symbolic.symbols import (A_t, B, BW, F, N, N_act, T, k, q, with_dense_default)
 
 INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, A_t)
-OUTPUT_NAMES: tuple[str, ...] = (
-    "weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s", "step_s",
-    "aggregate_tokens_per_s", "per_sequence_tokens_per_s")
+OUTPUT_NAMES: tuple[str,
+                    ...] = ("weight_bytes", "kv_bytes", "traffic_bytes", "memory_s", "compute_s",
+                            "step_s", "aggregate_tokens_per_s", "per_sequence_tokens_per_s")
 
 
 def step_outputs(bound: str = "per_op") -> dict[str, sp.Expr]:
@@ -82,9 +81,9 @@ def summary_model(backend: Backend = "numpy", bound: str = "per_op") -> Evaluato
   """
   from jaxroof.symbolic import solved  # Deferred: solving costs ~0.1 s, once.
 
-  exprs = dict(zip(SUMMARY_NAMES, (solved.weight_kv_crossover_batch(),
-                                   solved.memory_limit_rate(),
-                                   cost_model.decode_compute_crossover_batch(bound))))
+  exprs = dict(
+      zip(SUMMARY_NAMES, (solved.weight_kv_crossover_batch(), solved.memory_limit_rate(),
+                          cost_model.decode_compute_crossover_batch(bound))))
   return _dense_default(lambdified(exprs, SUMMARY_INPUTS, backend))
 
 
@@ -99,6 +98,8 @@ def communication_model(backend: Backend = "numpy") -> Evaluator:
   from jaxroof.symbolic.symbols import o_ovl, t_comm, t_floor
 
   step = collectives.with_overlap(t_floor, t_comm, o_ovl)
-  outputs = {"step_s": step, "aggregate_tokens_per_s": formulas.aggregate_rate(B, step),
-             "per_sequence_tokens_per_s": formulas.per_sequence_rate(step)}
+  outputs = {
+      "step_s": step, "aggregate_tokens_per_s": formulas.aggregate_rate(B, step),
+      "per_sequence_tokens_per_s": formulas.per_sequence_rate(step)
+  }
   return lambdified(outputs, (B, t_floor, t_comm, o_ovl), backend)

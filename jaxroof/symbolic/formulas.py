@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from jaxroof.symbolic.symbols import (B, BW, F, H, H_kv, L, N, N_act, P, T, b, d, g, k, q,
-                                      t_queue, t_window)
+from jaxroof.symbolic.symbols import (B, BW, F, H, H_kv, L, N, N_act, P, T, b, d, g, k, q, t_queue,
+                                      t_window)
 
 Expr = sp.Expr
 
@@ -53,9 +53,7 @@ def ridge_point(F: Expr = F, BW: Expr = BW) -> Expr:
   return F / BW
 
 
-def kv_bytes_per_position(
-    L: Expr = L, H_kv: Expr = H_kv, d: Expr = d, b: Expr = b
-) -> Expr:
+def kv_bytes_per_position(L: Expr = L, H_kv: Expr = H_kv, d: Expr = d, b: Expr = b) -> Expr:
   """KV bytes one processed position keeps: K and V, per block, head, coordinate.
 
   Full attention only; Q is temporary and not counted.
@@ -86,9 +84,7 @@ def retained_kv_bytes_unequal(contexts: Sequence[Expr], k: Expr = k) -> Expr:
   return k * sp.Add(*_s(*contexts))
 
 
-def step_traffic(
-    B: Expr = B, N: Expr = N, q: Expr = q, T: Expr = T, k: Expr = k
-) -> Expr:
+def step_traffic(B: Expr = B, N: Expr = N, q: Expr = q, T: Expr = T, k: Expr = k) -> Expr:
   """Bytes read per decode step: the weights once plus every sequence's K/V."""
   return weight_traffic(N, q) + retained_kv_bytes(B, T, k)
 
@@ -122,9 +118,7 @@ def step_floor(
   active weights per token (a dense model has N_act = N; an MoE model reads
   more weights than each token multiplies).
   """
-  return sp.Max(
-      memory_time(step_traffic(B, N, q, T, k), BW), compute_time(B, N_act, F)
-  )
+  return sp.Max(memory_time(step_traffic(B, N, q, T, k), BW), compute_time(B, N_act, F))
 
 
 def aggregate_rate(B: Expr = B, t: Expr | None = None) -> Expr:
@@ -139,9 +133,7 @@ def per_sequence_rate(t: Expr | None = None) -> Expr:
   return 1 / t
 
 
-def prefill_time(
-    P: Expr = P, N: Expr = N, q: Expr = q, BW: Expr = BW, F: Expr = F
-) -> Expr:
+def prefill_time(P: Expr = P, N: Expr = N, q: Expr = q, BW: Expr = BW, F: Expr = F) -> Expr:
   """Optimistic prefill of one P-token prompt: weights read once, shared by P rows.
 
   The same two floors as a decode step with the prompt's positions as rows
@@ -150,9 +142,8 @@ def prefill_time(
   return sp.Max(memory_time(weight_traffic(N, q), BW), compute_time(P, N, F))
 
 
-def time_to_first_token(
-    prefill: Expr | None = None, t_window: Expr = t_window, t_queue: Expr = t_queue
-) -> Expr:
+def time_to_first_token(prefill: Expr | None = None, t_window: Expr = t_window,
+                        t_queue: Expr = t_queue) -> Expr:
   """Seconds from arrival to the first output: wait for a slot, the batching
   window, then the prompt's prefill (default: `prefill_time()`)."""
   prefill = prefill_time() if prefill is None else sp.sympify(prefill)
@@ -171,7 +162,11 @@ def attention_flops(B: Expr = B, T: Expr = T, H: Expr = H, d: Expr = d) -> Expr:
 
 
 def attention_bytes(
-    B: Expr = B, T: Expr = T, H: Expr = H, H_kv: Expr = H_kv, d: Expr = d,
+    B: Expr = B,
+    T: Expr = T,
+    H: Expr = H,
+    H_kv: Expr = H_kv,
+    d: Expr = d,
     b: Expr = b,
 ) -> Expr:
   """Bytes decode attention moves: each sequence's K/V once, its query and output.
@@ -187,4 +182,3 @@ def linear_bytes(M: Expr, K: Expr, N: Expr, b: Expr = b) -> Expr:
   """Bytes a linear layer x(M,K) @ w(K,N) moves: weights once, x read, output written."""
   M, K, N, b = _s(M, K, N, b)
   return weight_traffic(K * N, b) + M * K * b + M * N * b
-

@@ -27,8 +27,8 @@ from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill
 from jaxroof.symbolic.lambdify import Evaluator, lambdified
-from jaxroof.symbolic.symbols import (BW, F, H, L, N, N_act, S_dec, S_pre_att, S_pre_kv,
-                                      c_chunk, d, k, n_dec, n_pre, o_chunk, q)
+from jaxroof.symbolic.symbols import (BW, F, H, L, N, N_act, S_dec, S_pre_att, S_pre_kv, c_chunk, d,
+                                      k, n_dec, n_pre, o_chunk, q)
 from jaxroof.symbolic import symbols as S
 
 MIX: tuple[sp.Symbol, ...] = (n_dec, S_dec, n_pre, S_pre_att, S_pre_kv)
@@ -51,13 +51,16 @@ def chunk_kv_positions(o: sp.Expr = o_chunk, c: sp.Expr = c_chunk) -> sp.Expr:
 
 def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
   """The cost model's inputs in terms of the raw numbers and the raw mix."""
-  zero = {x: 0 for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up,
-                         S.W_x, S.N_h, S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla,
-                         S.ap_mla, S.u_mla, S.s_st, S.n_seq, S.t_comm, S.o_ovl,
-                         S.r_pack)}  # The toy twin fits its own factors, no re-pack.
-  return {**zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att,
-          S.V_full: S_pre_kv, S.W_b: N * q, S.N_b: N_act, S.E: 1, S.K: 1, S.k_full: k,
-          S.a_full: L * prefill.full_attention_pair_flops(H, d)}
+  zero = {
+      x: 0 for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up, S.W_x, S.N_h,
+                     S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla, S.ap_mla, S.u_mla, S.s_st,
+                     S.n_seq, S.t_comm, S.o_ovl, S.r_pack)
+  }  # The toy twin fits its own factors, no re-pack.
+  return {
+      **zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att, S.V_full: S_pre_kv,
+      S.W_b: N * q, S.N_b: N_act, S.E: 1, S.K: 1, S.k_full: k,
+      S.a_full: L * prefill.full_attention_pair_flops(H, d)
+  }
 
 
 def bound_terms(bound: str = "per_op") -> dict[str, sp.Expr]:
@@ -119,7 +122,7 @@ def step_time_function(kind: str, model_values: dict[str, float],
     fixed.update({n: float(factors[n]) for n in calibrated.FACTOR_NAMES})
 
   def step_s(n_dec, S_dec, n_pre, S_pre_att, S_pre_kv):
-    return evaluator(n_dec=n_dec, S_dec=S_dec, n_pre=n_pre, S_pre_att=S_pre_att,
-                     S_pre_kv=S_pre_kv, **fixed)["step_s"]
+    return evaluator(n_dec=n_dec, S_dec=S_dec, n_pre=n_pre, S_pre_att=S_pre_att, S_pre_kv=S_pre_kv,
+                     **fixed)["step_s"]
 
   return step_s

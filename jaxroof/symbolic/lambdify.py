@@ -49,8 +49,8 @@ def lambdified(outputs: Mapping[str, sp.Expr], inputs: Sequence[sp.Symbol],
 
 
 @functools.cache
-def formula_function(formula: Callable[..., sp.Expr], backend: Backend = "numpy"
-                     ) -> Callable[..., Any]:
+def formula_function(formula: Callable[..., sp.Expr],
+                     backend: Backend = "numpy") -> Callable[..., Any]:
   """A formula function's closed form as a numeric function of its own
   arguments, in order (their defaults are the symbols): `lambdified` once."""
   symbols = tuple(p.default for p in inspect.signature(formula).parameters.values())

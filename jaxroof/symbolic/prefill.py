@@ -32,8 +32,8 @@ from typing import Any
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (A_f, B, BW, C_chunk, F, H, N, N_act, P, R, W, d, d_qk,
-                                      d_rope, d_v, j, k, q, r_kv, t, x_over)
+from jaxroof.symbolic.symbols import (A_f, B, BW, C_chunk, F, H, N, N_act, P, R, W, d, d_qk, d_rope,
+                                      d_v, j, k, q, r_kv, t, x_over)
 
 Expr = sp.Expr
 
@@ -113,8 +113,8 @@ def mla_mha_pair_flops(H: Expr = H, d_qk: Expr = d_qk, d_v: Expr = d_v) -> Expr:
   return 2 * H * (d_qk + d_v)
 
 
-def mla_upprojection_flops(H: Expr = H, r_kv: Expr = r_kv, d_qk: Expr = d_qk,
-                           d_rope: Expr = d_rope, d_v: Expr = d_v) -> Expr:
+def mla_upprojection_flops(H: Expr = H, r_kv: Expr = r_kv, d_qk: Expr = d_qk, d_rope: Expr = d_rope,
+                           d_v: Expr = d_v) -> Expr:
   """FLOPs to up-project ONE cached latent position to per-head K and V (MHA form).
 
   `2*r_kv*H*((d_qk - d_rope) + d_v)`: the RoPE key is stored as it is. A
@@ -125,8 +125,7 @@ def mla_upprojection_flops(H: Expr = H, r_kv: Expr = r_kv, d_qk: Expr = d_qk,
   return 2 * r_kv * H * ((d_qk - d_rope) + d_v)
 
 
-def attention_flops(P: Expr = P, B: Expr = B, A_f: Expr = A_f,
-                    W: Expr | None = None) -> Expr:
+def attention_flops(P: Expr = P, B: Expr = B, A_f: Expr = A_f, W: Expr | None = None) -> Expr:
   """Causal attention FLOPs of a prefill: `B*A_f*pairs` (softmax omitted).
 
   With `A_f = 4*L*H*d` (L full blocks) this is `2*L*H*d*P*(P+1)*B`.
@@ -170,8 +169,8 @@ def compute_time(P: Expr = P, B: Expr = B, N_act: Expr = N_act, A_f: Expr = A_f,
   return (linear_flops(P, B, N_act) + attention_flops(P, B, A_f)) / F
 
 
-def floor(P: Expr = P, B: Expr = B, N: Expr = N, q: Expr = q, k: Expr = k,
-          BW: Expr = BW, F: Expr = F, N_act: Expr = N_act, A_f: Expr = A_f) -> Expr:
+def floor(P: Expr = P, B: Expr = B, N: Expr = N, q: Expr = q, k: Expr = k, BW: Expr = BW,
+          F: Expr = F, N_act: Expr = N_act, A_f: Expr = A_f) -> Expr:
   """Optimistic prefill time: `Max(memory time, compute time)`."""
   return sp.Max(memory_time(P, B, N, q, k, BW), compute_time(P, B, N_act, A_f, F))
 
@@ -183,11 +182,12 @@ def _positive_root(equation: sp.Eq, unknown: sp.Symbol) -> Expr:
   product has one positive root, but both look undecided), so undecided roots
   are tried at a sample of distinct positive values.
   """
-  roots = [r for r in sp.solve(equation, unknown, check=False, simplify=False)
-           if not r.is_negative]
+  roots = [r for r in sp.solve(equation, unknown, check=False, simplify=False) if not r.is_negative]
   if len(roots) > 1:
-    sample = {s: sp.Rational(i + 2, 3) for i, s in enumerate(
-        sorted(equation.free_symbols - {unknown}, key=str))}
+    sample = {
+        s: sp.Rational(i + 2, 3)
+        for i, s in enumerate(sorted(equation.free_symbols - {unknown}, key=str))
+    }
     roots = [r for r in roots if complex(r.subs(sample)).real > 0]
   if len(roots) != 1:
     raise ArithmeticError(f"expected one non-negative root for {unknown}, got {roots}")
@@ -222,8 +222,8 @@ def attention_overtakes_linear_prompt() -> Expr:
   return _positive_root(eq, P)
 
 
-def chunk_memory_time(j: Expr = j, C: Expr = C_chunk, B: Expr = B, N: Expr = N,
-                      q: Expr = q, k: Expr = k, BW: Expr = BW) -> Expr:
+def chunk_memory_time(j: Expr = j, C: Expr = C_chunk, B: Expr = B, N: Expr = N, q: Expr = q,
+                      k: Expr = k, BW: Expr = BW) -> Expr:
   """Memory time of chunk j (1-based): weights again, the `(j-1)*C` positions
   already written read back, its own C positions written."""
   j, C, B = _s(j, C, B)
@@ -329,16 +329,15 @@ def attention_terms(spec: Any) -> tuple[AttentionTerm, ...]:
     elif kind == "chunked":
       a = spec.attention
       per_block = full_attention_pair_flops(a.num_heads, a.head_dim)
-      terms.append(AttentionTerm(kind, layers, float(layers * per_block), None,
-                                 "4*H*d per pair, within chunks of chunk_size tokens",
-                                 int(a.chunk_size)))
+      terms.append(
+          AttentionTerm(kind, layers, float(layers * per_block), None,
+                        "4*H*d per pair, within chunks of chunk_size tokens", int(a.chunk_size)))
       continue
     elif kind in _NO_QUADRATIC:
       continue
     else:
-      raise ValueError(
-          f"layer kind {kind!r} has no prefill attention term: add it to "
-          "jaxroof.symbolic.prefill.attention_terms")
+      raise ValueError(f"layer kind {kind!r} has no prefill attention term: add it to "
+                       "jaxroof.symbolic.prefill.attention_terms")
     terms.append(AttentionTerm(kind, layers, float(layers * per_block), window, convention))
   return tuple(terms)
 

@@ -26,8 +26,8 @@ import sympy as sp
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
-from jaxroof.symbolic.symbols import (B, BW, F, H, L, L_attn, N, N_act, P, d, eta_f_prefill,
-                                      eta_w, q, r_ovl, t0_layer, t0_step)
+from jaxroof.symbolic.symbols import (B, BW, F, H, L, L_attn, N, N_act, P, d, eta_f_prefill, eta_w,
+                                      q, r_ovl, t0_layer, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_f_prefill, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -50,8 +50,7 @@ def causal_attention_flops(B: sp.Expr = B, P: sp.Expr = P, H: sp.Expr = H,
   over t = 1..P, i.e. 2*B*H*d*P*(P + 1).
   """
   position = sp.Symbol("position", positive=True, integer=True)
-  return sp.factor(sp.summation(formulas.attention_flops(B, position, H, d),
-                                (position, 1, P)))
+  return sp.factor(sp.summation(formulas.attention_flops(B, position, H, d), (position, 1, P)))
 
 
 def _terms() -> dict[str, sp.Expr]:
@@ -62,8 +61,10 @@ def _terms() -> dict[str, sp.Expr]:
   fixed_s = t0_step + L * t0_layer
   overlapped = calibrated._overlap(weight_s, linear_s)  # pylint: disable=protected-access
   prefill_s = fixed_s + overlapped + attention_s
-  return {"weight_s": weight_s, "compute_s": linear_s, "attention_s": attention_s,
-          "fixed_s": fixed_s, "linear_s": overlapped, "step_s": prefill_s}
+  return {
+      "weight_s": weight_s, "compute_s": linear_s, "attention_s": attention_s, "fixed_s": fixed_s,
+      "linear_s": overlapped, "step_s": prefill_s
+  }
 
 
 def calibrated_prefill() -> sp.Expr:
@@ -78,4 +79,3 @@ def prefill_model(backend: Literal["numpy", "jax"] = "numpy"):
   Returns `f(**values) -> dict` of `INPUT_NAMES` and `FACTOR_NAMES` values.
   """
   return lambdified(_terms(), INPUTS + FACTORS, backend)
-

@@ -22,8 +22,8 @@ import functools
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t,
-                                      t_gap, t_ttft, t_window)
+from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t, t_gap,
+                                      t_ttft, t_window)
 
 Expr = sp.Expr
 
@@ -87,7 +87,7 @@ def mean_token_gap() -> Expr:
 def md1_wait(lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """Mean wait in an M/D/1 queue: `lam*D**2/(2*(1 - lam*D))` (lam*D < 1 only)."""
   lam, D = _s(lam, D)
-  return lam * D ** 2 / (2 * (1 - lam * D))
+  return lam * D**2 / (2 * (1 - lam * D))
 
 
 def _s(*values) -> list[Expr]:
@@ -136,8 +136,7 @@ def loaded_token_gap(t: Expr = t, lam: Expr = lam, D: Expr = D_pf) -> Expr:
   return t / (1 - utilisation(lam, D))
 
 
-def shared_capacity_rate(t: Expr = t, D: Expr = D_pf, B: Expr = B,
-                         n_out: Expr = n_out) -> Expr:
+def shared_capacity_rate(t: Expr = t, D: Expr = D_pf, B: Expr = B, n_out: Expr = n_out) -> Expr:
   """Largest arrival rate one chip sustains with B decode slots: `1/(D + (n_out-1)*t/B)`.
 
   Each request costs its prefill D plus its share of n_out - 1 decode steps
@@ -156,4 +155,3 @@ def max_arrival_rate_for_gap() -> Expr:
   if len(roots) != 1:
     raise ArithmeticError(f"expected one root for lam, got {roots}")
   return sp.factor(roots[0])
-

@@ -100,4 +100,3 @@ def max_batch_for_token_gap(**values) -> sp.Expr:
   the target (the weights alone take longer than `t_gap` to read).
   """
   return _substitute(_max_batch_for_token_gap(), values)
-

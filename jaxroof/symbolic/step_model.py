@@ -108,8 +108,7 @@ class StepModel:
   @classmethod
   def calibrated(cls, factors: Mapping[str, float], *,
                  ceilings: tuple[float, float | None] | None = None,
-                 provenance: Mapping[str, Any] | None = None,
-                 notes: tuple[str, ...] = (),
+                 provenance: Mapping[str, Any] | None = None, notes: tuple[str, ...] = (),
                  regime: Mapping[str, float] | None = None) -> StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
@@ -118,8 +117,7 @@ class StepModel:
     unknown = set(regime) - set(calibrated_lib.REGIME_FACTOR_NAMES)
     if unknown:
       raise ValueError(f"regime factors {sorted(unknown)} are unknown")
-    return cls("calibrated", "per_op",
-               {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
+    return cls("calibrated", "per_op", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
                ceilings, dict(provenance or {}), tuple(notes), regime)
 
   @property
@@ -130,8 +128,7 @@ class StepModel:
   def assumptions(self) -> tuple[str, ...]:
     if self.kind == "bound":
       return BOUND_ASSUMPTIONS + (FORM_ASSUMPTIONS[self.form],)
-    return calibrated_lib.ASSUMPTIONS + (calibrated_lib.REGIME_ASSUMPTIONS if self.regime
-                                         else ())
+    return calibrated_lib.ASSUMPTIONS + (calibrated_lib.REGIME_ASSUMPTIONS if self.regime else ())
 
   def no_compute_crossover_note(self) -> str:
     return _NO_COMPUTE_CROSSOVER[self.kind]
@@ -142,9 +139,8 @@ class StepModel:
       BW, F = self.ceilings
     return BW, (math.inf if F is None else F)
 
-  def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F,
-               N_act=None, L=None, comm_s=None, A_t=None, comm_overlap: float = 0.0
-               ) -> dict[str, Any]:
+  def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F, N_act=None,
+               L=None, comm_s=None, A_t=None, comm_overlap: float = 0.0) -> dict[str, Any]:
     """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
     calibrated per-layer fixed cost; None leaves it out. `comm_s` (several
     chips: communication on the step's path, s) adds to the step, hidden by
@@ -155,31 +151,33 @@ class StepModel:
       out = evaluate.step_model(backend, self.form)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F,
                                                     N_act=N_act, A_t=A_t)
     else:
-      values = with_dense_default(
-          {"B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
-           "L": 0.0 if L is None else L})
+      values = with_dense_default({
+          "B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
+          "L": 0.0 if L is None else L
+      })
       if self.regime:
-        out = calibrated_lib.calibrated_model_with_regime(backend)(
-            **values, **self.factors,
-            **{n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES})
+        out = calibrated_lib.calibrated_model_with_regime(backend)(**values, **self.factors, **{
+            n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES
+        })
       else:
         out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
     if comm_s is None:
       return out
     out = dict(out)
-    out.update(evaluate.communication_model(backend)(B=B, t_floor=out["step_s"],
-                                                     t_comm=comm_s, o_ovl=comm_overlap))
+    out.update(
+        evaluate.communication_model(backend)(B=B, t_floor=out["step_s"], t_comm=comm_s,
+                                              o_ovl=comm_overlap))
     out["comm_s"] = comm_s
     return out
 
   def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:
     """Crossovers and rate limits (solved symbolically), as floats."""
     if self.kind == "bound":
-      out = evaluate.summary_model("numpy", self.form)(N=N, q=q, T=T, k=k, BW=BW, F=F,
-                                                       N_act=N_act)
+      out = evaluate.summary_model("numpy", self.form)(N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
     else:
-      values = with_dense_default(
-          {"B": 1.0, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
-           "L": 0.0 if L is None else L})
+      values = with_dense_default({
+          "B": 1.0, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
+          "L": 0.0 if L is None else L
+      })
       out = calibrated_lib.calibrated_summary_model()(**values, **self.factors)
     return {name: float(np.asarray(v)) for name, v in out.items()}

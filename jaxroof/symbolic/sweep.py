@@ -61,8 +61,7 @@ def estimate_rows(batches: Sequence[int], outputs: dict[str, Any], *,
     row = {"batch": batch, **{name: float(v[i]) for name, v in outputs.items()}}
     if memory_only:
       row["compute_s"] = None
-    row["bound"] = ("memory" if memory_only or row["memory_s"] >= row["compute_s"]
-                    else "compute")
+    row["bound"] = ("memory" if memory_only or row["memory_s"] >= row["compute_s"] else "compute")
     if row.get("comm_s", 0.0) > max(row["memory_s"], row["compute_s"] or 0.0):
       row["bound"] = "communication"
     rows.append(row)
@@ -126,8 +125,7 @@ def sweep(
     `{"kind", "units", "assumptions", "rows", "summary"}`, and for a
     calibrated model its `"profile"` and the `"ceilings"` it scaled.
   """
-  batches, n_read = check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW, F=F,
-                                      N_act=N_act)
+  batches, n_read = check_step_inputs(batch_sizes, N=N, q=q, T=T, k=k, BW=BW, F=F, N_act=N_act)
   if token_gap_s is not None:
     errors.require_positive("token_gap_s", token_gap_s)
   if layers is not None:
@@ -136,18 +134,19 @@ def sweep(
   bw, flop_rate = model.scaled_ceilings(BW, F)
   q_read = np.broadcast_to(np.asarray(q, dtype=float), (len(batches),))
   q = float(q_read[0]) if np.ptp(q_read) == 0 else q_read
-  n_act = None if N_act is None else np.broadcast_to(
-      np.asarray(N_act, dtype=float), (len(batches),))
-  out = model.evaluate(B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k,
-                       BW=bw, F=flop_rate, N_act=n_act, L=layers, A_t=A_t,
-                       comm_overlap=comm_overlap,
-                       comm_s=None if comm_s is None else np.broadcast_to(
-                           np.asarray(comm_s, dtype=float), (len(batches),)))
+  n_act = None if N_act is None else np.broadcast_to(np.asarray(N_act, dtype=float),
+                                                     (len(batches),))
+  out = model.evaluate(
+      B=np.asarray(batches, dtype=float), T=T, N=n_read, q=q, k=k, BW=bw, F=flop_rate, N_act=n_act,
+      L=layers, A_t=A_t, comm_overlap=comm_overlap,
+      comm_s=None if comm_s is None else np.broadcast_to(np.asarray(comm_s, dtype=float),
+                                                         (len(batches),)))
   rows = estimate_rows(batches, out, memory_only=memory_only and model.kind == "bound")
 
   widest = int(np.argmax(n_read))
-  summary = model.summary(N=float(n_read[widest]), q=float(q_read[widest]), T=T, k=k, BW=bw, F=flop_rate,
-                          N_act=None if n_act is None else float(np.max(n_act)), L=layers)
+  summary = model.summary(N=float(n_read[widest]), q=float(q_read[widest]), T=T, k=k, BW=bw,
+                          F=flop_rate, N_act=None if n_act is None else float(np.max(n_act)),
+                          L=layers)
   notes = list(model.notes)
   if model.kind == "calibrated" and layers is None:
     notes.append("layers not given: the per-layer fixed cost is left out")
@@ -169,23 +168,27 @@ def sweep(
   mark_targets(rows, summary, fits=fits, token_gap_s=token_gap_s)
   if comm_s is not None:
     notes.append("crossovers leave communication out; step_s and the rates include it")
-  if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0
-      and np.ptp(q_read) == 0 and comm_s is None):
+  if (token_gap_s is not None and model.kind == "bound" and np.ptp(n_read) == 0 and
+      np.ptp(q_read) == 0 and comm_s is None):
     # The closed form needs one N for every batch.
-    gap_batch = float(cost_model.max_batch_for_token_gap(
-        model.form, t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw,
-        F=flop_rate, N_act=float(n_read[0]) if n_act is None else float(n_act[0]),
-        A_t=0.0 if A_t is None else A_t))
+    gap_batch = float(
+        cost_model.max_batch_for_token_gap(
+            model.form, t_gap=token_gap_s, N=float(n_read[0]), q=q, T=T, k=k, BW=bw, F=flop_rate,
+            N_act=float(n_read[0]) if n_act is None else float(n_act[0]),
+            A_t=0.0 if A_t is None else A_t))
     summary["max_batch_for_token_gap"] = gap_batch if gap_batch >= 1 else None
   if token_gap_s is not None:
     # Several chips: the answer adds the largest swept communication time (the
     # collectives grow with batch, so this is conservative between swept batches).
-    summary.update(_answer(model, token_gap_s, max_batch_in_memory, weights_read or (
-        lambda batch: np.full(np.shape(batch), float(np.max(n_read)))),
-        bytes_per_weight_read or (lambda batch: np.full(np.shape(batch), float(q_read[widest]))),
-        dict(T=T, k=k, BW=bw, F=flop_rate, L=layers, A_t=A_t, comm_overlap=comm_overlap,
-            N_act=None if n_act is None else float(np.max(n_act)),
-            comm_s=None if comm_s is None else float(np.max(comm_s)))))
+    summary.update(
+        _answer(
+            model, token_gap_s, max_batch_in_memory, weights_read or
+            (lambda batch: np.full(np.shape(batch), float(np.max(n_read)))),
+            bytes_per_weight_read or
+            (lambda batch: np.full(np.shape(batch), float(q_read[widest]))),
+            dict(T=T, k=k, BW=bw, F=flop_rate, L=layers, A_t=A_t, comm_overlap=comm_overlap,
+                 N_act=None if n_act is None else float(np.max(n_act)),
+                 comm_s=None if comm_s is None else float(np.max(comm_s)))))
   summary["notes"] = notes
   result = {
       "kind": model.kind,
@@ -197,11 +200,11 @@ def sweep(
   if model.kind == "calibrated":
     result["profile"] = dict(model.provenance)
     for row in rows:  # The error travels with every calibrated number.
-      row["profile_heldout_median_rel_error"] = model.provenance.get(
-          "heldout_median_rel_error")
-    result["ceilings"] = {"source": "given" if model.ceilings is None else "profile",
-                          "BW": bw, "F": None if math.isinf(flop_rate) else flop_rate,
-                          "given_BW": BW, "given_F": F}
+      row["profile_heldout_median_rel_error"] = model.provenance.get("heldout_median_rel_error")
+    result["ceilings"] = {
+        "source": "given" if model.ceilings is None else "profile", "BW": bw,
+        "F": None if math.isinf(flop_rate) else flop_rate, "given_BW": BW, "given_F": F
+    }
   return result
 
 
@@ -213,6 +216,7 @@ def largest_batch_within(step_s: Callable[[np.ndarray], np.ndarray], limit_s: fl
   then a bisection over whole numbers finds it in ~80 evaluations. A step
   equal to the limit meets it (to a relative 1e-12, for float rounding).
   """
+
   def within(batch: int) -> bool:
     return bool(np.asarray(step_s(np.array([float(batch)])))[0] <= limit_s * (1 + 1e-12))
 
@@ -231,10 +235,11 @@ def largest_batch_within(step_s: Callable[[np.ndarray], np.ndarray], limit_s: fl
 
 def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | None,
             weights_read: Callable[[np.ndarray], np.ndarray],
-            bytes_per_weight_read: Callable[[np.ndarray], np.ndarray], inputs: dict[str, Any]
-            ) -> dict[str, Any]:
+            bytes_per_weight_read: Callable[[np.ndarray],
+                                            np.ndarray], inputs: dict[str, Any]) -> dict[str, Any]:
   """The solved answer to a token-gap target: the largest batch that meets it
   and fits, what limits it, and which term binds the step there."""
+
   def step_s(batch: np.ndarray) -> np.ndarray:
     return model.evaluate(B=batch, N=weights_read(batch), q=bytes_per_weight_read(batch),
                           **inputs)["step_s"]
@@ -249,21 +254,21 @@ def _answer(model: StepModel, token_gap_s: float, max_batch_in_memory: int | Non
   at = np.array([float(batch)])
   out = model.evaluate(B=at, N=weights_read(at), q=bytes_per_weight_read(at), **inputs)
   memory_s, compute_s = float(out["memory_s"][0]), float(np.asarray(out["compute_s"])[0])
-  return {"answer_batch": batch, "answer_binds": binds,
-          "answer_step_s": float(np.asarray(out["step_s"])[0]),
-          "answer_step_bound": "memory" if memory_s >= compute_s else "compute"}
+  return {
+      "answer_batch": batch, "answer_binds": binds,
+      "answer_step_s": float(np.asarray(out["step_s"])[0]),
+      "answer_step_bound": "memory" if memory_s >= compute_s else "compute"
+  }
 
 
-def decode_sweep(batch_sizes: Sequence[int], form: str = "per_op", **kwargs: Any
-                 ) -> dict[str, Any]:
+def decode_sweep(batch_sizes: Sequence[int], form: str = "per_op", **kwargs: Any) -> dict[str, Any]:
   """`sweep` of the analytic bound (kind "bound", `form` per_op or fused);
   keywords as in `sweep`."""
   return sweep(StepModel.bound(form), batch_sizes, **kwargs)
 
 
 def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,
-                 fits: Sequence[bool] | None = None,
-                 token_gap_s: float | None = None) -> None:
+                 fits: Sequence[bool] | None = None, token_gap_s: float | None = None) -> None:
   """Marks, in place, rows that fit in memory and meet a token-gap target.
 
   Shared by bound and calibrated sweeps. With a target, the summary gains
@@ -284,4 +289,3 @@ def mark_targets(rows: list[dict[str, Any]], summary: dict[str, Any], *,
   meeting = [r["batch"] for r in rows if r["meets_token_gap"] and r.get("fits_in_memory", True)]
   summary["token_gap_s"] = token_gap_s
   summary["largest_swept_batch_meeting_token_gap"] = max(meeting) if meeting else None
-

@@ -24,9 +24,10 @@ class Quantity:
   meaning: str
 
 
-_GROUPS: dict[str, list[Quantity]] = {"core": [], "architecture": [], "factors": [],
-                                      "parallel": [], "iteration": [], "serving": [],
-                                      "prefill_factors": [], "cost": [], "regime_factors": []}
+_GROUPS: dict[str, list[Quantity]] = {
+    "core": [], "architecture": [], "factors": [], "parallel": [], "iteration": [], "serving": [],
+    "prefill_factors": [], "cost": [], "regime_factors": []
+}
 
 
 def _define(name: str, unit: str, meaning: str, group: str = "core") -> sp.Symbol:
@@ -96,7 +97,8 @@ H_m = _define("H_m", "heads", "Mamba-2 heads", _A)
 d_m = _define("d_m", "coordinates", "coordinates per Mamba-2 head", _A)
 n_g = _define("n_g", "groups", "Mamba-2 B/C groups (n_groups)", _A)
 b_s = _define("b_s", "B", "bytes per recurrent-state element (state dtype)", _A)
-c_state = _define("c_state", "FLOP/element", "FLOPs per state element per token (update and read-out)", _A)
+c_state = _define("c_state", "FLOP/element",
+                  "FLOPs per state element per token (update and read-out)", _A)
 
 # Calibrated model: efficiency factors and fixed costs (`calibrated.py`).
 _C = "factors"
@@ -110,13 +112,14 @@ r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
 
 # A regime of one implementation (`calibrated.calibrated_model_with_regime`): XLA:CPU's
 # GEMM re-packs the weights for a matmul of two or more rows.
-r_pack = _define("r_pack", "1", "weight re-pack of a matmul with two or more rows, in "
-                 "weight reads at eta_w*BW (0: none; XLA:CPU about 1.5)", "regime_factors")
+r_pack = _define(
+    "r_pack", "1", "weight re-pack of a matmul with two or more rows, in "
+    "weight reads at eta_w*BW (0: none; XLA:CPU about 1.5)", "regime_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
-eta_f_prefill = _define("eta_f_prefill", "1", "achieved fraction of F in a "
-                        "prefill (linear layers and causal attention)",
-                        "prefill_factors")
+eta_f_prefill = _define(
+    "eta_f_prefill", "1", "achieved fraction of F in a "
+    "prefill (linear layers and causal attention)", "prefill_factors")
 L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
                  "prompt", _A)
 
@@ -143,8 +146,9 @@ t_comm = _define("t_comm", "s", "communication time on a step's critical path", 
 t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
 t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
 # Calibrating layouts from users' measurements (issue 17, `calibrate/layout_fit.py`).
-eta_comm = _define("eta_comm", "1", "achieved fraction of the modelled collective speed "
-                   "(link bandwidth and per-hop latency together)", _P)
+eta_comm = _define(
+    "eta_comm", "1", "achieved fraction of the modelled collective speed "
+    "(link bandwidth and per-hop latency together)", _P)
 
 # Mixed-precision weights (issue 14: a published format quantizes some parts only,
 # e.g. gpt-oss's experts in MXFP4 with attention and embeddings in bf16).
@@ -157,8 +161,9 @@ _I = "iteration"
 n_dec = _define("n_dec", "sequences", "decode sequences in the iteration (one token each)", _I)
 S_dec = _define("S_dec", "tokens", "sum of the decode sequences' attended contexts", _I)
 n_pre = _define("n_pre", "tokens", "prompt (prefill chunk) tokens in the iteration", _I)
-S_pre_att = _define("S_pre_att", "positions", "query-key pairs of the prefill chunks' "
-                    "causal attention over their prefixes", _I)
+S_pre_att = _define(
+    "S_pre_att", "positions", "query-key pairs of the prefill chunks' "
+    "causal attention over their prefixes", _I)
 S_pre_kv = _define("S_pre_kv", "tokens", "positions whose K/V the prefill chunks read or "
                    "write (prefix plus chunk)", _I)
 o_chunk = _define("o_chunk", "tokens", "prompt tokens already prefilled before a chunk", _I)
@@ -174,12 +179,9 @@ S_full = _define("S_full", "positions", "keys the decode rows attend to, full-at
                  "blocks (per block)", _C)
 S_win = _define("S_win", "positions", "keys the decode rows attend to, windowed blocks (per "
                 "block)", _C)
-S_mla = _define("S_mla", "positions", "keys the decode rows attend to, MLA blocks (per block)",
-                _C)
-X_full = _define("X_full", "pairs", "(query, key) pairs of the prefill chunks, full blocks",
-                 _C)
-X_win = _define("X_win", "pairs", "(query, key) pairs of the prefill chunks, windowed blocks",
-                _C)
+S_mla = _define("S_mla", "positions", "keys the decode rows attend to, MLA blocks (per block)", _C)
+X_full = _define("X_full", "pairs", "(query, key) pairs of the prefill chunks, full blocks", _C)
+X_win = _define("X_win", "pairs", "(query, key) pairs of the prefill chunks, windowed blocks", _C)
 X_mla = _define("X_mla", "pairs", "(query, key) pairs of the prefill chunks, MLA blocks", _C)
 V_full = _define("V_full", "positions", "K/V positions the prefill chunks read or write, full "
                  "blocks", _C)
@@ -195,10 +197,12 @@ a_full = _define("a_full", "FLOP", "FLOPs per (query, key) pair, all full blocks
 a_win = _define("a_win", "FLOP", "FLOPs per (query, key) pair, all windowed blocks", _C)
 a_mla = _define("a_mla", "FLOP", "FLOPs per (query, key) pair of MLA decode (absorbed), all "
                 "MLA blocks", _C)
-ap_mla = _define("ap_mla", "FLOP", "FLOPs per (query, key) pair of MLA prefill (MHA or "
-                 "absorbed form), all MLA blocks", _C)
-u_mla = _define("u_mla", "FLOP", "FLOPs to up-project one prefix position's latent to per-head "
-                "K and V (MHA-form prefill), all MLA blocks", _C)
+ap_mla = _define(
+    "ap_mla", "FLOP", "FLOPs per (query, key) pair of MLA prefill (MHA or "
+    "absorbed form), all MLA blocks", _C)
+u_mla = _define(
+    "u_mla", "FLOP", "FLOPs to up-project one prefix position's latent to per-head "
+    "K and V (MHA-form prefill), all MLA blocks", _C)
 s_st = _define("s_st", "B/sequence", "recurrent state bytes per sequence, all state blocks", _C)
 W_b = _define("W_b", "B", "bytes of the blocks' weights read every iteration (routed experts "
               "apart)", _C)
@@ -209,15 +213,16 @@ W_h = _define("W_h", "B", "bytes of the LM head", _C)
 r_e = _define("r_e", "B/token", "embedding bytes looked up per token (0 when tied)", _C)
 A_t = _define("A_t", "FLOP/token", "attention FLOPs per retained token of one sequence in a "
               "decode step, all blocks", _C)
-t_base = _define("t_base", "s", "base latency of one collective (launch and protocol)",
-                 "parallel")
-h_tp = _define("h_tp", "steps", "ring steps of one reduce-scatter over the tp ranks: tp - 1 on "
-               "a switched fabric, the sum of (axis - 1) over a torus's axes", "parallel")
+t_base = _define("t_base", "s", "base latency of one collective (launch and protocol)", "parallel")
+h_tp = _define(
+    "h_tp", "steps", "ring steps of one reduce-scatter over the tp ranks: tp - 1 on "
+    "a switched fabric, the sum of (axis - 1) over a torus's axes", "parallel")
 W_e = _define("W_e", "B", "bytes of the embedding table", "parallel")
 x_tie = _define("x_tie", "1", "1 where the LM head is the embedding table (tied), else 0",
                 "parallel")
-x_os = _define("x_os", "1", "1 where a one-shot collective is possible (every chip reaches "
-               "every other directly: a switched fabric), 0 on a torus", "parallel")
+x_os = _define(
+    "x_os", "1", "1 where a one-shot collective is possible (every chip reaches "
+    "every other directly: a switched fabric), 0 on a torus", "parallel")
 
 # Serving: prefill with attention, whole requests, queueing (`prefill.py`, `serving.py`).
 _S = "serving"
@@ -240,8 +245,7 @@ PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
 COST: tuple[Quantity, ...] = tuple(_GROUPS["cost"])
-BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values()
-                                for x in group}
+BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values() for x in group}
 
 
 def unit(symbol: sp.Symbol) -> str:

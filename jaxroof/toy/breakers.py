@@ -53,8 +53,7 @@ def correct(params: Params) -> Variant:
   return Variant(name="none", prefill_params=params, decode_params=params)
 
 
-def new_revision(params: Params, key: jax.Array,
-                 scale: float = REVISION_SCALE) -> Params:
+def new_revision(params: Params, key: jax.Array, scale: float = REVISION_SCALE) -> Params:
   """Every weight w becomes w * (1 + scale * noise), noise standard normal."""
   return _new_revision(params, key, scale)
 
@@ -76,21 +75,14 @@ def broken(name: str, params: Params, key: jax.Array) -> Variant:
   errors.require_choice("break", name, BREAKS)
   base = correct(params)
   if name == "revision":
-    return dataclasses.replace(
-        base, name=name, decode_params=new_revision(params, key)
-    )
+    return dataclasses.replace(base, name=name, decode_params=new_revision(params, key))
   if name == "position_offset":
-    return dataclasses.replace(base, name=name,
-                               position_offset=POSITION_OFFSET)
+    return dataclasses.replace(base, name=name, position_offset=POSITION_OFFSET)
   if name == "mask":
     if params.config.num_blocks < 2:
-      raise errors.InputError(
-          "break='mask' needs num_blocks >= 2: with one block the retained"
-          " K/V depend on each token alone, so no mask can change them."
-      )
+      raise errors.InputError("break='mask' needs num_blocks >= 2: with one block the retained"
+                              " K/V depend on each token alone, so no mask can change them.")
     return dataclasses.replace(base, name=name, prefill_causal=False)
   if params.config.dropout_rate == 0:
-    raise errors.InputError(
-        "break='dropout' needs dropout_rate > 0 in the config."
-    )
+    raise errors.InputError("break='dropout' needs dropout_rate > 0 in the config.")
   return dataclasses.replace(base, name=name, dropout_rng=key)

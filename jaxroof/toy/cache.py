@@ -56,19 +56,16 @@ def to_blocks(x: jax.Array) -> Blocks:
 def from_blocks(blocks: Sequence[jax.Array], batch: int) -> jax.Array:
   """Per block (b * k, slots, e) -> (l, b, slots, k, e) (a copy)."""
   n, s, e = blocks[0].shape
-  return jnp.stack([x.reshape(batch, n // batch, s, e).transpose(0, 2, 1, 3)
-                    for x in blocks])
+  return jnp.stack([x.reshape(batch, n // batch, s, e).transpose(0, 2, 1, 3) for x in blocks])
 
 
-def write_block(buffer: jax.Array, new: jax.Array, start: int | jax.Array
-                ) -> jax.Array:
+def write_block(buffer: jax.Array, new: jax.Array, start: int | jax.Array) -> jax.Array:
   """`buffer` (b * k, s, e) with `new` (b, t, k, e) written at slot `start`;
   only the new slots are touched."""
   b, t, k, e = new.shape
   rows = new.transpose(0, 2, 1, 3).reshape(b * k, t, e).astype(buffer.dtype)
   zero = jnp.zeros((), jnp.int32)
-  return lax.dynamic_update_slice(
-      buffer, rows, (zero, jnp.asarray(start, jnp.int32), zero))
+  return lax.dynamic_update_slice(buffer, rows, (zero, jnp.asarray(start, jnp.int32), zero))
 
 
 class _Views:
@@ -97,10 +94,8 @@ class _Views:
     return self.k_blocks[0].dtype
 
 
-@functools.partial(
-    jax.tree_util.register_dataclass, data_fields=["k_blocks", "v_blocks"],
-    meta_fields=["batch"]
-)
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k_blocks", "v_blocks"],
+                   meta_fields=["batch"])
 @dataclasses.dataclass(frozen=True)
 class GrowingCache(_Views):
   """K/V of the T processed positions; T is the buffers' length."""
@@ -145,11 +140,10 @@ class FixedCache(_Views):
   batch: int  # Sequences (static).
 
   @classmethod
-  def from_arrays(cls, k: jax.Array, v: jax.Array, length: jax.Array | int
-                  ) -> FixedCache:
+  def from_arrays(cls, k: jax.Array, v: jax.Array, length: jax.Array | int) -> FixedCache:
     """A state from (l, b, max_len, k, e) keys and values (copied)."""
-    return cls(k_blocks=to_blocks(k), v_blocks=to_blocks(v),
-               length=jnp.asarray(length, jnp.int32), batch=k.shape[1])
+    return cls(k_blocks=to_blocks(k), v_blocks=to_blocks(v), length=jnp.asarray(length, jnp.int32),
+               batch=k.shape[1])
 
   def check_room(self, num_new: int) -> None:
     """Raises if `num_new` positions do not fit; skipped under jit."""
@@ -158,10 +152,8 @@ class FixedCache(_Views):
     except _TRACED:
       return  # Under jit: an overflow makes the logits NaN (`model._extend`).
     if num_new > free:
-      raise errors.InputError(
-          f"{num_new} new positions do not fit: the fixed cache has"
-          f" max_len={self.max_len} and {free} free slots."
-      )
+      raise errors.InputError(f"{num_new} new positions do not fit: the fixed cache has"
+                              f" max_len={self.max_len} and {free} free slots.")
 
   def buffers(self, num_new: int) -> tuple[Blocks, Blocks, jax.Array]:
     """The buffers and the first free slot."""
@@ -170,16 +162,15 @@ class FixedCache(_Views):
 
   def written(self, k: Blocks, v: Blocks, num_new: int) -> FixedCache:
     """The state after `buffers`' new slots were filled."""
-    return FixedCache(k_blocks=tuple(k), v_blocks=tuple(v),
-                      length=self.length + num_new, batch=self.batch)
+    return FixedCache(k_blocks=tuple(k), v_blocks=tuple(v), length=self.length + num_new,
+                      batch=self.batch)
 
 
 Cache = GrowingCache | FixedCache
 
 
 def _shape(config: ToyConfig, batch: int, slots: int) -> tuple[int, ...]:
-  return (config.num_blocks, batch, slots, config.num_kv_heads,
-          config.head_dim)
+  return (config.num_blocks, batch, slots, config.num_kv_heads, config.head_dim)
 
 
 def block_shape(config: ToyConfig, batch: int, slots: int) -> tuple[int, int, int]:
@@ -188,32 +179,26 @@ def block_shape(config: ToyConfig, batch: int, slots: int) -> tuple[int, int, in
 
 
 def _zeros(config: ToyConfig, batch: int, slots: int, dtype: jnp.dtype) -> Blocks:
-  return tuple(jnp.zeros(block_shape(config, batch, slots), dtype)
-               for _ in range(config.num_blocks))
+  return tuple(
+      jnp.zeros(block_shape(config, batch, slots), dtype) for _ in range(config.num_blocks))
 
 
-def empty_growing_cache(
-    config: ToyConfig, batch: int, dtype: jnp.dtype
-) -> GrowingCache:
+def empty_growing_cache(config: ToyConfig, batch: int, dtype: jnp.dtype) -> GrowingCache:
   """A growing state with no positions."""
   return GrowingCache(k_blocks=_zeros(config, batch, 0, dtype),
                       v_blocks=_zeros(config, batch, 0, dtype), batch=batch)
 
 
-def init_cache(
-    config: ToyConfig, batch: int, max_len: int, dtype: jnp.dtype
-) -> FixedCache:
+def init_cache(config: ToyConfig, batch: int, max_len: int, dtype: jnp.dtype) -> FixedCache:
   """An empty fixed-size state of `max_len` slots per sequence (zeros)."""
   batch = errors.require_positive_int("batch", batch)
   max_len = errors.require_positive_int("max_len", max_len)
   if config.positions == "learned" and max_len > config.max_positions:
-    raise errors.InputError(
-        f"max_len={max_len} is not allowed: the learned position table has"
-        f" max_positions={config.max_positions} rows."
-    )
+    raise errors.InputError(f"max_len={max_len} is not allowed: the learned position table has"
+                            f" max_positions={config.max_positions} rows.")
   return FixedCache(k_blocks=_zeros(config, batch, max_len, dtype),
-                    v_blocks=_zeros(config, batch, max_len, dtype),
-                    length=jnp.zeros((), jnp.int32), batch=batch)
+                    v_blocks=_zeros(config, batch, max_len, dtype), length=jnp.zeros(
+                        (), jnp.int32), batch=batch)
 
 
 def random_cache(
@@ -232,10 +217,8 @@ def random_cache(
   cache = init_cache(config, batch, max_len, dtype)
   length = errors.require_non_negative("length", length)
   if length != int(length) or length >= cache.max_len:
-    raise errors.InputError(
-        f"length={length!r} is not allowed: it must be a whole number in"
-        f" [0, max_len) = [0, {cache.max_len}), leaving a slot to decode into."
-    )
+    raise errors.InputError(f"length={length!r} is not allowed: it must be a whole number in"
+                            f" [0, max_len) = [0, {cache.max_len}), leaving a slot to decode into.")
   length = int(length)
   shape = _shape(config, batch, max_len)
   filled = jnp.arange(max_len)[None, None, :, None, None] < length
@@ -279,11 +262,10 @@ def kv_account(cache: Cache) -> KVAccount:
   batch = cache.batch
   # Elements of one slot of one sequence: each buffer's rows per sequence
   # (its K/V heads) times the coordinates per head.
-  elements = sum(x.shape[0] // batch * x.shape[2]
-                 for x in cache.k_blocks + cache.v_blocks)
+  elements = sum(x.shape[0] // batch * x.shape[2] for x in cache.k_blocks + cache.v_blocks)
   itemsize = cache.dtype.itemsize
-  filled = sum(math.prod((x.shape[0], positions, x.shape[2]))
-               for x in cache.k_blocks + cache.v_blocks)
+  filled = sum(
+      math.prod((x.shape[0], positions, x.shape[2])) for x in cache.k_blocks + cache.v_blocks)
   return KVAccount(
       positions=positions,
       elements_per_position=elements,

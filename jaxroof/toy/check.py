@@ -81,10 +81,8 @@ def check_decode(
   batch, prompt_len = prompt.shape
   state = None
   if layout == "fixed":
-    state = cache_lib.init_cache(params.config, batch, prompt_len + steps,
-                                 params.embed.dtype)
-  logits, state = prefill(params, prompt, state,
-                          causal=variant.prefill_causal,
+    state = cache_lib.init_cache(params.config, batch, prompt_len + steps, params.embed.dtype)
+  logits, state = prefill(params, prompt, state, causal=variant.prefill_causal,
                           dropout_rng=_key(variant.dropout_rng, 0))
   logits = logits[:, -1]
   fresh = forward(params, prompt)[:, -1]
@@ -93,25 +91,23 @@ def check_decode(
   for step in range(steps + 1):
     if step:
       params = variant.decode_params
-      logits, state = decode_step(
-          params, state, fed[:, 0],
-          position_offset=variant.position_offset,
-          dropout_rng=_key(variant.dropout_rng, step))
+      logits, state = decode_step(params, state, fed[:, 0], position_offset=variant.position_offset,
+                                  dropout_rng=_key(variant.dropout_rng, step))
       fresh = forward(params, tokens)[:, -1]
     abs_diff, rel_diff = _differences(logits, fresh)
     next_tokens = jnp.argmax(logits, axis=-1).astype(prompt.dtype)
-    rows.append(StepRow(
-        step=step,
-        fed=tuple(int(x) for x in fed[0]),
-        outputs=step + 1,
-        next_token=int(next_tokens[0]),
-        max_abs_diff=abs_diff,
-        max_rel_diff=rel_diff,
-        agrees=rel_diff <= tolerance,
-        kv=cache_lib.kv_account(state),
-        positions_with_kv_formula=int(
-            formulas.positions_with_kv(prompt_len, step + 1)),
-    ))
+    rows.append(
+        StepRow(
+            step=step,
+            fed=tuple(int(x) for x in fed[0]),
+            outputs=step + 1,
+            next_token=int(next_tokens[0]),
+            max_abs_diff=abs_diff,
+            max_rel_diff=rel_diff,
+            agrees=rel_diff <= tolerance,
+            kv=cache_lib.kv_account(state),
+            positions_with_kv_formula=int(formulas.positions_with_kv(prompt_len, step + 1)),
+        ))
     fed = next_tokens[:, None]
     tokens = jnp.concatenate([tokens, fed], axis=1)
   return rows
@@ -150,17 +146,13 @@ def check_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
   if not prompt:
     raise errors.InputError("prompt is empty: give at least one token ID.")
   for i, token in enumerate(prompt):
-    if isinstance(token, bool) or token != int(token) or not (
-        0 <= token < vocab_size):
-      raise errors.InputError(
-          f"prompt[{i}]={token!r} is not allowed: IDs must be whole numbers"
-          f" in [0, vocab_size) = [0, {vocab_size})."
-      )
+    if isinstance(token, bool) or token != int(token) or not (0 <= token < vocab_size):
+      raise errors.InputError(f"prompt[{i}]={token!r} is not allowed: IDs must be whole numbers"
+                              f" in [0, vocab_size) = [0, {vocab_size}).")
   return [int(x) for x in prompt]
 
 
-def require_feasible(config: ToyConfig, prompt_len: int, steps: int, *,
-                     layout: str = "fixed",
+def require_feasible(config: ToyConfig, prompt_len: int, steps: int, *, layout: str = "fixed",
                      max_block_passes: int = weights.MAX_BLOCK_PASSES) -> None:
   """Refuses a check beyond this machine before anything is allocated: its
   memory (`weights.require_fits`, the fresh forward pass's attention scores
@@ -171,8 +163,7 @@ def require_feasible(config: ToyConfig, prompt_len: int, steps: int, *,
       config, programs, what=f"prefill, a fresh forward pass at each of {steps + 1:,} "
       "lengths, decode", fewer="blocks or steps", limit=max_block_passes)
   positions = prompt_len + steps + 1  # After the work: the estimate traces every block.
-  weights.require_fits(config, 8, batch=1, positions=positions,
-                       attention_positions=positions)
+  weights.require_fits(config, 8, batch=1, positions=positions, attention_positions=positions)
 
 
 def lesson_check(
@@ -201,15 +192,15 @@ def lesson_check(
   with jax.enable_x64(True):
     params_key, break_key = jax.random.split(jax.random.key(seed))
     params = init_params(config, params_key, jnp.float64)
-    variant = (breakers.correct(params) if break_name is None
-               else breakers.broken(break_name, params, break_key))
-    rows = check_decode(variant, jnp.asarray([prompt], jnp.int32), steps,
-                        layout=layout, tolerance=tolerance)
+    variant = (breakers.correct(params) if break_name is None else breakers.broken(
+        break_name, params, break_key))
+    rows = check_decode(variant, jnp.asarray([prompt], jnp.int32), steps, layout=layout,
+                        tolerance=tolerance)
 
   def formula(bytes_per_element: int) -> int:
-    return int(formulas.kv_bytes_per_position(
-        config.num_blocks, config.num_kv_heads, config.head_dim,
-        bytes_per_element))
+    return int(
+        formulas.kv_bytes_per_position(config.num_blocks, config.num_kv_heads, config.head_dim,
+                                       bytes_per_element))
 
   return CheckResult(
       rows=rows,
@@ -250,21 +241,19 @@ def row_json(row: StepRow) -> dict:
   }
 
 
-
-def result_json(result: CheckResult, *, config: ToyConfig, prompt: Sequence[int],
-                steps: int, break_name: str | None, layout: str, seed: int) -> dict:
+def result_json(result: CheckResult, *, config: ToyConfig, prompt: Sequence[int], steps: int,
+                break_name: str | None, layout: str, seed: int) -> dict:
   """The check as JSON: verdicts, K/V accounting against the formulas, rows.
 
   `ok` is the expected outcome: agreement for the correct run, a detected
   mismatch under a break, and K/V counts equal to the symbolic formulas.
   """
   kv, last = result.kv, result.rows[-1]
-  kv_matches = (
-      all(row.kv.positions == row.positions_with_kv_formula for row in result.rows)
-      and kv.bytes_per_position == result.kv_bytes_per_position_formula
-      and kv.bytes_per_position_at(HYPOTHETICAL_BYTES)
-      == result.kv_bytes_per_position_2byte_formula
-      and kv.nbytes == kv.positions * kv.bytes_per_position)
+  kv_matches = (all(row.kv.positions == row.positions_with_kv_formula for row in result.rows) and
+                kv.bytes_per_position == result.kv_bytes_per_position_formula and
+                kv.bytes_per_position_at(HYPOTHETICAL_BYTES)
+                == result.kv_bytes_per_position_2byte_formula and
+                kv.nbytes == kv.positions * kv.bytes_per_position)
   detected = not result.agrees
   ok = kv_matches and (detected if break_name else result.agrees)
   return {
@@ -275,8 +264,10 @@ def result_json(result: CheckResult, *, config: ToyConfig, prompt: Sequence[int]
       "backend": jax.default_backend(),
       "device": str(jax.devices()[0].device_kind),
       "dtype": "float64",
-      "inputs": {"config": dataclasses.asdict(config), "prompt": list(prompt),
-                 "steps": steps, "layout": layout, "break": break_name, "seed": seed},
+      "inputs": {
+          "config": dataclasses.asdict(config), "prompt": list(prompt), "steps": steps,
+          "layout": layout, "break": break_name, "seed": seed
+      },
       "expected": "mismatch" if break_name else "agreement",
       "ok": ok,
       "agrees": result.agrees,

@@ -47,28 +47,23 @@ class ToyConfig:
   dropout_rate: float = 0.1
 
   def __post_init__(self):
-    for name in ("vocab_size", "num_blocks", "num_heads", "num_kv_heads",
-                 "head_dim", "width", "mlp_dim"):
+    for name in ("vocab_size", "num_blocks", "num_heads", "num_kv_heads", "head_dim", "width",
+                 "mlp_dim"):
       errors.require_positive_int(name, getattr(self, name))
     errors.require_choice("positions", self.positions, POSITION_KINDS)
     if self.num_heads % self.num_kv_heads:
-      raise errors.InputError(
-          f"num_heads={self.num_heads} is not allowed with "
-          f"num_kv_heads={self.num_kv_heads}: it must be a multiple of it."
-      )
+      raise errors.InputError(f"num_heads={self.num_heads} is not allowed with "
+                              f"num_kv_heads={self.num_kv_heads}: it must be a multiple of it.")
     if self.positions == "rope" and self.head_dim % 2:
       raise errors.InputError(
-          f"head_dim={self.head_dim} is not allowed with RoPE: it must be even."
-      )
+          f"head_dim={self.head_dim} is not allowed with RoPE: it must be even.")
     if self.positions == "learned":
       errors.require_positive_int("max_positions", self.max_positions)
     errors.require_positive("rope_base", self.rope_base)
     errors.require_positive("norm_eps", self.norm_eps)
     if not 0 <= self.dropout_rate < 1:
-      raise errors.InputError(
-          f"dropout_rate={self.dropout_rate!r} is not allowed: it must be in"
-          " [0, 1)."
-      )
+      raise errors.InputError(f"dropout_rate={self.dropout_rate!r} is not allowed: it must be in"
+                              " [0, 1).")
 
   @property
   def group_size(self) -> int:

@@ -53,6 +53,5 @@ def matmul_weights(params: Params) -> int:
   Norm scales multiply element-wise and the embedding is a lookup, so
   neither counts.
   """
-  return params.unembed.size + sum(
-      x.size for blk in params.blocks
-      for x in (blk.wq, blk.wk, blk.wv, blk.wo, blk.w_up, blk.w_down))
+  return params.unembed.size + sum(x.size for blk in params.blocks
+                                   for x in (blk.wq, blk.wk, blk.wv, blk.wo, blk.w_up, blk.w_down))

@@ -27,8 +27,7 @@ from jaxroof.toy.weights import Params
 
 # Attends new queries/keys/values of block `layer` (an int), given the state
 # buffers (or None); returns the attention output and the updated buffers.
-_Attend = Callable[
-    [jax.Array, jax.Array, jax.Array, Any, int], tuple[jax.Array, Any]]
+_Attend = Callable[[jax.Array, jax.Array, jax.Array, Any, int], tuple[jax.Array, Any]]
 
 
 def _compute_dtype(dtype: jnp.dtype) -> jnp.dtype:
@@ -50,7 +49,7 @@ def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
   e = x.shape[-1]
   half = e // 2
   dtype = _compute_dtype(x.dtype)
-  inv_freq = base ** (-jnp.arange(half, dtype=dtype) / half)  # shape=(e/2,)
+  inv_freq = base**(-jnp.arange(half, dtype=dtype) / half)  # shape=(e/2,)
   angle = positions.astype(dtype)[..., None] * inv_freq  # (t, e/2) or (b, t, e/2)
   if angle.ndim == 2:
     angle = angle[None]
@@ -61,9 +60,7 @@ def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
-def _attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
-) -> jax.Array:
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
   """Grouped-KV attention of q (b, t, h, e) over k, v (b, s, k, e).
 
   `mask` (t, s), or (b, t, s) per row, is True where a query may read a key slot.
@@ -75,9 +72,8 @@ def _attention(
   dtype = _compute_dtype(q.dtype)
   q = q.reshape(b, t, kv_heads, h // kv_heads, e)
   # (b, k, g, t, s)
-  scores = jnp.einsum(
-      "btkge,bske->bkgts", q, k, preferred_element_type=dtype
-  ) / jnp.sqrt(jnp.asarray(e, dtype))
+  scores = jnp.einsum("btkge,bske->bkgts", q, k, preferred_element_type=dtype) / jnp.sqrt(
+      jnp.asarray(e, dtype))
   scores = jnp.where(mask, scores, jnp.finfo(dtype).min)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   # (b, t, k, g, e)
@@ -85,9 +81,8 @@ def _attention(
   return out.reshape(b, t, h, e)
 
 
-def _attention_rows(
-    q: jax.Array, k_rows: jax.Array, v_rows: jax.Array, mask: jax.Array
-) -> jax.Array:
+def _attention_rows(q: jax.Array, k_rows: jax.Array, v_rows: jax.Array,
+                    mask: jax.Array) -> jax.Array:
   """Grouped-KV attention of q (b, t, h, e) over head-major K/V rows.
 
   `k_rows`, `v_rows` are (b * k, s, e): row i * k + j holds sequence i's
@@ -107,9 +102,8 @@ def _attention_rows(
   dtype = _compute_dtype(q.dtype)
   # (n, g * t, e): a row's g query heads times t positions.
   q = q.reshape(b, t, kv_heads, g, e).transpose(0, 2, 3, 1, 4).reshape(n, g * t, e)
-  scores = jnp.einsum(
-      "nse,nre->nsr", k_rows, q, preferred_element_type=dtype
-  ) / jnp.sqrt(jnp.asarray(e, dtype))
+  scores = jnp.einsum("nse,nre->nsr", k_rows, q, preferred_element_type=dtype) / jnp.sqrt(
+      jnp.asarray(e, dtype))
   scores = jnp.swapaxes(scores, 1, 2)  # (n, g * t, s)
   allowed = jnp.broadcast_to(mask[None], (g, t, s)).reshape(g * t, s)
   scores = jnp.where(allowed, scores, jnp.finfo(dtype).min)
@@ -154,8 +148,7 @@ def _blocks(
   use_rope = c.positions == "rope"
   keep = None  # Dropout masks of every block, drawn at once.
   if dropout_rng is not None and c.dropout_rate > 0:
-    keep = jax.random.bernoulli(dropout_rng, 1 - c.dropout_rate,
-                                (c.num_blocks, 2) + x.shape)
+    keep = jax.random.bernoulli(dropout_rng, 1 - c.dropout_rate, (c.num_blocks, 2) + x.shape)
   for layer, blk in enumerate(params.blocks):
     attn_keep, mlp_keep = (None, None) if keep is None else keep[layer]
     h = _rms_norm(x, blk.attn_norm, c.norm_eps)
@@ -171,9 +164,7 @@ def _blocks(
     a = jnp.dot(a.reshape(b, t, -1), blk.wo.reshape(-1, c.width))
     x = x + _dropout(a, c.dropout_rate, attn_keep)
     h = _rms_norm(x, blk.mlp_norm, c.norm_eps)
-    m = jnp.einsum("btF,FD->btD",
-                   jax.nn.gelu(jnp.einsum("btD,DF->btF", h, blk.w_up)),
-                   blk.w_down)
+    m = jnp.einsum("btF,FD->btD", jax.nn.gelu(jnp.einsum("btD,DF->btF", h, blk.w_up)), blk.w_down)
     x = x + _dropout(m, c.dropout_rate, mlp_keep)
   x = _rms_norm(x, params.final_norm, c.norm_eps)
   logits = jnp.einsum("btD,DV->btV", x, params.unembed,
@@ -183,18 +174,14 @@ def _blocks(
 
 def _check_ids(ids: jax.Array) -> None:
   if ids.ndim != 2 or ids.shape[1] < 1:
-    raise errors.InputError(
-        f"ids has shape {ids.shape}: give (batch, seq) with seq >= 1."
-    )
+    raise errors.InputError(f"ids has shape {ids.shape}: give (batch, seq) with seq >= 1.")
 
 
 def _check_positions(params: Params, last: int) -> None:
   c = params.config
   if c.positions == "learned" and last >= c.max_positions:
-    raise errors.InputError(
-        f"position {last} is not allowed: the learned position table has"
-        f" max_positions={c.max_positions} rows."
-    )
+    raise errors.InputError(f"position {last} is not allowed: the learned position table has"
+                            f" max_positions={c.max_positions} rows.")
 
 
 def forward(
@@ -222,15 +209,13 @@ def _forward(params: Params, ids: jax.Array, *, causal: bool,
              dropout_rng: jax.Array | None) -> jax.Array:
   t = ids.shape[1]
   positions = jnp.arange(t)
-  mask = (positions[None, :] <= positions[:, None] if causal
-          else jnp.ones((t, t), bool))
+  mask = (positions[None, :] <= positions[:, None] if causal else jnp.ones((t, t), bool))
 
   def attend(q, k, v, bufs, layer):
     del bufs, layer  # Unused: nothing is kept.
     return _attention(q, k, v, mask), None
 
-  logits, _ = _blocks(params, _embed(params, ids, positions), positions, None,
-                      attend, dropout_rng)
+  logits, _ = _blocks(params, _embed(params, ids, positions), positions, None, attend, dropout_rng)
   return logits
 
 
@@ -267,15 +252,12 @@ def extend(
   _check_ids(ids)
   b, t = ids.shape
   if b != state.batch:
-    raise errors.InputError(
-        f"ids has batch {b} but the state holds {state.batch} sequences."
-    )
+    raise errors.InputError(f"ids has batch {b} but the state holds {state.batch} sequences.")
   state.check_room(t)
-  slots = state.max_len if isinstance(state, cache_lib.FixedCache) else (
-      state.length + t)
+  slots = state.max_len if isinstance(state, cache_lib.FixedCache) else (state.length + t)
   _check_positions(params, slots - 1 + position_offset)
-  return _extend(params, state, ids, causal=causal,
-                 position_offset=position_offset, dropout_rng=dropout_rng)
+  return _extend(params, state, ids, causal=causal, position_offset=position_offset,
+                 dropout_rng=dropout_rng)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "position_offset"))
@@ -307,9 +289,8 @@ def _extend(
     v_all = v_all[:layer] + (v_layer,) + v_all[layer + 1:]
     return _attention_rows(q, k_layer, v_layer, mask), (k_all, v_all)
 
-  logits, (k_bufs, v_bufs) = _blocks(
-      params, _embed(params, ids, positions), positions,
-      (tuple(k_bufs), tuple(v_bufs)), attend, dropout_rng)
+  logits, (k_bufs, v_bufs) = _blocks(params, _embed(params, ids, positions), positions,
+                                     (tuple(k_bufs), tuple(v_bufs)), attend, dropout_rng)
   # Under jit the room check cannot run; an overflowing write would clamp
   # onto the last slot, so poison the logits instead of returning wrong ones.
   logits = jnp.where(start + t <= slots, logits, jnp.nan)
@@ -329,15 +310,12 @@ def prefill(
   """
   if state is None:
     _check_ids(ids)
-    state = cache_lib.empty_growing_cache(
-        params.config, ids.shape[0], params.embed.dtype
-    )
+    state = cache_lib.empty_growing_cache(params.config, ids.shape[0], params.embed.dtype)
   return extend(params, state, ids, **kwargs)
 
 
-def decode_step(
-    params: Params, state: cache_lib.Cache, token: jax.Array, **kwargs
-) -> tuple[jax.Array, cache_lib.Cache]:
+def decode_step(params: Params, state: cache_lib.Cache, token: jax.Array,
+                **kwargs) -> tuple[jax.Array, cache_lib.Cache]:
   """Feeds one token per sequence, shape (b,); returns logits (b, V), state.
 
   Keywords go to `extend`. With a `FixedCache` the shapes never change, so
@@ -393,13 +371,9 @@ def generate_uncached(params: Params, ids: jax.Array, steps: int) -> jax.Array:
 
   def step(buffer, i):
     current = prompt_len + i - 1  # Last filled slot.
-    logits = lax.dynamic_index_in_dim(
-        forward(params, buffer), current, axis=1, keepdims=False
-    )
+    logits = lax.dynamic_index_in_dim(forward(params, buffer), current, axis=1, keepdims=False)
     token = jnp.argmax(logits, axis=-1).astype(ids.dtype)
-    buffer = lax.dynamic_update_slice_in_dim(
-        buffer, token[:, None], current + 1, axis=1
-    )
+    buffer = lax.dynamic_update_slice_in_dim(buffer, token[:, None], current + 1, axis=1)
     return buffer, token
 
   _, tokens = lax.scan(step, buffer, jnp.arange(steps))

@@ -53,8 +53,8 @@ def init_rows(config: ToyConfig, batch: int, max_len: int, dtype: jnp.dtype) -> 
 
 
 @jax.jit
-def extend_rows(params: Params, cache: RowCache, ids: jax.Array, num_new: jax.Array
-                ) -> tuple[jax.Array, RowCache]:
+def extend_rows(params: Params, cache: RowCache, ids: jax.Array,
+                num_new: jax.Array) -> tuple[jax.Array, RowCache]:
   """Runs ids (b, t) as each row's next positions; returns logits (b, t, V), cache.
 
   Row r's position i sits at slot `lengths[r] + i`; its query reads slots
@@ -101,8 +101,8 @@ def prefill_row(params: Params, cache: RowCache, row: jax.Array, ids: jax.Array,
 
 
 @jax.jit
-def decode_rows(params: Params, cache: RowCache, tokens: jax.Array, active: jax.Array
-                ) -> tuple[jax.Array, RowCache]:
+def decode_rows(params: Params, cache: RowCache, tokens: jax.Array,
+                active: jax.Array) -> tuple[jax.Array, RowCache]:
   """Feeds tokens (b,) to every row; only `active` rows (bool, b) advance.
 
   Returns the logits (b, V) and the cache.

@@ -29,8 +29,7 @@ from jaxroof.toy.config import ToyConfig
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up",
-                 "w_down"],
+    data_fields=["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_up", "w_down"],
     meta_fields=[],
 )
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +63,7 @@ class Params:
   config: ToyConfig
 
 
-def init_params(
-    config: ToyConfig, key: jax.Array, dtype: jnp.dtype = jnp.float32
-) -> Params:
+def init_params(config: ToyConfig, key: jax.Array, dtype: jnp.dtype = jnp.float32) -> Params:
   """Random weights: normal with std 1/sqrt(fan-in), norm scales one.
 
   For float64 weights call it inside `jax.enable_x64(True)`.
@@ -102,16 +99,17 @@ def _init_params(config: ToyConfig, key: jax.Array, dtype: jnp.dtype):
 
   # Drawn stacked (the same numbers for a seed whatever the layout), then
   # returned one array per block and weight.
-  blocks = tuple(BlockParams(
-      attn_norm=jnp.ones((width,), dtype),
-      wq=w["wq"][i],
-      wk=w["wk"][i],
-      wv=w["wv"][i],
-      wo=w["wo"][i],
-      mlp_norm=jnp.ones((width,), dtype),
-      w_up=w["w_up"][i],
-      w_down=w["w_down"][i],
-  ) for i in range(l))
+  blocks = tuple(
+      BlockParams(
+          attn_norm=jnp.ones((width,), dtype),
+          wq=w["wq"][i],
+          wk=w["wk"][i],
+          wv=w["wv"][i],
+          wo=w["wo"][i],
+          mlp_norm=jnp.ones((width,), dtype),
+          w_up=w["w_up"][i],
+          w_down=w["w_down"][i],
+      ) for i in range(l))
   return Params(
       embed=w["embed"],
       pos_embed=w.get("pos_embed"),
@@ -136,8 +134,7 @@ def _weight_count(config: ToyConfig) -> int:
 
   def count(blocks: int) -> int:
     small = dataclasses.replace(config, num_blocks=blocks)
-    shapes = jax.eval_shape(lambda key: init_params(small, key, jnp.float32),
-                            jax.random.key(0))
+    shapes = jax.eval_shape(lambda key: init_params(small, key, jnp.float32), jax.random.key(0))
     return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
 
   one = count(1)
@@ -164,8 +161,7 @@ def require_compilable(config: ToyConfig, programs: int, *, what: str, fewer: st
 
 
 def require_fits(config: ToyConfig, itemsize: int, *, batch: int, positions: int,
-                 attention_positions: int = 0,
-                 limit_bytes: float = MEMORY_LIMIT_BYTES) -> float:
+                 attention_positions: int = 0, limit_bytes: float = MEMORY_LIMIT_BYTES) -> float:
   """Estimates the toy's memory (weights, K/V cache, logits) without allocating
   it, and refuses a configuration over `limit_bytes`, naming the estimate.
 

@@ -21,9 +21,9 @@ def run_case(name: str) -> dict:
   module, flags = cases.CASES[name]
   with tempfile.TemporaryDirectory() as tmp:
     out = pathlib.Path(tmp) / "out.json"
-    proc = subprocess.run([sys.executable, "-m", f"experiments.{module}", *flags,
-                           f"--json_out={out}"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"experiments.{module}", *flags, f"--json_out={out}"],
+        capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
       raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
     return cases.strip(json.loads(out.read_text()))

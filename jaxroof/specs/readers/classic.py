@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxroof import errors
-from jaxroof.specs.model_spec import (FULL, MLA, RECURRENT, SLIDING, AttentionSpec,
-                                      MLASpec, ModelSpec, MoESpec, SSMSpec)
+from jaxroof.specs.model_spec import (FULL, MLA, RECURRENT, SLIDING, AttentionSpec, MLASpec,
+                                      ModelSpec, MoESpec, SSMSpec)
 from jaxroof.specs.readers.fields import MISSING, Fields, schedule, spec
 from jaxroof.specs.readers.fields import attention as gqa
+
 
 def _windowed_llama(f: Fields, name: str, *, window_default: int | None,
                     kv_heads: Any = None) -> ModelSpec:
@@ -29,10 +30,9 @@ def _windowed_llama(f: Fields, name: str, *, window_default: int | None,
     window = f.nullable_int("sliding_window", default=window_default)
   kinds = schedule(f, n, lambda i: SLIDING if window else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = gqa(f, window=window, kv_heads=kv_heads, qkv_bias=bias,
-                         o_bias=bias)
+  attention = gqa(f, window=window, kv_heads=kv_heads, qkv_bias=bias, o_bias=bias)
   return spec(f, name=name, layer_kinds=kinds, attention=attention,
-               mlp_bias=f.bool("mlp_bias", default=False))
+              mlp_bias=f.bool("mlp_bias", default=False))
 
 
 def _llama(f: Fields, name: str) -> ModelSpec:
@@ -53,12 +53,12 @@ def _mixtral(f: Fields, name: str) -> ModelSpec:
       experts_per_token=f.int("num_experts_per_tok", default=2),
       expert_intermediate_size=f.int("intermediate_size"),
   )
-  return spec(f, name=name, layer_kinds=kinds, moe_layers=(True,) * n,
-               intermediate=None, attention=attention, moe=moe)
+  return spec(f, name=name, layer_kinds=kinds, moe_layers=(True,) * n, intermediate=None,
+              attention=attention, moe=moe)
 
 
-def _qwen_schedule(f: Fields, n: int, first_windowed: int = 28
-                   ) -> tuple[tuple[str, ...], int | None]:
+def _qwen_schedule(f: Fields, n: int,
+                   first_windowed: int = 28) -> tuple[tuple[str, ...], int | None]:
   """Qwen2/3: windowed from `max_window_layers` on, if `use_sliding_window`."""
   window = None
   if f.bool("use_sliding_window", default=False):
@@ -78,15 +78,13 @@ def _qwen2(f: Fields, name: str) -> ModelSpec:
 
 def _qwen3_attention(f: Fields, window: int | None, head_dim: int | None) -> AttentionSpec:
   bias = f.bool("attention_bias", default=False)
-  return gqa(f, window=window, head_dim=head_dim, qkv_bias=bias, o_bias=bias,
-                    qk_norm=True)
+  return gqa(f, window=window, head_dim=head_dim, qkv_bias=bias, o_bias=bias, qk_norm=True)
 
 
 def _qwen3(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   kinds, window = _qwen_schedule(f, n)
-  return spec(f, name=name, layer_kinds=kinds,
-               attention=_qwen3_attention(f, window, head_dim=128))
+  return spec(f, name=name, layer_kinds=kinds, attention=_qwen3_attention(f, window, head_dim=128))
 
 
 def qwen_moe_layers(f: Fields, n: int, experts: int) -> tuple[bool, ...]:
@@ -94,8 +92,7 @@ def qwen_moe_layers(f: Fields, n: int, experts: int) -> tuple[bool, ...]:
   the `mlp_only_layers`; none when the config has no experts."""
   step = f.int("decoder_sparse_step", default=1)
   dense_only = set(f.int_list("mlp_only_layers", []))
-  return tuple(experts > 0 and i not in dense_only and (i + 1) % step == 0
-               for i in range(n))
+  return tuple(experts > 0 and i not in dense_only and (i + 1) % step == 0 for i in range(n))
 
 
 def _qwen3_moe(f: Fields, name: str) -> ModelSpec:
@@ -111,10 +108,8 @@ def _qwen3_moe(f: Fields, name: str) -> ModelSpec:
         expert_intermediate_size=f.int("moe_intermediate_size", default=768),
     )
   intermediate = MISSING if not all(moe_layers) else None
-  return spec(f, name=name, layer_kinds=kinds, moe_layers=moe_layers,
-               intermediate=intermediate,
-               attention=_qwen3_attention(f, window, head_dim=None),
-               moe=moe)
+  return spec(f, name=name, layer_kinds=kinds, moe_layers=moe_layers, intermediate=intermediate,
+              attention=_qwen3_attention(f, window, head_dim=None), moe=moe)
 
 
 def _gemma2(f: Fields, name: str) -> ModelSpec:
@@ -122,10 +117,9 @@ def _gemma2(f: Fields, name: str) -> ModelSpec:
   window = f.nullable_int("sliding_window", default=4096)
   kinds = schedule(f, n, lambda i: SLIDING if window and i % 2 == 0 else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256,
-                         qkv_bias=bias, o_bias=bias)
-  return spec(f, name=name, layer_kinds=kinds, vocab=256000, intermediate=9216,
-               tie=True, norms_per_layer=4, attention=attention)
+  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256, qkv_bias=bias, o_bias=bias)
+  return spec(f, name=name, layer_kinds=kinds, vocab=256000, intermediate=9216, tie=True,
+              norms_per_layer=4, attention=attention)
 
 
 def _gemma3_text(f: Fields, name: str) -> ModelSpec:
@@ -136,22 +130,19 @@ def _gemma3_text(f: Fields, name: str) -> ModelSpec:
     pattern = f.int("sliding_window_pattern", "_sliding_window_pattern", default=6)
   kinds = schedule(f, n, lambda i: SLIDING if window and (i + 1) % pattern else FULL)
   bias = f.bool("attention_bias", default=False)
-  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256,
-                         qkv_bias=bias, o_bias=bias, qk_norm=True)
-  return spec(f, name=name, layer_kinds=kinds, vocab=262208, intermediate=9216,
-               tie=True, norms_per_layer=4, attention=attention)
+  attention = gqa(f, window=window, heads=8, kv_heads=4, head_dim=256, qkv_bias=bias, o_bias=bias,
+                  qk_norm=True)
+  return spec(f, name=name, layer_kinds=kinds, vocab=262208, intermediate=9216, tie=True,
+              norms_per_layer=4, attention=attention)
 
 
 def _gemma3(f: Fields, name: str) -> ModelSpec:
   """The multimodal Gemma 3 config: its `text_config` is the decoder."""
   text = f.config.get("text_config")
   if not isinstance(text, dict):
-    raise errors.InputError(
-        f"{f.source}: config.json (model_type 'gemma3') has no 'text_config' "
-        "object, which holds the decoder's sizes."
-    )
-  inner = Fields({**text, "model_type": "gemma3_text"}, model_type="gemma3_text",
-                  source=f.source)
+    raise errors.InputError(f"{f.source}: config.json (model_type 'gemma3') has no 'text_config' "
+                            "object, which holds the decoder's sizes.")
+  inner = Fields({**text, "model_type": "gemma3_text"}, model_type="gemma3_text", source=f.source)
   inner.notes.append("vision tower and projector not counted (decoder only)")
   return _gemma3_text(inner, name)
 
@@ -161,8 +152,8 @@ def _gpt_oss(f: Fields, name: str) -> ModelSpec:
   window = f.nullable_int("sliding_window", default=128)
   kinds = schedule(f, n, lambda i: SLIDING if window and (i + 1) % 2 else FULL)
   bias = f.bool("attention_bias", default=True)
-  attention = gqa(f, window=window, heads=64, kv_heads=8, head_dim=64,
-                         qkv_bias=bias, o_bias=bias, sinks=True)
+  attention = gqa(f, window=window, heads=64, kv_heads=8, head_dim=64, qkv_bias=bias, o_bias=bias,
+                  sinks=True)
   moe = MoESpec(
       num_experts=f.int("num_local_experts", "num_experts", default=128),
       experts_per_token=f.int("num_experts_per_tok", "experts_per_token", default=4),
@@ -170,8 +161,8 @@ def _gpt_oss(f: Fields, name: str) -> ModelSpec:
       expert_bias=True,
       router_bias=True,
   )
-  return spec(f, name=name, layer_kinds=kinds, moe_layers=(True,) * n,
-               vocab=201088, intermediate=None, attention=attention, moe=moe)
+  return spec(f, name=name, layer_kinds=kinds, moe_layers=(True,) * n, vocab=201088,
+              intermediate=None, attention=attention, moe=moe)
 
 
 def _deepseek(f: Fields, name: str) -> ModelSpec:
@@ -188,8 +179,7 @@ def _deepseek(f: Fields, name: str) -> ModelSpec:
   experts = f.nullable_int("n_routed_experts", default=None) or 0
   first_dense = f.int("first_k_dense_replace", default=3 if v3 else 0, minimum=0)
   freq = f.int("moe_layer_freq", default=1)
-  moe_layers = tuple(experts > 0 and i >= first_dense and i % freq == 0
-                     for i in range(n))
+  moe_layers = tuple(experts > 0 and i >= first_dense and i % freq == 0 for i in range(n))
   moe = None
   if any(moe_layers):
     expert_size = f.int("moe_intermediate_size")
@@ -199,8 +189,7 @@ def _deepseek(f: Fields, name: str) -> ModelSpec:
         expert_intermediate_size=expert_size,
         num_shared_experts=f.nullable_int("n_shared_experts", default=1) or 0,
         shared_intermediate_size=expert_size,
-        router_score_bias=f.config.get("topk_method", "noaux_tc" if v3 else
-                                       "greedy") == "noaux_tc",
+        router_score_bias=f.config.get("topk_method", "noaux_tc" if v3 else "greedy") == "noaux_tc",
     )
   mtp = f.config.get("num_nextn_predict_layers") or 0
   if mtp:
@@ -208,7 +197,7 @@ def _deepseek(f: Fields, name: str) -> ModelSpec:
                    "(not used by ordinary decoding)")
   intermediate = None if all(moe_layers) else MISSING
   return spec(f, name=name, layer_kinds=(MLA,) * n, moe_layers=moe_layers,
-               intermediate=intermediate, mla=mla, moe=moe)
+              intermediate=intermediate, mla=mla, moe=moe)
 
 
 def _mamba(f: Fields, name: str) -> ModelSpec:
@@ -225,8 +214,8 @@ def _mamba(f: Fields, name: str) -> ModelSpec:
       proj_bias=f.bool("use_bias", default=False),
       conv_bias=f.bool("use_conv_bias", default=True),
   )
-  return spec(f, name=name, layer_kinds=(RECURRENT,) * n, vocab=50280,
-               intermediate=None, tie=True, norms_per_layer=1, ssm=ssm)
+  return spec(f, name=name, layer_kinds=(RECURRENT,) * n, vocab=50280, intermediate=None, tie=True,
+              norms_per_layer=1, ssm=ssm)
 
 
 def mamba_ssm(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
@@ -239,8 +228,7 @@ def mamba_ssm(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
   layer = cfg.get("layer", "Mamba1")
   if layer != "Mamba1":
     raise errors.InputError(
-        f"{source}: ssm_cfg layer {layer!r} is not supported; supported: Mamba1."
-    )
+        f"{source}: ssm_cfg layer {layer!r} is not supported; supported: Mamba1.")
   f = Fields(config, model_type="mamba", source=source)
   hidden = f.int("d_model")
   vocab = f.int("vocab_size")
@@ -253,17 +241,16 @@ def mamba_ssm(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
   }
   names = {"tie_embeddings": "tie_word_embeddings"}
   renamed.update({names[k]: v for k, v in config.items() if k in names})
-  names = {"d_state": "state_size", "d_conv": "conv_kernel", "expand": "expand",
-           "dt_rank": "time_step_rank", "bias": "use_bias",
-           "conv_bias": "use_conv_bias"}
+  names = {
+      "d_state": "state_size", "d_conv": "conv_kernel", "expand": "expand",
+      "dt_rank": "time_step_rank", "bias": "use_bias", "conv_bias": "use_conv_bias"
+  }
   renamed.update({names[k]: v for k, v in cfg.items() if k in names})
   g = Fields(renamed, model_type="mamba", source=source)
   if padded != vocab:
     g.notes.append(f"vocab_size {vocab} padded to {padded} "
                    f"(pad_vocab_size_multiple {multiple})")
   return _mamba(g, name)
-
-
 
 
 READERS = {

@@ -35,31 +35,34 @@ def _phi3(f: Fields, name: str) -> ModelSpec:
   if rotary not in (None, 1, 1.0):
     f.notes.append(f"partial_rotary_factor {rotary}: RoPE on part of each head "
                    "(no change to bytes or FLOPs)")
-  return spec(f, name=name, layer_kinds=kinds,
-              attention=attention(f, window=window, qkv_bias=bias, o_bias=bias),
+  return spec(f, name=name, layer_kinds=kinds, attention=attention(f, window=window, qkv_bias=bias,
+                                                                   o_bias=bias),
               mlp_bias=f.bool("mlp_bias", default=False))
 
 
 def _granite(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   bias = f.bool("attention_bias", default=False)
-  multipliers = [k for k in ("embedding_multiplier", "residual_multiplier",
-                             "attention_multiplier", "logits_scaling") if k in f.config]
+  multipliers = [
+      k for k in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                  "logits_scaling") if k in f.config
+  ]
   if multipliers:
     f.notes.append(f"scalar multipliers ({', '.join(multipliers)}) are elementwise: "
                    "no weights, no change to bytes")
   return spec(f, name=name, layer_kinds=(FULL,) * n, tie=True,
-              attention=attention(f, window=None, qkv_bias=bias, o_bias=bias),
-              mlp_bias=f.bool("mlp_bias", default=False))
+              attention=attention(f, window=None, qkv_bias=bias,
+                                  o_bias=bias), mlp_bias=f.bool("mlp_bias", default=False))
 
 
 def _olmo2(f: Fields, name: str) -> ModelSpec:
   n = f.int("num_hidden_layers")
   bias = f.bool("attention_bias", default=False)
   f.notes.append("q/k RMSNorm over the flattened projections; post-sublayer norms")
-  return spec(f, name=name, layer_kinds=(FULL,) * n,
-              attention=attention(f, window=None, qkv_bias=bias, o_bias=bias,
-                                  qk_norm=True, qk_norm_flat=True))
+  return spec(
+      f, name=name, layer_kinds=(FULL,) * n,
+      attention=attention(f, window=None, qkv_bias=bias, o_bias=bias, qk_norm=True,
+                          qk_norm_flat=True))
 
 
 def _cohere2(f: Fields, name: str) -> ModelSpec:
@@ -77,8 +80,8 @@ def _cohere2(f: Fields, name: str) -> ModelSpec:
 
 def _chunk_size(f: Fields) -> int:
   value = f.config.get("attention_chunk_size")
-  if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                            or value <= 0):
+  if value is not None and (isinstance(value, bool) or not isinstance(value,
+                                                                      (int, float)) or value <= 0):
     raise errors.InputError(
         f"{f.source}: config field attention_chunk_size={value!r} is not allowed: it "
         "must be a whole number >= 1 (or null for no chunking).")
@@ -107,21 +110,21 @@ def _llama4_text(f: Fields, name: str) -> ModelSpec:
   moe_layers = tuple(i in moe_ids for i in range(n))
   expert_size = f.int("intermediate_size", default=8192)
   moe = MoESpec(num_experts=f.int("num_local_experts", default=16),
-                experts_per_token=f.int("num_experts_per_tok", default=1),
-                expert_intermediate_size=expert_size, num_shared_experts=1,
-                shared_intermediate_size=expert_size)
+                experts_per_token=f.int("num_experts_per_tok",
+                                        default=1), expert_intermediate_size=expert_size,
+                num_shared_experts=1, shared_intermediate_size=expert_size)
   f.notes.append(f"{rope.count(0)} global blocks without RoPE (NoPE); the others "
-                 f"attend within chunks of {chunk} tokens" if chunk else
-                 f"{rope.count(0)} blocks without RoPE (NoPE)")
+                 f"attend within chunks of {chunk} tokens"
+                 if chunk else f"{rope.count(0)} blocks without RoPE (NoPE)")
   if f.config.get("use_qk_norm"):
     f.notes.append("use_qk_norm: a weightless L2 norm of q and k on RoPE blocks")
   bias = f.bool("attention_bias", default=False)
   dense = None if all(moe_layers) else 16384
-  return spec(f, name=name, layer_kinds=kinds, moe_layers=moe_layers,
-              intermediate=dense, intermediate_key="intermediate_size_mlp",
-              attention=attention(f, window=None, heads=40, kv_heads=8, head_dim=128,
-                                  qkv_bias=bias, o_bias=bias, chunk_size=chunk),
-              moe=moe)
+  return spec(
+      f, name=name, layer_kinds=kinds, moe_layers=moe_layers, intermediate=dense,
+      intermediate_key="intermediate_size_mlp",
+      attention=attention(f, window=None, heads=40, kv_heads=8, head_dim=128, qkv_bias=bias,
+                          o_bias=bias, chunk_size=chunk), moe=moe)
 
 
 def _llama4(f: Fields, name: str) -> ModelSpec:
@@ -131,8 +134,7 @@ def _llama4(f: Fields, name: str) -> ModelSpec:
     raise errors.InputError(
         f"{f.source}: config.json (model_type 'llama4') has no 'text_config' object, "
         "which holds the decoder's sizes.")
-  inner = Fields({**text, "model_type": "llama4_text"}, model_type="llama4_text",
-                 source=f.source)
+  inner = Fields({**text, "model_type": "llama4_text"}, model_type="llama4_text", source=f.source)
   inner.notes.append("vision tower and projector not counted (text decoder only; "
                      "they make up the rest of the published total)")
   return _llama4_text(inner, name)

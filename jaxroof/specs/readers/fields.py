@@ -43,10 +43,8 @@ class Fields:
 
   def _default(self, key: str, default: Any) -> Any:
     if default is MISSING:
-      raise errors.InputError(
-          f"{self.source}: config.json (model_type {self.model_type!r}) has no "
-          f"{key!r} field, which is needed to size the model."
-      )
+      raise errors.InputError(f"{self.source}: config.json (model_type {self.model_type!r}) has no "
+                              f"{key!r} field, which is needed to size the model.")
     value = default() if callable(default) else default
     self.defaults_used.append(f"{key}={value!r}")
     rule = self.rules.get(key)
@@ -58,14 +56,12 @@ class Fields:
 
   def _check_int(self, key: str, value: Any, minimum: int) -> int:
     limit = MAX_LAYERS if "layers" in key else MAX_SIZE
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-        or (isinstance(value, float) and not math.isfinite(value))
-        or not minimum <= value <= limit or value != int(value)):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+        (isinstance(value, float) and not math.isfinite(value)) or not minimum <= value <= limit or
+        value != int(value)):
       shown = repr(value) if len(repr(value)) < 40 else f"{repr(value)[:20]}..."
-      raise errors.InputError(
-          f"{self.source}: config field {key}={shown} is not allowed: it must "
-          f"be a whole number in [{minimum}, {limit:,}]."
-      )
+      raise errors.InputError(f"{self.source}: config field {key}={shown} is not allowed: it must "
+                              f"be a whole number in [{minimum}, {limit:,}].")
     return int(value)
 
   def int(self, *keys: str, default: Any = MISSING, minimum: int = 1) -> int:
@@ -89,8 +85,7 @@ class Fields:
     if not isinstance(value, bool):
       raise errors.InputError(
           f"{self.source}: config field {key}={value!r} is not allowed: it must "
-          "be true or false."
-      )
+          "be true or false.")
     return value
 
   def int_list(self, key: str, default: list[int]) -> list[int]:
@@ -100,8 +95,7 @@ class Fields:
     if not isinstance(value, list):
       raise errors.InputError(
           f"{self.source}: config field {key}={value!r} is not allowed: it must "
-          "be a list of layer indices."
-      )
+          "be a list of layer indices.")
     return [self._check_int(key, v, 0) for v in value]
 
 
@@ -113,36 +107,29 @@ def schedule(f: Fields, n: int, rule: Callable[[int], str]) -> tuple[str, ...]:
   if not isinstance(types, list) or len(types) != n:
     raise errors.InputError(
         f"{f.source}: config field layer_types={types!r} is not allowed: it must "
-        f"list one type per block ({n} blocks)."
-    )
+        f"list one type per block ({n} blocks).")
   for t in types:
     if not isinstance(t, str) or t not in LAYER_TYPES:
-      raise errors.InputError(
-          f"{f.source}: layer type {t!r} in layer_types is not supported; "
-          f"supported: {', '.join(LAYER_TYPES)}."
-      )
+      raise errors.InputError(f"{f.source}: layer type {t!r} in layer_types is not supported; "
+                              f"supported: {', '.join(LAYER_TYPES)}.")
   return tuple(LAYER_TYPES[t] for t in types)
 
 
-def attention(f: Fields, *, window: int | None, heads: Any = MISSING,
-               kv_heads: Any = None, head_dim: Any = None,
-               **flags: bool) -> AttentionSpec:
+def attention(f: Fields, *, window: int | None, heads: Any = MISSING, kv_heads: Any = None,
+              head_dim: Any = None, **flags: bool) -> AttentionSpec:
   """Grouped-query attention dims; head_dim defaults to hidden/heads."""
   hidden = f.int("hidden_size")
   num_heads = f.int("num_attention_heads", default=heads)
   if kv_heads is None:
     f.rules["num_key_value_heads"] = "num_attention_heads"
-  num_kv = f.int("num_key_value_heads",
-                 default=num_heads if kv_heads is None else kv_heads)
+  num_kv = f.int("num_key_value_heads", default=num_heads if kv_heads is None else kv_heads)
   if head_dim is None and hidden % num_heads == 0:
     head_dim = hidden // num_heads
     f.rules["head_dim"] = "hidden_size / num_attention_heads"
   dim = f.int("head_dim", default=MISSING if head_dim is None else head_dim)
   if num_heads % num_kv:
-    raise errors.InputError(
-        f"{f.source}: num_attention_heads={num_heads} is not a multiple of "
-        f"num_key_value_heads={num_kv}."
-    )
+    raise errors.InputError(f"{f.source}: num_attention_heads={num_heads} is not a multiple of "
+                            f"num_key_value_heads={num_kv}.")
   return AttentionSpec(num_heads=num_heads, num_kv_heads=num_kv, head_dim=dim,
                        sliding_window=window, **flags)
 
@@ -166,9 +153,9 @@ def _quantization(config: Any) -> dict[str, Any]:
 
 
 def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
-          moe_layers: tuple[bool, ...] | None = None, vocab: Any = MISSING,
-          intermediate: Any = MISSING, tie: bool = False,
-          intermediate_key: str = "intermediate_size", **parts: Any) -> ModelSpec:
+         moe_layers: tuple[bool, ...] | None = None, vocab: Any = MISSING,
+         intermediate: Any = MISSING, tie: bool = False,
+         intermediate_key: str = "intermediate_size", **parts: Any) -> ModelSpec:
   """The fields every reader fills the same way.
 
   `intermediate` is the default of `intermediate_size` (the dense MLP width),
@@ -186,8 +173,7 @@ def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
       layer_kinds=layer_kinds,
       moe_layers=moe_layers,
       intermediate_size=intermediate or 0,
-      tie_word_embeddings=f.bool("tie_word_embeddings", "tie_embeddings",
-                                 default=tie),
+      tie_word_embeddings=f.bool("tie_word_embeddings", "tie_embeddings", default=tie),
       max_position_embeddings=f.config.get("max_position_embeddings"),
       torch_dtype=f.config.get("torch_dtype", f.config.get("dtype")),
       **_quantization(f.config.get("quantization_config")),
@@ -197,5 +183,3 @@ def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
       notes=tuple(f.notes),
       **parts,
   )
-
-
