@@ -34,6 +34,17 @@ def why_not_positive(config: Any) -> str | None:
   return None
 
 
+def why_not_runnable(config: Any, dtype: str, supported: tuple[str, ...]) -> str | None:
+  """The checks every op's `why_invalid` starts with: whole-number config fields >= 1
+  and a supported dtype. None if both hold."""
+  reason = why_not_positive(config)
+  if reason:
+    return reason
+  if dtype not in supported:
+    return f"dtype={dtype} is not supported: use {supported}"
+  return None
+
+
 def device_cores(rules: str) -> int:
   """Streaming multiprocessors of the GPU at hand, for the split heuristics.
 

@@ -299,11 +299,9 @@ def _decode_call(q, k, v, lengths, *, config, target: Target, scale: float | Non
 def why_invalid(config: DecodeAttentionConfig, problem: DecodeProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  reason = base.why_not_positive(c)
+  reason = base.why_not_runnable(c, p.dtype, SUPPORTED_DTYPES)
   if reason:
     return reason
-  if p.dtype not in SUPPORTED_DTYPES:
-    return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.max_len % (c.num_splits * c.block_k):
     return (f"max_len={p.max_len} must be a multiple of "
             f"num_splits*block_k={c.num_splits * c.block_k}")

@@ -265,11 +265,9 @@ def _linear_call_gpu(x, w, *, config, target, tile, tiles, valid_rows, cost: pl.
 def why_invalid(config: LinearConfig, problem: LinearProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  reason = base.why_not_positive(c)
+  reason = base.why_not_runnable(c, p.dtype, SUPPORTED_DTYPES)
   if reason:
     return reason
-  if p.dtype not in SUPPORTED_DTYPES:
-    return f"dtype={p.dtype} is not supported: use {SUPPORTED_DTYPES}"
   if p.k % (c.split_k * c.block_k):
     return (f"K={p.k} must be a multiple of split_k*block_k="
             f"{c.split_k * c.block_k}")

@@ -286,11 +286,9 @@ def _paged_call(q, k_pages, v_pages, block_tables, lengths, *, config, target: T
 def why_invalid(config: PagedAttentionConfig, problem: PagedProblem, rules: str) -> str | None:
   """Why `config` cannot run `problem` under `rules`; None if it can."""
   c, p = config, problem
-  reason = base.why_not_positive(c)
+  reason = base.why_not_runnable(c, p.dtype, _attention.SUPPORTED_DTYPES)
   if reason:
     return reason
-  if p.dtype not in _attention.SUPPORTED_DTYPES:
-    return f"dtype={p.dtype} is not supported"
   if rules == "mosaic_tpu":
     return "paged decode attention has no TPU kernel in jaxroof"
   if p.pages_per_seq % c.num_splits:

@@ -363,28 +363,32 @@ print(json.dumps(out))
 """
 
 
+def _engine_script(env_dir: str, cpus: Sequence[int], what: str, script: str,
+                   args: Sequence[str]) -> Any:
+  """Runs `script` in the engine's python on its pinned cores (one thread per core);
+  returns the JSON of its last line."""
+  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+  env["OMP_NUM_THREADS"] = str(len(cpus))
+  try:
+    out = subprocess.run([engine_python(env_dir), "-c", script, *args], capture_output=True,
+                         text=True, timeout=300, env=env, check=False)
+  except subprocess.TimeoutExpired:
+    raise errors.InputError(f"{what} took over 300 s.") from None
+  if out.returncode:
+    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+    raise errors.InputError(f"{what} failed in the engine's python: {tail}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def measure_ceilings(env_dir: str, config: ServerConfig, matmul_n: int = 2048,
                      read_mb: int = 512) -> dict[str, Any]:
   """bf16/fp32 matmul rate and memory read bandwidth through the engine's torch,
   on the engine's cores with its thread count (median of repeats)."""
-  python = engine_python(env_dir)
   cpus = parse_cpus(config.engine_cpus)
-  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-  env.update({"OMP_NUM_THREADS": str(len(cpus))})
-  try:
-    out = subprocess.run([
-        python, "-c", CEILINGS_SCRIPT,
-        json.dumps(cpus),
-        str(len(cpus)),
-        str(matmul_n),
-        str(read_mb)
-    ], capture_output=True, text=True, timeout=300, env=env, check=False)
-  except subprocess.TimeoutExpired:
-    raise errors.InputError("the ceiling micro-benchmark took over 300 s.") from None
-  if out.returncode:
-    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
-    raise errors.InputError(f"the ceiling micro-benchmark failed in the engine's python: {tail}")
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return _engine_script(
+      env_dir, cpus, "the ceiling micro-benchmark", CEILINGS_SCRIPT,
+      [json.dumps(cpus), str(len(cpus)),
+       str(matmul_n), str(read_mb)])
 
 
 LINEAR_SCRIPT = r"""
@@ -423,26 +427,16 @@ def measure_linear_rates(
     tokens: Sequence[int] = (1, 32, 128, 256)) -> dict[str, Any]:
   """bf16 FLOP/s of one block's linear layers at each token count (torch.mm in the engine's
   venv, its pinned core): how far the engine's own shapes reach the 2048^3 ceiling."""
-  python = engine_python(env_dir)
   cpus = parse_cpus(config.engine_cpus)
   shapes = linear_shapes(model_config)
-  env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
-  env["OMP_NUM_THREADS"] = str(len(cpus))
-  try:
-    out = subprocess.run([
-        python, "-c", LINEAR_SCRIPT,
-        json.dumps(cpus),
-        str(len(cpus)),
-        json.dumps(shapes),
-        json.dumps(list(tokens))
-    ], capture_output=True, text=True, timeout=300, env=env, check=False)
-  except subprocess.TimeoutExpired:
-    raise errors.InputError("the linear-layer micro-benchmark took over 300 s.") from None
-  if out.returncode:
-    tail = " | ".join(out.stderr.strip().splitlines()[-3:])
-    raise errors.InputError(f"the linear-layer micro-benchmark failed: {tail}")
+  rates = _engine_script(
+      env_dir, cpus, "the linear-layer micro-benchmark", LINEAR_SCRIPT,
+      [json.dumps(cpus),
+       str(len(cpus)),
+       json.dumps(shapes),
+       json.dumps(list(tokens))])
   return {
-      "shapes_k_n": shapes, "rates": json.loads(out.stdout.strip().splitlines()[-1]),
+      "shapes_k_n": shapes, "rates": rates,
       "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
               "of 7 repeats, on the engine's pinned core"
   }
