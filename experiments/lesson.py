@@ -13,13 +13,13 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import files
-from jaxroof.report import lesson
+from jaxroof.serving import lesson_claims
 from jaxroof.report import table
 
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the claims as JSON here.")
 
 
-def render(claims: list[lesson.Claim]) -> str:
+def render(claims: list[lesson_claims.Claim]) -> str:
   """The claims as a text table."""
   rows = [[
       c.section, c.claim,
@@ -32,7 +32,7 @@ def render(claims: list[lesson.Claim]) -> str:
 
 def main(argv: list[str]) -> int:
   del argv  # Unused.
-  claims = lesson.all_claims()
+  claims = lesson_claims.all_claims()
   print(render(claims))
   bad = [c for c in claims if not c.agrees]
   print(f"\n{len(claims) - len(bad)} of {len(claims)} claims agree (analytic bounds).")

@@ -2,16 +2,16 @@
 
 import dataclasses
 
-from jaxroof.report import lesson
+from jaxroof.serving import lesson_claims
 
 
 def test_every_claim_agrees():
-  bad = [c.claim for c in lesson.all_claims() if not c.agrees]
+  bad = [c.claim for c in lesson_claims.all_claims() if not c.agrees]
   assert not bad
 
 
 def test_claims_cover_the_worked_numbers_and_the_quiz():
-  claims = lesson.all_claims()
+  claims = lesson_claims.all_claims()
   sections = {c.section for c in claims}
   assert {f"check yourself {i}" for i in range(1, 6)} <= sections
   expected = {c.expected for c in claims}
@@ -20,7 +20,7 @@ def test_claims_cover_the_worked_numbers_and_the_quiz():
 
 
 def test_a_wrong_expectation_is_caught():
-  claim = lesson.worked_numbers()[0]
+  claim = lesson_claims.worked_numbers()[0]
   assert not dataclasses.replace(claim, expected=claim.expected + 1).agrees
   rounded = dataclasses.replace(claim, expected=123, computed=123.4, tolerance=0.5)
   assert rounded.agrees

@@ -35,11 +35,6 @@ ALLOWED_MODULES = {
     "jaxroof.measure.profiles": "Profile, the type rendered, and save_profile",
     "jaxroof.measure.ceilings": "Ceilings, the type rendered",
 }
-EXEMPT = {
-    # Check yourself 5 traces the lesson's toy decode step to count its matmul FLOPs; the
-    # count belongs below the report (toy/flops.py) and the claim would take it.
-    "lesson.py": "traces the toy",
-}
 
 
 def job_imports(source: str) -> list[str]:
@@ -76,10 +71,7 @@ def test_the_check_catches_a_job_at_any_depth():
 
 
 def test_the_report_imports_nothing_that_runs_a_job():
-  wrong = {
-      path.name: job_imports(path.read_text()) for path in sorted(REPORT.glob("*.py"))
-      if path.name not in EXEMPT
-  }
+  wrong = {path.name: job_imports(path.read_text()) for path in sorted(REPORT.glob("*.py"))}
   assert not {name: found for name, found in wrong.items() if found}
 
 

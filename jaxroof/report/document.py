@@ -24,7 +24,6 @@ from jaxroof import files
 from jaxroof.calibrate import toy_fit
 from jaxroof.report import kernels as kernels_report
 from jaxroof.report import calibration as calibration_report
-from jaxroof.report import lesson
 from jaxroof.report import chips_section
 from jaxroof.report import paths
 from jaxroof.report import plots
@@ -89,8 +88,7 @@ class Context:
 
 def lesson_section(ctx: Context) -> str:
   """Every worked number and quiz answer of the lesson, recomputed."""
-  del ctx  # Unused.
-  claims = lesson.all_claims()
+  claims = ctx.results["lesson"]
   rows = [[
       c.section, c.claim,
       table.fmt(c.expected),
@@ -101,7 +99,7 @@ def lesson_section(ctx: Context) -> str:
       "## The lesson, recomputed (analytic bounds)",
       "",
       f"{agree} of {len(claims)} claims of the weight-reuse lesson (its worked numbers and "
-      "quiz answers, recorded in `jaxroof/report/lesson.py`) agree with the symbolic model "
+      "quiz answers, recorded in `jaxroof/serving/lesson_claims.py`) agree with the symbolic model "
       "(`python -m experiments.lesson`).",
       "",
       table.markdown_table(("section", "claim", "lesson", "ours", "unit", "agrees"), rows),

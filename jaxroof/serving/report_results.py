@@ -20,6 +20,7 @@ from jaxroof.parallel.layout import Layout
 from jaxroof.serving import answer
 from jaxroof.serving import arrivals
 from jaxroof.serving import decision_study
+from jaxroof.serving import lesson_claims
 from jaxroof.serving import scheduler_comparison
 from jaxroof.specs.accelerators import load_accelerator, load_accelerators
 from jaxroof.specs.models import load_model, shipped_models
@@ -119,9 +120,10 @@ def toy() -> dict[str, Any]:
 
 
 def compute(subject: answer.Subject, results_dir: str) -> dict[str, Any]:
-  """Every result of the report: keys summary, serving, chips, simulation, toy."""
+  """Every result of the report: keys summary, serving, chips, simulation, toy, lesson."""
   summary = answer.summarise(subject, results_dir)
   return {
-      "summary": summary, "serving": serving(subject, summary),
+      "summary": summary, "serving": serving(subject,
+                                             summary), "lesson": lesson_claims.all_claims(),
       "chips": chips(subject.model, subject.accelerators), "simulation": simulation(), "toy": toy()
   }
