@@ -118,6 +118,16 @@ def test_search_recovers_factors_of_simulated_runs():
     assert predicted[name] == pytest.approx(measured, rel=0.10), name
 
 
+def test_search_ends_when_the_best_factors_sit_on_their_bounds():
+  """Medians 100x slower than any factor in range reaches: every step is clipped back to
+  the bounds, and the search must still end within its budget (it once looped forever)."""
+  run = _synthetic_run(8.0, seed=3, n=8)
+  slow = dataclasses.replace(run, measured={k: 100 * v for k, v in run.measured.items()})
+  factors, loss, evaluations = engine_fit.search([slow], SETUP, max_simulations=30)
+  assert evaluations <= 30 and loss > 0
+  assert factors["eta_w"] == pytest.approx(engine_fit.BOUNDS["eta_w"][0], rel=0.05)
+
+
 def test_engine_profile_round_trips(tmp_path, monkeypatch):
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
   path = tmp_path / "r.json"

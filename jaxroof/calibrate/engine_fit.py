@@ -71,6 +71,7 @@ COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, n
 FIXED = {"t0_layer": 1e-9, "r_ovl": 1.0}
 MIN_RUNS = 1
 FD_STEP = 0.05  # Log-space step of the finite-difference Jacobian (5%).
+MAX_DAMPING = 1e6  # Beyond this no damped step lowers the loss: a minimum.
 DAMPING = 1e-3  # Levenberg-Marquardt's first damping (relative to the curvature).
 TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
@@ -262,7 +263,12 @@ def search(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup, *,
   x = np.log([_clip(n, (start or START)[n]) for n in names])
   here = residuals(x)
   damping = DAMPING
-  while len(cache) < max_simulations:
+  # A point clipped at a bound or seen before adds nothing to the cache, so the steps are
+  # bounded too, and a damping no step can satisfy ends the search at a minimum within
+  # the bounds (the log factors pinned there).
+  for _ in range(max_simulations):
+    if len(cache) >= max_simulations or damping > MAX_DAMPING:
+      break
     steps = [FD_STEP if x[i] + FD_STEP <= high[i] else -FD_STEP for i in range(len(names))]
     jacobian = np.stack(
         [(residuals(x + h * e) - here) / h for h, e in zip(steps, np.eye(len(names)))], axis=1)
