@@ -64,6 +64,18 @@ def test_rows_carry_cost_pools_and_simulation(question):
   assert group == sorted(group)
 
 
+def test_with_prices_each_accelerator_counts_its_plans_in_cost_order():
+  """Shared and split plans alike: the k-th cheapest plan of a kind is its rank k."""
+  spec = load_model("llama-3.1-70b")
+  devices = load_accelerators("h100-sxm,h200,mi300x")
+  plans = planner.plan(spec, devices, prices=PRICES, top=8, **QUESTION)["plans"]
+  assert {p["pools"]["kind"] for p in plans} == {"shared", "split"}
+  for name in {p["accelerator"] for p in plans}:
+    mine = [p for p in plans if p["accelerator"] == name]
+    assert [p["rank_within_accelerator"] for p in mine] == list(range(1, len(mine) + 1))
+    assert [p["cost_per_hour"] for p in mine] == sorted(p["cost_per_hour"] for p in mine)
+
+
 def test_prefill_load_is_in_the_feasibility(question):
   shared = [p for p in question["plans"] if p["pools"]["kind"] == "shared"]
   for p in shared:

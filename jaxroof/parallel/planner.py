@@ -501,6 +501,9 @@ def _order(plans: list[dict[str, Any]], devices: Sequence[Accelerator], priced: 
   accelerator, rank 1 of each accelerator first."""
   if priced:
     plans = sorted(plans, key=lambda p: (p["cost_per_hour"], -p["headroom"]))[:top]
+    seen: dict[str, int] = {}
+    for p in plans:  # Shared and split plans alike, in the order of their cost.
+      seen[p["accelerator"]] = p["rank_within_accelerator"] = seen.get(p["accelerator"], 0) + 1
   else:
     index = {d.name: k for k, d in enumerate(devices)}
     by_device: dict[str, list[dict[str, Any]]] = {}
