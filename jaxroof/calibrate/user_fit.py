@@ -181,10 +181,8 @@ def _scales(data: _Data) -> dict[str, float]:
   """Typical magnitudes of the fixed costs, so the parameters are O(1)."""
   times = np.concatenate([data.decode_s, data.prefill_s])
   layers = np.concatenate([data.decode.get("L", []), data.prefill.get("L", [])])
-  fastest = float(np.min(times))
-  return {
-      "t0_step": 0.05 * fastest, "t0_layer": 0.05 * fastest / float(np.max(layers)), "r_ovl": 1.0
-  }
+  start = fitting.initial_factors(times, layers)
+  return {name: start[name] for name in ("t0_step", "t0_layer", "r_ovl")}
 
 
 def _to_factor(name: str, u, scales: Mapping[str, float]):

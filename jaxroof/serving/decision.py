@@ -340,7 +340,3 @@ def frontier(model: StepModel, inputs: requests.ServingInputs, batch_sizes, *, p
       "batch": batch, "step_s": step, "aggregate_tokens_per_s": batch / step,
       "per_sequence_tokens_per_s": 1 / step
   }
-
-
-def finite_or_none(value: float | None) -> float | None:
-  return None if value is None or not math.isfinite(value) else float(value)

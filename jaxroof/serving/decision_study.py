@@ -16,6 +16,7 @@ from typing import Any
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import decision as decision_lib
 from jaxroof.serving import elasticity
+from jaxroof.serving import lesson_claims
 from jaxroof.serving import multichip
 from jaxroof.serving import pools
 from jaxroof.serving import requests
@@ -30,13 +31,17 @@ LESSON_GAPS_S = (0.012, 0.009)
 LESSON_PROMPT, LESSON_OUTPUTS = 1000, 128
 ELASTICITY_BATCHES = (1, 8, 32, 64, 256)
 # The lesson's 0.5 GB case: 16 GB BF16 weights, 0.5 GB K/V per sequence, 2 TB/s, 600 TFLOP/s.
-ELASTICITY_CASE = dict(N=8e9, q=2, T=1, k=0.5e9, BW=2e12, F=6e14)
+ELASTICITY_CASE = dict(N=lesson_claims.WEIGHTS, q=lesson_claims.BF16, T=1,
+                       k=lesson_claims.KV_PER_SEQ_DOUBLED, BW=lesson_claims.BANDWIDTH,
+                       F=lesson_claims.RIDGE * lesson_claims.BANDWIDTH)
 
 
 def lesson_inputs() -> requests.ServingInputs:
   """The lesson's example: 8e9 BF16 weights, 2 TB/s, 300 FLOP/B, fixed K/V per sequence."""
   return requests.ServingInputs(
-      N=8e9, N_act=8e9, q=2, k=0.0, BW=2e12, F=6e14, kv_per_sequence_bytes=0.25e9,
+      N=lesson_claims.WEIGHTS, N_act=lesson_claims.WEIGHTS, q=lesson_claims.BF16, k=0.0,
+      BW=lesson_claims.BANDWIDTH, F=lesson_claims.RIDGE * lesson_claims.BANDWIDTH,
+      kv_per_sequence_bytes=lesson_claims.KV_PER_SEQ,
       label="lesson: 16 GB BF16 weights, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
 
 

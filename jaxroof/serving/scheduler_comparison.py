@@ -26,9 +26,9 @@ def compare(spec: ModelSpec, device: Accelerator, workload: arrivals.Workload, *
   """Per scheduler: `metrics` (vLLM's, with goodput at the targets) and `series`
   (`ttft_s` per request, `itl_s` per gap, seconds)."""
   out = {}
+  r = replica.from_model(spec, device, context=context, batch_window_s=batch_window_s,
+                         token_budget=token_budget)  # Frozen: one replica serves every run.
   for scheduler in schedulers:
-    r = replica.from_model(spec, device, context=context, batch_window_s=batch_window_s,
-                           token_budget=token_budget)
     run = simulator.simulate(workload, r, scheduler)
     out[scheduler] = {
         "metrics": metrics.run_metrics(run, ttft_target_s=ttft_target_s,

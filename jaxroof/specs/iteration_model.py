@@ -237,16 +237,6 @@ class IterationModel:
     return cost_model.evaluator("calibrated", "per_op", "numpy",
                                 step_only)(**values, **model.factors, **regime)
 
-  def step_function(self, model: StepModel | None = None) -> Callable[..., float]:
-    """`f(decode_context, chunk_offset, chunk_tokens) -> seconds`, for the simulator."""
-    model = model or StepModel.bound()
-
-    def step_s(decode_context, chunk_offset, chunk_tokens) -> float:
-      mix = self.mix(decode_context, chunk_offset, chunk_tokens)
-      return float(self.evaluate(mix, model, step_only=True)["step_s"])
-
-    return step_s
-
   def decode(self, batch: Any, context: Any, model: StepModel | None = None) -> dict[str, Any]:
     """A decode step of `batch` rows each attending to `context` positions."""
     return self.evaluate(self.uniform_mix(decode_rows=batch, context=context), model)

@@ -93,15 +93,6 @@ def per_chip_kv_bytes(B: sp.Expr = B) -> sp.Expr:
   return rows_per_pass(B) * T * k * kv_share() / pp
 
 
-def per_chip_stage_memory_s(B: sp.Expr = B) -> sp.Expr:
-  return (per_chip_weights() * q + per_chip_kv_bytes(B)) / BW
-
-
-def per_chip_stage_compute_s(B: sp.Expr = B) -> sp.Expr:
-  """Linear FLOPs of one pass (balanced over every chip of the replica) over F."""
-  return 2 * (B / m_mb) * N_act / (tp * pp * ep) / F
-
-
 def path_inputs() -> dict[str, sp.Expr]:
   """Single-device step inputs that give one microbatch's path through pp stages.
 

@@ -52,7 +52,7 @@ unless a profile fitted it).
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Literal
 
 import sympy as sp
 
@@ -251,14 +251,6 @@ def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, N
       **zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes, E: 1, K: 1,
       N_b: N_act, k_full: k, a_full: A
   }
-
-
-def inputs_with_defaults(values: dict[str, Any]) -> dict[str, Any]:
-  """Values for `INPUTS` with absent mix, model and comm terms at 0 (E = K = 1)."""
-  out = {name: 0.0 for name in (str(s) for s in INPUTS)}
-  out.update({"E": 1.0, "K": 1.0})
-  out.update(values)
-  return out
 
 
 def decode_outputs(bound: Bound = "per_op") -> dict[str, sp.Expr]:

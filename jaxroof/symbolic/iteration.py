@@ -34,7 +34,6 @@ from jaxroof.symbolic import symbols as S
 MIX: tuple[sp.Symbol, ...] = (n_dec, S_dec, n_pre, S_pre_att, S_pre_kv)
 MODEL: tuple[sp.Symbol, ...] = (N, q, k, BW, F, N_act, L, H, d)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL
-INPUT_NAMES: tuple[str, ...] = tuple(str(s) for s in INPUTS)
 MODEL_NAMES: tuple[str, ...] = tuple(str(s) for s in MODEL)
 
 
@@ -73,18 +72,6 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   """Named expressions of a calibrated iteration (the cost model's calibrated form)."""
   subs = raw_substitution()
   return {name: sp.sympify(e).subs(subs) for name, e in cost_model.calibrated_terms().items()}
-
-
-@functools.cache
-def bound_iteration() -> Evaluator:
-  """`f(n_dec=, S_dec=, n_pre=, S_pre_att=, S_pre_kv=, N=, ..., d=) -> dict`."""
-  return lambdified(bound_terms(), INPUTS)
-
-
-@functools.cache
-def calibrated_iteration() -> Evaluator:
-  """As `bound_iteration`, with the calibrated factors as further inputs."""
-  return lambdified(calibrated_terms(), INPUTS + calibrated.FACTORS)
 
 
 @functools.cache
