@@ -142,6 +142,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "kv_dtypes": ("kv_dtype",),
     "contexts": ("context",),
     "batch_window_s": ("batching_window_ms", "batch_window_ms"),
+    "measurements": ("from_csv", "from_vllm"),
 }
 
 

@@ -40,22 +40,25 @@ def check_output_path(name: str, path: str | os.PathLike[str], kind: str) -> str
   allowed = EXTENSIONS[kind]
   where = f"{name}={path!r}"
   if not path.strip():
-    raise InputError(f"{name} is empty: give a file path ending in {' or '.join(allowed)}.")
+    raise InputError(f"{name} is empty: give a file path ending in {' or '.join(allowed)}.",
+                     field=name)
   if path.endswith(os.sep) or os.path.isdir(path):
-    raise InputError(f"{where} is a folder: give a file path ending in {' or '.join(allowed)}.")
+    raise InputError(f"{where} is a folder: give a file path ending in {' or '.join(allowed)}.",
+                     field=name)
   if os.path.lexists(path) and not os.path.isfile(path):
-    raise InputError(f"{where} exists and is not a regular file: it will not be replaced.")
+    raise InputError(f"{where} exists and is not a regular file: it will not be replaced.",
+                     field=name)
   if os.path.splitext(path)[1].lower() not in allowed:
-    raise InputError(f"{where} has an unknown extension: use {' or '.join(allowed)}.")
+    raise InputError(f"{where} has an unknown extension: use {' or '.join(allowed)}.", field=name)
   parent = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(parent):
     above = _file_above(parent)
     if above is not None:
       raise InputError(f"{where}: {above!r} is a file, not a folder: give a path in a "
-                       "folder.")
-    raise InputError(f"{where}: the folder {parent!r} does not exist.")
+                       "folder.", field=name)
+    raise InputError(f"{where}: the folder {parent!r} does not exist.", field=name)
   if not os.access(parent, os.W_OK):
-    raise InputError(f"{where}: the folder {parent!r} is not writable.")
+    raise InputError(f"{where}: the folder {parent!r} is not writable.", field=name)
   return path
 
 
@@ -88,27 +91,29 @@ def read_input(name: str, path: str | os.PathLike[str], *,
   path = os.fspath(path)
   where = f"{name}={path!r}"
   if not path.strip():
-    raise InputError(f"{name} is empty: give a path to a file.")
+    raise InputError(f"{name} is empty: give a path to a file.", field=name)
   try:
     info = os.stat(path)
   except (FileNotFoundError, NotADirectoryError):
     above = _file_above(os.path.dirname(os.path.abspath(path)))
     if above is not None:
-      raise InputError(f"{where} does not exist: {above!r} is a file, not a folder.") from None
-    raise InputError(f"{where} does not exist.") from None
+      raise InputError(f"{where} does not exist: {above!r} is a file, not a folder.",
+                       field=name) from None
+    raise InputError(f"{where} does not exist.", field=name) from None
   except OSError as e:
-    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
-  _require_regular(where, info.st_mode)
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.", field=name) from None
+  _require_regular(name, where, info.st_mode)
   if info.st_size > max_bytes:
-    raise InputError(f"{where} is {info.st_size:,} bytes, over the {max_bytes:,}-byte "
-                     "limit for this input: give the right file.")
+    raise InputError(
+        f"{where} is {info.st_size:,} bytes, over the {max_bytes:,}-byte "
+        "limit for this input: give the right file.", field=name)
   flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
   try:
     fd = os.open(path, flags)
   except OSError as e:
-    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.", field=name) from None
   try:
-    _require_regular(where, os.fstat(fd).st_mode)
+    _require_regular(name, where, os.fstat(fd).st_mode)
     chunks, size = [], 0
     while size <= max_bytes:
       chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
@@ -117,22 +122,23 @@ def read_input(name: str, path: str | os.PathLike[str], *,
       chunks.append(chunk)
       size += len(chunk)
   except OSError as e:
-    raise InputError(f"{where} cannot be read: {e.strerror or e}.") from None
+    raise InputError(f"{where} cannot be read: {e.strerror or e}.", field=name) from None
   finally:
     os.close(fd)
   if size > max_bytes:
-    raise InputError(f"{where} is over the {max_bytes:,}-byte limit for this input: give "
-                     "the right file.")
+    raise InputError(
+        f"{where} is over the {max_bytes:,}-byte limit for this input: give "
+        "the right file.", field=name)
   return b"".join(chunks)
 
 
-def _require_regular(where: str, mode: int) -> None:
+def _require_regular(name: str, where: str, mode: int) -> None:
   if stat.S_ISDIR(mode):
-    raise InputError(f"{where} is a folder: give a file.")
+    raise InputError(f"{where} is a folder: give a file.", field=name)
   if not stat.S_ISREG(mode):
     kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
             "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
-    raise InputError(f"{where} is {kind}, not a regular file: give a file.")
+    raise InputError(f"{where} is {kind}, not a regular file: give a file.", field=name)
 
 
 def read_text(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES) -> str:
@@ -141,8 +147,9 @@ def read_text(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_I
   try:
     return data.decode("utf-8-sig")
   except UnicodeDecodeError as e:
-    raise InputError(f"{name}={os.fspath(path)!r} is not UTF-8 text (byte {e.start}): give "
-                     "a text file.") from None
+    raise InputError(
+        f"{name}={os.fspath(path)!r} is not UTF-8 text (byte {e.start}): give "
+        "a text file.", field=name) from None
 
 
 def read_json(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES) -> Any:
@@ -152,10 +159,11 @@ def read_json(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_I
   try:
     return json.loads(text)
   except json.JSONDecodeError as e:
-    raise InputError(f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column "
-                     f"{e.colno}.") from None
+    raise InputError(
+        f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column "
+        f"{e.colno}.", field=name) from None
   except RecursionError:
-    raise InputError(f"{where} is nested too deeply to be read.") from None
+    raise InputError(f"{where} is nested too deeply to be read.", field=name) from None
 
 
 def read_records(
@@ -211,8 +219,9 @@ def check_distinct(paths: dict[str, str | None]) -> None:
       continue
     key = os.path.realpath(path)
     if key in seen:
-      raise InputError(f"{name} and {seen[key]} name the same file {path!r}: give "
-                       "each output its own path.")
+      raise InputError(
+          f"{name} and {seen[key]} name the same file {path!r}: give "
+          "each output its own path.", field=name)
     seen[key] = name
 
 
@@ -226,16 +235,17 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
   """
   path = os.fspath(path)
   if os.path.isdir(path):
-    raise InputError(f"output path {path!r} is a directory: give a file path.")
+    raise InputError(f"output path {path!r} is a directory: give a file path.", field=name)
   if os.path.lexists(path) and not os.path.isfile(path):
-    raise InputError(f"output path {path!r} is not a regular file: it will not be replaced.")
+    raise InputError(f"output path {path!r} is not a regular file: it will not be replaced.",
+                     field=name)
   directory = os.path.dirname(os.path.abspath(path))
   suffix = os.path.splitext(path)[1]  # Keeps savefig's format inference.
   try:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
   except OSError as e:
-    raise InputError(f"output path {path!r} cannot be written: {e.strerror}.") from None
+    raise InputError(f"output path {path!r} cannot be written: {e.strerror}.", field=name) from None
   os.close(fd)
   umask = os.umask(0)
   os.umask(umask)
@@ -244,7 +254,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     yield tmp
     os.replace(tmp, path)
   except OSError as e:
-    raise InputError(f"output path {path!r} cannot be written: {e.strerror or e}.") from None
+    raise InputError(f"output path {path!r} cannot be written: {e.strerror or e}.",
+                     field=name) from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

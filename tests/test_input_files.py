@@ -88,3 +88,11 @@ def test_an_output_under_a_file_is_one_line(tmp_path):
   (tmp_path / "afile.txt").write_text("x")
   proc = _run("experiments.batch_sweep", f"--json_out={tmp_path}/afile.txt/out.json")
   assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr, proc.stderr
+
+
+def test_a_file_error_names_its_field(tmp_path):
+  """The experiments map the field to the flag the user typed (`_cli.FIELD_FLAGS`)."""
+  for read in (files.read_text, files.read_json):
+    with pytest.raises(InputError) as caught:
+      read("measurements", tmp_path / "absent.csv")
+    assert caught.value.field == "measurements"
