@@ -54,6 +54,7 @@ from __future__ import annotations
 import functools
 from typing import Literal
 
+import numpy as np
 import sympy as sp
 
 from jaxroof.symbolic import architecture
@@ -324,10 +325,16 @@ def decode_max_batch_for_token_gap(bound: Bound = "per_op") -> sp.Expr:
   return sp.Min(*roots)
 
 
-def max_batch_for_token_gap(bound: Bound = "per_op", **values: float) -> sp.Expr:
-  """`decode_max_batch_for_token_gap(bound)` at values given by symbol name."""
-  from jaxroof.symbolic.symbols import BY_NAME
-
+@functools.cache
+def _max_batch_evaluator(bound: Bound) -> tuple[Evaluator, tuple[str, ...]]:
   expr = decode_max_batch_for_token_gap(bound)
-  return expr.subs(
-      {BY_NAME[name].symbol: sp.sympify(v) for name, v in values.items() if name in BY_NAME})
+  symbols = tuple(sorted(expr.free_symbols, key=str))
+  return lambdified({"batch": expr}, symbols), tuple(str(s) for s in symbols)
+
+
+def max_batch_for_token_gap(bound: Bound = "per_op", **values: float) -> float:
+  """`decode_max_batch_for_token_gap(bound)` at values given by symbol name (lambdified
+  once per bound: a sweep asks it every time)."""
+  evaluate, names = _max_batch_evaluator(bound)
+  with np.errstate(divide="ignore", invalid="ignore"):  # F = inf: memory only.
+    return float(evaluate(**{name: values[name] for name in names})["batch"])
