@@ -27,8 +27,6 @@ import dataclasses
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 from absl import flags
 from absl import logging
 

@@ -235,17 +235,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
   """
   path = os.fspath(path)
   if os.path.isdir(path):
-    raise InputError(f"output path {path!r} is a directory: give a file path.", field=name)
+    raise InputError(f"output path {path!r} is a directory: give a file path.")
   if os.path.lexists(path) and not os.path.isfile(path):
-    raise InputError(f"output path {path!r} is not a regular file: it will not be replaced.",
-                     field=name)
+    raise InputError(f"output path {path!r} is not a regular file: it will not be replaced.")
   directory = os.path.dirname(os.path.abspath(path))
   suffix = os.path.splitext(path)[1]  # Keeps savefig's format inference.
   try:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
   except OSError as e:
-    raise InputError(f"output path {path!r} cannot be written: {e.strerror}.", field=name) from None
+    raise InputError(f"output path {path!r} cannot be written: {e.strerror}.") from None
   os.close(fd)
   umask = os.umask(0)
   os.umask(umask)
@@ -254,8 +253,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     yield tmp
     os.replace(tmp, path)
   except OSError as e:
-    raise InputError(f"output path {path!r} cannot be written: {e.strerror or e}.",
-                     field=name) from None
+    raise InputError(f"output path {path!r} cannot be written: {e.strerror or e}.") from None
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

@@ -161,7 +161,6 @@ def run(
     say(f"ceilings on {jax.devices()[0].device_kind} ({platform})")
     ceilings = ceilings_lib.measure_ceilings((dtype,), repeats=3 if quick else 8,
                                              rounds=2 if quick else 3, progress=say)
-  bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
   measurement.release_memory()
   # The phases share the time the ceilings left: operations, the fit's
   # steps, then the held-out steps (the reported error) to the end.
