@@ -30,6 +30,7 @@ from jaxroof.errors import InputError
 from jaxroof.parallel import planner
 from jaxroof.report import plan_table
 from jaxroof.report import table
+from jaxroof.serving import arrivals
 from jaxroof.serving import plan_check
 from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
@@ -45,6 +46,21 @@ _PROMPT_TOKENS = flags.DEFINE_integer(
     ">= 1.", lower_bound=1)
 _OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", planner.DEFAULT_OUTPUT_TOKENS,
                                       "Output tokens per request. >= 1.", lower_bound=1)
+_PROMPT_DIST = flags.DEFINE_enum(
+    "prompt_distribution", "fixed", list(arrivals.LENGTHS),
+    "Prompt lengths around --prompt_tokens (their mean), as in simulate: fixed, uniform, "
+    "lognormal. The search uses the means; the simulated check draws the lengths.")
+_OUTPUT_DIST = flags.DEFINE_enum(
+    "output_distribution", "fixed", list(arrivals.LENGTHS),
+    "Output lengths around --output_tokens, as --prompt_distribution; their spread also "
+    "spreads the time a request holds its decode slot.")
+_PROMPT_SPREAD = flags.DEFINE_float(
+    "prompt_spread", 0.0, "Uniform: half-width / mean; "
+    "lognormal: coefficient of variation. >= 0.", lower_bound=0)
+_OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.",
+                                    lower_bound=0)
+_LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
+                                  "Drawn lengths beyond --context: drawn again, or clipped.")
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
                                    "Longest gap between one user's tokens, ms. > 0.")
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Longest time to first token, ms. > 0.")
@@ -72,12 +88,23 @@ _SIM_REQUESTS = flags.DEFINE_integer("sim_requests", plan_check.DEFAULT_REQUESTS
                                      lower_bound=10, upper_bound=100_000)
 _SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
                                "Scheduler of the simulated check.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the simulated arrivals.")
+_SEED = flags.DEFINE_integer("seed", 0, "First seed of the simulated arrivals.")
+_SIM_SEEDS = flags.DEFINE_integer(
+    "sim_seeds", plan_check.DEFAULT_SEEDS,
+    "Seeds per simulated plan (seed, seed + 1, ...): a plan meets "
+    "only if every seed does. In [1, 20].", lower_bound=1, upper_bound=20)
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the ranked plans as JSON here.")
 
 for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "tokens/s"),
                        (_ARRIVAL_RATE, "requests/s")):
   _cli.require_positive(_holder, _unit)
+
+
+def _lengths() -> dict[str, object]:
+  """The simulated check's length distributions (`arrivals.synthetic`'s keywords)."""
+  return dict(prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
+              prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
+              long_samples=_LONG_SAMPLES.value)
 
 
 def main(argv: list[str]) -> None:
@@ -104,13 +131,15 @@ def main(argv: list[str]) -> None:
                               arrival_rate_per_s=_ARRIVAL_RATE.value),
       weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)), kv_dtypes=tuple(
           dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices, max_chips=_MAX_CHIPS.value,
-      pools=_POOLS.value, bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value)
+      pools=_POOLS.value, bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
+      hold_cv2=arrivals.length_cv2(_OUTPUT_DIST.value, _OUTPUT_SPREAD.value))
   for note in result["notes"]:
     print(f"note: {note}", file=sys.stderr)
   if _TOP_K.value and result["plans"]:
     plan_check.check_top(result, spec, devices, k=_TOP_K.value, num_requests=_SIM_REQUESTS.value,
-                         seed=_SEED.value, scheduler=_SCHEDULER.value, bound=_SHARED.bound.value,
-                         comm_overlap=_SHARED.comm_overlap.value)
+                         seed=_SEED.value, seeds=_SIM_SEEDS.value, scheduler=_SCHEDULER.value,
+                         bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
+                         lengths=_lengths())
   work = result["workload"]
   print(f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "
         f"{work['output_tokens']} out, {work['arrival_rate_per_s']:,.4g} requests/s "
@@ -126,12 +155,8 @@ def main(argv: list[str]) -> None:
             "compared (give --price_per_hour to rank by cost)")
     print("split: prefill + decode chips; tp..batch are the decode pool's (the JSON's pools "
           "has both and the K/V transfer); split plans are not simulated")
-    if "simulation" in result:
-      sim = result["simulation"]
-      print(f"top {sim['top_k']} simulated ({sim['scheduler']} scheduler, "
-            f"{sim['num_requests']} requests each, seed {sim['seed']}, "
-            f"{sim['wall_s']:.1f} s): p90 TTFT / TPOT; a plan that misses ranks below the "
-            "rest")
+    for line in plan_table.simulation_lines(result):
+      print(line)
   else:
     print("no configuration meets the targets: relax the token gap, TTFT or rate, or allow "
           "more chips, formats or accelerators.")

@@ -8,8 +8,9 @@ data-parallel replicas `dp` the workload needs with its prefill load: the
 fewest replicas at which, per replica at `rate / dp`, (a) the requests fit
 the batch's slots (`serving.shared_capacity_rate`: prefill plus the request's
 share of decode steps), (b) the loaded token gap `t / (1 - lam*D)` meets the
-gap target and (c) the mean M/D/1 TTFT, with the prompt's iteration as the
-service, meets the TTFT target (a stable queue). Plans are ranked by cost per
+gap target and (c) the mean TTFT, the M/D/1 prefill queue with the prompt's
+iteration as the service after the wait for one of the batch's decode slots
+(`symbolic.slot_queue`), meets the TTFT target (stable queues). Plans are ranked by cost per
 hour where prices are given, else by chips within each accelerator (chips of
 different kinds are never compared), then by headroom. Everything here is an
 analytic bound; `experiments.plan` simulates the top plans.
@@ -36,6 +37,7 @@ from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic import request_formulas
+from jaxroof.symbolic import slot_queue
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.evaluate import lambdified
@@ -62,7 +64,10 @@ ASSUMPTIONS = (
     "prefill load: per replica, lam = fleet rate / dp; a prompt of P tokens costs D = its "
     "prefill on the layout; capacity 1/(D + (G - 1) t / B) (serving.shared_capacity_rate); "
     "token gap t / (1 - lam D) at the batch's slots (loaded_token_gap); mean TTFT M/D/1 "
-    "with service D + t (the prompt's iteration); dp is the fewest replicas meeting all three",
+    "with service D + t (the prompt's iteration), after the wait for one of the B decode "
+    "slots (G/G/c, Sakasegawa; each slot held from prefill to last token, so a load near "
+    "the slots' capacity waits without bound); dp is the fewest replicas meeting all of "
+    "them",
     "communication serial unless an overlap is given",
     "microbatches 1 or pp; a batch splits evenly over microbatches and expert groups",
     "pools: shared (each replica prefills and decodes) and split (a prefill pool of one "
@@ -299,9 +304,10 @@ def _binds(out: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _replicas(grid: Mapping[str, Any], out: Mapping[str, np.ndarray], targets: Targets,
-              request_rate: float, output_tokens: int) -> dict[str, np.ndarray]:
+              request_rate: float, output_tokens: int, hold_cv2: float) -> dict[str, np.ndarray]:
   """dp per configuration (the fewest replicas whose per-replica load meets the slots'
-  capacity, the loaded gap and the mean TTFT) and the load at that dp."""
+  capacity, the loaded gap and the mean TTFT with its wait for a slot) and the load at
+  that dp."""
   step, prefill = out["step_s"], out["prefill_s"]
   service = prefill + step  # The prompt's iteration: its prefill beside one decode step.
   common = dict(B=grid["B"], n_out=float(output_tokens), t_gap=targets.token_gap_s,
@@ -314,15 +320,21 @@ def _replicas(grid: Mapping[str, Any], out: Mapping[str, np.ndarray], targets: T
     ttft_rate = np.where(service < targets.ttft_s, ttft_rate, 0.0)
     lam_max = np.minimum(np.minimum(capacity, gap_rate), ttft_rate)
     lam_max = np.where(np.isfinite(lam_max) & (lam_max > 0), lam_max, 0.0)
+    slot_rate = slot_queue.shared_rate_for_ttft(step, prefill, grid["B"], output_tokens,
+                                                targets.ttft_s, lam_max, hold_cv2)
+    binding = np.array(["capacity", "token_gap", "ttft", "slots"])[np.argmin(
+        np.stack([capacity, gap_rate, ttft_rate, slot_rate * (1 + 1e-9)]), axis=0)]
+    lam_max = np.minimum(lam_max, slot_rate)
     dp = np.ceil(request_rate / np.where(lam_max > 0, lam_max, np.nan) * (1 - 1e-12))
     lam = request_rate / dp
     at = _at_rate_model()(t=step, lam=lam, D_pf=prefill, t_window=0.0)
-    queue = _at_rate_model()(t=step, lam=lam, D_pf=service, t_window=0.0)
-  binding = np.array(["capacity", "token_gap",
-                      "ttft"])[np.argmin(np.stack([capacity, gap_rate, ttft_rate]), axis=0)]
+    queue = slot_queue.shared_at(step, prefill, grid["B"], output_tokens, lam, hold_cv2)
   return {
       "dp": dp, "lam": lam, "lam_max": lam_max, "capacity": capacity, "loaded_gap": at["gap"],
-      "ttft": queue["ttft"], "utilisation": queue["utilisation"], "load_binds": binding
+      "ttft": queue["ttft_s"], "slot_wait": queue["slot_wait_s"],
+      "slot_utilisation": queue["slot_utilisation"],
+      "utilisation": _at_rate_model()(t=step, lam=lam, D_pf=service, t_window=0.0)
+                     ["utilisation"], "load_binds": binding
   }
 
 
@@ -332,10 +344,13 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
          kv_dtypes: Sequence[str] = DEFAULT_KV_DTYPES, batches: Sequence[int] = BATCHES,
          workspace_fraction: float = 0.1, top: int = 20, bound: str = "per_op",
          comm_overlap: float = 0.0, prices: Mapping[str, float] | None = None,
-         max_chips: int | None = None, pools: str = "both") -> dict[str, Any]:
+         max_chips: int | None = None, pools: str = "both",
+         hold_cv2: float = 0.0) -> dict[str, Any]:
   """Configurations serving the workload within `targets`, ranked.
 
-  `prompt_tokens` defaults to context - output_tokens. With `prices` ($ per
+  `prompt_tokens` defaults to context - output_tokens; lengths are means, and
+  `hold_cv2` (the squared coefficient of variation of the output lengths, 0 when
+  fixed) is the spread of the time a request holds its decode slot. With `prices` ($ per
   chip-hour by accelerator slug, one for every device searched) plans rank by
   cost per hour; without, by chips within each accelerator, the accelerators'
   first plans first (rank 1 of each, then rank 2, ...).
@@ -391,7 +406,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   out = evaluate_grid(grid, context, bound=bound, comm_overlap=comm_overlap,
                       prompt_tokens=prompt_tokens)
   rate = targets.request_rate(output_tokens)
-  load = _replicas(grid, out, targets, rate, output_tokens)
+  hold_cv2 = errors.require_non_negative("hold_cv2", hold_cv2)
+  load = _replicas(grid, out, targets, rate, output_tokens, hold_cv2)
   even = np.mod(grid["B"], grid["microbatches"] * grid["ep"]) == 0
   per_replica = grid["tp"] * grid["pp"] * grid["ep"]
   chips = load["dp"] * per_replica
@@ -441,11 +457,13 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
         "merged": [{"weight_dtype": w, "kv_dtype": k} for w, k in members[1:]],
         "step_s": float(out["step_s"][i]), "loaded_token_gap_s": float(load["loaded_gap"][i]),
         "prefill_s": float(out["prefill_s"][i]), "ttft_s": float(load["ttft"][i]),
-        "utilisation": float(load["utilisation"][i]), "arrival_rate_per_replica_per_s": float(
-            load["lam"][i]), "capacity_per_replica_per_s": float(load["capacity"][i]),
-        "load_binds": str(load["load_binds"][i]), "comm_s": float(out["comm_s"][i]),
-        "aggregate_tokens_per_s": float(load["capacity"][i] * dp * output_tokens),
-        "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][i]),
+        "utilisation": float(load["utilisation"][i]), "slot_wait_s": float(load["slot_wait"][i]),
+        "slot_utilisation": float(load["slot_utilisation"][i]
+                                 ), "arrival_rate_per_replica_per_s": float(load["lam"][i]),
+        "capacity_per_replica_per_s": float(load["capacity"][i]), "load_binds": str(
+            load["load_binds"][i]), "comm_s": float(out["comm_s"][i]), "aggregate_tokens_per_s":
+                float(load["capacity"][i] * dp * output_tokens
+                     ), "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][i]),
         "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][i]
                                           ), "chip_memory_bytes": float(out["chip_bytes"][i]
                                                                        ), "binds": str(bind),
@@ -458,7 +476,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     })
   if pools in ("both", "split"):
     plans += _split_plans(spec, devices, grid, out, targets, rate, output_tokens, prompt_tokens,
-                          even, prices, max_chips, served_tokens_per_s)
+                          even, prices, max_chips, served_tokens_per_s, hold_cv2)
   if pools == "split":
     plans = [p for p in plans if p["pools"]["kind"] == "split"]
   plans = _order(plans, devices, bool(prices), top)
@@ -469,7 +487,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
       "pools_searched": pools,
       "workload": {
           "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-          "arrival_rate_per_s": rate, "output_tokens_per_s": served_tokens_per_s
+          "arrival_rate_per_s": rate, "output_tokens_per_s": served_tokens_per_s,
+          "hold_cv2": hold_cv2
       },
       "targets": dataclasses.asdict(targets),
       "searched": int(grid["B"].size),
@@ -486,7 +505,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
       "assumptions": list(ASSUMPTIONS),
       "plans": plans,
       "units": {
-          "step_s": "s", "ttft_s": "s (mean, M/D/1)", "comm_s": "s", "chips": "chips",
+          "step_s": "s", "ttft_s": "s (mean: slot wait G/G/c + M/D/1 prefill queue)",
+          "slot_wait_s": "s (mean wait for a decode slot)", "comm_s": "s", "chips": "chips",
           "aggregate_tokens_per_s": "tokens/s (fleet capacity at the plan's batch)",
           "chip_memory_bytes": "B", "cost_per_hour": "$ per hour (fleet)",
           "cost_per_million_tokens": "$ per million output tokens at the target load",
@@ -528,80 +548,103 @@ def _kv_link(device: Accelerator) -> tuple[float, str]:
 def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[str, Any],
                  out: Mapping[str, np.ndarray], targets: Targets, rate: float, output_tokens: int,
                  prompt_tokens: int, even: np.ndarray, prices: Mapping[str, float],
-                 max_chips: int | None, served_tokens_per_s: float) -> list[dict[str, Any]]:
+                 max_chips: int | None, served_tokens_per_s: float,
+                 hold_cv2: float) -> list[dict[str, Any]]:
   """The fewest-chip split (prefill pool + decode pool) per accelerator and bytes class.
 
-  The pools are independent, so each is its own minimum: prefill replicas of a layout
-  at the rate whose mean M/D/1 TTFT plus the K/V transfer meets the target
-  (`max_arrival_rate_for_ttft`); decode replicas of a layout and batch with
-  t <= gap, each carrying B / ((G - 1) t) requests/s (`shared_capacity_rate` at D = 0).
+  A request's first token reaches the user from the decode pool (as engines' split
+  deployments stream it), so its TTFT is the prefill pool's M/D/1 TTFT, the K/V
+  transfer and the wait for a decode slot. The TTFT target is split between them:
+  for each share s of `slot_queue.WAIT_SHARES`, decode replicas of a layout and batch with
+  t <= gap carry at most B / ((G - 1) t) requests/s (`shared_capacity_rate` at
+  D = 0), less where the slot wait passes s x target or, spread over the G - 1
+  gaps, pushes the mean TPOT past the gap target
+  (`slot_queue.decode_pool_rate`); prefill replicas of a layout carry the rate
+  whose mean TTFT meets (1 - s) x target less the transfer
+  (`max_arrival_rate_for_ttft`). Each share's pools are each their own minimum;
+  the share with the fewest chips in all wins.
   """
   per_replica = grid["tp"] * grid["pp"] * grid["ep"]
   fits = (out["chip_bytes"] <= grid["capacity"]) & even
   link = np.array([_kv_link(d)[0] for d in devices])[grid["device"].astype(int)]
   transfer = prompt_tokens * grid["k"] / (per_replica * link)
-  budget = targets.ttft_s - transfer
+  prefill_rows = fits & (grid["B"] == grid["B"].min())  # A prefill replica's batch is moot.
   with np.errstate(divide="ignore", invalid="ignore"):
-    pre = _load_model()(t=out["step_s"], D_pf=out["prefill_s"], B=grid["B"],
-                        n_out=float(output_tokens), t_gap=targets.token_gap_s,
-                        t_ttft=np.where(budget > 0, budget, np.nan), t_window=0.0)
-    rate_p = np.where((budget > out["prefill_s"]) & np.isfinite(pre["rate_ttft"]), pre["rate_ttft"],
-                      0.0)
-    n_p = np.ceil(rate / np.where(rate_p > 0, rate_p, np.nan) * (1 - 1e-12))
     dec = _load_model()(t=out["step_s"], D_pf=np.zeros_like(out["step_s"]), B=grid["B"],
                         n_out=float(output_tokens), t_gap=targets.token_gap_s,
                         t_ttft=targets.ttft_s, t_window=0.0)
-    rate_d = np.where(out["step_s"] <= targets.token_gap_s, dec["capacity"], 0.0)
-    n_d = np.ceil(rate / np.where(rate_d > 0, rate_d, np.nan) * (1 - 1e-12))
-  chips_p = np.where(fits & (grid["B"] == grid["B"].min()) & (rate_p > 0), n_p * per_replica,
-                     np.inf)
-  chips_d = np.where(fits & (rate_d > 0), n_d * per_replica, np.inf)
+    decode_upper = np.where((out["step_s"] <= targets.token_gap_s) & fits, dec["capacity"], 0.0)
+  classes = sorted({(int(a), int(b)) for a, b in zip(grid["device"], grid["cls"])})
+  masks = {c: (grid["device"] == c[0]) & (grid["cls"] == c[1]) for c in classes}
+  best: dict[tuple[int, int], tuple] = {}
+  for share in slot_queue.WAIT_SHARES:
+    budget = (1 - share) * targets.ttft_s - transfer
+    with np.errstate(divide="ignore", invalid="ignore"):
+      pre = _load_model()(t=out["step_s"], D_pf=out["prefill_s"], B=grid["B"],
+                          n_out=float(output_tokens), t_gap=targets.token_gap_s,
+                          t_ttft=np.where(budget > 0, budget, np.nan), t_window=0.0)
+      rate_p = np.where(prefill_rows & (budget > out["prefill_s"]) & np.isfinite(pre["rate_ttft"]),
+                        pre["rate_ttft"], 0.0)
+      n_p = np.ceil(rate / np.where(rate_p > 0, rate_p, np.nan) * (1 - 1e-12))
+      rate_d = slot_queue.decode_pool_rate(out["step_s"], grid["B"], output_tokens,
+                                           targets.token_gap_s, share * targets.ttft_s,
+                                           decode_upper, hold_cv2)
+      n_d = np.ceil(rate / np.where(rate_d > 0, rate_d, np.nan) * (1 - 1e-12))
+    chips_p = np.where(rate_p > 0, n_p * per_replica, np.inf)
+    chips_d = np.where(rate_d > 0, n_d * per_replica, np.inf)
+    for c in classes:
+      mine = masks[c]
+      ip = int(np.argmin(np.where(mine, chips_p, np.inf)))
+      idec = int(np.argmin(np.where(mine, chips_d, np.inf)))
+      total = chips_p[ip] + chips_d[idec]
+      if np.isfinite(total) and (c not in best or total < best[c][0]):
+        best[c] = (total, share, ip, idec, n_p[ip], n_d[idec], rate_d[idec], chips_p[ip],
+                   chips_d[idec])
   plans = []
-  for (di, cls) in sorted({(int(a), int(b)) for a, b in zip(grid["device"], grid["cls"])}):
-    mine = (grid["device"] == di) & (grid["cls"] == cls)
-    if not np.any(np.isfinite(chips_p[mine])) or not np.any(np.isfinite(chips_d[mine])):
-      continue
-    ip = int(np.argmin(np.where(mine, chips_p, np.inf)))
-    idec = int(np.argmin(np.where(mine, chips_d, np.inf)))
-    total = int(chips_p[ip] + chips_d[idec])
+  for (di, cls), (total, share, ip, idec, np_, nd_, rate_di, cp, cd) in sorted(best.items()):
+    total = int(total)
     if max_chips is not None and total > max_chips:
       continue
     device = devices[di]
-    lam_p = rate / n_p[ip]
+    lam_p = rate / np_
     queue = _at_rate_model()(t=0.0, lam=lam_p, D_pf=out["prefill_s"][ip], t_window=0.0)
-    ttft = float(queue["ttft"] + transfer[ip])
     step = float(out["step_s"][idec])
+    decode = slot_queue.decode_pool_at(step, grid["B"][idec], output_tokens, rate / nd_, hold_cv2)
+    ttft = float(queue["ttft"] + transfer[ip] + decode["slot_wait_s"])
+    tpot = step + float(decode["slot_wait_s"]) / max(output_tokens - 1, 1)
     per_hour = total * prices[device.name] if prices else None
     wname, kname = grid["class_members"][cls][0]
     plans.append({
         "rank": 0, "rank_within_accelerator": 0, "accelerator": device.name, "chips": total,
         "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]), "ep": int(grid["ep"][idec]),
-        "dp": int(n_d[idec]), "microbatches": int(grid["microbatches"][idec]),
+        "dp": int(nd_), "microbatches": int(grid["microbatches"][idec]),
         "batch": int(grid["B"][idec]), "weight_dtype": wname, "kv_dtype": kname,
         "merged": [{"weight_dtype": w, "kv_dtype": k} for w, k in grid["class_members"][cls][1:]],
-        "step_s": step, "loaded_token_gap_s": step, "prefill_s": float(out["prefill_s"][ip]),
-        "ttft_s": ttft, "utilisation": float(queue["utilisation"]),
-        "arrival_rate_per_replica_per_s": float(rate / n_d[idec]
-                                               ), "capacity_per_replica_per_s": float(rate_d[idec]),
-        "load_binds": "split", "comm_s": float(out["comm_s"][idec]), "aggregate_tokens_per_s":
-            float(rate_d[idec] * n_d[idec] * output_tokens
-                 ), "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][idec]),
+        "step_s": step, "loaded_token_gap_s": tpot, "prefill_s": float(out["prefill_s"][ip]),
+        "ttft_s": ttft, "utilisation": float(queue["utilisation"]
+                                            ), "slot_wait_s": float(decode["slot_wait_s"]),
+        "slot_utilisation": float(decode["slot_utilisation"]
+                                 ), "arrival_rate_per_replica_per_s": float(rate / nd_),
+        "capacity_per_replica_per_s": float(rate_di), "load_binds": "split", "comm_s": float(
+            out["comm_s"][idec]), "aggregate_tokens_per_s": float(rate_di * nd_ * output_tokens),
+        "replica_tokens_per_s": float(out["aggregate_tokens_per_s"][idec]),
         "per_sequence_tokens_per_s": float(out["per_sequence_tokens_per_s"][idec]
                                           ), "chip_memory_bytes": float(out["chip_bytes"][idec]),
         "binds": "split pools", "headroom": float(
-            min(targets.token_gap_s / step,
+            min(targets.token_gap_s / tpot,
                 targets.ttft_s / ttft)), "cost_per_hour": per_hour, "cost_per_million_tokens":
                     (None if per_hour is None else per_hour / (served_tokens_per_s * 3600 / 1e6)
                     ), "pools": {
-                        "kind": "split", "prefill_chips": int(chips_p[ip]),
-                        "decode_chips": int(chips_d[idec]), "prefill": {
+                        "kind": "split", "prefill_chips": int(cp), "decode_chips": int(cd),
+                        "slot_wait_share": share, "prefill": {
                             "tp": int(grid["tp"][ip]), "pp": int(grid["pp"][ip]),
-                            "ep": int(grid["ep"][ip]), "replicas": int(n_p[ip]),
+                            "ep": int(grid["ep"][ip]), "replicas": int(np_),
                             "utilisation": float(queue["utilisation"])
                         }, "decode": {
                             "tp": int(grid["tp"][idec]), "pp": int(grid["pp"][idec]),
-                            "ep": int(grid["ep"][idec]), "replicas": int(n_d[idec]),
-                            "batch": int(grid["B"][idec])
+                            "ep": int(grid["ep"][idec]), "replicas": int(nd_),
+                            "batch": int(grid["B"][idec]),
+                            "slot_utilisation": float(decode["slot_utilisation"])
                         }, "kv_transfer_s": float(transfer[ip]), "kv_link": _kv_link(device)[1]
                     }, "simulated": None
     })

@@ -50,3 +50,30 @@ def plan_rows(result: dict[str, Any]) -> tuple[tuple[str, ...], list[list[Any]]]
       ]
     rows.append(row)
   return headers, rows
+
+
+def simulation_lines(result: dict[str, Any]) -> list[str]:
+  """What the simulated check ran (`serving.plan_check.check_top`), and how many drawn
+  lengths fell beyond the context, resampled or clipped."""
+  sim = result.get("simulation")
+  if not sim:
+    return []
+  lines = [
+      f"top {sim['top_k']} simulated ({sim['scheduler']} scheduler, {sim['num_requests']} "
+      f"requests each, seeds {sim['seed']}..{sim['seed'] + sim['seeds'] - 1}, "
+      f"{sim['wall_s']:.1f} s): the worst seed's p90 TTFT / TPOT; a plan that misses in any "
+      "seed ranks below the rest"
+  ]
+  lengths = sim.get("lengths", {})
+  if {lengths.get("prompt_distribution"), lengths.get("output_distribution")} != {"fixed"}:
+    runs = [r for p in result["plans"] if p.get("simulated") for r in p["simulated"]["runs"]]
+    beyond = [r["beyond_context"] for r in runs if r.get("beyond_context")]
+    if beyond:
+      count = sum(b["requests_beyond"] for b in beyond)
+      lines.append(
+          f"lengths: prompts {lengths['prompt_distribution']}, outputs "
+          f"{lengths['output_distribution']}; {count:,} of {len(runs) * sim['num_requests']:,} "
+          f"drawn requests were beyond the {result['context']:,}-token context and "
+          f"{'drawn again' if beyond[0]['policy'] == 'resample' else 'clipped'} "
+          "(the search uses the requested means)")
+  return lines

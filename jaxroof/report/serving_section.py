@@ -80,12 +80,20 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
     lines.append(f"operating point at {point['arrival_rate_per_s']:g} requests/s (Little's law): "
                  f"{point['running_batch']:.1f} sequences running, step "
                  f"{point['step_s'] * 1e3:.3f} ms, token gap {point['token_gap_s'] * 1e3:.3f} ms, "
-                 f"TTFT {point['ttft_s'] * 1e3:.2f} ms" if point.get("ttft_s") is not None else
-                 f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
-                 f"{point['running_batch']:.1f} sequences running; the prefill queue is unstable")
+                 f"TTFT {point['ttft_s'] * 1e3:.2f} ms{_slot_note(point)}" if point.get("ttft_s")
+                 is not None else f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
+                 f"{point['running_batch']:.1f} sequences running; "
+                 f"{point.get('reason') or 'the prefill queue is unstable'}")
   elif point:
     lines.append(f"operating point: {point.get('reason', 'unstable')}")
   return lines
+
+
+def _slot_note(point: dict[str, Any]) -> str:
+  if point.get("slot_wait_s") is None:
+    return ""
+  return (f" (of it {point['slot_wait_s'] * 1e3:.2f} ms waiting for a slot, "
+          f"{point['slot_utilisation']:.0%} of the slots held)")
 
 
 def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str, title: str, *,

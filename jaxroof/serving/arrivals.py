@@ -83,6 +83,15 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
   return np.maximum(1, np.rint(draws)).astype(np.int64)
 
 
+def length_cv2(distribution: str, spread: float) -> float:
+  """Squared coefficient of variation of `lengths`' draws (before rounding): 0 fixed,
+  spread**2 / 3 uniform (half-width / mean = spread), spread**2 lognormal (its CV)."""
+  require_choice("distribution", distribution, LENGTHS)
+  if distribution == "fixed":
+    return 0.0
+  return float(spread)**2 / (3.0 if distribution == "uniform" else 1.0)
+
+
 LONG_SAMPLES = ("resample", "clip")
 _RESAMPLE_ROUNDS = 100
 

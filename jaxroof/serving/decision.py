@@ -33,6 +33,7 @@ from jaxroof.serving import elasticity
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
 from jaxroof.symbolic import request_formulas
+from jaxroof.symbolic import slot_queue
 from jaxroof.symbolic.evaluate import formula_function, lambdified
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic.symbols import B, D_pf, n_out, t
@@ -186,6 +187,16 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
         status="infeasible", binds="ttft", reason=(
             f"mean TTFT at {arrival_rate:g} requests/s is {queue.ttft_s * 1e3:.4g} ms, over the "
             f"{ttft_s * 1e3:g} ms target (largest rate meeting it: {ttft_rate:.4g}/s)"))
+  elif not out["operating_point"]["stable"] and arrival_rate < capacity:
+    out.update(status="unstable", reason=out["operating_point"]["reason"])
+  elif (ttft_s is not None and out["operating_point"]["ttft_s"] is not None and
+        out["operating_point"]["ttft_s"] > ttft_s * (1 + _SLACK)):
+    op = out["operating_point"]
+    out.update(
+        status="infeasible", binds="ttft",
+        reason=(f"mean TTFT at the operating point is {op['ttft_s'] * 1e3:.4g} ms, over the "
+                f"{ttft_s * 1e3:g} ms target: {op['slot_wait_s'] * 1e3:.4g} ms of it waiting for "
+                f"one of the {batch} slots ({op['slot_utilisation']:.3g} held)"))
   elif arrival_rate >= capacity:
     out.update(
         status="unstable",
@@ -283,8 +294,10 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
   step(n)`. Prompts arrive at lam, so a token waits `gap(n) = step(n) / (1 -
   lam*extra(n))` on average, and each request decodes G - 1 tokens: n =
   lam*(G - 1)*gap(n), solved by bisection on [0, max_batch] (gap rises with
-  n). TTFT is M/D/1 with the service time of that mixed iteration. Past
-  `max_batch` (memory, the gap target) the load is unstable.
+  n). TTFT is the wait for one of the `max_batch` slots (`slot_queue`, each held
+  for the mixed iteration and G - 1 gaps) plus M/D/1 with the service time of
+  that mixed iteration. Past `max_batch` (memory, the gap target) the load is
+  unstable.
   """
   G = output_tokens
 
@@ -296,8 +309,8 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
       "arrival_rate_per_s": arrival_rate, "running_batch": None, "step_s": None,
       "token_gap_s": None, "ttft_s": None, "stable": False,
       "model": "Little's law fixed point, "
-               "n = arrival_rate x (G - 1) x gap(n); TTFT M/D/1 with the mixed "
-               "iteration as service"
+               "n = arrival_rate x (G - 1) x gap(n); TTFT: the wait for one of the "
+               "batch's slots (G/G/c) then M/D/1 with the mixed iteration as service"
   }
   if arrival_rate <= 0:
     step, gap, mixed = at(0.0)
@@ -315,9 +328,15 @@ def operating_point(model: StepModel, inputs: requests.ServingInputs, *, prompt_
   n = hi
   step, gap, mixed = at(n)
   queue = queueing.ttft(arrival_rate, mixed, 0.0, 1)
+  slots = slot_queue.wait_for_slot(arrival_rate, mixed + (G - 1) * gap, max_batch)
+  wait, held = float(slots["slot_wait_s"]), float(slots["slot_utilisation"])
+  stable = bool(queue.stable) and held < 1
   out.update(running_batch=n, step_s=step, token_gap_s=gap,
-             ttft_s=queue.ttft_s if queue.stable else None, stable=bool(queue.stable),
-             prefill_service_s=mixed)
+             ttft_s=queue.ttft_s + wait if stable else None, stable=stable, prefill_service_s=mixed,
+             slot_wait_s=wait if stable else None, slot_utilisation=held)
+  if not stable:
+    out["reason"] = (f"{arrival_rate:g} requests/s holds {held:.3g} of the {max_batch} slots: "
+                     "the wait for a slot grows without bound (unstable)")
   return out
 
 

@@ -12,7 +12,11 @@ M/D/1 queueing model and bound or calibrated steps):
   split    prefill chips: each an M/D/1 server of one-prompt prefills, as many
            as keep mean TTFT on target; decode chips: each runs the largest
            batch meeting the token gap with no prefill interference, and
-           carries batch / ((G-1)*step) requests/s. A prompt's K/V moves to
+           carries up to batch / ((G-1)*step) requests/s, less where the wait
+           for a decode slot (`symbolic.slot_queue`) passes its share of the
+           TTFT target (the first token reaches the user from the decode
+           pool; the shares `slot_queue.WAIT_SHARES` are searched, the fewest
+           chips win). A prompt's K/V moves to
            the decode pool over the network joining them (`kv_link_bytes_per_s`,
            each chip its own share; free when no figure is given), after its
            prefill and before its first token: it counts in TTFT.
@@ -29,11 +33,14 @@ import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from jaxroof import errors
 from jaxroof.serving import decision
 from jaxroof.serving import queueing
 from jaxroof.serving import requests
 from jaxroof.symbolic import prefill as prefill_formulas
+from jaxroof.symbolic import slot_queue
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
@@ -118,28 +125,42 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
     errors.require_positive("kv_link_bytes_per_s", kv_link_bytes_per_s)
     k = inputs.k * prompt_tokens if inputs.grows else inputs.kv_per_sequence_bytes
     transfer_s = float(k) / kv_link_bytes_per_s
-  per_prefill_chip = (queueing.max_arrival_rate(ttft_s - transfer_s, single, window_s)
-                      if ttft_s > transfer_s else 0.0)
   decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s, with_elasticities=False,
                                 **kw)
   split: dict[str, Any] = {"feasible": False}
-  if per_prefill_chip > 0 and decode_only["status"] == "ok":
-    per_decode_chip = decode_only["batch"] / ((output_tokens - 1) * decode_only["step_s"])
-    prefill_chips = _ceil(arrival_rate / per_prefill_chip)
-    decode_chips = _ceil(arrival_rate / per_decode_chip)
-    chips = prefill_chips + decode_chips
-    split = {
-        "feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
-        "chips": chips, "decode_batch": decode_only["batch"],
-        "prefill_rate_per_chip": per_prefill_chip, "decode_rate_per_chip": per_decode_chip,
-        "goodput_per_chip": arrival_rate / chips, "kv_transfer_s": transfer_s,
-        "prefill_gpus": prefill_chips * inputs.chips_per_replica,
-        "decode_gpus": decode_chips * inputs.chips_per_replica,
-        "gpus": chips * inputs.chips_per_replica
-    }
+  if decode_only["status"] == "ok":
+    batch, step = decode_only["batch"], decode_only["step_s"]
+    full = batch / ((output_tokens - 1) * step)  # The slots' capacity, every slot held.
+    for share in slot_queue.WAIT_SHARES:  # The TTFT target, split between the two queues.
+      budget = (1 - share) * ttft_s - transfer_s
+      per_prefill_chip = (queueing.max_arrival_rate(budget, single, window_s) if budget > single +
+                          window_s else 0.0)
+      per_decode_chip = float(
+          slot_queue.decode_pool_rate(step, batch, output_tokens, token_gap_s, share * ttft_s,
+                                      np.array([full]))[0])
+      if per_prefill_chip <= 0 or per_decode_chip <= 0:
+        continue
+      prefill_chips = _ceil(arrival_rate / per_prefill_chip)
+      decode_chips = _ceil(arrival_rate / per_decode_chip)
+      chips = prefill_chips + decode_chips
+      if split["feasible"] and chips >= split["chips"]:
+        continue
+      wait = slot_queue.decode_pool_at(step, batch, output_tokens, arrival_rate / decode_chips)
+      split = {
+          "feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
+          "chips": chips, "decode_batch": batch, "prefill_rate_per_chip": per_prefill_chip,
+          "decode_rate_per_chip": per_decode_chip, "decode_capacity_per_chip": full,
+          "slot_wait_share": share, "slot_wait_s": float(wait["slot_wait_s"]),
+          "slot_utilisation": float(wait["slot_utilisation"]
+                                   ), "goodput_per_chip": arrival_rate / chips,
+          "kv_transfer_s": transfer_s, "prefill_gpus": prefill_chips * inputs.chips_per_replica,
+          "decode_gpus": decode_chips * inputs.chips_per_replica,
+          "gpus": chips * inputs.chips_per_replica
+      }
+    if not split["feasible"]:
+      split["reason"] = "prefill alone (with the K/V transfer) misses the TTFT target"
   else:
-    split["reason"] = ("prefill alone (with the K/V transfer) misses the TTFT target"
-                       if per_prefill_chip <= 0 else decode_only["reason"])
+    split["reason"] = decode_only["reason"]
   shared: dict[str,
                Any] = {"feasible": False, "reason": f"no feasible pool up to {MAX_CHIPS} chips"}
 

@@ -234,6 +234,8 @@ j = _define("j", "1", "index of a step or chunk in a sum", _S)
 lam = _define("lam", "requests/s", "mean arrival rate of requests (Poisson)", _S)
 D_pf = _define("D_pf", "s", "service time of one prefill (deterministic)", _S)
 t_ttft = _define("t_ttft", "s", "time-to-first-token target", _S)
+t_hold = _define("t_hold", "s", "time one request holds a decode slot (prefill to last token)", _S)
+cv2_hold = _define("cv2_hold", "1", "squared coefficient of variation of the slot hold time", _S)
 
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
