@@ -154,7 +154,7 @@ def main(argv: list[str]) -> None:
       print("no prices: rank (rank within its accelerator); chips of different kinds are not "
             "compared (give --price_per_hour to rank by cost)")
     print("split: prefill + decode chips; tp..batch are the decode pool's (the JSON's pools "
-          "has both and the K/V transfer); split plans are not simulated")
+          "has both and the K/V transfer); simulated whole, both pools")
     for line in plan_table.simulation_lines(result):
       print(line)
   else:

@@ -163,7 +163,7 @@ def _one_replica(w, r: replica.Replica, label: str) -> dict:
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   layout = _layout_flags.layout(_ACCELERATOR.value)
-  replicas, rate = layout.dp, _ARRIVAL_RATE.value
+  replicas, rate = layout.dp * layout.microbatches, _ARRIVAL_RATE.value
   if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
     raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
                      f"router simulates continuous batching ({', '.join(fleet.CONTINUOUS)}).")
@@ -171,7 +171,7 @@ def main(argv: list[str]) -> None:
   if trace and _FIND_MAX_RATE.value:
     raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
   w = _simulation_flags.workload(rate, 1) if trace else None
-  r = _replica()
+  r = replica.per_microbatch(_replica(), layout.microbatches)  # Virtual engines.
   if _FIND_MAX_RATE.value:
     return _max_rate(r, replicas, layout.chips)
   w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)

@@ -251,3 +251,20 @@ def test_padded_costing_charges_every_row_and_slot():
   padded_decode = _sympy_time("bound", n_dec=4, S_dec=4 * 64)
   padded_prefill = _sympy_time("bound", n_pre=32, S_pre_att=32 * 64, S_pre_kv=64)
   assert one.finish_s[0] == pytest.approx(padded_prefill + 2 * padded_decode, rel=1e-12)
+
+
+def test_a_prefilled_request_streams_its_first_token_at_admission():
+  """A decode pool's replica (`Replica.prefilled`): no prefill, the first token at
+  admission, then output - 1 decode iterations; a plain replica prefills first."""
+  import dataclasses as dc
+  w = arrivals.Workload(arrival_s=np.array([0.5]), prompt_tokens=np.array([300]),
+                        output_tokens=np.array([4]), description={})
+  plain = _replica(pages=400, max_running=4)
+  decode = dc.replace(plain, prefilled=True)
+  run = simulator.simulate(w, decode, "iteration")
+  assert run.first_token_s[0] == 0.5 and run.prefill_tokens == 0
+  assert run.iterations == 3 and run.emitted[0] == 4
+  base = simulator.simulate(w, plain, "iteration")
+  assert base.first_token_s[0] > 0.5 and base.prefill_tokens == 300
+  with pytest.raises(InputError, match="decode pool"):
+    simulator.simulate(w, decode, "static")

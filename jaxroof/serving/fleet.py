@@ -83,6 +83,8 @@ class _Member(simulator._Sim):  # noqa: SLF001 (the fleet drives the replica's o
       return
     dec, chunks = self._plan_continuous()
     if not len(dec) and not chunks:
+      if not self.running and not self.waiting:  # Prefilled one-token requests, all done.
+        return
       raise InputError("the replica cannot admit the next request (no free K/V pages)")
     self._iterate(dec, chunks, False)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from jaxroof.errors import InputError, require_positive, require_positive_int
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
@@ -151,8 +153,7 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
         f"({memory.resident_weight_bytes / 1e9:.4g} GB per chip).", field="tp")
   values = layout_lib.symbol_values(layout, spec, link)
   comm = {name: float(values[name]) for name in requests.COMM_SYMBOLS}
-  cost = cost.on_layout(**multichip.chip_shares(layout, spec),
-                        comm=lambda rows: requests.pass_comm_s(comm, rows),
+  cost = cost.on_layout(**multichip.chip_shares(layout, spec), comm=_memoised_comm(comm),
                         comm_overlap=comm_overlap)
   page_bytes, state = _page_and_state(
       page, memory.kv_allocated_bytes_per_sequence / page.allocated_bytes_per_sequence)
@@ -187,3 +188,44 @@ def _pages(memory_bytes: float, page_bytes: float) -> int:
         f"kv_memory_bytes={memory_bytes:g} is not allowed: it holds no K/V "
         f"page of {page_bytes:g} bytes.", field="kv_memory_bytes")
   return pages
+
+
+def _memoised_comm(comm: dict[str, float]):
+  """`requests.pass_comm_s` for this layout, remembered per row count: a simulation asks
+  for the same few counts tens of thousands of times (its Piecewise costs ~60 us)."""
+  seen: dict[float, float] = {}
+
+  def comm_s(rows):
+    if np.ndim(rows):
+      return requests.pass_comm_s(comm, rows)
+    key = float(rows)
+    if key not in seen:
+      seen[key] = float(requests.pass_comm_s(comm, key))
+    return seen[key]
+
+  return comm_s
+
+
+def per_microbatch(r: Replica, microbatches: int) -> Replica:
+  """One of a pipelined replica's `microbatches` virtual engines (vLLM's pipeline
+  parallelism runs one per microbatch in flight): its share of the slots and K/V pages.
+
+  The simulator costs an iteration as one pass of its rows through every stage
+  (`collectives.path_inputs`); with m = pp microbatches interleaved, each microbatch's
+  token gap is exactly that pass, `pp` stage times at B/m rows, which is the symbolic
+  model's `Max(m, pp) x stage(B/m)`. So m virtual engines behind a router stand for one
+  replica of m microbatches.
+  """
+  microbatches = require_positive_int("microbatches", microbatches)
+  if microbatches == 1:
+    return r
+  if r.max_running < microbatches:
+    raise InputError(
+        f"max_running={r.max_running} is not allowed with microbatches={microbatches}: each "
+        "microbatch needs at least one slot.", field="max_running")
+  return dataclasses.replace(
+      r, max_running=r.max_running // microbatches, total_pages=r.total_pages // microbatches,
+      description={
+          **r.description, "virtual_engine": f"1 of {microbatches} microbatches in flight",
+          "kv_pages": r.total_pages // microbatches
+      })

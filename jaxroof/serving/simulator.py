@@ -73,6 +73,11 @@ class Replica:
       `max_running` rows over `max_context` slots, and each prefill runs its
       padded tokens over `max_context` slots.
     description: what the replica is (model, device, step model), for JSON.
+    prefilled: a split plan's decode replica: a request arrives with its prompt's
+      K/V and its first token (a prefill pool made them), so admitting it costs
+      no prefill: it takes pages for its prompt, its first token reaches the
+      user at admission, and it decodes from the next iteration. A preempted
+      request lost its K/V and is prefilled again here, as anywhere.
   """
 
   cost: IterationModel
@@ -85,6 +90,7 @@ class Replica:
   batch_window_s: float = 0.0
   padded_to: Callable[[int], int] | None = None
   description: dict = dataclasses.field(default_factory=dict)
+  prefilled: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -115,6 +121,10 @@ def validate(workload: Workload, replica: Replica, scheduler: str) -> None:
   require_choice("scheduler", scheduler, SCHEDULERS)
   require_positive_int("max_running", replica.max_running)
   require_positive_int("token_budget", replica.token_budget)
+  if replica.prefilled and scheduler not in ("iteration", "chunked"):
+    raise InputError(
+        f"scheduler={scheduler!r} is not allowed for a decode pool's replica (prompts arrive "
+        "prefilled): iteration or chunked.", field="scheduler")
   total = workload.prompt_tokens + workload.output_tokens
   worst = int(np.argmax(total))
   if replica.max_context is not None and total[worst] > replica.max_context:
@@ -239,6 +249,8 @@ class _Sim:
     """(decode index array, [(request, offset, chunk)]) for the next iteration."""
     if self.scheduler == "vllm":
       return vllm_scheduler.plan(self)
+    if self.r.prefilled:
+      self._admit_prefilled()
     dec = self._grow_decodes()
     chunked = self.scheduler == "chunked"
     budget = self.r.token_budget - len(dec) if chunked else math.inf
@@ -260,6 +272,24 @@ class _Sim:
       chunks.append((i, 0, c))
       budget -= c
     return dec, chunks
+
+  def _admit_prefilled(self) -> None:
+    """A decode pool's admissions (`Replica.prefilled`): requests that arrive with their
+    prompt's K/V and first token join the decodes without a prefill."""
+    while self.waiting and len(self.running) < self.r.max_running:
+      i = self.waiting[0]
+      if self.emitted[i] or not self._allocate(i, self.target[i]):
+        return  # A preempted request is prefilled again (the normal path).
+      self.waiting.popleft()
+      self.running.append(i)
+      self.kv[i] = self.done_pre[i] = self.target[i]
+      self.first_s[i] = self.last_s[i] = self.now
+      self.emitted[i] = 1
+      if self.output_l[i] <= 1:
+        self._finish([i], False)
+      else:
+        self.decoding.append(i)
+        self.dirty = True
 
   # The loop.
   def run(self) -> None:
@@ -286,7 +316,9 @@ class _Sim:
         self.now = max(self.now, self.arrival_l[self.next_arrival])
         continue
       dec, chunks = self._plan_continuous()
-      if not len(dec) and not chunks:  # Only when nothing can ever run.
+      if not len(dec) and not chunks:
+        if not self.running and not self.waiting:  # Prefilled one-token requests, all done.
+          continue
         raise InputError("the replica cannot admit the next request (no free K/V pages)")
       self._iterate(dec, chunks, False)
 
