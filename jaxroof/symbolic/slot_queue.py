@@ -22,7 +22,7 @@ from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.lambdify import lambdified
 
-BISECTIONS = 40  # Halvings of the rate interval: 2**-40 of it, far below any dp step.
+BISECTIONS = 32  # Halvings of the rate interval: 2**-32 of it, far below any dp step.
 WAIT_SHARES = (0.1, 0.25, 0.5)  # Shares of a split plan's TTFT target it may spend waiting
 # for a decode slot; the rest goes to the prefill queue, the prefill and the K/V transfer.
 MODEL = ("decode slots: G/G/c wait for one of the batch's B slots (Sakasegawa's "
