@@ -18,6 +18,7 @@ from typing import Any
 from absl import flags
 
 from experiments import _cli
+from experiments import _length_flags
 from jaxroof.errors import InputError
 from jaxroof.serving import arrivals
 from jaxroof.serving import fleet
@@ -35,20 +36,7 @@ _TRACE = flags.DEFINE_string(
     "output_tokens (--arrival=trace).")
 _PROMPT_TOKENS = flags.DEFINE_float("prompt_tokens", 1000, "Mean prompt length (tokens).")
 _OUTPUT_TOKENS = flags.DEFINE_float("output_tokens", 200, "Mean output length (tokens).")
-_PROMPT_DIST = flags.DEFINE_enum("prompt_distribution", "fixed", list(arrivals.LENGTHS),
-                                 "Prompt lengths: fixed (exact), uniform, lognormal.")
-_OUTPUT_DIST = flags.DEFINE_enum("output_distribution", "fixed", list(arrivals.LENGTHS),
-                                 "Output lengths: fixed (exact), uniform, lognormal.")
-_PROMPT_SPREAD = flags.DEFINE_float(
-    "prompt_spread", 0.0, "Uniform: half-width / mean; "
-    "lognormal: coefficient of variation.")
-_OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of arrivals and lengths.")
-_LONG_SAMPLES = flags.DEFINE_enum(
-    "long_samples", "resample", list(arrivals.LONG_SAMPLES),
-    "Sampled prompt + output beyond the model's context: "
-    "drawn again, or clipped.")
-
 # The scheduling.
 SCHEDULER = flags.DEFINE_enum(
     "scheduler", "iteration", list(simulator.SCHEDULERS),
@@ -88,12 +76,10 @@ def workload(rate: float, n: int, max_total: int | None = None) -> arrivals.Work
     if not _TRACE.value:
       raise InputError("arrival='trace' needs --trace=PATH (a JSONL or CSV file).")
     return arrivals.load_trace(_TRACE.value)
-  return arrivals.synthetic(
-      arrival=ARRIVAL.value, num_requests=n, arrival_rate=rate, seed=SEED.value,
-      prompt_tokens=_PROMPT_TOKENS.value, output_tokens=_OUTPUT_TOKENS.value,
-      prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
-      prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
-      burstiness=_BURSTINESS.value, max_total=max_total, long_samples=_LONG_SAMPLES.value)
+  return arrivals.synthetic(arrival=ARRIVAL.value, num_requests=n, arrival_rate=rate,
+                            seed=SEED.value, prompt_tokens=_PROMPT_TOKENS.value,
+                            output_tokens=_OUTPUT_TOKENS.value, burstiness=_BURSTINESS.value,
+                            max_total=max_total, **_length_flags.lengths())
 
 
 def scheduling() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _length_flags
 from experiments import _model_flags
 from experiments import _model_notes
 from jaxroof import files
@@ -30,7 +31,6 @@ from jaxroof.errors import InputError
 from jaxroof.parallel import planner
 from jaxroof.report import plan_table
 from jaxroof.report import table
-from jaxroof.serving import arrivals
 from jaxroof.serving import plan_check
 from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
@@ -46,21 +46,6 @@ _PROMPT_TOKENS = flags.DEFINE_integer(
     ">= 1.", lower_bound=1)
 _OUTPUT_TOKENS = flags.DEFINE_integer("output_tokens", planner.DEFAULT_OUTPUT_TOKENS,
                                       "Output tokens per request. >= 1.", lower_bound=1)
-_PROMPT_DIST = flags.DEFINE_enum(
-    "prompt_distribution", "fixed", list(arrivals.LENGTHS),
-    "Prompt lengths around --prompt_tokens (their mean), as in simulate: fixed, uniform, "
-    "lognormal. The search uses the means; the simulated check draws the lengths.")
-_OUTPUT_DIST = flags.DEFINE_enum(
-    "output_distribution", "fixed", list(arrivals.LENGTHS),
-    "Output lengths around --output_tokens, as --prompt_distribution; their spread also "
-    "spreads the time a request holds its decode slot.")
-_PROMPT_SPREAD = flags.DEFINE_float(
-    "prompt_spread", 0.0, "Uniform: half-width / mean; "
-    "lognormal: coefficient of variation. >= 0.", lower_bound=0)
-_OUTPUT_SPREAD = flags.DEFINE_float("output_spread", 0.0, "As --prompt_spread, for outputs.",
-                                    lower_bound=0)
-_LONG_SAMPLES = flags.DEFINE_enum("long_samples", "resample", list(arrivals.LONG_SAMPLES),
-                                  "Drawn lengths beyond --context: drawn again, or clipped.")
 _TOKEN_GAP_MS = flags.DEFINE_float("token_gap_ms", None,
                                    "Longest gap between one user's tokens, ms. > 0.")
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Longest time to first token, ms. > 0.")
@@ -100,13 +85,6 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "to
   _cli.require_positive(_holder, _unit)
 
 
-def _lengths() -> dict[str, object]:
-  """The simulated check's length distributions (`arrivals.synthetic`'s keywords)."""
-  return dict(prompt_distribution=_PROMPT_DIST.value, output_distribution=_OUTPUT_DIST.value,
-              prompt_spread=_PROMPT_SPREAD.value, output_spread=_OUTPUT_SPREAD.value,
-              long_samples=_LONG_SAMPLES.value)
-
-
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS)
@@ -129,17 +107,17 @@ def main(argv: list[str]) -> None:
       targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3, ttft_s=_TTFT_MS.value / 1e3,
                               aggregate_tokens_per_s=_AGGREGATE.value,
                               arrival_rate_per_s=_ARRIVAL_RATE.value),
-      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)), kv_dtypes=tuple(
-          dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices, max_chips=_MAX_CHIPS.value,
-      pools=_POOLS.value, bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
-      hold_cv2=arrivals.length_cv2(_OUTPUT_DIST.value, _OUTPUT_SPREAD.value))
+      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)),
+      kv_dtypes=tuple(dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices,
+      max_chips=_MAX_CHIPS.value, pools=_POOLS.value, bound=_SHARED.bound.value,
+      comm_overlap=_SHARED.comm_overlap.value, hold_cv2=_length_flags.output_cv2())
   for note in result["notes"]:
     print(f"note: {note}", file=sys.stderr)
   if _TOP_K.value and result["plans"]:
     plan_check.check_top(result, spec, devices, k=_TOP_K.value, num_requests=_SIM_REQUESTS.value,
                          seed=_SEED.value, seeds=_SIM_SEEDS.value, scheduler=_SCHEDULER.value,
                          bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
-                         lengths=_lengths())
+                         lengths=_length_flags.lengths())
   work = result["workload"]
   print(f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "
         f"{work['output_tokens']} out, {work['arrival_rate_per_s']:,.4g} requests/s "
