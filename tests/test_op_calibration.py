@@ -347,3 +347,21 @@ def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
   result = toy_fit.compare_profiles(_profile(big, 0.06, fastest=5e-3),
                                     _profile({**big, "t0_step": 1e-2}, 0.06))
   assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)
+
+
+def test_repeatability_compares_efficiencies_as_the_rates_they_give():
+  """A shared machine's ceiling moved 2x between runs (119 and 53 GB/s here): the fraction
+  of it moved the other way, the rate eta x BW, the one a prediction uses, did not."""
+  slow, fast = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}
+               }, {"bandwidth_Bps": 100e9, "flops_per_s": {"float32": 4e11}}
+  half = {**TRUE, "eta_w": TRUE["eta_w"] / 2, "eta_kv": TRUE["eta_kv"] / 2}
+  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=slow)
+  b = dataclasses.replace(_profile(half, 0.06), ceilings=fast)
+  result = toy_fit.compare_profiles(a, b)
+  assert result["pass"], result
+  assert result["fraction_rel_diff"]["eta_w"] == pytest.approx(0.5)
+  assert result["factor_rel_diff"]["eta_w"] == pytest.approx(0.0)
+  assert result["ceiling_rel_diff"]["bandwidth_Bps"] == pytest.approx(1.0)
+  # The same fractions of a doubled ceiling are twice the rate: not a repeat.
+  c = dataclasses.replace(_profile(TRUE, 0.06), ceilings=fast)
+  assert toy_fit.compare_profiles(a, c)["factors_outside"] == ["eta_w", "eta_kv"]

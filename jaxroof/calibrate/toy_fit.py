@@ -213,24 +213,50 @@ def noise_floor(rows: Sequence[Mapping[str, Any]]) -> float | None:
   return float(np.median(spreads)) if spreads else None
 
 
+_SCALED_BY = {"eta_w": "bandwidth", "eta_kv": "bandwidth", "eta_f": "flop_rate"}
+
+
+def effective_rates(prof: profiles.Profile) -> dict[str, float]:
+  """What a profile's efficiencies amount to: `eta_w x BW`, `eta_kv x BW` (B/s) and
+  `eta_f x F` (FLOP/s), BW and F its own measured ceilings. Only these products reach
+  a prediction: the split into a fraction and a ceiling is not determined by step
+  timings, and the ceiling itself is one noisy measurement of a shared machine."""
+  bandwidth = float(prof.ceilings.get("bandwidth_Bps") or 0.0)
+  flops = prof.ceilings.get("flops_per_s") or {}
+  flop_rate = float(flops.get(prof.dtype) or next(iter(flops.values()), 0.0)) if flops else 0.0
+  ceiling = {"bandwidth": bandwidth, "flop_rate": flop_rate}
+  return {n: prof.factors[n] * ceiling[c] for n, c in _SCALED_BY.items() if ceiling[c] > 0}
+
+
 def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> dict[str, Any]:
   """Whether two calibrations agree: factors within 10%, medians 3 points.
 
-  The relative difference of each factor is |current - previous| / previous,
-  except that a fixed cost (t0_step, t0_layer) smaller than the previous
-  run's fastest fit step is compared with that step: a few microseconds
-  beneath a millisecond step are not determined by the fit, and moving them
-  changes no prediction. The held-out medians' difference is in points.
+  The efficiencies are compared as the rates they give (`effective_rates`: the
+  fraction times that run's own measured ceiling), since the ceilings of a shared
+  machine move between runs (119 and 53 GB/s in two runs ten minutes apart here)
+  and a fraction of a moving ceiling cannot repeat when the rate does; each plain
+  fraction's difference is reported beside (`fraction_rel_diff`). The overlap
+  `r_ovl` enters as the exponent p = 1 + r_ovl, so it is compared on p. A fixed
+  cost (t0_step, t0_layer) smaller than the previous run's fastest fit step is
+  compared with that step: a few microseconds beneath a millisecond step are not
+  determined by the fit, and moving them changes no prediction. The held-out
+  medians' difference is in points.
   """
   fastest = previous.fit.get("fastest_fit_step_s")
-  diffs = {}
+  old_rates, new_rates = effective_rates(previous), effective_rates(current)
+  diffs, fractions = {}, {}
   for n in calibration.FACTOR_NAMES:
     scale = previous.factors[n]
+    fractions[n] = abs(current.factors[n] - previous.factors[n]) / scale
     if n in op_fit.FIXED_FACTORS and fastest:
       # A fixed cost far below the fastest step is not determined by it;
       # its change matters as a share of that step, not of itself.
       scale = max(scale, fastest)
+    if n == "r_ovl":
+      scale = 1 + previous.factors[n]
     diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
+    if n in old_rates and n in new_rates:
+      diffs[n] = abs(new_rates[n] - old_rates[n]) / old_rates[n]
   for n in calibration.REGIME_FACTOR_NAMES:
     if n in previous.regime_factors and n in current.regime_factors:
       # A re-pack near zero is compared with one weight read (its unit).
@@ -240,20 +266,30 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   median_points = (None if old is None or new is None else abs(new - old) * 100)
   failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
   median_ok = median_points is not None and (median_points <= REPEAT_MEDIAN_POINTS)
+  ceiling_diffs = {
+      name: abs(float(current.ceilings[name]) - float(previous.ceilings[name])) /
+            float(previous.ceilings[name]) for name in ("bandwidth_Bps", "read_bandwidth_Bps")
+      if previous.ceilings.get(name) and current.ceilings.get(name)
+  }
   return {
       "previous": previous.path,
       "previous_created": previous.created,
       "factor_rel_diff": diffs,
       "max_factor_rel_diff": max(diffs.values()),
       "factors_outside": failing,
+      "fraction_rel_diff": fractions,
+      "effective_rates": {"previous": old_rates, "current": new_rates},
+      "ceiling_rel_diff": ceiling_diffs,
       "heldout_median_previous": old,
       "heldout_median_current": new,
       "heldout_median_diff_points": median_points,
       "criteria": {
           "factor_rel_diff_max": REPEAT_FACTOR_REL,
           "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
-          "fixed_costs_relative_to": (f"the previous run's fastest fit step ({fastest:.3g} s)"
-                                      " where larger than the cost" if fastest else "themselves")
+          "efficiencies_compared_as": "eta x that run's own ceiling (B/s, FLOP/s)",
+          "r_ovl_compared_as": "p = 1 + r_ovl", "fixed_costs_relative_to":
+              (f"the previous run's fastest fit step ({fastest:.3g} s)"
+               " where larger than the cost" if fastest else "themselves")
       },
       "pass": not failing and median_ok,
   }

@@ -76,8 +76,13 @@ def toy_text(job: toy_fit.CalibrationRun) -> str:
 def repeatability_line(repeat: Mapping[str, Any], previous: str) -> str:
   """Whether this calibration repeats an earlier one (`toy_fit.compare_profiles`)."""
   diff = repeat["heldout_median_diff_points"]
+  moved = repeat.get("ceiling_rel_diff", {}).get("bandwidth_Bps")
+  outside = ", ".join(repeat["factors_outside"]) or "none"
   return (f"repeatability against {previous}: largest factor difference "
-          f"{repeat['max_factor_rel_diff']:.1%}, held-out median difference "
+          f"{repeat['max_factor_rel_diff']:.1%} (outside: {outside}; efficiencies as the "
+          "rates eta x ceiling"
+          f"{'' if moved is None else f', the measured bandwidth itself moved {moved:.0%}'}), "
+          "held-out median difference "
           f"{'n/a' if diff is None else f'{diff:.1f} points'}: "
           f"{'PASS' if repeat['pass'] else 'FAIL'} (factors within "
           f"{toy_fit.REPEAT_FACTOR_REL:.0%}, medians within "
