@@ -71,11 +71,13 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
       raise InputError(
           f"{name}={mean!r} is not allowed: a fixed length must be a whole number >= 1.")
     return np.full(n, int(mean), dtype=np.int64)
-  spread = require_positive(f"{name}_spread", spread)
+  spread_name = f"{name.removesuffix('_tokens')}_spread"  # prompt_spread, output_spread.
+  spread = require_positive(spread_name, spread)
   if distribution == "uniform":
     if spread > 1:
       raise InputError(
-          f"{name}_spread={spread!r} is not allowed: uniform lengths need spread in (0, 1].")
+          f"{spread_name}={spread!r} is not allowed: uniform lengths need spread in (0, 1].",
+          field=spread_name)
     lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
     return rng.integers(lo, hi + 1, n).astype(np.int64)
   sigma2 = math.log1p(spread**2)
