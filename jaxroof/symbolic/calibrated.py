@@ -144,16 +144,20 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
     "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",)
 
 
-def repack_time() -> sp.Expr:
+def repack_time(rows: sp.Expr = B, weight_bytes: sp.Expr | None = None) -> sp.Expr:
   """Re-packing the weights for a matmul of two or more rows (seconds).
 
-  r_pack * N*q / (eta_w*BW), switched on from B = 2 by min(1, max(0, B - 1))
-  (0 at B = 1, 1 at every whole B >= 2). XLA:CPU's GEMM packs the weight panel
-  before a multi-row product, about 1.5 weight reads; a device whose kernels
-  stream the weights as they are has r_pack = 0.
+  r_pack * N*q / (eta_w*BW), switched on from two rows by min(1, max(0, rows - 1))
+  (0 at one row, 1 at every whole count >= 2). XLA:CPU's GEMM packs the weight
+  panel before a multi-row product, about 1.5 weight reads; a device whose
+  kernels stream the weights as they are has r_pack = 0. `rows` and
+  `weight_bytes` default to the decode step's B and N*q; the iteration cost
+  model passes its tokens and its linear layers' bytes.
   """
-  switch = sp.Min(1, sp.Max(0, B - 1))
-  return r_pack * switch * formulas.memory_time(formulas.weight_traffic(N, q), eta_w * BW)
+  if weight_bytes is None:
+    weight_bytes = formulas.weight_traffic(N, q)
+  switch = sp.Min(1, sp.Max(0, rows - 1))
+  return r_pack * switch * formulas.memory_time(weight_bytes, eta_w * BW)
 
 
 def _regime_terms() -> dict[str, sp.Expr]:

@@ -65,7 +65,7 @@ from jaxroof.symbolic.symbols import (BW, E, F, K, L, N_b, N_h, O_up, S_full, S_
                                       V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
                                       a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
                                       k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, r_pack, t0_layer, t0_step, t_comm, u_mla)
+                                      o_ovl, r_e, s_st, t0_layer, t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -157,9 +157,9 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   compute_s = sum(f for _, f in ops.values()) / (eta_f * F)
   fixed_s = t0_step + L * t0_layer
   linear_s = calibrated.overlap(weight_s, compute_s)
-  # XLA:CPU's re-pack of the linear layers' weights for two or more rows
-  # (`calibrated.repack_time`; r_pack = 0 on devices whose kernels stream them as stored).
-  repack_s = r_pack * sp.Min(1, sp.Max(0, tokens() - 1)) * ops["linear"][0] / (eta_w * BW)
+  # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
+  # devices whose kernels stream them as stored).
+  repack_s = calibrated.repack_time(tokens(), ops["linear"][0])
   floor_s = fixed_s + linear_s + kv_s + repack_s
   return {
       "weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s, "fixed_s": fixed_s,
