@@ -157,3 +157,21 @@ def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
   impossible = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 3})
   with pytest.raises(errors.InputError, match="every measured median is below the bound"):
     engine_fit.fit_runs([impossible], SETUP)
+
+
+def test_a_coalesced_measurement_has_no_relative_error(monkeypatch):
+  """vLLM's CPU server streamed tokens together: a measured ITL p50 of 0 ms is the client's
+  clock, not a step. Its row says so and stays out of the medians (it read 113,000%)."""
+  run = _synthetic_run(4.0, 3)
+  real = vllm_results.measured_percentile
+  monkeypatch.setattr(
+      vllm_results, "measured_percentile",
+      lambda r, metric, q: 0.0 if (metric, q) == ("itl", 50) else real(r, metric, q))
+  out = engine_fit.predict_heldout([run], SETUP, TRUTH)
+  coalesced = [r for r in out["heldout"] if r["rel_error"] is None]
+  assert [(r["metric"], r["percentile"]) for r in coalesced] == [("itl", 50)]
+  assert "together" in coalesced[0]["note"]
+  assert out["heldout_points_coalesced"] == 1
+  assert out["heldout_points"] == len(out["heldout"]) - 1
+  assert "p50 itl" not in out["heldout_median_rel_error_by_metric"]
+  assert math.isfinite(out["heldout_max_rel_error"])

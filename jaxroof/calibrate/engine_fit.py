@@ -437,10 +437,15 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
         value = predicted.get(key)
         if measured is None or value is None:
           continue
+        coalesced = measured < COALESCED_S  # Tokens that arrived together: no step to match.
         rows.append({
             "run": run.label, "model": run.model or setup.model, "metric": metric, "percentile": q,
             "measured_s": measured, "predicted_s": value, "bound_s": bound.get(key),
-            "rel_error": abs(value - measured) / measured
+            "rel_error": None if coalesced else abs(value - measured) / measured, **({
+                "note": f"measured {measured * 1e3:.3g} ms: under {COALESCED_S * 1e3:g} ms the "
+                        "client received these tokens together (coalesced_itl_share), so no "
+                        "relative error is defined; left out of the medians"
+            } if coalesced else {})
         })
     measured_rate = run.measured_throughput
     if measured_rate and predicted.get("request_throughput_per_s"):
@@ -463,18 +468,21 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
           "run": run.label, "measured": {m: _thin(run.detail[f"{m}_s"]) for m in ("ttft", "itl")},
           "predicted": {m: _thin(predicted["detail"][f"{m}_s"]) for m in ("ttft", "itl")}
       })
-  errors_ = [r["rel_error"] for r in rows]
+  errors_ = [r["rel_error"] for r in rows if r["rel_error"] is not None]
   return {
       "heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs, "heldout_terms": terms,
       "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
       "heldout_median_rel_error_by_metric": {
           f"p{q} {m}": float(
-              np.median([r["rel_error"] for r in rows
-                         if r["metric"] == m and r["percentile"] == q]))
-          for m in ("ttft", "tpot", "itl") for q in PERCENTILES
-          if any(r["metric"] == m and r["percentile"] == q for r in rows)
+              np.median([
+                  r["rel_error"] for r in rows
+                  if r["metric"] == m and r["percentile"] == q and r["rel_error"] is not None
+              ])) for m in ("ttft", "tpot", "itl") for q in PERCENTILES
+          if any(r["metric"] == m and r["percentile"] == q and r["rel_error"] is not None
+                 for r in rows)
       }, "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
-      "heldout_points": len(errors_)
+      "heldout_points": len(errors_),
+      "heldout_points_coalesced": sum(r["rel_error"] is None for r in rows)
   }
 
 
