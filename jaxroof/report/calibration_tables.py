@@ -247,7 +247,7 @@ def engine_fit_text(result: Mapping[str, Any]) -> str:
                 r["run"], f"p{r['percentile']} {r['metric']}",
                 _ms(r["measured_s"]),
                 _ms(r["predicted_s"]),
-                table.percent(r["rel_error"]),
+                table.heldout_error(r),
                 _ms(r["bound_s"])
             ] for r in result["heldout"]]))
     lines += [
@@ -255,7 +255,10 @@ def engine_fit_text(result: Mapping[str, Any]) -> str:
         f"{r['predicted_per_s']:.3f} ({table.percent(r['rel_error'])})"
         for r in result["heldout_throughput"]
     ]
+  coalesced = result.get("heldout_points_coalesced")
   lines.append(f"held-out ({result['heldout_method']}): median "
                f"{table.percent(result['heldout_median_rel_error'])}, max "
-               f"{table.percent(result['heldout_max_rel_error'])}")
+               f"{table.percent(result['heldout_max_rel_error'])}" +
+               (f" ({coalesced} coalesced measurement(s) without a relative error left out)"
+                if coalesced else ""))
   return "\n".join(lines)

@@ -44,8 +44,7 @@ def heldout_rows(result: dict[str, Any]) -> list[list[str]]:
   return [[
       _short(r["run"]), f"p{r['percentile']} {r['metric'].upper()}", f"{r['measured_s'] * 1e3:.2f}",
       f"{r['predicted_s'] * 1e3:.2f}",
-      "coalesced" if r["rel_error"] is None and r.get("note") else table.percent(r["rel_error"]),
-      f"{r['bound_s'] * 1e3:.2f}" if r.get("bound_s") else "n/a"
+      table.heldout_error(r), f"{r['bound_s'] * 1e3:.2f}" if r.get("bound_s") else "n/a"
   ] for r in result.get("heldout", [])]
 
 

@@ -17,6 +17,14 @@ def percent(value: float | None) -> str:
   return "n/a" if value is None else f"{value:.1%}"
 
 
+def heldout_error(row: dict) -> str:
+  """A held-out row's relative error; "coalesced" where the measurement was tokens the
+  client received together (`engine_fit`: no relative error is defined)."""
+  if row.get("rel_error") is None and row.get("note"):
+    return "coalesced"
+  return percent(row.get("rel_error"))
+
+
 def factor_table(result: dict) -> str:
   """A fit's factors with whether each was fitted or fixed (and why)."""
   return format_table(("factor", "value", "status"), [[
