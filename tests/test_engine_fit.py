@@ -165,8 +165,8 @@ def test_a_coalesced_measurement_has_no_relative_error(monkeypatch):
   run = _synthetic_run(4.0, 3)
   real = vllm_results.measured_percentile
   monkeypatch.setattr(
-      vllm_results, "measured_percentile",
-      lambda r, metric, q: 0.0 if (metric, q) == ("itl", 50) else real(r, metric, q))
+      vllm_results, "measured_percentile", lambda r, metric, q: 0.0
+      if (metric, q) == ("itl", 50) else real(r, metric, q))
   out = engine_fit.predict_heldout([run], SETUP, TRUTH)
   coalesced = [r for r in out["heldout"] if r["rel_error"] is None]
   assert [(r["metric"], r["percentile"]) for r in coalesced] == [("itl", 50)]
