@@ -95,6 +95,11 @@ def _check_flags() -> None:
   if _MODEL.value is None and _layout_flags.layout().chips > 1:
     raise errors.InputError("--tp/--pp/--ep/--dp/--chips apply only with --model and "
                             "--accelerator.")
+  if _layout_flags.layout().microbatches > 1:
+    raise errors.InputError(
+        f"--microbatches={_layout_flags.layout().microbatches} is not allowed here: serving's load "
+        "model mixes each prompt into one microbatch's iterations; simulate --microbatches runs "
+        "a plan's microbatches as virtual engines, and plan searches them.")
   _serving_flags.check()
 
 
