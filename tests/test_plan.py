@@ -354,3 +354,20 @@ def test_microbatched_plans_run_as_virtual_engines():
   step = float(
       engine.cost.evaluate(engine.cost.mix(rows), engine.step_model, step_only=True)["step_s"])
   assert step == pytest.approx(row["step_s"], rel=1e-4)  # Hand-off latencies aside.
+
+
+def test_microbatches_run_in_simulate_and_are_refused_by_serving(tmp_path):
+  common = [
+      "--model=llama-3.1-70b", "--accelerator=mi300x", "--tp=4", "--pp=2", "--microbatches=2",
+      "--context=8192", "--prompt_tokens=7000", "--output_tokens=1000"
+  ]
+  proc = _run("experiments.serving", *common, "--arrival_rate=10", "--token_gap_ms=50",
+              "--ttft_ms=2000")
+  assert proc.returncode == 2 and "--microbatches=2 is not allowed" in proc.stderr
+  out = tmp_path / "sim.json"
+  proc = _run("experiments.simulate", *common, "--max_running=128", "--arrival_rate=2.5",
+              "--num_requests=60", f"--json_out={out}")
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads(out.read_text())
+  assert len(result["replicas"]) == 2  # One virtual engine per microbatch.
+  assert result["metrics"]["completed"] == 60
