@@ -13,7 +13,12 @@ operation is timed alone:
   matmuls are slower per row than its M = 1 and M >= 64 ones, that made
   batch-1 steps 30-130% slower in prediction than measured;
 * `eta_kv`: one layer's decode attention over batch x context, as the
-  step's `kv_s` with that layer's K/V bytes per position;
+  step's `kv_s` with that layer's K/V bytes per position; then, where the fit
+  models' K/V-heavy steps were timed (`KV_STEP_TOKENS` retained tokens or
+  more), refitted on them with every other factor held: XLA reads K/V faster
+  inside a whole step than in the attention timed alone (on this CPU about
+  26 against 16 GB/s), so the operation's `eta_kv` over-predicted K/V-heavy
+  steps by up to 50%;
 * `t0_step`, `t0_layer`: the fit models' batch-1 decode steps at short
   contexts (two depths), the other factors held at their operation values.
 
@@ -47,6 +52,7 @@ FIXED_FACTORS = ("t0_step", "t0_layer")
 _CALL_COST = "t0_step"  # The nuisance of an operation fit (one call's cost).
 ALTERNATIONS = 3  # Rounds of (eta_w from M = 1, then eta_f and r_ovl).
 REPACK_START = 0.5  # r_pack's start (weight reads), fitted from M >= 2.
+KV_STEP_TOKENS = 8192  # Retained tokens (batch x context) of a K/V-heavy fit step.
 
 
 def _column(values) -> np.ndarray:
@@ -195,5 +201,14 @@ def fit_operations(
   fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=FIXED_FACTORS)
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
   details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
+  tokens = np.asarray(step_inputs["B"]) * np.asarray(step_inputs["T"])
+  heavy = tokens >= KV_STEP_TOKENS
+  if heavy.any():
+    kv_inputs = {n: np.asarray(v)[heavy] for n, v in step_inputs.items()}
+    t = _medians(steps)[heavy]
+    fit = fitting.fit_factors(kv_inputs, t, init=dict(factors), steps=fit_steps, free=("eta_kv",))
+    details["attention"]["eta_kv_operation"] = factors["eta_kv"]
+    factors["eta_kv"] = fit.factors["eta_kv"]
+    details["kv_steps"] = {"points": int(heavy.sum()), **_scored(kv_inputs, t, factors)}
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details

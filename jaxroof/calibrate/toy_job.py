@@ -93,7 +93,7 @@ def run(
     dtype: weights and K/V of the timed operations and steps.
     fit: "ops" (operation sweeps, then the fixed costs from the smallest
       steps) or "steps" (every factor from the fit models' decode steps).
-    points: the fit models' steps to time; None means `SMALLEST` of each
+    points: the fit models' steps to time; None means `SMALLEST` and `KV_STEPS` of each
       (ops) or `default_points` (steps).
     heldout: the held-out models' steps; None means `heldout_points`.
     rounds: passes over the points while the budget lasts (each point's
@@ -145,8 +145,9 @@ def run(
     raise errors.InputError(f"models {clash} are both fitted and held out: "
                             "a held-out model must be one the fit never sees.")
   if points is None:
-    points = ([StepPoint(n, b, c) for n in configs for b, c in toy_steps.SMALLEST]
-              if fit == "ops" else toy_steps.default_points(budget_s, configs, dtype))
+    points = ([
+        StepPoint(n, b, c) for n in configs for b, c in toy_steps.SMALLEST + toy_steps.KV_STEPS
+    ] if fit == "ops" else toy_steps.default_points(budget_s, configs, dtype))
   points = list(points)
   heldout = list(
       toy_steps.heldout_points(budget_s, heldout_models, dtype) if heldout is None else heldout)

@@ -45,6 +45,9 @@ ATTENTION_GRID_QUICK = ((1, 128), (1, 4096), (4, 1024), (16, 2048), (64, 512), (
                                                                                             512))
 # The fixed costs' points: each fit model's smallest steps.
 SMALLEST = ((1, 128), (2, 128), (1, 512))
+# K/V-heavy steps of each fit model: `op_fit` refits eta_kv on them (the attention inside
+# a step reads K/V faster than the attention timed alone).
+KV_STEPS = ((16, 2048), (64, 512))
 # Held-out steps: batch 1-256, context 128-4096, spread over the grid.
 HELDOUT_GRID = ((1, 128), (1, 1024), (1, 4096), (2, 512), (4, 1024), (8, 256), (16, 256),
                 (16, 2048), (32, 1024), (64, 512), (128, 256), (256, 128))
