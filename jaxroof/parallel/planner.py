@@ -614,11 +614,11 @@ def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[
       c = (int(grid["device"][ip]), int(grid["cls"][ip]))
       total = chips_p[ip] + chips_d[idec]
       if np.isfinite(total) and (c not in best or total < best[c][0]):
-        best[c] = (total, share, ip, idec, n_p[ip], n_d[idec], rate_d[idec], chips_p[ip],
-                   chips_d[idec])
+        best[c] = (total, share, ip, idec, n_p[ip], n_d[idec], rate_d[idec])
   plans = []
-  for (di, cls), (total, share, ip, idec, np_, nd_, rate_di, cp, cd) in sorted(best.items()):
+  for (di, cls), (total, share, ip, idec, np_, nd_, rate_di) in sorted(best.items()):
     total = int(total)
+    cp, cd = int(np_ * per_replica[ip]), int(nd_ * per_replica[idec])
     if max_chips is not None and total > max_chips:
       continue
     device = devices[di]
@@ -627,7 +627,7 @@ def _split_plans(spec: ModelSpec, devices: Sequence[Accelerator], grid: Mapping[
     step = float(out["step_s"][idec])
     decode = slot_queue.decode_pool_at(step, grid["B"][idec], output_tokens, rate / nd_, hold_cv2)
     ttft = float(queue["ttft"] + transfer[ip] + decode["slot_wait_s"])
-    tpot = step + float(decode["slot_wait_s"]) / max(output_tokens - 1, 1)
+    tpot = float(decode["tpot_s"])
     per_hour = total * prices[device.name] if prices else None
     wname, kname = grid["class_members"][cls][0]
     plans.append({

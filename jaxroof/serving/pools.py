@@ -130,7 +130,7 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
   split: dict[str, Any] = {"feasible": False}
   if decode_only["status"] == "ok":
     batch, step = decode_only["batch"], decode_only["step_s"]
-    full = batch / ((output_tokens - 1) * step)  # The slots' capacity, every slot held.
+    full = decision.shared_capacity(step, 0.0, batch, output_tokens)  # Every slot held.
     for share in slot_queue.WAIT_SHARES:  # The TTFT target, split between the two queues.
       budget = (1 - share) * ttft_s - transfer_s
       per_prefill_chip = (queueing.max_arrival_rate(budget, single, window_s) if budget > single +

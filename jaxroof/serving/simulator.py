@@ -263,6 +263,8 @@ class _Sim:
       budget -= c
     while self.waiting and len(self.running) < self.r.max_running and budget > 0:
       i = self.waiting[0]
+      if self.r.prefilled and not self.emitted[i]:
+        break  # Arrived prefilled: `_admit_prefilled` takes it, next iteration.
       if not self._allocate(i, self.target[i]):
         break
       self.waiting.popleft()

@@ -129,6 +129,21 @@ def slot_wait(lam: Expr = lam, hold: Expr = t_hold, B: Expr = B, cv2: Expr = cv2
   return (1 + cv2) / 2 * rho**(sp.sqrt(2 * (B + 1)) - 1) / (B * (1 - rho)) * hold
 
 
+def decode_pool_hold_time(t: Expr = t, n_out: Expr = n_out) -> Expr:
+  """Seconds a request holds a split plan's decode slot: its n_out - 1 steps (the
+  prefill pool made its first token; no prefill interferes)."""
+  t, n_out = _s(t, n_out)
+  return (n_out - 1) * t
+
+
+def decode_pool_tpot(t: Expr = t, lam: Expr = lam, B: Expr = B, n_out: Expr = n_out,
+                     cv2: Expr = cv2_hold) -> Expr:
+  """Mean time per output token in a decode pool: the step plus the wait for a slot
+  spread over the request's n_out - 1 gaps."""
+  t, lam, B, n_out = _s(t, lam, B, n_out)
+  return t + slot_wait(lam, decode_pool_hold_time(t, n_out), B, cv2) / (n_out - 1)
+
+
 def loaded_ttft(t: Expr = t, lam: Expr = lam, D: Expr = D_pf, B: Expr = B, n_out: Expr = n_out,
                 t_window: Expr = t_window, cv2: Expr = cv2_hold) -> Expr:
   """Mean TTFT of a shared replica at a load: the wait for a slot (`slot_wait`),

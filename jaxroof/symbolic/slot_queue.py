@@ -45,11 +45,12 @@ def _shared():
 
 @functools.cache
 def _decode_pool():
-  hold = (S.n_out - 1) * S.t
+  hold = request_formulas.decode_pool_hold_time()
   return lambdified(
       {
           "slot_wait_s": request_formulas.slot_wait(hold=hold),
           "slot_utilisation": request_formulas.slot_utilisation(hold=hold),
+          "tpot_s": request_formulas.decode_pool_tpot(),
       }, (S.t, S.lam, S.B, S.n_out, S.cv2_hold))
 
 
@@ -83,7 +84,7 @@ def shared_at(step_s, prefill_s, batch, output_tokens: int, rate,
 def decode_pool_at(step_s, batch, output_tokens: int, rate,
                    cv2: float = 0.0) -> dict[str, np.ndarray]:
   """A decode-only replica (a split plan's decode pool) at `rate`: the wait for a slot,
-  held for the request's n_out - 1 steps, and the slots' utilisation."""
+  held for the request's n_out - 1 steps, the slots' utilisation and the mean TPOT."""
   with np.errstate(divide="ignore", invalid="ignore"):
     return _decode_pool()(t=step_s, lam=rate, B=batch, n_out=float(output_tokens), cv2_hold=cv2)
 
@@ -129,12 +130,11 @@ def decode_pool_rate(step_s, batch, output_tokens: int, token_gap_s: float, max_
   n_out - 1 gaps, meets `token_gap_s`."""
   step_s, batch = (
       np.broadcast_to(np.asarray(a, dtype=float), np.shape(upper)) for a in (step_s, batch))
-  gaps = max(output_tokens - 1, 1)
 
   def meets(rate, i):
     at = decode_pool_at(step_s[i], batch[i], output_tokens, rate, cv2)
     wait = at["slot_wait_s"]
     return ((at["slot_utilisation"] < 1) & (wait >= 0) & (wait <= max_wait_s) &
-            (step_s[i] + wait / gaps <= token_gap_s))
+            (at["tpot_s"] <= token_gap_s))
 
   return largest_rate(meets, upper)
