@@ -38,4 +38,4 @@ def lengths() -> dict[str, object]:
 
 def output_cv2() -> float:
   """The output lengths' squared coefficient of variation (`arrivals.length_cv2`)."""
-  return arrivals.length_cv2(OUTPUT_DIST.value, OUTPUT_SPREAD.value)
+  return arrivals.length_cv2("output_tokens", OUTPUT_DIST.value, OUTPUT_SPREAD.value)

@@ -229,11 +229,14 @@ def test_a_format_without_a_datapath_says_its_fallback():
     ("--price_per_hour=h100-sxm=0", "> 0"),
     ("--price_per_hour=h100-sxm=-3", "> 0"),
     ("--weight_dtype=bf16,int3", "weight_dtype"),
+    ("--output_distribution=lognormal --output_spread=1e308", "--output_spread=1e+308"),
+    ("--output_distribution=uniform --output_spread=2", "(0, 1]"),
+    ("--output_distribution=lognormal", "--output_spread=0.0"),
 ])
 def test_plan_cli_bad_input_one_line(flag, needle):
   proc = _run("experiments.plan", "--model=llama-3-8b", "--context=4096", "--token_gap_ms=50",
-              "--ttft_ms=1000", "--arrival_rate=2", "--accelerators=h100-sxm", "--top_k=0", flag,
-              timeout=120)
+              "--ttft_ms=1000", "--arrival_rate=2", "--accelerators=h100-sxm", "--top_k=0",
+              *flag.split(), timeout=120)
   assert proc.returncode != 0
   lines = [l for l in proc.stderr.strip().splitlines() if l]
   assert len(lines) == 1 and needle in lines[0], proc.stderr

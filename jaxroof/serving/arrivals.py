@@ -71,13 +71,8 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
       raise InputError(
           f"{name}={mean!r} is not allowed: a fixed length must be a whole number >= 1.")
     return np.full(n, int(mean), dtype=np.int64)
-  spread_name = f"{name.removesuffix('_tokens')}_spread"  # prompt_spread, output_spread.
-  spread = require_positive(spread_name, spread)
+  spread = _spread(name, distribution, spread)
   if distribution == "uniform":
-    if spread > 1:
-      raise InputError(
-          f"{spread_name}={spread!r} is not allowed: uniform lengths need spread in (0, 1].",
-          field=spread_name)
     lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
     return rng.integers(lo, hi + 1, n).astype(np.int64)
   sigma2 = math.log1p(spread**2)
@@ -85,13 +80,29 @@ def lengths(name: str, distribution: str, mean: float, spread: float, n: int,
   return np.maximum(1, np.rint(draws)).astype(np.int64)
 
 
-def length_cv2(distribution: str, spread: float) -> float:
+MAX_LOGNORMAL_SPREAD = 100.0  # A coefficient of variation beyond this is not a workload.
+
+
+def _spread(name: str, distribution: str, spread: float) -> float:
+  """A checked spread of `name`'s lengths (`prompt_spread`, `output_spread`): > 0; at most
+  1 for uniform lengths (half-width / mean), `MAX_LOGNORMAL_SPREAD` for lognormal."""
+  field = f"{name.removesuffix('_tokens')}_spread"
+  spread = require_positive(field, spread)
+  limit = 1.0 if distribution == "uniform" else MAX_LOGNORMAL_SPREAD
+  if spread > limit:
+    raise InputError(
+        f"{field}={spread!r} is not allowed: {distribution} lengths need spread in (0, {limit:g}].",
+        field=field)
+  return spread
+
+
+def length_cv2(name: str, distribution: str, spread: float) -> float:
   """Squared coefficient of variation of `lengths`' draws (before rounding): 0 fixed,
   spread**2 / 3 uniform (half-width / mean = spread), spread**2 lognormal (its CV)."""
-  require_choice("distribution", distribution, LENGTHS)
+  require_choice(f"{name}_distribution", distribution, LENGTHS)
   if distribution == "fixed":
     return 0.0
-  return float(spread)**2 / (3.0 if distribution == "uniform" else 1.0)
+  return _spread(name, distribution, spread)**2 / (3.0 if distribution == "uniform" else 1.0)
 
 
 LONG_SAMPLES = ("resample", "clip")
