@@ -382,11 +382,68 @@ def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
                                            flop_rate=F, fit_steps=4000)
   assert details["attention"]["eta_kv_operation"] == pytest.approx(0.6 * TRUE["eta_kv"], rel=0.05)
   assert factors["eta_kv"] == pytest.approx(TRUE["eta_kv"], rel=0.05)
-  assert details["kv_steps"]["points"] == 2 * len(toy_steps.KV_STEPS)
+  assert details["step_refit"]["points"] == 2 * len(toy_steps.KV_STEPS)
+  assert details["step_refit"]["free"] == ["eta_kv"]
   # Without K/V-heavy steps the operation's eta_kv stands.
   small = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
   factors, details = op_fit.fit_operations(linear, attention, small,
                                            toy_fit.model_inputs(small, BW, F), bandwidth=BW,
                                            flop_rate=F)
-  assert "kv_steps" not in details
+  assert "step_refit" not in details
   assert factors["eta_kv"] == pytest.approx(0.6 * TRUE["eta_kv"], rel=0.1)
+
+
+def test_the_repack_is_refitted_on_the_fit_models_batched_steps():
+  """The linear layer timed alone shows no re-pack, the whole steps at B >= 2 one of
+  0.3 weight reads: the steps set r_pack (with eta_kv), the operation's figure is kept
+  beside it, and the batch-1 factors stay the operations'."""
+  linear, attention = synthetic_operations(noise=0.0)
+  truth = {**TRUE, "r_pack": 0.3}
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors=truth)
+  factors, details = op_fit.fit_operations(linear, attention, steps,
+                                           toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
+                                           flop_rate=F, fit_steps=4000, regime=True)
+  assert details["linear"]["r_pack_operation"] < 0.05
+  assert factors["r_pack"] == pytest.approx(0.3, rel=0.1)
+  assert factors["eta_kv"] == pytest.approx(TRUE["eta_kv"], rel=0.05)
+  assert factors["eta_w"] == pytest.approx(TRUE["eta_w"], rel=0.05)
+  batched = sum(p.batch >= 2 for p in FIT_STEPS)
+  assert details["step_refit"]["points"] == batched
+  assert details["step_refit"]["free"] == ["eta_kv", "r_pack"]
+  assert details["step_refit"]["max_rel_error"] < 0.02
+
+
+def test_repeatability_names_a_factor_whose_own_timings_moved():
+  """eta_w rests on the M = 1 linear layers: when those moved 20% between two processes,
+  eta_w's 20% is the machine's, and the run says so; a factor whose points held is not
+  excused."""
+  from jaxroof.report import calibration_tables
+  m1 = {"linear M=1 1024x1024": 1e-4, "linear M=1 1024x4096": 4e-4}
+  steps = {"step calibration B=2 T=128": 5e-3}
+  basis = {"eta_w": m1, "eta_kv": steps, "heldout": steps}
+  slower = {"eta_w": {k: 1.2 * v for k, v in m1.items()}, "eta_kv": steps, "heldout": steps}
+  a = _profile(TRUE, 0.06)
+  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2, "eta_kv": TRUE["eta_kv"] * 0.8}, 0.06)
+  a = dataclasses.replace(a, fit={**a.fit, "basis": basis})
+  b = dataclasses.replace(b, fit={**b.fit, "basis": slower})
+  result = toy_fit.compare_profiles(a, b)
+  assert not result["pass"]
+  assert result["factors_outside"] == ["eta_w", "eta_kv"]
+  assert result["basis_rel_diff"]["eta_w"] == pytest.approx(0.2)
+  assert result["factors_outside_as_their_data"] == ["eta_w"]
+  line = calibration_tables.repeatability_line(result, "a.json")
+  assert "eta_w's own timed points moved 20%" in line and "held-out steps moved 0.0%" in line
+
+
+def test_timing_basis_names_each_factors_points():
+  linear, attention = synthetic_operations(noise=0.0)
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
+  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
+                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
+  basis = toy_fit.timing_basis(measured, "ops", regime=True)
+  assert set(basis) == set(FACTOR_NAMES) | {"r_pack", "heldout"}
+  assert all(k.startswith("linear M=1 ") for k in basis["eta_w"])
+  assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
+  assert len(basis["r_pack"]) == sum(p.batch >= 2 for p in FIT_STEPS)
+  assert len(basis["heldout"]) == len(held)

@@ -19,6 +19,13 @@ operation is timed alone:
   inside a whole step than in the attention timed alone (on this CPU about
   26 against 16 GB/s), so the operation's `eta_kv` over-predicted K/V-heavy
   steps by up to 50%;
+* `r_pack` (a CPU, below): fitted from the linear layer at M >= 2, then refitted with
+  `eta_kv` on the fit models' steps at B >= 2 (every other factor held). The
+  operation's figure (about 0.45 weight reads here, beside it as
+  `r_pack_operation`) over-predicted those steps by about 12% at B = 2, and so
+  every held-out model at B = 4-16; it also moved with the M = 1 timings, which
+  vary about 10% between processes, while the whole steps at B >= 2 repeat
+  within about 2%;
 * `t0_step`, `t0_layer`: the fit models' batch-1 decode steps at short
   contexts (two depths), the other factors held at their operation values.
 
@@ -201,14 +208,22 @@ def fit_operations(
   fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=FIXED_FACTORS)
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
   details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
-  tokens = np.asarray(step_inputs["B"]) * np.asarray(step_inputs["T"])
-  heavy = tokens >= KV_STEP_TOKENS
-  if heavy.any():
-    kv_inputs = {n: np.asarray(v)[heavy] for n, v in step_inputs.items()}
-    t = _medians(steps)[heavy]
-    fit = fitting.fit_factors(kv_inputs, t, init=dict(factors), steps=fit_steps, free=("eta_kv",))
+  batches = np.asarray(step_inputs["B"])
+  heavy = batches * np.asarray(step_inputs["T"]) >= KV_STEP_TOKENS
+  batched = batches >= 2
+  free = (("eta_kv",) if heavy.any() else
+          ()) + (REGIME_FACTOR_NAMES if regime and batched.any() else ())
+  chosen = batched if regime else heavy
+  if free:
+    refit_inputs = {n: np.asarray(v)[chosen] for n, v in step_inputs.items()}
+    t = _medians(steps)[chosen]
+    fit = fitting.fit_factors(refit_inputs, t, init=dict(factors), steps=fit_steps, free=free)
     details["attention"]["eta_kv_operation"] = factors["eta_kv"]
-    factors["eta_kv"] = fit.factors["eta_kv"]
-    details["kv_steps"] = {"points": int(heavy.sum()), **_scored(kv_inputs, t, factors)}
+    if regime:
+      details["linear"]["r_pack_operation"] = factors["r_pack"]
+    factors.update({n: fit.factors[n] for n in free})
+    details["step_refit"] = {
+        "points": int(chosen.sum()), "free": list(free), **_scored(refit_inputs, t, factors)
+    }
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details

@@ -241,6 +241,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   compared with that step: a few microseconds beneath a millisecond step are not
   determined by the fit, and moving them changes no prediction. The held-out
   medians' difference is in points.
+
+  Each factor's timed points (`timing_basis`) are compared as well: a factor
+  outside the criterion whose own points moved by more than it between the two
+  processes is named in `factors_outside_as_their_data` (the machine moved, the
+  fit followed); `basis_rel_diff["heldout"]` is how far the held-out steps moved.
   """
   fastest = previous.fit.get("fastest_fit_step_s")
   old_rates, new_rates = effective_rates(previous), effective_rates(current)
@@ -266,6 +271,14 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   median_points = (None if old is None or new is None else abs(new - old) * 100)
   failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
   median_ok = median_points is not None and (median_points <= REPEAT_MEDIAN_POINTS)
+  old_basis, new_basis = previous.fit.get("basis") or {}, current.fit.get("basis") or {}
+  moved = {
+      n: basis_moved(old_basis[n], new_basis[n]) for n in sorted(set(old_basis) & set(new_basis))
+  }
+  moved = {n: m for n, m in moved.items() if m is not None}
+  # A factor cannot repeat better than the timings it is fitted from: where those
+  # moved by more than the criterion between the two processes, the machine did.
+  data_moved = [n for n in failing if moved.get(n, 0.0) > REPEAT_FACTOR_REL]
   ceiling_diffs = {
       name: abs(float(current.ceilings[name]) - float(previous.ceilings[name])) /
             float(previous.ceilings[name]) for name in ("bandwidth_Bps", "read_bandwidth_Bps")
@@ -283,16 +296,67 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "heldout_median_previous": old,
       "heldout_median_current": new,
       "heldout_median_diff_points": median_points,
+      "basis_rel_diff": moved,
+      "factors_outside_as_their_data": data_moved,
       "criteria": {
           "factor_rel_diff_max": REPEAT_FACTOR_REL,
           "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
           "efficiencies_compared_as": "eta x that run's own ceiling (B/s, FLOP/s)",
-          "r_ovl_compared_as": "p = 1 + r_ovl", "fixed_costs_relative_to":
-              (f"the previous run's fastest fit step ({fastest:.3g} s)"
-               " where larger than the cost" if fastest else "themselves")
+          "r_ovl_compared_as": "p = 1 + r_ovl", "basis_rel_diff":
+              ("median relative change, between the two runs, of the timed "
+               "points each factor was fitted from ('heldout': the held-out "
+               "steps)"), "fixed_costs_relative_to":
+                   (f"the previous run's fastest fit step ({fastest:.3g} s)"
+                    " where larger than the cost" if fastest else "themselves")
       },
       "pass": not failing and median_ok,
   }
+
+
+def point_key(record: measurement.Measurement) -> str:
+  """A timed point's name, the same in every run that times it."""
+  s = record.shapes
+  if record.op == "linear":
+    return f"linear M={s['rows']} {s['d_in']}x{s['d_out']}"
+  if record.op == "decode_attention":
+    return f"attention B={s['batch']} T={s['context']} kv_heads={s['kv_heads']}"
+  return f"step {record.extra['model']} B={s['batch']} T={s['context']}"
+
+
+def timing_basis(measured: "Measured", fit: str, regime: bool) -> dict[str, dict[str, float]]:
+  """Per factor, the medians of the timed points it was fitted from (and the
+  held-out steps under "heldout"), so that a later run can tell a factor that
+  moved from the data it stands on moving (`compare_profiles`)."""
+
+  def medians(records) -> dict[str, float]:
+    return {point_key(r): r.median_s for r in records}
+
+  steps = measured.fit_records
+  basis = {"heldout": medians(measured.heldout_records)}
+  if fit != "ops":
+    return {**basis, **{n: medians(steps) for n in calibration.FACTOR_NAMES}}
+  linear = [r for r in measured.operations if r.op == "linear"]
+  smallest = min((r.shapes["batch"] for r in steps), default=1)
+  batched = [r for r in steps if r.shapes["batch"] >= 2]
+  heavy = [
+      r for r in steps if r.shapes["batch"] * r.extra["retained_tokens"] >= op_fit.KV_STEP_TOKENS
+  ]
+  basis["eta_w"] = medians(r for r in linear if r.shapes["rows"] == 1)
+  basis["eta_f"] = basis["r_ovl"] = medians(r for r in linear if r.shapes["rows"] > 1)
+  basis["eta_kv"] = medians(batched if regime else heavy) or medians(
+      r for r in measured.operations if r.op == "decode_attention")
+  basis["t0_step"] = basis["t0_layer"] = medians(r for r in steps if r.shapes["batch"] == smallest)
+  if regime:
+    basis["r_pack"] = medians(batched)
+  return basis
+
+
+def basis_moved(previous: Mapping[str, float], current: Mapping[str, float]) -> float | None:
+  """The median relative change of the points two runs both timed, or None."""
+  shared = sorted(set(previous) & set(current))
+  if not shared:
+    return None
+  return float(np.median([abs(current[k] / previous[k] - 1.0) for k in shared]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,6 +440,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
                     "can go below")
   bound_errs = fitting.error_summary(bound_errors(measured.heldout_records, held_inputs))
   fit_info: dict[str, Any] = {
+      "basis": timing_basis(measured, fit, regime and fit == "ops"),
       "noise_floor_median_round_spread": floor,
       "method": fit,
       "loss": loss,

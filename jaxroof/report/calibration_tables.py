@@ -86,7 +86,19 @@ def repeatability_line(repeat: Mapping[str, Any], previous: str) -> str:
           f"{'n/a' if diff is None else f'{diff:.1f} points'}: "
           f"{'PASS' if repeat['pass'] else 'FAIL'} (factors within "
           f"{toy_fit.REPEAT_FACTOR_REL:.0%}, medians within "
-          f"{toy_fit.REPEAT_MEDIAN_POINTS:g} points)")
+          f"{toy_fit.REPEAT_MEDIAN_POINTS:g} points)" + _data_moved(repeat))
+
+
+def _data_moved(repeat: Mapping[str, Any]) -> str:
+  """What of a failed repeat the timings themselves explain (the machine's floor)."""
+  moved = repeat.get("basis_rel_diff") or {}
+  parts = [
+      f"{n}'s own timed points moved {moved[n]:.0%}"
+      for n in repeat.get("factors_outside_as_their_data", [])
+  ]
+  if "heldout" in moved:
+    parts.append(f"the held-out steps moved {moved['heldout']:.1%} (median)")
+  return ("; between the two processes " + ", ".join(parts)) if parts else ""
 
 
 def validation_text(path: str, prof: profiles.Profile, rows: Sequence[Mapping[str, Any]],
