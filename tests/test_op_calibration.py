@@ -447,3 +447,17 @@ def test_timing_basis_names_each_factors_points():
   assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
   assert len(basis["r_pack"]) == sum(p.batch >= 2 for p in FIT_STEPS)
   assert len(basis["heldout"]) == len(held)
+
+
+def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
+  """A noisy M = 1 timing moves eta_w, and the steps at B >= 2 move r_pack the other way:
+  the batched weight rate eta_w x BW / (1 + r_pack) is what repeats."""
+  ceilings = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
+  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=ceilings, regime_factors={"r_pack": 0.2})
+  lower = {**TRUE, "eta_w": TRUE["eta_w"] * 0.85}
+  b = dataclasses.replace(_profile(lower, 0.06), ceilings=ceilings,
+                          regime_factors={"r_pack": 1.2 * 0.85 - 1.0})
+  result = toy_fit.compare_profiles(a, b)
+  assert result["factor_rel_diff"]["r_pack"] == pytest.approx(0.0, abs=1e-9)
+  assert result["fraction_rel_diff"]["r_pack"] == pytest.approx(0.18)
+  assert result["factors_outside"] == ["eta_w"]

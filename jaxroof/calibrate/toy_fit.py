@@ -218,14 +218,20 @@ _SCALED_BY = {"eta_w": "bandwidth", "eta_kv": "bandwidth", "eta_f": "flop_rate"}
 
 def effective_rates(prof: profiles.Profile) -> dict[str, float]:
   """What a profile's efficiencies amount to: `eta_w x BW`, `eta_kv x BW` (B/s) and
-  `eta_f x F` (FLOP/s), BW and F its own measured ceilings. Only these products reach
+  `eta_f x F` (FLOP/s), BW and F its own measured ceilings; with a re-pack, the
+  batched weight rate `eta_w x BW / (1 + r_pack)` under "r_pack". Only these products reach
   a prediction: the split into a fraction and a ceiling is not determined by step
   timings, and the ceiling itself is one noisy measurement of a shared machine."""
   bandwidth = float(prof.ceilings.get("bandwidth_Bps") or 0.0)
   flops = prof.ceilings.get("flops_per_s") or {}
   flop_rate = float(flops.get(prof.dtype) or next(iter(flops.values()), 0.0)) if flops else 0.0
   ceiling = {"bandwidth": bandwidth, "flop_rate": flop_rate}
-  return {n: prof.factors[n] * ceiling[c] for n, c in _SCALED_BY.items() if ceiling[c] > 0}
+  rates = {n: prof.factors[n] * ceiling[c] for n, c in _SCALED_BY.items() if ceiling[c] > 0}
+  if "r_pack" in prof.regime_factors and "eta_w" in rates:
+    # From B = 2 the weights stream at eta_w x BW / (1 + r_pack): the rate a batched
+    # prediction uses, whatever the split between the two factors.
+    rates["r_pack"] = rates["eta_w"] / (1.0 + prof.regime_factors["r_pack"])
+  return rates
 
 
 def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> dict[str, Any]:
@@ -236,7 +242,9 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   machine move between runs (119 and 53 GB/s in two runs ten minutes apart here)
   and a fraction of a moving ceiling cannot repeat when the rate does; each plain
   fraction's difference is reported beside (`fraction_rel_diff`). The overlap
-  `r_ovl` enters as the exponent p = 1 + r_ovl, so it is compared on p. A fixed
+  `r_ovl` enters as the exponent p = 1 + r_ovl, so it is compared on p, and the
+  re-pack `r_pack` as the batched weight rate `eta_w x BW / (1 + r_pack)` (a noisy
+  `eta_w` moves `r_pack` the other way, the rate stays). A fixed
   cost (t0_step, t0_layer) smaller than the previous run's fastest fit step is
   compared with that step: a few microseconds beneath a millisecond step are not
   determined by the fit, and moving them changes no prediction. The held-out
@@ -266,7 +274,10 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
     if n in previous.regime_factors and n in current.regime_factors:
       # A re-pack near zero is compared with one weight read (its unit).
       scale = max(previous.regime_factors[n], 1.0)
-      diffs[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
+      fractions[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
+      diffs[n] = fractions[n]
+      if n in old_rates and n in new_rates:
+        diffs[n] = abs(new_rates[n] - old_rates[n]) / old_rates[n]
   old, new = (previous.heldout_median_rel_error, current.heldout_median_rel_error)
   median_points = (None if old is None or new is None else abs(new - old) * 100)
   failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
@@ -302,12 +313,13 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
           "factor_rel_diff_max": REPEAT_FACTOR_REL,
           "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
           "efficiencies_compared_as": "eta x that run's own ceiling (B/s, FLOP/s)",
-          "r_ovl_compared_as": "p = 1 + r_ovl", "basis_rel_diff":
-              ("median relative change, between the two runs, of the timed "
-               "points each factor was fitted from ('heldout': the held-out "
-               "steps)"), "fixed_costs_relative_to":
-                   (f"the previous run's fastest fit step ({fastest:.3g} s)"
-                    " where larger than the cost" if fastest else "themselves")
+          "r_ovl_compared_as": "p = 1 + r_ovl",
+          "r_pack_compared_as": "eta_w x BW / (1 + r_pack), the batched weight rate (B/s)",
+          "basis_rel_diff": ("median relative change, between the two runs, of the timed "
+                             "points each factor was fitted from ('heldout': the held-out "
+                             "steps)"), "fixed_costs_relative_to":
+                                 (f"the previous run's fastest fit step ({fastest:.3g} s)"
+                                  " where larger than the cost" if fastest else "themselves")
       },
       "pass": not failing and median_ok,
   }
