@@ -65,6 +65,9 @@ _MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", 2048, "vLLM --max-model-l
 _ENGINE_CPUS = flags.DEFINE_string(
     "engine_cpus", "1", "VLLM_CPU_OMP_THREADS_BIND: the engine "
     "worker's cores (e.g. 1, or 0-1).")
+_FRONTEND_CPUS = flags.DEFINE_string(
+    "frontend_cpus", "0", "Cores of the API server and the benchmark client (\"\": unpinned): "
+    "kept off --engine_cpus, so that the engine's core serves the engine only.")
 _START_TIMEOUT_S = flags.DEFINE_float(
     "start_timeout_s", 300.0, "Most seconds for the server "
     "to become healthy. In [10, 3600].", lower_bound=10.0, upper_bound=3600.0)
@@ -100,13 +103,13 @@ def main(argv: list[str]) -> None:
                             "backend needs a multiple of 32.")
   overrides = {name: holder.value for name, holder in _SIZES.items()}
   vllm_model.scaled_config(_MODEL.value, overrides)  # Refuse a bad model before any work.
-  config = vllm_engine.ServerConfig(max_num_seqs=_MAX_NUM_SEQS.value,
-                                    max_num_batched_tokens=_MAX_BATCHED.value,
-                                    chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
-                                    kv_space_gib=_KV_SPACE_GIB.value,
-                                    max_model_len=_MAX_MODEL_LEN.value,
-                                    engine_cpus=_ENGINE_CPUS.value, seed=_SEED.value)
+  config = vllm_engine.ServerConfig(
+      max_num_seqs=_MAX_NUM_SEQS.value, max_num_batched_tokens=_MAX_BATCHED.value,
+      chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
+      kv_space_gib=_KV_SPACE_GIB.value, max_model_len=_MAX_MODEL_LEN.value,
+      engine_cpus=_ENGINE_CPUS.value, frontend_cpus=_FRONTEND_CPUS.value, seed=_SEED.value)
   vllm_engine.parse_cpus(config.engine_cpus)
+  vllm_engine.pinned_to(config.frontend_cpus)
   vllm_engine.engine_python(_ENGINE_ENV.value or "")
   longest = max(_NUM_PROMPTS.value / r for r in rates)
   spec = vllm_engine.BenchSpec(rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value,

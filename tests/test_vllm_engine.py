@@ -370,3 +370,17 @@ def test_report_section_renders_committed_results_or_says_how(tmp_path):
   text = real_engine.report_section(str(tmp_path / "results"), str(tmp_path))
   assert "| vllm_rate4_in128_out32 | p50 TTFT | 20.00 | 22.00 | 10.0% | 4.00 |" in text
   assert (tmp_path / "real_engine_cdfs.png").stat().st_size > 0
+
+
+def test_frontend_is_pinned_off_the_engines_core():
+  """The API server and the client run where `frontend_cpus` says (the engine re-binds its
+  own worker to `engine_cpus`); unpinned by default in the library, a bad core refused."""
+  assert vllm_engine.pinned_to("") is None
+  child = subprocess.run(
+      [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+      capture_output=True, text=True, check=True, preexec_fn=vllm_engine.pinned_to("0"))
+  assert child.stdout.strip() == "[0]"
+  with pytest.raises(errors.InputError, match=r"frontend_cpus='99'") as info:
+    vllm_engine.pinned_to("99")
+  assert info.value.field == "frontend_cpus"
+  assert dataclasses.asdict(vllm_engine.ServerConfig())["frontend_cpus"] == ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import datetime
 import json
 import os
@@ -56,6 +57,9 @@ class ServerConfig:
   kv_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (GiB of K/V)
   max_model_len: int = 2048  # --max-model-len
   engine_cpus: str = "1"  # VLLM_CPU_OMP_THREADS_BIND: the engine worker's cores
+  # The API server's and the benchmark client's cores ("": unpinned, the OS places them,
+  # also on the engine's core). The engine worker re-binds its own threads.
+  frontend_cpus: str = ""
   dtype: str = "bfloat16"
   seed: int = 0
 
@@ -64,7 +68,15 @@ class ServerConfig:
     return len(parse_cpus(self.engine_cpus))
 
 
-def parse_cpus(text: str) -> list[int]:
+def pinned_to(cpus: str):
+  """A `preexec_fn` that pins a child process to `cpus` ("" or None: no pinning)."""
+  if not cpus:
+    return None
+  chosen = set(parse_cpus(cpus, "frontend_cpus"))
+  return functools.partial(os.sched_setaffinity, 0, chosen)
+
+
+def parse_cpus(text: str, name: str = "engine_cpus") -> list[int]:
   """'1' or '0-1' or '0,2' -> core ids (a one-line error otherwise)."""
   out: list[int] = []
   try:
@@ -74,8 +86,9 @@ def parse_cpus(text: str) -> list[int]:
   except ValueError:
     out = []
   if not out or min(out) < 0 or max(out) >= (os.cpu_count() or 1):
-    raise errors.InputError(f"engine_cpus={text!r} is not allowed: give cores of this "
-                            f"machine (0 to {(os.cpu_count() or 1) - 1}), e.g. 1 or 0-1.")
+    raise errors.InputError(
+        f"{name}={text!r} is not allowed: give cores of this "
+        f"machine (0 to {(os.cpu_count() or 1) - 1}), e.g. 1 or 0-1.", field=name)
   return out
 
 
@@ -327,7 +340,8 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
   with open(log_path, "w", encoding="utf-8") as log:
     process = subprocess.Popen(server_command(env_dir, model_dir, config,
                                               port), env=env, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, cwd=work_dir, start_new_session=True)
+                               stdin=subprocess.DEVNULL, cwd=work_dir, start_new_session=True,
+                               preexec_fn=pinned_to(config.frontend_cpus))
   server = Server(process, port, log_path)
   try:
     server.wait_healthy(start_timeout_s)
@@ -598,7 +612,8 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
         done = subprocess.run(
             bench_command(env_dir, folder["model_dir"], port, bench, out_dir,
                           name), env=engine_environment(work, config), capture_output=True,
-            text=True, timeout=spec.timeout_s, cwd=work, check=False)
+            text=True, timeout=spec.timeout_s, cwd=work, check=False,
+            preexec_fn=pinned_to(config.frontend_cpus))
       except subprocess.TimeoutExpired:
         raise errors.InputError(f"vllm bench serve at rate {rate:g} took over "
                                 f"{spec.timeout_s:g} s (stopped).") from None
