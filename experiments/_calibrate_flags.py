@@ -106,6 +106,9 @@ ACCELERATOR_FILE = flags.DEFINE_string(
 REQUEST_COST = flags.DEFINE_bool(
     "request_cost", False, "vllm: also fit a fixed cost per request (HTTP, API server, "
     "tokenisation) that delays when the engine sees it (0 at the bound).")
+SEQUENCE_COST = flags.DEFINE_bool(
+    "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
+    "engine's Python and sampling work; 0 at the bound).")
 SCHEDULER = flags.DEFINE_enum(
     "scheduler", "chunked", list(simulator.SCHEDULERS),
     "vllm: the server's scheduler (vllm: vLLM V1's own; chunked: "
@@ -143,8 +146,9 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file", "request_cost",
-             "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
+    "vllm":
+        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file", "request_cost",
+         "sequence_cost", "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

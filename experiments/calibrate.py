@@ -167,7 +167,8 @@ def vllm() -> None:
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
-      accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value)
+      accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
+      sequence_cost=F.SEQUENCE_COST.value)
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,

@@ -57,10 +57,41 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   values = {
       S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
       S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
-      S.r_pack: 0
+      S.r_pack: 0, S.t0_seq: 0
   }
   assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
                                                    rel=1e-12)
+
+
+def test_an_engines_sequence_cost_is_one_per_sequence_in_every_consumer():
+  """t0_seq (a real engine's per-request work each step) adds t0_seq per sequence: B in a
+  decode step, decode rows plus chunks in an iteration; the decode step of StepModel and
+  the iteration model's decode agree with it as without it."""
+  subs = {
+      **cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0), S.t_comm: 0,
+      S.o_ovl: 0
+  }
+  step = cost_model.calibrated_terms()["floor_s"]
+  assert sp.simplify(sp.diff(step, S.t0_seq) - S.n_seq) == 0
+  assert sp.simplify(sp.diff(step.subs(subs), S.t0_seq) - S.B) == 0
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  plain = StepModel.calibrated(factors)
+  engine = StepModel.calibrated(factors, engine={"t0_seq": 3e-4})
+  cost = _cost("llama-3-8b", H100)
+  for batch in (1.0, 8.0, 64.0):
+    with_cost = float(cost.decode(batch, 900.0, engine)["step_s"])
+    assert with_cost - float(cost.decode(batch, 900.0, plain)["step_s"]) == pytest.approx(
+        3e-4 * batch, rel=1e-9)
+  values = dict(T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
+  one, many = (engine.evaluate(B=np.array([b]), **values) for b in (1.0, 8.0))
+  base = plain.evaluate(B=np.array([8.0]), **values)
+  assert many["step_s"][0] - base["step_s"][0] == pytest.approx(8 * 3e-4, rel=1e-9)
+  assert many["aggregate_tokens_per_s"][0] == pytest.approx(8 / many["step_s"][0], rel=1e-12)
+  assert one["step_s"][0] > plain.evaluate(B=np.array([1.0]), **values)["step_s"][0]
+  with pytest.raises(ValueError, match="engine factors"):
+    StepModel.calibrated(factors, engine={"t0_nope": 1.0})
 
 
 def test_calibrated_re_pack_is_the_calibrated_steps():

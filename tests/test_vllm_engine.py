@@ -274,6 +274,22 @@ def test_request_cost_adds_to_ttft_only(model_dir, device_file):
   assert cost["median_itl_s"] == pytest.approx(base["median_itl_s"], rel=1e-12)
 
 
+def test_sequence_cost_lengthens_every_step_by_its_sequences(model_dir, device_file):
+  """t0_seq adds to each iteration once per sequence in it: with requests that never
+  overlap (one sequence a step) every token gap grows by t0_seq exactly; it is searched
+  only with `sequence_cost`, and zero at the bound."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  run = _run_with_server(kv_blocks=1000)
+  base = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_seq": 0.0})
+  cost = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_seq": 2e-3})
+  assert cost["median_tpot_s"] - base["median_tpot_s"] == pytest.approx(2e-3, rel=1e-6)
+  assert cost["median_ttft_s"] - base["median_ttft_s"] == pytest.approx(2e-3, rel=1e-6)
+  assert "t0_seq" not in setup.searched
+  assert dataclasses.replace(setup, sequence_cost=True).searched[-1] == "t0_seq"
+  assert engine_fit.BOUND_FACTORS["t0_seq"] == 0.0
+
+
 def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file):
   factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-3, "t0_request": 0.01}
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(factors), 0.0, 1))

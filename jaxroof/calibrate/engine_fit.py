@@ -12,7 +12,11 @@ run's `METRICS`.
 Three factors are searched, the ones request medians can tell apart: eta_w
 (weight and K/V bandwidth; eta_kv tied to it), eta_f (FLOP efficiency:
 prefill in TTFT, large batches) and t0_step (fixed cost per iteration);
-t0_layer and r_ovl stay at `FIXED` (stated in the result). The simulator is
+t0_layer and r_ovl stay at `FIXED` (stated in the result). Optional: a fixed
+cost per request before the engine sees it (`t0_request`, `request_cost`) and
+one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
+and sampling work grows with the running sequences; the cost model's
+`t0_seq * n_seq`). The simulator is
 discrete (admission and page events), so the loss has small jumps and no
 jax gradient: `search` is a damped Gauss-Newton (Levenberg-Marquardt) on the
 log residuals within `BOUNDS`, its Jacobian from finite differences `FD_STEP`
@@ -61,10 +65,13 @@ SEARCHED = ("eta_w", "eta_f", "t0_step")
 # With `ServingSetup.request_cost`: a fixed cost per request (HTTP, API server,
 # tokenisation) before the engine sees it, fitted too (0 at the bound).
 REQUEST_COST = "t0_request"
+# With `ServingSetup.sequence_cost`: a fixed cost per sequence per iteration (0 at the bound).
+SEQUENCE_COST = "t0_seq"
 BOUNDS = {
-    "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5)
+    "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
+    SEQUENCE_COST: (1e-6, 0.02)
 }
-START = {"eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3}
+START = {"eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3, SEQUENCE_COST: 1e-4}
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
 COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, not a step.
@@ -76,7 +83,7 @@ DAMPING = 1e-3  # Levenberg-Marquardt's first damping (relative to the curvature
 TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
-BOUND_FACTORS = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, REQUEST_COST: 0.0}
+BOUND_FACTORS = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, REQUEST_COST: 0.0, SEQUENCE_COST: 0.0}
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
 BELOW_BOUND = 0.9
@@ -110,10 +117,12 @@ class ServingSetup:
   seed: int = 0
   accelerator_file: str | None = None  # A user's device file (replaces `accelerator`).
   request_cost: bool = False  # Fit `REQUEST_COST` (else 0).
+  sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
 
   @property
   def searched(self) -> tuple[str, ...]:
-    return SEARCHED + ((REQUEST_COST,) if self.request_cost else ())
+    return SEARCHED + ((REQUEST_COST,) if self.request_cost else
+                       ()) + ((SEQUENCE_COST,) if self.sequence_cost else ())
 
   @property
   def device_name(self) -> str:
@@ -146,7 +155,10 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
-  return {**_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0))}
+  return {
+      **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
+      SEQUENCE_COST: float(values.get(SEQUENCE_COST, 0.0))
+  }
 
 
 def load_device(setup: ServingSetup) -> accelerators.Accelerator:
@@ -166,9 +178,9 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
   max_running = min(max_running, run.max_concurrency or max_running)
   block = int(config.get("block_size") or 16)
   replica = replica_lib.from_model(
-      spec, load_device(setup), context=longest,
-      step_model=StepModel.calibrated(_step_factors(factors)), weight_dtype=setup.weight_dtype,
-      kv_dtype=setup.kv_dtype, max_running=max_running,
+      spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
+          _step_factors(factors), engine={SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0))}),
+      weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)
   if server.get("kv_blocks"):

@@ -28,6 +28,7 @@ RESULTS_CHOICES = (("calibration_pass5.json", "calibration_pass6.json"),
                    ("calibration.json", "calibration_repeat.json"))
 RESULTS = RESULTS_CHOICES[0]
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
+_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_request", "t0_seq")  # The searched factors.
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -86,8 +87,8 @@ def _spread(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
       f"median error {table.percent(second.get('heldout_median_rel_error'))}; by metric " +
       ", ".join(f"{k} {table.percent(v)}"
                 for k, v in second.get("heldout_median_rel_error_by_metric", {}).items()) +
-      ". Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in second.get("factors", {}).items()
-                               if n in ("eta_w", "eta_f", "t0_step", "t0_request")) +
+      ". Fitted: " +
+      ", ".join(f"{n} = {v:.3g}" for n, v in second.get("factors", {}).items() if n in _SHOWN) +
       ". The measurement itself moved between the passes (median |second - first| / "
       "first over the held-out runs): " +
       ", ".join(f"{k} {table.percent(float(np.median(v)))} (max "
@@ -127,11 +128,10 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"]) +
       ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
       "",
-      "Fitted: " +
-      ", ".join(f"{n} = {v:.3g}"
-                for n, v in factors.items() if n in ("eta_w", "eta_f", "t0_step", "t0_request")) +
-      " (t0_step and t0_request in seconds; t0_request: the fixed per-request cost, HTTP + "
-      "API server + tokenisation, before the engine sees a request).",
+      "Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in factors.items() if n in _SHOWN) +
+      " (t0_step, t0_request and t0_seq in seconds; t0_request: the fixed per-request cost, "
+      "HTTP + API server + tokenisation, before the engine sees a request; t0_seq: the "
+      "engine's cost per running sequence in each step, where fitted).",
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",

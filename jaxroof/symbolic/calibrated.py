@@ -32,7 +32,7 @@ import sympy as sp
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f, eta_kv,
-                                      eta_w, k, q, r_ovl, r_pack, t0_layer, t0_step)
+                                      eta_w, k, q, r_ovl, r_pack, t0_layer, t0_seq, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -142,6 +142,11 @@ REGIME_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in REGIME_FACTORS)
 REGIME_ASSUMPTIONS: tuple[str, ...] = (
     "a matmul of two or more rows first re-packs the weights (XLA:CPU's GEMM): "
     "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",)
+
+# An engine's per-sequence cost per iteration (`symbols.t0_seq`): only the iteration cost
+# model has it (`cost_model.calibrated_terms`); 0 unless a real engine's runs fitted it.
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq,)
+ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 
 def repack_time(rows: sp.Expr = B, weight_bytes: sp.Expr | None = None) -> sp.Expr:

@@ -44,8 +44,8 @@ larger at `o_ovl = 1` (`parallel.with_overlap`); nothing else overlaps.
 Calibrated: the calibrated step's form (`calibrated`), per-operation
 efficiencies: weights (linear and head) at eta_w*BW, attention bytes at
 eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
-p-norm, attention bytes on top, plus the fixed costs per iteration and per
-layer, and a CPU's re-pack of the linear weights from two rows (r_pack, 0
+p-norm, attention bytes on top, plus the fixed costs per iteration, per
+layer and (an engine's, t0_seq, 0 unless fitted) per sequence, and a CPU's re-pack of the linear weights from two rows (r_pack, 0
 unless a profile fitted it).
 """
 
@@ -65,7 +65,7 @@ from jaxroof.symbolic.symbols import (BW, E, F, K, L, N_b, N_h, O_up, S_full, S_
                                       V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
                                       a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
                                       k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, t0_layer, t0_step, t_comm, u_mla)
+                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -155,7 +155,8 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   weight_s = (ops["linear"][0] + ops["head"][0]) / (eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   compute_s = sum(f for _, f in ops.values()) / (eta_f * F)
-  fixed_s = t0_step + L * t0_layer
+  # An engine's per-sequence work each iteration (t0_seq: 0 unless fitted to a real engine).
+  fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
   linear_s = calibrated.overlap(weight_s, compute_s)
   # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
   # devices whose kernels stream them as stored).
@@ -180,7 +181,8 @@ def evaluator(kind: str, bound: Bound = "per_op", backend: Backend = "numpy",
   exprs = terms(kind, bound)
   if step_only:
     exprs = {"step_s": exprs["step_s"]}
-  inputs = (INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS)
+  inputs = (INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS +
+            calibrated.ENGINE_FACTORS)
   return lambdified(exprs, inputs, backend)
 
 

@@ -89,6 +89,8 @@ class StepModel:
       scaled by factors fitted elsewhere).
     regime: `calibrated.REGIME_FACTOR_NAMES` -> value where a profile fitted
       them (XLA:CPU's weight re-pack from B = 2); empty: no such term.
+    engine: `calibrated.ENGINE_FACTOR_NAMES` -> value where a real engine's runs
+      fitted them (t0_seq: a cost per sequence per step); empty: none.
   """
 
   kind: Kind = "bound"
@@ -98,6 +100,7 @@ class StepModel:
   provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
   regime: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  engine: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def bound(cls, form: str = "per_op") -> StepModel:
@@ -109,7 +112,8 @@ class StepModel:
   def calibrated(cls, factors: Mapping[str, float], *,
                  ceilings: tuple[float, float | None] | None = None,
                  provenance: Mapping[str, Any] | None = None, notes: tuple[str, ...] = (),
-                 regime: Mapping[str, float] | None = None) -> StepModel:
+                 regime: Mapping[str, float] | None = None,
+                 engine: Mapping[str, float] | None = None) -> StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
       raise ValueError(f"factors lack {sorted(missing)}")
@@ -117,8 +121,12 @@ class StepModel:
     unknown = set(regime) - set(calibrated_lib.REGIME_FACTOR_NAMES)
     if unknown:
       raise ValueError(f"regime factors {sorted(unknown)} are unknown")
+    engine = {n: float(v) for n, v in (engine or {}).items()}
+    unknown = set(engine) - set(calibrated_lib.ENGINE_FACTOR_NAMES)
+    if unknown:
+      raise ValueError(f"engine factors {sorted(unknown)} are unknown")
     return cls("calibrated", "per_op", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
-               ceilings, dict(provenance or {}), tuple(notes), regime)
+               ceilings, dict(provenance or {}), tuple(notes), regime, engine)
 
   @property
   def units(self) -> dict[str, str]:
@@ -161,6 +169,7 @@ class StepModel:
         })
       else:
         out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+      out = self._with_engine(out, B)
     if comm_s is None:
       return out
     out = dict(out)
@@ -168,6 +177,19 @@ class StepModel:
         evaluate.communication_model(backend)(B=B, t_floor=out["step_s"], t_comm=comm_s,
                                               o_ovl=comm_overlap))
     out["comm_s"] = comm_s
+    return out
+
+  def _with_engine(self, out: dict[str, Any], B: Any) -> dict[str, Any]:
+    """The decode step with the engine's per-sequence cost (B sequences), as the
+    iteration cost model charges it (`cost_model.calibrated_terms`)."""
+    seq_cost = float(self.engine.get("t0_seq", 0.0))
+    if not seq_cost:
+      return out
+    out = dict(out)
+    out["fixed_s"] = out["fixed_s"] + seq_cost * B
+    out["step_s"] = out["step_s"] + seq_cost * B
+    out["aggregate_tokens_per_s"] = B / out["step_s"]
+    out["per_sequence_tokens_per_s"] = 1.0 / out["step_s"]
     return out
 
   def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:

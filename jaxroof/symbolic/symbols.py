@@ -26,7 +26,7 @@ class Quantity:
 
 _GROUPS: dict[str, list[Quantity]] = {
     "core": [], "architecture": [], "factors": [], "parallel": [], "iteration": [], "serving": [],
-    "prefill_factors": [], "cost": [], "regime_factors": []
+    "prefill_factors": [], "cost": [], "regime_factors": [], "engine_factors": []
 }
 
 
@@ -115,6 +115,13 @@ r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
 r_pack = _define(
     "r_pack", "1", "weight re-pack of a matmul with two or more rows, in "
     "weight reads at eta_w*BW (0: none; XLA:CPU about 1.5)", "regime_factors")
+
+# An engine's own cost (`cost_model.calibrated_terms`), fitted from a real engine's runs
+# (`calibrate/engine_fit`), zero elsewhere: per sequence in an iteration, its Python and
+# sampling work (vLLM's CPU path: input preparation, sampler, output processing).
+t0_seq = _define(
+    "t0_seq", "s", "fixed cost per sequence in an iteration (an engine's "
+    "per-request work each step; 0 unless fitted)", "engine_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(
@@ -243,6 +250,7 @@ FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
 SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
 PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
 REGIME_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["regime_factors"])
+ENGINE_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["engine_factors"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
