@@ -112,8 +112,8 @@ def main(argv: list[str]) -> None:
       vllm_engine.parse_cpus(config.frontend_cpus, "frontend_cpus") if config.frontend_cpus else ())
   if shared:
     print(f"note: --frontend_cpus and --engine_cpus share core(s) {sorted(shared)}: the API "
-          "server and the client will take time from the engine (two passes here then "
-          "differed by a median 26%).")
+          "server and the client will take time from the engine, and the timings will not "
+          "repeat as well (README, 'Checked against a real engine').")
   vllm_engine.engine_python(_ENGINE_ENV.value or "")
   longest = max(_NUM_PROMPTS.value / r for r in rates)
   spec = vllm_engine.BenchSpec(rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value,

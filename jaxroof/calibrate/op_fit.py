@@ -15,7 +15,8 @@ operation is timed alone:
 * `eta_kv`: one layer's decode attention over batch x context, as the
   step's `kv_s` with that layer's K/V bytes per position; then, where the fit
   models' K/V-heavy steps were timed (`KV_STEP_TOKENS` retained tokens or
-  more), refitted on them with every other factor held: XLA reads K/V faster
+  more), refitted on the fit models' steps (the K/V-heavy ones; on a CPU every
+  step at B >= 2, with `r_pack`) with every other factor held: XLA reads K/V faster
   inside a whole step than in the attention timed alone (on this CPU about
   26 against 16 GB/s), so the operation's `eta_kv` over-predicted K/V-heavy
   steps by up to 50%;
@@ -117,6 +118,24 @@ def _start(measured: np.ndarray) -> dict[str, float]:
   return fitting.initial_factors(measured, np.ones(1))
 
 
+def step_subsets(step_inputs: Mapping[str, np.ndarray], regime: bool) -> dict[str, Any]:
+  """Which of the fit models' steps each step stage of `fit_operations` uses.
+
+  "fixed": the smallest batch (`t0_step`, `t0_layer`); "refit": the steps `eta_kv`
+  (and with `regime` `r_pack`) are refitted on, B >= 2 with a re-pack, else the
+  K/V-heavy ones (`KV_STEP_TOKENS`); "refit_free": the factors that refit frees
+  (eta_kv only where K/V-heavy steps were timed), empty for none.
+  """
+  batches = np.asarray(step_inputs["B"])
+  heavy = batches * np.asarray(step_inputs["T"]) >= KV_STEP_TOKENS
+  batched = batches >= 2
+  free = (("eta_kv",) if heavy.any() else
+          ()) + (REGIME_FACTOR_NAMES if regime and batched.any() else ())
+  return {
+      "fixed": batches == np.min(batches), "refit": batched if regime else heavy, "refit_free": free
+  }
+
+
 def fit_linear(single: Sequence[measurement.Measurement], many: Sequence[measurement.Measurement],
                *, bandwidth: float, flop_rate: float, fit_steps: int = 2000,
                regime: bool = False) -> dict[str, float]:
@@ -200,7 +219,8 @@ def fit_operations(
       "points": len(attention), "call_cost_s": fit.factors[_CALL_COST],
       **_scored(x, t, fit.factors)
   }
-  smallest = np.asarray(step_inputs["B"]) == np.min(step_inputs["B"])
+  subsets = step_subsets(step_inputs, regime)
+  smallest = subsets["fixed"]
   fixed_inputs = {n: np.asarray(v)[smallest] for n, v in step_inputs.items()}
   t = _medians(steps)[smallest]
   start = {**_start(t), **factors}
@@ -208,18 +228,14 @@ def fit_operations(
   fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=FIXED_FACTORS)
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
   details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
-  batches = np.asarray(step_inputs["B"])
-  heavy = batches * np.asarray(step_inputs["T"]) >= KV_STEP_TOKENS
-  batched = batches >= 2
-  free = (("eta_kv",) if heavy.any() else
-          ()) + (REGIME_FACTOR_NAMES if regime and batched.any() else ())
-  chosen = batched if regime else heavy
+  chosen, free = subsets["refit"], subsets["refit_free"]
   if free:
     refit_inputs = {n: np.asarray(v)[chosen] for n, v in step_inputs.items()}
     t = _medians(steps)[chosen]
     fit = fitting.fit_factors(refit_inputs, t, init=dict(factors), steps=fit_steps, free=free)
-    details["attention"]["eta_kv_operation"] = factors["eta_kv"]
-    if regime:
+    if "eta_kv" in free:
+      details["attention"]["eta_kv_operation"] = factors["eta_kv"]
+    if "r_pack" in free:
       details["linear"]["r_pack_operation"] = factors["r_pack"]
     factors.update({n: fit.factors[n] for n in free})
     details["step_refit"] = {

@@ -338,7 +338,8 @@ def point_key(record: measurement.Measurement) -> str:
 def timing_basis(measured: "Measured", fit: str, regime: bool) -> dict[str, dict[str, float]]:
   """Per factor, the medians of the timed points it was fitted from (and the
   held-out steps under "heldout"), so that a later run can tell a factor that
-  moved from the data it stands on moving (`compare_profiles`)."""
+  moved from the data it stands on moving (`compare_profiles`). The steps are
+  chosen as `op_fit.fit_operations` chooses them (`op_fit.step_subsets`)."""
 
   def medians(records) -> dict[str, float]:
     return {point_key(r): r.median_s for r in records}
@@ -348,18 +349,17 @@ def timing_basis(measured: "Measured", fit: str, regime: bool) -> dict[str, dict
   if fit != "ops":
     return {**basis, **{n: medians(steps) for n in calibration.FACTOR_NAMES}}
   linear = [r for r in measured.operations if r.op == "linear"]
-  smallest = min((r.shapes["batch"] for r in steps), default=1)
-  batched = [r for r in steps if r.shapes["batch"] >= 2]
-  heavy = [
-      r for r in steps if r.shapes["batch"] * r.extra["retained_tokens"] >= op_fit.KV_STEP_TOKENS
-  ]
+  ceilings = measured.ceilings
+  subsets = op_fit.step_subsets(model_inputs(steps, ceilings.bandwidth_Bps, 1.0), regime)
+  fixed = [r for r, use in zip(steps, subsets["fixed"]) if use]
+  refit = [r for r, use in zip(steps, subsets["refit"]) if use]
   basis["eta_w"] = medians(r for r in linear if r.shapes["rows"] == 1)
   basis["eta_f"] = basis["r_ovl"] = medians(r for r in linear if r.shapes["rows"] > 1)
-  basis["eta_kv"] = medians(batched if regime else heavy) or medians(
-      r for r in measured.operations if r.op == "decode_attention")
-  basis["t0_step"] = basis["t0_layer"] = medians(r for r in steps if r.shapes["batch"] == smallest)
-  if regime:
-    basis["r_pack"] = medians(batched)
+  basis["eta_kv"] = (medians(refit) if "eta_kv" in subsets["refit_free"] else medians(
+      r for r in measured.operations if r.op == "decode_attention"))
+  basis["t0_step"] = basis["t0_layer"] = medians(fixed)
+  if "r_pack" in subsets["refit_free"]:
+    basis["r_pack"] = medians(refit)
   return basis
 
 

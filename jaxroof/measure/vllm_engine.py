@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import datetime
+import functools
 import json
 import os
 import platform

@@ -182,3 +182,22 @@ def calibrated_model_with_regime(backend: Literal["numpy", "jax"] = "numpy"):
   """`calibrated_model` with the re-pack term (`repack_time`): values also hold
   `REGIME_FACTOR_NAMES`; r_pack = 0 gives `calibrated_model`'s outputs."""
   return lambdified(_regime_terms(), INPUTS + FACTORS + REGIME_FACTORS, backend)
+
+
+def _engine_terms() -> dict[str, sp.Expr]:
+  """The calibrated terms with the re-pack and an engine's per-sequence cost: a decode
+  step of B sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq)."""
+  t = dict(_regime_terms())
+  sequences_s = t0_seq * B
+  t["fixed_s"] = t["fixed_s"] + sequences_s
+  t["step_s"] = t["step_s"] + sequences_s
+  t["aggregate_tokens_per_s"] = formulas.aggregate_rate(B, t["step_s"])
+  t["per_sequence_tokens_per_s"] = formulas.per_sequence_rate(t["step_s"])
+  return t
+
+
+@functools.cache
+def calibrated_model_with_engine(backend: Literal["numpy", "jax"] = "numpy"):
+  """`calibrated_model_with_regime` with an engine's per-sequence cost: values also hold
+  `ENGINE_FACTOR_NAMES`; t0_seq = 0 gives `calibrated_model_with_regime`'s outputs."""
+  return lambdified(_engine_terms(), INPUTS + FACTORS + REGIME_FACTORS + ENGINE_FACTORS, backend)

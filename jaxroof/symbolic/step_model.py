@@ -163,13 +163,16 @@ class StepModel:
           "B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
           "L": 0.0 if L is None else L
       })
-      if self.regime:
-        out = calibrated_lib.calibrated_model_with_regime(backend)(**values, **self.factors, **{
-            n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES
-        })
+      regime = {n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES}
+      if self.engine:
+        out = calibrated_lib.calibrated_model_with_engine(
+            backend)(**values, **self.factors, **regime,
+                     **{n: self.engine.get(n, 0.0) for n in calibrated_lib.ENGINE_FACTOR_NAMES})
+      elif self.regime:
+        out = calibrated_lib.calibrated_model_with_regime(backend)(**values, **self.factors,
+                                                                   **regime)
       else:
         out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
-      out = self._with_engine(out, B)
     if comm_s is None:
       return out
     out = dict(out)
@@ -177,19 +180,6 @@ class StepModel:
         evaluate.communication_model(backend)(B=B, t_floor=out["step_s"], t_comm=comm_s,
                                               o_ovl=comm_overlap))
     out["comm_s"] = comm_s
-    return out
-
-  def _with_engine(self, out: dict[str, Any], B: Any) -> dict[str, Any]:
-    """The decode step with the engine's per-sequence cost (B sequences), as the
-    iteration cost model charges it (`cost_model.calibrated_terms`)."""
-    seq_cost = float(self.engine.get("t0_seq", 0.0))
-    if not seq_cost:
-      return out
-    out = dict(out)
-    out["fixed_s"] = out["fixed_s"] + seq_cost * B
-    out["step_s"] = out["step_s"] + seq_cost * B
-    out["aggregate_tokens_per_s"] = B / out["step_s"]
-    out["per_sequence_tokens_per_s"] = 1.0 / out["step_s"]
     return out
 
   def summary(self, *, N, q, T, k, BW, F, N_act=None, L=None) -> dict[str, float]:
