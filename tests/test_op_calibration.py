@@ -241,6 +241,11 @@ def test_heldout_models_never_enter_the_fit(monkeypatch):
   # Operations are timed at the fit models' shapes only.
   held_shapes = {(c.width, c.mlp_dim) for c in op_sweeps.HELDOUT_MODELS.values()}
   assert not any(p.op == "linear" and p.sizes[1:] in held_shapes for p in asked["ops"])
+  held_layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  attention = [p for p in asked["ops"] if p.op == "decode_attention"]
+  assert not any(p.sizes[2:4] in held_layouts for p in attention)
+  assert set(toy_steps.layout_probe(op_sweeps.FIT_MODELS,
+                                    op_sweeps.HELDOUT_MODELS)) <= set(attention)
   assert exact.status == "ok"
   assert exact.profile.fit["heldout_median_rel_error"] < 0.02
   assert {m["name"] for m in exact.to_json()["heldout_models"]} == held
@@ -441,7 +446,7 @@ def test_timing_basis_names_each_factors_points():
   held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
                          [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
   measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
-  basis = toy_fit.timing_basis(measured, "ops", regime=True)
+  basis = toy_fit.timing_basis(measured, "ops", regime=True, models=op_sweeps.FIT_MODELS)
   assert set(basis) == set(FACTOR_NAMES) | {"r_pack", "heldout"}
   assert all(k.startswith("linear M=1 ") for k in basis["eta_w"])
   assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
@@ -461,3 +466,64 @@ def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
   assert result["factor_rel_diff"]["r_pack"] == pytest.approx(0.0, abs=1e-9)
   assert result["fraction_rel_diff"]["r_pack"] == pytest.approx(0.18)
   assert result["factors_outside"] == ["eta_w"]
+
+
+def test_the_layout_probe_times_a_layout_no_model_has():
+  probe = toy_steps.layout_probe(op_sweeps.FIT_MODELS, op_sweeps.HELDOUT_MODELS)
+  models = {**op_sweeps.FIT_MODELS, **op_sweeps.HELDOUT_MODELS}.values()
+  taken = {(c.num_heads, c.num_kv_heads) for c in models}
+  assert probe and {p.sizes[2:4] for p in probe} == {(16, 8)}
+  assert not {p.sizes[2:4] for p in probe} & taken
+  assert all(p.sizes[0] * p.sizes[1] >= op_fit.KV_STEP_TOKENS for p in probe)
+  # A held-out model with that layout moves the probe to the next free one, or none.
+  held = {"h": dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=8)}
+  assert {p.sizes[2:4] for p in toy_steps.layout_probe(op_sweeps.FIT_MODELS, held)} == {(16, 4)}
+  held["g"] = dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=4)
+  assert toy_steps.layout_probe(op_sweeps.FIT_MODELS, held) == []
+
+
+def _attention_at_rate(layout, rate, points=toy_steps.LAYOUT_PROBE_GRID):
+  heads, kv_heads = layout
+  out = []
+  for b, c in points:
+    nbytes = b * c * 2 * kv_heads * 64 * 4
+    out.append(
+        _record("decode_attention",
+                {"batch": b, "context": c, "heads": heads, "kv_heads": kv_heads, "head_dim": 64},
+                nbytes / rate))
+  return out
+
+
+def test_layout_floor_is_the_best_single_rates_error():
+  """K/V read at 20 GB/s in one layout and 30 in another: one rate (25) misses both by 20%."""
+  ops = _attention_at_rate((16, 2), 20e9) + _attention_at_rate((16, 8), 30e9)
+  floor = toy_fit.layout_floor(ops)
+  assert floor["floor_rel_error"] == pytest.approx(0.2)
+  assert floor["kv_rate_min_Bps"] == pytest.approx(20e9)
+  assert floor["layouts_heads_kv_heads"] == [[16, 2], [16, 8]]
+  # Small points (batch x context below KV_STEP_TOKENS) and a single layout say nothing.
+  assert toy_fit.layout_floor(_attention_at_rate((16, 2), 20e9)) is None
+  assert toy_fit.layout_floor(ops + _attention_at_rate((16, 4), 5e9, [(1, 128)])) == floor
+
+
+def test_the_probe_fits_nothing_and_its_floor_is_said_when_a_run_misses():
+  linear, attention = synthetic_operations(noise=0.0)
+  probe = _attention_at_rate((16, 8), 0.5 * TRUE["eta_kv"] * BW)
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
+  points = [op_sweeps.StepPoint(m, 16, 2048) for m in op_sweeps.HELDOUT_MODELS]
+  plan = {"rounds": 3, "warmup": 1, "repeats": 3, "interleaved": True}
+
+  def run(ops, scale):
+    held = synthetic_steps(op_sweeps.HELDOUT_MODELS, points, scale=scale)
+    measured = toy_fit.Measured(CEILINGS, ops, steps, held, len(held))
+    return toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=False,
+                             models=op_sweeps.FIT_MODELS, heldout_models=op_sweeps.HELDOUT_MODELS,
+                             budget_s=120, plan=plan)
+
+  without = run(linear + attention, 1.0)
+  probed = run(linear + attention + probe, 1.0)
+  assert probed.profile.factors == without.profile.factors
+  assert probed.status == "ok" and not any("K/V rate" in w for w in probed.warnings)
+  missed = run(linear + attention + probe, 1.5)
+  assert missed.profile.fit["attention_layout_floor"]["floor_rel_error"] > 0.2
+  assert any("one K/V rate misses some by" in w and "16/8" in w for w in missed.warnings)

@@ -24,6 +24,7 @@ from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
 from jaxroof.measure import toy_steps
 from jaxroof.symbolic import calibrated as calibration
+from jaxroof.symbolic import formulas
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
@@ -335,7 +336,53 @@ def point_key(record: measurement.Measurement) -> str:
   return f"step {record.extra['model']} B={s['batch']} T={s['context']}"
 
 
-def timing_basis(measured: "Measured", fit: str, regime: bool) -> dict[str, dict[str, float]]:
+def fitted_attention(operations: Sequence[measurement.Measurement],
+                     models: Mapping[str, ToyConfig]) -> list[measurement.Measurement]:
+  """The timed attention at the fit models' own K/V layouts (not the layout probe's)."""
+  layouts = {(c.num_heads, c.num_kv_heads) for c in models.values()}
+  return [
+      r for r in operations
+      if r.op == "decode_attention" and (r.shapes["heads"], r.shapes["kv_heads"]) in layouts
+  ]
+
+
+def layout_floor(operations: Sequence[measurement.Measurement]) -> dict[str, Any] | None:
+  """How far one K/V rate can hold over the K/V-heavy attention timed at two or more
+  K/V layouts (`toy_steps.layout_probe`); None with fewer.
+
+  Each point's rate is its K/V bytes over its time. One rate predicts them all at
+  best with a relative error of (max - min) / (max + min) (the rate midway), so a
+  K/V-heavy step of a layout the fit never saw can miss by about that much whatever
+  the fit: a floor of the machine and of XLA's attention, not of the fit.
+  """
+  heavy = [
+      r for r in operations if r.op == "decode_attention" and r.shapes["batch"] *
+      r.shapes["context"] >= op_fit.KV_STEP_TOKENS
+  ]
+  layouts = sorted({(r.shapes["heads"], r.shapes["kv_heads"]) for r in heavy})
+  if len(layouts) < 2:
+    return None
+  rates = []
+  for r in heavy:
+    s = r.shapes
+    per_position = formulas.kv_bytes_per_position(
+        1, s["kv_heads"], s["head_dim"],
+        np.dtype(measurement.require_dtype(r.dtype)).itemsize)
+    rates.append(
+        float(formulas.retained_kv_bytes(s["batch"], s["context"], per_position)) / r.median_s)
+  low, high = min(rates), max(rates)
+  return {
+      "layouts_heads_kv_heads": [list(x) for x in layouts], "points": len(heavy),
+      "kv_rate_min_Bps": low, "kv_rate_max_Bps": high,
+      "floor_rel_error": (high - low) / (high + low),
+      "what": "one layer's decode attention timed alone at K/V-heavy shapes (batch x "
+              f"context >= {op_fit.KV_STEP_TOKENS}) over these K/V layouts: the error of the "
+              "best single K/V rate (midway), a floor for K/V-heavy steps of an unseen layout"
+  }
+
+
+def timing_basis(measured: "Measured", fit: str, regime: bool,
+                 models: Mapping[str, ToyConfig]) -> dict[str, dict[str, float]]:
   """Per factor, the medians of the timed points it was fitted from (and the
   held-out steps under "heldout"), so that a later run can tell a factor that
   moved from the data it stands on moving (`compare_profiles`). The steps are
@@ -356,7 +403,7 @@ def timing_basis(measured: "Measured", fit: str, regime: bool) -> dict[str, dict
   basis["eta_w"] = medians(r for r in linear if r.shapes["rows"] == 1)
   basis["eta_f"] = basis["r_ovl"] = medians(r for r in linear if r.shapes["rows"] > 1)
   basis["eta_kv"] = (medians(refit) if "eta_kv" in subsets["refit_free"] else medians(
-      r for r in measured.operations if r.op == "decode_attention"))
+      fitted_attention(measured.operations, models)))
   basis["t0_step"] = basis["t0_layer"] = medians(fixed)
   if "r_pack" in subsets["refit_free"]:
     basis["r_pack"] = medians(refit)
@@ -384,13 +431,14 @@ class Measured:
 
 def _fit_factors(
     measured: Measured, fit: str, regime: bool, inputs: Mapping[str, np.ndarray], bandwidth: float,
-    flop_rate: float) -> tuple[dict[str, float], dict[str, float], dict[str, Any], float | None]:
+    flop_rate: float, models: Mapping[str, ToyConfig]
+) -> tuple[dict[str, float], dict[str, float], dict[str, Any], float | None]:
   """The factors, the regime factors, the operation fit's details and the loss."""
   if fit == "ops":
-    factors, details = op_fit.fit_operations(
-        [r for r in measured.operations if r.op == "linear"],
-        [r for r in measured.operations if r.op == "decode_attention"], measured.fit_records,
-        inputs, bandwidth=bandwidth, flop_rate=flop_rate, regime=regime)
+    factors, details = op_fit.fit_operations([r for r in measured.operations if r.op == "linear"],
+                                             fitted_attention(measured.operations, models),
+                                             measured.fit_records, inputs, bandwidth=bandwidth,
+                                             flop_rate=flop_rate, regime=regime)
     regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES if n in factors}
     return factors, regime_factors, details, None
   if len(measured.fit_records) < MIN_FIT_STEPS:
@@ -430,7 +478,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   bandwidth, flop_rate = ceilings.bandwidth_Bps, ceilings.flop_rate(dtype)
   fit_inputs = model_inputs(measured.fit_records, bandwidth, flop_rate)
   factors, regime_factors, details, loss = _fit_factors(measured, fit, regime, fit_inputs,
-                                                        bandwidth, flop_rate)
+                                                        bandwidth, flop_rate, models)
   every = {**factors, **regime_factors}
   rows = [
       point_row(r, float(p), "train")
@@ -450,10 +498,20 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
     warnings.append(f"this machine's floor: the same held-out point's fastest rounds "
                     f"differ by {floor:.1%} (median over the points), which no fit "
                     "can go below")
+  layouts = layout_floor(measured.operations)
+  if status != "ok" and layouts is not None:
+    named = ", ".join(f"{h}/{k}" for h, k in layouts["layouts_heads_kv_heads"])
+    warnings.append(
+        f"one layer's attention, timed alone at K/V-heavy shapes with query/K-V heads "
+        f"{named}, reads K/V at {layouts['kv_rate_min_Bps'] / 1e9:.1f}-"
+        f"{layouts['kv_rate_max_Bps'] / 1e9:.1f} GB/s: one K/V rate misses some by "
+        f"{layouts['floor_rel_error']:.0%}, a floor for K/V-heavy steps of a layout the fit "
+        "never saw")
   bound_errs = fitting.error_summary(bound_errors(measured.heldout_records, held_inputs))
   fit_info: dict[str, Any] = {
-      "basis": timing_basis(measured, fit, regime and fit == "ops"),
+      "basis": timing_basis(measured, fit, regime and fit == "ops", models),
       "noise_floor_median_round_spread": floor,
+      "attention_layout_floor": layouts,
       "method": fit,
       "loss": loss,
       "statistic": op_sweeps.STATISTIC,

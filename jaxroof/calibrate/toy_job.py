@@ -7,7 +7,10 @@
    context), then the fit models' smallest decode steps; `op_fit` fits the
    efficiency factors to the operations and the fixed costs to the steps.
    `fit="steps"` instead fits every factor to the fit models' decode steps
-   over a batch x context grid (the older end-to-end fit).
+   over a batch x context grid (the older end-to-end fit). One layer's
+   attention is also timed at a K/V layout of no model here
+   (`toy_steps.layout_probe`): it fits nothing, and says how far one K/V rate
+   holds across layouts (`toy_fit.layout_floor`).
 3. Validation: the whole toy decode step of two models the fit never saw
    (`op_sweeps.HELDOUT_MODELS`: other width, depth and K/V heads), timed over
    batch x context and predicted from the factors. That held-out error is
@@ -176,12 +179,13 @@ def run(
     linear_pts = sorted({p for c in configs.values() for p in op_sweeps.linear_points(c, rows_m)})
     attention_pts = sorted(
         {p for c in configs.values() for p in op_sweeps.attention_points(c, grid)})
+    probe_pts = toy_steps.layout_probe(configs, heldout_models)
     attention_pts = [
-        p for p in attention_pts
+        p for p in sorted(set(attention_pts) | set(probe_pts))
         if toy_steps.attention_kv_bytes(p, dtype_value) <= toy_steps.MAX_KV_BYTES
     ]
     say(f"operations ({backend}): {len(linear_pts)} linear, "
-        f"{len(attention_pts)} attention points")
+        f"{len(attention_pts)} attention points ({len(probe_pts)} of another K/V layout)")
     operations = op_sweeps.op_sweep(linear_pts + attention_pts, dtype=dtype_value, backend=backend,
                                     rounds=3, deadline=ops_deadline, seed=seed,
                                     always=toy_steps.minimum_operations(linear_pts, attention_pts),

@@ -48,6 +48,11 @@ SMALLEST = ((1, 128), (2, 128), (1, 512))
 # K/V-heavy steps of each fit model: `op_fit` refits eta_kv on them (the attention inside
 # a step reads K/V faster than the attention timed alone).
 KV_STEPS = ((16, 2048), (64, 512))
+# One layer's attention is also timed at another K/V layout at K/V-heavy shapes
+# (`layout_probe`): how far one K/V rate holds across layouts, the floor of a K/V-heavy
+# step of a model the fit never saw. Its timings fit nothing.
+LAYOUT_PROBE_GRID = KV_STEPS + ((256, 128),)
+LAYOUT_PROBE_KV_SCALE = 4  # The probe's K/V heads: the first fit model's times this.
 # Held-out steps: batch 1-256, context 128-4096, spread over the grid.
 HELDOUT_GRID = ((1, 128), (1, 1024), (1, 4096), (2, 512), (4, 1024), (8, 256), (16, 256),
                 (16, 2048), (32, 1024), (64, 512), (128, 256), (256, 128))
@@ -172,6 +177,26 @@ def minimum_operations(linear: Sequence[op_sweeps.OpPoint],
   rows = sorted(p for p in linear if p.sizes[1:] == largest)
   by_tokens = sorted(attention, key=lambda p: p.sizes[0] * p.sizes[1])
   return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0], by_tokens[-1]]
+
+
+def layout_probe(configs: Mapping[str, ToyConfig],
+                 heldout: Mapping[str, ToyConfig]) -> list[op_sweeps.OpPoint]:
+  """One layer's attention at `LAYOUT_PROBE_GRID` with a K/V layout of no model here.
+
+  The first fit model's query heads over `LAYOUT_PROBE_KV_SCALE` times its K/V heads
+  (fewer where that does not divide the heads); none when every such layout is one
+  that a fit or held-out model has (a probe must not time a held-out layout).
+  """
+  first = next(iter(configs.values()))
+  taken = {(c.num_heads, c.num_kv_heads) for c in (*configs.values(), *heldout.values())}
+  for scale in range(LAYOUT_PROBE_KV_SCALE, 1, -1):
+    kv_heads = first.num_kv_heads * scale
+    if first.num_heads % kv_heads == 0 and (first.num_heads, kv_heads) not in taken:
+      return [
+          op_sweeps.OpPoint("decode_attention", (b, t, first.num_heads, kv_heads, first.head_dim))
+          for b, t in LAYOUT_PROBE_GRID
+      ]
+  return []
 
 
 def attention_kv_bytes(point: op_sweeps.OpPoint, dtype: Any) -> float:
