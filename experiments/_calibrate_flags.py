@@ -100,12 +100,19 @@ HELDOUT_VLLM = flags.DEFINE_list(
 HELDOUT_MODEL = flags.DEFINE_list(
     "heldout_model", None, "vllm: the model (name or folder) the --heldout_vllm runs "
     "served: one for all, or one per file; default --model.")
+FIT_MODEL = flags.DEFINE_list(
+    "fit_model", None, "vllm: the model (name or folder) each --from_vllm run served: one "
+    "for all, or one per file; default --model. Runs of two sizes tell the weights' rate "
+    "from the fixed costs.")
 ACCELERATOR_FILE = flags.DEFINE_string(
     "accelerator_file", None, "vllm: your own accelerator as JSON in the shipped schema "
     "(e.g. OUT/accelerator.json of experiments.vllm_bench), instead of --accelerator.")
 REQUEST_COST = flags.DEFINE_bool(
     "request_cost", False, "vllm: also fit a fixed cost per request (HTTP, API server, "
     "tokenisation) that delays when the engine sees it (0 at the bound).")
+LAYER_COST = flags.DEFINE_bool(
+    "layer_cost", False, "vllm: also fit a fixed cost per layer per iteration (the engine's "
+    "per-layer kernels); needs --fit_model runs of two depths.")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -146,9 +153,9 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm":
-        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "accelerator_file", "request_cost",
-         "sequence_cost", "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
+             "request_cost", "sequence_cost", "layer_cost", "scheduler", "max_running",
+             "token_budget", "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -168,10 +168,11 @@ def vllm() -> None:
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
-      sequence_cost=F.SEQUENCE_COST.value)
+      sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value)
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,
+                                       fit_model=F.FIT_MODEL.value or None,
                                        max_simulations=F.MAX_SIMULATIONS.value)
   print(tables.engine_fit_text(result))
   _write(result, engine_fit.engine_profile(result))

@@ -316,6 +316,43 @@ def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file)
     engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[str(bare)])
 
 
+def test_layer_cost_is_searched_only_when_asked(model_dir, device_file):
+  """t0_layer stays at engine_fit.FIXED unless `layer_cost`; searched, it lengthens every
+  step by layers x t0_layer (the tiny preset has 4 layers)."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  assert "t0_layer" not in setup.searched
+  layered = dataclasses.replace(setup, layer_cost=True)
+  assert layered.searched[-1] == "t0_layer"
+  run = _run_with_server(kv_blocks=1000)
+  base = engine_fit.simulate_run(run, layered, {**engine_fit.START, "t0_layer": 1e-9})
+  cost = engine_fit.simulate_run(run, layered, {**engine_fit.START, "t0_layer": 5e-4})
+  assert cost["median_tpot_s"] - base["median_tpot_s"] == pytest.approx(4 * 5e-4, rel=1e-5)
+
+
+def test_each_fit_run_is_simulated_on_its_own_model(tmp_path, monkeypatch, model_dir, device_file):
+  """`fit_model` names each fitted file's model: the search sees runs of two sizes, and a
+  larger model's run is slower under the same factors."""
+  wider = vllm_model.write_model_folder(str(tmp_path / "wide"), "tiny-llama",
+                                        {"hidden_size": 1024, "num_layers": 8})["model_dir"]
+  seen = {}
+
+  def fake_search(runs, setup, **_):
+    seen.setdefault("models", [r.model for r in runs])  # The full fit (folds come after).
+    return dict(engine_fit.START), 0.0, 1
+
+  monkeypatch.setattr(engine_fit, "search", fake_search)
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  result = engine_fit.calibrate_engine([FIXTURE, FIXTURE], setup, fit_model=[model_dir, wider])
+  assert seen["models"] == [model_dir, wider]
+  assert result["source"]["fit_models"] == [model_dir, wider]
+  small, large = (r["calibrated"]["median_tpot_s"]["simulated_s"] for r in result["runs"])
+  assert large > 1.5 * small
+  with pytest.raises(errors.InputError, match="fit_model names 3 models for 2 files"):
+    engine_fit.calibrate_engine([FIXTURE, FIXTURE], setup, fit_model=[model_dir] * 3)
+
+
 def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_file):
   out = tmp_path / "cal.json"
   done = subprocess.run([

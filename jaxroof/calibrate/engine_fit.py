@@ -16,7 +16,9 @@ t0_layer and r_ovl stay at `FIXED` (stated in the result). Optional: a fixed
 cost per request before the engine sees it (`t0_request`, `request_cost`) and
 one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
 and sampling work grows with the running sequences; the cost model's
-`t0_seq * n_seq`). The simulator is
+`t0_seq * n_seq`), and one per layer per iteration (`t0_layer`, `layer_cost`: the
+engine's per-layer kernels and their launches; it needs fit runs of two depths, else it
+and t0_step are one sum). The simulator is
 discrete (admission and page events), so the loss has small jumps and no
 jax gradient: `search` is a damped Gauss-Newton (Levenberg-Marquardt) on the
 log residuals within `BOUNDS`, its Jacobian from finite differences `FD_STEP`
@@ -67,11 +69,16 @@ SEARCHED = ("eta_w", "eta_f", "t0_step")
 REQUEST_COST = "t0_request"
 # With `ServingSetup.sequence_cost`: a fixed cost per sequence per iteration (0 at the bound).
 SEQUENCE_COST = "t0_seq"
+# With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
+LAYER_COST = "t0_layer"
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
-    SEQUENCE_COST: (1e-6, 0.02)
+    SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
 }
-START = {"eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3, SEQUENCE_COST: 1e-4}
+START = {
+    "eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3, SEQUENCE_COST: 1e-4,
+    LAYER_COST: 5e-5
+}
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
 COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, not a step.
@@ -95,7 +102,7 @@ ASSUMPTIONS = (
     "a run with a jaxroof_engine_run block (experiments.vllm_bench) is simulated with its "
     "server's max_num_seqs, token budget, chunked prefill, block size and K/V blocks (read "
     "from the server's log)",
-    "eta_kv tied to eta_w; t0_layer and r_ovl fixed (t0_layer = 1 ns, r_ovl = 1); on a "
+    "eta_kv tied to eta_w; r_ovl fixed at 1 and t0_layer at 1 ns unless searched (layer_cost); on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
     "loss: mean squared log error of the simulated vs measured median TTFT, TPOT and ITL "
     "(TTFT left out for runs with max_concurrency)",
@@ -118,11 +125,13 @@ class ServingSetup:
   accelerator_file: str | None = None  # A user's device file (replaces `accelerator`).
   request_cost: bool = False  # Fit `REQUEST_COST` (else 0).
   sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
+  layer_cost: bool = False  # Fit `LAYER_COST` (else `FIXED`'s).
 
   @property
   def searched(self) -> tuple[str, ...]:
     return SEARCHED + ((REQUEST_COST,) if self.request_cost else
-                       ()) + ((SEQUENCE_COST,) if self.sequence_cost else ())
+                       ()) + ((SEQUENCE_COST,) if self.sequence_cost else
+                              ()) + ((LAYER_COST,) if self.layer_cost else ())
 
   @property
   def device_name(self) -> str:
@@ -150,7 +159,8 @@ def workload_of(run: vllm_results.BenchRun, seed: int) -> arrivals.Workload:
 def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
   return {
       "eta_w": values["eta_w"], "eta_kv": values["eta_w"], "eta_f": values["eta_f"],
-      "t0_step": values["t0_step"], **FIXED
+      "t0_step": values["t0_step"], **FIXED,
+      LAYER_COST: float(values.get(LAYER_COST, FIXED[LAYER_COST]))
   }
 
 
@@ -395,7 +405,7 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
   return {
       "factors": _factors(values),
       "searched": list(setup.searched),
-      "fixed": dict(FIXED),
+      "fixed": {n: v for n, v in FIXED.items() if n not in setup.searched},
       "tied": {"eta_kv": "eta_w"},
       "loss": loss,
       "statistic": "mean squared log error",
@@ -498,15 +508,33 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
   }
 
 
+def _per_file(chosen: str | Sequence[str] | None, paths: Sequence[str],
+              field: str) -> list[str | None]:
+  """One model (or None: the setup's) per file: one for all, or one per file."""
+  per_file = [chosen] if isinstance(chosen, str) or chosen is None else list(chosen)
+  if len(per_file) == 1:
+    per_file = per_file * len(paths)
+  if paths and len(per_file) != len(paths):
+    raise errors.InputError(
+        f"{field} names {len(per_file)} models for {len(paths)} files: give one, or one "
+        "per file.", field=field)
+  for name in set(per_file) - {None, ""}:
+    models.load_model(name)
+  return per_file
+
+
 def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                      heldout_paths: Sequence[str] = (),
                      heldout_model: str | Sequence[str] | None = None,
-                     **search_kw) -> dict[str, Any]:
+                     fit_model: str | Sequence[str] | None = None, **search_kw) -> dict[str, Any]:
   """Reads result files and fits them (`fit_runs`); predicts held-out files; the JSON.
 
   Held-out files must carry per-request detail (`--save-detailed`); each is
   replayed with its own arrivals and lengths, on `heldout_model` if given:
-  one model for every held-out file, or one per file (in order).
+  one model for every held-out file, or one per file (in order). `fit_model`
+  does the same for the fitted files (default the setup's model): runs of two
+  model sizes let the fit tell the weights' rate from the fixed costs, which
+  one size cannot.
 
   Raises:
     InputError: a bad file or key, an unknown model or device, a layout the
@@ -514,16 +542,11 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
   """
   models.load_model(setup.model)
   load_device(setup)
-  per_file = [heldout_model] if isinstance(heldout_model, str) or heldout_model is None \
-      else list(heldout_model)
-  if len(per_file) == 1:
-    per_file = per_file * len(heldout_paths)
-  if heldout_paths and len(per_file) != len(heldout_paths):
-    raise errors.InputError(f"heldout_model names {len(per_file)} models for "
-                            f"{len(heldout_paths)} held-out files: give one, or one per file.")
-  for name in set(per_file) - {None, ""}:
-    models.load_model(name)
-  runs = vllm_results.read_runs(paths)
+  per_file = _per_file(heldout_model, heldout_paths, "heldout_model")
+  fit_per_file = _per_file(fit_model, paths, "fit_model")
+  runs = []
+  for path, model in zip(paths, fit_per_file):
+    runs += [dataclasses.replace(r, model=model or None) for r in vllm_results.read_runs([path])]
   held = []
   for path, model in zip(heldout_paths, per_file):
     held += [
@@ -564,9 +587,10 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                   "predicted": "calibrated prediction (simulator + fitted factors)",
                   "bound": "analytic bound (simulator, eta = 1, no fixed costs)"
               }, "source": {
-                  "files": [os.fspath(p) for p in paths],
-                  "heldout_files": [os.fspath(p) for p in heldout_paths],
+                  "files": [os.fspath(p) for p in paths
+                           ], "heldout_files": [os.fspath(p) for p in heldout_paths],
                   "heldout_models": per_file if heldout_paths else [],
+                  "fit_models": [m or setup.model for m in fit_per_file],
                   "engines": sorted({r.engine for r in runs}), "model": setup.model,
                   "accelerator": setup.device_name, "tp": setup.tp
               }, **result, "units": {
