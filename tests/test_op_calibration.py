@@ -506,7 +506,16 @@ def test_layout_floor_is_the_best_single_rates_error():
   assert toy_fit.layout_floor(ops + _attention_at_rate((16, 4), 5e9, [(1, 128)])) == floor
 
 
-def test_the_probe_fits_nothing_and_its_floor_is_said_when_a_run_misses():
+def test_layout_scale_moves_eta_kv_to_the_rate_midway_over_the_layouts():
+  """The fit models read K/V at 20 GB/s, the probe's layout at 30: midway over every
+  layout is 25, over the fit's own layout 20, so eta_kv is scaled by 1.25."""
+  ops = _attention_at_rate((16, 2), 20e9) + _attention_at_rate((16, 8), 30e9)
+  assert toy_fit.layout_scale(ops, op_sweeps.FIT_MODELS) == pytest.approx(1.25)
+  assert toy_fit.layout_scale(_attention_at_rate((16, 2), 20e9), op_sweeps.FIT_MODELS) is None
+  assert toy_fit.layout_scale(_attention_at_rate((16, 8), 30e9), op_sweeps.FIT_MODELS) is None
+
+
+def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
   linear, attention = synthetic_operations(noise=0.0)
   probe = _attention_at_rate((16, 8), 0.5 * TRUE["eta_kv"] * BW)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
@@ -521,9 +530,20 @@ def test_the_probe_fits_nothing_and_its_floor_is_said_when_a_run_misses():
                              budget_s=120, plan=plan)
 
   without = run(linear + attention, 1.0)
+  same = run(linear + attention + _attention_at_rate((16, 8), TRUE["eta_kv"] * BW), 1.0)
+  # (Within the synthetic attention's own call cost, which the probe's timings lack.)
+  assert same.profile.factors == pytest.approx(without.profile.factors, rel=5e-3)
+  assert same.status == "ok" and not any("K/V rate" in w for w in same.warnings)
+  # The probe's layout reads at half the rate: only eta_kv moves, to midway (x 0.75).
   probed = run(linear + attention + probe, 1.0)
-  assert probed.profile.factors == without.profile.factors
-  assert probed.status == "ok" and not any("K/V rate" in w for w in probed.warnings)
+  attention_fit = probed.profile.fit["operations"]["attention"]
+  scale = attention_fit["layout_scale"]
+  assert scale == pytest.approx(0.75, rel=1e-2)
+  assert probed.profile.factors["eta_kv"] == pytest.approx(
+      scale * without.profile.factors["eta_kv"], rel=1e-6)
+  assert attention_fit["eta_kv_own_layouts"] == pytest.approx(without.profile.factors["eta_kv"])
+  for name in set(FACTOR_NAMES) - {"eta_kv"}:
+    assert probed.profile.factors[name] == without.profile.factors[name]
   missed = run(linear + attention + probe, 1.5)
   assert missed.profile.fit["attention_layout_floor"]["floor_rel_error"] > 0.2
   assert any("one K/V rate misses some by" in w and "16/8" in w for w in missed.warnings)

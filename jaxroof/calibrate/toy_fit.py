@@ -346,6 +346,25 @@ def fitted_attention(operations: Sequence[measurement.Measurement],
   ]
 
 
+def _kv_rates(operations: Sequence[measurement.Measurement]) -> list[tuple[tuple[int, int], float]]:
+  """((heads, kv_heads), K/V bytes per second) of each K/V-heavy attention timing."""
+  out = []
+  for r in operations:
+    s = r.shapes
+    if r.op != "decode_attention" or s["batch"] * s["context"] < op_fit.KV_STEP_TOKENS:
+      continue
+    itemsize = np.dtype(measurement.require_dtype(r.dtype)).itemsize
+    per_position = formulas.kv_bytes_per_position(1, s["kv_heads"], s["head_dim"], itemsize)
+    nbytes = float(formulas.retained_kv_bytes(s["batch"], s["context"], per_position))
+    out.append(((s["heads"], s["kv_heads"]), nbytes / r.median_s))
+  return out
+
+
+def _midway(rates: Sequence[float]) -> float:
+  """The single rate that misses the fastest and the slowest alike."""
+  return (min(rates) + max(rates)) / 2
+
+
 def layout_floor(operations: Sequence[measurement.Measurement]) -> dict[str, Any] | None:
   """How far one K/V rate can hold over the K/V-heavy attention timed at two or more
   K/V layouts (`toy_steps.layout_probe`); None with fewer.
@@ -355,30 +374,38 @@ def layout_floor(operations: Sequence[measurement.Measurement]) -> dict[str, Any
   K/V-heavy step of a layout the fit never saw can miss by about that much whatever
   the fit: a floor of the machine and of XLA's attention, not of the fit.
   """
-  heavy = [
-      r for r in operations if r.op == "decode_attention" and r.shapes["batch"] *
-      r.shapes["context"] >= op_fit.KV_STEP_TOKENS
-  ]
-  layouts = sorted({(r.shapes["heads"], r.shapes["kv_heads"]) for r in heavy})
+  rated = _kv_rates(operations)
+  layouts = sorted({layout for layout, _ in rated})
   if len(layouts) < 2:
     return None
-  rates = []
-  for r in heavy:
-    s = r.shapes
-    per_position = formulas.kv_bytes_per_position(
-        1, s["kv_heads"], s["head_dim"],
-        np.dtype(measurement.require_dtype(r.dtype)).itemsize)
-    rates.append(
-        float(formulas.retained_kv_bytes(s["batch"], s["context"], per_position)) / r.median_s)
+  rates = [rate for _, rate in rated]
   low, high = min(rates), max(rates)
   return {
-      "layouts_heads_kv_heads": [list(x) for x in layouts], "points": len(heavy),
+      "layouts_heads_kv_heads": [list(x) for x in layouts], "points": len(rated),
       "kv_rate_min_Bps": low, "kv_rate_max_Bps": high,
       "floor_rel_error": (high - low) / (high + low),
       "what": "one layer's decode attention timed alone at K/V-heavy shapes (batch x "
               f"context >= {op_fit.KV_STEP_TOKENS}) over these K/V layouts: the error of the "
               "best single K/V rate (midway), a floor for K/V-heavy steps of an unseen layout"
   }
+
+
+def layout_scale(operations: Sequence[measurement.Measurement],
+                 models: Mapping[str, ToyConfig]) -> float | None:
+  """The midway K/V rate over every timed layout over the midway rate over the fit
+  models' own (None without a second layout).
+
+  `eta_kv` is fitted where the fit models' K/V is read, so it carries their layout's
+  rate. A model the fit never saw has another layout, whose rate is unknown; the one
+  rate that misses no timed layout by more than the floor is the midway one over all
+  of them, so the ops fit scales `eta_kv` by this ratio.
+  """
+  own = {(c.num_heads, c.num_kv_heads) for c in models.values()}
+  rated = _kv_rates(operations)
+  fitted = [rate for layout, rate in rated if layout in own]
+  if not fitted or len({layout for layout, _ in rated}) < 2:
+    return None
+  return _midway([rate for _, rate in rated]) / _midway(fitted)
 
 
 def timing_basis(measured: "Measured", fit: str, regime: bool,
@@ -439,6 +466,11 @@ def _fit_factors(
                                              fitted_attention(measured.operations, models),
                                              measured.fit_records, inputs, bandwidth=bandwidth,
                                              flop_rate=flop_rate, regime=regime)
+    scale = layout_scale(measured.operations, models)
+    if scale is not None:
+      details["attention"]["eta_kv_own_layouts"] = factors["eta_kv"]
+      details["attention"]["layout_scale"] = scale
+      factors["eta_kv"] *= scale
     regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES if n in factors}
     return factors, regime_factors, details, None
   if len(measured.fit_records) < MIN_FIT_STEPS:
