@@ -468,18 +468,33 @@ def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
   assert result["factors_outside"] == ["eta_w"]
 
 
+# Fit models of one K/V layout (the shipped ones have two, so they need no probe).
+ONE_LAYOUT = {
+    "calibration": op_sweeps.CALIBRATION,
+    "shallow": dataclasses.replace(op_sweeps.SHALLOW,
+                                   num_kv_heads=op_sweeps.CALIBRATION.num_kv_heads)
+}
+
+
+def test_the_shipped_fit_models_have_two_kv_layouts_and_no_probe():
+  layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.FIT_MODELS.values()}
+  held = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  assert len(layouts) == 2 and not layouts & held
+  assert toy_steps.layout_probe(op_sweeps.FIT_MODELS, op_sweeps.HELDOUT_MODELS) == []
+
+
 def test_the_layout_probe_times_a_layout_no_model_has():
-  probe = toy_steps.layout_probe(op_sweeps.FIT_MODELS, op_sweeps.HELDOUT_MODELS)
-  models = {**op_sweeps.FIT_MODELS, **op_sweeps.HELDOUT_MODELS}.values()
+  probe = toy_steps.layout_probe(ONE_LAYOUT, op_sweeps.HELDOUT_MODELS)
+  models = {**ONE_LAYOUT, **op_sweeps.HELDOUT_MODELS}.values()
   taken = {(c.num_heads, c.num_kv_heads) for c in models}
   assert probe and {p.sizes[2:4] for p in probe} == {(16, 8)}
   assert not {p.sizes[2:4] for p in probe} & taken
   assert all(p.sizes[0] * p.sizes[1] >= op_fit.KV_STEP_TOKENS for p in probe)
   # A held-out model with that layout moves the probe to the next free one, or none.
   held = {"h": dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=8)}
-  assert {p.sizes[2:4] for p in toy_steps.layout_probe(op_sweeps.FIT_MODELS, held)} == {(16, 4)}
+  assert {p.sizes[2:4] for p in toy_steps.layout_probe(ONE_LAYOUT, held)} == {(16, 4)}
   held["g"] = dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=4)
-  assert toy_steps.layout_probe(op_sweeps.FIT_MODELS, held) == []
+  assert toy_steps.layout_probe(ONE_LAYOUT, held) == []
 
 
 def _attention_at_rate(layout, rate, points=toy_steps.LAYOUT_PROBE_GRID):
@@ -510,15 +525,17 @@ def test_layout_scale_moves_eta_kv_to_the_rate_midway_over_the_layouts():
   """The fit models read K/V at 20 GB/s, the probe's layout at 30: midway over every
   layout is 25, over the fit's own layout 20, so eta_kv is scaled by 1.25."""
   ops = _attention_at_rate((16, 2), 20e9) + _attention_at_rate((16, 8), 30e9)
-  assert toy_fit.layout_scale(ops, op_sweeps.FIT_MODELS) == pytest.approx(1.25)
-  assert toy_fit.layout_scale(_attention_at_rate((16, 2), 20e9), op_sweeps.FIT_MODELS) is None
-  assert toy_fit.layout_scale(_attention_at_rate((16, 8), 30e9), op_sweeps.FIT_MODELS) is None
+  assert toy_fit.layout_scale(ops, ONE_LAYOUT) == pytest.approx(1.25)
+  assert toy_fit.layout_scale(_attention_at_rate((16, 2), 20e9), ONE_LAYOUT) is None
+  assert toy_fit.layout_scale(_attention_at_rate((16, 8), 30e9), ONE_LAYOUT) is None
+  # Fit models with both layouts: eta_kv is fitted over both already.
+  assert toy_fit.layout_scale(ops, op_sweeps.FIT_MODELS) == pytest.approx(1.0)
 
 
 def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
   linear, attention = synthetic_operations(noise=0.0)
   probe = _attention_at_rate((16, 8), 0.5 * TRUE["eta_kv"] * BW)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
+  steps = synthetic_steps(ONE_LAYOUT, FIT_STEPS)
   points = [op_sweeps.StepPoint(m, 16, 2048) for m in op_sweeps.HELDOUT_MODELS]
   plan = {"rounds": 3, "warmup": 1, "repeats": 3, "interleaved": True}
 
@@ -526,7 +543,7 @@ def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
     held = synthetic_steps(op_sweeps.HELDOUT_MODELS, points, scale=scale)
     measured = toy_fit.Measured(CEILINGS, ops, steps, held, len(held))
     return toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=False,
-                             models=op_sweeps.FIT_MODELS, heldout_models=op_sweeps.HELDOUT_MODELS,
+                             models=ONE_LAYOUT, heldout_models=op_sweeps.HELDOUT_MODELS,
                              budget_s=120, plan=plan)
 
   without = run(linear + attention, 1.0)

@@ -184,10 +184,13 @@ def layout_probe(configs: Mapping[str, ToyConfig],
   """One layer's attention at `LAYOUT_PROBE_GRID` with a K/V layout of no model here.
 
   The first fit model's query heads over `LAYOUT_PROBE_KV_SCALE` times its K/V heads
-  (fewer where that does not divide the heads); none when every such layout is one
-  that a fit or held-out model has (a probe must not time a held-out layout).
+  (fewer where that does not divide the heads); none when the fit models already have
+  two or more layouts, or when every such layout is one that a fit or held-out model
+  has (a probe must not time a held-out layout).
   """
   first = next(iter(configs.values()))
+  if len({(c.num_heads, c.num_kv_heads) for c in configs.values()}) > 1:
+    return []
   taken = {(c.num_heads, c.num_kv_heads) for c in (*configs.values(), *heldout.values())}
   for scale in range(LAYOUT_PROBE_KV_SCALE, 1, -1):
     kv_heads = first.num_kv_heads * scale
