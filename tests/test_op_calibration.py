@@ -235,16 +235,12 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 def test_heldout_models_never_enter_the_fit(monkeypatch):
   exact, asked = _fake_job(monkeypatch)
   held = set(op_sweeps.HELDOUT_MODELS)
-  pins = len(op_sweeps.WEIGHT_PIN_MODELS) * len(toy_steps.WEIGHT_PIN_STEPS)
-  fit_points = asked["steps"][:len(FIT_STEPS) + pins]
-  assert {p.model for p in fit_points
-         } == set(op_sweeps.FIT_MODELS) | set(op_sweeps.WEIGHT_PIN_MODELS)
-  assert {p.model for p in asked["steps"][len(FIT_STEPS) + pins:]} == held
-  # Operations are timed at the fit models' shapes only (the weight pin's as steps only).
+  fit_points = asked["steps"][:len(FIT_STEPS)]
+  assert {p.model for p in fit_points} == set(op_sweeps.FIT_MODELS)
+  assert {p.model for p in asked["steps"][len(FIT_STEPS):]} == held
+  # Operations are timed at the fit models' shapes only.
   held_shapes = {(c.width, c.mlp_dim) for c in op_sweeps.HELDOUT_MODELS.values()}
   assert not any(p.op == "linear" and p.sizes[1:] in held_shapes for p in asked["ops"])
-  pin_vocab = {c.vocab_size for c in op_sweeps.WEIGHT_PIN_MODELS.values()}
-  assert not any(p.op == "linear" and p.sizes[2] in pin_vocab for p in asked["ops"])
   held_layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
   attention = [p for p in asked["ops"] if p.op == "decode_attention"]
   assert not any(p.sizes[2:4] in held_layouts for p in attention)
@@ -253,8 +249,7 @@ def test_heldout_models_never_enter_the_fit(monkeypatch):
   assert exact.status == "ok"
   assert exact.profile.fit["heldout_median_rel_error"] < 0.02
   assert {m["name"] for m in exact.to_json()["heldout_models"]} == held
-  assert {m["name"] for m in exact.to_json()["fit_models"]
-         } == set(op_sweeps.FIT_MODELS) | set(op_sweeps.WEIGHT_PIN_MODELS)
+  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(op_sweeps.FIT_MODELS)
   # Doubling the held-out timings changes no factor: they never entered the
   # fit. Their error shows it, and the run says it missed its targets.
   slowed, _ = _fake_job(monkeypatch, heldout_scale=2.0)
@@ -569,36 +564,3 @@ def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
   missed = run(linear + attention + probe, 1.5)
   assert missed.profile.fit["attention_layout_floor"]["floor_rel_error"] > 0.2
   assert any("one K/V rate misses some by" in w and "16/8" in w for w in missed.warnings)
-
-
-def test_eta_w_comes_from_whole_steps_where_a_larger_head_pins_it():
-  """M = 1 linear layers timed 25% slower than the steps read weights (as a noisy process
-  can): with the weight pin's batch-1 steps the fixed stage recovers the steps' eta_w and
-  keeps the operation's beside it; without them eta_w stays the operation's."""
-  linear, attention = synthetic_operations(noise=0.0)
-  slow = [
-      dataclasses.replace(r, timing=dataclasses.replace(r.timing, median_s=1.25 *
-                                                        r.median_s)) if r.shapes["rows"] == 1 else r
-      for r in linear
-  ]
-  configs = {**op_sweeps.FIT_MODELS, **op_sweeps.WEIGHT_PIN_MODELS}
-  points = FIT_STEPS + [
-      op_sweeps.StepPoint(n, b, c) for n in op_sweeps.WEIGHT_PIN_MODELS
-      for b, c in toy_steps.WEIGHT_PIN_STEPS
-  ]
-  steps = synthetic_steps(configs, points)
-  inputs = toy_fit.model_inputs(steps, BW, F)
-  factors, details = op_fit.fit_operations(slow, attention, steps, inputs, bandwidth=BW,
-                                           flop_rate=F, fit_steps=3000)
-  assert "eta_w" in details["fixed"]["free"]
-  # The steps' eta_w is within a third of the operation's miss (the M >= 2 stage's
-  # eta_f and r_ovl, fitted beside the slow M = 1 figure, still shade the steps a little).
-  miss = abs(details["linear"]["eta_w_operation"] / TRUE["eta_w"] - 1)
-  assert miss > 0.15
-  assert abs(factors["eta_w"] / TRUE["eta_w"] - 1) < miss / 3
-  plain = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
-  factors, details = op_fit.fit_operations(slow, attention, plain,
-                                           toy_fit.model_inputs(plain, BW, F), bandwidth=BW,
-                                           flop_rate=F, fit_steps=3000)
-  assert "eta_w" not in details["fixed"]["free"] and "eta_w_operation" not in details["linear"]
-  assert not op_fit.pins_weight_rate(toy_fit.model_inputs(plain, BW, F))

@@ -30,12 +30,7 @@ operation is timed alone:
   vary about 10% between processes, while the whole steps at B >= 2 repeat
   within about 2%;
 * `t0_step`, `t0_layer`: the fit models' batch-1 decode steps at short
-  contexts (two depths), the other factors held at their operation values; where
-  those steps also include a model with more weights at the same depth
-  (`pins_weight_rate`: `op_sweeps.WEIGHT_PIN_MODELS`), `eta_w` is fitted with them:
-  whole steps repeat within about 2% between processes, the M = 1 linear layer
-  timed alone 10-22%, so the operation's figure stays beside it
-  (`eta_w_operation`).
+  contexts (two depths), the other factors held at their operation values.
 
 With `regime=True` (a CPU: XLA's GEMM re-packs the weights for two or more
 rows, about 1.5 weight reads) the model has the re-pack term
@@ -143,19 +138,6 @@ def step_subsets(step_inputs: Mapping[str, np.ndarray], regime: bool) -> dict[st
   }
 
 
-def pins_weight_rate(inputs: Mapping[str, np.ndarray]) -> bool:
-  """Whether steps tell eta_w from the fixed costs: their (1, layers, weight bytes) rows
-  span three dimensions, as models whose weights are not one fixed multiple of their
-  layers do (a larger output head at the same depth)."""
-  rows = np.stack([
-      np.ones(len(inputs["L"])),
-      np.asarray(inputs["L"], np.float64),
-      np.asarray(inputs["N"], np.float64) * np.asarray(inputs["q"], np.float64)
-  ], axis=1)
-  scale = np.max(np.abs(rows), axis=0)
-  return int(np.linalg.matrix_rank(rows / np.where(scale > 0, scale, 1.0), tol=1e-6)) >= 3
-
-
 def fit_linear(single: Sequence[measurement.Measurement], many: Sequence[measurement.Measurement],
                *, bandwidth: float, flop_rate: float, fit_steps: int = 2000,
                regime: bool = False) -> dict[str, float]:
@@ -245,14 +227,9 @@ def fit_operations(
   t = _medians(steps)[smallest]
   start = {**_start(t), **factors}
   start["t0_layer"] = 0.1 * float(np.min(t) / np.max(fixed_inputs["L"]))
-  fixed_free = FIXED_FACTORS + (("eta_w",) if pins_weight_rate(fixed_inputs) else ())
-  fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=fixed_free)
-  if "eta_w" in fixed_free:
-    details["linear"]["eta_w_operation"] = factors["eta_w"]
-  factors.update({n: fit.factors[n] for n in fixed_free})
-  details["fixed"] = {
-      "points": int(smallest.sum()), "free": list(fixed_free), **_scored(fixed_inputs, t, factors)
-  }
+  fit = fitting.fit_factors(fixed_inputs, t, init=start, steps=fit_steps, free=FIXED_FACTORS)
+  factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
+  details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
   chosen, free = subsets["refit"], subsets["refit_free"]
   if free:
     refit_inputs = {n: np.asarray(v)[chosen] for n, v in step_inputs.items()}

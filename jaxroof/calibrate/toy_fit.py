@@ -427,12 +427,7 @@ def timing_basis(measured: "Measured", fit: str, regime: bool,
   subsets = op_fit.step_subsets(model_inputs(steps, ceilings.bandwidth_Bps, 1.0), regime)
   fixed = [r for r, use in zip(steps, subsets["fixed"]) if use]
   refit = [r for r, use in zip(steps, subsets["refit"]) if use]
-  fixed_inputs = {
-      n: np.asarray(v)[subsets["fixed"]]
-      for n, v in model_inputs(steps, ceilings.bandwidth_Bps, 1.0).items()
-  }
-  basis["eta_w"] = (medians(fixed) if op_fit.pins_weight_rate(fixed_inputs) else medians(
-      r for r in linear if r.shapes["rows"] == 1))
+  basis["eta_w"] = medians(r for r in linear if r.shapes["rows"] == 1)
   basis["eta_f"] = basis["r_ovl"] = medians(r for r in linear if r.shapes["rows"] > 1)
   basis["eta_kv"] = (medians(refit) if "eta_kv" in subsets["refit_free"] else medians(
       fitted_attention(measured.operations, models)))

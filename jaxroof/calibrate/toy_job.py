@@ -105,9 +105,8 @@ def run(
       figure is its lower-quartile round, `op_sweeps.lower_quartile`).
     warmup, repeats: per point and round.
     seed: the visiting order and the data.
-    models: the fit's models; None means `op_sweeps.FIT_MODELS` (ops, with the
-      batch-1 steps of `op_sweeps.WEIGHT_PIN_MODELS`, timed as steps only, so that
-      `eta_w` comes from whole steps) or `op_sweeps.MODELS` (steps).
+    models: the fit's models; None means `op_sweeps.FIT_MODELS` (ops) or
+      `op_sweeps.MODELS` (steps).
     heldout_models: models the fit never sees; None means
       `op_sweeps.HELDOUT_MODELS` with the default models, else the two
       `op_sweeps.heldout_variant`s of the first fit model.
@@ -135,11 +134,8 @@ def run(
   quick = budget_s < toy_steps.QUICK_BUDGET_S
   platform = jax.default_backend()
   backend = backend or ("xla" if platform == "cpu" else "pallas")
-  pins: dict[str, ToyConfig] = {}  # Fit-only models timed as steps, not as operations.
   if models is None:
     configs = dict(op_sweeps.FIT_MODELS if fit == "ops" else op_sweeps.MODELS)
-    if fit == "ops":
-      pins = dict(op_sweeps.WEIGHT_PIN_MODELS)
     if heldout_models is None:
       heldout_models = op_sweeps.HELDOUT_MODELS
   else:
@@ -149,25 +145,22 @@ def run(
     heldout_models = {
         f"heldout_{kind}": op_sweeps.heldout_variant(first, kind) for kind in ("narrow", "wide")
     }
-  clash = sorted((set(configs) | set(pins)) & set(heldout_models))
+  clash = sorted(set(configs) & set(heldout_models))
   if clash:
     raise errors.InputError(f"models {clash} are both fitted and held out: "
                             "a held-out model must be one the fit never sees.")
   if points is None:
-    points = (
-        [StepPoint(n, b, c) for n in configs for b, c in toy_steps.SMALLEST + toy_steps.KV_STEPS] +
-        [StepPoint(n, b, c) for n in pins for b, c in toy_steps.WEIGHT_PIN_STEPS]
-        if fit == "ops" else toy_steps.default_points(budget_s, configs, dtype))
+    points = ([
+        StepPoint(n, b, c) for n in configs for b, c in toy_steps.SMALLEST + toy_steps.KV_STEPS
+    ] if fit == "ops" else toy_steps.default_points(budget_s, configs, dtype))
   points = list(points)
-  step_configs = {**configs, **pins}
   heldout = list(
       toy_steps.heldout_points(budget_s, heldout_models, dtype) if heldout is None else heldout)
-  known = {**step_configs, **heldout_models}
+  known = {**configs, **heldout_models}
   unknown = sorted({p.model for p in points + heldout} - set(known))
   if unknown:
     raise errors.InputError(f"models {unknown} have no config: known {', '.join(known)}.")
-  if any(p.model in heldout_models for p in points) or any(
-      p.model in step_configs for p in heldout):
+  if any(p.model in heldout_models for p in points) or any(p.model in configs for p in heldout):
     raise errors.InputError("a fit point names a held-out model (or a "
                             "held-out point a fit model).")
   if ceilings is None:
@@ -202,15 +195,15 @@ def run(
     measurement.release_memory()
   if interleave:
     say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
-        f"{', '.join(step_configs)}, {len(heldout)} of {', '.join(heldout_models)}")
-    both = toy_steps.sweep_interleaved({**step_configs, **heldout_models}, points + heldout,
-                                       dtype_value, deadline=end, rounds=rounds, warmup=warmup,
-                                       repeats=repeats, seed=seed, say=say)
-    fit_records = [r for r in both if r.extra["model"] in step_configs]
+        f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
+    both = toy_steps.sweep_interleaved({**configs, **heldout_models}, points + heldout, dtype_value,
+                                       deadline=end, rounds=rounds, warmup=warmup, repeats=repeats,
+                                       seed=seed, say=say)
+    fit_records = [r for r in both if r.extra["model"] in configs]
     heldout_records = [r for r in both if r.extra["model"] in heldout_models]
   else:
-    say(f"fit steps: {len(points)} points of {', '.join(step_configs)}")
-    fit_records = toy_steps.sweep_models(step_configs, points, dtype_value, deadline=fit_deadline,
+    say(f"fit steps: {len(points)} points of {', '.join(configs)}")
+    fit_records = toy_steps.sweep_models(configs, points, dtype_value, deadline=fit_deadline,
                                          rounds=rounds, warmup=warmup, repeats=repeats, seed=seed,
                                          say=say)
     say(f"held-out steps: {len(heldout)} points of "
@@ -222,7 +215,7 @@ def run(
   measured = toy_fit.Measured(ceilings=ceilings, operations=operations, fit_records=fit_records,
                               heldout_records=heldout_records, heldout_planned=len(heldout))
   job = toy_fit.fit_steps(
-      measured, fit=fit, dtype=dtype, backend=backend, regime=with_regime, models=step_configs,
+      measured, fit=fit, dtype=dtype, backend=backend, regime=with_regime, models=configs,
       heldout_models=heldout_models, budget_s=budget_s,
       plan={"rounds": rounds, "warmup": warmup, "repeats": repeats, "interleaved": interleave})
   say(f"held-out relative error: median {job.profile.heldout_median_rel_error:.1%}, max "

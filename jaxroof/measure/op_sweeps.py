@@ -92,10 +92,6 @@ def heldout_variant(config: config_lib.ToyConfig, kind: str) -> config_lib.ToyCo
 # and width 1280 / 5 blocks / 4 K/V heads, against 1024 / 4 blocks / 2 K/V heads
 # and 1024 / 2 / 8).
 FIT_MODELS: dict[str, config_lib.ToyConfig] = {"calibration": CALIBRATION, "shallow": SHALLOW}
-# A fit-only model whose batch-1 steps pin eta_w against t0_layer (the same layers as
-# the calibration model, 118 MB more head weights): timed as whole steps, not as
-# operations (`toy_steps.WEIGHT_PIN_STEPS`).
-WEIGHT_PIN_MODELS: dict[str, config_lib.ToyConfig] = {"wide_vocab": WIDE_VOCAB}
 HELDOUT_NARROW = heldout_variant(CALIBRATION, "narrow")
 HELDOUT_WIDE = heldout_variant(CALIBRATION, "wide")
 HELDOUT_MODELS: dict[str, config_lib.ToyConfig] = {

@@ -48,10 +48,6 @@ SMALLEST = ((1, 128), (2, 128), (1, 512))
 # K/V-heavy steps of each fit model: `op_fit` refits eta_kv on them (the attention inside
 # a step reads K/V faster than the attention timed alone).
 KV_STEPS = ((16, 2048), (64, 512))
-# The batch-1 steps of `op_sweeps.WEIGHT_PIN_MODELS`: with the fit models' they tell
-# eta_w from t0_layer in whole steps, which repeat within about 2% between processes,
-# where the M = 1 linear layer timed alone moves 10-22% (`op_fit.pins_weight_rate`).
-WEIGHT_PIN_STEPS = ((1, 128), (1, 512))
 # One layer's attention is also timed at another K/V layout at K/V-heavy shapes
 # (`layout_probe`): the fit moves eta_kv to the rate midway over the layouts, and
 # their spread is the floor of a K/V-heavy step of a model the fit never saw.
