@@ -19,9 +19,10 @@ operation is timed alone:
   step at B >= 2, with `r_pack`) with every other factor held: XLA reads K/V faster
   inside a whole step than in the attention timed alone (on this CPU about
   26 against 16 GB/s), so the operation's `eta_kv` over-predicted K/V-heavy
-  steps by up to 50%. The caller (`toy_fit.layout_scale`) then moves it to the
-  rate midway over the K/V layouts timed (the fit models' and a probe's): on this
-  CPU the same bytes read 15-26% faster or slower in another layout;
+  steps by up to 50%. The shipped fit models' steps have two K/V layouts (on this
+  CPU the same bytes read up to 45% faster or slower in another); where the fit
+  models share one, the caller (`toy_fit.layout_scale`) moves `eta_kv` to the rate
+  midway between theirs and a probe layout's;
 * `r_pack` (a CPU, below): fitted from the linear layer at M >= 2, then refitted with
   `eta_kv` on the fit models' steps at B >= 2 (every other factor held). The
   operation's figure (about 0.45 weight reads here, beside it as

@@ -7,12 +7,12 @@
    context), then the fit models' smallest decode steps; `op_fit` fits the
    efficiency factors to the operations and the fixed costs to the steps.
    `fit="steps"` instead fits every factor to the fit models' decode steps
-   over a batch x context grid (the older end-to-end fit). One layer's
-   attention is also timed at a K/V layout of no model here
-   (`toy_steps.layout_probe`): `eta_kv` is moved to the K/V rate midway over
-   the layouts (`toy_fit.layout_scale`: a held-out model has a layout of its
-   own), and the spread says how far one K/V rate can hold
-   (`toy_fit.layout_floor`).
+   over a batch x context grid (the older end-to-end fit). The shipped fit
+   models read their K/V in two layouts; fit models of one layout get one
+   layer's attention timed at another too (`toy_steps.layout_probe`), and
+   `eta_kv` is moved to the K/V rate midway over the layouts
+   (`toy_fit.layout_scale`: a held-out model has a layout of its own). The
+   layouts' spread says how far one K/V rate can hold (`toy_fit.layout_floor`).
 3. Validation: the whole toy decode step of two models the fit never saw
    (`op_sweeps.HELDOUT_MODELS`: other width, depth and K/V heads), timed over
    batch x context and predicted from the factors. That held-out error is

@@ -48,9 +48,10 @@ SMALLEST = ((1, 128), (2, 128), (1, 512))
 # K/V-heavy steps of each fit model: `op_fit` refits eta_kv on them (the attention inside
 # a step reads K/V faster than the attention timed alone).
 KV_STEPS = ((16, 2048), (64, 512))
-# One layer's attention is also timed at another K/V layout at K/V-heavy shapes
-# (`layout_probe`): the fit moves eta_kv to the rate midway over the layouts, and
-# their spread is the floor of a K/V-heavy step of a model the fit never saw.
+# Where the fit models share one K/V layout, one layer's attention is also timed at
+# another at K/V-heavy shapes (`layout_probe`): the fit moves eta_kv to the rate midway
+# over the layouts, and their spread is the floor of a K/V-heavy step of a model the fit
+# never saw.
 LAYOUT_PROBE_GRID = KV_STEPS + ((256, 128),)
 LAYOUT_PROBE_KV_SCALE = 4  # The probe's K/V heads: the first fit model's times this.
 # Held-out steps: batch 1-256, context 128-4096, spread over the grid.
