@@ -24,7 +24,6 @@ from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
 from jaxroof.measure import toy_steps
 from jaxroof.symbolic import calibrated as calibration
-from jaxroof.symbolic import formulas
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
@@ -353,9 +352,9 @@ def _kv_rates(operations: Sequence[measurement.Measurement]) -> list[tuple[tuple
     s = r.shapes
     if r.op != "decode_attention" or s["batch"] * s["context"] < op_fit.KV_STEP_TOKENS:
       continue
-    itemsize = np.dtype(measurement.require_dtype(r.dtype)).itemsize
-    per_position = formulas.kv_bytes_per_position(1, s["kv_heads"], s["head_dim"], itemsize)
-    nbytes = float(formulas.retained_kv_bytes(s["batch"], s["context"], per_position))
+    point = op_sweeps.OpPoint(r.op,
+                              (s["batch"], s["context"], s["heads"], s["kv_heads"], s["head_dim"]))
+    nbytes = toy_steps.attention_kv_bytes(point, measurement.require_dtype(r.dtype))
     out.append(((s["heads"], s["kv_heads"]), nbytes / r.median_s))
   return out
 

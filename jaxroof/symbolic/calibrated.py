@@ -165,16 +165,21 @@ def repack_time(rows: sp.Expr = B, weight_bytes: sp.Expr | None = None) -> sp.Ex
   return r_pack * switch * formulas.memory_time(weight_bytes, eta_w * BW)
 
 
-def _regime_terms() -> dict[str, sp.Expr]:
-  """The calibrated terms with the re-pack added to the step and the memory time."""
-  t = dict(_terms())
-  repack_s = repack_time()
-  t["repack_s"] = repack_s
-  t["memory_s"] = t["memory_s"] + repack_s
-  t["step_s"] = t["step_s"] + repack_s
+def _with_added(terms: dict[str, sp.Expr], extra_s: sp.Expr, *also: str) -> dict[str, sp.Expr]:
+  """`terms` with `extra_s` seconds added to the step (and to the terms named in
+  `also`), the rates derived from the new step."""
+  t = dict(terms)
+  for name in ("step_s", *also):
+    t[name] = t[name] + extra_s
   t["aggregate_tokens_per_s"] = formulas.aggregate_rate(B, t["step_s"])
   t["per_sequence_tokens_per_s"] = formulas.per_sequence_rate(t["step_s"])
   return t
+
+
+def _regime_terms() -> dict[str, sp.Expr]:
+  """The calibrated terms with the re-pack added to the step and the memory time."""
+  repack_s = repack_time()
+  return {**_with_added(_terms(), repack_s, "memory_s"), "repack_s": repack_s}
 
 
 @functools.cache
@@ -187,13 +192,7 @@ def calibrated_model_with_regime(backend: Literal["numpy", "jax"] = "numpy"):
 def _engine_terms() -> dict[str, sp.Expr]:
   """The calibrated terms with the re-pack and an engine's per-sequence cost: a decode
   step of B sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq)."""
-  t = dict(_regime_terms())
-  sequences_s = t0_seq * B
-  t["fixed_s"] = t["fixed_s"] + sequences_s
-  t["step_s"] = t["step_s"] + sequences_s
-  t["aggregate_tokens_per_s"] = formulas.aggregate_rate(B, t["step_s"])
-  t["per_sequence_tokens_per_s"] = formulas.per_sequence_rate(t["step_s"])
-  return t
+  return _with_added(_regime_terms(), t0_seq * B, "fixed_s")
 
 
 @functools.cache
