@@ -351,6 +351,11 @@ def test_each_fit_run_is_simulated_on_its_own_model(tmp_path, monkeypatch, model
   assert large > 1.5 * small
   with pytest.raises(errors.InputError, match="fit_model names 3 models for 2 files"):
     engine_fit.calibrate_engine([FIXTURE, FIXTURE], setup, fit_model=[model_dir] * 3)
+  for field in ("fit_model", "heldout_model"):
+    with pytest.raises(errors.InputError, match="no such file") as raised:
+      engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[FIXTURE],
+                                  **{field: str(tmp_path / "absent")})
+    assert raised.value.field == field
 
 
 def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_file):

@@ -519,7 +519,10 @@ def _per_file(chosen: str | Sequence[str] | None, paths: Sequence[str],
         f"{field} names {len(per_file)} models for {len(paths)} files: give one, or one "
         "per file.", field=field)
   for name in set(per_file) - {None, ""}:
-    models.load_model(name)
+    try:
+      models.load_model(name)
+    except errors.InputError as error:  # Named as the per-file list, not the setup's model.
+      raise errors.InputError(str(error), field=field) from None
   return per_file
 
 
