@@ -164,3 +164,28 @@ def test_op_sweep_rounds_alternate_between_operations():
   order = op_sweeps._interleaved(points, np.random.default_rng(0))
   assert sorted(order) == list(range(5))
   assert points[order[0]].op != points[order[1]].op
+
+
+def test_op_sweep_opens_every_round_with_the_points_a_factor_rests_on(monkeypatch):
+  points = [op_sweeps.OpPoint("linear", (m, 8, 8)) for m in (1, 2, 4)]
+  single, largest = points[0], points[2]
+  calls = []
+  clock = [0.0]
+
+  def fake_measure_op(point, *args, **kwargs):
+    calls.append(point)
+    clock[0] += 1.0
+    timing = Timing(median_s=1e-3, min_s=1e-3, max_s=1e-3, p10_s=1e-3, p90_s=1e-3, repeats=3,
+                    warmup=1)
+    return dataclasses.replace(
+        measurement.labelled(timing, op="linear", shapes={"rows": point.sizes[0]}, dtype="float32"),
+        extra={"elapsed_s": 1.0})
+
+  monkeypatch.setattr(op_sweeps, "measure_op", fake_measure_op)
+  monkeypatch.setattr(op_sweeps.time, "monotonic", lambda: clock[0])
+  # Time for four measurements: the first round (3), then the second round's opening.
+  records = op_sweeps.op_sweep(points, rounds=3, deadline=4.5, always=[largest],
+                               every_round=[single], max_extra_rounds=0)
+  assert calls[:2] == [largest, single]
+  assert calls[3:] == [single]
+  assert [len(r.extra["round_medians_s"]) for r in records] == [2, 1, 1]

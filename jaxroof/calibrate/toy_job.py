@@ -191,6 +191,7 @@ def run(
     operations = op_sweeps.op_sweep(linear_pts + attention_pts, dtype=dtype_value, backend=backend,
                                     rounds=3, deadline=ops_deadline, seed=seed,
                                     always=toy_steps.minimum_operations(linear_pts, attention_pts),
+                                    every_round=toy_steps.single_row_operations(linear_pts),
                                     progress=say)
     measurement.release_memory()
   if interleave:

@@ -789,14 +789,19 @@ def toy_attention_args(batch: int, context: int, heads: int, kv_heads: int, head
           for i in range(sets)]
 
 
+_GUESS_FLOPS = 1e11
+_GUESS_BYTES_PER_S = 3e10
+
+
 def _guess_op_s(point: OpPoint) -> float:
   """A rough first guess of an operation's time, only to plan its repeats:
-  100 GFLOP/s and 10 GB/s, whichever binds."""
+  100 GFLOP/s and 30 GB/s, whichever binds (a 2-core CPU reads weights at
+  about 40 GB/s: a slower guess plans too few calls for `min_timed_s`)."""
   if point.op == "linear":
     m, d_in, d_out = point.sizes
-    return max(2 * m * d_in * d_out / 1e11, 4 * d_in * d_out / 1e10, 1e-5)
+    return max(2 * m * d_in * d_out / _GUESS_FLOPS, 4 * d_in * d_out / _GUESS_BYTES_PER_S, 1e-5)
   batch, context, heads, kv_heads, head_dim = point.sizes
-  return max(8 * batch * context * kv_heads * head_dim / 1e10, 1e-5)
+  return max(8 * batch * context * kv_heads * head_dim / _GUESS_BYTES_PER_S, 1e-5)
 
 
 def _interleaved(points: Sequence[OpPoint], rng: np.random.Generator) -> list[int]:
@@ -831,6 +836,7 @@ def op_sweep(
     max_extra_rounds: int = 2,
     min_timed_s: float = 0.1,
     always: Collection[OpPoint] = (),
+    every_round: Collection[OpPoint] = (),
     progress: Callable[[str], None] | None = None,
 ) -> list[measurement.Measurement]:
   """Times operations in rounds of random order; keeps each lower quartile.
@@ -843,14 +849,21 @@ def op_sweep(
   median over a few dozen calls moved 20-40% between processes on a 2-core
   CPU, over 0.1 s of calls under 10% (its setup costs about 0.2 s anyway). The `always` points
   are measured first and once even past the deadline (each fit's minimum).
+  The `every_round` points open every planned round, so a deadline that cuts
+  the last rounds short never leaves them one round: points a factor rests
+  on alone (the linear layer at M = 1 decides `eta_w`), whose lower quartile
+  over rounds then outvotes one disturbed round.
   Returns one record per measured point, in order.
   """
   _check_backend(backend)
   rng = np.random.default_rng(seed)
   measured: dict[OpPoint, list[measurement.Measurement]] = {}
-  passes = [_interleaved(points, rng) for _ in range(rounds)]
   first = [i for i, p in enumerate(points) if p in always]
-  passes[0] = first + [i for i in passes[0] if i not in first]
+  opening = [i for i, p in enumerate(points) if p in every_round]
+  passes = []
+  for n in range(rounds):
+    lead = (first if n == 0 else []) + [i for i in opening if n or i not in first]
+    passes.append(lead + [i for i in _interleaved(points, rng) if i not in lead])
   for extra in range(max_extra_rounds + 1):
     if extra:
       passes = [

@@ -180,6 +180,12 @@ def minimum_operations(linear: Sequence[op_sweeps.OpPoint],
   return [rows[0], rows[len(rows) // 2], rows[-1], by_tokens[0], by_tokens[-1]]
 
 
+def single_row_operations(linear: Sequence[op_sweeps.OpPoint]) -> list[op_sweeps.OpPoint]:
+  """The linear layers at M = 1: `eta_w` rests on them alone (`op_fit.fit_linear`),
+  so the sweep opens every round with them (`op_sweep(every_round=...)`)."""
+  return [p for p in linear if p.sizes[0] == 1]
+
+
 def layout_probe(configs: Mapping[str, ToyConfig],
                  heldout: Mapping[str, ToyConfig]) -> list[op_sweeps.OpPoint]:
   """One layer's attention at `LAYOUT_PROBE_GRID` with a K/V layout of no model here.
