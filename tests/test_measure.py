@@ -189,3 +189,36 @@ def test_op_sweep_opens_every_round_with_the_points_a_factor_rests_on(monkeypatc
   assert calls[:2] == [largest, single]
   assert calls[3:] == [single]
   assert [len(r.extra["round_medians_s"]) for r in records] == [2, 1, 1]
+
+
+def test_step_sweep_calls_after_round_once_per_round_that_timed():
+  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  bench = FakeBench({1: [1.0] * 3, 2: [2.0] * 3})
+  calls = []
+  op_sweeps.decode_step_sweep(
+      {"m": bench}, points, rounds=3, max_extra_rounds=0,
+      after_round=lambda: calls.append(sum(map(len, bench.medians.values()))))
+  # After each round: 2, 1 then 0 medians left per point.
+  assert calls == [4, 2, 0]
+
+
+def test_a_later_op_sweep_adds_rounds_to_the_same_points(monkeypatch):
+  points = [op_sweeps.OpPoint("linear", (m, 8, 8)) for m in (1, 2)]
+  times = iter([4.0, 2.0, 1.0, 3.0, 9.0])
+
+  def fake_measure_op(point, *args, **kwargs):
+    t = next(times)
+    timing = Timing(median_s=t, min_s=t, max_s=t, p10_s=t, p90_s=t, repeats=3, warmup=1)
+    return dataclasses.replace(
+        measurement.labelled(timing, op="linear", shapes={"rows": point.sizes[0]}, dtype="float32"),
+        extra={"elapsed_s": 0.0})
+
+  monkeypatch.setattr(op_sweeps, "measure_op", fake_measure_op)
+  timed = {}
+  op_sweeps.op_sweep(points, rounds=1, max_extra_rounds=0, every_round=points[:1], timed=timed)
+  for _ in range(3):
+    op_sweeps.op_sweep(points[:1], rounds=1, max_extra_rounds=0, timed=timed)
+  records = op_sweeps.summarized(points, timed)
+  assert records[0].extra["round_medians_s"] == [4.0, 1.0, 3.0, 9.0]
+  assert records[0].median_s == 3.0  # The lower quartile of four rounds: the second fastest.
+  assert records[1].extra["round_medians_s"] == [2.0]

@@ -259,6 +259,38 @@ def test_heldout_models_never_enter_the_fit(monkeypatch):
   assert slowed.status == "inaccurate" and slowed.warnings
 
 
+def test_the_m1_linear_points_are_timed_again_in_every_step_round(monkeypatch):
+  """eta_w's only points get rounds spread over the run, the steps' rounds."""
+
+  def fake_measure_op(point, *args, **kwargs):
+    if point.op == "linear":
+      m, d_in, d_out = point.sizes
+      n = d_in * d_out
+      t = float(
+          _model({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0, "k": 0.0, "L": 0.0}) -
+          TRUE["t0_step"])
+      shapes = {"rows": m, "d_in": d_in, "d_out": d_out}
+    else:
+      b, c, heads, kv_heads, head_dim = point.sizes
+      t = b * c * 2 * kv_heads * head_dim * 4 / (TRUE["eta_kv"] * BW)
+      shapes = dict(zip(("batch", "context", "heads", "kv_heads", "head_dim"), point.sizes))
+    return _record(point.op, shapes, t + CALL_S, {"elapsed_s": 0.0})
+
+  def fake_interleaved(configs, points, dtype, *, after_round, **kwargs):
+    for _ in range(3):
+      after_round()
+    return synthetic_steps(configs, points)
+
+  monkeypatch.setattr(op_sweeps, "measure_op", fake_measure_op)
+  monkeypatch.setattr(toy_steps, "sweep_interleaved", fake_interleaved)
+  job = toy_job.run(120, ceilings=CEILINGS)
+  rounds = {(r["shapes"]["rows"], r["op"]): len(r["extra"]["round_medians_s"])
+            for r in job.to_json()["operations"] if r["op"] == "linear"}
+  assert min(n for (m, _), n in rounds.items() if m == 1) >= 4
+  assert max(n for (m, _), n in rounds.items() if m > 1) <= 3
+  assert job.status == "ok"
+
+
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
     toy_job.run(120, ceilings=CEILINGS, models={"a": op_sweeps.CALIBRATION},

@@ -175,6 +175,9 @@ def run(
   ops_deadline = now + 0.3 * left
   fit_deadline = now + 0.5 * left
   operations: list[measurement.Measurement] = []
+  op_points: list[op_sweeps.OpPoint] = []
+  op_rounds: dict[op_sweeps.OpPoint, list[measurement.Measurement]] = {}
+  after_round = None
   if fit == "ops":
     rows_m = linear_rows or (toy_steps.LINEAR_ROWS_QUICK if quick else toy_steps.LINEAR_ROWS)
     grid = attention_grid or (toy_steps.ATTENTION_GRID_QUICK if quick else toy_steps.ATTENTION_GRID)
@@ -188,30 +191,40 @@ def run(
     ]
     say(f"operations ({backend}): {len(linear_pts)} linear, "
         f"{len(attention_pts)} attention points ({len(probe_pts)} of another K/V layout)")
-    operations = op_sweeps.op_sweep(linear_pts + attention_pts, dtype=dtype_value, backend=backend,
-                                    rounds=3, deadline=ops_deadline, seed=seed,
+    op_points = linear_pts + attention_pts
+    single_rows = toy_steps.single_row_operations(linear_pts)
+    operations = op_sweeps.op_sweep(op_points, dtype=dtype_value, backend=backend, rounds=3,
+                                    deadline=ops_deadline, seed=seed,
                                     always=toy_steps.minimum_operations(linear_pts, attention_pts),
-                                    every_round=toy_steps.single_row_operations(linear_pts),
-                                    progress=say)
+                                    every_round=single_rows, progress=say, timed=op_rounds)
     measurement.release_memory()
+
+    def after_round():
+      # eta_w rests on these points alone: their rounds, spread over the
+      # whole run as the steps' are, outvote a slow minute of the machine.
+      op_sweeps.op_sweep(single_rows, dtype=dtype_value, backend=backend, rounds=1,
+                         max_extra_rounds=0, deadline=end, seed=seed, timed=op_rounds)
+
   if interleave:
     say(f"fit and held-out steps, interleaved in every round: {len(points)} points of "
         f"{', '.join(configs)}, {len(heldout)} of {', '.join(heldout_models)}")
     both = toy_steps.sweep_interleaved({**configs, **heldout_models}, points + heldout, dtype_value,
                                        deadline=end, rounds=rounds, warmup=warmup, repeats=repeats,
-                                       seed=seed, say=say)
+                                       seed=seed, say=say, after_round=after_round)
     fit_records = [r for r in both if r.extra["model"] in configs]
     heldout_records = [r for r in both if r.extra["model"] in heldout_models]
   else:
     say(f"fit steps: {len(points)} points of {', '.join(configs)}")
     fit_records = toy_steps.sweep_models(configs, points, dtype_value, deadline=fit_deadline,
                                          rounds=rounds, warmup=warmup, repeats=repeats, seed=seed,
-                                         say=say)
+                                         say=say, after_round=after_round)
     say(f"held-out steps: {len(heldout)} points of "
         f"{', '.join(heldout_models)}")
     heldout_records = toy_steps.sweep_models(heldout_models, heldout, dtype_value, deadline=end,
                                              rounds=rounds, warmup=warmup, repeats=repeats,
-                                             seed=seed + 1, say=say)
+                                             seed=seed + 1, say=say, after_round=after_round)
+  if op_rounds:  # With the M = 1 rounds timed between the steps' rounds.
+    operations = op_sweeps.summarized(op_points, op_rounds)
   with_regime = platform == "cpu" if regime is None else regime
   measured = toy_fit.Measured(ceilings=ceilings, operations=operations, fit_records=fit_records,
                               heldout_records=heldout_records, heldout_planned=len(heldout))

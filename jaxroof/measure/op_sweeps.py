@@ -397,6 +397,7 @@ def decode_step_sweep(
     max_extra_rounds: int = 3,
     always: Collection[StepPoint] = (),
     progress: Callable[[str], None] | None = None,
+    after_round: Callable[[], None] | None = None,
 ) -> list[measurement.Measurement]:
   """Measures decode steps at `points` in rounds; keeps each lower quartile.
 
@@ -423,6 +424,9 @@ def decode_step_sweep(
     always: points measured once even past the deadline (what a fit cannot
       do without), first.
     progress: called with one line per measured point.
+    after_round: called after each round that measured a point, to time
+      something else in the same rounds (`calibrate.toy_job`: the linear
+      layer at M = 1, spread over the whole run).
 
   Returns:
     One record per measured point, in the order of `points`; `extra` holds
@@ -455,6 +459,7 @@ def decode_step_sweep(
         break
       extra += 1
       total += len(order)
+    timed_before = sum(map(len, measured.values()))
     for i in order:
       point = points[i]
       done += 1
@@ -478,6 +483,8 @@ def decode_step_sweep(
                  f"batch={point.batch} context={point.context}: "
                  f"{record.median_s * 1e3:.2f} ms (spread "
                  f"{record.spread:.2f}){left}")
+    if after_round and sum(map(len, measured.values())) > timed_before:
+      after_round()
   out = []
   for point in points:
     if point in measured:
@@ -838,6 +845,7 @@ def op_sweep(
     always: Collection[OpPoint] = (),
     every_round: Collection[OpPoint] = (),
     progress: Callable[[str], None] | None = None,
+    timed: dict[OpPoint, list[measurement.Measurement]] | None = None,
 ) -> list[measurement.Measurement]:
   """Times operations in rounds of random order; keeps each lower quartile.
 
@@ -852,12 +860,14 @@ def op_sweep(
   The `every_round` points open every planned round, so a deadline that cuts
   the last rounds short never leaves them one round: points a factor rests
   on alone (the linear layer at M = 1 decides `eta_w`), whose lower quartile
-  over rounds then outvotes one disturbed round.
+  over rounds then outvotes one disturbed round. `timed`, where given, holds
+  each point's rounds and is extended in place: a later sweep of some of the
+  points adds rounds to them (`summarized` gives the records of them all).
   Returns one record per measured point, in order.
   """
   _check_backend(backend)
   rng = np.random.default_rng(seed)
-  measured: dict[OpPoint, list[measurement.Measurement]] = {}
+  measured = {} if timed is None else timed
   first = [i for i, p in enumerate(points) if p in always]
   opening = [i for i, p in enumerate(points) if p in every_round]
   passes = []
@@ -887,11 +897,18 @@ def op_sweep(
         measured.setdefault(point, []).append(record)
         if progress:
           progress(f"{point.op} {point.sizes}: {record.median_s * 1e3:.3f} ms")
+  return summarized(points, measured)
+
+
+def summarized(
+    points: Sequence[OpPoint],
+    timed: Mapping[OpPoint, Sequence[measurement.Measurement]]) -> list[measurement.Measurement]:
+  """Each timed point's `lower_quartile` round, every round's median in `extra`."""
   out = []
   for point in points:
-    if point in measured:
-      chosen = lower_quartile(measured[point])
-      medians = [r.median_s for r in measured[point]]
+    if timed.get(point):
+      chosen = lower_quartile(timed[point])
+      medians = [r.median_s for r in timed[point]]
       out.append(
           dataclasses.replace(
               chosen, extra={

@@ -109,9 +109,10 @@ def heldout_points(budget_s: float, models: Mapping[str, ToyConfig],
 
 
 def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], dtype: Any, *,
-                 deadline: float, rounds: int, warmup: int, repeats: int, seed: int,
-                 say: Progress) -> list[measurement.Measurement]:
-  """Times each model's points with one bench alive at a time (memory)."""
+                 deadline: float, rounds: int, warmup: int, repeats: int, seed: int, say: Progress,
+                 after_round: Callable[[], None] | None = None) -> list[measurement.Measurement]:
+  """Times each model's points with one bench alive at a time (memory);
+  `after_round` as `op_sweeps.decode_step_sweep` takes it."""
   records = []
   names = [n for n in configs if any(p.model == n for p in points)]
   for index, name in enumerate(names):
@@ -123,20 +124,23 @@ def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], 
                                       param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
     records += op_sweeps.decode_step_sweep({name: bench}, mine, rounds=rounds, warmup=warmup,
                                            repeats=repeats, deadline=time.monotonic() + share,
-                                           seed=seed, always=mine[:1], progress=say)
+                                           seed=seed, always=mine[:1], progress=say,
+                                           after_round=after_round)
     del bench
     measurement.release_memory()
   return records
 
 
-def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], dtype: Any, *,
-                      deadline: float, rounds: int, warmup: int, repeats: int, seed: int,
-                      say: Progress) -> list[measurement.Measurement]:
+def sweep_interleaved(
+    configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], dtype: Any, *, deadline: float,
+    rounds: int, warmup: int, repeats: int, seed: int, say: Progress,
+    after_round: Callable[[], None] | None = None) -> list[measurement.Measurement]:
   """Times every model's points in the same rounds (fit and held-out together).
 
   Each round visits all points in a fresh random order, so load from other
   processes hits the fit's steps and the held-out steps alike; the benches are
   alive together (one weight copy each above `ROTATE_WEIGHTS_BELOW`).
+  `after_round` as `op_sweeps.decode_step_sweep` takes it.
   """
   names = [n for n in configs if any(p.model == n for p in points)]
   benches = {}
@@ -148,7 +152,7 @@ def sweep_interleaved(configs: Mapping[str, ToyConfig], points: Sequence[StepPoi
   always = [next(p for p in points if p.model == n) for n in names]
   records = op_sweeps.decode_step_sweep(benches, list(points), rounds=rounds, warmup=warmup,
                                         repeats=repeats, deadline=deadline, seed=seed,
-                                        always=always, progress=say)
+                                        always=always, progress=say, after_round=after_round)
   del benches
   measurement.release_memory()
   return records
