@@ -472,6 +472,32 @@ def test_repeatability_names_a_factor_whose_own_timings_moved():
   assert "eta_w's own timed points moved 20%" in line and "held-out steps moved 0.0%" in line
 
 
+def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
+  """A factor 20% apart whose points' rounds disagreed by 25% within a run is within
+  the machine's floor; one whose rounds agreed within 3% is not excused."""
+  from jaxroof.report import calibration_tables
+  steps = {"step calibration B=2 T=128": 5e-3}
+  basis = {"eta_w": steps, "eta_kv": steps, "heldout": steps}
+  a = _profile(TRUE, 0.06)
+  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2, "eta_kv": TRUE["eta_kv"] * 0.8}, 0.06)
+  a = dataclasses.replace(
+      a, fit={**a.fit, "basis": basis, "basis_round_spread": {"eta_w": 0.25, "eta_kv": 0.03}})
+  b = dataclasses.replace(
+      b, fit={**b.fit, "basis": basis, "basis_round_spread": {"eta_w": 0.05, "eta_kv": 0.02}})
+  result = toy_fit.compare_profiles(a, b)
+  assert result["factors_outside"] == ["eta_w", "eta_kv"]
+  assert result["factors_outside_within_round_noise"] == ["eta_w"]
+  assert not result["outside_explained_by_machine"] and not result["pass"]
+  line = calibration_tables.repeatability_line(result, "a.json")
+  assert "eta_w's own timed points differed by 25% between rounds" in line
+  assert "machine's floor" not in line
+  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2}, 0.06)
+  b = dataclasses.replace(b, fit={**b.fit, "basis": basis, "basis_round_spread": {}})
+  result = toy_fit.compare_profiles(a, b)
+  assert result["outside_explained_by_machine"] and not result["pass"]
+  assert "within this machine's floor" in calibration_tables.repeatability_line(result, "a.json")
+
+
 def test_timing_basis_names_each_factors_points():
   linear, attention = synthetic_operations(noise=0.0)
   steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
@@ -484,6 +510,15 @@ def test_timing_basis_names_each_factors_points():
   assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
   assert len(basis["r_pack"]) == sum(p.batch >= 2 for p in FIT_STEPS)
   assert len(basis["heldout"]) == len(held)
+  # The same points' round spreads: each factor's median.
+  spread = [
+      dataclasses.replace(r, extra={"round_spread": 0.1 if r.shapes["rows"] == 1 else 0.3})
+      for r in linear
+  ]
+  noisy = toy_fit.Measured(CEILINGS, spread + attention, steps, held, len(held))
+  noise = toy_fit.basis_noise(noisy, "ops", regime=True, models=op_sweeps.FIT_MODELS)
+  assert noise["eta_w"] == pytest.approx(0.1) and noise["eta_f"] == pytest.approx(0.3)
+  assert set(noise) <= set(basis)
 
 
 def test_repeatability_compares_the_repack_as_the_batched_weight_rate():

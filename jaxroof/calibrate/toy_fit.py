@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -253,7 +254,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   Each factor's timed points (`timing_basis`) are compared as well: a factor
   outside the criterion whose own points moved by more than it between the two
   processes is named in `factors_outside_as_their_data` (the machine moved, the
-  fit followed); `basis_rel_diff["heldout"]` is how far the held-out steps moved.
+  fit followed); one whose points' rounds disagreed by more than it within
+  either run (`basis_noise`) in `factors_outside_within_round_noise` (the
+  machine's floor for that factor); `outside_explained_by_machine` when every
+  factor outside is one or the other. `basis_rel_diff["heldout"]` is how far
+  the held-out steps moved.
   """
   fastest = previous.fit.get("fastest_fit_step_s")
   old_rates, new_rates = effective_rates(previous), effective_rates(current)
@@ -290,6 +295,15 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   # A factor cannot repeat better than the timings it is fitted from: where those
   # moved by more than the criterion between the two processes, the machine did.
   data_moved = [n for n in failing if moved.get(n, 0.0) > REPEAT_FACTOR_REL]
+  # Nor better than its timings' own rounds agree within either run.
+  old_noise = previous.fit.get("basis_round_spread") or {}
+  new_noise = current.fit.get("basis_round_spread") or {}
+  noise = {
+      n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
+  }
+  within_noise = [
+      n for n in failing if n not in data_moved and noise.get(n, 0.0) > REPEAT_FACTOR_REL
+  ]
   ceiling_diffs = {
       name: abs(float(current.ceilings[name]) - float(previous.ceilings[name])) /
             float(previous.ceilings[name]) for name in ("bandwidth_Bps", "read_bandwidth_Bps")
@@ -309,6 +323,10 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "heldout_median_diff_points": median_points,
       "basis_rel_diff": moved,
       "factors_outside_as_their_data": data_moved,
+      "basis_round_spread": noise,
+      "factors_outside_within_round_noise": within_noise,
+      "outside_explained_by_machine": bool(failing)
+                                      and set(failing) <= set(data_moved + within_noise),
       "criteria": {
           "factor_rel_diff_max": REPEAT_FACTOR_REL,
           "heldout_median_diff_points_max": REPEAT_MEDIAN_POINTS,
@@ -407,15 +425,27 @@ def layout_scale(operations: Sequence[measurement.Measurement],
   return _midway([rate for _, rate in rated]) / _midway(fitted)
 
 
-def timing_basis(measured: "Measured", fit: str, regime: bool,
-                 models: Mapping[str, ToyConfig]) -> dict[str, dict[str, float]]:
+def _median_s(record: measurement.Measurement) -> float:
+  return record.median_s
+
+
+def _round_spread(record: measurement.Measurement) -> float | None:
+  spread = record.extra.get("round_spread")
+  return None if spread is None or not math.isfinite(spread) else float(spread)
+
+
+def timing_basis(
+    measured: "Measured", fit: str, regime: bool, models: Mapping[str, ToyConfig],
+    value: Callable[[measurement.Measurement], float | None] = _median_s
+) -> dict[str, dict[str, float]]:
   """Per factor, the medians of the timed points it was fitted from (and the
   held-out steps under "heldout"), so that a later run can tell a factor that
   moved from the data it stands on moving (`compare_profiles`). The steps are
-  chosen as `op_fit.fit_operations` chooses them (`op_fit.step_subsets`)."""
+  chosen as `op_fit.fit_operations` chooses them (`op_fit.step_subsets`).
+  `value` takes another figure of each point (`basis_noise`: its round spread)."""
 
   def medians(records) -> dict[str, float]:
-    return {point_key(r): r.median_s for r in records}
+    return {point_key(r): v for r in records if (v := value(r)) is not None}
 
   steps = measured.fit_records
   basis = {"heldout": medians(measured.heldout_records)}
@@ -434,6 +464,15 @@ def timing_basis(measured: "Measured", fit: str, regime: bool,
   if "r_pack" in subsets["refit_free"]:
     basis["r_pack"] = medians(refit)
   return basis
+
+
+def basis_noise(measured: "Measured", fit: str, regime: bool,
+                models: Mapping[str, ToyConfig]) -> dict[str, float]:
+  """Per factor, the median round spread of its timed points within this run
+  (`op_sweeps.round_spread`): how far the machine moved the data under it
+  from round to round, below which no two runs' factor can be told apart."""
+  spreads = timing_basis(measured, fit, regime, models, value=_round_spread)
+  return {n: float(np.median(list(v.values()))) for n, v in spreads.items() if v}
 
 
 def basis_moved(previous: Mapping[str, float], current: Mapping[str, float]) -> float | None:
@@ -541,6 +580,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   bound_errs = fitting.error_summary(bound_errors(measured.heldout_records, held_inputs))
   fit_info: dict[str, Any] = {
       "basis": timing_basis(measured, fit, regime and fit == "ops", models),
+      "basis_round_spread": basis_noise(measured, fit, regime and fit == "ops", models),
       "noise_floor_median_round_spread": floor,
       "attention_layout_floor": layouts,
       "method": fit,

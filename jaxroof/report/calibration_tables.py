@@ -92,13 +92,19 @@ def repeatability_line(repeat: Mapping[str, Any], previous: str) -> str:
 def _data_moved(repeat: Mapping[str, Any]) -> str:
   """What of a failed repeat the timings themselves explain (the machine's floor)."""
   moved = repeat.get("basis_rel_diff") or {}
+  noise = repeat.get("basis_round_spread") or {}
   parts = [
       f"{n}'s own timed points moved {moved[n]:.0%}"
       for n in repeat.get("factors_outside_as_their_data", [])
+  ] + [
+      f"{n}'s own timed points differed by {noise[n]:.0%} between rounds of one run"
+      for n in repeat.get("factors_outside_within_round_noise", [])
   ]
   if "heldout" in moved:
     parts.append(f"the held-out steps moved {moved['heldout']:.1%} (median)")
-  return ("; between the two processes " + ", ".join(parts)) if parts else ""
+  verdict = ("; every factor outside is within this machine's floor"
+             if repeat.get("outside_explained_by_machine") else "")
+  return ("; between the two processes " + ", ".join(parts) + verdict) if parts else ""
 
 
 def validation_text(path: str, prof: profiles.Profile, rows: Sequence[Mapping[str, Any]],
