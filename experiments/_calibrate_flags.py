@@ -113,6 +113,10 @@ REQUEST_COST = flags.DEFINE_bool(
 LAYER_COST = flags.DEFINE_bool(
     "layer_cost", False, "vllm: also fit a fixed cost per layer per iteration (the engine's "
     "per-layer kernels); needs --fit_model runs of two depths.")
+ENGINE_OVERLAP = flags.DEFINE_float(
+    "engine_overlap", 1.0, "vllm: r_ovl held in the fit: how the engine's GEMMs overlap "
+    "weight reads and FLOPs (p = 1 + r_ovl; 0 adds them). vLLM's bf16 GEMMs on this CPU "
+    "measured 0.06 (results/vllm_cpu/engine_token_rates.json).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -154,8 +158,8 @@ USED: dict[str, tuple[str, ...]] = {
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "scheduler", "max_running",
-             "token_budget", "max_simulations", "seed"),
+             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "scheduler",
+             "max_running", "token_budget", "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -442,3 +442,21 @@ def test_frontend_is_pinned_off_the_engines_core():
     vllm_engine.pinned_to("99")
   assert info.value.field == "frontend_cpus"
   assert dataclasses.asdict(vllm_engine.ServerConfig())["frontend_cpus"] == ""
+
+
+def test_the_engines_measured_gemm_overlap_is_held_and_reported(monkeypatch, model_dir,
+                                                                device_file):
+  """`overlap` is the r_ovl every simulated step uses (0: weight reads and FLOPs add up,
+  so a step doing both is slower than at the default 1); the bound keeps r_ovl = 1, and the
+  result states the overlap it held."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  summed = dataclasses.replace(setup, overlap=0.0)
+  run = _run_with_server(kv_blocks=1000)
+  assert (engine_fit.simulate_run(run, summed, engine_fit.START)["median_ttft_s"]
+          > engine_fit.simulate_run(run, setup, engine_fit.START)["median_ttft_s"])
+  assert (engine_fit.simulate_run(run, summed, engine_fit.BOUND_FACTORS) == engine_fit.simulate_run(
+      run, setup, engine_fit.BOUND_FACTORS))
+  monkeypatch.setattr(engine_fit, "search", lambda runs, s, **_: (dict(engine_fit.START), 0.0, 1))
+  result = engine_fit.calibrate_engine([FIXTURE], summed)
+  assert result["factors"]["r_ovl"] == result["fixed"]["r_ovl"] == 0.0

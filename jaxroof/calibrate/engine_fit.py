@@ -90,7 +90,10 @@ DAMPING = 1e-3  # Levenberg-Marquardt's first damping (relative to the curvature
 TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
-BOUND_FACTORS = {"eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, REQUEST_COST: 0.0, SEQUENCE_COST: 0.0}
+BOUND_FACTORS = {
+    "eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"], REQUEST_COST: 0.0,
+    SEQUENCE_COST: 0.0
+}
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
 BELOW_BOUND = 0.9
@@ -102,7 +105,8 @@ ASSUMPTIONS = (
     "a run with a jaxroof_engine_run block (experiments.vllm_bench) is simulated with its "
     "server's max_num_seqs, token budget, chunked prefill, block size and K/V blocks (read "
     "from the server's log)",
-    "eta_kv tied to eta_w; r_ovl fixed at 1 and t0_layer at 1 ns unless searched (layer_cost); on a "
+    "eta_kv tied to eta_w; r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
+    "at 1 ns unless searched (layer_cost); the bound at r_ovl = 1; on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
     "loss: mean squared log error of the simulated vs measured median TTFT, TPOT and ITL "
     "(TTFT left out for runs with max_concurrency)",
@@ -126,6 +130,10 @@ class ServingSetup:
   request_cost: bool = False  # Fit `REQUEST_COST` (else 0).
   sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
   layer_cost: bool = False  # Fit `LAYER_COST` (else `FIXED`'s).
+  # r_ovl, held (not searched): how the engine's GEMMs overlap weight reads and FLOPs
+  # (p = 1 + r_ovl); `FIXED`'s 1 unless the caller measured it (the engine's own GEMMs
+  # timed at several token counts).
+  overlap: float = 1.0
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -160,7 +168,8 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
   return {
       "eta_w": values["eta_w"], "eta_kv": values["eta_w"], "eta_f": values["eta_f"],
       "t0_step": values["t0_step"], **FIXED,
-      LAYER_COST: float(values.get(LAYER_COST, FIXED[LAYER_COST]))
+      LAYER_COST: float(values.get(LAYER_COST, FIXED[LAYER_COST])),
+      "r_ovl": float(values.get("r_ovl", FIXED["r_ovl"]))
   }
 
 
@@ -212,6 +221,7 @@ def simulate_run(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mappi
   per-request arrays (`detail`). A request's `REQUEST_COST` delays when the
   engine sees it; its TTFT still runs from the client's send.
   """
+  factors = {"r_ovl": setup.overlap, **factors}
   replica = replica_of(run, setup, factors)
   workload = workload_of(run, setup.seed)
   cost = float(factors.get(REQUEST_COST, 0.0))
@@ -378,7 +388,7 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       held += [e["rel_error"] for e in errs.values() if e["rel_error"] is not None]
       folds.append({
           "heldout_run": run.label, "trained_on": [r.label for r in train],
-          "factors": _factors(fold_values), "metrics": errs
+          "factors": _factors({**fold_values, "r_ovl": setup.overlap}), "metrics": errs
       })
   per_run, bound_errs, train_errs = [], [], []
   fitted = {r.label: set(r.measured) for r in runs}
@@ -403,9 +413,11 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
     })
   held_summary = fitting.error_summary(held)
   return {
-      "factors": _factors(values),
+      "factors": _factors({**values, "r_ovl": setup.overlap}),
       "searched": list(setup.searched),
-      "fixed": {n: v for n, v in FIXED.items() if n not in setup.searched},
+      "fixed": {
+          n: v for n, v in {**FIXED, "r_ovl": setup.overlap}.items() if n not in setup.searched
+      },
       "tied": {"eta_kv": "eta_w"},
       "loss": loss,
       "statistic": "mean squared log error",
