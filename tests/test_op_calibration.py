@@ -291,6 +291,27 @@ def test_the_m1_linear_points_are_timed_again_in_every_step_round(monkeypatch):
   assert job.status == "ok"
 
 
+def test_the_operations_always_timed_hold_two_attention_points_of_the_fit_layout(monkeypatch):
+  """Fit models of one K/V layout get a layout probe; the attention points timed however
+  short the budget are still two of the fit models' own layout (the fit's minimum)."""
+  asked = {}
+
+  def fake_op_sweep(points, **kwargs):
+    asked.update(kwargs)
+    return [r for r in sum(synthetic_operations(noise=0.0), [])]
+
+  monkeypatch.setattr(op_sweeps, "op_sweep", fake_op_sweep)
+  monkeypatch.setattr(toy_steps, "sweep_interleaved",
+                      lambda configs, points, dtype, **kw: synthetic_steps(configs, points))
+  deeper = dataclasses.replace(op_sweeps.CALIBRATION, num_blocks=6)
+  # The probe's points hold more tokens than any of this grid's.
+  toy_job.run(120, ceilings=CEILINGS, attention_grid=((1, 128), (4, 512)),
+              models={"calibration": op_sweeps.CALIBRATION, "deeper": deeper})
+  layout = (op_sweeps.CALIBRATION.num_heads, op_sweeps.CALIBRATION.num_kv_heads)
+  attention = [p for p in asked["always"] if p.op == "decode_attention"]
+  assert len(attention) == 2 and all(p.sizes[2:4] == layout for p in attention)
+
+
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
     toy_job.run(120, ceilings=CEILINGS, models={"a": op_sweeps.CALIBRATION},

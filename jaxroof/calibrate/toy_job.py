@@ -193,10 +193,11 @@ def run(
         f"{len(attention_pts)} attention points ({len(probe_pts)} of another K/V layout)")
     op_points = linear_pts + attention_pts
     single_rows = toy_steps.single_row_operations(linear_pts)
-    operations = op_sweeps.op_sweep(op_points, dtype=dtype_value, backend=backend, rounds=3,
-                                    deadline=ops_deadline, seed=seed,
-                                    always=toy_steps.minimum_operations(linear_pts, attention_pts),
-                                    every_round=single_rows, progress=say, timed=op_rounds)
+    operations = op_sweeps.op_sweep(
+        op_points, dtype=dtype_value, backend=backend, rounds=3, deadline=ops_deadline, seed=seed,
+        always=toy_steps.minimum_operations(linear_pts,
+                                            [p for p in attention_pts if p not in probe_pts]),
+        every_round=single_rows, progress=say, timed=op_rounds)
     measurement.release_memory()
 
     def after_round():

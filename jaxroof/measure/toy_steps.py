@@ -177,7 +177,8 @@ def minimum_operations(linear: Sequence[op_sweeps.OpPoint],
                        attention: Sequence[op_sweeps.OpPoint]) -> list[op_sweeps.OpPoint]:
   """What each operation fit cannot do without, however short the budget:
   the largest linear layer at its fewest, middle and most rows, and the
-  smallest and largest attention."""
+  smallest and largest attention (give the fit models' own layouts: a layout
+  probe's points do not count towards the fit's two)."""
   largest = max({p.sizes[1:] for p in linear}, key=lambda s: s[0] * s[1])
   rows = sorted(p for p in linear if p.sizes[1:] == largest)
   by_tokens = sorted(attention, key=lambda p: p.sizes[0] * p.sizes[1])
