@@ -224,7 +224,7 @@ def run(
     heldout_records = toy_steps.sweep_models(heldout_models, heldout, dtype_value, deadline=end,
                                              rounds=rounds, warmup=warmup, repeats=repeats,
                                              seed=seed + 1, say=say, after_round=after_round)
-  if op_rounds:  # With the M = 1 rounds timed between the steps' rounds.
+  if op_rounds:  # The operations again, with the M = 1 rounds timed between the steps'.
     operations = op_sweeps.summarized(op_points, op_rounds)
   with_regime = platform == "cpu" if regime is None else regime
   measured = toy_fit.Measured(ceilings=ceilings, operations=operations, fit_records=fit_records,

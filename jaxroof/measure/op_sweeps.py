@@ -459,7 +459,7 @@ def decode_step_sweep(
         break
       extra += 1
       total += len(order)
-    timed_before = sum(map(len, measured.values()))
+    timed_this_round = False
     for i in order:
       point = points[i]
       done += 1
@@ -477,13 +477,14 @@ def decode_step_sweep(
                                             repeats=count)
       guess.add(point, record.median_s)
       measured.setdefault(point, []).append(record)
+      timed_this_round = True
       if progress:
         left = "" if deadline is None else (f", {max(0.0, deadline - time.monotonic()):.0f} s left")
         progress(f"[{done}/{total}] round {round_index + 1} {point.model} "
                  f"batch={point.batch} context={point.context}: "
                  f"{record.median_s * 1e3:.2f} ms (spread "
                  f"{record.spread:.2f}){left}")
-    if after_round and sum(map(len, measured.values())) > timed_before:
+    if after_round and timed_this_round:
       after_round()
   out = []
   for point in points:
@@ -854,9 +855,10 @@ def op_sweep(
   measured again, and nothing starts that would pass `deadline`
   (`time.monotonic()`). A point gets between 2 and `repeats` timed calls,
   enough to last `min_timed_s` (long calls need fewer): a cheap operation's
-  median over a few dozen calls moved 20-40% between processes on a 2-core
-  CPU, over 0.1 s of calls under 10% (its setup costs about 0.2 s anyway). The `always` points
-  are measured first and once even past the deadline (each fit's minimum).
+  median over 60 calls moved up to 40% between processes on a 2-core CPU,
+  over 0.1 s of calls 5% (its setup costs about 0.2 s anyway). The `always`
+  points are measured first and once even past the deadline (each fit's
+  minimum).
   The `every_round` points open every planned round, so a deadline that cuts
   the last rounds short never leaves them one round: points a factor rests
   on alone (the linear layer at M = 1 decides `eta_w`), whose lower quartile
@@ -872,7 +874,8 @@ def op_sweep(
   opening = [i for i, p in enumerate(points) if p in every_round]
   passes = []
   for n in range(rounds):
-    lead = (first if n == 0 else []) + [i for i in opening if n or i not in first]
+    lead = first if n == 0 else []
+    lead = lead + [i for i in opening if i not in lead]
     passes.append(lead + [i for i in _interleaved(points, rng) if i not in lead])
   for extra in range(max_extra_rounds + 1):
     if extra:

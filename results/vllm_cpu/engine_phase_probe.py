@@ -39,9 +39,11 @@ def probe(env_dir, work_dir, model_dir):
   config = vllm_engine.ServerConfig(frontend_cpus="0")
   port = vllm_engine.require_free_port(0)
   rng = random.Random(0)
-  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0) as server:
-    body = lambda: {"model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
-                    "max_tokens": OUT, "min_tokens": OUT, "ignore_eos": True, "temperature": 0}
+  def body():
+    return {"model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
+            "max_tokens": OUT, "min_tokens": OUT, "ignore_eos": True, "temperature": 0}
+
+  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
     post(port, body())  # warm-up, not counted
     before = metrics(port)
     e2e = []
