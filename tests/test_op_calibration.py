@@ -6,6 +6,7 @@ the code printed.
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -517,6 +518,94 @@ def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
   result = toy_fit.compare_profiles(a, b)
   assert result["outside_explained_by_machine"] and not result["pass"]
   assert "within this machine's floor" in calibration_tables.repeatability_line(result, "a.json")
+
+
+def test_step_sensitivity_is_how_a_refit_moves_each_factor():
+  """The linearised sensitivity (`op_fit.step_sensitivity`) against an independent
+  computation: the whole operation fit rerun with one step 5% slower."""
+  linear, attention = synthetic_operations(noise=0.0)
+  truth = {**TRUE, "r_pack": 0.3}
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors=truth)
+
+  def fit(records):
+    return op_fit.fit_operations(linear, attention, records, toy_fit.model_inputs(records, BW, F),
+                                 bandwidth=BW, flop_rate=F, regime=True)
+
+  base, details = fit(steps)
+  sens = details["sensitivity"]["steps"]
+  assert set(sens) == {"t0_step", "t0_layer", "eta_kv", "r_pack"}
+  heavy = max(range(len(steps)), key=lambda i: steps[i].shapes["batch"])
+  single = next(i for i, r in enumerate(steps) if r.shapes["batch"] == 1)
+  for i in (heavy, single):
+    slower = list(steps)
+    slower[i] = dataclasses.replace(
+        steps[i], timing=dataclasses.replace(steps[i].timing, median_s=1.05 * steps[i].median_s))
+    moved, _ = fit(slower)
+    for name in ("eta_kv", "r_pack", "t0_layer"):
+      actual = math.log(moved[name] / base[name])
+      assert actual == pytest.approx(sens[name][i] * math.log(1.05), rel=0.2, abs=2e-3), (i, name)
+  # The fixed costs rest on the smallest batch alone.
+  assert sens["t0_layer"][heavy] == 0.0 and sens["t0_step"][heavy] == 0.0
+  # The linear layer's: eta_w over the M = 1 points, eta_f over them and the M >= 2 ones.
+  single = [r for r in linear if r.shapes["rows"] == 1]
+  order = single + [r for r in linear if r.shapes["rows"] > 1]
+  by_linear = {
+      **details["sensitivity"]["linear_m1"], **details["sensitivity"]["linear_m1_then_many"]
+  }
+  assert len(by_linear["eta_w"]) == len(single) and len(by_linear["eta_f"]) == len(order)
+  for j in (0, len(order) - 1):
+    slower = [
+        dataclasses.replace(r, timing=dataclasses.replace(r.timing, median_s=1.05 *
+                                                          r.median_s)) if r is order[j] else r
+        for r in linear
+    ]
+    moved, _ = op_fit.fit_operations(slower, attention, steps, toy_fit.model_inputs(steps, BW, F),
+                                     bandwidth=BW, flop_rate=F, regime=True)
+    for name in ("eta_w", "eta_f"):
+      if name == "eta_w" and j >= len(single):
+        continue
+      actual = math.log(moved[name] / base[name])
+      assert actual == pytest.approx(by_linear[name][j] * math.log(1.05), rel=0.2, abs=2e-3), name
+
+
+def _kv_profiles(eta_kv_ratio, heavy_ratio, round_spread=0.0):
+  """Two runs whose eta_kv rests on three steps, 80% of it on the heavy one."""
+  keys = ["step a B=2 T=128", "step a B=16 T=2048", "step a B=64 T=512"]
+  times = dict(zip(keys, (5e-3, 14e-3, 23e-3)))
+  slopes = dict(zip(keys, (0.1, -0.8, -0.2)))
+  fit = {"basis_sensitivity": {"eta_kv": slopes}, "point_round_spread": {keys[1]: round_spread}}
+  a = _profile(TRUE, 0.06)
+  a = dataclasses.replace(a, fit={**a.fit, **fit, "basis": {"eta_kv": times}})
+  b = _profile({**TRUE, "eta_kv": TRUE["eta_kv"] * eta_kv_ratio}, 0.06)
+  later = {**times, keys[1]: times[keys[1]] * heavy_ratio}
+  b = dataclasses.replace(b, fit={**b.fit, **fit, "basis": {"eta_kv": later}})
+  return a, b
+
+
+def test_repeatability_follows_a_factor_through_its_fits_sensitivity():
+  """One heavy step of three 18% slower in the second process (the median point held)
+  moves eta_kv by 1.18^-0.8 - 1 = -12% in the fit: the machine's, and said; the same
+  eta_kv move over steps that held is the fit's own, and not excused."""
+  from jaxroof.report import calibration_tables
+  a, b = _kv_profiles(1.18**-0.8, 1.18)
+  result = toy_fit.compare_profiles(a, b)
+  assert result["factors_outside"] == ["eta_kv"]
+  assert result["basis_rel_diff"]["eta_kv"] == 0.0  # The median point did not move.
+  assert result["factor_rel_change_from_data"]["eta_kv"] == pytest.approx(1.18**-0.8 - 1)
+  assert result["factor_rel_diff_data_removed"]["eta_kv"] == pytest.approx(0.0, abs=1e-9)
+  assert result["factors_outside_as_their_data"] == ["eta_kv"]
+  assert result["outside_explained_by_machine"] and not result["pass"]
+  line = calibration_tables.repeatability_line(result, "a.json")
+  assert "eta_kv moved -12%, of which its own timed points' move makes -12% in the fit" in line
+  a, b = _kv_profiles(1.18**-0.8, 1.0)
+  result = toy_fit.compare_profiles(a, b)
+  assert result["factors_outside_as_their_data"] == []
+  assert not result["outside_explained_by_machine"]
+  # Rounds of the heavy step 20% apart within a run: 0.8 x 20% = 16% of noise in eta_kv.
+  a, b = _kv_profiles(1.18**-0.8, 1.0, round_spread=0.2)
+  result = toy_fit.compare_profiles(a, b)
+  assert result["factor_round_noise"]["eta_kv"] == pytest.approx(math.expm1(0.16))
+  assert result["factors_outside_within_round_noise"] == ["eta_kv"]
 
 
 def test_timing_basis_names_each_factors_points():

@@ -148,3 +148,28 @@ def error_summary(rel: Sequence[float]) -> dict[str, float | int | None]:
       "median_rel_error": float(np.median(rel)), "max_rel_error": float(np.max(rel)),
       "points": int(rel.size)
   }
+
+
+def log_slopes(inputs: Mapping[str, Any], factors: Mapping[str, float], names: Sequence[str], *,
+               step: float = 1e-4) -> np.ndarray:
+  """d log(predicted step time) / d log(factor) at each point (points x names),
+  by central differences of `predict` in float64."""
+  columns = []
+  for name in names:
+    up, down = dict(factors), dict(factors)
+    up[name] = factors[name] * np.exp(step)
+    down[name] = factors[name] * np.exp(-step)
+    columns.append((np.log(predict(inputs, up)) - np.log(predict(inputs, down))) / (2 * step))
+  return np.stack(columns, axis=1)
+
+
+def sensitivity(slopes: np.ndarray) -> np.ndarray:
+  """How a least-squares fit in log space (`fit_factors`) moves its free factors
+  when the measured times move: d log(factor) / d log(time), names x points.
+
+  This is the Gauss-Newton linearisation at the optimum, the pseudo-inverse of
+  `log_slopes` over the fitted points (the weak prior is left out). It tells a
+  factor that moved with its data from a fit that moved on its own (conditioning):
+  a row near 1/points is an average, a large entry amplifies that point's noise.
+  """
+  return np.linalg.pinv(np.asarray(slopes, dtype=np.float64))

@@ -38,6 +38,12 @@ rows, about 1.5 weight reads) the model has the re-pack term
 (`calibrated.repack_time`) and `r_pack` is fitted with `eta_f` and `r_ovl`
 from M >= 2; without it `r_pack` is 0 (accelerators) and not returned.
 
+With the factors the fit returns how each moves with its timed points
+(`step_sensitivity`, `details["sensitivity"]`): d log(factor) / d log(time), the
+Gauss-Newton linearisation chained through the stages. On this CPU `eta_kv`
+moves -0.64x with the shallow model's 16 x 2048 step and about -0.2 to -0.5x with
+each other K/V-heavy one; `r_pack` +2.5x with each B = 2 step.
+
 A single operation call has a fixed cost of its own (dispatch, launch) that a
 step does not pay per operation; each operation fit absorbs it in a nuisance
 `t0_step` that is not carried over. All fits go through
@@ -232,6 +238,7 @@ def fit_operations(
   factors.update({n: fit.factors[n] for n in FIXED_FACTORS})
   details["fixed"] = {"points": int(smallest.sum()), **_scored(fixed_inputs, t, factors)}
   chosen, free = subsets["refit"], subsets["refit_free"]
+  before_refit = dict(factors)
   if free:
     refit_inputs = {n: np.asarray(v)[chosen] for n, v in step_inputs.items()}
     t = _medians(steps)[chosen]
@@ -244,5 +251,59 @@ def fit_operations(
     details["step_refit"] = {
         "points": int(chosen.sum()), "free": list(free), **_scored(refit_inputs, t, factors)
     }
+  details["sensitivity"] = {
+      **linear_sensitivity(single, many, linear_fit, bandwidth=bandwidth, flop_rate=flop_rate),
+      "steps": step_sensitivity(step_inputs, subsets, before_refit, factors),
+  }
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details
+
+
+def linear_sensitivity(single: Sequence[measurement.Measurement],
+                       many: Sequence[measurement.Measurement], fitted: Mapping[str, float], *,
+                       bandwidth: float, flop_rate: float) -> dict[str, dict[str, np.ndarray]]:
+  """d log(factor) / d log(time) of the linear layer's factors (`fit_linear`'s
+  stages, linearised): `eta_w` over the M = 1 points ("linear_m1"); `eta_f` and
+  `r_ovl` over the M >= 2 points and, through `eta_w`, the M = 1 ones
+  ("linear_m1_then_many", each row M = 1 points then M >= 2 points)."""
+  x1 = linear_inputs(single, bandwidth, flop_rate)
+  xm = linear_inputs(many, bandwidth, flop_rate)
+  by_single = fitting.sensitivity(fitting.log_slopes(x1, fitted, ("eta_w", _CALL_COST)))[:1]
+  names = ("eta_f", "r_ovl")  # Fitted with r_pack where it is in `fitted` (a CPU).
+  free = names + tuple(n for n in REGIME_FACTOR_NAMES if n in fitted)
+  inverse = fitting.sensitivity(fitting.log_slopes(xm, fitted, free))
+  through_w = -inverse @ fitting.log_slopes(xm, fitted, ("eta_w",)) @ by_single
+  both = np.concatenate([through_w, inverse], axis=1)
+  return {"linear_m1": {"eta_w": by_single[0]}, "linear_m1_then_many": dict(zip(names, both))}
+
+
+def step_sensitivity(step_inputs: Mapping[str, np.ndarray], subsets: Mapping[str, Any],
+                     fixed_at: Mapping[str, float],
+                     refit_at: Mapping[str, float]) -> dict[str, np.ndarray]:
+  """d log(factor) / d log(step time) over every fit step, for the factors the
+  step stages fit (`fitting.sensitivity`, chained through the stages): the fixed
+  costs from the smallest batch, then `refit_free` from the refit steps with the
+  fixed costs held, so a refit factor also moves with the smallest steps.
+
+  `fixed_at`, `refit_at`: the factors each stage ended at. With it a later run
+  can tell a factor that moved as its timed steps did from one the fit moved
+  (`toy_fit.compare_profiles`).
+  """
+  points = len(np.asarray(step_inputs["B"]))
+
+  def rows(mask):
+    return {n: np.asarray(v)[mask] for n, v in step_inputs.items()}
+
+  fixed = np.asarray(subsets["fixed"])
+  by_fixed = np.zeros((len(FIXED_FACTORS), points))
+  by_fixed[:, fixed] = fitting.sensitivity(fitting.log_slopes(rows(fixed), fixed_at, FIXED_FACTORS))
+  out = dict(zip(FIXED_FACTORS, by_fixed))
+  free = tuple(subsets["refit_free"])
+  if free:
+    chosen = np.asarray(subsets["refit"])
+    inverse = fitting.sensitivity(fitting.log_slopes(rows(chosen), refit_at, free))
+    held = fitting.log_slopes(rows(chosen), refit_at, FIXED_FACTORS)
+    by_refit = -inverse @ held @ by_fixed
+    by_refit[:, chosen] += inverse
+    out.update(zip(free, by_refit))
+  return out

@@ -251,18 +251,25 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   determined by the fit, and moving them changes no prediction. The held-out
   medians' difference is in points.
 
-  Each factor's timed points (`timing_basis`) are compared as well: a factor
-  outside the criterion whose own points moved by more than it between the two
-  processes is named in `factors_outside_as_their_data` (the machine moved, the
-  fit followed); one whose points' rounds disagreed by more than it within
-  either run (`basis_noise`) in `factors_outside_within_round_noise` (the
+  Each factor's timed points (`timing_basis`) are compared as well. A factor
+  outside the criterion is named in `factors_outside_as_their_data` (the machine
+  moved, the fit followed) when its own points moved by more than the criterion
+  (median) between the two processes, or when it is within the criterion once
+  the change its points' move makes in the fit is taken off
+  (`factor_rel_change_from_data`: the fit's sensitivity, `basis_sensitivity`,
+  times the points' log moves; one point of six that moved 18% can move a factor
+  12% while the median point stays). One whose points' rounds disagree by more
+  than the criterion within either run, weighted by how much the factor moves with
+  each (`factor_round_noise`), is in `factors_outside_within_round_noise` (the
   machine's floor for that factor); `outside_explained_by_machine` when every
   factor outside is one or the other. `basis_rel_diff["heldout"]` is how far
   the held-out steps moved.
   """
   fastest = previous.fit.get("fastest_fit_step_s")
   old_rates, new_rates = effective_rates(previous), effective_rates(current)
-  diffs, fractions = {}, {}
+  signed, fractions = {}, {}
+  # How a fixed cost's change is scaled (its signed change over this), None for the rest.
+  fixed_scale: dict[str, float] = {}
   for n in calibration.FACTOR_NAMES:
     scale = previous.factors[n]
     fractions[n] = abs(current.factors[n] - previous.factors[n]) / scale
@@ -270,19 +277,22 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       # A fixed cost far below the fastest step is not determined by it;
       # its change matters as a share of that step, not of itself.
       scale = max(scale, fastest)
+    if n in op_fit.FIXED_FACTORS:
+      fixed_scale[n] = scale
     if n == "r_ovl":
       scale = 1 + previous.factors[n]
-    diffs[n] = abs(current.factors[n] - previous.factors[n]) / scale
+    signed[n] = (current.factors[n] - previous.factors[n]) / scale
     if n in old_rates and n in new_rates:
-      diffs[n] = abs(new_rates[n] - old_rates[n]) / old_rates[n]
+      signed[n] = new_rates[n] / old_rates[n] - 1.0
   for n in calibration.REGIME_FACTOR_NAMES:
     if n in previous.regime_factors and n in current.regime_factors:
       # A re-pack near zero is compared with one weight read (its unit).
       scale = max(previous.regime_factors[n], 1.0)
-      fractions[n] = abs(current.regime_factors[n] - previous.regime_factors[n]) / scale
-      diffs[n] = fractions[n]
+      signed[n] = (current.regime_factors[n] - previous.regime_factors[n]) / scale
+      fractions[n] = abs(signed[n])
       if n in old_rates and n in new_rates:
-        diffs[n] = abs(new_rates[n] - old_rates[n]) / old_rates[n]
+        signed[n] = new_rates[n] / old_rates[n] - 1.0
+  diffs = {n: abs(v) for n, v in signed.items()}
   old, new = (previous.heldout_median_rel_error, current.heldout_median_rel_error)
   median_points = (None if old is None or new is None else abs(new - old) * 100)
   failing = [n for n, d in diffs.items() if d > REPEAT_FACTOR_REL]
@@ -292,17 +302,29 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: basis_moved(old_basis[n], new_basis[n]) for n in sorted(set(old_basis) & set(new_basis))
   }
   moved = {n: m for n, m in moved.items() if m is not None}
+  from_data = data_driven_change(previous, current, fixed_scale)
+  data_removed = {n: abs(signed[n] - v) for n, v in from_data.items() if n in signed}
   # A factor cannot repeat better than the timings it is fitted from: where those
-  # moved by more than the criterion between the two processes, the machine did.
-  data_moved = [n for n in failing if moved.get(n, 0.0) > REPEAT_FACTOR_REL]
+  # moved by more than the criterion between the two processes, or where the
+  # factor, less the move its own timings' move makes in the fit (linearised),
+  # is within the criterion, the machine moved it.
+  data_moved = [
+      n for n in failing
+      if moved.get(n, 0.0) > REPEAT_FACTOR_REL or data_removed.get(n, math.inf) <= REPEAT_FACTOR_REL
+  ]
   # Nor better than its timings' own rounds agree within either run.
   old_noise = previous.fit.get("basis_round_spread") or {}
   new_noise = current.fit.get("basis_round_spread") or {}
   noise = {
       n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
   }
+  inherited = {
+      n: max(old_noise.get(n, 0.0), new_noise.get(n,
+                                                  0.0), inherited_noise(previous, n, fixed_scale),
+             inherited_noise(current, n, fixed_scale)) for n in diffs
+  }
   within_noise = [
-      n for n in failing if n not in data_moved and noise.get(n, 0.0) > REPEAT_FACTOR_REL
+      n for n in failing if n not in data_moved and inherited.get(n, 0.0) > REPEAT_FACTOR_REL
   ]
   ceiling_diffs = {
       name: abs(float(current.ceilings[name]) - float(previous.ceilings[name])) /
@@ -323,7 +345,11 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "heldout_median_diff_points": median_points,
       "basis_rel_diff": moved,
       "factors_outside_as_their_data": data_moved,
+      "factor_rel_change": signed,
+      "factor_rel_change_from_data": from_data,
+      "factor_rel_diff_data_removed": data_removed,
       "basis_round_spread": noise,
+      "factor_round_noise": inherited,
       "factors_outside_within_round_noise": within_noise,
       "outside_explained_by_machine": bool(failing)
                                       and set(failing) <= set(data_moved + within_noise),
@@ -337,7 +363,16 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
                              "points each factor was fitted from ('heldout': the held-out "
                              "steps)"), "fixed_costs_relative_to":
                                  (f"the previous run's fastest fit step ({fastest:.3g} s)"
-                                  " where larger than the cost" if fastest else "themselves")
+                                  " where larger than the cost" if fastest else "themselves"),
+          "factor_rel_change_from_data":
+              ("the change the fit makes to each compared factor when its own timed points "
+               "move as they did between the runs: sum of d log(factor) / d log(time) "
+               "(fit.basis_sensitivity, the earlier run's) x log(time ratio)"
+              ), "factor_round_noise":
+                  ("what each factor inherits from its points' round spreads within either run: "
+                   "the root sum of squares of sensitivity x round spread "
+                   "(fit.point_round_spread), or the median round spread "
+                   "(fit.basis_round_spread), the larger")
       },
       "pass": not failing and median_ok,
   }
@@ -475,6 +510,83 @@ def basis_noise(measured: "Measured", fit: str, regime: bool,
   return {n: float(np.median(list(v.values()))) for n, v in spreads.items() if v}
 
 
+def basis_sensitivity(
+    measured: "Measured",
+    sensitivity: Mapping[str, Mapping[str, np.ndarray]] | None) -> dict[str, dict[str, float]]:
+  """Per factor, d log(factor) / d log(time) of each timed point it moves with
+  (`op_fit.step_sensitivity`, `op_fit.linear_sensitivity`), by point name;
+  empty for a fit without them (`fit="steps"`)."""
+  if not sensitivity:
+    return {}
+  single = [r for r in measured.operations if r.op == "linear" and r.shapes["rows"] == 1]
+  many = [r for r in measured.operations if r.op == "linear" and r.shapes["rows"] > 1]
+  named = {"eta_w": (single, sensitivity["linear_m1"]["eta_w"])}
+  named.update({n: (single + many, s) for n, s in sensitivity["linear_m1_then_many"].items()})
+  named.update({n: (measured.fit_records, s) for n, s in sensitivity["steps"].items()})
+  return {
+      n: {point_key(r): float(v) for r, v in zip(records, values) if v != 0.0}
+      for n, (records, values) in named.items()
+  }
+
+
+def compared_sensitivity(prof: profiles.Profile) -> dict[str, dict[str, float]]:
+  """d log(compared quantity) / d log(time) per timed point, for the quantities
+  `compare_profiles` compares: the efficiencies' rates and the fixed costs move as
+  the factors do; the batched weight rate `eta_w x BW / (1 + r_pack)` as
+  `eta_w` and, weighted by -r_pack / (1 + r_pack), `r_pack`."""
+  sens = prof.fit.get("basis_sensitivity") or {}
+  out = {n: dict(v) for n, v in sens.items() if n in calibration.FACTOR_NAMES}
+  if "r_pack" in sens and "r_pack" in prof.regime_factors:
+    r = prof.regime_factors["r_pack"]
+    rate = dict(sens.get("eta_w", {}))
+    for key, value in sens["r_pack"].items():
+      rate[key] = rate.get(key, 0.0) - r / (1.0 + r) * value
+    out["r_pack"] = rate
+  return out
+
+
+def _point_times(prof: profiles.Profile) -> dict[str, float]:
+  return {k: v for points in (prof.fit.get("basis") or {}).values() for k, v in points.items()}
+
+
+def _as_compared(prof: profiles.Profile, name: str, log_change: float,
+                 fixed_scale: Mapping[str, float]) -> float:
+  """A log change of a factor as the relative change `compare_profiles` scores; a
+  fixed cost's to first order (a small intercept can have a log slope of 40, whose
+  exponential means nothing), and so the overlap's on p = 1 + r_ovl."""
+  if name in fixed_scale:
+    return prof.factors[name] * log_change / fixed_scale[name]
+  if name == "r_ovl":  # Compared on p = 1 + r_ovl.
+    r_ovl = prof.factors[name]
+    return r_ovl * log_change / (1.0 + r_ovl)
+  return math.expm1(log_change)
+
+
+def data_driven_change(previous: profiles.Profile, current: profiles.Profile,
+                       fixed_scale: Mapping[str, float]) -> dict[str, float]:
+  """Per factor with a sensitivity, the signed change the fit makes to it when its
+  own timed points move from `previous`'s times to `current`'s (linearised,
+  `fitting.sensitivity`): what the machine alone did to it."""
+  sens = compared_sensitivity(previous) or compared_sensitivity(current)
+  old, new = _point_times(previous), _point_times(current)
+  out = {}
+  for name, slopes in sens.items():
+    shared = [k for k in slopes if k in old and k in new]
+    if shared:
+      log_change = sum(slopes[k] * math.log(new[k] / old[k]) for k in shared)
+      out[name] = _as_compared(previous, name, log_change, fixed_scale)
+  return out
+
+
+def inherited_noise(prof: profiles.Profile, name: str, fixed_scale: Mapping[str, float]) -> float:
+  """The round noise a factor inherits from its timed points within one run: the
+  root sum of squares of sensitivity x round spread (0 without them)."""
+  slopes = compared_sensitivity(prof).get(name, {})
+  spreads = prof.fit.get("point_round_spread") or {}
+  log_noise = math.sqrt(sum((v * spreads[k])**2 for k, v in slopes.items() if k in spreads))
+  return abs(_as_compared(prof, name, log_noise, fixed_scale))
+
+
 def basis_moved(previous: Mapping[str, float], current: Mapping[str, float]) -> float | None:
   """The median relative change of the points two runs both timed, or None."""
   shared = sorted(set(previous) & set(current))
@@ -549,6 +661,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   fit_inputs = model_inputs(measured.fit_records, bandwidth, flop_rate)
   factors, regime_factors, details, loss = _fit_factors(measured, fit, regime, fit_inputs,
                                                         bandwidth, flop_rate, models)
+  sensitivity = details.pop("sensitivity", None)
   every = {**factors, **regime_factors}
   rows = [
       point_row(r, float(p), "train")
@@ -581,6 +694,11 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   fit_info: dict[str, Any] = {
       "basis": timing_basis(measured, fit, regime and fit == "ops", models),
       "basis_round_spread": basis_noise(measured, fit, regime and fit == "ops", models),
+      "basis_sensitivity": basis_sensitivity(measured, sensitivity),
+      "point_round_spread": {
+          point_key(r): spread for r in measured.operations + steps
+          if (spread := _round_spread(r)) is not None
+      },
       "noise_floor_median_round_spread": floor,
       "attention_layout_floor": layouts,
       "method": fit,

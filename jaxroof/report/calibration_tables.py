@@ -92,11 +92,17 @@ def repeatability_line(repeat: Mapping[str, Any], previous: str) -> str:
 def _data_moved(repeat: Mapping[str, Any]) -> str:
   """What of a failed repeat the timings themselves explain (the machine's floor)."""
   moved = repeat.get("basis_rel_diff") or {}
-  noise = repeat.get("basis_round_spread") or {}
-  parts = [
-      f"{n}'s own timed points moved {moved[n]:.0%}"
-      for n in repeat.get("factors_outside_as_their_data", [])
-  ] + [
+  noise = repeat.get("factor_round_noise") or repeat.get("basis_round_spread") or {}
+  change = repeat.get("factor_rel_change") or {}
+  from_data = repeat.get("factor_rel_change_from_data") or {}
+
+  def as_data(n: str) -> str:
+    if moved.get(n, 0.0) > toy_fit.REPEAT_FACTOR_REL or n not in from_data:
+      return f"{n}'s own timed points moved {moved.get(n, 0.0):.0%}"
+    return (f"{n} moved {change[n]:+.0%}, of which its own timed points' move makes "
+            f"{from_data[n]:+.0%} in the fit")
+
+  parts = [as_data(n) for n in repeat.get("factors_outside_as_their_data", [])] + [
       f"{n}'s own timed points differed by {noise[n]:.0%} between rounds of one run"
       for n in repeat.get("factors_outside_within_round_noise", [])
   ]
