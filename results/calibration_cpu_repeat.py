@@ -1,10 +1,10 @@
-"""Rewrites calibration_cpu_repeat.json: every pair of the nine `calibrate --budget_s=120`
-runs of 2026-12-02 (sets D, E, F) compared by `toy_fit.compare_profiles`.
+"""Rewrites calibration_cpu_repeat.json: every pair of the twelve `calibrate --budget_s=120`
+runs of 2026-12-02 (sets D, E, F, G) compared by `toy_fit.compare_profiles`.
 
 Each run is refitted from the timings its calibration JSON holds (`measurements`,
 `operations`, `ceilings`) with the current fit, which gives its factors again and the
 records later code adds to a profile (`fit.basis_round_spread`, `fit.basis_sensitivity`,
-`fit.point_round_spread`), so all nine are compared alike. Run from the repository root:
+`fit.point_round_spread`), so all twelve are compared alike (G has them already). Run from the repository root:
 `python results/calibration_cpu_repeat.py` (about 30 s).
 """
 
@@ -21,7 +21,7 @@ from jaxroof.measure import measurement  # noqa: E402
 from jaxroof.toy.config import ToyConfig  # noqa: E402
 
 RUNS = [
-    f"results/calibration_cpu_2026-12-02_spread{s}_run{i}.json" for s in "DEF" for i in (1, 2, 3)
+    f"results/calibration_cpu_2026-12-02_spread{s}_run{i}.json" for s in "DEFG" for i in (1, 2, 3)
 ]
 
 
@@ -60,16 +60,16 @@ def main():
   files.write_json(
       "results/calibration_cpu_repeat.json", {
           "kind": "repeatability",
-          "what":
-              ("toy_fit.compare_profiles over every pair of nine calibrate --budget_s=120 runs, "
-               "three sets of three from clean clones (D: 248562f, 05:12-05:19 UTC; E: 248562f, "
-               "05:20-05:27; F: 6ba412f, 05:31-05:38; 2026-12-02, AMD EPYC 2 cores, XLA:CPU, "
-               "float32, load 0.6-2.0)"),
+          "what": (
+              "toy_fit.compare_profiles over every pair of twelve calibrate --budget_s=120 runs, "
+              "four sets of three from clean clones (D: 248562f, 05:12-05:19 UTC; E: 248562f, "
+              "05:20-05:27; F: 6ba412f, 05:31-05:38; G: 290ca81, 07:29-07:36, a noisier hour; 2026-12-02, AMD EPYC 2 cores, XLA:CPU, "
+              "float32, load 0.6-2.0)"),
           "made_by": "python results/calibration_cpu_repeat.py (each run refitted from its own timings)",
           "refit_max_factor_rel_change": max(refit_moved.values()),
           "pass_count": sum(p["pass"] for p in pairs),
           "pairs_count": len(pairs),
-          "pass_count_within_sets": {s: sum(p["pass"] for p in within(s)) for s in "DEF"},
+          "pass_count_within_sets": {s: sum(p["pass"] for p in within(s)) for s in "DEFG"},
           "failing_explained_by_machine": sum(p["outside_explained_by_machine"] for p in failing),
           "failing_not_explained": [{k: p[k] for k in ("previous", "current", "factors_outside")}
                                     for p in failing if not p["outside_explained_by_machine"]],

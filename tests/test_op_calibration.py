@@ -520,52 +520,52 @@ def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
   assert "within this machine's floor" in calibration_tables.repeatability_line(result, "a.json")
 
 
-def test_step_sensitivity_is_how_a_refit_moves_each_factor():
-  """The linearised sensitivity (`op_fit.step_sensitivity`) against an independent
-  computation: the whole operation fit rerun with one step 5% slower."""
+def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
+  """The linearised, chained sensitivity (`op_fit.fit_sensitivity`) against an independent
+  computation: the whole operation fit rerun with one timed point 5% slower, for an M = 1
+  and an M = 2048 linear layer, the K/V-heaviest attention, a batch-1 and the largest step."""
   linear, attention = synthetic_operations(noise=0.0)
-  truth = {**TRUE, "r_pack": 0.3}
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors=truth)
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  points = ([r for r in linear if r.shapes["rows"] == 1] +
+            [r for r in linear if r.shapes["rows"] > 1] + attention + steps)
 
-  def fit(records):
-    return op_fit.fit_operations(linear, attention, records, toy_fit.model_inputs(records, BW, F),
+  def fit(slower=None):
+    timed = [
+        dataclasses.replace(r, timing=dataclasses.replace(r.timing, median_s=1.05 *
+                                                          r.median_s)) if r is slower else r
+        for r in points
+    ]
+    ops, held, records = timed[:len(linear)], timed[len(linear):-len(steps)], timed[-len(steps):]
+    return op_fit.fit_operations(ops, held, records, toy_fit.model_inputs(records, BW, F),
                                  bandwidth=BW, flop_rate=F, regime=True)
 
-  base, details = fit(steps)
-  sens = details["sensitivity"]["steps"]
-  assert set(sens) == {"t0_step", "t0_layer", "eta_kv", "r_pack"}
-  heavy = max(range(len(steps)), key=lambda i: steps[i].shapes["batch"])
-  single = next(i for i, r in enumerate(steps) if r.shapes["batch"] == 1)
-  for i in (heavy, single):
-    slower = list(steps)
-    slower[i] = dataclasses.replace(
-        steps[i], timing=dataclasses.replace(steps[i].timing, median_s=1.05 * steps[i].median_s))
-    moved, _ = fit(slower)
-    for name in ("eta_kv", "r_pack", "t0_layer"):
-      actual = math.log(moved[name] / base[name])
-      assert actual == pytest.approx(sens[name][i] * math.log(1.05), rel=0.2, abs=2e-3), (i, name)
-  # The fixed costs rest on the smallest batch alone.
-  assert sens["t0_layer"][heavy] == 0.0 and sens["t0_step"][heavy] == 0.0
-  # The linear layer's: eta_w over the M = 1 points, eta_f over them and the M >= 2 ones.
-  single = [r for r in linear if r.shapes["rows"] == 1]
-  order = single + [r for r in linear if r.shapes["rows"] > 1]
-  by_linear = {
-      **details["sensitivity"]["linear_m1"], **details["sensitivity"]["linear_m1_then_many"]
+  base, details = fit()
+  sens = details["sensitivity"]
+  assert set(sens) == set(FACTOR_NAMES) | {"r_pack"}
+  assert all(len(row) == len(points) for row in sens.values())
+  shapes = [r.shapes for r in points]
+  chosen = {
+      "linear M=1": 0,
+      "linear M=2048": max(range(len(linear)), key=lambda i: shapes[i]["rows"]),
+      "attention": max(range(len(linear),
+                             len(points) - len(steps)),
+                       key=lambda i: shapes[i]["batch"] * shapes[i]["context"]),
+      "step B=1": len(points) - len(steps),
+      "step, largest batch": max(range(len(points) - len(steps), len(points)),
+                                 key=lambda i: shapes[i]["batch"]),
   }
-  assert len(by_linear["eta_w"]) == len(single) and len(by_linear["eta_f"]) == len(order)
-  for j in (0, len(order) - 1):
-    slower = [
-        dataclasses.replace(r, timing=dataclasses.replace(r.timing, median_s=1.05 *
-                                                          r.median_s)) if r is order[j] else r
-        for r in linear
-    ]
-    moved, _ = op_fit.fit_operations(slower, attention, steps, toy_fit.model_inputs(steps, BW, F),
-                                     bandwidth=BW, flop_rate=F, regime=True)
-    for name in ("eta_w", "eta_f"):
-      if name == "eta_w" and j >= len(single):
-        continue
-      actual = math.log(moved[name] / base[name])
-      assert actual == pytest.approx(by_linear[name][j] * math.log(1.05), rel=0.2, abs=2e-3), name
+  for label, i in chosen.items():
+    moved, _ = fit(points[i])
+    for name in sens:  # To first order, as compare_profiles takes it.
+      actual = moved[name] / base[name] - 1.0
+      # r_ovl, barely determined, rests on the prior's pull towards each alternation's
+      # start, which the linearisation holds still: it is within 30%.
+      rel = 0.3 if name == "r_ovl" else 0.2
+      assert actual == pytest.approx(sens[name][i] * math.log(1.05), rel=rel,
+                                     abs=2e-3), (label, name)
+  # The fixed costs rest on batch-1 steps (and the operations), never on a batched step.
+  largest = chosen["step, largest batch"]
+  assert sens["t0_layer"][largest] == 0.0 and sens["t0_step"][largest] == 0.0
 
 
 def _kv_profiles(eta_kv_ratio, heavy_ratio, round_spread=0.0):

@@ -18,6 +18,8 @@ import optax
 from jaxroof.symbolic.calibrated import (FACTOR_NAMES, INPUT_NAMES, REGIME_FACTOR_NAMES,
                                          calibrated_model, calibrated_model_with_regime)
 
+PRIOR_WEIGHT = 1e-4  # `fit_factors`' pull of each log factor towards its start.
+
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
@@ -45,7 +47,7 @@ def fit_factors(
     init: Mapping[str, float] | None = None,
     steps: int = 3000,
     learning_rate: float = 0.05,
-    prior_weight: float = 1e-4,
+    prior_weight: float = PRIOR_WEIGHT,
     free: Sequence[str] | None = None,
 ) -> Fit:
   """Fits the factors to measured step times with optax (Adam).
@@ -163,13 +165,16 @@ def log_slopes(inputs: Mapping[str, Any], factors: Mapping[str, float], names: S
   return np.stack(columns, axis=1)
 
 
-def sensitivity(slopes: np.ndarray) -> np.ndarray:
+def sensitivity(slopes: np.ndarray, prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
   """How a least-squares fit in log space (`fit_factors`) moves its free factors
   when the measured times move: d log(factor) / d log(time), names x points.
 
-  This is the Gauss-Newton linearisation at the optimum, the pseudo-inverse of
-  `log_slopes` over the fitted points (the weak prior is left out). It tells a
-  factor that moved with its data from a fit that moved on its own (conditioning):
-  a row near 1/points is an average, a large entry amplifies that point's noise.
+  This is the Gauss-Newton linearisation at the optimum, (A'A/n + w I)^-1 A'/n
+  with A the `log_slopes` over the n fitted points and w `fit_factors`' weak prior
+  (it decides a factor the data barely determine, such as `r_ovl` near its start).
+  It tells a factor that moved with its data from a fit that moved on its own: a
+  row near 1/n is an average, a large entry amplifies that point's noise.
   """
-  return np.linalg.pinv(np.asarray(slopes, dtype=np.float64))
+  a = np.asarray(slopes, dtype=np.float64)
+  n = a.shape[0]
+  return np.linalg.solve(a.T @ a / n + prior_weight * np.eye(a.shape[1]), a.T / n)

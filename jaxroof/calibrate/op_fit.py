@@ -39,10 +39,10 @@ rows, about 1.5 weight reads) the model has the re-pack term
 from M >= 2; without it `r_pack` is 0 (accelerators) and not returned.
 
 With the factors the fit returns how each moves with its timed points
-(`step_sensitivity`, `details["sensitivity"]`): d log(factor) / d log(time), the
+(`fit_sensitivity`, `details["sensitivity"]`): d log(factor) / d log(time), the
 Gauss-Newton linearisation chained through the stages. On this CPU `eta_kv`
-moves -0.64x with the shallow model's 16 x 2048 step and about -0.2 to -0.5x with
-each other K/V-heavy one; `r_pack` +2.5x with each B = 2 step.
+moves -0.6 to -0.8x with the shallow model's 16 x 2048 step and -0.2 to -0.6x with
+each other K/V-heavy one; `r_pack` +2.5 to +3x with each B = 2 step.
 
 A single operation call has a fixed cost of its own (dispatch, launch) that a
 step does not pay per operation; each operation fit absorbs it in a nuisance
@@ -223,6 +223,7 @@ def fit_operations(
   t = _medians(attention)
   fit = fitting.fit_factors(x, t, init=_start(t), steps=fit_steps,
                             free=ATTENTION_FACTORS + (_CALL_COST,))  # N = 1: no re-pack.
+  attention_fit = fit.factors
   factors["eta_kv"] = fit.factors["eta_kv"]
   details["attention"] = {
       "points": len(attention), "call_cost_s": fit.factors[_CALL_COST],
@@ -251,59 +252,81 @@ def fit_operations(
     details["step_refit"] = {
         "points": int(chosen.sum()), "free": list(free), **_scored(refit_inputs, t, factors)
     }
-  details["sensitivity"] = {
-      **linear_sensitivity(single, many, linear_fit, bandwidth=bandwidth, flop_rate=flop_rate),
-      "steps": step_sensitivity(step_inputs, subsets, before_refit, factors),
-  }
+  details["sensitivity"] = fit_sensitivity([
+      linear_inputs(single, bandwidth, flop_rate),
+      linear_inputs(many, bandwidth, flop_rate),
+      attention_inputs(attention, bandwidth, flop_rate), step_inputs
+  ], subsets, [linear_fit, linear_fit, attention_fit, before_refit, factors])
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details
 
 
-def linear_sensitivity(single: Sequence[measurement.Measurement],
-                       many: Sequence[measurement.Measurement], fitted: Mapping[str, float], *,
-                       bandwidth: float, flop_rate: float) -> dict[str, dict[str, np.ndarray]]:
-  """d log(factor) / d log(time) of the linear layer's factors (`fit_linear`'s
-  stages, linearised): `eta_w` over the M = 1 points ("linear_m1"); `eta_f` and
-  `r_ovl` over the M >= 2 points and, through `eta_w`, the M = 1 ones
-  ("linear_m1_then_many", each row M = 1 points then M >= 2 points)."""
-  x1 = linear_inputs(single, bandwidth, flop_rate)
-  xm = linear_inputs(many, bandwidth, flop_rate)
-  by_single = fitting.sensitivity(fitting.log_slopes(x1, fitted, ("eta_w", _CALL_COST)))[:1]
-  names = ("eta_f", "r_ovl")  # Fitted with r_pack where it is in `fitted` (a CPU).
-  free = names + tuple(n for n in REGIME_FACTOR_NAMES if n in fitted)
-  inverse = fitting.sensitivity(fitting.log_slopes(xm, fitted, free))
-  through_w = -inverse @ fitting.log_slopes(xm, fitted, ("eta_w",)) @ by_single
-  both = np.concatenate([through_w, inverse], axis=1)
-  return {"linear_m1": {"eta_w": by_single[0]}, "linear_m1_then_many": dict(zip(names, both))}
+def fit_sensitivity(inputs: Sequence[Mapping[str, np.ndarray]], subsets: Mapping[str, Any],
+                    ended_at: Sequence[Mapping[str, float]]) -> dict[str, np.ndarray]:
+  """d log(factor) / d log(time) of every factor over every timed point, the
+  stages of `fit_operations` linearised (`fitting.sensitivity`) and chained: a
+  stage's free factors follow its own points and, through the model's slopes, the
+  factors it holds, so `eta_kv` refitted on the steps moves with the M = 1 linear
+  layers too, through `eta_w`. `fit_linear`'s alternation is taken as converged
+  (`_alternation_sensitivity`).
 
+  Args:
+    inputs: the model inputs of the linear layer at M = 1, at M >= 2, of the
+      attention and of the fit models' steps; the points are in this order.
+    subsets: `step_subsets` of the steps.
+    ended_at: the factors the linear stages, the attention stage, the fixed
+      stage and the step refit ended at (the linear layer's twice).
 
-def step_sensitivity(step_inputs: Mapping[str, np.ndarray], subsets: Mapping[str, Any],
-                     fixed_at: Mapping[str, float],
-                     refit_at: Mapping[str, float]) -> dict[str, np.ndarray]:
-  """d log(factor) / d log(step time) over every fit step, for the factors the
-  step stages fit (`fitting.sensitivity`, chained through the stages): the fixed
-  costs from the smallest batch, then `refit_free` from the refit steps with the
-  fixed costs held, so a refit factor also moves with the smallest steps.
-
-  `fixed_at`, `refit_at`: the factors each stage ended at. With it a later run
-  can tell a factor that moved as its timed steps did from one the fit moved
-  (`toy_fit.compare_profiles`).
+  Returns:
+    Per factor, a row over every point, in the order of `inputs`.
   """
-  points = len(np.asarray(step_inputs["B"]))
+  sizes = [len(np.asarray(x["B"])) for x in inputs]
+  starts = np.cumsum([0] + sizes)
 
-  def rows(mask):
-    return {n: np.asarray(v)[mask] for n, v in step_inputs.items()}
+  def columns(part: int, mask=None) -> np.ndarray:
+    chosen = np.zeros(starts[-1], dtype=bool)
+    chosen[starts[part]:starts[part + 1]] = True if mask is None else np.asarray(mask)
+    return chosen
 
+  def rows_of(part: int, mask) -> dict[str, np.ndarray]:
+    return {n: np.asarray(v)[mask] for n, v in inputs[part].items()}
+
+  def stage(x, at, free, chosen, held: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    inverse = fitting.sensitivity(fitting.log_slopes(x, at, free))
+    out = np.zeros((len(free), starts[-1]))
+    out[:, chosen] = inverse
+    if held:
+      out -= inverse @ fitting.log_slopes(x, at, tuple(held)) @ np.stack(list(held.values()))
+    return dict(zip(free, out))
+
+  linear_at, _, attention_at, fixed_at, refit_at = ended_at
+  rows = _alternation_sensitivity(inputs[0], inputs[1], linear_at, columns(0), columns(1))
+  rows["eta_kv"] = stage(inputs[2], attention_at, ("eta_kv", _CALL_COST), columns(2), {})["eta_kv"]
   fixed = np.asarray(subsets["fixed"])
-  by_fixed = np.zeros((len(FIXED_FACTORS), points))
-  by_fixed[:, fixed] = fitting.sensitivity(fitting.log_slopes(rows(fixed), fixed_at, FIXED_FACTORS))
-  out = dict(zip(FIXED_FACTORS, by_fixed))
+  rows.update(stage(rows_of(3, fixed), fixed_at, FIXED_FACTORS, columns(3, fixed), dict(rows)))
   free = tuple(subsets["refit_free"])
   if free:
     chosen = np.asarray(subsets["refit"])
-    inverse = fitting.sensitivity(fitting.log_slopes(rows(chosen), refit_at, free))
-    held = fitting.log_slopes(rows(chosen), refit_at, FIXED_FACTORS)
-    by_refit = -inverse @ held @ by_fixed
-    by_refit[:, chosen] += inverse
-    out.update(zip(free, by_refit))
-  return out
+    held = {n: v for n, v in rows.items() if n not in free}
+    rows.update(stage(rows_of(3, chosen), refit_at, free, columns(3, chosen), held))
+  return rows
+
+
+def _alternation_sensitivity(single: Mapping[str, np.ndarray], many: Mapping[str, np.ndarray],
+                             at: Mapping[str, float], single_columns: np.ndarray,
+                             many_columns: np.ndarray) -> dict[str, np.ndarray]:
+  """`fit_linear`'s factors over every point, its alternation taken at its fixed
+  point: `eta_w` (and the call cost) optimal on M = 1 given the M >= 2 factors, and
+  they optimal on M >= 2 given it, linearised and solved together."""
+  first, second = (
+      "eta_w", _CALL_COST), ("eta_f", "r_ovl") + tuple(n for n in REGIME_FACTOR_NAMES if n in at)
+  inverse_1 = fitting.sensitivity(fitting.log_slopes(single, at, first))
+  inverse_2 = fitting.sensitivity(fitting.log_slopes(many, at, second))
+  coupling = np.block([[np.eye(len(first)), inverse_1 @ fitting.log_slopes(single, at, second)],
+                       [inverse_2 @ fitting.log_slopes(many, at, first),
+                        np.eye(len(second))]])
+  own = np.zeros((len(first) + len(second), len(single_columns)))
+  own[:len(first), single_columns] = inverse_1
+  own[len(first):, many_columns] = inverse_2
+  solved = dict(zip(first + second, np.linalg.solve(coupling, own)))
+  return {n: solved[n] for n in ("eta_w",) + second}

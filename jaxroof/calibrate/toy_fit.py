@@ -268,7 +268,7 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   fastest = previous.fit.get("fastest_fit_step_s")
   old_rates, new_rates = effective_rates(previous), effective_rates(current)
   signed, fractions = {}, {}
-  # How a fixed cost's change is scaled (its signed change over this), None for the rest.
+  # What each fixed cost's change is divided by (its own size or the fastest step's).
   fixed_scale: dict[str, float] = {}
   for n in calibration.FACTOR_NAMES:
     scale = previous.factors[n]
@@ -319,8 +319,7 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
   }
   inherited = {
-      n: max(old_noise.get(n, 0.0), new_noise.get(n,
-                                                  0.0), inherited_noise(previous, n, fixed_scale),
+      n: max(noise.get(n, 0.0), inherited_noise(previous, n, fixed_scale),
              inherited_noise(current, n, fixed_scale)) for n in diffs
   }
   within_noise = [
@@ -510,22 +509,20 @@ def basis_noise(measured: "Measured", fit: str, regime: bool,
   return {n: float(np.median(list(v.values()))) for n, v in spreads.items() if v}
 
 
-def basis_sensitivity(
-    measured: "Measured",
-    sensitivity: Mapping[str, Mapping[str, np.ndarray]] | None) -> dict[str, dict[str, float]]:
+def basis_sensitivity(measured: "Measured", models: Mapping[str, ToyConfig],
+                      sensitivity: Mapping[str, np.ndarray] | None) -> dict[str, dict[str, float]]:
   """Per factor, d log(factor) / d log(time) of each timed point it moves with
-  (`op_fit.step_sensitivity`, `op_fit.linear_sensitivity`), by point name;
-  empty for a fit without them (`fit="steps"`)."""
+  (`op_fit.fit_sensitivity`), by point name; empty for a fit without them
+  (`fit="steps"`)."""
   if not sensitivity:
     return {}
-  single = [r for r in measured.operations if r.op == "linear" and r.shapes["rows"] == 1]
-  many = [r for r in measured.operations if r.op == "linear" and r.shapes["rows"] > 1]
-  named = {"eta_w": (single, sensitivity["linear_m1"]["eta_w"])}
-  named.update({n: (single + many, s) for n, s in sensitivity["linear_m1_then_many"].items()})
-  named.update({n: (measured.fit_records, s) for n, s in sensitivity["steps"].items()})
+  linear = [r for r in measured.operations if r.op == "linear"]
+  points = ([r for r in linear if r.shapes["rows"] == 1] +
+            [r for r in linear if r.shapes["rows"] > 1] +
+            fitted_attention(measured.operations, models) + measured.fit_records)
   return {
-      n: {point_key(r): float(v) for r, v in zip(records, values) if v != 0.0}
-      for n, (records, values) in named.items()
+      n: {point_key(r): float(v) for r, v in zip(points, row, strict=True) if v != 0.0}
+      for n, row in sensitivity.items()
   }
 
 
@@ -694,7 +691,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
   fit_info: dict[str, Any] = {
       "basis": timing_basis(measured, fit, regime and fit == "ops", models),
       "basis_round_spread": basis_noise(measured, fit, regime and fit == "ops", models),
-      "basis_sensitivity": basis_sensitivity(measured, sensitivity),
+      "basis_sensitivity": basis_sensitivity(measured, models, sensitivity),
       "point_round_spread": {
           point_key(r): spread for r in measured.operations + steps
           if (spread := _round_spread(r)) is not None
