@@ -290,6 +290,25 @@ def test_sequence_cost_lengthens_every_step_by_its_sequences(model_dir, device_f
   assert engine_fit.BOUND_FACTORS["t0_seq"] == 0.0
 
 
+def test_isolated_requests_are_simulated_one_sequence_a_step(model_dir, device_file):
+  """A shipped isolated-request file (results/vllm_cpu/isolated_runs.py: rate inf, at most
+  one request in flight) is a fit run of one sequence per step: its simulated TPOT is that
+  of the same requests sent 30 s apart, and below that of all of them at once."""
+  shipped = json.loads((REPO / "results/vllm_cpu/isolated/w512L4.json").read_text())
+  [run] = vllm_results.read_runs([str(REPO / "results/vllm_cpu/isolated/w512L4.json")])
+  assert run.max_concurrency == 1 and set(run.measured) == {"median_tpot_s"}
+  assert run.measured["median_tpot_s"] == pytest.approx(shipped["median_tpot_ms"] / 1e3)
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file, max_running=32)
+  isolated = engine_fit.simulate_run(run, setup, engine_fit.START)["median_tpot_s"]
+  apart = dataclasses.replace(run, max_concurrency=None, request_rate=1.0,
+                              arrival_s=30.0 * np.arange(len(run.prompt_tokens)))
+  assert isolated == pytest.approx(
+      engine_fit.simulate_run(apart, setup, engine_fit.START)["median_tpot_s"], rel=1e-9)
+  together = dataclasses.replace(run, max_concurrency=None)
+  assert engine_fit.simulate_run(together, setup, engine_fit.START)["median_tpot_s"] > isolated
+
+
 def test_heldout_rows_and_refusal(tmp_path, monkeypatch, model_dir, device_file):
   factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-3, "t0_request": 0.01}
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(factors), 0.0, 1))
