@@ -4,12 +4,14 @@ runs of 2026-12-02 (sets D, E, F, G) compared by `toy_fit.compare_profiles`.
 Each run is refitted from the timings its calibration JSON holds (`measurements`,
 `operations`, `ceilings`) with the current fit, which gives its factors again and the
 records later code adds to a profile (`fit.basis_round_spread`, `fit.basis_sensitivity`,
-`fit.point_round_spread`), so all twelve are compared alike (G has them already). Run from the repository root:
-`python results/calibration_cpu_repeat.py` (about 30 s).
+`fit.point_round_spread`, `fit.point_median_s`), so all twelve are compared alike (G's
+own profiles, from 290ca81, hold an earlier, per-stage form of the sensitivity). Run from
+the repository root: `python results/calibration_cpu_repeat.py` (about 30 s).
 """
 
 import itertools
 import json
+import pathlib
 import sys
 
 sys.path.insert(0, ".")
@@ -27,7 +29,7 @@ RUNS = [
 
 def refit(path: str):
   """The run's profile, refitted from its own timings."""
-  run = json.load(open(path))
+  run = json.loads(pathlib.Path(path).read_text())
   records = [measurement.Measurement.from_json(m) for m in run["measurements"]]
   fit_names = [m["name"] for m in run["fit_models"]]
   held_names = [m["name"] for m in run["heldout_models"]]
@@ -54,18 +56,20 @@ def main():
   pairs = [{**toy_fit.compare_profiles(profiles[a], profiles[b]), "previous": a, "current": b}
            for a, b in itertools.combinations(RUNS, 2)]
   failing = [p for p in pairs if not p["pass"]]
-  within = lambda s: [
-      p for p in pairs if f"spread{s}" in p["previous"] and f"spread{s}" in p["current"]
-  ]  # noqa: E731,E501
+
+  def within(s: str) -> list[dict]:
+    return [p for p in pairs if f"spread{s}" in p["previous"] and f"spread{s}" in p["current"]]
+
   files.write_json(
       "results/calibration_cpu_repeat.json", {
           "kind": "repeatability",
-          "what": (
-              "toy_fit.compare_profiles over every pair of twelve calibrate --budget_s=120 runs, "
-              "four sets of three from clean clones (D: 248562f, 05:12-05:19 UTC; E: 248562f, "
-              "05:20-05:27; F: 6ba412f, 05:31-05:38; G: 290ca81, 07:29-07:36, a noisier hour; 2026-12-02, AMD EPYC 2 cores, XLA:CPU, "
-              "float32, load 0.6-2.0)"),
-          "made_by": "python results/calibration_cpu_repeat.py (each run refitted from its own timings)",
+          "what":
+              ("toy_fit.compare_profiles over every pair of twelve calibrate --budget_s=120 runs, "
+               "four sets of three from clean clones (D: 248562f, 05:12-05:19 UTC; E: 248562f, "
+               "05:20-05:27; F: 6ba412f, 05:31-05:38; G: 290ca81, 07:29-07:36, a noisier "
+               "hour; 2026-12-02, AMD EPYC 2 cores, XLA:CPU, float32, load 0.6-2.0)"),
+          "made_by": ("python results/calibration_cpu_repeat.py (each run refitted from its "
+                      "own timings)"),
           "refit_max_factor_rel_change": max(refit_moved.values()),
           "pass_count": sum(p["pass"] for p in pairs),
           "pairs_count": len(pairs),
@@ -81,7 +85,7 @@ def main():
           },
           "pairs": pairs,
       })
-  summary = json.load(open("results/calibration_cpu_repeat.json"))
+  summary = json.loads(pathlib.Path("results/calibration_cpu_repeat.json").read_text())
   print({k: v for k, v in summary.items() if k != "pairs"})
 
 

@@ -491,7 +491,7 @@ def test_repeatability_names_a_factor_whose_own_timings_moved():
   assert result["basis_rel_diff"]["eta_w"] == pytest.approx(0.2)
   assert result["factors_outside_as_their_data"] == ["eta_w"]
   line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_w's own timed points moved 20%" in line and "held-out steps moved 0.0%" in line
+  assert "eta_w's timed points moved 20%" in line and "held-out steps moved 0.0%" in line
 
 
 def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
@@ -511,7 +511,7 @@ def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
   assert result["factors_outside_within_round_noise"] == ["eta_w"]
   assert not result["outside_explained_by_machine"] and not result["pass"]
   line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_w's own timed points differed by 25% between rounds" in line
+  assert "eta_w inherits 25% of noise from its timed points' rounds" in line
   assert "machine's floor" not in line
   b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2}, 0.06)
   b = dataclasses.replace(b, fit={**b.fit, "basis": basis, "basis_round_spread": {}})
@@ -596,7 +596,7 @@ def test_repeatability_follows_a_factor_through_its_fits_sensitivity():
   assert result["factors_outside_as_their_data"] == ["eta_kv"]
   assert result["outside_explained_by_machine"] and not result["pass"]
   line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_kv moved -12%, of which its own timed points' move makes -12% in the fit" in line
+  assert "eta_kv moved -12%, of which its timed points' move makes -12% in the fit" in line
   a, b = _kv_profiles(1.18**-0.8, 1.0)
   result = toy_fit.compare_profiles(a, b)
   assert result["factors_outside_as_their_data"] == []
@@ -606,6 +606,51 @@ def test_repeatability_follows_a_factor_through_its_fits_sensitivity():
   result = toy_fit.compare_profiles(a, b)
   assert result["factor_round_noise"]["eta_kv"] == pytest.approx(math.expm1(0.16))
   assert result["factors_outside_within_round_noise"] == ["eta_kv"]
+
+
+def test_the_profile_names_each_sensitivity_by_its_point():
+  """fit.basis_sensitivity by point name: the fixed costs move with batch-1 steps and
+  operations only, the re-pack with the batched steps, and no factor with a held-out step;
+  every timed point's figure is kept for a later comparison (fit.point_median_s)."""
+  linear, attention = synthetic_operations(noise=0.0)
+  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
+                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
+  prof = toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=True,
+                           models=op_sweeps.FIT_MODELS, heldout_models=op_sweeps.HELDOUT_MODELS,
+                           budget_s=120, plan={"rounds": 3}).profile
+  sens = prof.fit["basis_sensitivity"]
+  step_keys = {toy_fit.point_key(r) for r in steps}
+  batched = {toy_fit.point_key(r) for r in steps if r.shapes["batch"] >= 2}
+  assert set(sens["t0_step"]) & step_keys == step_keys - batched
+  assert batched <= set(sens["r_pack"])
+  held_keys = {toy_fit.point_key(r) for r in held}
+  assert not held_keys & {k for row in sens.values() for k in row}
+  assert set(prof.fit["point_median_s"]) == {
+      toy_fit.point_key(r) for r in linear + attention + steps + held
+  }
+
+
+def test_the_compared_quantities_move_as_their_factors_do():
+  """The re-pack compared as the batched weight rate eta_w x BW / (1 + r_pack) moves
+  -r / (1 + r) times as r_pack does (and as r_pack itself without rates); a fixed cost
+  beneath the fastest step moves, as a share of that step, to first order."""
+  key = "step a B=2 T=128"
+  fit = {
+      "basis_sensitivity": {"r_pack": {key: 2.0}, "t0_step": {key: 10.0}},
+      "fastest_fit_step_s": 5e-3
+  }
+  rates = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
+  factors = {**TRUE, "t0_step": 1e-3}
+  a = dataclasses.replace(_profile(factors, 0.06), ceilings=rates, regime_factors={"r_pack": 0.5},
+                          fit={**fit, "point_median_s": {key: 1.0}})
+  assert toy_fit.compared_sensitivity(a)["r_pack"][key] == pytest.approx(-0.5 / 1.5 * 2.0)
+  assert toy_fit.compared_sensitivity(dataclasses.replace(a, ceilings={}))["r_pack"][key] == 2.0
+  b = dataclasses.replace(a, fit={**fit, "point_median_s": {key: math.exp(0.01)}})
+  from_data = toy_fit.compare_profiles(a, b)["factor_rel_change_from_data"]
+  assert from_data["t0_step"] == pytest.approx(1e-3 * 10.0 * 0.01 / 5e-3)
+  assert from_data["r_pack"] == pytest.approx(math.expm1(-0.5 / 1.5 * 2.0 * 0.01))
 
 
 def test_timing_basis_names_each_factors_points():

@@ -195,7 +195,8 @@ def fit_operations(
 
   Returns:
     The factors, and per stage: the points, the fit's error on them and the
-    nuisance call cost of each operation.
+    nuisance call cost of each operation; under "sensitivity" the numpy rows of
+    `fit_sensitivity` (not JSON: `toy_fit.fit_steps` names them by point).
   """
   for name, group, least in (("linear", linear, 3), ("attention", attention, 2), ("steps", steps,
                                                                                   2)):
@@ -256,59 +257,67 @@ def fit_operations(
       linear_inputs(single, bandwidth, flop_rate),
       linear_inputs(many, bandwidth, flop_rate),
       attention_inputs(attention, bandwidth, flop_rate), step_inputs
-  ], subsets, [linear_fit, linear_fit, attention_fit, before_refit, factors])
+  ], subsets, [linear_fit, attention_fit, before_refit, factors])
   names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
   return {n: factors[n] for n in names}, details
+
+
+def _stage_sensitivity(x: Mapping[str, np.ndarray], at: Mapping[str, float], free: Sequence[str],
+                       chosen: np.ndarray, held: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Rows over every point of one least-squares stage's free factors: they follow the
+  stage's own points (`chosen`) and, through the model's slopes at `at`, the rows of
+  the factors it holds (`held`), the other way."""
+  inverse = fitting.sensitivity(fitting.log_slopes(x, at, free))
+  out = np.zeros((len(free), len(chosen)))
+  out[:, chosen] = inverse
+  if held:
+    out -= inverse @ fitting.log_slopes(x, at, tuple(held)) @ np.stack(list(held.values()))
+  return dict(zip(free, out))
 
 
 def fit_sensitivity(inputs: Sequence[Mapping[str, np.ndarray]], subsets: Mapping[str, Any],
                     ended_at: Sequence[Mapping[str, float]]) -> dict[str, np.ndarray]:
   """d log(factor) / d log(time) of every factor over every timed point, the
-  stages of `fit_operations` linearised (`fitting.sensitivity`) and chained: a
-  stage's free factors follow its own points and, through the model's slopes, the
-  factors it holds, so `eta_kv` refitted on the steps moves with the M = 1 linear
-  layers too, through `eta_w`. `fit_linear`'s alternation is taken as converged
-  (`_alternation_sensitivity`).
+  stages of `fit_operations` linearised (`fitting.sensitivity`, with the fit's weak
+  prior held at its start, though each stage starts where the data put the last)
+  and chained: a stage's free factors follow its own points and, through the
+  model's slopes, the factors it holds, so `eta_kv` refitted on the steps moves
+  with the M = 1 linear layers too, through `eta_w`. `fit_linear`'s alternation is
+  taken as converged (`_alternation_sensitivity`). A probe layout's
+  `toy_fit.layout_scale` is not in it.
 
   Args:
     inputs: the model inputs of the linear layer at M = 1, at M >= 2, of the
       attention and of the fit models' steps; the points are in this order.
     subsets: `step_subsets` of the steps.
     ended_at: the factors the linear stages, the attention stage, the fixed
-      stage and the step refit ended at (the linear layer's twice).
+      stage and the step refit ended at.
 
   Returns:
     Per factor, a row over every point, in the order of `inputs`.
   """
-  sizes = [len(np.asarray(x["B"])) for x in inputs]
-  starts = np.cumsum([0] + sizes)
+  starts = np.cumsum([0] + [len(np.asarray(x["B"])) for x in inputs])
 
-  def columns(part: int, mask=None) -> np.ndarray:
+  def columns(part: int, mask: np.ndarray | None = None) -> np.ndarray:
     chosen = np.zeros(starts[-1], dtype=bool)
-    chosen[starts[part]:starts[part + 1]] = True if mask is None else np.asarray(mask)
+    chosen[starts[part]:starts[part + 1]] = True if mask is None else mask
     return chosen
 
-  def rows_of(part: int, mask) -> dict[str, np.ndarray]:
+  def rows_of(part: int, mask: np.ndarray) -> dict[str, np.ndarray]:
     return {n: np.asarray(v)[mask] for n, v in inputs[part].items()}
 
-  def stage(x, at, free, chosen, held: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    inverse = fitting.sensitivity(fitting.log_slopes(x, at, free))
-    out = np.zeros((len(free), starts[-1]))
-    out[:, chosen] = inverse
-    if held:
-      out -= inverse @ fitting.log_slopes(x, at, tuple(held)) @ np.stack(list(held.values()))
-    return dict(zip(free, out))
-
-  linear_at, _, attention_at, fixed_at, refit_at = ended_at
+  linear_at, attention_at, fixed_at, refit_at = ended_at
   rows = _alternation_sensitivity(inputs[0], inputs[1], linear_at, columns(0), columns(1))
-  rows["eta_kv"] = stage(inputs[2], attention_at, ("eta_kv", _CALL_COST), columns(2), {})["eta_kv"]
+  rows["eta_kv"] = _stage_sensitivity(inputs[2], attention_at, ("eta_kv", _CALL_COST), columns(2),
+                                      {})["eta_kv"]
   fixed = np.asarray(subsets["fixed"])
-  rows.update(stage(rows_of(3, fixed), fixed_at, FIXED_FACTORS, columns(3, fixed), dict(rows)))
+  rows.update(
+      _stage_sensitivity(rows_of(3, fixed), fixed_at, FIXED_FACTORS, columns(3, fixed), dict(rows)))
   free = tuple(subsets["refit_free"])
   if free:
     chosen = np.asarray(subsets["refit"])
     held = {n: v for n, v in rows.items() if n not in free}
-    rows.update(stage(rows_of(3, chosen), refit_at, free, columns(3, chosen), held))
+    rows.update(_stage_sensitivity(rows_of(3, chosen), refit_at, free, columns(3, chosen), held))
   return rows
 
 

@@ -35,6 +35,9 @@ TARGET_MEDIAN = 0.08
 TARGET_MAX = 0.20
 # Two calibrations agree when (the issue's repeatability criteria):
 REPEAT_FACTOR_REL = 0.10
+# A factor outside REPEAT_FACTOR_REL is the machine's when the fit's response to its
+# points' move is at least this share of its change (and the rest within the criterion).
+DATA_SHARE = 0.5
 REPEAT_MEDIAN_POINTS = 3.0
 
 
@@ -258,7 +261,9 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   the change its points' move makes in the fit is taken off
   (`factor_rel_change_from_data`: the fit's sensitivity, `basis_sensitivity`,
   times the points' log moves; one point of six that moved 18% can move a factor
-  12% while the median point stays). One whose points' rounds disagree by more
+  12% while the median point stays) and that change is at least half the factor's,
+  the same way (`factor_data_amplification`, the sum of |sensitivity|, says how much
+  the fit magnifies its points' moves). One whose points' rounds disagree by more
   than the criterion within either run, weighted by how much the factor moves with
   each (`factor_round_noise`), is in `factors_outside_within_round_noise` (the
   machine's floor for that factor); `outside_explained_by_machine` when every
@@ -267,31 +272,7 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   """
   fastest = previous.fit.get("fastest_fit_step_s")
   old_rates, new_rates = effective_rates(previous), effective_rates(current)
-  signed, fractions = {}, {}
-  # What each fixed cost's change is divided by (its own size or the fastest step's).
-  fixed_scale: dict[str, float] = {}
-  for n in calibration.FACTOR_NAMES:
-    scale = previous.factors[n]
-    fractions[n] = abs(current.factors[n] - previous.factors[n]) / scale
-    if n in op_fit.FIXED_FACTORS and fastest:
-      # A fixed cost far below the fastest step is not determined by it;
-      # its change matters as a share of that step, not of itself.
-      scale = max(scale, fastest)
-    if n in op_fit.FIXED_FACTORS:
-      fixed_scale[n] = scale
-    if n == "r_ovl":
-      scale = 1 + previous.factors[n]
-    signed[n] = (current.factors[n] - previous.factors[n]) / scale
-    if n in old_rates and n in new_rates:
-      signed[n] = new_rates[n] / old_rates[n] - 1.0
-  for n in calibration.REGIME_FACTOR_NAMES:
-    if n in previous.regime_factors and n in current.regime_factors:
-      # A re-pack near zero is compared with one weight read (its unit).
-      scale = max(previous.regime_factors[n], 1.0)
-      signed[n] = (current.regime_factors[n] - previous.regime_factors[n]) / scale
-      fractions[n] = abs(signed[n])
-      if n in old_rates and n in new_rates:
-        signed[n] = new_rates[n] / old_rates[n] - 1.0
+  signed, fractions, first_order = _signed_changes(previous, current)
   diffs = {n: abs(v) for n, v in signed.items()}
   old, new = (previous.heldout_median_rel_error, current.heldout_median_rel_error)
   median_points = (None if old is None or new is None else abs(new - old) * 100)
@@ -302,15 +283,16 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: basis_moved(old_basis[n], new_basis[n]) for n in sorted(set(old_basis) & set(new_basis))
   }
   moved = {n: m for n, m in moved.items() if m is not None}
-  from_data = data_driven_change(previous, current, fixed_scale)
+  from_data = data_driven_change(previous, current, first_order)
   data_removed = {n: abs(signed[n] - v) for n, v in from_data.items() if n in signed}
-  # A factor cannot repeat better than the timings it is fitted from: where those
-  # moved by more than the criterion between the two processes, or where the
-  # factor, less the move its own timings' move makes in the fit (linearised),
-  # is within the criterion, the machine moved it.
+  # A factor cannot repeat better than the timings it is fitted from: the machine
+  # moved it where those moved by more than the criterion between the two
+  # processes, or where the move the fit makes from its timings' move (linearised)
+  # is most of the factor's, same way, and the rest within the criterion.
   data_moved = [
-      n for n in failing
-      if moved.get(n, 0.0) > REPEAT_FACTOR_REL or data_removed.get(n, math.inf) <= REPEAT_FACTOR_REL
+      n for n in failing if moved.get(n, 0.0) > REPEAT_FACTOR_REL or
+      (data_removed.get(n, math.inf) <= REPEAT_FACTOR_REL and from_data[n] *
+       signed[n] >= DATA_SHARE * signed[n]**2)
   ]
   # Nor better than its timings' own rounds agree within either run.
   old_noise = previous.fit.get("basis_round_spread") or {}
@@ -319,8 +301,8 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
   }
   inherited = {
-      n: max(noise.get(n, 0.0), inherited_noise(previous, n, fixed_scale),
-             inherited_noise(current, n, fixed_scale)) for n in diffs
+      n: max(noise.get(n, 0.0), inherited_noise(previous, n, first_order),
+             inherited_noise(current, n, first_order)) for n in diffs
   }
   within_noise = [
       n for n in failing if n not in data_moved and inherited.get(n, 0.0) > REPEAT_FACTOR_REL
@@ -347,6 +329,13 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "factor_rel_change": signed,
       "factor_rel_change_from_data": from_data,
       "factor_rel_diff_data_removed": data_removed,
+      "factor_data_amplification": {
+          n: max(
+              sum(map(abs,
+                      rows.get(n, {}).values()))
+              for rows in (compared_sensitivity(previous), compared_sensitivity(current))
+          ) for n in from_data
+      },
       "basis_round_spread": noise,
       "factor_round_noise": inherited,
       "factors_outside_within_round_noise": within_noise,
@@ -364,14 +353,15 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
                                  (f"the previous run's fastest fit step ({fastest:.3g} s)"
                                   " where larger than the cost" if fastest else "themselves"),
           "factor_rel_change_from_data":
-              ("the change the fit makes to each compared factor when its own timed points "
-               "move as they did between the runs: sum of d log(factor) / d log(time) "
-               "(fit.basis_sensitivity, the earlier run's) x log(time ratio)"
-              ), "factor_round_noise":
-                  ("what each factor inherits from its points' round spreads within either run: "
-                   "the root sum of squares of sensitivity x round spread "
-                   "(fit.point_round_spread), or the median round spread "
-                   "(fit.basis_round_spread), the larger")
+              ("the change the fit makes to each compared factor given its timed points' "
+               "move between the runs: sum of d log(factor) / d log(time) "
+               "(fit.basis_sensitivity, the two runs' mean) x log(time ratio); a factor is "
+               "the machine's when this is at least half of its change, the same way, and "
+               "the rest within the criterion"), "factor_round_noise":
+                   ("what each factor inherits from its points' round spreads within either run: "
+                    "the root sum of squares of sensitivity x round spread "
+                    "(fit.point_round_spread), or the median round spread "
+                    "(fit.basis_round_spread), the larger")
       },
       "pass": not failing and median_ok,
   }
@@ -526,62 +516,109 @@ def basis_sensitivity(measured: "Measured", models: Mapping[str, ToyConfig],
   }
 
 
+def _signed_changes(
+    previous: profiles.Profile, current: profiles.Profile
+) -> tuple[dict[str, float], dict[str, float], dict[str, tuple[float, float]]]:
+  """Each factor's signed change as `compare_profiles` scores it, each plain
+  fraction's change, and, for the quantities scored to first order (fixed costs,
+  p = 1 + r_ovl, a re-pack without rates), their (value, scale): a change is
+  `(new - old) / scale`."""
+  fastest = previous.fit.get("fastest_fit_step_s")
+  old_rates, new_rates = effective_rates(previous), effective_rates(current)
+  signed, fractions, first_order = {}, {}, {}
+  for n in calibration.FACTOR_NAMES:
+    value = previous.factors[n]
+    fractions[n] = abs(current.factors[n] - value) / value
+    scale = value
+    if n in op_fit.FIXED_FACTORS and fastest:
+      # A fixed cost far below the fastest step is not determined by it;
+      # its change matters as a share of that step, not of itself.
+      scale = max(value, fastest)
+    if n == "r_ovl":
+      scale = 1 + value
+    if n in op_fit.FIXED_FACTORS or n == "r_ovl":
+      first_order[n] = (value, scale)
+    signed[n] = (current.factors[n] - value) / scale
+    if n in old_rates and n in new_rates:
+      signed[n] = new_rates[n] / old_rates[n] - 1.0
+  for n in calibration.REGIME_FACTOR_NAMES:
+    if n in previous.regime_factors and n in current.regime_factors:
+      value = previous.regime_factors[n]
+      scale = max(value, 1.0)  # A re-pack near zero is compared with one weight read.
+      signed[n] = (current.regime_factors[n] - value) / scale
+      fractions[n] = abs(signed[n])
+      if n in old_rates and n in new_rates:
+        signed[n] = new_rates[n] / old_rates[n] - 1.0
+      else:
+        first_order[n] = (value, scale)
+  return signed, fractions, first_order
+
+
 def compared_sensitivity(prof: profiles.Profile) -> dict[str, dict[str, float]]:
   """d log(compared quantity) / d log(time) per timed point, for the quantities
   `compare_profiles` compares: the efficiencies' rates and the fixed costs move as
-  the factors do; the batched weight rate `eta_w x BW / (1 + r_pack)` as
-  `eta_w` and, weighted by -r_pack / (1 + r_pack), `r_pack`."""
+  the factors do; the batched weight rate `eta_w x BW / (1 + r_pack)` (where the
+  profile has rates) as `eta_w` and, weighted by -r_pack / (1 + r_pack), `r_pack`."""
   sens = prof.fit.get("basis_sensitivity") or {}
   out = {n: dict(v) for n, v in sens.items() if n in calibration.FACTOR_NAMES}
-  if "r_pack" in sens and "r_pack" in prof.regime_factors:
+  if "r_pack" in sens and "r_pack" in effective_rates(prof):
     r = prof.regime_factors["r_pack"]
     rate = dict(sens.get("eta_w", {}))
     for key, value in sens["r_pack"].items():
       rate[key] = rate.get(key, 0.0) - r / (1.0 + r) * value
     out["r_pack"] = rate
+  elif "r_pack" in sens:
+    out["r_pack"] = dict(sens["r_pack"])
   return out
 
 
 def _point_times(prof: profiles.Profile) -> dict[str, float]:
+  """Every timed point's figure (`fit.point_median_s`; older profiles: those of `fit.basis`)."""
+  if prof.fit.get("point_median_s"):
+    return dict(prof.fit["point_median_s"])
   return {k: v for points in (prof.fit.get("basis") or {}).values() for k, v in points.items()}
 
 
-def _as_compared(prof: profiles.Profile, name: str, log_change: float,
-                 fixed_scale: Mapping[str, float]) -> float:
-  """A log change of a factor as the relative change `compare_profiles` scores; a
-  fixed cost's to first order (a small intercept can have a log slope of 40, whose
-  exponential means nothing), and so the overlap's on p = 1 + r_ovl."""
-  if name in fixed_scale:
-    return prof.factors[name] * log_change / fixed_scale[name]
-  if name == "r_ovl":  # Compared on p = 1 + r_ovl.
-    r_ovl = prof.factors[name]
-    return r_ovl * log_change / (1.0 + r_ovl)
+def _as_compared(name: str, log_change: float, first_order: Mapping[str, tuple[float,
+                                                                               float]]) -> float:
+  """A log change of a factor as the relative change `compare_profiles` scores; the
+  quantities scored by their difference to first order (a small intercept can have a
+  log slope of 40, whose exponential means nothing)."""
+  if name in first_order:
+    value, scale = first_order[name]
+    return value * log_change / scale
   return math.expm1(log_change)
 
 
 def data_driven_change(previous: profiles.Profile, current: profiles.Profile,
-                       fixed_scale: Mapping[str, float]) -> dict[str, float]:
-  """Per factor with a sensitivity, the signed change the fit makes to it when its
-  own timed points move from `previous`'s times to `current`'s (linearised,
-  `fitting.sensitivity`): what the machine alone did to it."""
-  sens = compared_sensitivity(previous) or compared_sensitivity(current)
+                       first_order: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+  """Per factor with a sensitivity, the signed change the fit makes to it given its
+  timed points' move from `previous`'s times to `current`'s (linearised with the
+  mean of the two runs' sensitivities where both have them, so the comparison is
+  the same both ways round)."""
+  rows = [r for r in (compared_sensitivity(previous), compared_sensitivity(current)) if r]
   old, new = _point_times(previous), _point_times(current)
   out = {}
-  for name, slopes in sens.items():
-    shared = [k for k in slopes if k in old and k in new]
+  for name in sorted({n for r in rows for n in r}):
+    mean: dict[str, float] = {}
+    for r in rows:
+      for key, value in r.get(name, {}).items():
+        mean[key] = mean.get(key, 0.0) + value / len(rows)
+    shared = [k for k in mean if k in old and k in new]
     if shared:
-      log_change = sum(slopes[k] * math.log(new[k] / old[k]) for k in shared)
-      out[name] = _as_compared(previous, name, log_change, fixed_scale)
+      log_change = sum(mean[k] * math.log(new[k] / old[k]) for k in shared)
+      out[name] = _as_compared(name, log_change, first_order)
   return out
 
 
-def inherited_noise(prof: profiles.Profile, name: str, fixed_scale: Mapping[str, float]) -> float:
+def inherited_noise(prof: profiles.Profile, name: str,
+                    first_order: Mapping[str, tuple[float, float]]) -> float:
   """The round noise a factor inherits from its timed points within one run: the
   root sum of squares of sensitivity x round spread (0 without them)."""
   slopes = compared_sensitivity(prof).get(name, {})
   spreads = prof.fit.get("point_round_spread") or {}
   log_noise = math.sqrt(sum((v * spreads[k])**2 for k, v in slopes.items() if k in spreads))
-  return abs(_as_compared(prof, name, log_noise, fixed_scale))
+  return abs(_as_compared(name, log_noise, first_order))
 
 
 def basis_moved(previous: Mapping[str, float], current: Mapping[str, float]) -> float | None:
@@ -692,6 +729,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
       "basis": timing_basis(measured, fit, regime and fit == "ops", models),
       "basis_round_spread": basis_noise(measured, fit, regime and fit == "ops", models),
       "basis_sensitivity": basis_sensitivity(measured, models, sensitivity),
+      "point_median_s": {point_key(r): r.median_s for r in measured.operations + steps},
       "point_round_spread": {
           point_key(r): spread for r in measured.operations + steps
           if (spread := _round_spread(r)) is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxroof.calibrate import op_fit
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import user_fit
 from jaxroof.measure import profiles
@@ -98,12 +99,13 @@ def _data_moved(repeat: Mapping[str, Any]) -> str:
 
   def as_data(n: str) -> str:
     if moved.get(n, 0.0) > toy_fit.REPEAT_FACTOR_REL or n not in from_data:
-      return f"{n}'s own timed points moved {moved.get(n, 0.0):.0%}"
-    return (f"{n} moved {change[n]:+.0%}, of which its own timed points' move makes "
+      return f"{n}'s timed points moved {moved.get(n, 0.0):.0%}"
+    of = " of the fastest step" if n in op_fit.FIXED_FACTORS else ""
+    return (f"{n} moved {change[n]:+.0%}{of}, of which its timed points' move makes "
             f"{from_data[n]:+.0%} in the fit")
 
   parts = [as_data(n) for n in repeat.get("factors_outside_as_their_data", [])] + [
-      f"{n}'s own timed points differed by {noise[n]:.0%} between rounds of one run"
+      f"{n} inherits {noise[n]:.0%} of noise from its timed points' rounds within one run"
       for n in repeat.get("factors_outside_within_round_noise", [])
   ]
   if "heldout" in moved:

@@ -3,7 +3,7 @@
 Six Llama shapes, tiny-llama's config with the width (64, 512, 1536; heads of 64, MLP as
 nano-, tiny- and medium-llama) and the depth (1, 4 layers) changed
 (`models/w{64,512,1536}L{1,4}`), each timed by `engine_phase_probe.py` (isolated requests,
-vLLM's own /metrics) and its decoder GEMMs alone by `engine_token_rates.py`, in four passes.
+vLLM's own /metrics) and its decoder GEMMs alone by `engine_token_rates.py`, in five passes.
 Made by, per pass N (S holds the six model folders, written from tiny-llama's with these
 configs):
 
@@ -55,8 +55,9 @@ if __name__ == "__main__":
                "shapes of width 64/512/1536 and depth 1/4; one row per pass"),
       "device": "AMD EPYC, 2 cores: engine worker on core 1, API server on core 0",
       "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, dummy weights (/work/vllm-env)",
-      "date": "2026-12-02 07:37-08:04 UTC (passes 1-4; pass 3's first models overlapped a "
-              "pytest run of this project, 07:50-07:53)",
+      "date": ("2026-12-02 07:37-08:36 UTC, passes 1-5; light pytest runs of this project "
+               "overlapped pass 3's first shapes (07:50-07:53) and pass 5's middle ones "
+               "(08:33-08:34)"),
       "made_by": "python results/vllm_cpu/engine_shape_probe.py /work/vllm-runs/shape",
       **data,
   }
