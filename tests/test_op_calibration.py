@@ -648,7 +648,9 @@ def test_the_compared_quantities_move_as_their_factors_do():
   assert toy_fit.compared_sensitivity(a)["r_pack"][key] == pytest.approx(-0.5 / 1.5 * 2.0)
   assert toy_fit.compared_sensitivity(dataclasses.replace(a, ceilings={}))["r_pack"][key] == 2.0
   b = dataclasses.replace(a, fit={**fit, "point_median_s": {key: math.exp(0.01)}})
-  from_data = toy_fit.compare_profiles(a, b)["factor_rel_change_from_data"]
+  result = toy_fit.compare_profiles(a, b)
+  assert "t0_step" in result["factors_as_share_of_fastest_step"]
+  from_data = result["factor_rel_change_from_data"]
   assert from_data["t0_step"] == pytest.approx(1e-3 * 10.0 * 0.01 / 5e-3)
   assert from_data["r_pack"] == pytest.approx(math.expm1(-0.5 / 1.5 * 2.0 * 0.01))
 

@@ -327,6 +327,10 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "basis_rel_diff": moved,
       "factors_outside_as_their_data": data_moved,
       "factor_rel_change": signed,
+      "factors_as_share_of_fastest_step": [
+          n for n, (value, scale) in first_order.items()
+          if n in op_fit.FIXED_FACTORS and scale > value
+      ],
       "factor_rel_change_from_data": from_data,
       "factor_rel_diff_data_removed": data_removed,
       "factor_data_amplification": {

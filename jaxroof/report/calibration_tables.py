@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxroof.calibrate import op_fit
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import user_fit
 from jaxroof.measure import profiles
@@ -100,7 +99,7 @@ def _data_moved(repeat: Mapping[str, Any]) -> str:
   def as_data(n: str) -> str:
     if moved.get(n, 0.0) > toy_fit.REPEAT_FACTOR_REL or n not in from_data:
       return f"{n}'s timed points moved {moved.get(n, 0.0):.0%}"
-    of = " of the fastest step" if n in op_fit.FIXED_FACTORS else ""
+    of = " of the fastest step" if n in repeat.get("factors_as_share_of_fastest_step", []) else ""
     return (f"{n} moved {change[n]:+.0%}{of}, of which its timed points' move makes "
             f"{from_data[n]:+.0%} in the fit")
 
