@@ -327,8 +327,8 @@ def _alternation_sensitivity(single: Mapping[str, np.ndarray], many: Mapping[str
   """`fit_linear`'s factors over every point, its alternation taken at its fixed
   point: `eta_w` (and the call cost) optimal on M = 1 given the M >= 2 factors, and
   they optimal on M >= 2 given it, linearised and solved together."""
-  first, second = (
-      "eta_w", _CALL_COST), ("eta_f", "r_ovl") + tuple(n for n in REGIME_FACTOR_NAMES if n in at)
+  first = ("eta_w", _CALL_COST)
+  second = ("eta_f", "r_ovl") + tuple(n for n in REGIME_FACTOR_NAMES if n in at)
   inverse_1 = fitting.sensitivity(fitting.log_slopes(single, at, first))
   inverse_2 = fitting.sensitivity(fitting.log_slopes(many, at, second))
   coupling = np.block([[np.eye(len(first)), inverse_1 @ fitting.log_slopes(single, at, second)],

@@ -283,7 +283,8 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: basis_moved(old_basis[n], new_basis[n]) for n in sorted(set(old_basis) & set(new_basis))
   }
   moved = {n: m for n, m in moved.items() if m is not None}
-  from_data = data_driven_change(previous, current, first_order)
+  sensitivities = (compared_sensitivity(previous), compared_sensitivity(current))
+  from_data = data_driven_change(previous, current, sensitivities, first_order)
   data_removed = {n: abs(signed[n] - v) for n, v in from_data.items() if n in signed}
   # A factor cannot repeat better than the timings it is fitted from: the machine
   # moved it where those moved by more than the criterion between the two
@@ -301,8 +302,10 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
   }
   inherited = {
-      n: max(noise.get(n, 0.0), inherited_noise(previous, n, first_order),
-             inherited_noise(current, n, first_order)) for n in diffs
+      n: max([noise.get(n, 0.0)] + [
+          inherited_noise(prof, rows.get(n, {}), n, first_order)
+          for prof, rows in zip((previous, current), sensitivities)
+      ]) for n in diffs
   }
   within_noise = [
       n for n in failing if n not in data_moved and inherited.get(n, 0.0) > REPEAT_FACTOR_REL
@@ -334,11 +337,8 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
       "factor_rel_change_from_data": from_data,
       "factor_rel_diff_data_removed": data_removed,
       "factor_data_amplification": {
-          n: max(
-              sum(map(abs,
-                      rows.get(n, {}).values()))
-              for rows in (compared_sensitivity(previous), compared_sensitivity(current))
-          ) for n in from_data
+          n: max(sum(map(abs,
+                         rows.get(n, {}).values())) for rows in sensitivities) for n in from_data
       },
       "basis_round_spread": noise,
       "factor_round_noise": inherited,
@@ -595,12 +595,13 @@ def _as_compared(name: str, log_change: float, first_order: Mapping[str, tuple[f
 
 
 def data_driven_change(previous: profiles.Profile, current: profiles.Profile,
+                       sensitivities: Sequence[Mapping[str, Mapping[str, float]]],
                        first_order: Mapping[str, tuple[float, float]]) -> dict[str, float]:
   """Per factor with a sensitivity, the signed change the fit makes to it given its
   timed points' move from `previous`'s times to `current`'s (linearised with the
-  mean of the two runs' sensitivities where both have them, so the comparison is
-  the same both ways round)."""
-  rows = [r for r in (compared_sensitivity(previous), compared_sensitivity(current)) if r]
+  mean of the two runs' `compared_sensitivity`, `sensitivities`, where both have
+  them, so the comparison is the same both ways round)."""
+  rows = [r for r in sensitivities if r]
   old, new = _point_times(previous), _point_times(current)
   out = {}
   for name in sorted({n for r in rows for n in r}):
@@ -615,11 +616,11 @@ def data_driven_change(previous: profiles.Profile, current: profiles.Profile,
   return out
 
 
-def inherited_noise(prof: profiles.Profile, name: str,
+def inherited_noise(prof: profiles.Profile, slopes: Mapping[str, float], name: str,
                     first_order: Mapping[str, tuple[float, float]]) -> float:
   """The round noise a factor inherits from its timed points within one run: the
-  root sum of squares of sensitivity x round spread (0 without them)."""
-  slopes = compared_sensitivity(prof).get(name, {})
+  root sum of squares of sensitivity (`slopes`, its `compared_sensitivity` row) x
+  round spread (0 without them)."""
   spreads = prof.fit.get("point_round_spread") or {}
   log_noise = math.sqrt(sum((v * spreads[k])**2 for k, v in slopes.items() if k in spreads))
   return abs(_as_compared(name, log_noise, first_order))
