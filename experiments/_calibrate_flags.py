@@ -116,7 +116,8 @@ LAYER_COST = flags.DEFINE_bool(
 ENGINE_OVERLAP = flags.DEFINE_float(
     "engine_overlap", 1.0, "vllm: r_ovl held in the fit: how the engine's GEMMs overlap "
     "weight reads and FLOPs (p = 1 + r_ovl; 0 adds them). vLLM's bf16 GEMMs on this CPU "
-    "measured 0-0.06 (results/vllm_cpu/engine_token_rates*.json).")
+    "measured 0-0.06 (results/vllm_cpu/engine_token_rates*.json). In [0, 100]: at 100 the "
+    "larger of the two already stands within 1%.", upper_bound=100.0)
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
