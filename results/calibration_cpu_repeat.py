@@ -9,6 +9,7 @@ own profiles, from 290ca81, hold an earlier, per-stage form of the sensitivity).
 the repository root: `python results/calibration_cpu_repeat.py` (about 30 s).
 """
 
+import dataclasses
 import itertools
 import json
 import pathlib
@@ -46,7 +47,9 @@ def refit(path: str):
       plan={k: run["model"][k] for k in ("rounds", "warmup", "repeats", "interleaved")})
   shipped = {**run["factors"], **run["regime_factors"]}
   again = {**job.profile.factors, **job.profile.regime_factors}
-  return job.profile, max(abs(again[n] / shipped[n] - 1) for n in shipped)
+  # The run's own date, not the refit's.
+  profile = dataclasses.replace(job.profile, created=run["created"])
+  return profile, max(abs(again[n] / shipped[n] - 1) for n in shipped)
 
 
 def main():

@@ -299,7 +299,8 @@ def compare_profiles(previous: profiles.Profile, current: profiles.Profile) -> d
   old_noise = previous.fit.get("basis_round_spread") or {}
   new_noise = current.fit.get("basis_round_spread") or {}
   noise = {
-      n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0)) for n in set(old_noise) | set(new_noise)
+      n: max(old_noise.get(n, 0.0), new_noise.get(n, 0.0))
+      for n in sorted(set(old_noise) | set(new_noise))
   }
   inherited = {
       n: max([noise.get(n, 0.0)] + [
