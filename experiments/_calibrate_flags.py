@@ -118,6 +118,11 @@ ENGINE_OVERLAP = flags.DEFINE_float(
     "weight reads and FLOPs (p = 1 + r_ovl; 0 adds them). vLLM's bf16 GEMMs on this CPU "
     "measured 0-0.06 (results/vllm_cpu/engine_token_rates*.json). In [0, 100]: at 100 the "
     "larger of the two already stands within 1%.", upper_bound=100.0)
+ENGINE_M_PASS = flags.DEFINE_integer(
+    "engine_m_pass", 0, "vllm: rows the engine's GEMM multiplies in one pass over the "
+    "weights, held in the fit: a step of more tokens reads the linear weights once more. "
+    "vLLM's bf16 oneDNN path on this CPU: 256 (results/vllm_cpu/engine_gemm_blocks.json). "
+    "0: no limit.", lower_bound=0, upper_bound=1_000_000)
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -159,8 +164,8 @@ USED: dict[str, tuple[str, ...]] = {
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "scheduler",
-             "max_running", "token_budget", "max_simulations", "seed"),
+             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
+             "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

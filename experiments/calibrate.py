@@ -169,7 +169,8 @@ def vllm() -> None:
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
       sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
-      overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value))
+      overlap=errors.require_non_negative("--engine_overlap",
+                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value)
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,

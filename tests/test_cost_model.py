@@ -57,7 +57,7 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   values = {
       S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
       S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
-      S.r_pack: 0, S.t0_seq: 0
+      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0
   }
   assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
                                                    rel=1e-12)
@@ -92,6 +92,41 @@ def test_an_engines_sequence_cost_is_one_per_sequence_in_every_consumer():
   assert one["step_s"][0] > plain.evaluate(B=np.array([1.0]), **values)["step_s"][0]
   with pytest.raises(ValueError, match="engine factors"):
     StepModel.calibrated(factors, engine={"t0_nope": 1.0})
+
+
+def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():
+  """vLLM CPU's oneDNN GEMM multiplies up to 256 rows in one pass over the weights:
+  medium-llama's decoder GEMMs took 0.6-1.0 more passes than the line through 128-256 rows
+  at every M from 257 to 513 (results/vllm_cpu/engine_gemm_blocks.json). By hand, a step
+  of more than 256 tokens pays one more read of the linear weights at eta_w * BW, the LM
+  head apart; m_pass = 0 is the model without the term, and the decode step agrees."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  plain = StepModel.calibrated(factors)
+  blocked = StepModel.calibrated(factors, engine={"m_pass": 256})
+  off = StepModel.calibrated(factors, engine={"m_pass": 0})
+  cost = _cost("llama-3-8b", H100)
+  one_read = cost.constants["W_b"] / (0.7 * H100.memory_bandwidth_bytes_per_s)
+  for prompt, decoding, passes in ((256, 0, 0), (255, 1, 0), (256, 1, 1), (256, 3, 1), (512, 0, 1),
+                                   (1024, 0, 1), (200, 100, 1)):
+    mix = cost.mix(decode_context=[900.0] * decoding, chunk_offset=[0.0], chunk_tokens=[prompt])
+    step = {
+        name: float(cost.evaluate(mix, model)["step_s"])
+        for name, model in (("plain", plain), ("blocked", blocked), ("off", off))
+    }
+    assert step["blocked"] - step["plain"] == pytest.approx(passes * one_read, rel=1e-9,
+                                                            abs=1e-15), (prompt, decoding)
+    assert step["off"] == pytest.approx(step["plain"], rel=1e-12)
+  values = dict(T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
+  for batch, passes in ((8.0, 0), (256.0, 0), (300.0, 1), (600.0, 1)):
+    b = np.array([batch])
+    extra = blocked.evaluate(B=b, **values)["step_s"][0] - plain.evaluate(B=b, **
+                                                                          values)["step_s"][0]
+    assert extra == pytest.approx(passes * 3e9 * 2.0 / (0.7 * 2e12), rel=1e-9, abs=1e-15)
+    assert float(cost.decode(batch, 900.0, blocked)["step_s"]) - float(
+        cost.decode(batch, 900.0, plain)["step_s"]) == pytest.approx(passes * one_read, rel=1e-9,
+                                                                     abs=1e-15)
 
 
 def test_calibrated_re_pack_is_the_calibrated_steps():

@@ -14,6 +14,7 @@ from jaxroof import errors
 from jaxroof.measure import profiles
 from jaxroof.measure import vllm_results
 from jaxroof.calibrate import engine_fit
+from jaxroof.report import table
 
 DATA = pathlib.Path(__file__).parent / "data"
 QPS_1 = DATA / "vllm_llama-3.3-70b_8xa100-40gb_tp8_sharegpt_qps_01.json"
@@ -157,6 +158,43 @@ def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
   impossible = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 3})
   with pytest.raises(errors.InputError, match="every measured median is below the bound"):
     engine_fit.fit_runs([impossible], SETUP)
+
+
+def _with_detail(run: vllm_results.BenchRun, coalesced: float,
+                 ttft_scale: float = 1.0) -> vllm_results.BenchRun:
+  """The run with the simulator's own per-request detail at TRUTH as its measurement, a
+  `coalesced` share of its token gaps set to 0 (the client read them together)."""
+  detail = engine_fit.simulate_run(run, SETUP, TRUTH, detail=True)["detail"]
+  itl = np.sort(np.asarray(detail["itl_s"], float))[::-1].copy()
+  itl[:int(round(coalesced * len(itl)))] = 0.0
+  return dataclasses.replace(
+      run, detail={
+          "ttft_s": np.asarray(detail["ttft_s"]) * ttft_scale,
+          "tpot_s": np.asarray(detail["tpot_s"]), "itl_s": itl
+      })
+
+
+def test_a_client_bound_run_shows_its_errors_outside_the_medians():
+  """nano-llama's client starved a second stream (40-49% of its gaps coalesced, whole
+  requests in one chunk: TTFT = their duration). Such a run's rows keep their error, marked,
+  out of the medians and the maximum; a run at 10% (as quiet tiny-llama runs) is scored."""
+  base = _synthetic_run(4.0, 3)
+  paced = _with_detail(base, 0.4, ttft_scale=10.0)
+  quiet = _with_detail(_synthetic_run(4.0, 5), 0.1)
+  assert engine_fit.client_bound(paced) and not engine_fit.client_bound(quiet)
+  out = engine_fit.predict_heldout([paced, quiet], SETUP, TRUTH)
+  marked = [r for r in out["heldout"] if r.get("client_bound")]
+  assert {r["run"] for r in marked} == {paced.label}
+  assert out["heldout_points_client_bound"] == len(marked) == 6
+  ttft = next(r for r in marked if (r["metric"], r["percentile"]) == ("ttft", 50))
+  assert ttft["rel_error"] == pytest.approx(0.9, rel=0.01)  # Shown: 1/10 of the measured.
+  assert table.heldout_error(ttft) == "(90.0%, client-bound)"
+  assert out["heldout_points"] == len(out["heldout"]) - 6
+  assert out["heldout_max_rel_error"] < 0.5  # The quiet run's (its ITL p90 lost 10%).
+  [term] = [t for t in out["heldout_terms"] if t["run"] == paced.label]
+  assert term["client_bound"] and term["value"] == pytest.approx(0.4, abs=0.01)
+  _, flags = engine_fit.screen([paced, quiet], SETUP)
+  assert len(flags) == 1 and "paced" in flags[0] and paced.label in flags[0]
 
 
 def test_a_coalesced_measurement_has_no_relative_error(monkeypatch):

@@ -18,7 +18,10 @@ one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
 and sampling work grows with the running sequences; the cost model's
 `t0_seq * n_seq`), and one per layer per iteration (`t0_layer`, `layer_cost`: the
 engine's per-layer kernels and their launches; it needs fit runs of two depths, else it
-and t0_step are one sum). The simulator is
+and t0_step are one sum). Held as measured, not searched: r_ovl (`overlap`, how the
+engine's GEMMs overlap weight reads and FLOPs) and m_pass (`m_pass`, the rows its GEMM
+multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
+prompt and k decode rows reads them about twice). The simulator is
 discrete (admission and page events), so the loss has small jumps and no
 jax gradient: `search` is a damped Gauss-Newton (Levenberg-Marquardt) on the
 log residuals within `BOUNDS`, its Jacobian from finite differences `FD_STEP`
@@ -33,7 +36,9 @@ request by request. With `max_concurrency` set, TTFT (which vLLM measures
 from the client's send, after its semaphore) is left out of the loss.
 
 Held-out error is leave-one-run-out: each run's metrics predicted by factors
-fitted on the other runs.
+fitted on the other runs. A held-out run whose client received more than
+`CLIENT_BOUND_SHARE` of its tokens together was paced by its client and API
+server (`client_bound`): its rows show their error outside the medians.
 """
 
 from __future__ import annotations
@@ -82,6 +87,13 @@ START = {
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
 COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, not a step.
+# A run with more than this share of its measured token gaps coalesced was paced by its
+# client and API server, not by the engine: on this 2-core CPU they share core 0 with
+# vLLM's scheduler, and at about 1 ms steps (nano-llama) a second stream starves (whole
+# requests delivered in one chunk, TTFT = their duration). Quiet runs of tiny-, small- and
+# medium-llama had at most 11% of their gaps coalesced, nano-llama's 40-49%
+# (results/vllm_cpu/README.md, "Client-bound runs").
+CLIENT_BOUND_SHARE = 0.2
 FIXED = {"t0_layer": 1e-9, "r_ovl": 1.0}
 MIN_RUNS = 1
 FD_STEP = 0.05  # Log-space step of the finite-difference Jacobian (5%).
@@ -91,8 +103,13 @@ TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
-    "eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"], REQUEST_COST: 0.0,
-    SEQUENCE_COST: 0.0
+    "eta_w": 1.0,
+    "eta_f": 1.0,
+    "t0_step": 1e-9,
+    "r_ovl": FIXED["r_ovl"],
+    REQUEST_COST: 0.0,
+    SEQUENCE_COST: 0.0,
+    "m_pass": 0  # The bound streams the weights once a step.
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -105,6 +122,8 @@ ASSUMPTIONS = (
     "a run with a jaxroof_engine_run block (experiments.vllm_bench) is simulated with its "
     "server's max_num_seqs, token budget, chunked prefill, block size and K/V blocks (read "
     "from the server's log)",
+    "the engine's GEMM reads the linear weights once more in a step of more than m_pass "
+    "tokens (held as measured; 0: no limit)",
     "eta_kv tied to eta_w; r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
     "at 1 ns unless searched (layer_cost); the bound at r_ovl = 1; on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
@@ -134,6 +153,9 @@ class ServingSetup:
   # (p = 1 + r_ovl); `FIXED`'s 1 unless the caller measured it (the engine's own GEMMs
   # timed at several token counts).
   overlap: float = 1.0
+  # Rows the engine's GEMM multiplies in one pass over the weights, held (measured; 0: no
+  # limit): a step of more tokens reads the linear weights once more.
+  m_pass: int = 0
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -162,6 +184,19 @@ def workload_of(run: vllm_results.BenchRun, seed: int) -> arrivals.Workload:
     times -= times[0]
   return arrivals.Workload(times, run.prompt_tokens, run.output_tokens,
                            {"from": run.label, "num_requests": n})
+
+
+def coalesced_share(run: vllm_results.BenchRun) -> float | None:
+  """The share of the run's measured token gaps under `COALESCED_S` (None without detail)."""
+  if run.detail is None or not len(run.detail["itl_s"]):
+    return None
+  return float(np.mean(run.detail["itl_s"] < COALESCED_S))
+
+
+def client_bound(run: vllm_results.BenchRun) -> bool:
+  """Whether the run's latencies are its client's and front end's (`CLIENT_BOUND_SHARE`)."""
+  share = coalesced_share(run)
+  return share is not None and share > CLIENT_BOUND_SHARE
 
 
 def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
@@ -198,8 +233,10 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
   block = int(config.get("block_size") or 16)
   replica = replica_lib.from_model(
       spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
-          _step_factors(factors), engine={SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0))}),
-      weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
+          _step_factors(factors), engine={
+              SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
+              "m_pass": float(factors.get("m_pass", setup.m_pass))
+          }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)
   if server.get("kv_blocks"):
@@ -336,10 +373,16 @@ def screen(runs: Sequence[vllm_results.BenchRun],
   A median measured below `BELOW_BOUND` of the one simulated at the bound
   (datasheet speed, no fixed cost) is faster than any factor in range allows:
   the setup or the benchmark's timing differs from the model, so it would
-  only drag the factors to their limits.
+  only drag the factors to their limits. A client-bound run (`client_bound`) is
+  kept and flagged: its medians may still be the engine's, its tails are not.
   """
   kept_runs, flags = [], []
   for run in runs:
+    if client_bound(run):
+      flags.append(
+          f"{run.label}: {coalesced_share(run):.0%} of its token gaps are coalesced (over "
+          f"{CLIENT_BOUND_SHARE:.0%}): the client and API server paced it, not the engine, "
+          "so its latencies hold a term the simulator lacks; fitted as given")
     bound = simulate_run(run, setup, BOUND_FACTORS)
     kept = {}
     for name, measured in run.measured.items():
@@ -416,7 +459,8 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       "factors": _factors({**values, "r_ovl": setup.overlap}),
       "searched": list(setup.searched),
       "fixed": {
-          n: v for n, v in {**FIXED, "r_ovl": setup.overlap}.items() if n not in setup.searched
+          n: v for n, v in {**FIXED, "r_ovl": setup.overlap, "m_pass": setup.m_pass}.items()
+          if n not in setup.searched
       },
       "tied": {"eta_kv": "eta_w"},
       "loss": loss,
@@ -458,12 +502,15 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
 
   Each row: `run`, `metric` (ttft, tpot, itl), `percentile`, `measured_s`,
   `predicted_s` (calibrated), `bound_s` (eta = 1, no fixed costs) and
-  `rel_error` (|predicted - measured| / measured).
+  `rel_error` (|predicted - measured| / measured). A coalesced measurement has
+  no relative error; a client-bound run's rows (`client_bound`) keep theirs but
+  stay out of the medians and the maximum, counted apart.
   """
   rows, throughput, cdfs, terms = [], [], [], []
   for run in runs:
     predicted = simulate_run(run, setup, factors, detail=True)
     bound = simulate_run(run, setup, BOUND_FACTORS)
+    share, paced = coalesced_share(run), client_bound(run)
     for metric in ("ttft", "tpot", "itl"):
       for q in PERCENTILES:
         measured = vllm_results.measured_percentile(run, metric, q)
@@ -472,14 +519,24 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
         if measured is None or value is None:
           continue
         coalesced = measured < COALESCED_S  # Tokens that arrived together: no step to match.
+        note = {}
+        if coalesced:
+          note = {
+              "note": f"measured {measured * 1e3:.3g} ms: under {COALESCED_S * 1e3:g} ms the "
+                      "client received these tokens together (coalesced_itl_share), so no "
+                      "relative error is defined; left out of the medians"
+          }
+        elif paced:
+          note = {
+              "client_bound": True,
+              "note": f"{share:.0%} of this run's token gaps are coalesced (over "
+                      f"{CLIENT_BOUND_SHARE:.0%}): its client and API server paced it, not the "
+                      "engine; the error is shown and left out of the medians and the maximum"
+          }
         rows.append({
             "run": run.label, "model": run.model or setup.model, "metric": metric, "percentile": q,
             "measured_s": measured, "predicted_s": value, "bound_s": bound.get(key),
-            "rel_error": None if coalesced else abs(value - measured) / measured, **({
-                "note": f"measured {measured * 1e3:.3g} ms: under {COALESCED_S * 1e3:g} ms the "
-                        "client received these tokens together (coalesced_itl_share), so no "
-                        "relative error is defined; left out of the medians"
-            } if coalesced else {})
+            "rel_error": None if coalesced else abs(value - measured) / measured, **note
         })
     measured_rate = run.measured_throughput
     if measured_rate and predicted.get("request_throughput_per_s"):
@@ -488,10 +545,9 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
           "predicted_per_s": predicted["request_throughput_per_s"],
           "rel_error": abs(predicted["request_throughput_per_s"] - measured_rate) / measured_rate
       })
-    if run.detail is not None and len(run.detail["itl_s"]):
+    if share is not None:
       terms.append({
-          "run": run.label, "term": "coalesced_itl_share",
-          "value": float(np.mean(run.detail["itl_s"] < COALESCED_S)),
+          "run": run.label, "term": "coalesced_itl_share", "value": share, "client_bound": paced,
           "what": f"share of measured token gaps under {COALESCED_S * 1e3:g} ms: "
                   "tokens the client received together (the client, API server "
                   "and engine share the CPU), not engine steps; the simulator has "
@@ -502,21 +558,22 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
           "run": run.label, "measured": {m: _thin(run.detail[f"{m}_s"]) for m in ("ttft", "itl")},
           "predicted": {m: _thin(predicted["detail"][f"{m}_s"]) for m in ("ttft", "itl")}
       })
-  errors_ = [r["rel_error"] for r in rows if r["rel_error"] is not None]
+  scored = [r for r in rows if r["rel_error"] is not None and not r.get("client_bound")]
+  errors_ = [r["rel_error"] for r in scored]
   return {
       "heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs, "heldout_terms": terms,
       "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
       "heldout_median_rel_error_by_metric": {
           f"p{q} {m}": float(
-              np.median([
-                  r["rel_error"] for r in rows
-                  if r["metric"] == m and r["percentile"] == q and r["rel_error"] is not None
-              ])) for m in ("ttft", "tpot", "itl") for q in PERCENTILES
-          if any(r["metric"] == m and r["percentile"] == q and r["rel_error"] is not None
-                 for r in rows)
+              np.median(
+                  [r["rel_error"] for r in scored if r["metric"] == m and r["percentile"] == q]))
+          for m in ("ttft", "tpot", "itl") for q in PERCENTILES
+          if any(r["metric"] == m and r["percentile"] == q for r in scored)
       }, "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
       "heldout_points": len(errors_),
-      "heldout_points_coalesced": sum(r["rel_error"] is None for r in rows)
+      "heldout_points_coalesced": sum(r["rel_error"] is None for r in rows),
+      "heldout_points_client_bound": sum(bool(r.get("client_bound")) for r in rows
+                                        ), "client_bound_share": CLIENT_BOUND_SHARE
   }
 
 

@@ -281,9 +281,11 @@ def engine_fit_text(result: Mapping[str, Any]) -> str:
         for r in result["heldout_throughput"]
     ]
   coalesced = result.get("heldout_points_coalesced")
+  paced = result.get("heldout_points_client_bound")
   lines.append(f"held-out ({result['heldout_method']}): median "
                f"{table.percent(result['heldout_median_rel_error'])}, max "
                f"{table.percent(result['heldout_max_rel_error'])}" +
                (f" ({coalesced} coalesced measurement(s) without a relative error left out)"
-                if coalesced else ""))
+                if coalesced else "") +
+               (f" ({paced} point(s) of client-bound runs left out)" if paced else ""))
   return "\n".join(lines)

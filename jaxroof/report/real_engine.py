@@ -22,13 +22,17 @@ from jaxroof.report import table
 
 FOLDER = "vllm_cpu"
 # The fit shown and its repeat (each pair: a fit, the same fit on a second pass), the first
-# pair present: passes 5 and 6 (the front end pinned off the engine's core, a quiet machine),
-# else passes 1 and 2 (unpinned, load 5-20).
-RESULTS_CHOICES = (("calibration_pass5.json", "calibration_pass6.json"),
-                   ("calibration.json", "calibration_repeat.json"))
+# pair present: passes 8 and 9 (every run, the isolated shapes included, measured in one
+# hour; the engine's GEMM overlap and weight passes held as measured), else passes 5 and 6
+# (the front end pinned off the engine's core, a quiet machine), else passes 1 and 2
+# (unpinned, load 5-20).
+RESULTS_CHOICES = (("calibration_pass8_same_hour.json", "calibration_pass9_same_hour.json"),
+                   ("calibration_pass5.json",
+                    "calibration_pass6.json"), ("calibration.json", "calibration_repeat.json"))
 RESULTS = RESULTS_CHOICES[0]
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
-_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_request", "t0_seq")  # The searched factors.
+# The searched factors.
+_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -119,19 +123,25 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
   plot(first, png)
   lines += [
       "Measurement: vLLM " + str(meta.get("vllm_version", "0.32.0+cpu")) + " (vllm-cpu) "
-      f"served a tiny Llama (dummy bf16 weights) on this machine's CPU "
+      f"served small Llama models (dummy bf16 weights) on this machine's CPU "
       f"({meta.get('device', 'CPU')}, {meta.get('date', '')}), `vllm bench serve` on loopback; "
       f"load average {meta.get('load', 'n/a')} on 2 cores. "
       "Calibrated prediction: the simulator with its `vllm` scheduler (vLLM V1's), "
       "each run replayed with its own arrivals and lengths, on ceilings measured through the "
-      f"engine's torch (`{paths.in_repository(folder)}/accelerator.json`), factors fitted on " +
+      "engine's torch (`" + (first.get("setup", {}).get("accelerator_file") or
+                             f"{paths.in_repository(folder)}/accelerator.json") +
+      "`), factors fitted on " +
       ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"]) +
       ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
       "",
       "Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in factors.items() if n in _SHOWN) +
       " (t0_step, t0_request and t0_seq in seconds; t0_request: the fixed per-request cost, "
       "HTTP + API server + tokenisation, before the engine sees a request; t0_seq: the "
-      "engine's cost per running sequence in each step, where fitted).",
+      "engine's cost per running sequence in each step, where fitted)." +
+      ("" if not first.get("fixed") else " Held: " +
+       ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in ("r_ovl", "m_pass")) +
+       " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
+       "GEMM multiplies per pass over the weights, 0: one pass)."),
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",
@@ -149,7 +159,12 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
     lines.append("- Token gaps under 0.1 ms (tokens the client received together while the "
                  "client, API server and engine shared two cores; a term the simulator "
                  "lacks, which makes such measured ITL percentiles no engine step time): " +
-                 ", ".join(f"{_short(t['run'])} {table.percent(t['value'])}" for t in terms) + ".")
+                 ", ".join(f"{_short(t['run'])} {table.percent(t['value'])}" +
+                           (" (client-bound)" if t.get("client_bound") else "") for t in terms) +
+                 "." + (f" A run over {table.percent(first.get('client_bound_share'))} is "
+                        "client-bound: its client and API server paced it, so its rows show "
+                        "their error and stay out of the medians." if any(
+                            t.get("client_bound") for t in terms) else ""))
   second = _load(os.path.join(folder, chosen[1]))
   if second is not None:
     lines += [""] + _spread(first, second)

@@ -19,9 +19,12 @@ def percent(value: float | None) -> str:
 
 def heldout_error(row: dict) -> str:
   """A held-out row's relative error; "coalesced" where the measurement was tokens the
-  client received together (`engine_fit`: no relative error is defined)."""
+  client received together (`engine_fit`: no relative error is defined), and marked
+  where its run was paced by the client (`engine_fit.CLIENT_BOUND_SHARE`)."""
   if row.get("rel_error") is None and row.get("note"):
     return "coalesced"
+  if row.get("client_bound"):
+    return f"({percent(row.get('rel_error'))}, client-bound)"
   return percent(row.get("rel_error"))
 
 

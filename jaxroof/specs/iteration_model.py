@@ -234,7 +234,7 @@ class IterationModel:
     if model.kind == "bound":
       return cost_model.evaluator("bound", model.form, "numpy", step_only)(**values)
     regime = {"r_pack": 0.0, **(getattr(model, "regime", None) or {})}
-    engine = {"t0_seq": 0.0, **(getattr(model, "engine", None) or {})}
+    engine = {"t0_seq": 0.0, "m_pass": 0.0, **(getattr(model, "engine", None) or {})}
     return cost_model.evaluator("calibrated", "per_op", "numpy",
                                 step_only)(**values, **model.factors, **regime, **engine)
 

@@ -32,7 +32,7 @@ import sympy as sp
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f, eta_kv,
-                                      eta_w, k, q, r_ovl, r_pack, t0_layer, t0_seq, t0_step)
+                                      eta_w, k, m_pass, q, r_ovl, r_pack, t0_layer, t0_seq, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -143,9 +143,10 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
     "a matmul of two or more rows first re-packs the weights (XLA:CPU's GEMM): "
     "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",)
 
-# An engine's per-sequence cost per iteration (`symbols.t0_seq`): only the iteration cost
-# model has it (`cost_model.calibrated_terms`); 0 unless a real engine's runs fitted it.
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq,)
+# An engine's own terms: its per-sequence cost per iteration (`symbols.t0_seq`, 0 unless a
+# real engine's runs fitted it) and the rows its GEMM multiplies per pass over the weights
+# (`symbols.m_pass`, 0: no limit; measured).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 
@@ -163,6 +164,19 @@ def repack_time(rows: sp.Expr = B, weight_bytes: sp.Expr | None = None) -> sp.Ex
     weight_bytes = formulas.weight_traffic(N, q)
   switch = sp.Min(1, sp.Max(0, rows - 1))
   return r_pack * switch * formulas.memory_time(weight_bytes, eta_w * BW)
+
+
+def weight_passes(rows: sp.Expr, weight_bytes: sp.Expr) -> sp.Expr:
+  """One more read of the weights for a matmul of more than `m_pass` rows (seconds).
+
+  min(1, max(0, rows - m_pass)) * weight_bytes / (eta_w*BW): vLLM CPU's oneDNN GEMM
+  multiplies up to 256 rows in one pass; past them it took 0.6-1.0 more weight reads (up to
+  513 rows, medium-llama; results/vllm_cpu/engine_gemm_blocks.json), so a step of a
+  256-token prompt and k decode rows reads the weights about twice. m_pass = 0 switches it
+  off (min(1, m_pass)).
+  """
+  switch = sp.Min(1, sp.Max(0, rows - m_pass))
+  return sp.Min(1, m_pass) * switch * formulas.memory_time(weight_bytes, eta_w * BW)
 
 
 def _with_added(terms: dict[str, sp.Expr], extra_s: sp.Expr, *also: str) -> dict[str, sp.Expr]:
@@ -190,9 +204,12 @@ def calibrated_model_with_regime(backend: Literal["numpy", "jax"] = "numpy"):
 
 
 def _engine_terms() -> dict[str, sp.Expr]:
-  """The calibrated terms with the re-pack and an engine's per-sequence cost: a decode
-  step of B sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq)."""
-  return _with_added(_regime_terms(), t0_seq * B, "fixed_s")
+  """The calibrated terms with the re-pack and an engine's own terms: a decode step of B
+  sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq) and reads the
+  weights once more past `m_pass` rows (`weight_passes`)."""
+  passes_s = weight_passes(B, formulas.weight_traffic(N, q))
+  terms = _with_added(_regime_terms(), passes_s, "memory_s")
+  return {**_with_added(terms, t0_seq * B, "fixed_s"), "weight_passes_s": passes_s}
 
 
 @functools.cache

@@ -45,8 +45,9 @@ Calibrated: the calibrated step's form (`calibrated`), per-operation
 efficiencies: weights (linear and head) at eta_w*BW, attention bytes at
 eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
 p-norm, attention bytes on top, plus the fixed costs per iteration, per
-layer and (an engine's, t0_seq, 0 unless fitted) per sequence, and a CPU's re-pack of the linear weights from two rows (r_pack, 0
-unless a profile fitted it).
+layer and (an engine's, t0_seq, 0 unless fitted) per sequence, a CPU's re-pack of the
+linear weights from two rows (r_pack, 0 unless a profile fitted it), and an engine's GEMM
+reading them once more past m_pass rows (0: no limit; vLLM CPU's oneDNN: 256).
 """
 
 from __future__ import annotations
@@ -161,11 +162,13 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
   # devices whose kernels stream them as stored).
   repack_s = calibrated.repack_time(tokens(), ops["linear"][0])
-  floor_s = fixed_s + linear_s + kv_s + repack_s
+  # An engine's GEMM reading the linear weights once more past m_pass rows (0: off).
+  passes_s = calibrated.weight_passes(tokens(), ops["linear"][0])
+  floor_s = fixed_s + linear_s + kv_s + repack_s + passes_s
   return {
       "weight_s": weight_s, "kv_s": kv_s, "compute_s": compute_s, "fixed_s": fixed_s,
-      "linear_s": linear_s, "repack_s": repack_s, "floor_s": floor_s, "comm_s": t_comm,
-      "step_s": with_overlap(floor_s, t_comm, o_ovl)
+      "linear_s": linear_s, "repack_s": repack_s, "weight_passes_s": passes_s, "floor_s": floor_s,
+      "comm_s": t_comm, "step_s": with_overlap(floor_s, t_comm, o_ovl)
   }
 
 

@@ -122,6 +122,12 @@ r_pack = _define(
 t0_seq = _define(
     "t0_seq", "s", "fixed cost per sequence in an iteration (an engine's "
     "per-request work each step; 0 unless fitted)", "engine_factors")
+# An engine's GEMM that multiplies m_pass rows in one pass over the weights and reads them
+# once more for a matmul of more rows (`cost_model`): vLLM CPU's oneDNN path, 256 rows
+# (results/vllm_cpu/README.md, "Mixed steps"); measured, not fitted.
+m_pass = _define(
+    "m_pass", "tokens", "rows an engine's GEMM multiplies in one pass over the weights (a "
+    "matmul of more rows reads them once more; 0: no such limit)", "engine_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(

@@ -45,8 +45,16 @@ def collect(folder: str) -> dict:
   return {"passes": passes, "rows": rows}
 
 
+FIRST_DATE = ("2026-12-02 07:37-08:36 UTC, passes 1-5; light pytest runs of this project "
+              "overlapped pass 3's first shapes (07:50-07:53) and pass 5's middle ones "
+              "(08:33-08:34)")
+
 if __name__ == "__main__":
-  data = collect(sys.argv[1])
+  # Arguments: the folder, then optionally the JSON to write and its date line (a pass of
+  # the same-hour sets, e.g. pass7/engine_shape_probe.json).
+  folder = sys.argv[1]
+  target = sys.argv[2] if len(sys.argv) > 2 else "results/vllm_cpu/engine_shape_probe.json"
+  data = collect(folder)
   out = {
       "kind": "measurement",
       "what": ("vLLM's decode step of one sequence (isolated requests: 256 prompt tokens, 64 "
@@ -55,13 +63,11 @@ if __name__ == "__main__":
                "shapes of width 64/512/1536 and depth 1/4; one row per pass"),
       "device": "AMD EPYC, 2 cores: engine worker on core 1, API server on core 0",
       "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, dummy weights (/work/vllm-env)",
-      "date": ("2026-12-02 07:37-08:36 UTC, passes 1-5; light pytest runs of this project "
-               "overlapped pass 3's first shapes (07:50-07:53) and pass 5's middle ones "
-               "(08:33-08:34)"),
-      "made_by": "python results/vllm_cpu/engine_shape_probe.py /work/vllm-runs/shape",
+      "date": sys.argv[3] if len(sys.argv) > 3 else FIRST_DATE,
+      "made_by": "python results/vllm_cpu/engine_shape_probe.py " + " ".join(sys.argv[1:3]),
       **data,
   }
-  with open("results/vllm_cpu/engine_shape_probe.json", "w") as f:
+  with open(target, "w") as f:
     json.dump(out, f, indent=1)
   for shape, row in data["rows"].items():
     print(shape, f"{row['decode_step_median_s'] * 1e3:.2f} ms "

@@ -3,13 +3,13 @@ sets it up on this AVX512-BF16 CPU) over a model's whole decoder weight set, eve
 weights in turn, at several token counts M (decode batches and prefill chunks), on core 1.
 Prints, per model and M, the median of 7 passes after one warm-up, as time, weight GB/s and
 GFLOP/s: whether a model's GEMMs run at another rate than a smaller model's at the same M.
-Usage: python engine_token_rates.py CONFIG.json [CONFIG.json ...]"""
+Usage: python engine_token_rates.py CONFIG.json [CONFIG.json ...] (env TOKENS=1,2,...: other M)"""
 import json, os, sys, time
 import torch
 os.sched_setaffinity(0, {1})
 torch.set_num_threads(1)
 from vllm import _custom_ops as ops
-TOKENS = (1, 2, 4, 8, 32, 128, 256)
+TOKENS = tuple(int(m) for m in os.environ.get("TOKENS", "1,2,4,8,32,128,256").split(","))
 out = []
 for path in sys.argv[1:]:
   c = json.load(open(path))

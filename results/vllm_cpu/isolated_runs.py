@@ -7,16 +7,20 @@ median over the passes of the engine's own decode step. `calibrate --source=vllm
 with `--fit_model=results/vllm_cpu/models/<shape>`: steps of one sequence at two depths and
 three widths, which serving runs of one depth cannot split into per-step and per-layer cost.
 TTFT is not in the file (the probe's is engine-side, without the client's HTTP).
-Usage (project venv): python results/vllm_cpu/isolated_runs.py
+Usage (project venv): python results/vllm_cpu/isolated_runs.py [PROBE_JSON OUT_DIR]
+(default: engine_shape_probe.json to isolated/; a same-hour pass: pass7/engine_shape_probe.json
+to pass7/isolated).
 """
 import json
 import os
+import sys
 
 PROBE = "results/vllm_cpu/engine_shape_probe.json"
 OUT = "results/vllm_cpu/isolated"
 REQUESTS, PROMPT, OUTPUT = 8, 256, 64
 
 if __name__ == "__main__":
+  PROBE, OUT = sys.argv[1:3] if len(sys.argv) > 2 else (PROBE, OUT)
   probe = json.load(open(PROBE))
   os.makedirs(OUT, exist_ok=True)
   for shape, row in probe["rows"].items():

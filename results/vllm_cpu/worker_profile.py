@@ -13,7 +13,6 @@ then `python results/vllm_cpu/worker_profile.py worker.raw worker_native.raw > O
 
 import collections
 import json
-import re
 import sys
 
 GROUPS = (

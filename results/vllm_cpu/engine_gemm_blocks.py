@@ -1,0 +1,68 @@
+"""How vLLM's bf16 GEMM on this CPU grows past 256 rows: engine_gemm_blocks.json.
+
+A mixed step (one 256-token prompt with k sequences decoding) took the engine 20 ms more
+per decoding sequence on medium-llama (engine_mixed_probe.json), where the model charges
+a fraction of a millisecond. `engine_token_rates.py` times the decoder's GEMMs through
+vLLM's own oneDNN handlers at M rows around 128, 256, 384 and 512, twice (engine venv,
+core 1):
+
+  TOKENS=1,4,128,129,131,132,255,256,257,258,259,260,264,288,320,384,385,512,513 \\
+    python engine_token_rates.py models/tiny-llama/config.json \\
+    models/medium-llama/config.json > gemm_blocks_runN.jsonl
+
+then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (project venv)
+writes the JSON: per model and M the two runs' medians, and the reading, each M's time over
+the time at the largest multiple of 256 below it, in passes at M = 4 (one read of the
+weights at a decode's rate).
+"""
+import json
+import statistics
+import sys
+
+from jaxroof import files
+
+BLOCK = 256
+
+
+def collect(paths: list[str]) -> dict:
+  runs = [[json.loads(line) for line in open(p)] for p in paths]
+  times: dict[str, dict[int, list[float]]] = {}
+  for run in runs:
+    for row in run:
+      times.setdefault(row["model"], {}).setdefault(row["tokens"], []).append(row["median_s"])
+  reading = {}
+  for model, by_m in times.items():
+    one_pass = statistics.median(by_m[4])
+    reading[model] = {
+        "one_pass_at_4_rows_s": one_pass,
+        "over_the_block_below_in_passes": {
+            m: (statistics.median(t) - statistics.median(by_m[(m // BLOCK) * BLOCK])) / one_pass
+            for m, t in sorted(by_m.items()) if m > BLOCK and (m // BLOCK) * BLOCK in by_m
+        },
+        "over_128_in_passes": {
+            m: (statistics.median(t) - statistics.median(by_m[128])) / one_pass
+            for m, t in sorted(by_m.items()) if 128 < m < BLOCK
+        },
+    }
+  return {
+      "rows": {model: {m: t for m, t in sorted(by_m.items())} for model, by_m in times.items()},
+      "reading": reading
+  }
+
+
+if __name__ == "__main__":
+  data = collect(sys.argv[1:])
+  files.write_json(
+      "results/vllm_cpu/engine_gemm_blocks.json", {
+          "kind": "measurement",
+          "what": ("vLLM's bf16 linear path (create_onednn_mm/onednn_mm) over each model's whole "
+                   "decoder weight set at M rows, median of 7 passes after a warm-up, one "
+                   "thread on core 1; per model and M, the runs' medians (s)"),
+          "device": "AMD EPYC, 2 cores (avx512_bf16, no AMX)",
+          "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, random weights",
+          "made_by": "results/vllm_cpu/engine_gemm_blocks.py (its docstring has the commands)",
+          "runs": sys.argv[1:], **data
+      })
+  for model, r in data["reading"].items():
+    print(model, f"one pass {r['one_pass_at_4_rows_s'] * 1e3:.2f} ms;", ", ".join(
+        f"{m}: {v:+.2f}" for m, v in r["over_the_block_below_in_passes"].items()))
