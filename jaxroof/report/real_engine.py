@@ -141,7 +141,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       ("" if not first.get("fixed") else " Held: " +
        ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in ("r_ovl", "m_pass")) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
-       "GEMM multiplies per pass over the weights, 0: one pass)."),
+       "GEMM multiplies in one pass over the weights, a step of more reading them once more; "
+       "0: no limit)."),
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",
