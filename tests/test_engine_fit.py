@@ -175,7 +175,7 @@ def _with_detail(run: vllm_results.BenchRun, coalesced: float,
 
 
 def test_a_client_bound_run_shows_its_errors_outside_the_medians():
-  """nano-llama's client starved a second stream (40-49% of its gaps coalesced, whole
+  """nano-llama's client starved a second stream (23-49% of its gaps coalesced, whole
   requests in one chunk: TTFT = their duration). Such a run's rows keep their error, marked,
   out of the medians and the maximum; a run at 10% (as quiet tiny-llama runs) is scored."""
   base = _synthetic_run(4.0, 3)

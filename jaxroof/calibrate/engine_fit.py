@@ -76,6 +76,9 @@ REQUEST_COST = "t0_request"
 SEQUENCE_COST = "t0_seq"
 # With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
 LAYER_COST = "t0_layer"
+# `ServingSetup.m_pass`: the rows the engine's GEMM multiplies in one pass over the weights,
+# held as measured (0 at the bound: the weights read once a step).
+WEIGHT_PASS = "m_pass"
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
     SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
@@ -91,7 +94,7 @@ COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, n
 # client and API server, not by the engine: on this 2-core CPU they share core 0 with
 # vLLM's scheduler, and at about 1 ms steps (nano-llama) a second stream starves (whole
 # requests delivered in one chunk, TTFT = their duration). Quiet runs of tiny-, small- and
-# medium-llama had at most 11% of their gaps coalesced, nano-llama's 40-49%
+# medium-llama had at most 11% of their gaps coalesced, nano-llama's 23-49% (five runs)
 # (results/vllm_cpu/README.md, "Client-bound runs").
 CLIENT_BOUND_SHARE = 0.2
 FIXED = {"t0_layer": 1e-9, "r_ovl": 1.0}
@@ -103,13 +106,8 @@ TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
-    "eta_w": 1.0,
-    "eta_f": 1.0,
-    "t0_step": 1e-9,
-    "r_ovl": FIXED["r_ovl"],
-    REQUEST_COST: 0.0,
-    SEQUENCE_COST: 0.0,
-    "m_pass": 0  # The bound streams the weights once a step.
+    "eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"], REQUEST_COST: 0.0,
+    SEQUENCE_COST: 0.0, WEIGHT_PASS: 0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -235,7 +233,7 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
       spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
           _step_factors(factors), engine={
               SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
-              "m_pass": float(factors.get("m_pass", setup.m_pass))
+              WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass))
           }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)
@@ -459,7 +457,7 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       "factors": _factors({**values, "r_ovl": setup.overlap}),
       "searched": list(setup.searched),
       "fixed": {
-          n: v for n, v in {**FIXED, "r_ovl": setup.overlap, "m_pass": setup.m_pass}.items()
+          n: v for n, v in {**FIXED, "r_ovl": setup.overlap, WEIGHT_PASS: setup.m_pass}.items()
           if n not in setup.searched
       },
       "tied": {"eta_kv": "eta_w"},
@@ -560,6 +558,7 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       })
   scored = [r for r in rows if r["rel_error"] is not None and not r.get("client_bound")]
   errors_ = [r["rel_error"] for r in scored]
+  paced_points = sum(bool(r.get("client_bound")) for r in rows)
   return {
       "heldout": rows, "heldout_throughput": throughput, "cdfs": cdfs, "heldout_terms": terms,
       "heldout_median_rel_error": float(np.median(errors_)) if errors_ else None,
@@ -572,8 +571,7 @@ def predict_heldout(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       }, "heldout_max_rel_error": float(np.max(errors_)) if errors_ else None,
       "heldout_points": len(errors_),
       "heldout_points_coalesced": sum(r["rel_error"] is None for r in rows),
-      "heldout_points_client_bound": sum(bool(r.get("client_bound")) for r in rows
-                                        ), "client_bound_share": CLIENT_BOUND_SHARE
+      "heldout_points_client_bound": paced_points, "client_bound_share": CLIENT_BOUND_SHARE
   }
 
 

@@ -170,7 +170,7 @@ def weight_passes(rows: sp.Expr, weight_bytes: sp.Expr) -> sp.Expr:
   """One more read of the weights for a matmul of more than `m_pass` rows (seconds).
 
   min(1, max(0, rows - m_pass)) * weight_bytes / (eta_w*BW): vLLM CPU's oneDNN GEMM
-  multiplies up to 256 rows in one pass; past them it took 0.6-1.0 more weight reads (up to
+  multiplies up to 256 rows in one pass; past them it took 0.4-0.9 more weight reads (up to
   513 rows, medium-llama; results/vllm_cpu/engine_gemm_blocks.json), so a step of a
   256-token prompt and k decode rows reads the weights about twice. m_pass = 0 switches it
   off (min(1, m_pass)).

@@ -3,7 +3,7 @@
 A mixed step (one 256-token prompt with k sequences decoding) took the engine 20 ms more
 per decoding sequence on medium-llama (engine_mixed_probe.json), where the model charges
 a fraction of a millisecond. `engine_token_rates.py` times the decoder's GEMMs through
-vLLM's own oneDNN handlers at M rows around 128, 256, 384 and 512, twice (engine venv,
+vLLM's own oneDNN handlers at M rows around 128, 256, 384 and 512, three times (engine venv,
 core 1):
 
   TOKENS=1,4,128,129,131,132,255,256,257,258,259,260,264,288,320,384,385,512,513 \\
@@ -11,13 +11,15 @@ core 1):
     models/medium-llama/config.json > gemm_blocks_runN.jsonl
 
 then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (project venv)
-writes the JSON: per model and M the two runs' medians, and the reading, each M's time over
-the time at the largest multiple of 256 below it, in passes at M = 4 (one read of the
-weights at a decode's rate).
+writes the JSON: per model and M the runs' medians, and the reading, each M's time over the
+straight line through 128-256 rows, in passes at M = 4 (one read of the weights at a
+decode's rate).
 """
 import json
 import statistics
 import sys
+
+import numpy as np
 
 from jaxroof import files
 
@@ -25,6 +27,8 @@ BLOCK = 256
 
 
 def collect(paths: list[str]) -> dict:
+  """Per model and M the runs' medians; the reading: each M past `BLOCK` over the straight
+  line fitted through 128-`BLOCK` rows, in reads of the weights at M = 4."""
   runs = [[json.loads(line) for line in open(p)] for p in paths]
   times: dict[str, dict[int, list[float]]] = {}
   for run in runs:
@@ -32,16 +36,15 @@ def collect(paths: list[str]) -> dict:
       times.setdefault(row["model"], {}).setdefault(row["tokens"], []).append(row["median_s"])
   reading = {}
   for model, by_m in times.items():
-    one_pass = statistics.median(by_m[4])
+    median = {m: statistics.median(t) for m, t in by_m.items()}
+    line_m = [m for m in median if 128 <= m <= BLOCK]
+    slope, intercept = np.polyfit(line_m, [median[m] for m in line_m], 1)
+    one_pass = median[4]
     reading[model] = {
         "one_pass_at_4_rows_s": one_pass,
-        "over_the_block_below_in_passes": {
-            m: (statistics.median(t) - statistics.median(by_m[(m // BLOCK) * BLOCK])) / one_pass
-            for m, t in sorted(by_m.items()) if m > BLOCK and (m // BLOCK) * BLOCK in by_m
-        },
-        "over_128_in_passes": {
-            m: (statistics.median(t) - statistics.median(by_m[128])) / one_pass
-            for m, t in sorted(by_m.items()) if 128 < m < BLOCK
+        "line_through_128_to_256": {"intercept_s": intercept, "per_row_s": slope},
+        "over_the_line_in_passes": {
+            m: (t - intercept - slope * m) / one_pass for m, t in sorted(median.items()) if m > 128
         },
     }
   return {
@@ -65,4 +68,4 @@ if __name__ == "__main__":
       })
   for model, r in data["reading"].items():
     print(model, f"one pass {r['one_pass_at_4_rows_s'] * 1e3:.2f} ms;", ", ".join(
-        f"{m}: {v:+.2f}" for m, v in r["over_the_block_below_in_passes"].items()))
+        f"{m}: {v:+.2f}" for m, v in r["over_the_line_in_passes"].items()))

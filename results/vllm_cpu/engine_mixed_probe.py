@@ -45,7 +45,8 @@ def probe(env_dir, work_dir, model_dir, step_s):
   with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
     post(port, body(PROMPT, 4))  # warm-up, not counted
     for k, bg_prompt in SETTINGS:
-      out = int(BG_SECONDS / step_s)
+      # Long enough to outlast the probes, within the server's context.
+      out = min(int(BG_SECONDS / step_s), config.max_model_len - bg_prompt - 8)
       background = [threading.Thread(target=post, args=(port, body(bg_prompt, out)))
                     for _ in range(k)]
       done = prompt_tokens_done(port)
@@ -76,11 +77,11 @@ def probe(env_dir, work_dir, model_dir, step_s):
 
 def collect(paths):
   """Every row, with its prefill over the same model's K = 0 one."""
-  rows = [json.loads(line) for p in paths for line in open(p)]
-  alone = {r["model_dir"]: r["prefill_s"] for r in rows if r["decoding"] == 0}
+  rows = [{**json.loads(line), "run": p} for p in paths for line in open(p)]
+  alone = {(r["run"], r["model_dir"]): r["prefill_s"] for r in rows if r["decoding"] == 0}
   for r in rows:
     r["model"] = os.path.basename(os.path.dirname(r["model_dir"].rstrip("/")))
-    r["prefill_over_alone_s"] = r["prefill_s"] - alone[r["model_dir"]]
+    r["prefill_over_alone_s"] = r["prefill_s"] - alone[(r["run"], r["model_dir"])]
   return {
       "kind": "measurement",
       "what": ("vLLM's own prefill time (/metrics request_prefill_time_seconds: scheduled to "
