@@ -123,6 +123,18 @@ ENGINE_M_PASS = flags.DEFINE_integer(
     "weights, held in the fit: a step of more tokens reads the linear weights once more. "
     "vLLM's bf16 oneDNN path on this CPU: 256 (results/vllm_cpu/engine_gemm_blocks.json). "
     "0: no limit.", lower_bound=0, upper_bound=1_000_000)
+ENGINE_ETA_KV = flags.DEFINE_float(
+    "engine_eta_kv", None, "vllm: eta_kv held in the fit: the engine's attention kernel's "
+    "K/V read rate as a share of the device's read bandwidth. vLLM's CPU kernel on this CPU: "
+    "about 9 GB/s of 38-41, net of its FLOPs at --engine_eta_attn "
+    "(results/vllm_cpu/engine_attention_rates*.json): 0.23. In (0, 1]; unset: tied to eta_w.",
+    lower_bound=1e-6, upper_bound=1.0)
+ENGINE_ETA_ATTN = flags.DEFINE_float(
+    "engine_eta_attn", None, "vllm: eta_attn held in the fit: the engine's attention "
+    "kernel's FLOP rate as a share of the device's F, its FLOPs timed on top of the linear "
+    "layers'. vLLM's CPU kernel on this CPU: 114-121 GFLOP/s of 446 on prompts of 128-512 "
+    "tokens (results/vllm_cpu/engine_attention_rates*.json): 0.26. In (0, 1]; unset: "
+    "attention FLOPs with the linear layers' at eta_f.", lower_bound=1e-6, upper_bound=1.0)
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -165,7 +177,8 @@ USED: dict[str, tuple[str, ...]] = {
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
              "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
-             "scheduler", "max_running", "token_budget", "max_simulations", "seed"),
+             "engine_eta_kv", "engine_eta_attn", "scheduler", "max_running", "token_budget",
+             "max_simulations", "seed"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

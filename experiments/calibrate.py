@@ -170,7 +170,8 @@ def vllm() -> None:
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
       sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
       overlap=errors.require_non_negative("--engine_overlap",
-                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value)
+                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
+      kv_efficiency=F.ENGINE_ETA_KV.value, attention_efficiency=F.ENGINE_ETA_ATTN.value)
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -73,3 +74,13 @@ def test_measure_ops_refuses_interpreted_pallas_on_cpu():
     pytest.skip("CPU-only behaviour")
   proc = run("measure_ops", "--backend=pallas")
   assert proc.returncode == 2 and "pallas" in proc.stderr
+
+
+def test_every_calibrate_flag_belongs_to_a_source():
+  """A flag no source lists in `USED` is never refused where it does nothing (an
+  --engine_eta_attn once parsed and went nowhere): each belongs to every source or to one."""
+  from experiments import _calibrate_flags as F  # Defines absl flags: imported here only.
+  text = open(F.__file__, encoding="utf-8").read()
+  defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', text))
+  listed = set(F._EVERY_SOURCE).union(*F.USED.values())
+  assert defined and defined <= listed, sorted(defined - listed)

@@ -57,7 +57,7 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   values = {
       S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
       S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
-      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0
+      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0, S.eta_attn: 0
   }
   assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
                                                    rel=1e-12)
@@ -92,6 +92,33 @@ def test_an_engines_sequence_cost_is_one_per_sequence_in_every_consumer():
   assert one["step_s"][0] > plain.evaluate(B=np.array([1.0]), **values)["step_s"][0]
   with pytest.raises(ValueError, match="engine factors"):
     StepModel.calibrated(factors, engine={"t0_nope": 1.0})
+
+
+def test_an_engines_attention_kernel_times_its_flops_apart_from_the_linear_layers():
+  """vLLM CPU's attention kernel ran prompts at about 120 GFLOP/s where its GEMMs ran 450
+  (results/vllm_cpu/engine_attention_rates.json). With eta_attn held, an iteration's
+  attention FLOPs (by hand: 4*H*d per (query, key) pair per layer, a prompt's causal pairs
+  and each decode row's context) take FLOPs / (eta_attn*F) on top, and leave the linear
+  layers' compute term; eta_attn = 0 is the model without the term."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  apart = StepModel.calibrated(factors, engine={"eta_attn": 0.25})
+  off = StepModel.calibrated(factors, engine={"eta_attn": 0.0})
+  plain = StepModel.calibrated(factors)
+  cost = _cost("llama-3-8b", H100)  # 32 layers, 32 query heads of 128.
+  peak = cost.constants["F"]
+  for prompt, contexts in ((512, []), (0, [900.0] * 4), (256, [300.0, 700.0])):
+    mix = cost.mix(decode_context=contexts, chunk_offset=[0.0] * bool(prompt),
+                   chunk_tokens=[float(prompt)] * bool(prompt))
+    flops = 32 * 4 * 32 * 128 * (prompt * (prompt + 1) / 2 + sum(contexts))
+    on, no, base = (cost.evaluate(mix, m) for m in (apart, off, plain))
+    assert float(on["attention_s"]) == pytest.approx(flops / (0.25 * peak), rel=1e-9)
+    assert float(no["attention_s"]) == 0.0
+    assert float(no["compute_s"]) - float(on["compute_s"]) == pytest.approx(
+        flops / (0.5 * peak), rel=1e-9)
+    assert float(no["step_s"]) == pytest.approx(float(base["step_s"]), rel=1e-12)
+    assert float(on["step_s"]) > float(no["step_s"])
 
 
 def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():

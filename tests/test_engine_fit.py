@@ -213,3 +213,49 @@ def test_a_coalesced_measurement_has_no_relative_error(monkeypatch):
   assert out["heldout_points"] == len(out["heldout"]) - 1
   assert "p50 itl" not in out["heldout_median_rel_error_by_metric"]
   assert math.isfinite(out["heldout_max_rel_error"])
+
+
+def test_a_held_eta_kv_charges_attention_at_the_engines_kernel_rate(monkeypatch):
+  """vLLM's CPU attention read K/V at 7-12 GB/s where its GEMMs read weights at 24-39
+  (results/vllm_cpu/engine_attention_rates.json): `kv_efficiency` holds eta_kv there. A decode
+  step's K/V time is then its K/V bytes over eta_kv x BW, the runs slow down, the result says
+  what was held, and the bound stays at eta = 1."""
+  held = dataclasses.replace(SETUP, kv_efficiency=0.1)
+  run = _synthetic_run(8.0, seed=4)
+  replica = engine_fit.replica_of(run, held, {**held.held(), **TRUTH})
+  batch, context = 4.0, 1000.0
+  step = replica.cost.decode(batch, context, replica.step_model)
+  # llama-2-7b: 32 layers, K and V of 32 heads x 128 in bf16 per position.
+  kv_bytes = batch * context * 32 * 2 * 32 * 128 * 2
+  assert float(step["kv_s"]) == pytest.approx(kv_bytes / (0.1 * replica.cost.constants["BW"]),
+                                              rel=1e-6)
+  tied = engine_fit.replica_of(run, SETUP, TRUTH)
+  tied_step = tied.cost.decode(batch, context, tied.step_model)
+  assert float(tied_step["kv_s"]) == pytest.approx(float(step["kv_s"]) * 0.1 / TRUTH["eta_w"])
+  slow = engine_fit.simulate_run(run, held, TRUTH)["median_tpot_s"]
+  assert slow > engine_fit.simulate_run(run, SETUP, TRUTH)["median_tpot_s"]
+  assert (engine_fit.simulate_run(run, held, engine_fit.BOUND_FACTORS) == engine_fit.simulate_run(
+      run, SETUP, engine_fit.BOUND_FACTORS))
+  monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
+  result = engine_fit.fit_runs([run], held)
+  assert result["factors"]["eta_kv"] == 0.1 and result["fixed"]["eta_kv"] == 0.1
+  assert result["tied"] == {}
+  assert engine_fit.fit_runs([run], SETUP)["tied"] == {"eta_kv": "eta_w"}
+
+
+def test_a_held_eta_attn_times_the_kernels_flops_and_leaves_the_bound(monkeypatch):
+  """The kernel's prompts ran at about 120 GFLOP/s, its GEMMs at 450: `attention_efficiency`
+  holds eta_attn, every simulated step pays attention FLOPs at eta_attn x F (TTFT of
+  1000-token prompts grows), the result carries it, and the bound stays as it was."""
+  kernel = dataclasses.replace(SETUP, attention_efficiency=0.05)
+  run = _synthetic_run(2.0, seed=6)
+  slow, plain = (engine_fit.simulate_run(run, s, TRUTH) for s in (kernel, SETUP))
+  assert slow["median_ttft_s"] > plain["median_ttft_s"]
+  assert (engine_fit.simulate_run(run, kernel, engine_fit.BOUND_FACTORS) == engine_fit.simulate_run(
+      run, SETUP, engine_fit.BOUND_FACTORS))
+  replica = engine_fit.replica_of(run, kernel, {**kernel.held(), **TRUTH})
+  assert replica.step_model.engine["eta_attn"] == 0.05
+  monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
+  result = engine_fit.fit_runs([run], kernel)
+  assert result["factors"]["eta_attn"] == 0.05 and result["fixed"]["eta_attn"] == 0.05
+  assert "eta_attn" not in engine_fit.fit_runs([run], SETUP)["factors"]

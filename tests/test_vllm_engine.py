@@ -382,13 +382,19 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   done = subprocess.run([
       sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={FIXTURE}",
       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
-      "--scheduler=vllm", "--request_cost", "--max_simulations=12", f"--json_out={out}"
+      "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
+      "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["heldout"] and math.isfinite(result["heldout_median_rel_error"])
   assert set(result["factors"]) >= {"eta_w", "eta_f", "t0_step", "t0_request"}
   assert all(0 < result["factors"][n] <= 1 for n in ("eta_w", "eta_f"))
+  # Every held engine term reaches the fit, as measured.
+  assert result["fixed"] == {
+      "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256
+  }
+  assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
 
 
 @pytest.mark.slow

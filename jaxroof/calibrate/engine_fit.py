@@ -19,9 +19,12 @@ and sampling work grows with the running sequences; the cost model's
 `t0_seq * n_seq`), and one per layer per iteration (`t0_layer`, `layer_cost`: the
 engine's per-layer kernels and their launches; it needs fit runs of two depths, else it
 and t0_step are one sum). Held as measured, not searched: r_ovl (`overlap`, how the
-engine's GEMMs overlap weight reads and FLOPs) and m_pass (`m_pass`, the rows its GEMM
+engine's GEMMs overlap weight reads and FLOPs), m_pass (`m_pass`, the rows its GEMM
 multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
-prompt and k decode rows reads them about twice). The simulator is
+prompt and k decode rows reads them about twice) and, where given, eta_kv (`kv_efficiency`,
+the rate of the engine's own attention kernel over the K/V; else tied to eta_w) and eta_attn
+(`attention_efficiency`, the FLOP rate of that kernel; else its FLOPs go with the linear
+layers' at eta_f). The simulator is
 discrete (admission and page events), so the loss has small jumps and no
 jax gradient: `search` is a damped Gauss-Newton (Levenberg-Marquardt) on the
 log residuals within `BOUNDS`, its Jacobian from finite differences `FD_STEP`
@@ -79,6 +82,12 @@ LAYER_COST = "t0_layer"
 # `ServingSetup.m_pass`: the rows the engine's GEMM multiplies in one pass over the weights,
 # held as measured (0 at the bound: the weights read once a step).
 WEIGHT_PASS = "m_pass"
+# `ServingSetup.kv_efficiency`: eta_kv held at the engine's attention rate over the K/V as a
+# share of BW (measured; None: tied to eta_w, as the cost model's one memory efficiency).
+KV_EFFICIENCY = "eta_kv"
+# `ServingSetup.attention_efficiency`: eta_attn held at the engine's attention kernel's FLOP
+# rate as a share of F (measured; None: 0, attention FLOPs with the linear layers').
+ATTENTION_EFFICIENCY = "eta_attn"
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
     SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
@@ -106,8 +115,8 @@ TOLERANCE = 0.01  # Stop when a step moves every log factor by < 1%.
 MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot produce.
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
-    "eta_w": 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"], REQUEST_COST: 0.0,
-    SEQUENCE_COST: 0.0, WEIGHT_PASS: 0
+    "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
+    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WEIGHT_PASS: 0, ATTENTION_EFFICIENCY: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -122,7 +131,10 @@ ASSUMPTIONS = (
     "from the server's log)",
     "the engine's GEMM reads the linear weights once more in a step of more than m_pass "
     "tokens (held as measured; 0: no limit)",
-    "eta_kv tied to eta_w; r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
+    "eta_kv tied to eta_w unless held (the engine's attention kernel timed over the K/V); "
+    "attention FLOPs with the linear layers' at eta_f unless eta_attn is held (that "
+    "kernel's FLOP rate, timed on prompts); "
+    "r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
     "at 1 ns unless searched (layer_cost); the bound at r_ovl = 1; on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
     "loss: mean squared log error of the simulated vs measured median TTFT, TPOT and ITL "
@@ -154,12 +166,28 @@ class ServingSetup:
   # Rows the engine's GEMM multiplies in one pass over the weights, held (measured; 0: no
   # limit): a step of more tokens reads the linear weights once more.
   m_pass: int = 0
+  # eta_kv, held (not searched): the engine's attention kernel's K/V rate as a share of the
+  # device's BW (measured: vLLM's CPU kernel read K/V at about 9 GB/s net of its FLOPs here,
+  # 8-11 by model, where its GEMMs read weights at 24-39 GB/s;
+  # results/vllm_cpu/engine_attention_rates*.json). None: tied to eta_w.
+  kv_efficiency: float | None = None
+  # eta_attn, held: the engine's attention kernel's FLOP rate as a share of F (measured:
+  # vLLM's CPU kernel 114-121 GFLOP/s on prompts of 128-512 tokens, its GEMMs 450). None:
+  # attention FLOPs with the linear layers' at eta_f.
+  attention_efficiency: float | None = None
 
   @property
   def searched(self) -> tuple[str, ...]:
     return SEARCHED + ((REQUEST_COST,) if self.request_cost else
                        ()) + ((SEQUENCE_COST,) if self.sequence_cost else
                               ()) + ((LAYER_COST,) if self.layer_cost else ())
+
+  def held(self) -> dict[str, float]:
+    """The factors held as measured: r_ovl always, eta_kv and eta_attn where given."""
+    kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
+    attention = ({} if self.attention_efficiency is None else
+                 {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
+    return {"r_ovl": float(self.overlap), **kv, **attention}
 
   @property
   def device_name(self) -> str:
@@ -199,17 +227,18 @@ def client_bound(run: vllm_results.BenchRun) -> bool:
 
 def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
   return {
-      "eta_w": values["eta_w"], "eta_kv": values["eta_w"], "eta_f": values["eta_f"],
-      "t0_step": values["t0_step"], **FIXED,
+      "eta_w": values["eta_w"], "eta_kv": values.get(KV_EFFICIENCY, values["eta_w"]),
+      "eta_f": values["eta_f"], "t0_step": values["t0_step"], **FIXED,
       LAYER_COST: float(values.get(LAYER_COST, FIXED[LAYER_COST])),
       "r_ovl": float(values.get("r_ovl", FIXED["r_ovl"]))
   }
 
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
+  held = {n: float(values[n]) for n in (ATTENTION_EFFICIENCY,) if n in values}
   return {
       **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
-      SEQUENCE_COST: float(values.get(SEQUENCE_COST, 0.0))
+      SEQUENCE_COST: float(values.get(SEQUENCE_COST, 0.0)), **held
   }
 
 
@@ -233,7 +262,8 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
       spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
           _step_factors(factors), engine={
               SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
-              WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass))
+              WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass)),
+              ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0))
           }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)
@@ -256,7 +286,7 @@ def simulate_run(run: vllm_results.BenchRun, setup: ServingSetup, factors: Mappi
   per-request arrays (`detail`). A request's `REQUEST_COST` delays when the
   engine sees it; its TTFT still runs from the client's send.
   """
-  factors = {"r_ovl": setup.overlap, **factors}
+  factors = {**setup.held(), **factors}
   replica = replica_of(run, setup, factors)
   workload = workload_of(run, setup.seed)
   cost = float(factors.get(REQUEST_COST, 0.0))
@@ -429,7 +459,7 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
       held += [e["rel_error"] for e in errs.values() if e["rel_error"] is not None]
       folds.append({
           "heldout_run": run.label, "trained_on": [r.label for r in train],
-          "factors": _factors({**fold_values, "r_ovl": setup.overlap}), "metrics": errs
+          "factors": _factors({**fold_values, **setup.held()}), "metrics": errs
       })
   per_run, bound_errs, train_errs = [], [], []
   fitted = {r.label: set(r.measured) for r in runs}
@@ -454,13 +484,13 @@ def fit_runs(runs: Sequence[vllm_results.BenchRun], setup: ServingSetup,
     })
   held_summary = fitting.error_summary(held)
   return {
-      "factors": _factors({**values, "r_ovl": setup.overlap}),
+      "factors": _factors({**values, **setup.held()}),
       "searched": list(setup.searched),
       "fixed": {
-          n: v for n, v in {**FIXED, "r_ovl": setup.overlap, WEIGHT_PASS: setup.m_pass}.items()
+          n: v for n, v in {**FIXED, **setup.held(), WEIGHT_PASS: setup.m_pass}.items()
           if n not in setup.searched
       },
-      "tied": {"eta_kv": "eta_w"},
+      "tied": {} if setup.kv_efficiency is not None else {KV_EFFICIENCY: "eta_w"},
       "loss": loss,
       "statistic": "mean squared log error",
       "simulations": sims,

@@ -138,11 +138,12 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       " (t0_step, t0_request and t0_seq in seconds; t0_request: the fixed per-request cost, "
       "HTTP + API server + tokenisation, before the engine sees a request; t0_seq: the "
       "engine's cost per running sequence in each step, where fitted)." +
-      ("" if not first.get("fixed") else " Held: " +
-       ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in ("r_ovl", "m_pass")) +
+      ("" if not first.get("fixed") else " Held: " + ", ".join(
+          f"{n} = {v:g}" for n, v in first["fixed"].items() if n in ("r_ovl", "m_pass", "eta_kv")) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
-       "GEMM multiplies in one pass over the weights, a step of more reading them once more; "
-       "0: no limit)."),
+       "GEMM multiplies in one pass over the weights, a step of more reading them once more, "
+       "0: no limit; eta_kv and eta_attn, where held: its attention kernel's K/V rate as a share "
+       "of the read bandwidth and FLOP rate as a share of F)."),
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",

@@ -27,6 +27,7 @@ from jaxroof import errors
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.specs.model_spec import (CHUNKED, FULL, MLA, SLIDING, STATE_KINDS, ModelSpec)
+from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
@@ -234,7 +235,8 @@ class IterationModel:
     if model.kind == "bound":
       return cost_model.evaluator("bound", model.form, "numpy", step_only)(**values)
     regime = {"r_pack": 0.0, **(getattr(model, "regime", None) or {})}
-    engine = {"t0_seq": 0.0, "m_pass": 0.0, **(getattr(model, "engine", None) or {})}
+    engine = {n: 0.0 for n in calibrated.ENGINE_FACTOR_NAMES} | dict(
+        getattr(model, "engine", None) or {})
     return cost_model.evaluator("calibrated", "per_op", "numpy",
                                 step_only)(**values, **model.factors, **regime, **engine)
 

@@ -32,7 +32,8 @@ import sympy as sp
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f, eta_kv,
-                                      eta_w, k, m_pass, q, r_ovl, r_pack, t0_layer, t0_seq, t0_step)
+                                      eta_attn, eta_w, k, m_pass, q, r_ovl, r_pack, t0_layer,
+                                      t0_seq, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -144,9 +145,10 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
     "r_pack weight reads more from B = 2 on; crossovers and limits leave it out",)
 
 # An engine's own terms: its per-sequence cost per iteration (`symbols.t0_seq`, 0 unless a
-# real engine's runs fitted it) and the rows its GEMM multiplies per pass over the weights
-# (`symbols.m_pass`, 0: no limit; measured).
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass)
+# real engine's runs fitted it), the rows its GEMM multiplies per pass over the weights
+# (`symbols.m_pass`, 0: no limit; measured) and its attention kernel's FLOP efficiency
+# (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 
@@ -177,6 +179,18 @@ def weight_passes(rows: sp.Expr, weight_bytes: sp.Expr) -> sp.Expr:
   """
   switch = sp.Min(1, sp.Max(0, rows - m_pass))
   return sp.Min(1, m_pass) * switch * formulas.memory_time(weight_bytes, eta_w * BW)
+
+
+def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:
+  """Attention FLOPs as (the share left with the linear layers, their own time in seconds).
+
+  An engine whose attention kernel runs at eta_attn*F (vLLM CPU's: about a quarter of its
+  GEMMs' rate) takes `flops / (eta_attn*F)` on top of the linear layers; eta_attn = 0 keeps
+  them with the linear layers' FLOPs at eta_f*F (the switch ceiling(min(1, eta_attn)) is 1
+  for any eta_attn in (0, 1], 0 at 0).
+  """
+  on = sp.ceiling(sp.Min(1, eta_attn))
+  return (1 - on) * flops, on * flops / (sp.Max(eta_attn, 1e-30) * F)
 
 
 def _with_added(terms: dict[str, sp.Expr], extra_s: sp.Expr, *also: str) -> dict[str, sp.Expr]:

@@ -128,6 +128,12 @@ t0_seq = _define(
 m_pass = _define(
     "m_pass", "tokens", "rows an engine's GEMM multiplies in one pass over the weights (a "
     "matmul of more rows reads them once more; 0: no such limit)", "engine_factors")
+# An engine's attention kernel running its FLOPs at its own fraction of F, apart from the
+# linear layers' (`cost_model`): vLLM CPU's kernel, about 120 GFLOP/s in a prefill where its
+# GEMMs reach 450 (results/vllm_cpu/engine_attention_rates.json); measured, not fitted.
+eta_attn = _define(
+    "eta_attn", "1", "achieved fraction of F in an engine's attention kernel, its FLOPs "
+    "timed apart from the linear layers' (0: with them, at eta_f)", "engine_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(
