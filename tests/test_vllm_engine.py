@@ -444,14 +444,16 @@ def test_report_section_renders_committed_results_or_says_how(tmp_path):
   result = {
       "heldout": [row], "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.1,
       "heldout_points": 1, "factors": {"eta_w": 0.5, "t0_request": 0.01},
-      "source": {"files": ["a/vllm_rate2_in128_out32.json"]}, "cdfs": [{
-          "run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
-          "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}
-      }]
+      "fixed": {"t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26,
+                "m_pass": 256}, "source": {"files": ["a/vllm_rate2_in128_out32.json"]}, "cdfs": [{
+                    "run": row["run"], "measured": {"ttft": [0.02, 0.03], "itl": [0.004]},
+                    "predicted": {"ttft": [0.021, 0.029], "itl": [0.005]}
+                }]
   }
   (folder / "calibration.json").write_text(json.dumps(result))
   text = real_engine.report_section(str(tmp_path / "results"), str(tmp_path))
   assert "| vllm_rate4_in128_out32 | p50 TTFT | 20.00 | 22.00 | 10.0% | 4.00 |" in text
+  assert "Held: r_ovl = 0.06, eta_kv = 0.23, eta_attn = 0.26, m_pass = 256 (" in text
   assert (tmp_path / "real_engine_cdfs.png").stat().st_size > 0
 
 

@@ -22,17 +22,23 @@ from jaxroof.report import table
 
 FOLDER = "vllm_cpu"
 # The fit shown and its repeat (each pair: a fit, the same fit on a second pass), the first
-# pair present: passes 8 and 9 (every run, the isolated shapes included, measured in one
-# hour; the engine's GEMM overlap and weight passes held as measured), else passes 5 and 6
-# (the front end pinned off the engine's core, a quiet machine), else passes 1 and 2
-# (unpinned, load 5-20).
-RESULTS_CHOICES = (("calibration_pass8_same_hour.json", "calibration_pass9_same_hour.json"),
-                   ("calibration_pass5.json",
-                    "calibration_pass6.json"), ("calibration.json", "calibration_repeat.json"))
+# pair present: passes 5 and 6 with every engine term held as measured (the GEMMs' overlap
+# and weight passes, the attention kernel's K/V and FLOP rates; a quiet night), else passes 8
+# and 9 (every run, the isolated shapes included, measured in one hour of a noisier day),
+# else passes 5 and 6 with fewer terms (the front end pinned off the engine's core), else
+# passes 1 and 2 (unpinned, load 5-20).
+RESULTS_CHOICES = (
+    ("calibration_pass5_engine_kernels.json", "calibration_pass6_engine_kernels.json"),
+    ("calibration_pass8_same_hour.json", "calibration_pass9_same_hour.json"),
+    ("calibration_pass5.json", "calibration_pass6.json"),
+    ("calibration.json", "calibration_repeat.json"),
+)
 RESULTS = RESULTS_CHOICES[0]
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
 _SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq")
+# The engine terms held as measured, where a fit held them.
+_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -138,8 +144,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       " (t0_step, t0_request and t0_seq in seconds; t0_request: the fixed per-request cost, "
       "HTTP + API server + tokenisation, before the engine sees a request; t0_seq: the "
       "engine's cost per running sequence in each step, where fitted)." +
-      ("" if not first.get("fixed") else " Held: " + ", ".join(
-          f"{n} = {v:g}" for n, v in first["fixed"].items() if n in ("r_ovl", "m_pass", "eta_kv")) +
+      ("" if not first.get("fixed") else " Held: " +
+       ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in _HELD) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
        "GEMM multiplies in one pass over the weights, a step of more reading them once more, "
        "0: no limit; eta_kv and eta_attn, where held: its attention kernel's K/V rate as a share "

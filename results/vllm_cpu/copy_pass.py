@@ -14,8 +14,10 @@ import sys
 from jaxroof import files
 from jaxroof.measure import vllm_engine
 
-FOLDERS = {"tiny_in128": "tiny", "tiny_in256": "tiny", "small_in256": "small",
-           "medium": "medium", "nano": "nano"}
+FOLDERS = {
+    "tiny_in128": "tiny", "tiny_in256": "tiny", "small_in256": "small", "medium": "medium",
+    "nano": "nano"
+}
 
 if __name__ == "__main__":
   src, dst = sys.argv[1], sys.argv[2]
@@ -34,10 +36,11 @@ if __name__ == "__main__":
     ceilings.append(next(iter(accelerator["accelerators"].values()))["measured"])
     dates.append(summary["date"])
   summary = json.load(open(os.path.join(src, "tiny_in128", "summary.json")))
-  config = vllm_engine.ServerConfig(**{
-      k: v for k, v in summary["server"]["config"].items()
-      if k in vllm_engine.ServerConfig.__dataclass_fields__
-  })
+  config = vllm_engine.ServerConfig(
+      **{
+          k: v for k, v in summary["server"]["config"].items()
+          if k in vllm_engine.ServerConfig.__dataclass_fields__
+      })
   entry = vllm_engine.accelerator_entry(ceilings, config)
   entry["sources"]["note"] = (
       f"merged from the {len(FOLDERS)} accelerator files of {os.path.basename(dst)} "

@@ -10,10 +10,16 @@ Prints and writes, per model, n and ctx, the median of 9 passes after one warm-u
 K/V GB/s, and time per sequence: whether the engine reads K/V at the rate it reads weights
 (the cost model's eta_kv tied to eta_w) or slower. Then one prompt of P tokens attending
 causally to itself (a prefill), as time and GFLOP/s (4 x heads x head_dim FLOPs per
-(query, key) pair per layer): the rate the cost model's attention FLOPs run at. Kind: measurement (time.perf_counter
+(query, key) pair per layer): the rate the cost model's attention FLOPs run at (eta_attn).
+`summary` holds both as the cost model holds them. Kind: measurement (time.perf_counter
 around each call, summed over the layers; the kernel is synchronous).
-Usage (engine venv): python engine_attention_rates.py OUT.json CONFIG.json [CONFIG.json ...]
-  (env SEQS=1,2,...; CTXS=...: other batches and contexts)
+
+Usage (engine venv, from results/vllm_cpu; about 20 s):
+  python engine_attention_rates.py engine_attention_rates.json \
+    models/tiny-llama/config.json models/small-llama/config.json models/medium-llama/config.json
+  (env SEQS=1,2,...; CTXS=...; PROMPTS=...: other batches, contexts and prompts). The held
+  factors are summary's rates over the pass's accelerator.json: eta_attn = prefill GFLOP/s /
+  bf16 GFLOP/s, eta_kv = decode K/V GB/s net of FLOPs / read GB/s.
 """
 import datetime, json, math, os, statistics, sys, time
 

@@ -57,15 +57,15 @@ if __name__ == "__main__":
   data = collect(sys.argv[1:])
   files.write_json(
       "results/vllm_cpu/engine_gemm_blocks.json", {
-          "kind": "measurement",
-          "what": ("vLLM's bf16 linear path (create_onednn_mm/onednn_mm) over each model's whole "
-                   "decoder weight set at M rows, median of 7 passes after a warm-up, one "
-                   "thread on core 1; per model and M, the runs' medians (s)"),
-          "device": "AMD EPYC, 2 cores (avx512_bf16, no AMX)",
+          "kind": "measurement", "what":
+              ("vLLM's bf16 linear path (create_onednn_mm/onednn_mm) over each model's whole "
+               "decoder weight set at M rows, median of 7 passes after a warm-up, one "
+               "thread on core 1; per model and M, the runs' medians (s)"
+              ), "device": "AMD EPYC, 2 cores (avx512_bf16, no AMX)",
           "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, random weights",
           "made_by": "results/vllm_cpu/engine_gemm_blocks.py (its docstring has the commands)",
           "runs": sys.argv[1:], **data
       })
   for model, r in data["reading"].items():
-    print(model, f"one pass {r['one_pass_at_4_rows_s'] * 1e3:.2f} ms;", ", ".join(
-        f"{m}: {v:+.2f}" for m, v in r["over_the_line_in_passes"].items()))
+    print(model, f"one pass {r['one_pass_at_4_rows_s'] * 1e3:.2f} ms;",
+          ", ".join(f"{m}: {v:+.2f}" for m, v in r["over_the_line_in_passes"].items()))

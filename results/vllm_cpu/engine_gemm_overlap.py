@@ -29,10 +29,12 @@ fits = {}
 for label, p in (("free", None), ("sum (p = 1)", 1.0), ("engine fit default (p = 2)", 2.0)):
   x = least_squares(lambda x: np.log(times(x, p) / t), [np.log(35e9), np.log(450e9), 0.0]).x
   err = np.abs(times(x, p) / t - 1)
-  fits[label] = {"p": float(1 + np.exp(x[2]) if p is None else p),
-                 "r_ovl": float(np.exp(x[2]) if p is None else p - 1),
-                 "bandwidth_GBps": float(np.exp(x[0]) / 1e9), "flops_GFLOPs": float(np.exp(x[1]) / 1e9),
-                 "median_rel_error": float(np.median(err)), "max_rel_error": float(err.max())}
+  fits[label] = {
+      "p": float(1 + np.exp(x[2]) if p is None else p),
+      "r_ovl": float(np.exp(x[2]) if p is None else p - 1),
+      "bandwidth_GBps": float(np.exp(x[0]) / 1e9), "flops_GFLOPs": float(np.exp(x[1]) / 1e9),
+      "median_rel_error": float(np.median(err)), "max_rel_error": float(err.max())
+  }
   print(label, {k: round(v, 3) for k, v in fits[label].items()})
 data["overlap_fit"] = {"what": __doc__.splitlines()[0], "fits": fits}
 with open(path, "w") as f:

@@ -14,6 +14,7 @@ One JSON line per (model, K, background prompt length); then
   python results/vllm_cpu/engine_mixed_probe.py --collect RUN.jsonl [RUN.jsonl ...]
 writes engine_mixed_probe.json (each row with its prefill's increase over K = 0)."""
 import json, os, random, re, sys, threading, time, urllib.request
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_phase_probe import metrics, post  # noqa: E402
 from jaxroof.measure import vllm_engine  # noqa: E402
@@ -27,8 +28,8 @@ def prompt_tokens_done(port):
   """vLLM's counter of prompt tokens prefilled so far."""
   with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
     text = r.read().decode()
-  return sum(float(v) for v in re.findall(r"^vllm:prompt_tokens_total\{[^}]*\} ([0-9.e+-]+)$",
-                                          text, re.M))
+  return sum(
+      float(v) for v in re.findall(r"^vllm:prompt_tokens_total\{[^}]*\} ([0-9.e+-]+)$", text, re.M))
 
 
 def probe(env_dir, work_dir, model_dir, step_s):
@@ -38,8 +39,10 @@ def probe(env_dir, work_dir, model_dir, step_s):
   rng = random.Random(0)
 
   def body(prompt, out):
-    return {"model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(prompt)],
-            "max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0}
+    return {
+        "model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(prompt)],
+        "max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0
+    }
 
   rows = []
   with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
@@ -47,8 +50,9 @@ def probe(env_dir, work_dir, model_dir, step_s):
     for k, bg_prompt in SETTINGS:
       # Long enough to outlast the probes, within the server's context.
       out = min(int(BG_SECONDS / step_s), config.max_model_len - bg_prompt - 8)
-      background = [threading.Thread(target=post, args=(port, body(bg_prompt, out)))
-                    for _ in range(k)]
+      background = [
+          threading.Thread(target=post, args=(port, body(bg_prompt, out))) for _ in range(k)
+      ]
       done = prompt_tokens_done(port)
       for t in background:
         t.start()
@@ -67,8 +71,8 @@ def probe(env_dir, work_dir, model_dir, step_s):
       name = "request_prefill_time_seconds"
       n = after[f"{name}_count"] - before[f"{name}_count"]
       rows.append({
-          "model_dir": model_dir, "decoding": k, "decoding_prompt_tokens": bg_prompt,
-          "probes": n, "prefill_s": (after[f"{name}_sum"] - before[f"{name}_sum"]) / n,
+          "model_dir": model_dir, "decoding": k, "decoding_prompt_tokens": bg_prompt, "probes": n,
+          "prefill_s": (after[f"{name}_sum"] - before[f"{name}_sum"]) / n,
           "background_output_tokens": out, "load_after": os.getloadavg()
       })
       print(json.dumps(rows[-1]), flush=True)
@@ -83,11 +87,11 @@ def collect(paths):
     r["model"] = os.path.basename(os.path.dirname(r["model_dir"].rstrip("/")))
     r["prefill_over_alone_s"] = r["prefill_s"] - alone[(r["run"], r["model_dir"])]
   return {
-      "kind": "measurement",
-      "what": ("vLLM's own prefill time (/metrics request_prefill_time_seconds: scheduled to "
-               "first token) of 256-token prompts with one output token, alone and with K "
-               "requests decoding in the same steps (their prompts of 64 or 1024 tokens), mean "
-               f"of {PROBES} per row"),
+      "kind": "measurement", "what":
+          ("vLLM's own prefill time (/metrics request_prefill_time_seconds: scheduled to "
+           "first token) of 256-token prompts with one output token, alone and with K "
+           "requests decoding in the same steps (their prompts of 64 or 1024 tokens), mean "
+           f"of {PROBES} per row"),
       "device": "AMD EPYC, 2 cores: engine worker on core 1, API server on core 0",
       "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, dummy weights",
       "made_by": "results/vllm_cpu/engine_mixed_probe.py (its docstring has the commands)",
@@ -98,8 +102,9 @@ def collect(paths):
 if __name__ == "__main__":
   if sys.argv[1] == "--collect":
     from jaxroof import files
-    files.write_json(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                  "engine_mixed_probe.json"), collect(sys.argv[2:]))
+    files.write_json(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_mixed_probe.json"),
+        collect(sys.argv[2:]))
     sys.exit(0)
   env_dir, work_dir = sys.argv[1], sys.argv[2]
   for spec in sys.argv[3:]:

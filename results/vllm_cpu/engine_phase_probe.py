@@ -39,9 +39,12 @@ def probe(env_dir, work_dir, model_dir):
   config = vllm_engine.ServerConfig(frontend_cpus="0")
   port = vllm_engine.require_free_port(0)
   rng = random.Random(0)
+
   def body():
-    return {"model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
-            "max_tokens": OUT, "min_tokens": OUT, "ignore_eos": True, "temperature": 0}
+    return {
+        "model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
+        "max_tokens": OUT, "min_tokens": OUT, "ignore_eos": True, "temperature": 0
+    }
 
   with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
     post(port, body())  # warm-up, not counted
@@ -55,10 +58,11 @@ def probe(env_dir, work_dir, model_dir):
     after = metrics(port)
   n = after["e2e_request_latency_seconds_count"] - before["e2e_request_latency_seconds_count"]
   mean = {name: (after[f"{name}_sum"] - before[f"{name}_sum"]) / n for name in NAMES}
-  return {"model_dir": model_dir, "requests": n, "client_e2e_s": sorted(e2e),
-          "engine_mean_s": mean,
-          "decode_step_s": mean["request_decode_time_seconds"] / (OUT - 1),
-          "load_after": os.getloadavg()}
+  return {
+      "model_dir": model_dir, "requests": n, "client_e2e_s": sorted(e2e), "engine_mean_s": mean,
+      "decode_step_s": mean["request_decode_time_seconds"] / (OUT - 1),
+      "load_after": os.getloadavg()
+  }
 
 
 if __name__ == "__main__":

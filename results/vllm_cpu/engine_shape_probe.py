@@ -22,10 +22,12 @@ TOKENS_PER_MODEL = 7  # engine_token_rates.py's M values, in its order: M = 1 fi
 
 
 def collect(folder: str) -> dict:
-  passes = sorted(int(f[len("probe_run"):-len(".jsonl")]) for f in os.listdir(folder)
-                  if f.startswith("probe_run") and f.endswith(".jsonl"))
-  rows = {s: {"decode_step_s": [], "prefill_s": [], "gemm_m1_s": [], "load_after": []}
-          for s in SHAPES}
+  passes = sorted(
+      int(f[len("probe_run"):-len(".jsonl")]) for f in os.listdir(folder)
+      if f.startswith("probe_run") and f.endswith(".jsonl"))
+  rows = {
+      s: {"decode_step_s": [], "prefill_s": [], "gemm_m1_s": [], "load_after": []} for s in SHAPES
+  }
   for n in passes:
     gemm = [json.loads(line) for line in open(os.path.join(folder, f"gemm_run{n}.jsonl"))]
     for i, shape in enumerate(SHAPES):
@@ -70,5 +72,6 @@ if __name__ == "__main__":
   with open(target, "w") as f:
     json.dump(out, f, indent=1)
   for shape, row in data["rows"].items():
-    print(shape, f"{row['decode_step_median_s'] * 1e3:.2f} ms "
-          f"(spread {row['decode_step_spread']:.0%}), GEMMs {row['gemm_m1_median_s'] * 1e3:.2f} ms")
+    print(
+        shape, f"{row['decode_step_median_s'] * 1e3:.2f} ms "
+        f"(spread {row['decode_step_spread']:.0%}), GEMMs {row['gemm_m1_median_s'] * 1e3:.2f} ms")

@@ -30,9 +30,10 @@ def by_load(fit: dict, run_path: str, model: str) -> dict:
   raw = json.load(open(run_path))
   starts = np.asarray(raw["start_times"], float)
   ends = starts + np.asarray(raw["latencies"], float)
-  in_flight = np.array([int(np.sum((starts[:i] < s) & (ends[:i] > s))) for i, s in enumerate(starts)])
-  measured_tpot = (np.asarray(raw["latencies"]) - np.asarray(raw["ttfts"])) / (
-      np.asarray(raw["output_lens"]) - 1)
+  in_flight = np.array(
+      [int(np.sum((starts[:i] < s) & (ends[:i] > s))) for i, s in enumerate(starts)])
+  measured_tpot = (np.asarray(raw["latencies"]) -
+                   np.asarray(raw["ttfts"])) / (np.asarray(raw["output_lens"]) - 1)
   rows = []
   for group in GROUPS:
     pick = in_flight >= group if group == GROUPS[-1] else in_flight == group
@@ -56,7 +57,8 @@ if __name__ == "__main__":
   fit = json.load(open(fit_path))
   result = {
       "kind": "measurement against calibrated prediction, per request",
-      "fit": fit_path, "factors": fit["factors"],
+      "fit": fit_path,
+      "factors": fit["factors"],
       "what": __doc__.split("\n\n")[1].replace("\n", " "),
       "runs": [by_load(fit, *pair.split("=")) for pair in pairs],
   }
