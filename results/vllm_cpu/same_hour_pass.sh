@@ -2,7 +2,8 @@
 # 16 minutes on this 2-core CPU. Run from the repository root with the project's python:
 #   bash results/vllm_cpu/same_hour_pass.sh ENGINE_ENV OUT_DIR
 # then `python results/vllm_cpu/copy_pass.py OUT_DIR results/vllm_cpu/passN` and the
-# shape probe's two collectors (results/vllm_cpu/README.md, "Mixed steps ...").
+# shape probe's two collectors (results/vllm_cpu/README.md, "Mixed steps ..."). SHAPE_PASSES=N
+# (default 1) times the six shapes N times, about 5 minutes each.
 set -e
 ENV=$1; OUT=$2; PY=${PY:-python}; mkdir -p "$OUT"
 B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache"
@@ -24,6 +25,9 @@ for shape in $SHAPES; do
   cp $OUT/tiny_in128/model/tokenizer*.json $OUT/tiny_in128/model/generation_config.json $S/$shape/model/
   cp results/vllm_cpu/models/$shape/config.json $S/$shape/model/
 done
-$ENV/bin/python results/vllm_cpu/engine_token_rates.py $(for s in $SHAPES; do echo $S/$s/model/config.json; done) > $S/gemm_run1.jsonl
-PYTHONPATH=. $PY results/vllm_cpu/engine_phase_probe.py $ENV $S/work_run1 $(for s in $SHAPES; do echo $S/$s/model; done) > $S/probe_run1.jsonl
+for n in $(seq 1 ${SHAPE_PASSES:-1}); do
+  $ENV/bin/python results/vllm_cpu/engine_token_rates.py $(for s in $SHAPES; do echo $S/$s/model/config.json; done) > $S/gemm_run$n.jsonl
+  PYTHONPATH=. $PY results/vllm_cpu/engine_phase_probe.py $ENV $S/work_run$n $(for s in $SHAPES; do echo $S/$s/model; done) > $S/probe_run$n.jsonl
+  L shapes$n
+done
 L done
