@@ -135,6 +135,12 @@ ENGINE_ETA_ATTN = flags.DEFINE_float(
     "layers'. vLLM's CPU kernel on this CPU: 114-121 GFLOP/s of 446 on prompts of 128-512 "
     "tokens (results/vllm_cpu/engine_attention_rates*.json): 0.26. In (0, 1]; unset: "
     "attention FLOPs with the linear layers' at eta_f.", lower_bound=1e-6, upper_bound=1.0)
+ENGINE_FACTORS = flags.DEFINE_string(
+    "engine_factors", None, "vllm: an earlier engine calibration (the --json_out of "
+    "--source=vllm): predict the --heldout_vllm runs with its factors on this "
+    "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
+    "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap and "
+    "--engine_m_pass, where given, replace what it held (the new device's own kernel rates).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -178,7 +184,7 @@ USED: dict[str, tuple[str, ...]] = {
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
              "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
              "engine_eta_kv", "engine_eta_attn", "scheduler", "max_running", "token_budget",
-             "max_simulations", "seed"),
+             "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 
@@ -197,6 +203,8 @@ def source() -> str:
   """The source to fit: --source, else what the older flags meant."""
   if not flags.FLAGS[SOURCE.name].using_default_value:
     return SOURCE.value
+  if ENGINE_FACTORS.value:
+    return "vllm"
   if FROM_CSV.value or FROM_VLLM.value:
     return "csv"
   return "toy" if FIT.value == "steps" else "ops"

@@ -20,6 +20,8 @@
       --from_csv=tests/data/gptfast_a100_tp_steps.csv --accelerator=a100-80gb [--carry_over]
   python -m experiments.calibrate --source=vllm --from_vllm=A.json,B.json \
       --model=llama-3.1-70b --accelerator=a100-40gb --served_tp=8 [--heldout_vllm=C.json]
+  python -m experiments.calibrate --engine_factors=FIT.json --heldout_vllm=C.json,D.json \
+      --model=MODEL_DIR --accelerator_file=OTHER/accelerator.json   # no fit: FIT's factors
 
 `calibrate_engine` (--source=vllm) and `calibrate_layouts` (--source=layouts) run this with
 the same flags. Every number is labelled: measurement, calibrated prediction or bound; a
@@ -152,18 +154,12 @@ def layouts() -> None:
         tables.layout_carry_over_text)
 
 
-def vllm() -> None:
-  """vLLM runs replayed through the simulator (`engine_fit`)."""
-  if not F.FROM_VLLM.value or not F.MODEL.value:
-    raise errors.InputError("--from_vllm and --model are required: the result files and "
-                            "the model they served.")
-  if F.HELDOUT_MODEL.value and not F.HELDOUT_VLLM.value:
-    raise errors.InputError(f"--heldout_model={','.join(F.HELDOUT_MODEL.value)[:60]} without "
-                            "--heldout_vllm: give the held-out runs it belongs to.")
+def _setup() -> engine_fit.ServingSetup:
+  """The vLLM runs' model, device and server, and the engine terms held, from the flags."""
   if bool(F.ACCELERATOR.value) == bool(F.ACCELERATOR_FILE.value):
     raise errors.InputError("give one of --accelerator (a shipped name) and "
                             "--accelerator_file (your device's JSON).")
-  setup = engine_fit.ServingSetup(
+  return engine_fit.ServingSetup(
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
@@ -172,6 +168,47 @@ def vllm() -> None:
       overlap=errors.require_non_negative("--engine_overlap",
                                           F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
       kv_efficiency=F.ENGINE_ETA_KV.value, attention_efficiency=F.ENGINE_ETA_ATTN.value)
+
+
+def predict_vllm() -> None:
+  """vLLM runs predicted with an earlier calibration's factors, nothing fitted."""
+  if F.FROM_VLLM.value:
+    raise errors.InputError(f"--from_vllm={','.join(F.FROM_VLLM.value)[:60]} with "
+                            "--engine_factors: a prediction fits nothing; give the runs to "
+                            "predict as --heldout_vllm.")
+  if F.PROFILE_OUT.value:
+    raise errors.InputError(f"--profile_out={F.PROFILE_OUT.value!r} with --engine_factors: a "
+                            "prediction fits no factors; the profile is the earlier fit's.")
+  if not F.HELDOUT_VLLM.value or not F.MODEL.value:
+    raise errors.InputError("--engine_factors needs --heldout_vllm and --model: the runs to "
+                            "predict and the model they served.")
+  setup = _setup()
+  factors = engine_fit.read_factors(F.ENGINE_FACTORS.value)
+  replaced = {
+      "eta_kv": F.ENGINE_ETA_KV.value, "eta_attn": F.ENGINE_ETA_ATTN.value,
+      "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
+      "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None
+  }
+  factors.update({n: float(v) for n, v in replaced.items() if v is not None})
+  result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, setup, factors,
+                                   heldout_model=F.HELDOUT_MODEL.value or None,
+                                   factors_from=F.ENGINE_FACTORS.value)
+  print(tables.engine_prediction_text(result))
+  _write(result)
+
+
+def vllm() -> None:
+  """vLLM runs replayed through the simulator (`engine_fit`)."""
+  if F.ENGINE_FACTORS.value:
+    predict_vllm()
+    return
+  if not F.FROM_VLLM.value or not F.MODEL.value:
+    raise errors.InputError("--from_vllm and --model are required: the result files and "
+                            "the model they served.")
+  if F.HELDOUT_MODEL.value and not F.HELDOUT_VLLM.value:
+    raise errors.InputError(f"--heldout_model={','.join(F.HELDOUT_MODEL.value)[:60]} without "
+                            "--heldout_vllm: give the held-out runs it belongs to.")
+  setup = _setup()
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, setup,
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,

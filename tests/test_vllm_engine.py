@@ -397,6 +397,75 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
 
 
+def test_a_fit_carried_to_another_device_predicts_without_fitting(tmp_path, monkeypatch, model_dir,
+                                                                  device_file):
+  """`read_factors` + `predict_runs`: one calibration's factors on another device's ceilings,
+  nothing searched. On the fit's own device the rows are the fit's held-out rows; on a device
+  reading memory twice as fast the decode gaps shrink; the JSON says where the factors came
+  from; a file that is not an engine calibration is refused by name."""
+  factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-3, "t0_request": 0.01}
+  monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(factors), 0.0, 1))
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file, request_cost=True, m_pass=256,
+                                  overlap=0.06)
+  fit = engine_fit.calibrate_engine([FIXTURE], setup, heldout_paths=[FIXTURE])
+  fit_path = tmp_path / "fit.json"
+  fit_path.write_text(json.dumps(fit))
+  monkeypatch.setattr(engine_fit, "search", None)  # Nothing below may search.
+  carried = engine_fit.read_factors(fit_path)
+  assert carried["m_pass"] == 256 and carried["r_ovl"] == 0.06 and carried["eta_w"] == 0.5
+  same = engine_fit.predict_runs([FIXTURE], setup, carried, factors_from=str(fit_path))
+  assert same["kind"] == "engine_prediction" and same["factors_from"] == str(fit_path)
+  assert [r["predicted_s"] for r in same["heldout"]] == [r["predicted_s"] for r in fit["heldout"]]
+  faster = json.loads(pathlib.Path(device_file).read_text())
+  entry = faster["accelerators"]["cpu-vllm-engine"]
+  entry["memory_bandwidth_tb_s"] *= 2
+  other = tmp_path / "faster.json"
+  other.write_text(json.dumps(faster))
+  moved = engine_fit.predict_runs([FIXTURE],
+                                  dataclasses.replace(setup, accelerator_file=str(other)), carried)
+  gap = {(r["metric"], r["percentile"]): r["predicted_s"] for r in moved["heldout"]}
+  assert gap[("tpot", 50)] < next(
+      r["predicted_s"] for r in same["heldout"] if (r["metric"], r["percentile"]) == ("tpot", 50))
+  for bad in ({"kind": "simulation"}, {**fit, "factors": {**fit["factors"], "eta_w": -1}},
+              {**fit, "factors": {"eta_f": 0.3, "t0_step": 1e-3}}):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(errors.InputError, match="engine_factors=") as raised:
+      engine_fit.read_factors(path)
+    assert raised.value.field == "engine_factors"
+
+
+def test_engine_factors_cli_predicts_a_committed_pass_as_its_fit_did(tmp_path):
+  """`calibrate --engine_factors`: pass 5's fit, on pass 5's ceilings, predicts a pass-6 run
+  exactly as the cross-pass fit file (made by fitting) did; with --from_vllm it is refused."""
+  fit = REPO / "results/vllm_cpu/calibration_pass5_predicts_pass6_engine_kernels.json"
+  run_file = "results/vllm_cpu/pass6/tiny_vllm_rate4_in128_out32.json"
+  out = tmp_path / "pred.json"
+  flags = [
+      f"--engine_factors={fit}", f"--heldout_vllm={run_file}",
+      "--model=results/vllm_cpu/models/tiny-llama",
+      "--accelerator_file=results/vllm_cpu/pass5/accelerator.json", "--scheduler=vllm"
+  ]
+  done = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate", *flags, f"--json_out={out}"],
+      capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "no fit" in done.stdout
+  predicted = json.loads(out.read_text())
+  expected = [
+      r for r in json.loads(fit.read_text())["heldout"]
+      if r["run"].startswith(pathlib.Path(run_file).name)
+  ]
+  assert expected and [r["predicted_s"] for r in predicted["heldout"]] == pytest.approx(
+      [r["predicted_s"] for r in expected], rel=1e-9)
+  refused = subprocess.run(
+      [sys.executable, "-m", "experiments.calibrate", *flags, f"--from_vllm={run_file}"],
+      capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error:")
+  assert "--engine_factors" in refused.stderr and not out.with_suffix(".tmp").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not os.environ.get("JAXROOF_VLLM_ENV"), reason="set JAXROOF_VLLM_ENV to the vLLM engine's venv "

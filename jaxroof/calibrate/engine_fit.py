@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.calibrate import fitting
 from jaxroof.measure import profiles
 from jaxroof.measure import vllm_results
@@ -623,6 +624,41 @@ def _per_file(chosen: str | Sequence[str] | None, paths: Sequence[str],
   return per_file
 
 
+def _heldout_runs(paths: Sequence[str],
+                  per_file: Sequence[str | None]) -> list[vllm_results.BenchRun]:
+  """The held-out files' runs, each on its model; every one must carry per-request detail."""
+  held = []
+  for path, model in zip(paths, per_file):
+    held += [
+        dataclasses.replace(r, model=model or None)
+        for r in vllm_results.read_runs([path], field="heldout_vllm")
+    ]
+  for run in held:
+    if run.detail is None:
+      raise errors.InputError(
+          f"heldout_vllm={run.path!r} has no per-request detail "
+          "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
+          "bench serve with --save-result --save-detailed.", field="heldout_vllm")
+  return held
+
+
+def _engine_run_block(runs: Sequence[vllm_results.BenchRun]) -> dict[str, Any]:
+  """`engine_run`: the version, device, dates and load of runs made by experiments.vllm_bench."""
+  blocks = [r.engine_run for r in runs if r.engine_run]
+  if not blocks:
+    return {}
+  loads = [b["load"]["before"][0] for b in blocks if isinstance(b.get("load"), dict)]
+  return {
+      "engine_run": {
+          "vllm_version": blocks[0].get("vllm_version"), "device": blocks[0].get("device"),
+          "date": f"{min(b.get('date', '') for b in blocks)} to "
+                  f"{max(b.get('date', '') for b in blocks)}",
+          "load": f"{min(loads):.2f}-{max(loads):.2f}" if loads else None,
+          "what": "measurement: vLLM bench serve on loopback (jaxroof_engine_run blocks)"
+      }
+  }
+
+
 def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                      heldout_paths: Sequence[str] = (),
                      heldout_model: str | Sequence[str] | None = None,
@@ -647,18 +683,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
   runs = []
   for path, model in zip(paths, fit_per_file):
     runs += [dataclasses.replace(r, model=model or None) for r in vllm_results.read_runs([path])]
-  held = []
-  for path, model in zip(heldout_paths, per_file):
-    held += [
-        dataclasses.replace(r, model=model or None)
-        for r in vllm_results.read_runs([path], field="heldout_vllm")
-    ]
-  for run in held:
-    if run.detail is None:
-      raise errors.InputError(
-          f"heldout_vllm={run.path!r} has no per-request detail "
-          "(start_times, input_lens, output_lens, ttfts, itls): rerun vllm "
-          "bench serve with --save-result --save-detailed.", field="heldout_vllm")
+  held = _heldout_runs(heldout_paths, per_file)
   result = fit_runs(runs, setup, **search_kw)
   if held:
     result["loo"] = {
@@ -669,16 +694,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
     result["heldout_method"] = (
         "held-out files: each run replayed with its own arrivals and lengths and predicted "
         "with the factors fitted on the from_vllm runs; rows: p50 and p90 of TTFT, TPOT, ITL")
-  blocks = [r.engine_run for r in [*runs, *held] if r.engine_run]
-  if blocks:
-    loads = [b["load"]["before"][0] for b in blocks if isinstance(b.get("load"), dict)]
-    result["engine_run"] = {
-        "vllm_version": blocks[0].get("vllm_version"), "device": blocks[0].get("device"),
-        "date": f"{min(b.get('date', '') for b in blocks)} to "
-                f"{max(b.get('date', '') for b in blocks)}",
-        "load": f"{min(loads):.2f}-{max(loads):.2f}" if loads else None,
-        "what": "measurement: vLLM bench serve on loopback (jaxroof_engine_run blocks)"
-    }
+  result.update(_engine_run_block([*runs, *held]))
   return {
       "kind": "engine_calibration",
       "what": "calibrated factors chosen so that the continuous-batching simulator "
@@ -697,6 +713,84 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
                   "measured_s": "s", "simulated_s": "s", "predicted_s": "s", "bound_s": "s",
                   "rel_error": "1", REQUEST_COST: "s", "t0_step": "s"
               }
+  }
+
+
+def read_factors(path: str | os.PathLike[str]) -> dict[str, float]:
+  """An earlier engine calibration's factors (`calibrate --source=vllm --json_out`), with
+  the m_pass it held: what `predict_runs` predicts with, on another device or day.
+
+  Raises:
+    InputError: not such a result, or a factor missing, not a number or negative.
+  """
+  data = files.read_json("engine_factors", path)
+  if (not isinstance(data, dict) or data.get("kind") != "engine_calibration" or
+      not isinstance(data.get("factors"), dict)):
+    raise errors.InputError(
+        f"engine_factors={os.fspath(path)!r} is not an engine calibration: give the "
+        "--json_out of `calibrate --source=vllm`.", field="engine_factors")
+  factors = dict(data["factors"])
+  fixed = data.get("fixed")
+  if isinstance(fixed, dict) and WEIGHT_PASS in fixed:
+    factors[WEIGHT_PASS] = fixed[WEIGHT_PASS]
+  missing = [n for n in SEARCHED if n not in factors]
+  if missing:
+    raise errors.InputError(
+        f"engine_factors={os.fspath(path)!r} lacks {', '.join(missing)}: give the --json_out "
+        "of `calibrate --source=vllm`.", field="engine_factors")
+  out = {}
+  for name, value in factors.items():
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+        not math.isfinite(value) or value < 0):
+      raise errors.InputError(
+          f"engine_factors={os.fspath(path)!r}: {name}={value!r} is not a finite number >= 0.",
+          field="engine_factors")
+    out[name] = float(value)
+  return out
+
+
+def predict_runs(heldout_paths: Sequence[str], setup: ServingSetup, factors: Mapping[str, float], *,
+                 heldout_model: str | Sequence[str] | None = None,
+                 factors_from: str | None = None) -> dict[str, Any]:
+  """Runs predicted with given factors and no fit: the JSON (`kind` engine_prediction).
+
+  The factors of one calibration (`read_factors`) on the setup's device: the
+  efficiency factors and fixed costs fitted on one device or day, the ceilings
+  of another. Rows as `predict_heldout`'s; each run replayed with its own
+  arrivals and lengths.
+
+  Raises:
+    InputError: as `calibrate_engine`'s for the held-out files, model and device.
+  """
+  models.load_model(setup.model)
+  load_device(setup)
+  if not heldout_paths:
+    raise errors.InputError("heldout_vllm is empty: give the runs to predict.",
+                            field="heldout_vllm")
+  per_file = _per_file(heldout_model, heldout_paths, "heldout_model")
+  held = _heldout_runs(heldout_paths, per_file)
+  values = {**setup.held(), **factors}
+  result = predict_heldout(held, setup, values)
+  return {
+      "kind": "engine_prediction",
+      "what": "serving-benchmark runs predicted by the continuous-batching simulator with "
+              "factors fitted elsewhere (no fit on these runs)", "labels": {
+                  "measured": "measurement (the result files)",
+                  "predicted": "calibrated prediction (simulator + the given factors, on this "
+                               "device's ceilings)",
+                  "bound": "analytic bound (simulator, eta = 1, no fixed costs)"
+              },
+      "factors": {**_factors(values), WEIGHT_PASS: float(values.get(WEIGHT_PASS, setup.m_pass))},
+      "factors_from": None if factors_from is None else os.fspath(factors_from), "source": {
+          "heldout_files": [os.fspath(p) for p in heldout_paths], "heldout_models": per_file,
+          "model": setup.model, "accelerator": setup.device_name, "tp": setup.tp
+      }, "setup": dataclasses.asdict(setup), **result,
+      "heldout_method": "each run replayed with its own arrivals and lengths and predicted "
+                        "with the given factors, none fitted on it; rows: p50 and p90 of "
+                        "TTFT, TPOT, ITL", **_engine_run_block(held), "units": {
+          "measured_s": "s", "predicted_s": "s", "bound_s": "s", "rel_error": "1",
+          REQUEST_COST: "s", "t0_step": "s"
+      }
   }
 
 

@@ -265,6 +265,22 @@ def engine_fit_text(result: Mapping[str, Any]) -> str:
           ("run", "metric", "measured ms", "calibrated ms", "error", "bound ms", "bound error"),
           cells))
   lines += [f"FLAG: {flag}" for flag in result["flags"]]
+  return "\n".join(lines + [_heldout_text(result)])
+
+
+def engine_prediction_text(result: Mapping[str, Any]) -> str:
+  """vLLM runs predicted with an earlier calibration's factors: factors, held-out rows."""
+  lines = [
+      f"Predicted with the factors of {result['factors_from'] or 'the caller'} on "
+      f"{result['source']['accelerator']} (no fit): " +
+      ", ".join(f"{n} = {v:.4g}" for n, v in result["factors"].items())
+  ]
+  return "\n".join(lines + [_heldout_text(result)])
+
+
+def _heldout_text(result: Mapping[str, Any]) -> str:
+  """The held-out rows, throughputs and medians of an engine fit or prediction."""
+  lines = []
   if result.get("heldout"):
     lines.append(
         table.format_table(
