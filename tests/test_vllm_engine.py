@@ -205,6 +205,14 @@ def test_accelerator_file_is_in_the_shipped_schema(device_file):
   assert device.flops_per_s["bf16"] == pytest.approx(4e11)
 
 
+def test_bf16_slower_than_fp32_is_named():
+  """Without AVX512-BF16 or AMX, vLLM's bf16 GEMMs fall back to torch at a few GFLOP/s:
+  the run says so, with both rates; where bf16 is the faster, nothing is said."""
+  note = vllm_engine.bf16_note({"bf16_flops_per_s": 2e8, "fp32_flops_per_s": 6e10})
+  assert "0.2 GFLOP/s" in note and "60.0" in note and "AVX512-BF16" in note
+  assert vllm_engine.bf16_note({"bf16_flops_per_s": 4e11, "fp32_flops_per_s": 1e11}) is None
+
+
 def test_ceilings_are_the_fastest_repeat_over_measurements():
   slower = {**CEILINGS, "bf16_matmul_s": [2 * 2048**3 / 2e11], "read_s": [512 * 2**20 / 3e10]}
   best = vllm_engine.best_rates([CEILINGS, slower])

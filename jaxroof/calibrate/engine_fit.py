@@ -717,7 +717,7 @@ def calibrate_engine(paths: Sequence[str], setup: ServingSetup, *,
 
 
 def read_factors(path: str | os.PathLike[str]) -> dict[str, float]:
-  """An earlier engine calibration's factors (`calibrate --source=vllm --json_out`), with
+  """An earlier engine calibration's factors (the result JSON of `calibrate_engine`), with
   the m_pass it held: what `predict_runs` predicts with, on another device or day.
 
   Raises:
@@ -727,8 +727,8 @@ def read_factors(path: str | os.PathLike[str]) -> dict[str, float]:
   if (not isinstance(data, dict) or data.get("kind") != "engine_calibration" or
       not isinstance(data.get("factors"), dict)):
     raise errors.InputError(
-        f"engine_factors={os.fspath(path)!r} is not an engine calibration: give the "
-        "--json_out of `calibrate --source=vllm`.", field="engine_factors")
+        f"engine_factors={os.fspath(path)!r} is not an engine calibration: give the result "
+        "JSON of a vLLM-run fit (kind engine_calibration).", field="engine_factors")
   factors = dict(data["factors"])
   fixed = data.get("fixed")
   if isinstance(fixed, dict) and WEIGHT_PASS in fixed:
@@ -736,8 +736,8 @@ def read_factors(path: str | os.PathLike[str]) -> dict[str, float]:
   missing = [n for n in SEARCHED if n not in factors]
   if missing:
     raise errors.InputError(
-        f"engine_factors={os.fspath(path)!r} lacks {', '.join(missing)}: give the --json_out "
-        "of `calibrate --source=vllm`.", field="engine_factors")
+        f"engine_factors={os.fspath(path)!r} lacks {', '.join(missing)}: give the result "
+        "JSON of a vLLM-run fit (kind engine_calibration).", field="engine_factors")
   out = {}
   for name, value in factors.items():
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or

@@ -354,21 +354,58 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
 
 CEILINGS_SCRIPT = r"""
 import json, os, sys, time, torch
+import torch.nn.functional as F
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 cpus, threads, n, mb = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 os.sched_setaffinity(0, set(cpus))
 torch.set_num_threads(threads)
+try:
+  from vllm import _custom_ops as ops
+except Exception:
+  ops = None
 def timed(fn, reps):
   fn(); ts = []
   for _ in range(reps):
     t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
   ts.sort(); return ts
+def paths(dt):
+  def mm(k):
+    a, b = torch.randn(k, k).to(dt), torch.randn(k, k).to(dt)
+    return lambda: torch.mm(a, b)
+  def linear(k):
+    x, w = torch.randn(k, k).to(dt), torch.randn(k, k).to(dt)
+    return lambda: F.linear(x, w)
+  def onednn(k):
+    x, w = torch.randn(k, k).to(dt), torch.randn(k, k).to(dt)
+    handler = ops.create_onednn_mm(w.t(), 32)
+    return lambda: ops.onednn_mm(handler, x, None)
+  return {"torch.mm": mm, "F.linear": linear, **({"vllm oneDNN": onednn} if ops else {})}
+def sized(make):
+  k = 256  # Doubled up to n while the next size's call would take under a second.
+  while k < n:
+    fn = make(k); fn()
+    t = time.perf_counter(); fn()
+    if 8 * (time.perf_counter() - t) > 1.0:
+      break
+    k *= 2
+  return k, timed(make(k), 7)
 out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": cpus,
        "isa": torch.backends.cpu.get_cpu_capability(), "matmul_n": n, "read_mb": mb}
 for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-  a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
-  ts = timed(lambda: torch.mm(a, b), 7)
-  out[name + "_flops_per_s"] = 2 * n ** 3 / ts[len(ts) // 2]
-  out[name + "_matmul_s"] = ts
+  found = {}
+  for path, make in paths(dt).items():
+    try:
+      k, ts = sized(make)
+    except RuntimeError as error:  # oneDNN refuses bf16 on a CPU without AVX512-BF16.
+      found[path] = {"error": str(error).splitlines()[0][:160]}
+      continue
+    found[path] = {"n": k, "s": ts, "flops_per_s": 2 * k ** 3 / ts[len(ts) // 2]}
+  best = max((p for p in found if "s" in found[p]), key=lambda p: found[p]["flops_per_s"])
+  out[name + "_flops_per_s"] = found[best]["flops_per_s"]
+  out[name + "_matmul_s"] = found[best]["s"]
+  out[name + "_matmul_n"] = found[best]["n"]
+  out[name + "_matmul_path"] = best
+  out[name + "_paths"] = {p: {k: v for k, v in f.items() if k != "s"} for p, f in found.items()}
 x = torch.ones(mb * 2 ** 20 // 4, dtype=torch.float32)
 ts = timed(lambda: torch.sum(x), 9)
 out["read_bytes_per_s"] = x.numel() * 4 / ts[len(ts) // 2]
@@ -407,24 +444,34 @@ def measure_ceilings(env_dir: str, config: ServerConfig, matmul_n: int = 2048,
 
 LINEAR_SCRIPT = r"""
 import json, os, sys, time, torch
-cpus, threads, shapes, tokens = (json.loads(a) for a in sys.argv[1:5])
+cpus, threads, shapes, tokens, budget_s = (json.loads(a) for a in sys.argv[1:6])
 os.sched_setaffinity(0, set(cpus))
 torch.set_num_threads(threads)
-out = []
+out, started = [], time.perf_counter()
 for m in tokens:
+  if time.perf_counter() - started > budget_s:  # bf16 without AVX512-BF16: a few GFLOP/s.
+    out.append({"tokens": m, "skipped": f"over the {budget_s:g} s budget"})
+    continue
   xs = {k: torch.randn(m, k).to(torch.bfloat16) for k, _ in shapes}
   ws = [torch.randn(k, n).to(torch.bfloat16) for k, n in shapes]
   def block():
     for (k, _), w in zip(shapes, ws):
       torch.mm(xs[k], w)
-  block(); ts = []
-  for _ in range(7):
-    t = time.perf_counter(); block(); ts.append(time.perf_counter() - t)
+  t = time.perf_counter(); block(); ts = [time.perf_counter() - t]
+  repeats = 7 if ts[0] < budget_s / 50 else 1  # The warm-up alone where one call is slow.
+  if repeats > 1:
+    ts = []
+    for _ in range(repeats):
+      t = time.perf_counter(); block(); ts.append(time.perf_counter() - t)
   flops = sum(2 * m * k * n for k, n in shapes)
-  out.append({"tokens": m, "flops": flops, "best_s": min(ts), "median_s": sorted(ts)[3],
-              "flops_per_s": flops / min(ts)})
+  out.append({"tokens": m, "flops": flops, "best_s": min(ts), "median_s": sorted(ts)[len(ts) // 2],
+              "flops_per_s": flops / min(ts), "repeats": len(ts)})
 print(json.dumps(out))
 """
+
+# The linear-layer probe's time: bf16 GEMMs on a CPU without AVX512-BF16 run at a few
+# GFLOP/s (`bf16_note`), where 7 repeats at every token count would take many minutes.
+LINEAR_BUDGET_S = 60.0
 
 
 def linear_shapes(config: dict[str, Any]) -> list[tuple[int, int]]:
@@ -443,16 +490,19 @@ def measure_linear_rates(
   venv, its pinned core): how far the engine's own shapes reach the 2048^3 ceiling."""
   cpus = parse_cpus(config.engine_cpus)
   shapes = linear_shapes(model_config)
-  rates = _engine_script(
-      env_dir, cpus, "the linear-layer micro-benchmark", LINEAR_SCRIPT,
-      [json.dumps(cpus),
-       str(len(cpus)),
-       json.dumps(shapes),
-       json.dumps(list(tokens))])
+  rates = _engine_script(env_dir, cpus, "the linear-layer micro-benchmark", LINEAR_SCRIPT, [
+      json.dumps(cpus),
+      str(len(cpus)),
+      json.dumps(shapes),
+      json.dumps(list(tokens)),
+      json.dumps(LINEAR_BUDGET_S)
+  ])
   return {
       "shapes_k_n": shapes, "rates": rates,
       "what": "one block's qkv, o, gate+up and down projections in bf16, torch.mm, fastest "
-              "of 7 repeats, on the engine's pinned core"
+              f"of 7 repeats (of 1 where a call takes over {LINEAR_BUDGET_S / 50:g} s), on the "
+              f"engine's pinned core; token counts left once {LINEAR_BUDGET_S:g} s are spent "
+              "are skipped"
   }
 
 
@@ -487,11 +537,24 @@ def best_rates(measured: Sequence[dict[str, Any]]) -> dict[str, float]:
   """
   out = {"bf16_flops_per_s": 0.0, "fp32_flops_per_s": 0.0, "read_bytes_per_s": 0.0}
   for m in measured:
-    n, size = m["matmul_n"], m["read_mb"] * 2**20
-    out["bf16_flops_per_s"] = max(out["bf16_flops_per_s"], 2 * n**3 / min(m["bf16_matmul_s"]))
-    out["fp32_flops_per_s"] = max(out["fp32_flops_per_s"], 2 * n**3 / min(m["fp32_matmul_s"]))
+    size = m["read_mb"] * 2**20
+    for dtype in ("bf16", "fp32"):  # Each dtype's own size where it was shrunk (older: one).
+      n = m.get(f"{dtype}_matmul_n", m["matmul_n"])
+      key = f"{dtype}_flops_per_s"
+      out[key] = max(out[key], 2 * n**3 / min(m[f"{dtype}_matmul_s"]))
     out["read_bytes_per_s"] = max(out["read_bytes_per_s"], size / min(m["read_s"]))
   return out
+
+
+def _matmul_source(ceilings: dict[str, Any]) -> str:
+  """How the matmul ceilings were timed: each dtype's fastest path and its size."""
+  if "bf16_matmul_path" not in ceilings:  # Measured before the paths were compared.
+    return f"torch.mm of {ceilings['matmul_n']}^2 matrices"
+  return ("the fastest of torch.mm, F.linear and vLLM's oneDNN matmul (where it builds) on "
+          "n^2 matrices, n doubled from 256 towards "
+          f"{ceilings['matmul_n']} while a call takes under 1/8 s: " +
+          ", ".join(f"{d} by {ceilings[f'{d}_matmul_path']} at n = {ceilings[f'{d}_matmul_n']}"
+                    for d in ("bf16", "fp32")) + " (every path's rate in `measured`)")
 
 
 def accelerator_entry(ceilings: dict[str, Any] | Sequence[dict[str, Any]],
@@ -518,7 +581,7 @@ def accelerator_entry(ceilings: dict[str, Any] | Sequence[dict[str, Any]],
       },
       "sources": {
           "memory_bandwidth_tb_s": f"torch.sum over {ceilings['read_mb']} MiB of float32; {how}",
-          "dense_tflops": f"torch.mm of {ceilings['matmul_n']}^2 matrices; {how}",
+          "dense_tflops": _matmul_source(ceilings) + f"; {how}",
           "memory_capacity_gb": "/proc/meminfo MemTotal (the engine's K/V space is set apart: "
                                 "VLLM_CPU_KVCACHE_SPACE)"
       },
@@ -560,6 +623,24 @@ def check_detailed(run: dict[str, Any], where: str) -> None:
                             f"against {ENGINE_VERSION} only.")
 
 
+def bf16_note(best: dict[str, float]) -> str | None:
+  """A warning where bf16 matmuls run slower than fp32 ones through the engine's torch.
+
+  On a CPU without AVX512-BF16 or AMX (an AMD EPYC with AVX2 only, 2026-12-02) vLLM's
+  oneDNN refuses a bf16 matmul ("could not create a primitive descriptor") and its bf16
+  linear layers fall back to torch's F.linear, whose bf16 GEMM ran at 5-9 GFLOP/s there
+  (torch.mm: 1.3) against about 60 in fp32 (results/vllm_cpu/README.md): the engine serves
+  bf16 that slowly.
+  """
+  bf16, fp32 = best["bf16_flops_per_s"], best["fp32_flops_per_s"]
+  if bf16 >= fp32:
+    return None
+  return (f"bf16 matmuls run at {bf16 / 1e9:,.1f} GFLOP/s here, slower than fp32's "
+          f"{fp32 / 1e9:,.1f}: without AVX512-BF16 or AMX vLLM's bf16 linear layers leave "
+          "oneDNN for torch's fallback, and the engine serves at that rate "
+          "(results/vllm_cpu/README.md, 'A CPU without AVX512-BF16').")
+
+
 def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rates: Sequence[float],
               spec: BenchSpec, config: ServerConfig, out_dir: str, port: int = 0,
               start_timeout_s: float = 300.0, cache_dir: str | None = None,
@@ -590,6 +671,9 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
       f"{best['fp32_flops_per_s'] / 1e9:,.0f} GFLOP/s, read "
       f"{best['read_bytes_per_s'] / 1e9:.1f} GB/s (fastest repeats; medians "
       f"{ceilings['bf16_flops_per_s'] / 1e9:,.0f}, {ceilings['read_bytes_per_s'] / 1e9:.1f})")
+  notes = [n for n in (bf16_note(best),) if n]
+  for note in notes:
+    log(f"note: {note}")
   runs = []
   server_block: dict[str, Any] = {}
   log(f"starting vllm serve on 127.0.0.1:{port} (cold start about 45 s) ...")
@@ -647,7 +731,7 @@ def run_bench(*, env_dir: str, model: str, overrides: dict[str, int | None], rat
                 }, "device": cpu_model(), "date": now_utc(), "server": server_block,
       "model": {"dir": folder["model_dir"], "source": folder["source"],
                 "config": folder["config"]}, "bench": dataclasses.asdict(spec), "runs": runs,
-      "linear_rates": linear, "accelerator_file": accelerator_path
+      "linear_rates": linear, "accelerator_file": accelerator_path, "notes": notes
   }
   files.write_json(os.path.join(out_dir, "summary.json"), summary)
   return summary
