@@ -25,6 +25,8 @@ if __name__ == "__main__":
   ceilings, dates = [], []
   for folder, model in FOLDERS.items():
     base = os.path.join(src, folder)
+    if not os.path.isdir(base):  # A pass of fewer models (avx2_pass.sh: tiny-llama only).
+      continue
     for path in sorted(glob.glob(os.path.join(base, "vllm_rate*.json"))):
       result = json.load(open(path))
       result.pop("generated_texts", None)
