@@ -179,6 +179,10 @@ def predict_vllm() -> None:
   if F.PROFILE_OUT.value:
     raise errors.InputError(f"--profile_out={F.PROFILE_OUT.value!r} with --engine_factors: a "
                             "prediction fits no factors; the profile is the earlier fit's.")
+  for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.MAX_SIMULATIONS):
+    if flag.present:
+      raise errors.InputError(f"--{flag.name} with --engine_factors: it shapes a fit, and a "
+                              "prediction fits nothing (the factors are the earlier fit's).")
   if not F.HELDOUT_VLLM.value or not F.MODEL.value:
     raise errors.InputError("--engine_factors needs --heldout_vllm and --model: the runs to "
                             "predict and the model they served.")

@@ -467,11 +467,12 @@ def test_engine_factors_cli_predicts_a_committed_pass_as_its_fit_did(tmp_path):
   ]
   assert expected and [r["predicted_s"] for r in predicted["heldout"]] == pytest.approx(
       [r["predicted_s"] for r in expected], rel=1e-9)
-  refused = subprocess.run(
-      [sys.executable, "-m", "experiments.calibrate", *flags, f"--from_vllm={run_file}"],
-      capture_output=True, text=True, cwd=REPO, timeout=300)
-  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error:")
-  assert "--engine_factors" in refused.stderr and not out.with_suffix(".tmp").exists()
+  for extra in (f"--from_vllm={run_file}", "--request_cost"):
+    refused = subprocess.run([sys.executable, "-m", "experiments.calibrate", *flags, extra],
+                             capture_output=True, text=True, cwd=REPO, timeout=300)
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and last.startswith("error:") and extra.split("=")[0] in last
+    assert "--engine_factors" in last
 
 
 @pytest.mark.slow
