@@ -223,6 +223,19 @@ def test_ceilings_are_the_fastest_repeat_over_measurements():
   assert len(entry["measured"]) == 2
 
 
+def test_a_shrunk_matmul_is_rated_at_its_own_size():
+  """Where one bf16 call at n = 2048 is slow (AVX2 only: 9 GFLOP/s), the ceiling times a
+  smaller n on the engine's fastest path and records both: the rate is 2 n^3 over that n's
+  time, and the accelerator file names the path and size."""
+  shrunk = {
+      **CEILINGS, "bf16_matmul_n": 1024, "bf16_matmul_s": [2 * 1024**3 / 9e9],
+      "bf16_matmul_path": "F.linear", "fp32_matmul_n": 2048, "fp32_matmul_path": "torch.mm"
+  }
+  assert vllm_engine.best_rates([shrunk])["bf16_flops_per_s"] == pytest.approx(9e9)
+  source = vllm_engine.accelerator_entry(shrunk, vllm_engine.ServerConfig())["sources"]
+  assert "bf16 by F.linear at n = 1024" in source["dense_tflops"]
+
+
 # Result validation.
 def test_detailed_fixture_is_accepted_and_bad_ones_refused(tmp_path):
   run = json.loads(FIXTURE.read_text())
