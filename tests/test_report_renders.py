@@ -11,6 +11,7 @@ the sections render what they are given.
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 
 import pytest
@@ -180,3 +181,24 @@ def test_with_no_results_a_section_shows_the_commands_given_or_names_the_experim
   assert shown in render(str(tmp_path), **given)
   words = render(str(tmp_path))
   assert unnamed in words and "--" not in words
+
+
+def test_the_other_cpus_table_counts_the_targets_met_without_client_bound_rows(tmp_path):
+  rows = [
+      dict(metric="ttft", percentile=50, rel_error=0.05),
+      dict(metric="tpot", percentile=50, rel_error=0.15),
+      dict(metric="ttft", percentile=90, rel_error=0.19),
+      dict(metric="tpot", percentile=90, rel_error=0.50, client_bound=True),
+      dict(metric="itl", percentile=50, rel_error=0.01),
+      dict(metric="tpot", percentile=50, rel_error=None, note="coalesced"),
+  ]
+  result = {
+      "heldout": rows, "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.19,
+      "heldout_throughput": [{"rel_error": -0.03}, {"rel_error": 0.02}]
+  }
+  assert real_engine.targets_met(result) == {"p50": (1, 2), "p90": (1, 1)}
+  assert real_engine.other_cpus(str(tmp_path)) == []
+  cpu, names = real_engine.OTHER_CPUS[-1]
+  (tmp_path / names[0]).write_text(json.dumps(result))
+  text = "\n".join(real_engine.other_cpus(str(tmp_path)))
+  assert f"| {cpu} | `{names[0]}` | 10.0% (19.0%) | 1 of 2 | 1 of 1 | 3.0% |" in text

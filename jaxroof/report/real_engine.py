@@ -1,4 +1,4 @@
-"""Report section "Checked against a real engine": vLLM on this CPU vs the simulator.
+"""Report section "Checked against a real engine": vLLM on a 2-core CPU vs the simulator.
 
 Renders the committed results of `experiments.vllm_bench` and the calibrate
 experiment's vllm source with held-out runs (`results/vllm_cpu/`): the
@@ -34,6 +34,22 @@ RESULTS_CHOICES = (
     ("calibration.json", "calibration_repeat.json"),
 )
 RESULTS = RESULTS_CHOICES[0]
+# The same check on other CPUs, each with its own ceilings and fits (results/vllm_cpu/README.md):
+# (the CPU in words, its fits: a pass's own fit, then an earlier pass's factors on a later one).
+OTHER_CPUS = (
+    ("AMD EPYC, AVX2 only: bf16 through torch's F.linear", (
+        "calibration_passZ1_avx2_isolated.json",
+        "calibration_passZ3_avx2_isolated.json",
+        "calibration_passZ1_predicts_passZ3_avx2_isolated.json",
+    )),
+    ("Intel Xeon with AMX: bf16 through oneDNN on AMX", (
+        "calibration_passI1_amx.json",
+        "calibration_passI2_amx.json",
+        "calibration_passI1_predicts_passI2_amx.json",
+    )),
+)
+# The issue's targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
+P50_TARGET, P90_TARGET = 0.10, 0.20
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
 _SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq")
@@ -64,6 +80,49 @@ def heldout_rows(result: dict[str, Any]) -> list[list[str]]:
   ] for r in result.get("heldout", [])]
 
 
+def targets_met(result: dict[str, Any]) -> dict[str, tuple[int, int]]:
+  """How many held-out TTFT/TPOT rows meet the targets, of how many: p50 within 10%, p90
+  within 20%; rows of client-bound runs and coalesced measurements left out, as in the
+  fit's medians."""
+  counts = {"p50": [0, 0], "p90": [0, 0]}
+  for row in result.get("heldout", []):
+    if row["metric"] not in ("ttft", "tpot") or row.get("client_bound"):
+      continue
+    if row.get("rel_error") is None or row["percentile"] not in (50, 90):
+      continue
+    key = f"p{row['percentile']}"
+    counts[key][1] += 1
+    counts[key][0] += row["rel_error"] <= (P50_TARGET if key == "p50" else P90_TARGET)
+  return {key: (met, total) for key, (met, total) in counts.items()}
+
+
+def other_cpus(folder: str) -> list[str]:
+  """One row per committed fit on another CPU: its held-out median and the targets met."""
+  rows = []
+  for cpu, names in OTHER_CPUS:
+    for name in names:
+      result = _load(os.path.join(folder, name))
+      if result is None:
+        continue
+      met = targets_met(result)
+      throughput = [abs(r["rel_error"]) for r in result.get("heldout_throughput", [])]
+      rows.append([
+          cpu, f"`{name}`", f"{table.percent(result.get('heldout_median_rel_error'))} "
+          f"({table.percent(result.get('heldout_max_rel_error'))})", "{} of {}".format(*met["p50"]),
+          "{} of {}".format(*met["p90"]),
+          table.percent(max(throughput)) if throughput else "n/a"
+      ])
+  if not rows:
+    return []
+  return [
+      "The same check on other CPUs (each with its own ceilings, measured as its engine "
+      "computes, and its own fits; `predicts` files: an earlier pass's factors on a later "
+      "pass's runs, nothing fitted to them; client-bound runs left out):", "",
+      table.markdown_table(("CPU", "fit", "held-out median (max)", "p50 TTFT/TPOT within 10%",
+                            "p90 within 20%", "worst throughput error"), rows)
+  ]
+
+
 def plot(result: dict[str, Any], path: str, runs: int = 3) -> None:
   """Measured (solid) against predicted (dashed) TTFT and ITL CDFs of held-out runs."""
   series = {}
@@ -76,7 +135,7 @@ def plot(result: dict[str, Any], path: str, runs: int = 3) -> None:
           "style": style, "color": color
       }
   simulation.plot_cdfs(
-      series, path, "vLLM 0.32.0 on this CPU: measured (solid) vs calibrated "
+      series, path, "vLLM 0.32.0 on a 2-core CPU: measured (solid) vs calibrated "
       "simulator (dashed), held-out runs")
 
 
@@ -129,7 +188,7 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
   plot(first, png)
   lines += [
       "Measurement: vLLM " + str(meta.get("vllm_version", "0.32.0+cpu")) + " (vllm-cpu) "
-      f"served small Llama models (dummy bf16 weights) on this machine's CPU "
+      f"served small Llama models (dummy bf16 weights) on a 2-core CPU "
       f"({meta.get('device', 'CPU')}, {meta.get('date', '')}), `vllm bench serve` on loopback; "
       f"load average {meta.get('load', 'n/a')} on 2 cores. "
       "Calibrated prediction: the simulator with its `vllm` scheduler (vLLM V1's), "
@@ -191,5 +250,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
         "simulator charges an MoE step by the experts it reads; vLLM's CPU MoE path "
         "costs more than that (a term the model lacks, measured on one short run)."
     ]
+  others = other_cpus(folder)
+  if others:
+    lines += [""] + others
   lines += ["", f"![measured vs predicted CDFs]({os.path.basename(png)})"]
   return "\n".join(lines)

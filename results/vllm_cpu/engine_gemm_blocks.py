@@ -11,11 +11,12 @@ core 1):
     models/medium-llama/config.json > gemm_blocks_runN.jsonl
 
 then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (project venv)
-writes the JSON: per model and M the runs' medians, and the reading, each M's time over the
+writes the JSON (env OUT: another path, DEVICE: another CPU's description): per model and M the runs' medians, and the reading, each M's time over the
 straight line through 128-256 rows, in passes at M = 4 (one read of the weights at a
 decode's rate).
 """
 import json
+import os
 import statistics
 import sys
 
@@ -56,12 +57,12 @@ def collect(paths: list[str]) -> dict:
 if __name__ == "__main__":
   data = collect(sys.argv[1:])
   files.write_json(
-      "results/vllm_cpu/engine_gemm_blocks.json", {
+      os.environ.get("OUT", "results/vllm_cpu/engine_gemm_blocks.json"), {
           "kind": "measurement", "what":
               ("vLLM's bf16 linear path (create_onednn_mm/onednn_mm) over each model's whole "
                "decoder weight set at M rows, median of 7 passes after a warm-up, one "
                "thread on core 1; per model and M, the runs' medians (s)"
-              ), "device": "AMD EPYC, 2 cores (avx512_bf16, no AMX)",
+              ), "device": os.environ.get("DEVICE", "AMD EPYC, 2 cores (avx512_bf16, no AMX)"),
           "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, random weights",
           "made_by": "results/vllm_cpu/engine_gemm_blocks.py (its docstring has the commands)",
           "runs": sys.argv[1:], **data

@@ -10,7 +10,8 @@ configs):
   python engine_token_rates.py S/*/model/config.json > S/gemm_runN.jsonl   (engine venv)
   python engine_phase_probe.py ENV S/work_runN S/w64L1/model ... > S/probe_runN.jsonl
 
-then `python results/vllm_cpu/engine_shape_probe.py S` (project venv) collects them here.
+then `python results/vllm_cpu/engine_shape_probe.py S` (project venv) collects them here
+(env DEVICE: the CPU, default the AMD EPYC of the first passes).
 """
 import json
 import os
@@ -63,7 +64,8 @@ if __name__ == "__main__":
                "out, 8 after a warm-up, engine_phase_probe.py: vLLM's /metrics decode time / "
                "63) and the decoder's GEMMs alone at M = 1 (engine_token_rates.py), for six "
                "shapes of width 64/512/1536 and depth 1/4; one row per pass"),
-      "device": "AMD EPYC, 2 cores: engine worker on core 1, API server on core 0",
+      "device": (os.environ.get("DEVICE", "AMD EPYC") +
+                 ", 2 cores: engine worker on core 1, API server on core 0"),
       "engine": "vllm 0.32.0+cpu, torch 2.13.0+cpu, bf16, dummy weights (/work/vllm-env)",
       "date": sys.argv[3] if len(sys.argv) > 3 else FIRST_DATE,
       "made_by": "python results/vllm_cpu/engine_shape_probe.py " + " ".join(sys.argv[1:3]),
