@@ -506,15 +506,26 @@ def measure_linear_rates(
   }
 
 
+# The CPU flags that choose vLLM's CPU kernels: its bf16 GEMM path (oneDNN needs AVX512-BF16
+# or AMX, else torch's F.linear) and its attention ISA (amx, vec, vec16).
+ENGINE_ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
 def cpu_model() -> str:
+  """The CPU's model name with the flags that pick the engine's kernels, e.g. "Intel(R)
+  Xeon(R) Processor (amx_bf16, avx512_bf16, avx512f, avx2)": two VMs of one model name
+  can differ in them (an AMD EPYC with AVX512-BF16, another with AVX2 only)."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      text = f.read()
   except OSError:
-    pass
-  return platform.processor() or "CPU"
+    return platform.processor() or "CPU"
+  name = next((
+      line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+              platform.processor() or "CPU")
+  words = set(text.split())
+  flags = [flag for flag in ENGINE_ISA_FLAGS if flag in words]
+  return f"{name} ({', '.join(flags)})" if flags else name
 
 
 def memory_bytes() -> float:

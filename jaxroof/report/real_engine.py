@@ -45,7 +45,7 @@ OTHER_CPUS = (
     ("Intel Xeon with AMX: bf16 through oneDNN on AMX", (
         "calibration_passI1_amx.json",
         "calibration_passI2_amx.json",
-        "calibration_passI1_predicts_passI2_amx.json",
+        "prediction_passI1_on_passI2_amx.json",
     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
@@ -116,10 +116,10 @@ def other_cpus(folder: str) -> list[str]:
     return []
   return [
       "The same check on other CPUs (each with its own ceilings, measured as its engine "
-      "computes, and its own fits; `predicts` files: an earlier pass's factors on a later "
-      "pass's runs, nothing fitted to them; client-bound runs left out):", "",
+      "computes, and its own fits; `predicts` and `prediction` files: an earlier pass's "
+      "factors on a later pass's runs, nothing fitted to them; client-bound runs left out):", "",
       table.markdown_table(("CPU", "fit", "held-out median (max)", "p50 TTFT/TPOT within 10%",
-                            "p90 within 20%", "worst throughput error"), rows)
+                            "p90 TTFT/TPOT within 20%", "worst throughput error"), rows)
   ]
 
 
