@@ -201,4 +201,4 @@ def test_the_other_cpus_table_counts_the_targets_met_without_client_bound_rows(t
   cpu, names = real_engine.OTHER_CPUS[-1]
   (tmp_path / names[0]).write_text(json.dumps(result))
   text = "\n".join(real_engine.other_cpus(str(tmp_path)))
-  assert f"| {cpu} | `{names[0]}` | 10.0% (19.0%) | 1 of 2 | 1 of 1 | 3.0% |" in text
+  assert f"{names[0]}` | 10.0% (19.0%) | 1 of 2 | 1 of 1 | 3.0% |" in text and f"| {cpu} |" in text

@@ -107,7 +107,8 @@ def other_cpus(folder: str) -> list[str]:
       met = targets_met(result)
       throughput = [abs(r["rel_error"]) for r in result.get("heldout_throughput", [])]
       rows.append([
-          cpu, f"`{name}`", f"{table.percent(result.get('heldout_median_rel_error'))} "
+          cpu, f"`{paths.in_repository(folder)}/{name}`",
+          f"{table.percent(result.get('heldout_median_rel_error'))} "
           f"({table.percent(result.get('heldout_max_rel_error'))})", "{} of {}".format(*met["p50"]),
           "{} of {}".format(*met["p90"]),
           table.percent(max(throughput)) if throughput else "n/a"
