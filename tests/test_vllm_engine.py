@@ -578,3 +578,13 @@ def test_the_engines_measured_gemm_overlap_is_held_and_reported(monkeypatch, mod
   monkeypatch.setattr(engine_fit, "search", lambda runs, s, **_: (dict(engine_fit.START), 0.0, 1))
   result = engine_fit.calibrate_engine([FIXTURE], summed)
   assert result["factors"]["r_ovl"] == result["fixed"]["r_ovl"] == 0.0
+
+
+def test_the_device_names_the_cpu_flags_that_choose_the_engines_kernels(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f "
+                  "avx512fp16 amx_bf16 amx_tile\n")
+  assert vllm_engine.cpu_model(str(info)) == "Some CPU (amx_bf16, avx512f, avx2)"
+  info.write_text("model name\t: Old CPU\nflags\t\t: fpu sse2\n")
+  assert vllm_engine.cpu_model(str(info)) == "Old CPU"
+  assert vllm_engine.cpu_model(str(tmp_path / "absent"))  # Falls back to the platform's name.

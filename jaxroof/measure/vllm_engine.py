@@ -511,12 +511,12 @@ def measure_linear_rates(
 ENGINE_ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
   """The CPU's model name with the flags that pick the engine's kernels, e.g. "Intel(R)
   Xeon(R) Processor (amx_bf16, avx512_bf16, avx512f, avx2)": two VMs of one model name
   can differ in them (an AMD EPYC with AVX512-BF16, another with AVX2 only)."""
   try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
+    with open(cpuinfo, encoding="utf-8") as f:
       text = f.read()
   except OSError:
     return platform.processor() or "CPU"

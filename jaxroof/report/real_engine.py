@@ -45,7 +45,9 @@ OTHER_CPUS = (
     ("Intel Xeon with AMX: bf16 through oneDNN on AMX", (
         "calibration_passI1_amx.json",
         "calibration_passI2_amx.json",
+        "calibration_passI3_amx.json",
         "prediction_passI1_on_passI2_amx.json",
+        "prediction_passI2_on_passI3_amx.json",
     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
