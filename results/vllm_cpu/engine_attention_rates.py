@@ -33,21 +33,15 @@ torch.cpu._init_amx()
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
+# The repository root, for the CPU's description (vllm_engine imports no jax).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from jaxroof.measure import vllm_engine  # noqa: E402
+
 BLOCK = 128
 SEQS = tuple(int(n) for n in os.environ.get("SEQS", "1,2,4,8,16").split(","))
 CTXS = tuple(int(c) for c in os.environ.get("CTXS", "160,288,1024").split(","))
 PROMPTS = tuple(int(p) for p in os.environ.get("PROMPTS", "128,256,512").split(","))
 PASSES = 9
-
-
-def cpu() -> str:
-  """This CPU's model name and the flags that pick vLLM's kernels (the attention ISA)."""
-  text = open("/proc/cpuinfo").read()
-  name = text.split("model name", 1)[1].split(":", 1)[1].split("\n", 1)[0].strip()
-  words = set(text.split())
-  flags = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in words]
-  return f"{name}, {' '.join(flags)}"
-
 
 FLUSH = torch.ones(64 * 2**20 // 4)  # Read before each call: evicts the K/V from the L3.
 
@@ -157,8 +151,9 @@ if __name__ == "__main__":
       "kind": "measurement", "what": __doc__.split("\n\n")[0].replace("\n", " "),
       "timing": f"time.perf_counter around each layer's call (64 MiB read before it, untimed), "
                 f"summed over the layers; median of {PASSES} passes after one warm-up",
-      "device": f"this VM's core 1 ({cpu()}), one thread", "dtype": "bf16", "block_size": BLOCK,
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "device": f"this VM's core 1 ({vllm_engine.cpu_model()}), one thread", "dtype": "bf16",
+      "block_size": BLOCK, "date": datetime.datetime.now(datetime.timezone.utc
+                                                        ).isoformat(timespec="seconds"),
       "load_average": os.getloadavg(), "torch": torch.__version__, "summary": summary, "rows": rows
   }
   tmp = out_path + ".tmp"

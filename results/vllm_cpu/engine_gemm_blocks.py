@@ -11,9 +11,9 @@ core 1):
     models/medium-llama/config.json > gemm_blocks_runN.jsonl
 
 then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (project venv)
-writes the JSON (env OUT: another path, DEVICE: another CPU's description): per model and M the runs' medians, and the reading, each M's time over the
-straight line through 128-256 rows, in passes at M = 4 (one read of the weights at a
-decode's rate).
+writes the JSON (env OUT: another path, DEVICE: another CPU's description): per model and M
+the runs' medians, and the reading, each M's time over the straight line through 128-256
+rows, in passes at M = 4 (one read of the weights at a decode's rate).
 """
 import json
 import os
