@@ -8,6 +8,8 @@
 # It writes OUT_DIR/engine_attention_rates.json, engine_token_rates.json (with its
 # overlap_fit) and engine_gemm_blocks.json, and prints each reading.
 set -e
+[ $# -eq 2 ] || { echo "usage: bash results/vllm_cpu/engine_terms_pass.sh ENGINE_ENV OUT_DIR" >&2; exit 2; }
+[ -x "$1/bin/python" ] || { echo "error: no engine venv at $1 (make one: bash experiments/vllm_setup.sh $1)" >&2; exit 2; }
 ENV=$1; OUT=$(realpath -m "$2"); PY=${PY:-python}; mkdir -p "$OUT"
 M=results/vllm_cpu/models; CONFIGS="$M/tiny-llama/config.json $M/small-llama/config.json $M/medium-llama/config.json"
 DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores"
