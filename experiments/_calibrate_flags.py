@@ -135,12 +135,32 @@ ENGINE_ETA_ATTN = flags.DEFINE_float(
     "layers'. vLLM's CPU kernel on this CPU: 114-121 GFLOP/s of 446 on prompts of 128-512 "
     "tokens (results/vllm_cpu/engine_attention_rates*.json): 0.26. In (0, 1]; unset: "
     "attention FLOPs with the linear layers' at eta_f.", lower_bound=1e-6, upper_bound=1.0)
+ENGINE_CACHE_MB = flags.DEFINE_float(
+    "engine_cache_mb", 0.0, "vllm: MB (1e6 bytes) of a step's weights the engine finds in "
+    "the CPU's last-level cache, held in the fit with --engine_cache_gbps: read at that rate, "
+    "the rest at eta_w x the read ceiling. vLLM's GEMMs on the AMX Xeon of issue 25: 51-106 "
+    "MB at about 22 GB/s (results/vllm_cpu/passIN/engine_cache.json, "
+    "results/vllm_cpu/engine_cache_fit.py). 0: no cache.", lower_bound=0.0, upper_bound=1e7)
+ENGINE_CACHE_GBPS = flags.DEFINE_float(
+    "engine_cache_gbps", 0.0, "vllm: GB/s at which the engine reads the weights in the "
+    "cache (--engine_cache_mb); needed with it.", lower_bound=0.0, upper_bound=1e6)
+
+
+@flags.multi_flags_validator(
+    (ENGINE_CACHE_MB.name, ENGINE_CACHE_GBPS.name),
+    message="--engine_cache_mb and --engine_cache_gbps go together: give both above 0 (the "
+    "cached weight bytes and their read rate, engine_cache_fit.py), or neither")
+def _cache_pair(values: dict) -> bool:
+  return (values[ENGINE_CACHE_MB.name] > 0) == (values[ENGINE_CACHE_GBPS.name] > 0)
+
+
 ENGINE_FACTORS = flags.DEFINE_string(
     "engine_factors", None, "vllm: an earlier engine calibration (the --json_out of "
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
-    "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap and "
-    "--engine_m_pass, where given, replace what it held (the new device's own kernel rates).")
+    "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
+    "--engine_m_pass and --engine_cache_mb/gbps, where given, replace what it held (the new "
+    "device's own kernel rates).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -181,10 +201,11 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
-             "engine_eta_kv", "engine_eta_attn", "scheduler", "max_running", "token_budget",
-             "max_simulations", "seed", "engine_factors"),
+    "vllm":
+        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
+         "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
+         "engine_eta_kv", "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps", "scheduler",
+         "max_running", "token_budget", "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -167,7 +167,8 @@ def _setup() -> engine_fit.ServingSetup:
       sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
       overlap=errors.require_non_negative("--engine_overlap",
                                           F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
-      kv_efficiency=F.ENGINE_ETA_KV.value, attention_efficiency=F.ENGINE_ETA_ATTN.value)
+      kv_efficiency=F.ENGINE_ETA_KV.value, attention_efficiency=F.ENGINE_ETA_ATTN.value,
+      cache_bytes=F.ENGINE_CACHE_MB.value * 1e6, cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9)
 
 
 def predict_vllm() -> None:
@@ -191,7 +192,9 @@ def predict_vllm() -> None:
   replaced = {
       "eta_kv": F.ENGINE_ETA_KV.value, "eta_attn": F.ENGINE_ETA_ATTN.value,
       "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
-      "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None
+      "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
+      "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
+      "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None
   }
   factors.update({n: float(v) for n, v in replaced.items() if v is not None})
   result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, setup, factors,

@@ -57,7 +57,7 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   values = {
       S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
       S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
-      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0, S.eta_attn: 0
+      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0, S.eta_attn: 0, S.c_llc: 0, S.bw_llc: 0
   }
   assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
                                                    rel=1e-12)
@@ -155,6 +155,36 @@ def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():
     assert float(cost.decode(batch, 900.0, blocked)["step_s"]) - float(
         cost.decode(batch, 900.0, plain)["step_s"]) == pytest.approx(passes * one_read, rel=1e-9,
                                                                      abs=1e-15)
+
+
+def test_an_engines_cached_weights_read_at_the_caches_rate():
+  """An engine on a CPU finds the first c_llc bytes of a step's weights in its cache and
+  reads them at bw_llc, the rest at eta_w * BW (the AMX Xeon of issue 25: 26-50 MB at about
+  22 GB/s, 201-403 MB at 12-14). By hand, for the iteration model and the decode step:
+  c_llc = 0 is the model without the term, weights that fit read wholly at bw_llc (eta_w
+  no longer matters), and a cache of a third of them splits the read."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  cost = _cost("llama-3-8b", H100)
+  dram, cache_rate = 0.7 * H100.memory_bandwidth_bytes_per_s, 5e12
+  plain = StepModel.calibrated(factors)
+  for share in (0.0, 2.0, 1 / 3):
+    cached = share * (cost.constants["W_b"] + cost.constants["W_h"])
+    model = StepModel.calibrated(factors, engine={"c_llc": cached, "bw_llc": cache_rate})
+    for batch in (1.0, 64.0):  # The linear layers, the head and the rows' embeddings.
+      weights = cost.constants["W_b"] + cost.constants["W_h"] + cost.constants["r_e"] * batch
+      hit = min(cached, weights)
+      assert float(cost.decode(batch, 900.0, model)["weight_s"]) == pytest.approx(
+          hit / cache_rate + (weights - hit) / dram, rel=1e-9)
+    values = dict(B=np.array([4.0]), T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
+    by_hand = min(cached, 6e9) / cache_rate + (6e9 - min(cached, 6e9)) / (0.7 * 2e12)
+    if cached == 0.0:
+      by_hand = 6e9 / (0.7 * 2e12)
+      assert model.evaluate(**values)["step_s"][0] == pytest.approx(
+          plain.evaluate(**values)["step_s"][0], rel=1e-12)
+    assert float(np.ravel(model.evaluate(**values)["weight_s"])[0]) == pytest.approx(
+        by_hand, rel=1e-9)
 
 
 def test_calibrated_re_pack_is_the_calibrated_steps():

@@ -415,7 +415,8 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
       sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={FIXTURE}",
       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
       "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
-      "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26", f"--json_out={out}"
+      "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26",
+      "--engine_cache_mb=50", "--engine_cache_gbps=22", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
@@ -424,9 +425,38 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   assert all(0 < result["factors"][n] <= 1 for n in ("eta_w", "eta_f"))
   # Every held engine term reaches the fit, as measured.
   assert result["fixed"] == {
-      "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256
+      "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256,
+      "c_llc": 5e7, "bw_llc": 2.2e10
   }
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
+  assert result["factors"]["c_llc"] == 5e7 and result["factors"]["bw_llc"] == 2.2e10
+  half = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate", "--source=vllm", f"--from_vllm={FIXTURE}",
+      f"--model={model_dir}", f"--accelerator_file={device_file}", "--engine_cache_mb=50"
+  ], capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert half.returncode != 0 and "--engine_cache_mb and --engine_cache_gbps go together" in (
+      half.stderr)
+
+
+def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, model_dir,
+                                                                   device_file):
+  """c_llc bytes of a step's weights read at bw_llc: a cache larger than the model's weights
+  at ten times the read ceiling shortens every simulated token gap of the fixture, a cache of
+  one byte leaves them (within a part in a million), and the factors carry the cache."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-4, "t0_request": 0.0}
+  rate = 10 * 2.5e10  # The fixture device's read ceiling: 25 GB/s.
+  gaps = {}
+  for name, cached in (("none", 0.0), ("byte", 1.0), ("all", 1e12)):
+    held = dataclasses.replace(setup, cache_bytes=cached, cache_rate=rate if cached else 0.0)
+    result = engine_fit.predict_runs([FIXTURE], held, {**held.held(), **factors})
+    gaps[name] = {(r["metric"], r["percentile"]): r["predicted_s"] for r in result["heldout"]}
+    assert result["factors"].get("c_llc", 0.0) == cached
+  for key, gap in gaps["none"].items():
+    if key[0] == "tpot":
+      assert gaps["all"][key] < gap
+      assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
 
 
 def test_a_fit_carried_to_another_device_predicts_without_fitting(tmp_path, monkeypatch, model_dir,

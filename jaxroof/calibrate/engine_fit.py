@@ -89,6 +89,10 @@ KV_EFFICIENCY = "eta_kv"
 # `ServingSetup.attention_efficiency`: eta_attn held at the engine's attention kernel's FLOP
 # rate as a share of F (measured; None: 0, attention FLOPs with the linear layers').
 ATTENTION_EFFICIENCY = "eta_attn"
+# `ServingSetup.cache_bytes`, `cache_rate`: the weight bytes of a step the engine finds in the
+# CPU's last-level cache and the rate it reads them at (measured from its GEMMs over weight
+# sets of several sizes; 0: none, every weight byte at eta_w*BW).
+CACHE_BYTES, CACHE_RATE = "c_llc", "bw_llc"
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
     SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
@@ -117,7 +121,8 @@ MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot pro
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
-    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WEIGHT_PASS: 0, ATTENTION_EFFICIENCY: 0.0
+    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WEIGHT_PASS: 0, ATTENTION_EFFICIENCY: 0.0,
+    CACHE_BYTES: 0.0, CACHE_RATE: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -134,7 +139,9 @@ ASSUMPTIONS = (
     "tokens (held as measured; 0: no limit)",
     "eta_kv tied to eta_w unless held (the engine's attention kernel timed over the K/V); "
     "attention FLOPs with the linear layers' at eta_f unless eta_attn is held (that "
-    "kernel's FLOP rate, timed on prompts); "
+    "kernel's FLOP rate, timed on prompts); the weights all at eta_w*BW unless a cache is "
+    "held (c_llc bytes of them at bw_llc, from the engine's GEMMs over weight sets of several "
+    "sizes); "
     "r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
     "at 1 ns unless searched (layer_cost); the bound at r_ovl = 1; on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
@@ -176,6 +183,11 @@ class ServingSetup:
   # vLLM's CPU kernel 114-121 GFLOP/s on prompts of 128-512 tokens, its GEMMs 450). None:
   # attention FLOPs with the linear layers' at eta_f.
   attention_efficiency: float | None = None
+  # c_llc and bw_llc, held: the weight bytes of a step the engine finds in the CPU's cache and
+  # the rate it reads them at (measured: vLLM's GEMMs on the AMX Xeon read 50-110 MB at about
+  # 22 GB/s, the rest at 10-12; results/vllm_cpu/passIN/engine_cache.json). 0: no cache.
+  cache_bytes: float = 0.0
+  cache_rate: float = 0.0
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -184,11 +196,13 @@ class ServingSetup:
                               ()) + ((LAYER_COST,) if self.layer_cost else ())
 
   def held(self) -> dict[str, float]:
-    """The factors held as measured: r_ovl always, eta_kv and eta_attn where given."""
+    """The factors held as measured: r_ovl always, eta_kv, eta_attn and the cache where given."""
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
-    return {"r_ovl": float(self.overlap), **kv, **attention}
+    cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
+             if self.cache_bytes > 0 else {})
+    return {"r_ovl": float(self.overlap), **kv, **attention, **cache}
 
   @property
   def device_name(self) -> str:
@@ -236,7 +250,9 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
-  held = {n: float(values[n]) for n in (ATTENTION_EFFICIENCY,) if n in values}
+  held = {
+      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE) if n in values
+  }
   return {
       **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
       SEQUENCE_COST: float(values.get(SEQUENCE_COST, 0.0)), **held
@@ -264,7 +280,9 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
           _step_factors(factors), engine={
               SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
               WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass)),
-              ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0))
+              ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0)),
+              CACHE_BYTES: float(factors.get(CACHE_BYTES,
+                                             0.0)), CACHE_RATE: float(factors.get(CACHE_RATE, 0.0))
           }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)

@@ -31,9 +31,9 @@ import sympy as sp
 
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
-from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, eta_f, eta_kv,
-                                      eta_attn, eta_w, k, m_pass, q, r_ovl, r_pack, t0_layer,
-                                      t0_seq, t0_step)
+from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, bw_llc, c_llc,
+                                      eta_f, eta_kv, eta_attn, eta_w, k, m_pass, q, r_ovl, r_pack,
+                                      t0_layer, t0_seq, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -62,9 +62,26 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   return _overlap(a, b)
 
 
-def _terms() -> dict[str, sp.Expr]:
-  """The calibrated step's named expressions, built from `formulas`."""
-  weight_s = formulas.memory_time(formulas.weight_traffic(N, q), eta_w * BW)
+def weight_read_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
+  """A step's weight reads (seconds): the first `c_llc` bytes from the last-level cache at
+  `bw_llc`, the rest at `rate` (eta_w*BW).
+
+  An engine on a CPU finds the weights a step read last time still in its cache when they
+  fit: on the AMX Xeon of issue 25 vLLM's GEMMs read 26-50 MB of weights at about 22 GB/s,
+  201-403 MB at 12-14, and a least-squares fit of min(W, c_llc)/bw_llc + the rest at one
+  rate to nine weight sets leaves 6-7% (results/vllm_cpu/engine_cache_fit.py). c_llc = 0
+  (every device but such a CPU) is the plain `weight_bytes / rate`.
+  """
+  cached = sp.Min(weight_bytes, c_llc)
+  return cached / sp.Max(bw_llc, 1) + formulas.memory_time(weight_bytes - cached, rate)
+
+
+def _terms(weights_cached: bool = False) -> dict[str, sp.Expr]:
+  """The calibrated step's named expressions, built from `formulas`; `weights_cached`: the
+  weights read through `weight_read_time` (an engine's terms)."""
+  weight_bytes = formulas.weight_traffic(N, q)
+  weight_s = (weight_read_time(weight_bytes, eta_w * BW)
+              if weights_cached else formulas.memory_time(weight_bytes, eta_w * BW))
   kv_s = formulas.memory_time(formulas.retained_kv_bytes(B, T, k), eta_kv * BW)
   compute_s = formulas.compute_time(B, N_act, eta_f * F)
   fixed_s = t0_step + L * t0_layer
@@ -146,9 +163,11 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
 
 # An engine's own terms: its per-sequence cost per iteration (`symbols.t0_seq`, 0 unless a
 # real engine's runs fitted it), the rows its GEMM multiplies per pass over the weights
-# (`symbols.m_pass`, 0: no limit; measured) and its attention kernel's FLOP efficiency
-# (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured).
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn)
+# (`symbols.m_pass`, 0: no limit; measured), its attention kernel's FLOP efficiency
+# (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured) and the weight
+# bytes it finds in the CPU's cache and their rate (`symbols.c_llc`, `symbols.bw_llc`, 0:
+# none; measured).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 
@@ -204,10 +223,10 @@ def _with_added(terms: dict[str, sp.Expr], extra_s: sp.Expr, *also: str) -> dict
   return t
 
 
-def _regime_terms() -> dict[str, sp.Expr]:
+def _regime_terms(weights_cached: bool = False) -> dict[str, sp.Expr]:
   """The calibrated terms with the re-pack added to the step and the memory time."""
   repack_s = repack_time()
-  return {**_with_added(_terms(), repack_s, "memory_s"), "repack_s": repack_s}
+  return {**_with_added(_terms(weights_cached), repack_s, "memory_s"), "repack_s": repack_s}
 
 
 @functools.cache
@@ -219,10 +238,11 @@ def calibrated_model_with_regime(backend: Literal["numpy", "jax"] = "numpy"):
 
 def _engine_terms() -> dict[str, sp.Expr]:
   """The calibrated terms with the re-pack and an engine's own terms: a decode step of B
-  sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq) and reads the
-  weights once more past `m_pass` rows (`weight_passes`)."""
+  sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq), reads the
+  weights once more past `m_pass` rows (`weight_passes`) and the first c_llc bytes of them
+  from the cache (`weight_read_time`)."""
   passes_s = weight_passes(B, formulas.weight_traffic(N, q))
-  terms = _with_added(_regime_terms(), passes_s, "memory_s")
+  terms = _with_added(_regime_terms(weights_cached=True), passes_s, "memory_s")
   return {**_with_added(terms, t0_seq * B, "fixed_s"), "weight_passes_s": passes_s}
 
 

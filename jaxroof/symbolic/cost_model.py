@@ -49,7 +49,8 @@ layer and (an engine's, t0_seq, 0 unless fitted) per sequence, a CPU's re-pack o
 linear weights from two rows (r_pack, 0 unless a profile fitted it), and an engine's GEMM
 reading them once more past m_pass rows (0: no limit; vLLM CPU's oneDNN: 256), and an
 engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: with the
-linear layers' at eta_f; vLLM CPU's: about 0.27).
+linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
+read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s).
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
 def calibrated_terms() -> dict[str, sp.Expr]:
   """Named expressions of a calibrated iteration (`calibrated`'s form, per operation)."""
   ops = operations()
-  weight_s = (ops["linear"][0] + ops["head"][0]) / (eta_w * BW)
+  # The first c_llc bytes from an engine's CPU cache at bw_llc (0: none), the rest at eta_w*BW.
+  weight_s = calibrated.weight_read_time(ops["linear"][0] + ops["head"][0], eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   # An engine's attention kernel at its own FLOP efficiency (eta_attn; 0: with the linear
   # layers' FLOPs at eta_f).

@@ -135,6 +135,15 @@ eta_attn = _define(
     "eta_attn", "1", "achieved fraction of F in an engine's attention kernel, its FLOPs "
     "timed apart from the linear layers' (0: with them, at eta_f)", "engine_factors")
 
+# An engine's weights kept in the CPU's last-level cache between steps (`cost_model`): on the
+# AMX Xeon of issue 25 vLLM's GEMMs read a model's first 50-110 MB at about 22 GB/s and the
+# rest at 10-12 (results/vllm_cpu/passIN/engine_cache.json); measured, not fitted.
+c_llc = _define("c_llc", "B",
+                "weight bytes of a step an engine finds in the last-level cache (0: none)",
+                "engine_factors")
+bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes (c_llc) at",
+                 "engine_factors")
+
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(
     "eta_f_prefill", "1", "achieved fraction of F in a "

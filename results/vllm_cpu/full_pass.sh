@@ -1,0 +1,29 @@
+# One whole pass on a new hour or CPU (issue 25), about 20 minutes on a 2-core CPU: the
+# same-hour set (same_hour_pass.sh), the engine's kernel terms (engine_terms_pass.sh), then
+# the copy into PASS_DIR (copy_pass.py: accelerator.json the median over invocations of each
+# one's fastest repeat), the shape probe's collector, the isolated shapes as fit data and the
+# cache fit (engine_cache_fit.py). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
+# the project's python, on a quiet machine (no fits or tests beside it):
+#   bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR results/vllm_cpu/passN
+set -e
+[ $# -eq 3 ] || { echo "usage: bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR PASS_DIR" >&2; exit 2; }
+[ -x "$1/bin/python" ] || { echo "error: no engine venv at $1 (make one: bash experiments/vllm_setup.sh $1)" >&2; exit 2; }
+ENV=$1; WORK=$(realpath -m "$2"); P=$3; PY=${PY:-python}; mkdir -p "$WORK"
+bash results/vllm_cpu/same_hour_pass.sh "$ENV" "$WORK" 2>&1 | tee "$WORK/pass.log"
+bash results/vllm_cpu/engine_terms_pass.sh "$ENV" "$WORK/terms" 2>&1 | tee -a "$WORK/pass.log"
+PYTHONPATH=. $PY results/vllm_cpu/copy_pass.py "$WORK" "$P"
+cp "$WORK"/terms/engine_{attention_rates,token_rates,gemm_blocks}.json "$WORK/pass.log" "$P/"
+DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores: engine worker on core 1, API server on core 0" \
+  PYTHONPATH=. $PY results/vllm_cpu/engine_shape_probe.py "$WORK/shape" "$P/engine_shape_probe.json" "$(date -u +%F)"
+PYTHONPATH=. $PY results/vllm_cpu/isolated_runs.py "$P/engine_shape_probe.json" "$P/isolated"
+PYTHONPATH=. $PY results/vllm_cpu/engine_cache_fit.py "$P"
+PYTHONPATH=. $PY - "$P" <<'PYEOF'
+import json, sys
+p = sys.argv[1]
+rates = json.load(open(f"{p}/engine_attention_rates.json"))["summary"]
+device = json.load(open(f"{p}/accelerator.json"))["accelerators"]["cpu-vllm-engine"]
+kv = rates["decode_kv_GBps_net_of_flops_median"] / (device["memory_bandwidth_tb_s"] * 1e3)
+attn = rates["prefill_GFLOPs_median"] / (device["dense_tflops"]["bf16"] * 1e3)
+print(f"held terms: --engine_overlap=0 --engine_eta_kv={min(kv, 1):.3f} --engine_eta_attn={attn:.3f}"
+      f" (K/V at {kv:.3f} of the read ceiling)")
+PYEOF
