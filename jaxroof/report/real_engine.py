@@ -46,8 +46,10 @@ OTHER_CPUS = (
         "calibration_passI1_amx_cache.json",
         "calibration_passI2_amx_cache.json",
         "calibration_passI3_amx_cache.json",
+        "calibration_passI4_amx_cache.json",
         "prediction_passI1_cache_on_passI2_amx.json",
         "prediction_passI2_cache_on_passI3_amx.json",
+        "prediction_passI3_cache_on_passI4_amx.json",
     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
