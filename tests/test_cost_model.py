@@ -187,6 +187,29 @@ def test_an_engines_cached_weights_read_at_the_caches_rate():
         by_hand, rel=1e-9)
 
 
+def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():
+  """The GEMM's one more read past m_pass rows re-reads the same weights, so their cached
+  bytes come from the cache again: by hand, past 256 rows the step pays min(W, c_llc) /
+  bw_llc + the rest at eta_w * BW once more (the linear layers' bytes, the head apart)."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  cost = _cost("llama-3-8b", H100)
+  dram, cache_rate = 0.7 * H100.memory_bandwidth_bytes_per_s, 5e12
+  linear = cost.constants["W_b"]
+  for cached in (0.0, linear / 4, 2 * linear):
+    engine = {"c_llc": cached, "bw_llc": cache_rate}
+    without = StepModel.calibrated(factors, engine=engine)
+    blocked = StepModel.calibrated(factors, engine={**engine, "m_pass": 256})
+    hit = min(cached, linear)
+    one_read = hit / cache_rate + (linear - hit) / dram
+    for prompt, passes in ((255, 0), (512, 1)):  # One decode row beside the prompt.
+      mix = cost.mix(decode_context=[900.0], chunk_offset=[0.0], chunk_tokens=[prompt])
+      extra = float(cost.evaluate(mix, blocked)["step_s"]) - float(
+          cost.evaluate(mix, without)["step_s"])
+      assert extra == pytest.approx(passes * one_read, rel=1e-9, abs=1e-15), (cached, prompt)
+
+
 def test_calibrated_re_pack_is_the_calibrated_steps():
   subs = {
       **cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0), S.t_comm: 0,

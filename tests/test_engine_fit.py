@@ -160,6 +160,22 @@ def test_medians_faster_than_the_bound_are_flagged_and_left_out(monkeypatch):
     engine_fit.fit_runs([impossible], SETUP)
 
 
+def test_a_held_cache_lowers_the_floor_a_median_is_screened_against():
+  """Weights read from a measured cache beat the datasheet's DRAM rate: a step that only
+  the cache explains stays in the fit, and the flag's floor names the cache."""
+  run = _synthetic_run(4.0, seed=3, n=8)
+  bound = engine_fit.simulate_run(run, SETUP, engine_fit.BOUND_FACTORS)
+  fast = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 3})
+  assert not engine_fit.screen([fast], SETUP)[0]
+  device = engine_fit.load_device(SETUP)
+  cached = dataclasses.replace(SETUP, cache_bytes=1e12,
+                               cache_rate=20 * device.memory_bandwidth_bytes_per_s)
+  kept, flags = engine_fit.screen([fast], cached)
+  assert kept and not flags
+  slower = dataclasses.replace(run, measured={"median_tpot_s": bound["median_tpot_s"] / 1e3})
+  assert "the held cache" in engine_fit.screen([slower], cached)[1][0]
+
+
 def _with_detail(run: vllm_results.BenchRun, coalesced: float,
                  ttft_scale: float = 1.0) -> vllm_results.BenchRun:
   """The run with the simulator's own per-request detail at TRUTH as its measurement, a

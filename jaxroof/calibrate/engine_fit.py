@@ -413,6 +413,11 @@ def _errors(run: vllm_results.BenchRun, simulated: Mapping[str, float | None]) -
   return out
 
 
+def _held_cache(setup: ServingSetup) -> dict[str, float]:
+  """The setup's held cache terms (none when it holds no cache)."""
+  return {n: v for n, v in setup.held().items() if n in (CACHE_BYTES, CACHE_RATE)}
+
+
 def screen(runs: Sequence[vllm_results.BenchRun],
            setup: ServingSetup) -> tuple[list[vllm_results.BenchRun], list[str]]:
   """The runs with only the metrics the bound does not undercut; a flag per dropped one.
@@ -420,9 +425,13 @@ def screen(runs: Sequence[vllm_results.BenchRun],
   A median measured below `BELOW_BOUND` of the one simulated at the bound
   (datasheet speed, no fixed cost) is faster than any factor in range allows:
   the setup or the benchmark's timing differs from the model, so it would
-  only drag the factors to their limits. A client-bound run (`client_bound`) is
-  kept and flagged: its medians may still be the engine's, its tails are not.
+  only drag the factors to their limits. A held cache (`cache_bytes`) is a
+  measured rate above the datasheet's, so the bound keeps it. A client-bound
+  run (`client_bound`) is kept and flagged: its medians may still be the
+  engine's, its tails are not.
   """
+  floor_factors = {**BOUND_FACTORS, **_held_cache(setup)}
+  held = ", the held cache" if _held_cache(setup) else ""
   kept_runs, flags = [], []
   for run in runs:
     if client_bound(run):
@@ -430,15 +439,15 @@ def screen(runs: Sequence[vllm_results.BenchRun],
           f"{run.label}: {coalesced_share(run):.0%} of its token gaps are coalesced (over "
           f"{CLIENT_BOUND_SHARE:.0%}): the client and API server paced it, not the engine, "
           "so its latencies hold a term the simulator lacks; fitted as given")
-    bound = simulate_run(run, setup, BOUND_FACTORS)
+    bound = simulate_run(run, setup, floor_factors)
     kept = {}
     for name, measured in run.measured.items():
       floor = bound[name]
       if floor is not None and measured < BELOW_BOUND * floor:
         flags.append(
             f"{run.label} {name.removesuffix('_s')} = {measured * 1e3:.1f} ms is below the "
-            f"bound's {floor * 1e3:.1f} ms (simulated at datasheet speed, no fixed cost): no "
-            "factor in range reproduces it, so it is left out of the fit; check the setup "
+            f"bound's {floor * 1e3:.1f} ms (simulated at datasheet speed{held}, no fixed "
+            "cost): no factor in range reproduces it, so it is left out of the fit; check the setup "
             "(model, device, tp, dtypes, scheduler) or how the benchmark timed it")
       else:
         kept[name] = measured

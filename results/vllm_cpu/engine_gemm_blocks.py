@@ -13,7 +13,11 @@ core 1):
 then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (project venv)
 writes the JSON (env OUT: another path, DEVICE: another CPU's description): per model and M
 the runs' medians, and the reading, each M's time over the straight line through 128-256
-rows, in passes at M = 4 (one read of the weights at a decode's rate).
+rows, in passes at M = 4 (one read of the weights at a decode's rate), and `m_pass`: the
+rows past which the cost model's one extra read of the weights (`calibrated.weight_passes`:
+1 past m_pass rows, else 0) best matches those passes, least squares over both models.
+`python results/vllm_cpu/engine_gemm_blocks.py --m_pass FILE.json [FILE.json ...]` prints
+that reading for committed files.
 """
 import json
 import os
@@ -50,11 +54,30 @@ def collect(paths: list[str]) -> dict:
     }
   return {
       "rows": {model: {m: t for m, t in sorted(by_m.items())} for model, by_m in times.items()},
-      "reading": reading
+      "reading": reading, "m_pass": m_pass_fit(reading)
   }
 
 
-if __name__ == "__main__":
+def m_pass_fit(reading: dict) -> dict:
+  """The m_pass among the probed rows (>= `BLOCK`) whose step, one extra read past it,
+  leaves the least squared residual against every model's passes over the line."""
+  passes = [(int(m), v) for r in reading.values() for m, v in r["over_the_line_in_passes"].items()]
+  candidates = sorted({m for m, _ in passes if m >= BLOCK})
+  rms = {c: float(np.sqrt(np.mean([((m > c) - v)**2 for m, v in passes]))) for c in candidates}
+  best = min(candidates, key=lambda c: (rms[c], c))
+  return {
+      "m_pass": best, "rms_passes": rms[best], "rms_passes_by_candidate": rms,
+      "what": "one extra read of the weights past m_pass rows, fitted to the passes over the "
+              "line (rows probed: a value between two probed rows fits as well)"
+  }
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--m_pass"]:
+  for path in sys.argv[2:]:
+    fit = m_pass_fit(json.load(open(path))["reading"])
+    print(path, f"m_pass {fit['m_pass']} (rms {fit['rms_passes']:.2f} passes;",
+          ", ".join(f"{c}: {v:.2f}" for c, v in fit["rms_passes_by_candidate"].items()) + ")")
+elif __name__ == "__main__":
   data = collect(sys.argv[1:])
   files.write_json(
       os.environ.get("OUT", "results/vllm_cpu/engine_gemm_blocks.json"), {
@@ -67,6 +90,7 @@ if __name__ == "__main__":
           "made_by": "results/vllm_cpu/engine_gemm_blocks.py (its docstring has the commands)",
           "runs": sys.argv[1:], **data
       })
+  print(f"m_pass {data['m_pass']['m_pass']} (rms {data['m_pass']['rms_passes']:.2f} passes)")
   for model, r in data["reading"].items():
     print(model, f"one pass {r['one_pass_at_4_rows_s'] * 1e3:.2f} ms;",
           ", ".join(f"{m}: {v:+.2f}" for m, v in r["over_the_line_in_passes"].items()))
