@@ -120,9 +120,10 @@ ENGINE_OVERLAP = flags.DEFINE_float(
     "larger of the two already stands within 1%.", upper_bound=100.0)
 ENGINE_M_PASS = flags.DEFINE_integer(
     "engine_m_pass", 0, "vllm: rows the engine's GEMM multiplies in one pass over the "
-    "weights, held in the fit: a step of more tokens reads the linear weights once more. "
-    "vLLM's bf16 oneDNN path on this CPU: 256 (results/vllm_cpu/engine_gemm_blocks.json). "
-    "0: no limit.", lower_bound=0, upper_bound=1_000_000)
+    "weights, held in the fit: a step of more tokens reads the linear weights again per "
+    "m_pass tokens. vLLM's bf16 oneDNN path: 256 on the EPYC, 320 on the AMX Xeon "
+    "(results/vllm_cpu/engine_gemm_blocks.py --m_pass). 0: no limit.", lower_bound=0,
+    upper_bound=1_000_000)
 ENGINE_ETA_KV = flags.DEFINE_float(
     "engine_eta_kv", None, "vllm: eta_kv held in the fit: the engine's attention kernel's "
     "K/V read rate as a share of the device's read bandwidth. vLLM's CPU kernel on this CPU: "

@@ -68,6 +68,9 @@ _ENGINE_CPUS = flags.DEFINE_string(
 _FRONTEND_CPUS = flags.DEFINE_string(
     "frontend_cpus", "0", "Cores of the API server and the benchmark client (\"\": unpinned): "
     "kept off --engine_cpus, so that the engine's core serves the engine only.")
+_ENGINE_CORE_CPUS = flags.DEFINE_string(
+    "engine_core_cpus", "", "Cores of vLLM's engine core process (its scheduler loop) once "
+    "the server is up (\"\": where vLLM starts it, with the API server on --frontend_cpus).")
 _START_TIMEOUT_S = flags.DEFINE_float(
     "start_timeout_s", 300.0, "Most seconds for the server "
     "to become healthy. In [10, 3600].", lower_bound=10.0, upper_bound=3600.0)
@@ -107,7 +110,10 @@ def main(argv: list[str]) -> None:
       max_num_seqs=_MAX_NUM_SEQS.value, max_num_batched_tokens=_MAX_BATCHED.value,
       chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
       kv_space_gib=_KV_SPACE_GIB.value, max_model_len=_MAX_MODEL_LEN.value,
-      engine_cpus=_ENGINE_CPUS.value, frontend_cpus=_FRONTEND_CPUS.value, seed=_SEED.value)
+      engine_cpus=_ENGINE_CPUS.value, frontend_cpus=_FRONTEND_CPUS.value,
+      engine_core_cpus=_ENGINE_CORE_CPUS.value, seed=_SEED.value)
+  if config.engine_core_cpus:
+    vllm_engine.parse_cpus(config.engine_core_cpus, "engine_core_cpus")
   shared = set(vllm_engine.parse_cpus(config.engine_cpus)) & set(
       vllm_engine.parse_cpus(config.frontend_cpus, "frontend_cpus") if config.frontend_cpus else ())
   if shared:

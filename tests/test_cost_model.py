@@ -121,11 +121,12 @@ def test_an_engines_attention_kernel_times_its_flops_apart_from_the_linear_layer
     assert float(on["step_s"]) > float(no["step_s"])
 
 
-def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():
-  """vLLM CPU's oneDNN GEMM multiplies up to 256 rows in one pass over the weights:
+def test_an_engines_gemm_reads_the_weights_once_per_rows_per_pass():
+  """vLLM CPU's oneDNN GEMM multiplies up to m_pass rows in one pass over the weights:
   medium-llama's decoder GEMMs took 0.4-0.9 more passes than the line through 128-256 rows
-  at M from 257 to 513, 259 and 385 apart (results/vllm_cpu/engine_gemm_blocks.json). By
-  hand, a step of more than 256 tokens pays one more read of the linear weights at
+  at M from 257 to 513 (results/vllm_cpu/engine_gemm_blocks.json), and the offline engine's
+  steps of N 256-token prompts grew by a read per m_pass rows (engine_prompts_probe.py). By
+  hand, a step of tokens pays ceil(tokens / 256) - 1 more reads of the linear weights at
   eta_w * BW, the LM head apart; m_pass = 0 is the model without the term, and the decode
   step agrees."""
   factors = {
@@ -137,7 +138,7 @@ def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():
   cost = _cost("llama-3-8b", H100)
   one_read = cost.constants["W_b"] / (0.7 * H100.memory_bandwidth_bytes_per_s)
   for prompt, decoding, passes in ((256, 0, 0), (255, 1, 0), (256, 1, 1), (256, 3, 1), (512, 0, 1),
-                                   (1024, 0, 1), (200, 100, 1)):
+                                   (512, 1, 2), (1024, 0, 3), (200, 100, 1)):
     mix = cost.mix(decode_context=[900.0] * decoding, chunk_offset=[0.0], chunk_tokens=[prompt])
     step = {
         name: float(cost.evaluate(mix, model)["step_s"])
@@ -147,7 +148,7 @@ def test_an_engines_gemm_reads_the_weights_once_more_past_its_rows_per_pass():
                                                             abs=1e-15), (prompt, decoding)
     assert step["off"] == pytest.approx(step["plain"], rel=1e-12)
   values = dict(T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
-  for batch, passes in ((8.0, 0), (256.0, 0), (300.0, 1), (600.0, 1)):
+  for batch, passes in ((8.0, 0), (256.0, 0), (300.0, 1), (600.0, 2)):
     b = np.array([batch])
     extra = blocked.evaluate(B=b, **values)["step_s"][0] - plain.evaluate(B=b, **
                                                                           values)["step_s"][0]
@@ -203,7 +204,7 @@ def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():
     blocked = StepModel.calibrated(factors, engine={**engine, "m_pass": 256})
     hit = min(cached, linear)
     one_read = hit / cache_rate + (linear - hit) / dram
-    for prompt, passes in ((255, 0), (512, 1)):  # One decode row beside the prompt.
+    for prompt, passes in ((255, 0), (511, 1), (512, 2)):  # One decode row beside the prompt.
       mix = cost.mix(decode_context=[900.0], chunk_offset=[0.0], chunk_tokens=[prompt])
       extra = float(cost.evaluate(mix, blocked)["step_s"]) - float(
           cost.evaluate(mix, without)["step_s"])

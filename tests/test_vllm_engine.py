@@ -7,6 +7,7 @@ The whole path with a real vLLM runs in `test_whole_path_with_a_real_engine`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -629,3 +630,29 @@ def test_the_device_names_the_cpu_flags_that_choose_the_engines_kernels(tmp_path
   info.write_text("model name\t: Old CPU\nflags\t\t: fpu sse2\n")
   assert vllm_engine.cpu_model(str(info)) == "Old CPU"
   assert vllm_engine.cpu_model(str(tmp_path / "absent"))  # Falls back to the platform's name.
+
+
+def test_the_engine_core_is_moved_with_every_thread_and_a_missing_one_is_named():
+  """`pin_engine_core` finds the process vLLM names VLLM::EngineCore below the server (here a
+  stand-in that names itself so, with a second thread) and moves each of its threads."""
+  script = ("import threading, time; open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
+            "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
+            "print('ready', flush=True); time.sleep(30)")
+  parent = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "{script}"'],
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert parent.stdout.readline().strip() == "ready"
+    moved = vllm_engine.pin_engine_core(parent.pid, "0")
+    assert len(moved) == 1
+    tasks = os.listdir(f"/proc/{moved[0]}/task")
+    assert len(tasks) >= 2 and all(os.sched_getaffinity(int(t)) == {0} for t in tasks)
+    with pytest.raises(errors.InputError, match="engine_core_cpus='0': no VLLM::EngineCor"):
+      vllm_engine.pin_engine_core(moved[0], "0")
+    with pytest.raises(errors.InputError, match="engine_core_cpus='99'"):
+      vllm_engine.pin_engine_core(parent.pid, "99")
+  finally:
+    for pid in vllm_engine._descendants(parent.pid):
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)
+    parent.kill()
+    parent.wait()

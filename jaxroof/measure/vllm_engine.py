@@ -61,6 +61,10 @@ class ServerConfig:
   # The API server's and the benchmark client's cores ("": unpinned, the OS places them,
   # also on the engine's core). The engine worker re-binds its own threads.
   frontend_cpus: str = ""
+  # The engine core's cores (its scheduler loop, between the API server and the worker):
+  # "" leaves it where vLLM starts it, with the API server (on `frontend_cpus`); its
+  # threads are moved once the server is healthy (`pin_engine_core`).
+  engine_core_cpus: str = ""
   dtype: str = "bfloat16"
   seed: int = 0
 
@@ -259,6 +263,36 @@ def _descendants(pid: int) -> set[int]:
   return out
 
 
+ENGINE_CORE_NAME = "VLLM::EngineCor"  # /proc/PID/comm keeps 15 characters.
+
+
+def pin_engine_core(server_pid: int, cpus: str) -> list[int]:
+  """Moves every thread of the server's engine core process(es) onto `cpus` (affinity is
+  per thread on Linux); returns the processes moved.
+
+  Raises:
+    InputError: no engine core below the server, or a core that does not exist here.
+  """
+  chosen = set(parse_cpus(cpus, "engine_core_cpus"))
+  moved = []
+  for pid in sorted(_descendants(server_pid)):
+    try:
+      with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+        name = f.read().strip()
+    except OSError:
+      continue
+    if name.startswith(ENGINE_CORE_NAME):
+      for task in _listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+          os.sched_setaffinity(int(task), chosen)
+      moved.append(pid)
+  if not moved:
+    raise errors.InputError(f"engine_core_cpus={cpus!r}: no {ENGINE_CORE_NAME} process below "
+                            f"the server (pid {server_pid}) to move; this vLLM names it "
+                            "otherwise: leave engine_core_cpus empty.")
+  return moved
+
+
 def _listdir(path: str) -> list[str]:
   try:
     return os.listdir(path)
@@ -346,6 +380,8 @@ def serving(env_dir: str, model_dir: str, config: ServerConfig, port: int, work_
   server = Server(process, port, log_path)
   try:
     server.wait_healthy(start_timeout_s)
+    if config.engine_core_cpus:
+      pin_engine_core(process.pid, config.engine_core_cpus)
     yield server
   finally:
     server.stop()

@@ -188,17 +188,18 @@ def repack_time(rows: sp.Expr = B, weight_bytes: sp.Expr | None = None) -> sp.Ex
 
 
 def weight_passes(rows: sp.Expr, weight_bytes: sp.Expr) -> sp.Expr:
-  """One more read of the weights for a matmul of more than `m_pass` rows (seconds).
+  """The weights read again by a matmul of more than `m_pass` rows (seconds).
 
-  min(1, max(0, rows - m_pass)) * the weights' read (`weight_read_time`: the cached bytes at
-  bw_llc, the rest at eta_w*BW). vLLM CPU's oneDNN GEMM multiplies up to m_pass rows in one
-  pass and past them takes about one more weight read, measured by the line through 128-256
-  rows (results/vllm_cpu/engine_gemm_blocks.py): 256 rows on the AMD EPYC of the night
-  passes (0.4-0.9 more reads from 257 to 513 rows), 320 on the AMX Xeon (1.1-1.6 more from
-  384 to 513, 0.3 at 320). m_pass = 0 switches it off (min(1, m_pass)).
+  (ceiling(rows / m_pass) - 1) * the weights' read (`weight_read_time`: the cached bytes at
+  bw_llc, the rest at eta_w*BW): vLLM CPU's oneDNN GEMM multiplies m_pass rows per pass over
+  the weights. Measured by the line through 128-256 rows (results/vllm_cpu/
+  engine_gemm_blocks.py): 256 rows on the AMD EPYC of the night passes (0.4-0.9 more reads
+  from 257 to 513 rows), 320 on the AMX Xeon (1.1-1.6 more from 384 to 513); and by the
+  offline engine's steps of one to four 256-token prompts (engine_prompts_probe.py), which
+  grow by one read per 320 rows. m_pass = 0 switches it off (min(1, m_pass)).
   """
-  switch = sp.Min(1, sp.Max(0, rows - m_pass))
-  return sp.Min(1, m_pass) * switch * weight_read_time(weight_bytes, eta_w * BW)
+  passes = sp.Max(0, sp.ceiling(rows / sp.Max(m_pass, 1)) - 1)
+  return sp.Min(1, m_pass) * passes * weight_read_time(weight_bytes, eta_w * BW)
 
 
 def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:

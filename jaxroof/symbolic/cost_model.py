@@ -47,7 +47,8 @@ eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
 p-norm, attention bytes on top, plus the fixed costs per iteration, per
 layer and (an engine's, t0_seq, 0 unless fitted) per sequence, a CPU's re-pack of the
 linear weights from two rows (r_pack, 0 unless a profile fitted it), and an engine's GEMM
-reading them once more past m_pass rows (0: no limit; vLLM CPU's oneDNN: 256), and an
+reading them again per m_pass rows past the first (0: no limit; vLLM CPU's oneDNN: 256 or
+320), and an
 engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: with the
 linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
 read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s).
@@ -169,7 +170,7 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
   # devices whose kernels stream them as stored).
   repack_s = calibrated.repack_time(tokens(), ops["linear"][0])
-  # An engine's GEMM reading the linear weights once more past m_pass rows (0: off).
+  # An engine's GEMM reading the linear weights again per m_pass rows (0: off).
   passes_s = calibrated.weight_passes(tokens(), ops["linear"][0])
   floor_s = fixed_s + linear_s + kv_s + attention_s + repack_s + passes_s
   return {

@@ -123,11 +123,12 @@ t0_seq = _define(
     "t0_seq", "s", "fixed cost per sequence in an iteration (an engine's "
     "per-request work each step; 0 unless fitted)", "engine_factors")
 # An engine's GEMM that multiplies m_pass rows in one pass over the weights and reads them
-# once more for a matmul of more rows (`cost_model`): vLLM CPU's oneDNN path, 256 rows
-# (results/vllm_cpu/README.md, "Mixed steps"); measured, not fitted.
+# again per m_pass rows more (`cost_model`): vLLM CPU's oneDNN path, 256 rows on the EPYC,
+# 320 on the AMX Xeon (results/vllm_cpu/README.md, "Mixed steps", "Steps of several
+# prompts"); measured, not fitted.
 m_pass = _define(
     "m_pass", "tokens", "rows an engine's GEMM multiplies in one pass over the weights (a "
-    "matmul of more rows reads them once more; 0: no such limit)", "engine_factors")
+    "matmul of more rows reads them again per m_pass rows; 0: no such limit)", "engine_factors")
 # An engine's attention kernel running its FLOPs at its own fraction of F, apart from the
 # linear layers' (`cost_model`): vLLM CPU's kernel, about 120 GFLOP/s in a prefill where its
 # GEMMs reach 450 (results/vllm_cpu/engine_attention_rates.json); measured, not fitted.

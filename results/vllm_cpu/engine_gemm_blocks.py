@@ -14,12 +14,13 @@ then `python results/vllm_cpu/engine_gemm_blocks.py RUN1.jsonl RUN2.jsonl` (proj
 writes the JSON (env OUT: another path, DEVICE: another CPU's description): per model and M
 the runs' medians, and the reading, each M's time over the straight line through 128-256
 rows, in passes at M = 4 (one read of the weights at a decode's rate), and `m_pass`: the
-rows past which the cost model's one extra read of the weights (`calibrated.weight_passes`:
-1 past m_pass rows, else 0) best matches those passes, least squares over both models.
+rows per pass whose extra reads of the weights in the cost model (`calibrated.weight_passes`:
+ceil(M / m_pass) - 1) best match those passes, least squares over both models.
 `python results/vllm_cpu/engine_gemm_blocks.py --m_pass FILE.json [FILE.json ...]` prints
 that reading for committed files.
 """
 import json
+import math
 import os
 import statistics
 import sys
@@ -59,16 +60,20 @@ def collect(paths: list[str]) -> dict:
 
 
 def m_pass_fit(reading: dict) -> dict:
-  """The m_pass among the probed rows (>= `BLOCK`) whose step, one extra read past it,
-  leaves the least squared residual against every model's passes over the line."""
+  """The m_pass among the probed rows (>= `BLOCK`) whose extra reads, ceil(M / m_pass) - 1,
+  leave the least squared residual against every model's passes over the line."""
   passes = [(int(m), v) for r in reading.values() for m, v in r["over_the_line_in_passes"].items()]
   candidates = sorted({m for m, _ in passes if m >= BLOCK})
-  rms = {c: float(np.sqrt(np.mean([((m > c) - v)**2 for m, v in passes]))) for c in candidates}
+  rms = {
+      c: float(np.sqrt(np.mean([(max(0,
+                                     math.ceil(m / c) - 1) - v)**2
+                                for m, v in passes]))) for c in candidates
+  }
   best = min(candidates, key=lambda c: (rms[c], c))
   return {
       "m_pass": best, "rms_passes": rms[best], "rms_passes_by_candidate": rms,
-      "what": "one extra read of the weights past m_pass rows, fitted to the passes over the "
-              "line (rows probed: a value between two probed rows fits as well)"
+      "what": "ceil(M / m_pass) - 1 extra reads of the weights, fitted to the passes over "
+              "the line (rows probed: a value between two probed rows fits as well)"
   }
 
 
