@@ -145,6 +145,11 @@ ENGINE_CACHE_MB = flags.DEFINE_float(
 ENGINE_CACHE_GBPS = flags.DEFINE_float(
     "engine_cache_gbps", 0.0, "vllm: GB/s at which the engine reads the weights in the "
     "cache (--engine_cache_mb); needed with it.", lower_bound=0.0, upper_bound=1e6)
+ENGINE_BUILD_US = flags.DEFINE_float(
+    "engine_build_us", 0.0, "vllm: microseconds per decoder layer and per token a step spends "
+    "building the engine's GEMM kernels when its token count is not among the last 32 the "
+    "engine ran, held in the fit (vLLM's oneDNN primitives, one per row count; "
+    "results/vllm_cpu/engine_cold_rows.py). 0: none.", lower_bound=0.0, upper_bound=1e6)
 
 
 @flags.multi_flags_validator(
@@ -160,7 +165,7 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
     "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
-    "--engine_m_pass and --engine_cache_mb/gbps, where given, replace what it held (the new "
+    "--engine_m_pass, --engine_cache_mb/gbps and --engine_build_us, where given, replace what it held (the new "
     "device's own kernel rates).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
@@ -202,11 +207,11 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm":
-        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-         "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
-         "engine_eta_kv", "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps", "scheduler",
-         "max_running", "token_budget", "max_simulations", "seed", "engine_factors"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
+             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
+             "engine_eta_kv", "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps",
+             "engine_build_us", "scheduler", "max_running", "token_budget", "max_simulations",
+             "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

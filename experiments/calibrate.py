@@ -165,10 +165,10 @@ def _setup() -> engine_fit.ServingSetup:
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
       sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
-      overlap=errors.require_non_negative("--engine_overlap",
-                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
-      kv_efficiency=F.ENGINE_ETA_KV.value, attention_efficiency=F.ENGINE_ETA_ATTN.value,
-      cache_bytes=F.ENGINE_CACHE_MB.value * 1e6, cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9)
+      overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
+      m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
+      attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
+      cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9, kernel_build=F.ENGINE_BUILD_US.value / 1e6)
 
 
 def predict_vllm() -> None:
@@ -194,7 +194,8 @@ def predict_vllm() -> None:
       "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
       "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
-      "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None
+      "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,
+      "t_build": setup.kernel_build if F.ENGINE_BUILD_US.present else None
   }
   factors.update({n: float(v) for n, v in replaced.items() if v is not None})
   result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, setup, factors,

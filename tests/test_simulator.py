@@ -3,6 +3,8 @@ limits in load, scheduler ordering, determinism, bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -268,3 +270,28 @@ def test_a_prefilled_request_streams_its_first_token_at_admission():
   assert base.first_token_s[0] > 0.5 and base.prefill_tokens == 300
   with pytest.raises(InputError, match="decode pool"):
     simulator.simulate(w, decode, "static")
+
+
+@pytest.mark.parametrize("capacity", [2, 4, 64])
+def test_an_engine_builds_kernels_at_row_counts_it_has_not_kept(capacity):
+  """With every request waiting at time 0 the iterations do not depend on their lengths, so
+  a kernel cache changes each step by seconds_per_row x its rows exactly where an independent
+  least-recently-used cache of `capacity` row counts misses, and nowhere else."""
+  lengths = np.random.default_rng(1)
+  w = arrivals.Workload(np.zeros(12), lengths.integers(20, 200, 12), lengths.integers(2, 30, 12),
+                        {})
+  plain = simulator.simulate(w, _replica(token_budget=256), "vllm")
+  cache = simulator.KernelCache(capacity=capacity, seconds_per_row=7e-5)
+  built = simulator.simulate(w, dataclasses.replace(_replica(token_budget=256), kernel_cache=cache),
+                             "vllm")
+  np.testing.assert_array_equal(built.rows, plain.rows)
+  kept, misses = [], []
+  for rows in plain.rows.tolist():
+    misses.append(rows not in kept)
+    if rows in kept:
+      kept.remove(rows)
+    kept.append(rows)
+    kept = kept[-capacity:]
+  np.testing.assert_allclose(built.step_s - plain.step_s, 7e-5 * plain.rows * np.asarray(misses),
+                             atol=1e-12)
+  assert built.kernel_builds == sum(misses) >= len(set(plain.rows.tolist()))

@@ -26,7 +26,7 @@ import pytest
 from jaxroof import errors
 from jaxroof.measure import vllm_engine, vllm_model, vllm_results
 from jaxroof.calibrate import engine_fit
-from jaxroof.specs import what_if
+from jaxroof.specs import models, what_if
 
 DATA = pathlib.Path(__file__).parent / "data"
 FIXTURE = DATA / "vllm_cpu_detailed_fixture.json"
@@ -417,7 +417,7 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
       "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
       "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26",
-      "--engine_cache_mb=50", "--engine_cache_gbps=22", f"--json_out={out}"
+      "--engine_cache_mb=50", "--engine_cache_gbps=22", "--engine_build_us=9", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
@@ -427,7 +427,7 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   # Every held engine term reaches the fit, as measured.
   assert result["fixed"] == {
       "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256,
-      "c_llc": 5e7, "bw_llc": 2.2e10
+      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6
   }
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
   assert result["factors"]["c_llc"] == 5e7 and result["factors"]["bw_llc"] == 2.2e10
@@ -458,6 +458,27 @@ def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, mod
     if key[0] == "tpot":
       assert gaps["all"][key] < gap
       assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
+
+
+def test_kernel_builds_slow_the_steps_at_new_token_counts_by_layers_tokens_and_t_build(
+    model_dir, device_file):
+  """t_build per layer and token at each step whose token count the engine has not kept:
+  the run's first step always builds, so the first request's TTFT grows by exactly
+  L x its prompt x t_build (it arrives alone at the fixture's start), and the decode gaps'
+  median does not shrink."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-4, "t0_request": 0.0}
+  run = vllm_results.read_runs([FIXTURE])[0]
+  layers = models.load_model(model_dir).num_layers
+  plain = engine_fit.simulate_run(run, setup, factors, detail=True)
+  built = engine_fit.simulate_run(run, dataclasses.replace(setup, kernel_build=1e-5),
+                                  {**factors, "t_build": 1e-5}, detail=True)
+  first = int(np.argmin(run.arrival_s))
+  assert built["detail"]["ttft_s"][first] - plain["detail"]["ttft_s"][first] == pytest.approx(
+      layers * int(run.prompt_tokens[first]) * 1e-5, rel=1e-9)
+  assert built["median_tpot_s"] >= plain["median_tpot_s"]
+  assert dataclasses.replace(setup, kernel_build=1e-5).held()["t_build"] == 1e-5
 
 
 def test_a_fit_carried_to_another_device_predicts_without_fitting(tmp_path, monkeypatch, model_dir,

@@ -93,6 +93,12 @@ ATTENTION_EFFICIENCY = "eta_attn"
 # CPU's last-level cache and the rate it reads them at (measured from its GEMMs over weight
 # sets of several sizes; 0: none, every weight byte at eta_w*BW).
 CACHE_BYTES, CACHE_RATE = "c_llc", "bw_llc"
+# `ServingSetup.kernel_build`: seconds per decoder layer and per token a step spends building
+# the engine's GEMM kernels at a token count it has not kept (measured: vLLM CPU's oneDNN
+# handler builds one primitive per row count and keeps `KERNEL_CACHE_ROWS`;
+# engine_cold_rows.py; 0: none).
+KERNEL_BUILD = "t_build"
+KERNEL_CACHE_ROWS = 32  # vLLM 0.32: ops.create_onednn_mm(weight, 32) per linear weight.
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
     SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
@@ -122,7 +128,7 @@ MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
     REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WEIGHT_PASS: 0, ATTENTION_EFFICIENCY: 0.0,
-    CACHE_BYTES: 0.0, CACHE_RATE: 0.0
+    CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -135,8 +141,10 @@ ASSUMPTIONS = (
     "a run with a jaxroof_engine_run block (experiments.vllm_bench) is simulated with its "
     "server's max_num_seqs, token budget, chunked prefill, block size and K/V blocks (read "
     "from the server's log)",
-    "the engine's GEMM reads the linear weights once more in a step of more than m_pass "
-    "tokens (held as measured; 0: no limit)",
+    "the engine's GEMM reads the linear weights again per m_pass tokens past the first m_pass "
+    "(held as measured; 0: no limit); a step at a token count not among the last "
+    f"{KERNEL_CACHE_ROWS} the engine ran builds its GEMM kernels, t_build per layer and token "
+    "(held as measured; 0: none)",
     "eta_kv tied to eta_w unless held (the engine's attention kernel timed over the K/V); "
     "attention FLOPs with the linear layers' at eta_f unless eta_attn is held (that "
     "kernel's FLOP rate, timed on prompts); the weights all at eta_w*BW unless a cache is "
@@ -188,6 +196,10 @@ class ServingSetup:
   # 22 GB/s, the rest at 10-12; results/vllm_cpu/passIN/engine_cache.json). 0: no cache.
   cache_bytes: float = 0.0
   cache_rate: float = 0.0
+  # t_build, held: seconds per decoder layer and per token a step at a new token count spends
+  # building the engine's GEMM kernels (measured: vLLM's oneDNN primitives, results/vllm_cpu/
+  # engine_cold_rows.py). 0: none.
+  kernel_build: float = 0.0
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -196,13 +208,15 @@ class ServingSetup:
                               ()) + ((LAYER_COST,) if self.layer_cost else ())
 
   def held(self) -> dict[str, float]:
-    """The factors held as measured: r_ovl always, eta_kv, eta_attn and the cache where given."""
+    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache and t_build
+    where given."""
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
     cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
              if self.cache_bytes > 0 else {})
-    return {"r_ovl": float(self.overlap), **kv, **attention, **cache}
+    build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
+    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build}
 
   @property
   def device_name(self) -> str:
@@ -251,7 +265,8 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
   held = {
-      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE) if n in values
+      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD)
+      if n in values
   }
   return {
       **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
@@ -294,6 +309,15 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
     }
     replica = dataclasses.replace(replica, total_pages=int(server["kv_blocks"]),
                                   description=description)
+  build = float(factors.get(KERNEL_BUILD, 0.0))
+  if build > 0:
+    replica = dataclasses.replace(
+        replica, kernel_cache=simulator.KernelCache(KERNEL_CACHE_ROWS, spec.num_layers * build),
+        description={
+            **replica.description, "kernel_cache":
+                f"a step at a token count not among the last {KERNEL_CACHE_ROWS} builds its "
+                f"GEMM kernels: {spec.num_layers} layers x {build * 1e6:.3g} us per token"
+        })
   return replica
 
 

@@ -58,7 +58,7 @@ MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
 _SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq")
 # The engine terms held as measured, where a fit held them.
-_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc")
+_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "t_build")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -211,10 +211,12 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       ("" if not first.get("fixed") else " Held: " +
        ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in _HELD) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
-       "GEMM multiplies in one pass over the weights, a step of more reading them once more, "
-       "0: no limit; eta_kv and eta_attn, where held: its attention kernel's K/V rate as a share "
-       "of the read bandwidth and FLOP rate as a share of F; c_llc and bw_llc, where held: "
-       "the weight bytes of a step it finds in the CPU's cache and their read rate in B/s)."),
+       "GEMM multiplies in one pass over the weights, a step of more reading them again per "
+       "m_pass rows, 0: no limit; eta_kv and eta_attn, where held: its attention kernel's K/V "
+       "rate as a share of the read bandwidth and FLOP rate as a share of F; c_llc and bw_llc, "
+       "where held: the weight bytes of a step it finds in the CPU's cache and their read rate "
+       "in B/s; t_build, where held: seconds per layer and token a step at a new token count "
+       "spends building the engine's GEMM kernels)."),
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",

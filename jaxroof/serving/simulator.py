@@ -55,6 +55,22 @@ SCHEDULERS: tuple[str, ...] = ("static", "iteration", "chunked", "vllm")
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelCache:
+  """An engine that builds its matmul kernels for each row count and keeps the last
+  `capacity` counts: an iteration at a row count not among them pays `seconds_per_row` x
+  its rows more.
+
+  vLLM's CPU linear layer keeps 32 oneDNN primitives per weight, one per row count
+  (`ops.create_onednn_mm(weight, 32)`); a step whose token count is new (two prompts
+  arriving together) builds one in every linear layer, at a cost that grows with the rows
+  (results/vllm_cpu/engine_cold_rows.py).
+  """
+
+  capacity: int
+  seconds_per_row: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Replica:
   """One replica: its iteration time and its K/V memory.
 
@@ -78,6 +94,7 @@ class Replica:
       no prefill: it takes pages for its prompt, its first token reaches the
       user at admission, and it decodes from the next iteration. A preempted
       request lost its K/V and is prefilled again here, as anywhere.
+    kernel_cache: an engine's kernels built per row count (`KernelCache`), or None.
   """
 
   cost: IterationModel
@@ -91,6 +108,7 @@ class Replica:
   padded_to: Callable[[int], int] | None = None
   description: dict = dataclasses.field(default_factory=dict)
   prefilled: bool = False
+  kernel_cache: KernelCache | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -114,6 +132,8 @@ class Run:
   decoding: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Decode rows.
   step_s: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Durations.
   wall_s: float = 0.0
+  kernel_builds: int = 0  # Iterations that built kernels (`Replica.kernel_cache`).
+  rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Tokens per step.
 
 
 def validate(workload: Workload, replica: Replica, scheduler: str) -> None:
@@ -189,9 +209,11 @@ class _Sim:
     self.finished = 0
     self.iterations = self.prefill_tokens = self.preemptions = 0
     self.hist_t, self.hist_pages, self.hist_queue, self.hist_running = [], [], [], []
-    self.hist_decoding, self.hist_step = [], []
+    self.hist_decoding, self.hist_step, self.hist_rows = [], [], []
     cost, model = r.cost, r.step_model
     self.step_of = lambda mix: float(cost.evaluate(mix, model, step_only=True)["step_s"])
+    self.built: collections.OrderedDict[int, None] = collections.OrderedDict()
+    self.kernel_builds = 0
 
   # Queue and memory.
   def _arrive(self) -> None:
@@ -358,6 +380,10 @@ class _Sim:
     else:
       mix = self.r.cost.mix(self.kv[dec] + 1)
     step = self.step_of(mix)
+    rows = len(dec) + sum(c for _, _, c in chunks)
+    self.hist_rows.append(rows)
+    if self.r.kernel_cache is not None:
+      step += self._kernel_build(rows)
     n_dec = len(dec)
     self.hist_decoding.append(n_dec)
     self.hist_step.append(step)
@@ -401,6 +427,19 @@ class _Sim:
     if self.progress is not None and self.iterations % 256 == 0:
       self.progress(self.finished)
 
+  def _kernel_build(self, rows: int) -> float:
+    """Seconds an iteration of `rows` rows spends building kernels (least recently used
+    row counts leave the cache first)."""
+    cache = self.r.kernel_cache
+    if rows in self.built:
+      self.built.move_to_end(rows)
+      return 0.0
+    self.built[rows] = None
+    if len(self.built) > cache.capacity:
+      self.built.popitem(last=False)
+    self.kernel_builds += 1
+    return cache.seconds_per_row * rows
+
   def _padded_mix(self, n_dec: int, chunks: list) -> dict[str, float]:
     """The mix a fixed-shape server computes (see `Replica.padded_to`): every
     decode row over every slot, each prompt padded and attending to every slot."""
@@ -437,4 +476,5 @@ class _Sim:
                prefill_tokens=self.prefill_tokens, preemptions=self.preemptions,
                history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
                queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
-               decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step))
+               decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step),
+               kernel_builds=self.kernel_builds, rows=np.asarray(self.hist_rows))

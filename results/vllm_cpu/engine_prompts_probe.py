@@ -8,8 +8,11 @@ where the cost model charges about 2x and 3x. This probe times `LLM.generate` of
 with one output token each (so one prefill step of N prompts, nothing decoding), N = 1-4 at
 256 tokens, and one prompt of 512 and of 768 tokens (the same GEMM rows as two and three
 prompts, one sequence): median of REPEATS after a warm-up, the engine pinned to core 1 as
-`vllm_bench` pins the server. Kind: measurement (wall time around generate: the step plus
-the offline front end's fixed cost, which the N = 1 row holds).
+`vllm_bench` pins the server. Then the same steps at token counts the engine has not run
+(the last prompt 17-215 tokens longer; `cold`) and at that count once more (`cold_again`):
+what a step pays the first time it meets a token count (its kernels built for it,
+engine_cold_rows.py). Kind: measurement (wall time around generate: the step plus the
+offline front end's fixed cost, which the N = 1 row holds).
 Run with the engine's python (bash experiments/vllm_setup.sh DIR):
   DIR/bin/python results/vllm_cpu/engine_prompts_probe.py MODEL_DIR [MODEL_DIR ...] > OUT.jsonl
 """
@@ -43,19 +46,29 @@ def main(model_dirs: list[str]) -> None:
           for _ in range(n)
       ]
 
+    def timed(batch: list, engine=llm) -> float:
+      start = time.perf_counter()
+      engine.generate(batch, params, use_tqdm=False)
+      return time.perf_counter() - start
+
     for n, tokens in SHAPES:
-      llm.generate(prompts(n, tokens), params, use_tqdm=False)
-      times = []
-      for _ in range(REPEATS):
-        batch = prompts(n, tokens)  # Fresh ids: no prefix-cache hit.
-        start = time.perf_counter()
-        llm.generate(batch, params, use_tqdm=False)
-        times.append(time.perf_counter() - start)
+      timed(prompts(n, tokens))
+      # Fresh ids each time (no prefix-cache hit); warm: a token count run before.
+      times = [timed(prompts(n, tokens)) for _ in range(REPEATS)]
+      # Cold: a token count this engine has not run (the last prompt longer by an amount no
+      # other step used), then the same count again, warm.
+      cold, again = [], []
+      for r in range(REPEATS):
+        extra = 17 + 2 * r + 40 * SHAPES.index((n, tokens))
+        cold.append(timed(prompts(n - 1, tokens) + prompts(1, tokens + extra)))
+        again.append(timed(prompts(n - 1, tokens) + prompts(1, tokens + extra)))
       print(
           json.dumps({
               "model": os.path.basename(model_dir.rstrip("/")), "prompts": n, "tokens": tokens,
               "median_s": statistics.median(times), "best_s": min(times), "times_s": times,
-              "load": os.getloadavg()
+              "cold_median_s": statistics.median(cold),
+              "cold_again_median_s": statistics.median(again), "cold_s": cold,
+              "cold_again_s": again, "load": os.getloadavg()
           }), flush=True)
     del llm
 
