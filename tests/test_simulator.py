@@ -295,3 +295,28 @@ def test_an_engine_builds_kernels_at_row_counts_it_has_not_kept(capacity):
   np.testing.assert_allclose(built.step_s - plain.step_s, 7e-5 * plain.rows * np.asarray(misses),
                              atol=1e-12)
   assert built.kernel_builds == sum(misses) >= len(set(plain.rows.tolist()))
+
+
+def test_a_warm_kernel_cache_builds_only_the_counts_it_lacks():
+  """Warm with every row count the run uses (and room for them all) nothing is built and the
+  run is the plain one; warm with all but the most recent count, only that count's steps
+  are charged, once."""
+  lengths = np.random.default_rng(2)
+  w = arrivals.Workload(np.zeros(10), lengths.integers(20, 200, 10), lengths.integers(2, 30, 10),
+                        {})
+  plain = simulator.simulate(w, _replica(token_budget=256), "vllm")
+  counts = list(dict.fromkeys(plain.rows.tolist()))
+  full = simulator.KernelCache(capacity=len(counts), seconds_per_row=1e-4, warm=tuple(counts))
+  warm = simulator.simulate(w, dataclasses.replace(_replica(token_budget=256), kernel_cache=full),
+                            "vllm")
+  assert warm.kernel_builds == 0
+  np.testing.assert_allclose(warm.step_s, plain.step_s, rtol=0, atol=0)
+  missing = counts[-1]
+  short = dataclasses.replace(full, warm=tuple(counts[:-1]))
+  once = simulator.simulate(w, dataclasses.replace(_replica(token_budget=256), kernel_cache=short),
+                            "vllm")
+  first = plain.rows.tolist().index(missing)
+  expected = np.zeros(len(plain.rows))
+  expected[first] = 1e-4 * missing
+  np.testing.assert_allclose(once.step_s - plain.step_s, expected, atol=1e-12)
+  assert once.kernel_builds == 1

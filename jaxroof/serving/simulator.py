@@ -68,6 +68,7 @@ class KernelCache:
 
   capacity: int
   seconds_per_row: float
+  warm: tuple[int, ...] = ()  # Row counts built before the run, least recently used first.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Run:
   wall_s: float = 0.0
   kernel_builds: int = 0  # Iterations that built kernels (`Replica.kernel_cache`).
   rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Tokens per step.
+  kernel_rows: tuple[int, ...] = ()  # The kernel cache at the end, least recently used first.
 
 
 def validate(workload: Workload, replica: Replica, scheduler: str) -> None:
@@ -212,7 +214,8 @@ class _Sim:
     self.hist_decoding, self.hist_step, self.hist_rows = [], [], []
     cost, model = r.cost, r.step_model
     self.step_of = lambda mix: float(cost.evaluate(mix, model, step_only=True)["step_s"])
-    self.built: collections.OrderedDict[int, None] = collections.OrderedDict()
+    warm = r.kernel_cache.warm[-r.kernel_cache.capacity:] if r.kernel_cache else ()
+    self.built: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(warm)
     self.kernel_builds = 0
 
   # Queue and memory.
@@ -477,4 +480,5 @@ class _Sim:
                history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
                queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
                decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step),
-               kernel_builds=self.kernel_builds, rows=np.asarray(self.hist_rows))
+               kernel_builds=self.kernel_builds, rows=np.asarray(self.hist_rows),
+               kernel_rows=tuple(self.built))

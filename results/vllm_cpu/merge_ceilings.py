@@ -28,7 +28,8 @@ def merge(pass_dir: str, out: str) -> dict:
     ceilings.append(next(iter(accelerator["accelerators"].values()))["measured"])
     dates.append(json.load(open(os.path.join(pass_dir, f"summary_{folder}.json")))["date"])
     used.append(path)
-  summary = json.load(open(os.path.join(pass_dir, "summary_tiny_in128.json")))
+  first = used[0].replace("accelerator_", "summary_")  # The server configuration: the first's.
+  summary = json.load(open(first))
   fields = vllm_engine.ServerConfig.__dataclass_fields__
   config = vllm_engine.ServerConfig(
       **{k: v for k, v in summary["server"]["config"].items() if k in fields})
