@@ -462,8 +462,9 @@ def screen(runs: Sequence[vllm_results.BenchRun],
   run (`client_bound`) is kept and flagged: its medians may still be the
   engine's, its tails are not.
   """
-  floor_factors = {**BOUND_FACTORS, **_held_cache(setup)}
-  held = ", the held cache" if _held_cache(setup) else ""
+  cache = _held_cache(setup)
+  floor_factors = {**BOUND_FACTORS, **cache}
+  held = ", the held cache" if cache else ""
   kept_runs, flags = [], []
   for run in runs:
     if client_bound(run):

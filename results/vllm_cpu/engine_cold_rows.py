@@ -28,17 +28,13 @@ BASES = (1, 256, 512, 768)
 def main(paths: list[str]) -> None:
   import torch
   from vllm import _custom_ops as ops
+  from engine_shapes import decoder_gemms
   os.sched_setaffinity(0, {1})
   torch.set_num_threads(1)
   for path in paths:
-    c = json.load(open(path))
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    kv = c.get("num_key_value_heads") or heads
-    hd = c.get("head_dim") or h // heads
-    inter = c["intermediate_size"]
-    shapes = [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * inter), (inter, h)]
+    shapes, layers = decoder_gemms(path)
     handlers = [(ops.create_onednn_mm(torch.randn(n, k).to(torch.bfloat16).t(), 32), k)
-                for _ in range(c["num_hidden_layers"]) for k, n in shapes]
+                for _ in range(layers) for k, n in shapes]
     inputs = {}
 
     def call(m: int) -> float:
@@ -57,10 +53,10 @@ def main(paths: list[str]) -> None:
         warm.append(min(call(m), call(m)))
       print(
           json.dumps({
-              "model": os.path.basename(os.path.dirname(path)), "rows_from": base + 3,
-              "rows_to": base + 1 + 2 * REPEATS, "cold_median_s": statistics.median(cold),
-              "warm_median_s": statistics.median(warm), "cold_s": cold, "warm_s": warm,
-              "load": os.getloadavg()
+              "model": os.path.basename(os.path.dirname(path)), "layers": layers,
+              "rows_from": base + 3, "rows_to": base + 1 + 2 * REPEATS,
+              "cold_median_s": statistics.median(cold), "warm_median_s": statistics.median(warm),
+              "cold_s": cold, "warm_s": warm, "load": os.getloadavg()
           }), flush=True)
 
 
@@ -69,9 +65,7 @@ def collect(out: str, paths: list[str]) -> None:
   import numpy as np
   from jaxroof import files
   rows = [json.loads(line) for p in paths for line in open(p) if line.startswith("{")]
-  layers = {"tiny-llama": 4, "small-llama": 6, "medium-llama": 8}
   for row in rows:
-    row["layers"] = layers[row["model"]]
     row["rows_mid"] = (row["rows_from"] + row["rows_to"]) / 2
     row["excess_per_layer_per_row_s"] = ((row["cold_median_s"] - row["warm_median_s"]) /
                                          row["layers"] / row["rows_mid"])

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 os.sched_setaffinity(0, {1})
 torch.set_num_threads(1)
 from vllm import _custom_ops as ops
+from engine_shapes import decoder_gemms
 
 TOKENS = (1, 32, 128)
 REPEATS = 7
@@ -47,12 +48,7 @@ def cpu_facts():
 
 
 def main(out_path, config_path):
-  c = json.load(open(config_path))
-  h, heads = c["hidden_size"], c["num_attention_heads"]
-  kv = c.get("num_key_value_heads") or heads
-  hd = c.get("head_dim") or h // heads
-  shapes = [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * c["intermediate_size"]),
-            (c["intermediate_size"], h)]
+  shapes, _ = decoder_gemms(config_path)
   rows = []
   for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
     n = 256  # As experiments.vllm_bench's ceiling: doubled to 2048 while a call stays short.

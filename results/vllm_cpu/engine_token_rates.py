@@ -10,17 +10,12 @@ import torch
 os.sched_setaffinity(0, {1})
 torch.set_num_threads(1)
 from vllm import _custom_ops as ops
+from engine_shapes import decoder_gemms
 
 TOKENS = tuple(int(m) for m in os.environ.get("TOKENS", "1,2,4,8,32,128,256").split(","))
 out = []
 for path in sys.argv[1:]:
-  c = json.load(open(path))
-  h, heads = c["hidden_size"], c["num_attention_heads"]
-  kv = c.get("num_key_value_heads") or heads
-  hd = c.get("head_dim") or h // heads
-  inter = c["intermediate_size"]
-  shapes = [(h, (heads + 2 * kv) * hd), (heads * hd, h), (h, 2 * inter), (inter, h)]
-  layers = c["num_hidden_layers"]
+  shapes, layers = decoder_gemms(path)
   handlers = []
   for _ in range(layers):
     for k, n in shapes:
