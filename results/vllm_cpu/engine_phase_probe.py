@@ -6,7 +6,9 @@ is one step of one sequence and every decode step holds one sequence: per model,
 own prefill time and decode step time with no batching and no queueing, for the fit's terms.
 Run with the project's python (it uses jaxroof.measure.vllm_engine to start and stop vLLM):
   python results/vllm_cpu/engine_phase_probe.py ENV_DIR WORK_DIR MODEL_DIR [MODEL_DIR ...]
-where each MODEL_DIR holds config.json and the tokenizer (vllm_bench writes one per run)."""
+where each MODEL_DIR holds config.json and the tokenizer (vllm_bench writes one per run).
+ENGINE_CORE (environment, default empty) moves the engine core process onto those cores once
+the server is up, as vllm_bench's --engine_core_cpus."""
 import json, os, random, re, sys, time, urllib.request
 from jaxroof.measure import vllm_engine
 
@@ -36,7 +38,8 @@ def metrics(port):
 
 
 def probe(env_dir, work_dir, model_dir):
-  config = vllm_engine.ServerConfig(frontend_cpus="0")
+  config = vllm_engine.ServerConfig(frontend_cpus="0",
+                                    engine_core_cpus=os.environ.get("ENGINE_CORE", ""))
   port = vllm_engine.require_free_port(0)
   rng = random.Random(0)
 

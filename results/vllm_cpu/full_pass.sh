@@ -5,6 +5,7 @@
 # cache fit (engine_cache_fit.py). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
 # the project's python, on a quiet machine (no fits or tests beside it):
 #   bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR results/vllm_cpu/passN
+# ENGINE_CORE=1 puts vLLM's engine core on the worker's core (same_hour_pass.sh).
 set -e
 [ $# -eq 3 ] || { echo "usage: bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR PASS_DIR" >&2; exit 2; }
 [ -x "$1/bin/python" ] || { echo "error: no engine venv at $1 (make one: bash experiments/vllm_setup.sh $1)" >&2; exit 2; }
@@ -13,7 +14,7 @@ bash results/vllm_cpu/same_hour_pass.sh "$ENV" "$WORK" 2>&1 | tee "$WORK/pass.lo
 bash results/vllm_cpu/engine_terms_pass.sh "$ENV" "$WORK/terms" 2>&1 | tee -a "$WORK/pass.log"
 PYTHONPATH=. $PY results/vllm_cpu/copy_pass.py "$WORK" "$P"
 cp "$WORK"/terms/engine_{attention_rates,token_rates,gemm_blocks}.json "$WORK/pass.log" "$P/"
-DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores: engine worker on core 1, API server on core 0" \
+DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores: engine worker on core 1, API server on core 0${ENGINE_CORE:+, engine core on core $ENGINE_CORE}" \
   PYTHONPATH=. $PY results/vllm_cpu/engine_shape_probe.py "$WORK/shape" "$P/engine_shape_probe.json" "$(date -u +%F)"
 PYTHONPATH=. $PY results/vllm_cpu/isolated_runs.py "$P/engine_shape_probe.json" "$P/isolated"
 PYTHONPATH=. $PY results/vllm_cpu/engine_cache_fit.py "$P"

@@ -3,10 +3,13 @@
 #   bash results/vllm_cpu/same_hour_pass.sh ENGINE_ENV OUT_DIR
 # then `python results/vllm_cpu/copy_pass.py OUT_DIR results/vllm_cpu/passN` and the
 # shape probe's two collectors (results/vllm_cpu/README.md, "Mixed steps ..."). SHAPE_PASSES=N
-# (default 1) times the six shapes N times, about 5 minutes each.
+# (default 1) times the six shapes N times, about 5 minutes each. ENGINE_CORE=1 moves vLLM's
+# engine core process (its scheduler loop) onto the engine worker's core 1 in every server,
+# the benchmarks' and the isolated shapes' (default: where vLLM starts it, on core 0 with the
+# API server and the client; README.md, "The client's core").
 set -e
-ENV=$1; OUT=$2; PY=${PY:-python}; mkdir -p "$OUT"
-B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache"
+ENV=$1; OUT=$2; PY=${PY:-python}; mkdir -p "$OUT"; export ENGINE_CORE=${ENGINE_CORE:-}
+B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache --engine_core_cpus=$ENGINE_CORE"
 L() { echo "--- $1 $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 L start
 $B --num_prompts=60 --model=tiny-llama --rates=2,4,8 --prompt_tokens=128 --output_tokens=32 --out_dir=$OUT/tiny_in128
