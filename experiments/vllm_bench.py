@@ -71,6 +71,11 @@ _FRONTEND_CPUS = flags.DEFINE_string(
 _ENGINE_CORE_CPUS = flags.DEFINE_string(
     "engine_core_cpus", "", "Cores of vLLM's engine core process (its scheduler loop) once "
     "the server is up (\"\": where vLLM starts it, with the API server on --frontend_cpus).")
+_ENGINE_CORE_NICE = flags.DEFINE_integer(
+    "engine_core_nice", 19, "Niceness of vLLM's engine core process once the server is up "
+    "(0: as vLLM starts it). 19 lets the API server and the client on its core run first, so "
+    "the client receives tokens as they come (README, 'Checked against a real engine').",
+    lower_bound=-20, upper_bound=19)
 _START_TIMEOUT_S = flags.DEFINE_float(
     "start_timeout_s", 300.0, "Most seconds for the server "
     "to become healthy. In [10, 3600].", lower_bound=10.0, upper_bound=3600.0)
@@ -111,7 +116,8 @@ def main(argv: list[str]) -> None:
       chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
       kv_space_gib=_KV_SPACE_GIB.value, max_model_len=_MAX_MODEL_LEN.value,
       engine_cpus=_ENGINE_CPUS.value, frontend_cpus=_FRONTEND_CPUS.value,
-      engine_core_cpus=_ENGINE_CORE_CPUS.value, seed=_SEED.value)
+      engine_core_cpus=_ENGINE_CORE_CPUS.value, engine_core_nice=_ENGINE_CORE_NICE.value,
+      seed=_SEED.value)
   if config.engine_core_cpus:
     vllm_engine.parse_cpus(config.engine_core_cpus, "engine_core_cpus")
   shared = set(vllm_engine.parse_cpus(config.engine_cpus)) & set(

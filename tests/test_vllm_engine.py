@@ -654,9 +654,10 @@ def test_the_device_names_the_cpu_flags_that_choose_the_engines_kernels(tmp_path
   assert vllm_engine.cpu_model(str(tmp_path / "absent"))  # Falls back to the platform's name.
 
 
-def test_the_engine_core_is_moved_with_every_thread_and_a_missing_one_is_named():
-  """`pin_engine_core` finds the process vLLM names VLLM::EngineCore below the server (here a
-  stand-in that names itself so, with a second thread) and moves each of its threads."""
+@pytest.fixture
+def engine_core_stand_in():
+  """A process below a shell that names itself VLLM::EngineCore, with a second thread: the
+  server's pid (the shell's) and the stand-in's."""
   script = ("import threading, time; open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
             "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); "
             "print('ready', flush=True); time.sleep(30)")
@@ -664,17 +665,40 @@ def test_the_engine_core_is_moved_with_every_thread_and_a_missing_one_is_named()
                             stdout=subprocess.PIPE, text=True)
   try:
     assert parent.stdout.readline().strip() == "ready"
-    moved = vllm_engine.pin_engine_core(parent.pid, "0")
-    assert len(moved) == 1
-    tasks = os.listdir(f"/proc/{moved[0]}/task")
-    assert len(tasks) >= 2 and all(os.sched_getaffinity(int(t)) == {0} for t in tasks)
-    with pytest.raises(errors.InputError, match="engine_core_cpus='0': no VLLM::EngineCor"):
-      vllm_engine.pin_engine_core(moved[0], "0")
-    with pytest.raises(errors.InputError, match="engine_core_cpus='99'"):
-      vllm_engine.pin_engine_core(parent.pid, "99")
+    yield parent.pid
   finally:
     for pid in vllm_engine._descendants(parent.pid):
       with contextlib.suppress(ProcessLookupError):
         os.kill(pid, 9)
     parent.kill()
     parent.wait()
+
+
+def test_the_engine_core_is_moved_with_every_thread_and_a_missing_one_is_named(
+    engine_core_stand_in):
+  """`pin_engine_core` finds the process vLLM names VLLM::EngineCore below the server and
+  moves each of its threads."""
+  moved = vllm_engine.pin_engine_core(engine_core_stand_in, "0")
+  assert len(moved) == 1
+  tasks = os.listdir(f"/proc/{moved[0]}/task")
+  assert len(tasks) >= 2 and all(os.sched_getaffinity(int(t)) == {0} for t in tasks)
+  with pytest.raises(errors.InputError, match="engine_core_cpus='0': no VLLM::EngineCor"):
+    vllm_engine.pin_engine_core(moved[0], "0")
+  with pytest.raises(errors.InputError, match="engine_core_cpus='99'"):
+    vllm_engine.pin_engine_core(engine_core_stand_in, "99")
+
+
+def test_the_engine_core_is_reniced_with_every_thread(engine_core_stand_in):
+  """`renice_engine_core` sets each thread's niceness (per thread on Linux); a niceness out
+  of range and a server without an engine core are named."""
+  before = {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
+  set_ = vllm_engine.renice_engine_core(engine_core_stand_in, 19)
+  assert len(set_) == 1
+  tasks = [int(t) for t in os.listdir(f"/proc/{set_[0]}/task")]
+  assert len(tasks) >= 2 and all(os.getpriority(os.PRIO_PROCESS, t) == 19 for t in tasks)
+  assert {t: os.getpriority(os.PRIO_PROCESS, t) for t in before} == before  # Ours untouched.
+  for bad in (20, -21, 1.5, True):
+    with pytest.raises(errors.InputError, match="engine_core_nice=.* is not allowed"):
+      vllm_engine.renice_engine_core(engine_core_stand_in, bad)
+  with pytest.raises(errors.InputError, match="engine_core_nice=19: no VLLM::EngineCor"):
+    vllm_engine.renice_engine_core(set_[0], 19)
