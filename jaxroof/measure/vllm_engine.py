@@ -288,9 +288,10 @@ def _engine_core_tasks(server_pid: int, field: str, value: Any) -> dict[int, lis
     if name.startswith(ENGINE_CORE_NAME):
       found[pid] = [int(task) for task in _listdir(f"/proc/{pid}/task")]
   if not found:
-    raise errors.InputError(f"{field}={value!r}: no {ENGINE_CORE_NAME} process below the server "
-                            f"(pid {server_pid}); this vLLM names it otherwise: leave {field} "
-                            "at its default.", field=field)
+    raise errors.InputError(
+        f"{field}={value!r}: no {ENGINE_CORE_NAME} process below the server "
+        f"(pid {server_pid}); this vLLM names it otherwise: leave {field} "
+        "at its default.", field=field)
   return found
 
 
@@ -313,9 +314,9 @@ def pin_engine_core(server_pid: int, cpus: str) -> list[int]:
 def check_nice(nice: int) -> int:
   """`nice` if it is a Linux niceness (-20 to 19; below 0 needs privileges)."""
   if isinstance(nice, bool) or not isinstance(nice, int) or not -20 <= nice <= 19:
-    raise errors.InputError(f"engine_core_nice={nice!r} is not allowed: give a niceness from "
-                            "-20 to 19 (19: the engine core yields its core).",
-                            field="engine_core_nice")
+    raise errors.InputError(
+        f"engine_core_nice={nice!r} is not allowed: give a niceness from "
+        "-20 to 19 (19: the engine core yields its core).", field="engine_core_nice")
   return nice
 
 
@@ -336,9 +337,10 @@ def renice_engine_core(server_pid: int, nice: int) -> list[int]:
       except ProcessLookupError:
         continue
       except PermissionError:
-        raise errors.InputError(f"engine_core_nice={nice}: this user may not set it (below "
-                                "the current niceness needs privileges); give 0 to 19.",
-                                field="engine_core_nice") from None
+        raise errors.InputError(
+            f"engine_core_nice={nice}: this user may not set it (below "
+            "the current niceness needs privileges); give 0 to 19.",
+            field="engine_core_nice") from None
   return list(found)
 
 

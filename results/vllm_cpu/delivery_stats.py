@@ -23,8 +23,8 @@ def stats(path: str) -> dict:
       "coalesced_share": float(np.mean(every < engine_fit.COALESCED_S)) if len(every) else None,
       "whole_deliveries": whole, "p50_ttft_ms": run["median_ttft_ms"],
       "p90_ttft_ms": run["p90_ttft_ms"], "p50_tpot_ms": run["median_tpot_ms"],
-      "p90_tpot_ms": run["p90_tpot_ms"], "request_throughput": run["request_throughput"],
-      "load": (run.get("jaxroof_engine_run") or {}).get("load")
+      "p90_tpot_ms": run["p90_tpot_ms"], "request_throughput": run["request_throughput"], "load":
+          (run.get("jaxroof_engine_run") or {}).get("load")
   }
 
 
@@ -37,7 +37,9 @@ if __name__ == "__main__":
           f"/{r['requests']}, TTFT p50 {r['p50_ttft_ms']:.1f} p90 {r['p90_ttft_ms']:.0f} ms, "
           f"TPOT p50 {r['p50_tpot_ms']:.2f} p90 {r['p90_tpot_ms']:.2f} ms")
   if out:
-    files.write_json(out, {
-        "kind": "measurement", "what": "token deliveries of vLLM bench results "
-        "(results/vllm_cpu/delivery_stats.py)", "coalesced_s": engine_fit.COALESCED_S,
-        "rows": rows})
+    files.write_json(
+        out, {
+            "kind": "measurement", "what": "token deliveries of vLLM bench results "
+                                           "(results/vllm_cpu/delivery_stats.py)",
+            "coalesced_s": engine_fit.COALESCED_S, "rows": rows
+        })

@@ -6,7 +6,7 @@
 # the project's python, on a quiet machine (no fits or tests beside it):
 #   bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR results/vllm_cpu/passN
 # ENGINE_CORE=1 puts vLLM's engine core on the worker's core (same_hour_pass.sh).
-set -e
+set -e -o pipefail
 [ $# -eq 3 ] || { echo "usage: bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR PASS_DIR" >&2; exit 2; }
 [ -x "$1/bin/python" ] || { echo "error: no engine venv at $1 (make one: bash experiments/vllm_setup.sh $1)" >&2; exit 2; }
 ENV=$1; WORK=$(realpath -m "$2"); P=$3; PY=${PY:-python}; mkdir -p "$WORK"

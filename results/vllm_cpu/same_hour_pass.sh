@@ -9,7 +9,7 @@
 # API server and the client; README.md, "The client's core").
 set -e
 ENV=$1; OUT=$2; PY=${PY:-python}; mkdir -p "$OUT"; export ENGINE_CORE=${ENGINE_CORE:-}
-B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache --engine_core_cpus=$ENGINE_CORE"
+B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache ${ENGINE_CORE:+--engine_core_cpus=$ENGINE_CORE}"
 L() { echo "--- $1 $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 L start
 $B --num_prompts=60 --model=tiny-llama --rates=2,4,8 --prompt_tokens=128 --output_tokens=32 --out_dir=$OUT/tiny_in128
