@@ -51,9 +51,11 @@ OTHER_CPUS = (
         "prediction_passI2_cache_on_passI3_amx.json",
         "prediction_passI3_cache_on_passI4_amx.json",
     )),
-    ("Intel Xeon with AMX, vLLM's engine core at nice 19 (no client-bound runs), a later hour", (
+    ("Intel Xeon with AMX, vLLM's engine core at nice 19 (no client-bound runs), later hours", (
         "calibration_passI5_amx_cache.json",
+        "calibration_passI6_amx_cache.json",
         "prediction_passI4_cache_on_passI5_amx.json",
+        "prediction_passI5_cache_on_passI6_amx.json",
     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
