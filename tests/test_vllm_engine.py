@@ -702,3 +702,14 @@ def test_the_engine_core_is_reniced_with_every_thread(engine_core_stand_in):
       vllm_engine.renice_engine_core(engine_core_stand_in, bad)
   with pytest.raises(errors.InputError, match="engine_core_nice=19: no VLLM::EngineCor"):
     vllm_engine.renice_engine_core(set_[0], 19)
+
+
+def test_a_niceness_the_user_may_not_set_is_one_clean_error(engine_core_stand_in, monkeypatch):
+  """Lowering a niceness needs privileges: the PermissionError becomes one InputError line."""
+
+  def refuse(*args):
+    raise PermissionError(1, "Operation not permitted")
+
+  monkeypatch.setattr(os, "setpriority", refuse)
+  with pytest.raises(errors.InputError, match="engine_core_nice=-5: this user may not set it"):
+    vllm_engine.renice_engine_core(engine_core_stand_in, -5)

@@ -67,9 +67,10 @@ class ServerConfig:
   engine_core_cpus: str = ""
   # The engine core's niceness once the server is healthy (`renice_engine_core`; 0: as vLLM
   # starts it). 19: on the front end's core it yields to the API server and the client. At 0
-  # it spins there while the worker computes, and at rate 8 the client received 6-28 of 60
-  # tiny-llama requests whole, TTFT = their duration; at 19, none in four runs, the steps as
-  # long (results/vllm_cpu/README.md, "The engine core's priority").
+  # it spins there while the worker computes, and at 8 req/s the client received 9-28 of 60
+  # tiny-llama requests whole (passes I1-I4), TTFT = their duration; at 19, 0 in two A/B runs
+  # of 120 and in passes I5-I6, the steps as long (results/vllm_cpu/README.md, "The engine
+  # core's priority").
   engine_core_nice: int = 19
   dtype: str = "bfloat16"
   seed: int = 0

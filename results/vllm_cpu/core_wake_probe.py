@@ -5,8 +5,8 @@ the processes on that core get. Usage (any python):
   python results/vllm_cpu/core_wake_probe.py CPU SECONDS OUT.json
 OUT.json: the wall-clock start and [seconds since start, lateness in ms] per sleep. Then
   python results/vllm_cpu/core_wake_probe.py --summary OUT.json BENCH_RESULT.json [SUMMARY.json]
-sets the lateness before the bench against during it (the bench's window from its result's
-`date`, to the second, and `duration`).
+sets the lateness before the server (the probe's first 5 s: start it before the server)
+against during the bench (its window from its result's `date`, to the second, and `duration`).
 """
 import datetime
 import json

@@ -33,7 +33,8 @@ if __name__ == "__main__":
   out = next((a.split("=", 1)[1] for a in args if a.startswith("--json_out=")), None)
   rows = [stats(p) for p in args if not p.startswith("--json_out=")]
   for r in rows:
-    print(f"{r['result']}: coalesced {r['coalesced_share']:.2f}, whole {r['whole_deliveries']}"
+    share = "n/a" if r["coalesced_share"] is None else f"{r['coalesced_share']:.2f}"
+    print(f"{r['result']}: coalesced {share}, whole {r['whole_deliveries']}"
           f"/{r['requests']}, TTFT p50 {r['p50_ttft_ms']:.1f} p90 {r['p90_ttft_ms']:.0f} ms, "
           f"TPOT p50 {r['p50_tpot_ms']:.2f} p90 {r['p90_tpot_ms']:.2f} ms")
   if out:

@@ -8,7 +8,8 @@ Run with the project's python (it uses jaxroof.measure.vllm_engine to start and 
   python results/vllm_cpu/engine_phase_probe.py ENV_DIR WORK_DIR MODEL_DIR [MODEL_DIR ...]
 where each MODEL_DIR holds config.json and the tokenizer (vllm_bench writes one per run).
 ENGINE_CORE (environment, default empty) moves the engine core process onto those cores once
-the server is up, as vllm_bench's --engine_core_cpus."""
+the server is up, as vllm_bench's --engine_core_cpus; its niceness is ServerConfig's default,
+as vllm_bench's --engine_core_nice."""
 import json, os, random, re, sys, time, urllib.request
 from jaxroof.measure import vllm_engine
 

@@ -6,7 +6,8 @@
 # (default 1) times the six shapes N times, about 5 minutes each. ENGINE_CORE=1 moves vLLM's
 # engine core process (its scheduler loop) onto the engine worker's core 1 in every server,
 # the benchmarks' and the isolated shapes' (default: where vLLM starts it, on core 0 with the
-# API server and the client; README.md, "The client's core").
+# API server and the client, at vllm_bench's --engine_core_nice; README.md, "The engine
+# core's priority").
 set -e
 ENV=$1; OUT=$2; PY=${PY:-python}; mkdir -p "$OUT"; export ENGINE_CORE=${ENGINE_CORE:-}
 B="env PYTHONPATH=. $PY -m experiments.vllm_bench --engine_env=$ENV --cache_dir=$OUT/cache ${ENGINE_CORE:+--engine_core_cpus=$ENGINE_CORE}"
