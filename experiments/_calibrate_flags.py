@@ -110,6 +110,17 @@ ACCELERATOR_FILE = flags.DEFINE_string(
 REQUEST_COST = flags.DEFINE_bool(
     "request_cost", False, "vllm: also fit a fixed cost per request (HTTP, API server, "
     "tokenisation) that delays when the engine sees it (0 at the bound).")
+ENGINE_REQUEST_MS = flags.DEFINE_float(
+    "engine_request_ms", None, "vllm: the fixed cost per request (HTTP, API server, "
+    "tokenisation) held at this measured value in ms instead of fitted (--request_cost): "
+    "the client's time to a one-token response less vLLM's own prefill time, isolated "
+    "requests (results/vllm_cpu/engine_prefill_lengths.py; 3-4 ms on the AMX Xeon of issue "
+    "25). Unset: 0, or fitted with --request_cost.", lower_bound=0.0, upper_bound=1e5)
+CHUNK_COST = flags.DEFINE_bool(
+    "chunk_cost", False, "vllm: also fit the engine's own cost per prefill chunk in an "
+    "iteration beyond a decode row's (t0_chunk: admitting a prompt; paid inside the step, so "
+    "it delays every sequence in it). TTFT alone cannot tell it from the per-request cost: "
+    "hold that at its measured value (--engine_request_ms).")
 LAYER_COST = flags.DEFINE_bool(
     "layer_cost", False, "vllm: also fit a fixed cost per layer per iteration (the engine's "
     "per-layer kernels); needs --fit_model runs of two depths.")
@@ -165,8 +176,8 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
     "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
-    "--engine_m_pass, --engine_cache_mb/gbps and --engine_build_us, where given, replace what it held (the new "
-    "device's own kernel rates).")
+    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us and --engine_request_ms, where "
+    "given, replace what it held (the new device's own kernel rates and front end).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")
@@ -208,10 +219,10 @@ USED: dict[str, tuple[str, ...]] = {
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "engine_overlap", "engine_m_pass",
-             "engine_eta_kv", "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps",
-             "engine_build_us", "scheduler", "max_running", "token_budget", "max_simulations",
-             "seed", "engine_factors"),
+             "request_cost", "sequence_cost", "layer_cost", "chunk_cost", "engine_request_ms",
+             "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
+             "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "scheduler", "max_running",
+             "token_budget", "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -159,12 +159,18 @@ def _setup() -> engine_fit.ServingSetup:
   if bool(F.ACCELERATOR.value) == bool(F.ACCELERATOR_FILE.value):
     raise errors.InputError("give one of --accelerator (a shipped name) and "
                             "--accelerator_file (your device's JSON).")
+  if F.REQUEST_COST.value and F.ENGINE_REQUEST_MS.value is not None:
+    raise errors.InputError(f"--engine_request_ms={F.ENGINE_REQUEST_MS.value} with "
+                            "--request_cost: hold the per-request cost as measured or fit it, "
+                            "not both.")
   return engine_fit.ServingSetup(
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
       max_running=F.MAX_RUNNING.value, token_budget=F.TOKEN_BUDGET.value, seed=F.SEED.value,
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
-      sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
+      request_seconds=(None if F.ENGINE_REQUEST_MS.value is None else F.ENGINE_REQUEST_MS.value /
+                       1e3), sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
+      chunk_cost=F.CHUNK_COST.value,
       overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
       m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
       attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
@@ -180,7 +186,8 @@ def predict_vllm() -> None:
   if F.PROFILE_OUT.value:
     raise errors.InputError(f"--profile_out={F.PROFILE_OUT.value!r} with --engine_factors: a "
                             "prediction fits no factors; the profile is the earlier fit's.")
-  for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.MAX_SIMULATIONS):
+  for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.CHUNK_COST,
+               F.MAX_SIMULATIONS):
     if flag.present:
       raise errors.InputError(f"--{flag.name} with --engine_factors: it shapes a fit, and a "
                               "prediction fits nothing (the factors are the earlier fit's).")
@@ -195,7 +202,8 @@ def predict_vllm() -> None:
       "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
       "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,
-      "t_build": setup.kernel_build if F.ENGINE_BUILD_US.present else None
+      "t_build": setup.kernel_build if F.ENGINE_BUILD_US.present else None,
+      "t0_request": setup.request_seconds
   }
   factors.update({n: float(v) for n, v in replaced.items() if v is not None})
   result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, setup, factors,

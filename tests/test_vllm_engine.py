@@ -323,6 +323,30 @@ def test_sequence_cost_lengthens_every_step_by_its_sequences(model_dir, device_f
   assert engine_fit.BOUND_FACTORS["t0_seq"] == 0.0
 
 
+def test_chunk_cost_lengthens_only_the_steps_that_prefill(model_dir, device_file):
+  """t0_chunk adds to an iteration once per prefill chunk in it: with requests that never
+  overlap each TTFT grows by t0_chunk exactly (one prompt, one chunk) and no decode gap
+  moves; it is searched only with `chunk_cost`, zero at the bound; a measured per-request
+  cost is held (`request_seconds`), and holding and fitting it at once is refused."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  run = _run_with_server(kv_blocks=1000)
+  base = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_chunk": 0.0})
+  cost = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_chunk": 3e-3})
+  assert cost["median_ttft_s"] - base["median_ttft_s"] == pytest.approx(3e-3, rel=1e-6)
+  for name in ("median_tpot_s", "median_itl_s", "p90_itl_s"):
+    assert cost[name] == pytest.approx(base[name], rel=1e-12), name
+  assert "t0_chunk" not in setup.searched
+  assert dataclasses.replace(setup, chunk_cost=True).searched[-1] == "t0_chunk"
+  assert engine_fit.BOUND_FACTORS["t0_chunk"] == 0.0
+  held = dataclasses.replace(setup, request_seconds=3.5e-3, chunk_cost=True)
+  assert held.held()["t0_request"] == 3.5e-3 and "t0_request" not in held.searched
+  with pytest.raises(errors.InputError, match="request_seconds=0.0035 with request_cost"):
+    dataclasses.replace(held, request_cost=True)
+  with pytest.raises(errors.InputError, match="request_seconds=-1"):
+    dataclasses.replace(setup, request_seconds=-1)
+
+
 def test_isolated_requests_are_simulated_one_sequence_a_step(model_dir, device_file):
   """A shipped isolated-request file (results/vllm_cpu/isolated_runs.py: rate inf, at most
   one request in flight) is a fit run of one sequence per step: its simulated TPOT is that

@@ -16,9 +16,12 @@ t0_layer and r_ovl stay at `FIXED` (stated in the result). Optional: a fixed
 cost per request before the engine sees it (`t0_request`, `request_cost`) and
 one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
 and sampling work grows with the running sequences; the cost model's
-`t0_seq * n_seq`), and one per layer per iteration (`t0_layer`, `layer_cost`: the
+`t0_seq * n_seq`), one per layer per iteration (`t0_layer`, `layer_cost`: the
 engine's per-layer kernels and their launches; it needs fit runs of two depths, else it
-and t0_step are one sum). Held as measured, not searched: r_ovl (`overlap`, how the
+and t0_step are one sum), and one per prefill chunk per iteration (`t0_chunk`,
+`chunk_cost`: the engine's own work to admit a prompt, inside the iteration where
+`t0_request` is before it; with it, hold `t0_request` at its measured value,
+`request_seconds`, as TTFT alone cannot tell the two apart). Held as measured, not searched: r_ovl (`overlap`, how the
 engine's GEMMs overlap weight reads and FLOPs), m_pass (`m_pass`, the rows its GEMM
 multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
 prompt and k decode rows reads them about twice) and, where given, eta_kv (`kv_efficiency`,
@@ -78,6 +81,10 @@ SEARCHED = ("eta_w", "eta_f", "t0_step")
 REQUEST_COST = "t0_request"
 # With `ServingSetup.sequence_cost`: a fixed cost per sequence per iteration (0 at the bound).
 SEQUENCE_COST = "t0_seq"
+# With `ServingSetup.chunk_cost`: the engine's own cost per prefill chunk in an iteration
+# beyond a decode row's, fitted (0 at the bound). Unlike `REQUEST_COST` it is paid inside the
+# iteration, so it delays the tokens of every sequence in it.
+CHUNK_COST = "t0_chunk"
 # With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
 LAYER_COST = "t0_layer"
 # `ServingSetup.m_pass`: the rows the engine's GEMM multiplies in one pass over the weights,
@@ -101,11 +108,11 @@ KERNEL_BUILD = "t_build"
 KERNEL_CACHE_ROWS = 32  # vLLM 0.32: ops.create_onednn_mm(weight, 32) per linear weight.
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
-    SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01)
+    SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01), CHUNK_COST: (1e-5, 0.05)
 }
 START = {
     "eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3, SEQUENCE_COST: 1e-4,
-    LAYER_COST: 5e-5
+    LAYER_COST: 5e-5, CHUNK_COST: 2e-3
 }
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
@@ -127,8 +134,8 @@ MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot pro
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
-    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WEIGHT_PASS: 0, ATTENTION_EFFICIENCY: 0.0,
-    CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0
+    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, CHUNK_COST: 0.0, WEIGHT_PASS: 0,
+    ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -174,8 +181,13 @@ class ServingSetup:
   token_budget: int = 2048  # vLLM --max-num-batched-tokens (chunked prefill).
   seed: int = 0
   accelerator_file: str | None = None  # A user's device file (replaces `accelerator`).
-  request_cost: bool = False  # Fit `REQUEST_COST` (else 0).
+  request_cost: bool = False  # Fit `REQUEST_COST` (else 0, or `request_seconds`).
+  # `REQUEST_COST` held as measured (seconds; None: 0 unless `request_cost` fits it): the
+  # client's time to a one-token response less the engine's own prefill time, isolated
+  # requests (results/vllm_cpu/engine_prefill_lengths.py).
+  request_seconds: float | None = None
   sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
+  chunk_cost: bool = False  # Fit `CHUNK_COST` (else 0).
   layer_cost: bool = False  # Fit `LAYER_COST` (else `FIXED`'s).
   # r_ovl, held (not searched): how the engine's GEMMs overlap weight reads and FLOPs
   # (p = 1 + r_ovl); `FIXED`'s 1 unless the caller measured it (the engine's own GEMMs
@@ -203,22 +215,31 @@ class ServingSetup:
   # engine_cold_rows.py). 0: none.
   kernel_build: float = 0.0
 
+  def __post_init__(self):
+    if self.request_seconds is not None:
+      if self.request_cost:
+        raise errors.InputError(
+            f"request_seconds={self.request_seconds!r} with request_cost: the per-request cost "
+            "is either held as measured or fitted; give one.", field="request_seconds")
+      errors.require_non_negative("request_seconds", self.request_seconds)
+
   @property
   def searched(self) -> tuple[str, ...]:
-    return SEARCHED + ((REQUEST_COST,) if self.request_cost else
-                       ()) + ((SEQUENCE_COST,) if self.sequence_cost else
-                              ()) + ((LAYER_COST,) if self.layer_cost else ())
+    optional = ((REQUEST_COST, self.request_cost), (SEQUENCE_COST, self.sequence_cost),
+                (LAYER_COST, self.layer_cost), (CHUNK_COST, self.chunk_cost))
+    return SEARCHED + tuple(name for name, searched in optional if searched)
 
   def held(self) -> dict[str, float]:
-    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache and t_build
-    where given."""
+    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache, t_build and
+    t0_request where given."""
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
     cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
              if self.cache_bytes > 0 else {})
     build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
-    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build}
+    request = {} if self.request_seconds is None else {REQUEST_COST: float(self.request_seconds)}
+    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **request}
 
   @property
   def device_name(self) -> str:
@@ -272,7 +293,8 @@ def _factors(values: Mapping[str, float]) -> dict[str, float]:
   }
   return {
       **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
-      SEQUENCE_COST: float(values.get(SEQUENCE_COST, 0.0)), **held
+      SEQUENCE_COST: float(values.get(SEQUENCE_COST,
+                                      0.0)), CHUNK_COST: float(values.get(CHUNK_COST, 0.0)), **held
   }
 
 
@@ -296,6 +318,7 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
       spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
           _step_factors(factors), engine={
               SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
+              CHUNK_COST: float(factors.get(CHUNK_COST, 0.0)),
               WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass)),
               ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0)),
               CACHE_BYTES: float(factors.get(CACHE_BYTES,

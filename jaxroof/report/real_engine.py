@@ -62,9 +62,9 @@ OTHER_CPUS = (
 P50_TARGET, P90_TARGET = 0.10, 0.20
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
-_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq")
+_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq", "t0_chunk")
 # The engine terms held as measured, where a fit held them.
-_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "t_build")
+_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "t_build", "t0_request")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -210,10 +210,13 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       ", ".join(f"`{_short(os.path.basename(f))}`" for f in first["source"]["files"]) +
       ". Analytic bound: the same simulation at eta = 1 with no fixed cost.",
       "",
-      "Fitted: " + ", ".join(f"{n} = {v:.3g}" for n, v in factors.items() if n in _SHOWN) +
-      " (t0_step, t0_request and t0_seq in seconds; t0_request: the fixed per-request cost, "
-      "HTTP + API server + tokenisation, before the engine sees a request; t0_seq: the "
-      "engine's cost per running sequence in each step, where fitted)." +
+      "Fitted: " +
+      ", ".join(f"{n} = {v:.3g}"
+                for n, v in factors.items() if n in _SHOWN and n not in first.get("fixed", {})) +
+      " (t0_step, t0_request, t0_seq and t0_chunk in seconds; t0_request: the fixed "
+      "per-request cost, HTTP + API server + tokenisation, before the engine sees a request; "
+      "t0_seq: the engine's cost per running sequence in each step, where fitted; t0_chunk: "
+      "its cost per prefill chunk in a step beyond a decode row's, where fitted)." +
       ("" if not first.get("fixed") else " Held: " +
        ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in _HELD) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "
@@ -222,7 +225,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
        "rate as a share of the read bandwidth and FLOP rate as a share of F; c_llc and bw_llc, "
        "where held: the weight bytes of a step it finds in the CPU's cache and their read rate "
        "in B/s; t_build, where held: seconds per layer and token a step at a new token count "
-       "spends building the engine's GEMM kernels)."),
+       "spends building the engine's GEMM kernels; t0_request, where held: the measured "
+       "per-request cost in seconds)."),
       "",
       table.markdown_table(HEADER, heldout_rows(first)),
       "",

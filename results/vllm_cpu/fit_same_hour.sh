@@ -3,7 +3,10 @@
 # 128/32 at 2 and 8, 256/64 at 2, small at 2, the pass's six isolated shapes. Held out: tiny
 # 128/32 at 4, 256/64 at 4 and 8, small at 4, medium at 1 and 2, nano at 2, from $H (default
 # the same pass; MD, ND: medium's and nano's folders, default $H; I: the isolated shapes,
-# default $R/isolated; A: the accelerator file, default $R/accelerator.json). Run from the repository root; about 4 minutes on this 2-core CPU.
+# default $R/isolated; A: the accelerator file, default $R/accelerator.json; REQUEST: how the
+# per-request cost is had, default --request_cost (fitted); with the engine's cost per
+# prefill chunk: REQUEST="--engine_request_ms=MS --chunk_cost", MS the pass's measured front
+# end (full_pass.sh prints it). Run from the repository root; 4-10 minutes on this 2-core CPU.
 # The night's passes: I=results/vllm_cpu/isolated MD=results/vllm_cpu/passM1 (pass 6: passM2)
 # ND=results/vllm_cpu/passN1 (passN2).
 R=$1; OUT=$2; shift 2; H=${H:-$R}; M=results/vllm_cpu/models; I=${I:-$R/isolated}
@@ -14,5 +17,5 @@ PYTHONPATH=. ${PY:-python} -m experiments.calibrate --source=vllm --from_vllm=$F
   --heldout_vllm=$H/tiny_vllm_rate4_in128_out32.json,$H/tiny_vllm_rate4_in256_out64.json,$H/tiny_vllm_rate8_in256_out64.json,$H/small_vllm_rate4_in256_out64.json,$MD/medium_vllm_rate1_in256_out64.json,$MD/medium_vllm_rate2_in256_out64.json,$ND/nano_vllm_rate2_in128_out256.json \
   --model=$M/tiny-llama \
   --heldout_model=$M/tiny-llama,$M/tiny-llama,$M/tiny-llama,$M/small-llama,$M/medium-llama,$M/medium-llama,$M/nano-llama \
-  --accelerator_file=${A:-$R/accelerator.json} --scheduler=vllm --request_cost --sequence_cost --layer_cost "$@" \
+  --accelerator_file=${A:-$R/accelerator.json} --scheduler=vllm ${REQUEST:---request_cost} --sequence_cost --layer_cost "$@" \
   --json_out=$OUT

@@ -1,8 +1,9 @@
-# One whole pass on a new hour or CPU (issue 25), about 20 minutes on a 2-core CPU: the
+# One whole pass on a new hour or CPU (issue 25), about 27 minutes on a 2-core CPU: the
 # same-hour set (same_hour_pass.sh), the engine's kernel terms (engine_terms_pass.sh), then
 # the copy into PASS_DIR (copy_pass.py: accelerator.json the median over invocations of each
 # one's fastest repeat), the shape probe's collector, the isolated shapes as fit data and the
-# cache fit (engine_cache_fit.py). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
+# cache fit (engine_cache_fit.py), and the six shapes' prefill over prompt length
+# (engine_prefill_lengths.py, about 7 minutes). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
 # the project's python, on a quiet machine (no fits or tests beside it):
 #   bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR results/vllm_cpu/passN
 # ENGINE_CORE=1 puts vLLM's engine core on the worker's core (same_hour_pass.sh).
@@ -14,8 +15,10 @@ bash results/vllm_cpu/same_hour_pass.sh "$ENV" "$WORK" 2>&1 | tee "$WORK/pass.lo
 bash results/vllm_cpu/engine_terms_pass.sh "$ENV" "$WORK/terms" 2>&1 | tee -a "$WORK/pass.log"
 PYTHONPATH=. $PY results/vllm_cpu/copy_pass.py "$WORK" "$P"
 cp "$WORK"/terms/engine_{attention_rates,token_rates,gemm_blocks}.json "$WORK/pass.log" "$P/"
-DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores: engine worker on core 1, API server on core 0${ENGINE_CORE:+, engine core on core $ENGINE_CORE}" \
-  PYTHONPATH=. $PY results/vllm_cpu/engine_shape_probe.py "$WORK/shape" "$P/engine_shape_probe.json" "$(date -u +%F)"
+export DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; print(vllm_engine.cpu_model())'), $(nproc) cores: engine worker on core 1, API server on core 0${ENGINE_CORE:+, engine core on core $ENGINE_CORE}"
+PYTHONPATH=. $PY results/vllm_cpu/engine_shape_probe.py "$WORK/shape" "$P/engine_shape_probe.json" "$(date -u +%F)"
+PYTHONPATH=. $PY results/vllm_cpu/engine_prefill_lengths.py "$ENV" "$WORK/prefill" "$P/engine_prefill_lengths.json" \
+  $(for s in w64L1 w64L4 w512L1 w512L4 w1536L1 w1536L4; do echo "$WORK/shape/$s/model"; done) 2>&1 | tee -a "$WORK/pass.log"
 PYTHONPATH=. $PY results/vllm_cpu/isolated_runs.py "$P/engine_shape_probe.json" "$P/isolated"
 PYTHONPATH=. $PY results/vllm_cpu/engine_cache_fit.py "$P"
 PYTHONPATH=. $PY - "$P" <<'PYEOF'
@@ -25,6 +28,8 @@ rates = json.load(open(f"{p}/engine_attention_rates.json"))["summary"]
 device = json.load(open(f"{p}/accelerator.json"))["accelerators"]["cpu-vllm-engine"]
 kv = rates["decode_kv_GBps_net_of_flops_median"] / (device["memory_bandwidth_tb_s"] * 1e3)
 attn = rates["prefill_GFLOPs_median"] / (device["dense_tflops"]["bf16"] * 1e3)
+front = json.load(open(f"{p}/engine_prefill_lengths.json"))["summary"]["front_end_s_median"]
 print(f"held terms: --engine_overlap=0 --engine_eta_kv={min(kv, 1):.3f} --engine_eta_attn={attn:.3f}"
-      f" (K/V at {kv:.3f} of the read ceiling)")
+      f" (K/V at {kv:.3f} of the read ceiling); with the chunk cost: "
+      f'REQUEST="--engine_request_ms={front * 1e3:.2f} --chunk_cost"')
 PYEOF
