@@ -116,11 +116,12 @@ ENGINE_REQUEST_MS = flags.DEFINE_float(
     "the client's time to a one-token response less vLLM's own prefill time, isolated "
     "requests (results/vllm_cpu/engine_prefill_lengths.py; 3-4 ms on the AMX Xeon of issue "
     "25). Unset: 0, or fitted with --request_cost.", lower_bound=0.0, upper_bound=1e5)
-CHUNK_COST = flags.DEFINE_bool(
-    "chunk_cost", False, "vllm: also fit the engine's own cost per prefill chunk in an "
-    "iteration beyond a decode row's (t0_chunk: admitting a prompt; paid inside the step, so "
-    "it delays every sequence in it). TTFT alone cannot tell it from the per-request cost: "
-    "hold that at its measured value (--engine_request_ms).")
+WAKE_COST = flags.DEFINE_bool(
+    "wake_cost", False, "vllm: also fit what an iteration pays when the engine was idle "
+    "before it (t_wake: the engine waking from its wait; vLLM CPU's served prefills of 16 "
+    "tokens took 2-4 ms longer after an idle gap than beside a running decode, "
+    "results/vllm_cpu/engine_idle_probe.py). Only requests that find the engine idle pay it; "
+    "with it, hold the per-request cost at its measured value (--engine_request_ms).")
 LAYER_COST = flags.DEFINE_bool(
     "layer_cost", False, "vllm: also fit a fixed cost per layer per iteration (the engine's "
     "per-layer kernels); needs --fit_model runs of two depths.")
@@ -219,7 +220,7 @@ USED: dict[str, tuple[str, ...]] = {
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "chunk_cost", "engine_request_ms",
+             "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
              "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
              "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "scheduler", "max_running",
              "token_budget", "max_simulations", "seed", "engine_factors"),

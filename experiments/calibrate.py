@@ -170,7 +170,7 @@ def _setup() -> engine_fit.ServingSetup:
       accelerator_file=F.ACCELERATOR_FILE.value or None, request_cost=F.REQUEST_COST.value,
       request_seconds=(None if F.ENGINE_REQUEST_MS.value is None else F.ENGINE_REQUEST_MS.value /
                        1e3), sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
-      chunk_cost=F.CHUNK_COST.value,
+      wake_cost=F.WAKE_COST.value,
       overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
       m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
       attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
@@ -186,7 +186,7 @@ def predict_vllm() -> None:
   if F.PROFILE_OUT.value:
     raise errors.InputError(f"--profile_out={F.PROFILE_OUT.value!r} with --engine_factors: a "
                             "prediction fits no factors; the profile is the earlier fit's.")
-  for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.CHUNK_COST,
+  for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.WAKE_COST,
                F.MAX_SIMULATIONS):
     if flag.present:
       raise errors.InputError(f"--{flag.name} with --engine_factors: it shapes a fit, and a "

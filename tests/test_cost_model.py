@@ -63,31 +63,6 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
                                                    rel=1e-12)
 
 
-def test_an_engines_chunk_cost_is_one_per_prefill_chunk_and_none_in_decode():
-  """t0_chunk adds once per prefill chunk (the iteration's sequences that are not decode
-  rows): a prefill of b prompts pays b of them, a decode step none, in the symbols and in
-  the iteration model."""
-  step = cost_model.calibrated_terms()["floor_s"]
-  assert sp.simplify(sp.diff(step, S.t0_chunk) - (S.n_seq - S.n_dec)) == 0
-  subs = cost_model.decode_specialisation(S.B, S.T, S.N * S.q, S.N_act, S.k, 0)
-  assert sp.diff(step.subs(subs), S.t0_chunk) == 0
-  factors = {
-      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
-  }
-  plain = StepModel.calibrated(factors)
-  engine = StepModel.calibrated(factors, engine={"t0_chunk": 2e-3})
-  cost = _cost("llama-3-8b", H100)
-  assert float(cost.decode(8.0, 900.0, engine)["step_s"]) == pytest.approx(
-      float(cost.decode(8.0, 900.0, plain)["step_s"]), rel=1e-12)
-  for prompts in (1.0, 3.0):
-    extra = (float(cost.prefill(256.0, prompts, engine)["step_s"]) -
-             float(cost.prefill(256.0, prompts, plain)["step_s"]))
-    assert extra == pytest.approx(2e-3 * prompts, rel=1e-9)
-  mixed = cost.mix(decode_context=[100.0, 300.0], chunk_offset=[0.0], chunk_tokens=[64.0])
-  assert (float(cost.evaluate(mixed, engine)["step_s"]) -
-          float(cost.evaluate(mixed, plain)["step_s"])) == pytest.approx(2e-3, rel=1e-9)
-
-
 def test_an_engines_sequence_cost_is_one_per_sequence_in_every_consumer():
   """t0_seq (a real engine's per-request work each step) adds t0_seq per sequence: B in a
   decode step, decode rows plus chunks in an iteration; the decode step of StepModel and

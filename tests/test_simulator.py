@@ -320,3 +320,28 @@ def test_a_warm_kernel_cache_builds_only_the_counts_it_lacks():
   expected[first] = 1e-4 * missing
   np.testing.assert_allclose(once.step_s - plain.step_s, expected, atol=1e-12)
   assert once.kernel_builds == 1
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "chunked", "iteration"])
+def test_only_an_iteration_on_an_idle_replica_pays_its_wake(scheduler):
+  """`Replica.wake_s` lengthens the first iteration after the replica had nothing to do:
+  requests all at once pay it once; requests far apart (each served before the next) each
+  pay it in their first iteration, so every TTFT grows by it and no token gap moves."""
+  lengths = np.random.default_rng(3)
+  prompts, outputs = lengths.integers(20, 200, 6), lengths.integers(2, 30, 6)
+  woken = dataclasses.replace(_replica(token_budget=256), wake_s=3e-3)
+  together = arrivals.Workload(np.zeros(6), prompts, outputs, {})
+  plain = simulator.simulate(together, _replica(token_budget=256), scheduler)
+  once = simulator.simulate(together, woken, scheduler)
+  expected = np.zeros(len(plain.step_s))
+  expected[0] = 3e-3
+  np.testing.assert_allclose(once.step_s - plain.step_s, expected, atol=1e-12)
+  assert once.wakes == 1 and plain.wakes == 0
+  apart = arrivals.Workload(100.0 * np.arange(6), prompts, outputs, {})
+  plain = simulator.simulate(apart, _replica(token_budget=256), scheduler)
+  each = simulator.simulate(apart, woken, scheduler)
+  assert each.wakes == 6
+  np.testing.assert_allclose(
+      (each.first_token_s - each.arrival_s) - (plain.first_token_s - plain.arrival_s), 3e-3,
+      rtol=1e-9)
+  np.testing.assert_allclose(each.itl_s, plain.itl_s, rtol=1e-12)

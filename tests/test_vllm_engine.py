@@ -323,23 +323,25 @@ def test_sequence_cost_lengthens_every_step_by_its_sequences(model_dir, device_f
   assert engine_fit.BOUND_FACTORS["t0_seq"] == 0.0
 
 
-def test_chunk_cost_lengthens_only_the_steps_that_prefill(model_dir, device_file):
-  """t0_chunk adds to an iteration once per prefill chunk in it: with requests that never
-  overlap each TTFT grows by t0_chunk exactly (one prompt, one chunk) and no decode gap
-  moves; it is searched only with `chunk_cost`, zero at the bound; a measured per-request
-  cost is held (`request_seconds`), and holding and fitting it at once is refused."""
+def test_wake_cost_reaches_the_replica_and_is_paid_by_requests_that_find_it_idle(
+    model_dir, device_file):
+  """t_wake goes to the run's replica (`Replica.wake_s`): with requests that never overlap
+  (each finds the engine idle) every TTFT grows by t_wake exactly and no decode gap moves;
+  it is searched only with `wake_cost`, zero at the bound; a measured per-request cost is
+  held (`request_seconds`), and holding and fitting it at once is refused."""
   setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
                                   accelerator_file=device_file)
   run = _run_with_server(kv_blocks=1000)
-  base = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_chunk": 0.0})
-  cost = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t0_chunk": 3e-3})
+  base = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t_wake": 0.0})
+  cost = engine_fit.simulate_run(run, setup, {**engine_fit.START, "t_wake": 3e-3})
+  assert engine_fit.replica_of(run, setup, {**engine_fit.START, "t_wake": 3e-3}).wake_s == 3e-3
   assert cost["median_ttft_s"] - base["median_ttft_s"] == pytest.approx(3e-3, rel=1e-6)
   for name in ("median_tpot_s", "median_itl_s", "p90_itl_s"):
     assert cost[name] == pytest.approx(base[name], rel=1e-12), name
-  assert "t0_chunk" not in setup.searched
-  assert dataclasses.replace(setup, chunk_cost=True).searched[-1] == "t0_chunk"
-  assert engine_fit.BOUND_FACTORS["t0_chunk"] == 0.0
-  held = dataclasses.replace(setup, request_seconds=3.5e-3, chunk_cost=True)
+  assert "t_wake" not in setup.searched
+  assert dataclasses.replace(setup, wake_cost=True).searched[-1] == "t_wake"
+  assert engine_fit.BOUND_FACTORS["t_wake"] == 0.0
+  held = dataclasses.replace(setup, request_seconds=3.5e-3, wake_cost=True)
   assert held.held()["t0_request"] == 3.5e-3 and "t0_request" not in held.searched
   with pytest.raises(errors.InputError, match="request_seconds=0.0035 with request_cost"):
     dataclasses.replace(held, request_cost=True)

@@ -18,10 +18,10 @@ one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
 and sampling work grows with the running sequences; the cost model's
 `t0_seq * n_seq`), one per layer per iteration (`t0_layer`, `layer_cost`: the
 engine's per-layer kernels and their launches; it needs fit runs of two depths, else it
-and t0_step are one sum), and one per prefill chunk per iteration (`t0_chunk`,
-`chunk_cost`: the engine's own work to admit a prompt, inside the iteration where
-`t0_request` is before it; with it, hold `t0_request` at its measured value,
-`request_seconds`, as TTFT alone cannot tell the two apart). Held as measured, not searched: r_ovl (`overlap`, how the
+and t0_step are one sum), and one on an iteration that begins on an idle engine (`t_wake`,
+`wake_cost`: the engine waking from its wait; paid by the requests that find it idle, where
+`t0_request` is paid by every request; hold `t0_request` at its measured value,
+`request_seconds`, and the load tells the two apart). Held as measured, not searched: r_ovl (`overlap`, how the
 engine's GEMMs overlap weight reads and FLOPs), m_pass (`m_pass`, the rows its GEMM
 multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
 prompt and k decode rows reads them about twice) and, where given, eta_kv (`kv_efficiency`,
@@ -81,10 +81,11 @@ SEARCHED = ("eta_w", "eta_f", "t0_step")
 REQUEST_COST = "t0_request"
 # With `ServingSetup.sequence_cost`: a fixed cost per sequence per iteration (0 at the bound).
 SEQUENCE_COST = "t0_seq"
-# With `ServingSetup.chunk_cost`: the engine's own cost per prefill chunk in an iteration
-# beyond a decode row's, fitted (0 at the bound). Unlike `REQUEST_COST` it is paid inside the
-# iteration, so it delays the tokens of every sequence in it.
-CHUNK_COST = "t0_chunk"
+# With `ServingSetup.wake_cost`: what an iteration pays when the engine was idle before it
+# (`simulator.Replica.wake_s`), fitted (0 at the bound). Unlike `REQUEST_COST` only a request
+# that finds the engine idle pays it: served prefills of 16 tokens took 2-4 ms longer after
+# an idle gap than beside a running decode (results/vllm_cpu/engine_idle_probe.py).
+WAKE_COST = "t_wake"
 # With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
 LAYER_COST = "t0_layer"
 # `ServingSetup.m_pass`: the rows the engine's GEMM multiplies in one pass over the weights,
@@ -108,11 +109,11 @@ KERNEL_BUILD = "t_build"
 KERNEL_CACHE_ROWS = 32  # vLLM 0.32: ops.create_onednn_mm(weight, 32) per linear weight.
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
-    SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01), CHUNK_COST: (1e-5, 0.05)
+    SEQUENCE_COST: (1e-6, 0.02), LAYER_COST: (1e-7, 0.01), WAKE_COST: (1e-5, 0.05)
 }
 START = {
     "eta_w": 0.6, "eta_f": 0.4, "t0_step": 1e-3, REQUEST_COST: 5e-3, SEQUENCE_COST: 1e-4,
-    LAYER_COST: 5e-5, CHUNK_COST: 2e-3
+    LAYER_COST: 5e-5, WAKE_COST: 2e-3
 }
 # Held-out percentiles (vLLM's np.percentile) of each metric.
 PERCENTILES = (50, 90)
@@ -134,7 +135,7 @@ MISSING_RESIDUAL = 5.0  # The log residual of a metric the simulation cannot pro
 MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
-    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, CHUNK_COST: 0.0, WEIGHT_PASS: 0,
+    REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WAKE_COST: 0.0, WEIGHT_PASS: 0,
     ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
@@ -187,7 +188,7 @@ class ServingSetup:
   # requests (results/vllm_cpu/engine_prefill_lengths.py).
   request_seconds: float | None = None
   sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
-  chunk_cost: bool = False  # Fit `CHUNK_COST` (else 0).
+  wake_cost: bool = False  # Fit `WAKE_COST` (else 0).
   layer_cost: bool = False  # Fit `LAYER_COST` (else `FIXED`'s).
   # r_ovl, held (not searched): how the engine's GEMMs overlap weight reads and FLOPs
   # (p = 1 + r_ovl); `FIXED`'s 1 unless the caller measured it (the engine's own GEMMs
@@ -226,7 +227,7 @@ class ServingSetup:
   @property
   def searched(self) -> tuple[str, ...]:
     optional = ((REQUEST_COST, self.request_cost), (SEQUENCE_COST, self.sequence_cost),
-                (LAYER_COST, self.layer_cost), (CHUNK_COST, self.chunk_cost))
+                (LAYER_COST, self.layer_cost), (WAKE_COST, self.wake_cost))
     return SEARCHED + tuple(name for name, searched in optional if searched)
 
   def held(self) -> dict[str, float]:
@@ -294,7 +295,7 @@ def _factors(values: Mapping[str, float]) -> dict[str, float]:
   return {
       **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
       SEQUENCE_COST: float(values.get(SEQUENCE_COST,
-                                      0.0)), CHUNK_COST: float(values.get(CHUNK_COST, 0.0)), **held
+                                      0.0)), WAKE_COST: float(values.get(WAKE_COST, 0.0)), **held
   }
 
 
@@ -318,7 +319,6 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
       spec, load_device(setup), context=longest, step_model=StepModel.calibrated(
           _step_factors(factors), engine={
               SEQUENCE_COST: float(factors.get(SEQUENCE_COST, 0.0)),
-              CHUNK_COST: float(factors.get(CHUNK_COST, 0.0)),
               WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass)),
               ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0)),
               CACHE_BYTES: float(factors.get(CACHE_BYTES,
@@ -342,6 +342,13 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
             **replica.description, "kernel_cache":
                 f"a step at a token count not among the last {KERNEL_CACHE_ROWS} builds its "
                 f"GEMM kernels: {spec.num_layers} layers x {build * 1e6:.3g} us per token"
+        })
+  wake = float(factors.get(WAKE_COST, 0.0))
+  if wake > 0:
+    replica = dataclasses.replace(
+        replica, wake_s=wake, description={
+            **replica.description,
+            "wake": f"an iteration on an idle engine pays {wake * 1e3:.3g} ms more (its wake)"
         })
   return replica
 

@@ -62,7 +62,7 @@ OTHER_CPUS = (
 P50_TARGET, P90_TARGET = 0.10, 0.20
 MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
-_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq", "t0_chunk")
+_SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq", "t_wake")
 # The engine terms held as measured, where a fit held them.
 _HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "t_build", "t0_request")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
@@ -213,10 +213,10 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
       "Fitted: " +
       ", ".join(f"{n} = {v:.3g}"
                 for n, v in factors.items() if n in _SHOWN and n not in first.get("fixed", {})) +
-      " (t0_step, t0_request, t0_seq and t0_chunk in seconds; t0_request: the fixed "
+      " (t0_step, t0_request, t0_seq and t_wake in seconds; t0_request: the fixed "
       "per-request cost, HTTP + API server + tokenisation, before the engine sees a request; "
-      "t0_seq: the engine's cost per running sequence in each step, where fitted; t0_chunk: "
-      "its cost per prefill chunk in a step beyond a decode row's, where fitted)." +
+      "t0_seq: the engine's cost per running sequence in each step, where fitted; t_wake: what "
+      "a step pays when the engine was idle before it, where fitted)." +
       ("" if not first.get("fixed") else " Held: " +
        ", ".join(f"{n} = {v:g}" for n, v in first["fixed"].items() if n in _HELD) +
        " (r_ovl: how the engine's GEMMs overlap weight reads and FLOPs; m_pass: the rows its "

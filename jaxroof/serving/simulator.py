@@ -96,6 +96,10 @@ class Replica:
       user at admission, and it decodes from the next iteration. A preempted
       request lost its K/V and is prefilled again here, as anywhere.
     kernel_cache: an engine's kernels built per row count (`KernelCache`), or None.
+    wake_s: seconds an iteration pays when the replica was idle before it (nothing running
+      or waiting): an engine waking from its wait (vLLM CPU's served prefill of a short
+      prompt after an idle gap, against the same prefill beside a running decode;
+      results/vllm_cpu/engine_idle_probe.py). 0: none (every analytic model).
   """
 
   cost: IterationModel
@@ -110,6 +114,7 @@ class Replica:
   description: dict = dataclasses.field(default_factory=dict)
   prefilled: bool = False
   kernel_cache: KernelCache | None = None
+  wake_s: float = 0.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -134,6 +139,7 @@ class Run:
   step_s: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Durations.
   wall_s: float = 0.0
   kernel_builds: int = 0  # Iterations that built kernels (`Replica.kernel_cache`).
+  wakes: int = 0  # Iterations that began on an idle replica (`Replica.wake_s`).
   rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # Tokens per step.
   kernel_rows: tuple[int, ...] = ()  # The kernel cache at the end, least recently used first.
 
@@ -217,6 +223,8 @@ class _Sim:
     warm = r.kernel_cache.warm[-r.kernel_cache.capacity:] if r.kernel_cache else ()
     self.built: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(warm)
     self.kernel_builds = 0
+    self.idle = True  # Nothing ran before the first iteration.
+    self.wakes = 0
 
   # Queue and memory.
   def _arrive(self) -> None:
@@ -341,6 +349,7 @@ class _Sim:
         continue
       if not self.running and not self.waiting:
         self.now = max(self.now, self.arrival_l[self.next_arrival])
+        self.idle = True
         continue
       dec, chunks = self._plan_continuous()
       if not len(dec) and not chunks:
@@ -355,6 +364,7 @@ class _Sim:
   def _form_static_batch(self) -> list[int]:
     if not self.waiting:
       self.now = max(self.now, self.arrival_l[self.next_arrival])
+      self.idle = True
       return []
     close = self.arrival_l[self.waiting[0]] + self.r.batch_window_s
     while (len(self.waiting) < self.r.max_running and self.next_arrival < len(self.arrival_l) and
@@ -387,6 +397,11 @@ class _Sim:
     self.hist_rows.append(rows)
     if self.r.kernel_cache is not None:
       step += self._kernel_build(rows)
+    if self.idle:
+      self.idle = False
+      if self.r.wake_s:
+        step += self.r.wake_s
+        self.wakes += 1
     n_dec = len(dec)
     self.hist_decoding.append(n_dec)
     self.hist_step.append(step)
@@ -480,5 +495,5 @@ class _Sim:
                history_s=np.asarray(self.hist_t), pages_in_use=np.asarray(self.hist_pages),
                queue_length=np.asarray(self.hist_queue), running=np.asarray(self.hist_running),
                decoding=np.asarray(self.hist_decoding), step_s=np.asarray(self.hist_step),
-               kernel_builds=self.kernel_builds, rows=np.asarray(self.hist_rows),
+               kernel_builds=self.kernel_builds, wakes=self.wakes, rows=np.asarray(self.hist_rows),
                kernel_rows=tuple(self.built))

@@ -33,7 +33,7 @@ from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, bw_llc, c_llc,
                                       eta_f, eta_kv, eta_attn, eta_w, k, m_pass, q, r_ovl, r_pack,
-                                      t0_chunk, t0_layer, t0_seq, t0_step)
+                                      t0_layer, t0_seq, t0_step)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -166,9 +166,8 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
 # (`symbols.m_pass`, 0: no limit; measured), its attention kernel's FLOP efficiency
 # (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured) and the weight
 # bytes it finds in the CPU's cache and their rate (`symbols.c_llc`, `symbols.bw_llc`, 0:
-# none; measured), and its cost per prefill chunk beyond a decode row's (`symbols.t0_chunk`,
-# 0 unless fitted; the iteration cost model's, a decode step has no chunk).
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc, t0_chunk)
+# none; measured).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 

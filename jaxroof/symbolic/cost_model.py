@@ -45,8 +45,7 @@ Calibrated: the calibrated step's form (`calibrated`), per-operation
 efficiencies: weights (linear and head) at eta_w*BW, attention bytes at
 eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
 p-norm, attention bytes on top, plus the fixed costs per iteration, per
-layer, (an engine's, t0_seq, 0 unless fitted) per sequence and (t0_chunk) per prefill
-chunk beyond a decode row's, a CPU's re-pack of the
+layer and (an engine's, t0_seq, 0 unless fitted) per sequence, a CPU's re-pack of the
 linear weights from two rows (r_pack, 0 unless a profile fitted it), and an engine's GEMM
 reading them again per m_pass rows past the first (0: no limit; vLLM CPU's oneDNN: 256 or
 320), and an
@@ -71,8 +70,7 @@ from jaxroof.symbolic.symbols import (BW, E, F, K, L, N_b, N_h, O_up, S_full, S_
                                       V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
                                       a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
                                       k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, t0_chunk, t0_layer, t0_seq, t0_step, t_comm,
-                                      u_mla)
+                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -166,10 +164,8 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   # layers' FLOPs at eta_f).
   shared_attention_flops, attention_s = calibrated.attention_split(ops["attention"][1])
   compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops) / (eta_f * F)
-  # An engine's per-sequence work each iteration (t0_seq: 0 unless fitted to a real engine)
-  # and its work per prefill chunk beyond a decode row's (t0_chunk; the chunks are the
-  # iteration's sequences that are not decode rows).
-  fixed_s = t0_step + L * t0_layer + t0_seq * n_seq + t0_chunk * (n_seq - n_dec)
+  # An engine's per-sequence work each iteration (t0_seq: 0 unless fitted to a real engine).
+  fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
   linear_s = calibrated.overlap(weight_s, compute_s)
   # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
   # devices whose kernels stream them as stored).

@@ -144,13 +144,6 @@ c_llc = _define("c_llc", "B",
                 "engine_factors")
 bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes (c_llc) at",
                  "engine_factors")
-# An engine's own cost of each prefill chunk in an iteration beyond a decode row's
-# (`cost_model`): vLLM CPU's served prefill of one sequence takes 2-6 ms longer than the cost
-# model's prefill at factors fitted to its decode steps, at 16 prompt tokens as at 512
-# (results/vllm_cpu/engine_prefill_lengths.py); fitted from a real engine's runs.
-t0_chunk = _define(
-    "t0_chunk", "s", "fixed cost per prefill chunk in an iteration beyond a decode row's (an "
-    "engine's admission and prompt preparation; 0 unless fitted)", "engine_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(

@@ -4,9 +4,9 @@
 # 128/32 at 4, 256/64 at 4 and 8, small at 4, medium at 1 and 2, nano at 2, from $H (default
 # the same pass; MD, ND: medium's and nano's folders, default $H; I: the isolated shapes,
 # default $R/isolated; A: the accelerator file, default $R/accelerator.json; REQUEST: how the
-# per-request cost is had, default --request_cost (fitted); with the engine's cost per
-# prefill chunk: REQUEST="--engine_request_ms=MS --chunk_cost", MS the pass's measured front
-# end (full_pass.sh prints it). Run from the repository root; 4-10 minutes on this 2-core CPU.
+# per-request cost is had, default --request_cost (fitted); with the engine's wake on an idle
+# step: REQUEST="--engine_request_ms=MS --wake_cost", MS the pass's measured front end
+# (full_pass.sh prints it). Run from the repository root; 4-10 minutes on this 2-core CPU.
 # The night's passes: I=results/vllm_cpu/isolated MD=results/vllm_cpu/passM1 (pass 6: passM2)
 # ND=results/vllm_cpu/passN1 (passN2).
 R=$1; OUT=$2; shift 2; H=${H:-$R}; M=results/vllm_cpu/models; I=${I:-$R/isolated}

@@ -30,6 +30,6 @@ kv = rates["decode_kv_GBps_net_of_flops_median"] / (device["memory_bandwidth_tb_
 attn = rates["prefill_GFLOPs_median"] / (device["dense_tflops"]["bf16"] * 1e3)
 front = json.load(open(f"{p}/engine_prefill_lengths.json"))["summary"]["front_end_s_median"]
 print(f"held terms: --engine_overlap=0 --engine_eta_kv={min(kv, 1):.3f} --engine_eta_attn={attn:.3f}"
-      f" (K/V at {kv:.3f} of the read ceiling); with the chunk cost: "
-      f'REQUEST="--engine_request_ms={front * 1e3:.2f} --chunk_cost"')
+      f" (K/V at {kv:.3f} of the read ceiling); with the wake cost: "
+      f'REQUEST="--engine_request_ms={front * 1e3:.2f} --wake_cost"')
 PYEOF

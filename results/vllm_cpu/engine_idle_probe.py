@@ -1,0 +1,116 @@
+"""Does a served prefill cost more when the engine was idle before it?
+
+Served tiny-llama at 8 req/s had a lower p50 TTFT (pass I7: 13.5 ms) than at 2 req/s (18.2)
+and than an isolated request's own engine-side prefill (engine_prefill_lengths.py: 13.1 ms
+at 128 tokens, plus about 4 ms of front end). This probe times short prefills (PROMPT
+tokens, one output token) against `vllm serve` as `vllm_bench` starts it, two ways:
+  idle: the engine had nothing to do for GAP seconds before the request (GAPS, shuffled);
+  busy: sent while another request decodes (BUSY_OUT tokens), so the prefill joins a
+        running engine's step.
+Per request, vLLM's own prefill time (/metrics histogram sums read around it: the
+background request records its prefill before and its decode only when it ends) and the
+client's time. Writes OUT_JSON: per model the requests and their medians per condition, and
+the same server's decode step (the background requests' decode time per token).
+Kind: measurement. Run with the project's python from the repository root:
+  PYTHONPATH=. python results/vllm_cpu/engine_idle_probe.py ENV_DIR WORK_DIR OUT_JSON \\
+      MODEL_DIR [MODEL_DIR ...]
+(MODEL_DIR as engine_prefill_lengths.py's). ENGINE_CORE and DEVICE (environment) as there.
+"""
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+from engine_phase_probe import metrics, post
+from engine_prefill_lengths import one_request
+from jaxroof import files
+from jaxroof.measure import vllm_engine
+
+PROMPT = 16
+GAPS = (0.0, 0.005, 0.02, 0.05, 0.2, 1.0)
+ROUNDS = int(os.environ.get("ROUNDS", "6"))
+BUSY_OUT, BUSY_REQUESTS = 400, 6
+
+
+def _background(port: int, out: int, done: threading.Event) -> None:
+  rng = random.Random(1)
+  post(
+      port, {
+          "model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
+          "max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0
+      })
+  done.set()
+
+
+def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
+  config = vllm_engine.ServerConfig(frontend_cpus="0",
+                                    engine_core_cpus=os.environ.get("ENGINE_CORE", ""))
+  port = vllm_engine.require_free_port(0)
+  rng = random.Random(0)
+  idle: dict[float, list[dict[str, float]]] = {g: [] for g in GAPS}
+  busy: list[dict[str, float]] = []
+  decode_steps: list[float] = []
+  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
+    one_request(port, rng, PROMPT)  # warm-up
+    for _ in range(ROUNDS):
+      for gap in rng.sample(GAPS, len(GAPS)):
+        time.sleep(gap)
+        idle[gap].append(one_request(port, rng, PROMPT))
+      time.sleep(0.3)
+    time.sleep(0.5)
+    for _ in range(BUSY_REQUESTS):
+      before = metrics(port)
+      done = threading.Event()
+      thread = threading.Thread(target=_background, args=(port, BUSY_OUT, done))
+      thread.start()
+      time.sleep(0.1)  # its prefill done, it decodes
+      while not done.is_set():
+        busy.append(one_request(port, rng, PROMPT))
+        time.sleep(0.03)
+      thread.join()
+      after = metrics(port)
+      decode = (after["request_decode_time_seconds_sum"] -
+                before["request_decode_time_seconds_sum"])
+      # The probe requests' own decode time is 0 (one token each).
+      decode_steps.append(decode / (BUSY_OUT - 1))
+      time.sleep(0.3)
+  busy = busy[:-1]  # The last may have overlapped the background request's end.
+
+  def medians(rows):
+    return {k: statistics.median(r[k] for r in rows) for k in ("prefill_s", "client_s")}
+
+  return {
+      "model_dir": model_dir, "prompt_tokens": PROMPT,
+      "idle": {str(g): {"requests": idle[g], "median": medians(idle[g])} for g in GAPS},
+      "busy": {"requests": busy, "median": medians(busy)}, "decode_step_s": decode_steps,
+      "decode_step_median_s": statistics.median(decode_steps), "load_after": os.getloadavg()
+  }
+
+
+if __name__ == "__main__":
+  env_dir, work_dir, out_json = sys.argv[1:4]
+  rows = {}
+  for model_dir in sys.argv[4:]:
+    name = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
+    wd = os.path.join(work_dir, name)
+    os.makedirs(wd, exist_ok=True)
+    rows[name] = r = probe(env_dir, wd, model_dir)
+    print(
+        name, "prefill ms by idle gap:",
+        {g: round(v["median"]["prefill_s"] * 1e3, 2) for g, v in r["idle"].items()},
+        f"busy {r['busy']['median']['prefill_s'] * 1e3:.2f} ({len(r['busy']['requests'])}),"
+        f" decode step {r['decode_step_median_s'] * 1e3:.2f}", flush=True)
+  files.write_json(
+      out_json, {
+          "kind": "measurement",
+          "what": "served prefills of a short prompt (one output token) after the engine was "
+                  "idle for several gaps, and while another request decodes "
+                  "(engine_idle_probe.py)", "timing":
+                      "vLLM's /metrics histogram sums read around each request; client: "
+                      "time.perf_counter around the POST; medians", "device": os.environ.get(
+                          "DEVICE", vllm_engine.cpu_model()),
+          "engine": f"vllm {vllm_engine.ENGINE_VERSION}, bf16, dummy weights ({env_dir})", "date":
+              vllm_engine.now_utc(), "rows": rows
+      })
