@@ -1,9 +1,10 @@
-# One whole pass on a new hour or CPU (issue 25), about 27 minutes on a 2-core CPU: the
+# One whole pass on a new hour or CPU (issue 25), about 30 minutes on a 2-core CPU: the
 # same-hour set (same_hour_pass.sh), the engine's kernel terms (engine_terms_pass.sh), then
 # the copy into PASS_DIR (copy_pass.py: accelerator.json the median over invocations of each
 # one's fastest repeat), the shape probe's collector, the isolated shapes as fit data and the
-# cache fit (engine_cache_fit.py), and the six shapes' prefill over prompt length
-# (engine_prefill_lengths.py, about 7 minutes). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
+# cache fit (engine_cache_fit.py), the six shapes' prefill over prompt length
+# (engine_prefill_lengths.py, about 7 minutes) and two shapes' prefill after idle gaps and
+# beside a decode (engine_idle_probe.py, about 3 minutes). It ends by printing the held terms for fit_same_hour.sh. Run from the repository root with
 # the project's python, on a quiet machine (no fits or tests beside it):
 #   bash results/vllm_cpu/full_pass.sh ENGINE_ENV WORK_DIR results/vllm_cpu/passN
 # ENGINE_CORE=1 puts vLLM's engine core on the worker's core (same_hour_pass.sh).
@@ -19,6 +20,8 @@ export DEVICE="$(PYTHONPATH=. $PY -c 'from jaxroof.measure import vllm_engine; p
 PYTHONPATH=. $PY results/vllm_cpu/engine_shape_probe.py "$WORK/shape" "$P/engine_shape_probe.json" "$(date -u +%F)"
 PYTHONPATH=. $PY results/vllm_cpu/engine_prefill_lengths.py "$ENV" "$WORK/prefill" "$P/engine_prefill_lengths.json" \
   $(for s in w64L1 w64L4 w512L1 w512L4 w1536L1 w1536L4; do echo "$WORK/shape/$s/model"; done) 2>&1 | tee -a "$WORK/pass.log"
+PYTHONPATH=. $PY results/vllm_cpu/engine_idle_probe.py "$ENV" "$WORK/idle" "$P/engine_idle_probe.json" \
+  "$WORK/shape/w512L4/model" "$WORK/shape/w64L1/model" 2>&1 | tee -a "$WORK/pass.log"
 PYTHONPATH=. $PY results/vllm_cpu/isolated_runs.py "$P/engine_shape_probe.json" "$P/isolated"
 PYTHONPATH=. $PY results/vllm_cpu/engine_cache_fit.py "$P"
 PYTHONPATH=. $PY - "$P" <<'PYEOF'
