@@ -116,6 +116,12 @@ ENGINE_REQUEST_MS = flags.DEFINE_float(
     "the client's time to a one-token response less vLLM's own prefill time, isolated "
     "requests (results/vllm_cpu/engine_prefill_lengths.py; 3-4 ms on the AMX Xeon of issue "
     "25). Unset: 0, or fitted with --request_cost.", lower_bound=0.0, upper_bound=1e5)
+ENGINE_WAKE_MS = flags.DEFINE_float(
+    "engine_wake_ms", None, "vllm: what an iteration on an idle engine pays, held at this "
+    "measured value in ms instead of fitted (--wake_cost): a short prompt's served prefill "
+    "after 0.2 s idle less the same beside a running decode (results/vllm_cpu/"
+    "engine_idle_probe.json: 0-3.8 ms over six shapes, median 2.3). Unset: 0, or fitted with "
+    "--wake_cost.", lower_bound=0.0, upper_bound=1e5)
 WAKE_COST = flags.DEFINE_bool(
     "wake_cost", False, "vllm: also fit what an iteration pays when the engine was idle "
     "before it (t_wake: the engine waking from its wait; vLLM CPU's served prefills of 16 "
@@ -219,11 +225,12 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-             "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
-             "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
-             "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "scheduler", "max_running",
-             "token_budget", "max_simulations", "seed", "engine_factors"),
+    "vllm":
+        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
+         "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
+         "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
+         "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "scheduler", "max_running",
+         "token_budget", "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

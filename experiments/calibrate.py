@@ -163,6 +163,9 @@ def _setup() -> engine_fit.ServingSetup:
     raise errors.InputError(f"--engine_request_ms={F.ENGINE_REQUEST_MS.value} with "
                             "--request_cost: hold the per-request cost as measured or fit it, "
                             "not both.")
+  if F.WAKE_COST.value and F.ENGINE_WAKE_MS.value is not None:
+    raise errors.InputError(f"--engine_wake_ms={F.ENGINE_WAKE_MS.value} with --wake_cost: "
+                            "hold the wake as measured or fit it, not both.")
   return engine_fit.ServingSetup(
       model=F.MODEL.value, accelerator=F.ACCELERATOR.value or "", tp=F.SERVED_TP.value,
       weight_dtype=F.WEIGHT_DTYPE.value, kv_dtype=F.KV_DTYPE.value, scheduler=F.SCHEDULER.value,
@@ -171,6 +174,7 @@ def _setup() -> engine_fit.ServingSetup:
       request_seconds=(None if F.ENGINE_REQUEST_MS.value is None else F.ENGINE_REQUEST_MS.value /
                        1e3), sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
       wake_cost=F.WAKE_COST.value,
+      wake_seconds=(None if F.ENGINE_WAKE_MS.value is None else F.ENGINE_WAKE_MS.value / 1e3),
       overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
       m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
       attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
@@ -203,7 +207,7 @@ def predict_vllm() -> None:
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
       "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,
       "t_build": setup.kernel_build if F.ENGINE_BUILD_US.present else None,
-      "t0_request": setup.request_seconds
+      "t0_request": setup.request_seconds, "t_wake": setup.wake_seconds
   }
   factors.update({n: float(v) for n, v in replaced.items() if v is not None})
   result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, setup, factors,

@@ -94,6 +94,19 @@ class EngineFitFlagsTest(absltest.TestCase):
     self.assertEqual(setup.held()["t0_request"], 3.5e-3)
     self.assertEqual(setup.searched[-1], "t_wake")
 
+  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", engine_wake_ms=2.3,
+                       wake_cost=True)
+  def test_a_held_and_a_fitted_wake_is_refused_by_name(self):
+    with self.assertRaises(InputError) as raised:
+      calibrate._setup()
+    self.assertIn("--engine_wake_ms=2.3 with --wake_cost", str(raised.exception))
+
+  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", engine_wake_ms=2.3)
+  def test_a_held_wake_reaches_the_setup(self):
+    setup = calibrate._setup()
+    self.assertEqual(setup.held()["t_wake"], 2.3e-3)
+    self.assertNotIn("t_wake", setup.searched)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -347,6 +347,10 @@ def test_wake_cost_reaches_the_replica_and_is_paid_by_requests_that_find_it_idle
     dataclasses.replace(held, request_cost=True)
   with pytest.raises(errors.InputError, match="request_seconds=-1"):
     dataclasses.replace(setup, request_seconds=-1)
+  still = dataclasses.replace(setup, wake_seconds=1.5e-3)
+  assert engine_fit.replica_of(run, still, {**engine_fit.START, **still.held()}).wake_s == 1.5e-3
+  with pytest.raises(errors.InputError, match="wake_seconds=0.0015 with wake_cost"):
+    dataclasses.replace(still, wake_cost=True)
 
 
 def test_isolated_requests_are_simulated_one_sequence_a_step(model_dir, device_file):

@@ -188,7 +188,11 @@ class ServingSetup:
   # requests (results/vllm_cpu/engine_prefill_lengths.py).
   request_seconds: float | None = None
   sequence_cost: bool = False  # Fit `SEQUENCE_COST` (else 0).
-  wake_cost: bool = False  # Fit `WAKE_COST` (else 0).
+  wake_cost: bool = False  # Fit `WAKE_COST` (else 0, or `wake_seconds`).
+  # `WAKE_COST` held as measured (seconds; None: 0 unless `wake_cost` fits it): a short
+  # prompt's served prefill after an idle gap less the same beside a running decode
+  # (results/vllm_cpu/engine_idle_probe.py).
+  wake_seconds: float | None = None
   layer_cost: bool = False  # Fit `LAYER_COST` (else `FIXED`'s).
   # r_ovl, held (not searched): how the engine's GEMMs overlap weight reads and FLOPs
   # (p = 1 + r_ovl); `FIXED`'s 1 unless the caller measured it (the engine's own GEMMs
@@ -223,6 +227,12 @@ class ServingSetup:
             f"request_seconds={self.request_seconds!r} with request_cost: the per-request cost "
             "is either held as measured or fitted; give one.", field="request_seconds")
       errors.require_non_negative("request_seconds", self.request_seconds)
+    if self.wake_seconds is not None:
+      if self.wake_cost:
+        raise errors.InputError(
+            f"wake_seconds={self.wake_seconds!r} with wake_cost: the wake is either held as "
+            "measured or fitted; give one.", field="wake_seconds")
+      errors.require_non_negative("wake_seconds", self.wake_seconds)
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -231,8 +241,8 @@ class ServingSetup:
     return SEARCHED + tuple(name for name, searched in optional if searched)
 
   def held(self) -> dict[str, float]:
-    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache, t_build and
-    t0_request where given."""
+    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache, t_build,
+    t0_request and t_wake where given."""
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
@@ -240,7 +250,8 @@ class ServingSetup:
              if self.cache_bytes > 0 else {})
     build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
     request = {} if self.request_seconds is None else {REQUEST_COST: float(self.request_seconds)}
-    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **request}
+    wake = {} if self.wake_seconds is None else {WAKE_COST: float(self.wake_seconds)}
+    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **request, **wake}
 
   @property
   def device_name(self) -> str:

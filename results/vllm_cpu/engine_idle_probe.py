@@ -32,6 +32,7 @@ PROMPT = 16
 GAPS = (0.0, 0.005, 0.02, 0.05, 0.2, 1.0)
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
 BUSY_OUT, BUSY_REQUESTS = 400, 6
+WAKE_GAP_S = 0.2  # The idle gap `summary` reads the wake at (2-4 req/s leave gaps of this size).
 
 
 def _background(port: int, out: int, done: threading.Event) -> None:
@@ -42,6 +43,20 @@ def _background(port: int, out: int, done: threading.Event) -> None:
           "max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0
       })
   done.set()
+
+
+def summary(rows: dict[str, dict], gap: float = WAKE_GAP_S) -> dict:
+  """Each shape's wake: its median prefill after `gap` seconds idle less its median beside a
+  running decode; and their median over the shapes (what `--engine_wake_ms` holds)."""
+  wake = {
+      shape: row["idle"][str(gap)]["median"]["prefill_s"] - row["busy"]["median"]["prefill_s"]
+      for shape, row in rows.items()
+  }
+  return {
+      "wake_s": wake, "wake_s_median": statistics.median(wake.values()), "idle_gap_s": gap,
+      "wake_what": "a short prompt's prefill after the idle gap less the same beside a running "
+                   "decode (medians over the rounds), per shape"
+  }
 
 
 def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
@@ -112,5 +127,5 @@ if __name__ == "__main__":
                       "time.perf_counter around the POST; medians", "device": os.environ.get(
                           "DEVICE", vllm_engine.cpu_model()),
           "engine": f"vllm {vllm_engine.ENGINE_VERSION}, bf16, dummy weights ({env_dir})", "date":
-              vllm_engine.now_utc(), "rows": rows
+              vllm_engine.now_utc(), "summary": summary(rows), "rows": rows
       })
