@@ -54,9 +54,19 @@ OTHER_CPUS = (
     ("Intel Xeon with AMX, vLLM's engine core at nice 19 (no client-bound runs), later hours", (
         "calibration_passI5_amx_cache.json",
         "calibration_passI6_amx_cache.json",
+        "calibration_passI7_amx_cache.json",
         "prediction_passI4_cache_on_passI5_amx.json",
         "prediction_passI5_cache_on_passI6_amx.json",
+        "prediction_passI6_cache_on_passI7_amx.json",
     )),
+    ("Intel Xeon with AMX, nice 19: the front end held as measured, the engine's wake on an "
+     "idle step fitted or held", (
+         "calibration_passI6_amx_wake.json",
+         "calibration_passI7_amx_wake.json",
+         "calibration_passI6_amx_held.json",
+         "calibration_passI7_amx_held.json",
+         "prediction_passI6_wake_on_passI7_amx.json",
+     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
 P50_TARGET, P90_TARGET = 0.10, 0.20
