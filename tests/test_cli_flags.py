@@ -9,7 +9,6 @@ from absl.testing import parameterized
 
 from experiments import _cli
 from experiments import _layout_flags
-from experiments import calibrate
 from jaxroof.errors import InputError
 from jaxroof.errors import require_positive_ints
 
@@ -75,37 +74,6 @@ class LayoutFlagsTest(parameterized.TestCase):
   @flagsaver.flagsaver(chips=4)
   def test_chips_alone_is_tensor_parallel(self):
     self.assertEqual(_layout_flags.layout().tp, 4)
-
-
-class EngineFitFlagsTest(absltest.TestCase):
-  """The vLLM fit's per-request cost: held as measured or fitted, not both."""
-
-  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", request_cost=True,
-                       engine_request_ms=3.5)
-  def test_a_held_and_a_fitted_request_cost_is_refused_by_name(self):
-    with self.assertRaises(InputError) as raised:
-      calibrate._setup()
-    self.assertIn("--engine_request_ms=3.5 with --request_cost", str(raised.exception))
-
-  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", engine_request_ms=3.5,
-                       wake_cost=True)
-  def test_a_held_request_cost_and_a_fitted_wake_cost_reach_the_setup(self):
-    setup = calibrate._setup()
-    self.assertEqual(setup.held()["t0_request"], 3.5e-3)
-    self.assertEqual(setup.searched[-1], "t_wake")
-
-  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", engine_wake_ms=2.3,
-                       wake_cost=True)
-  def test_a_held_and_a_fitted_wake_is_refused_by_name(self):
-    with self.assertRaises(InputError) as raised:
-      calibrate._setup()
-    self.assertIn("--engine_wake_ms=2.3 with --wake_cost", str(raised.exception))
-
-  @flagsaver.flagsaver(source="vllm", accelerator_file="device.json", engine_wake_ms=2.3)
-  def test_a_held_wake_reaches_the_setup(self):
-    setup = calibrate._setup()
-    self.assertEqual(setup.held()["t_wake"], 2.3e-3)
-    self.assertNotIn("t_wake", setup.searched)
 
 
 if __name__ == "__main__":

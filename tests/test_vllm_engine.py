@@ -353,6 +353,19 @@ def test_wake_cost_reaches_the_replica_and_is_paid_by_requests_that_find_it_idle
     dataclasses.replace(still, wake_cost=True)
 
 
+@pytest.mark.parametrize("fitted, held", [("--request_cost", "--engine_request_ms=3.5"),
+                                          ("--wake_cost", "--engine_wake_ms=2.3")])
+def test_a_fixed_cost_held_and_fitted_at_once_is_one_clean_error(model_dir, device_file, fitted,
+                                                                 held):
+  done = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate", "--source=vllm", f"--from_vllm={FIXTURE}",
+      f"--model={model_dir}", f"--accelerator_file={device_file}", fitted, held
+  ], capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert done.returncode != 0
+  assert f"{held} with {fitted}" in done.stderr, done.stderr[-500:]
+  assert "Traceback" not in done.stderr
+
+
 def test_isolated_requests_are_simulated_one_sequence_a_step(model_dir, device_file):
   """A shipped isolated-request file (results/vllm_cpu/isolated_runs.py: rate inf, at most
   one request in flight) is a fit run of one sequence per step: its simulated TPOT is that

@@ -221,18 +221,15 @@ class ServingSetup:
   kernel_build: float = 0.0
 
   def __post_init__(self):
-    if self.request_seconds is not None:
-      if self.request_cost:
+    for held, fitted in (("request_seconds", "request_cost"), ("wake_seconds", "wake_cost")):
+      value = getattr(self, held)
+      if value is None:
+        continue
+      if getattr(self, fitted):
         raise errors.InputError(
-            f"request_seconds={self.request_seconds!r} with request_cost: the per-request cost "
-            "is either held as measured or fitted; give one.", field="request_seconds")
-      errors.require_non_negative("request_seconds", self.request_seconds)
-    if self.wake_seconds is not None:
-      if self.wake_cost:
-        raise errors.InputError(
-            f"wake_seconds={self.wake_seconds!r} with wake_cost: the wake is either held as "
-            "measured or fitted; give one.", field="wake_seconds")
-      errors.require_non_negative("wake_seconds", self.wake_seconds)
+            f"{held}={value!r} with {fitted}: a fixed cost is either held as measured or "
+            "fitted; give one.", field=held)
+      errors.require_non_negative(held, value)
 
   @property
   def searched(self) -> tuple[str, ...]:

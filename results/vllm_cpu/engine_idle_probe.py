@@ -24,9 +24,7 @@ import threading
 import time
 
 from engine_phase_probe import metrics, post
-from engine_prefill_lengths import one_request
-from jaxroof import files
-from jaxroof.measure import vllm_engine
+from engine_prefill_lengths import main, one_request, served
 
 PROMPT = 16
 GAPS = (0.0, 0.005, 0.02, 0.05, 0.2, 1.0)
@@ -60,14 +58,11 @@ def summary(rows: dict[str, dict], gap: float = WAKE_GAP_S) -> dict:
 
 
 def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
-  config = vllm_engine.ServerConfig(frontend_cpus="0",
-                                    engine_core_cpus=os.environ.get("ENGINE_CORE", ""))
-  port = vllm_engine.require_free_port(0)
   rng = random.Random(0)
   idle: dict[float, list[dict[str, float]]] = {g: [] for g in GAPS}
   busy: list[dict[str, float]] = []
   decode_steps: list[float] = []
-  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
+  with served(env_dir, work_dir, model_dir) as port:
     one_request(port, rng, PROMPT)  # warm-up
     for _ in range(ROUNDS):
       for gap in rng.sample(GAPS, len(GAPS)):
@@ -104,28 +99,17 @@ def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
   }
 
 
+def _line(row: dict) -> str:
+  idle = {g: round(v["median"]["prefill_s"] * 1e3, 2) for g, v in row["idle"].items()}
+  return (f"prefill ms by idle gap: {idle}, busy {row['busy']['median']['prefill_s'] * 1e3:.2f} "
+          f"({len(row['busy']['requests'])}), decode step "
+          f"{row['decode_step_median_s'] * 1e3:.2f}")
+
+
 if __name__ == "__main__":
-  env_dir, work_dir, out_json = sys.argv[1:4]
-  rows = {}
-  for model_dir in sys.argv[4:]:
-    name = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
-    wd = os.path.join(work_dir, name)
-    os.makedirs(wd, exist_ok=True)
-    rows[name] = r = probe(env_dir, wd, model_dir)
-    print(
-        name, "prefill ms by idle gap:",
-        {g: round(v["median"]["prefill_s"] * 1e3, 2) for g, v in r["idle"].items()},
-        f"busy {r['busy']['median']['prefill_s'] * 1e3:.2f} ({len(r['busy']['requests'])}),"
-        f" decode step {r['decode_step_median_s'] * 1e3:.2f}", flush=True)
-  files.write_json(
-      out_json, {
-          "kind": "measurement",
-          "what": "served prefills of a short prompt (one output token) after the engine was "
-                  "idle for several gaps, and while another request decodes "
-                  "(engine_idle_probe.py)", "timing":
-                      "vLLM's /metrics histogram sums read around each request; client: "
-                      "time.perf_counter around the POST; medians", "device": os.environ.get(
-                          "DEVICE", vllm_engine.cpu_model()),
-          "engine": f"vllm {vllm_engine.ENGINE_VERSION}, bf16, dummy weights ({env_dir})", "date":
-              vllm_engine.now_utc(), "summary": summary(rows), "rows": rows
-      })
+  main(
+      sys.argv[1:], probe, summary, _line,
+      what="served prefills of a short prompt (one output token) after the engine was idle "
+      "for several gaps, and while another request decodes (engine_idle_probe.py)",
+      timing="vLLM's /metrics histogram sums read around each request; client: "
+      "time.perf_counter around the POST; medians")

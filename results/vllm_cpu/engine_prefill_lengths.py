@@ -22,11 +22,13 @@ where each MODEL_DIR (config.json and tokenizer) is named by its parent folder (
 w512L4), as full_pass.sh writes them. ENGINE_CORE (environment) as engine_phase_probe.py;
 DEVICE (environment) names the CPU in the file.
 """
+import contextlib
 import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -85,13 +87,42 @@ def summary(rows: dict[str, dict]) -> dict[str, float | str]:
   }
 
 
-def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
+@contextlib.contextmanager
+def served(env_dir: str, work_dir: str, model_dir: str) -> Iterator[int]:
+  """`vllm serve` as `vllm_bench` starts it (ENGINE_CORE as engine_phase_probe.py's): its
+  port, the server stopped on leaving."""
   config = vllm_engine.ServerConfig(frontend_cpus="0",
                                     engine_core_cpus=os.environ.get("ENGINE_CORE", ""))
   port = vllm_engine.require_free_port(0)
+  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
+    yield port
+
+
+def main(argv: list[str], probe: Callable[[str, str, str], dict], summary: Callable[[dict], dict],
+         line: Callable[[dict], str], what: str, timing: str) -> None:
+  """`argv` = ENV_DIR WORK_DIR OUT_JSON MODEL_DIR ...: each model probed (a progress line
+  each), then OUT_JSON written with the rows and their summary."""
+  env_dir, work_dir, out_json = argv[:3]
+  rows = {}
+  for model_dir in argv[3:]:
+    name = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
+    wd = os.path.join(work_dir, name)
+    os.makedirs(wd, exist_ok=True)
+    rows[name] = probe(env_dir, wd, model_dir)
+    print(f"{name}: {line(rows[name])}", flush=True)
+  files.write_json(
+      out_json, {
+          "kind": "measurement", "what": what, "timing": timing, "device": os.environ.get(
+              "DEVICE", vllm_engine.cpu_model()),
+          "engine": f"vllm {vllm_engine.ENGINE_VERSION}, bf16, dummy weights ({env_dir})",
+          "date": vllm_engine.now_utc(), "summary": summary(rows), "rows": rows
+      })
+
+
+def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
   rng = random.Random(0)
   rows: dict[int, list[dict[str, float]]] = {n: [] for n in LENGTHS}
-  with vllm_engine.serving(env_dir, model_dir, config, port, work_dir, 300.0):
+  with served(env_dir, work_dir, model_dir) as port:
     for n in LENGTHS:  # warm-up: every token count once, not counted
       one_request(port, rng, n)
     for _ in range(ROUNDS):
@@ -119,29 +150,17 @@ def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
   }
 
 
+def _line(row: dict) -> str:
+  fit = row["prefill_line"]
+  return (f"prefill {fit['intercept_s'] * 1e3:.2f} ms + {fit['per_token_s'] * 1e6:.2f} "
+          f"us/token, decode step {row['decode_step_median_s'] * 1e3:.2f} ms")
+
+
 if __name__ == "__main__":
-  env_dir, work_dir, out_json = sys.argv[1:4]
-  rows = {}
-  for model_dir in sys.argv[4:]:
-    name = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
-    wd = os.path.join(work_dir, name)
-    os.makedirs(wd, exist_ok=True)
-    rows[name] = probe(env_dir, wd, model_dir)
-    line_ = rows[name]["prefill_line"]
-    print(
-        f"{name}: prefill {line_['intercept_s'] * 1e3:.2f} ms + "
-        f"{line_['per_token_s'] * 1e6:.2f} us/token, decode step "
-        f"{rows[name]['decode_step_median_s'] * 1e3:.2f} ms", flush=True)
-  files.write_json(
-      out_json, {
-          "kind": "measurement",
-          "what": "isolated requests of several prompt lengths and one output token against "
-                  "vllm serve: the engine's prefill time (its /metrics histogram), TTFT and the "
-                  "client's time per length, and the same server's decode step "
-                  "(engine_prefill_lengths.py)", "timing":
-                      "vLLM's histogram sums read before and after each request; client: "
-                      "time.perf_counter around the POST; medians over the rounds", "device":
-                          os.environ.get("DEVICE", vllm_engine.cpu_model()),
-          "engine": f"vllm {vllm_engine.ENGINE_VERSION}, bf16, dummy weights ({env_dir})", "date":
-              vllm_engine.now_utc(), "summary": summary(rows), "rows": rows
-      })
+  main(
+      sys.argv[1:], probe, summary, _line,
+      what="isolated requests of several prompt lengths and one output token against vllm "
+      "serve: the engine's prefill time (its /metrics histogram), TTFT and the client's time "
+      "per length, and the same server's decode step (engine_prefill_lengths.py)",
+      timing="vLLM's histogram sums read before and after each request; client: "
+      "time.perf_counter around the POST; medians over the rounds")
