@@ -1,6 +1,7 @@
 """Where vLLM's CPU worker spends a decode-heavy run: py-spy samples, grouped.
 
-Record (the engine's venv has py-spy; the worker is the `VLLM::Worker` process) while
+Record (py-spy in the engine's venv: `DIR/bin/python -m pip install py-spy`, which vllm_setup.sh
+leaves out; the worker is the `VLLM::Worker` process) while
 `experiments.vllm_bench` serves the model, e.g. medium-llama at 1 req/s:
 
   py-spy record --pid $(pgrep -f VLLM::Worker) --duration 25 --rate 200 \
