@@ -183,8 +183,9 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
     "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
-    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us and --engine_request_ms, where "
-    "given, replace what it held (the new device's own kernel rates and front end).")
+    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_request_ms and "
+    "--engine_wake_ms, where given, replace what it held (the new device's own kernel rates, "
+    "front end and wake).")
 SEQUENCE_COST = flags.DEFINE_bool(
     "sequence_cost", False, "vllm: also fit a fixed cost per sequence per iteration (the "
     "engine's Python and sampling work; 0 at the bound).")

@@ -300,11 +300,8 @@ def _factors(values: Mapping[str, float]) -> dict[str, float]:
       n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD)
       if n in values
   }
-  return {
-      **_step_factors(values), REQUEST_COST: float(values.get(REQUEST_COST, 0.0)),
-      SEQUENCE_COST: float(values.get(SEQUENCE_COST,
-                                      0.0)), WAKE_COST: float(values.get(WAKE_COST, 0.0)), **held
-  }
+  costs = {n: float(values.get(n, 0.0)) for n in (REQUEST_COST, SEQUENCE_COST, WAKE_COST)}
+  return {**_step_factors(values), **costs, **held}
 
 
 def load_device(setup: ServingSetup) -> accelerators.Accelerator:

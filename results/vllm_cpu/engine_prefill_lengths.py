@@ -63,7 +63,7 @@ def one_request(port: int, rng: random.Random, length: int, out: int = 1) -> dic
   }
 
 
-def line(lengths: list[int], seconds: list[float]) -> dict[str, float]:
+def fit_line(lengths: list[int], seconds: list[float]) -> dict[str, float]:
   """Least squares seconds = intercept + slope * length, with its residuals' rms."""
   x, y = np.asarray(lengths, float), np.asarray(seconds, float)
   slope, intercept = np.polyfit(x, y, 1)
@@ -99,7 +99,7 @@ def served(env_dir: str, work_dir: str, model_dir: str) -> Iterator[int]:
 
 
 def main(argv: list[str], probe: Callable[[str, str, str], dict], summary: Callable[[dict], dict],
-         line: Callable[[dict], str], what: str, timing: str) -> None:
+         describe: Callable[[dict], str], what: str, timing: str) -> None:
   """`argv` = ENV_DIR WORK_DIR OUT_JSON MODEL_DIR ...: each model probed (a progress line
   each), then OUT_JSON written with the rows and their summary."""
   env_dir, work_dir, out_json = argv[:3]
@@ -109,7 +109,7 @@ def main(argv: list[str], probe: Callable[[str, str, str], dict], summary: Calla
     wd = os.path.join(work_dir, name)
     os.makedirs(wd, exist_ok=True)
     rows[name] = probe(env_dir, wd, model_dir)
-    print(f"{name}: {line(rows[name])}", flush=True)
+    print(f"{name}: {describe(rows[name])}", flush=True)
   files.write_json(
       out_json, {
           "kind": "measurement", "what": what, "timing": timing, "device": os.environ.get(
@@ -144,8 +144,8 @@ def probe(env_dir: str, work_dir: str, model_dir: str) -> dict:
       "decode_step_median_s": decode_step,
       "prefill_over_decode_s": medians[LENGTHS[0]]["prefill_s"] - decode_step,
       "requests": {str(n): rows[n] for n in LENGTHS}, "median": {str(n): medians[n] for n in LENGTHS},
-      "prefill_line": line(list(LENGTHS), [medians[n]["prefill_s"] for n in LENGTHS]),
-      "client_line": line(list(LENGTHS), [medians[n]["client_s"] for n in LENGTHS]),
+      "prefill_line": fit_line(list(LENGTHS), [medians[n]["prefill_s"] for n in LENGTHS]),
+      "client_line": fit_line(list(LENGTHS), [medians[n]["client_s"] for n in LENGTHS]),
       "load_after": os.getloadavg(), "date": vllm_engine.now_utc()
   }
 
