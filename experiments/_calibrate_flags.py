@@ -168,6 +168,12 @@ ENGINE_BUILD_US = flags.DEFINE_float(
     "building the engine's GEMM kernels when its token count is not among the last 32 the "
     "engine ran, held in the fit (vLLM's oneDNN primitives, one per row count; "
     "results/vllm_cpu/engine_cold_rows.py). 0: none.", lower_bound=0.0, upper_bound=1e6)
+ENGINE_ACT_NS = flags.DEFINE_float(
+    "engine_act_ns", 0.0, "vllm: nanoseconds per token and per activation element (each "
+    "block's hidden size and active MLP width) the engine's elementwise kernels take (norms, "
+    "rotary, SiLU-and-multiply, residual adds), held in the fit (vLLM's inductor code on the "
+    "AMX Xeon: 1.2-1.9; results/vllm_cpu/engine_forward_ops.py). 0: none.", lower_bound=0.0,
+    upper_bound=1e6)
 
 
 @flags.multi_flags_validator(
@@ -183,7 +189,8 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
     "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
-    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_request_ms and "
+    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_act_ns, "
+    "--engine_request_ms and "
     "--engine_wake_ms, where given, replace what it held (the new device's own kernel rates, "
     "front end and wake).")
 SEQUENCE_COST = flags.DEFINE_bool(
@@ -230,8 +237,8 @@ USED: dict[str, tuple[str, ...]] = {
         (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
          "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
          "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
-         "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "scheduler", "max_running",
-         "token_budget", "max_simulations", "seed", "engine_factors"),
+         "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "engine_act_ns", "scheduler",
+         "max_running", "token_budget", "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -57,7 +57,8 @@ def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration():
   values = {
       S.B: 7, S.T: 900, S.N: 3e9, S.q: 2, S.k: 4e4, S.BW: 2e12, S.F: 3e14, S.N_act: 2e9, S.L: 30,
       S.eta_w: 0.7, S.eta_kv: 0.6, S.eta_f: 0.5, S.t0_step: 1e-4, S.t0_layer: 1e-6, S.r_ovl: 1.3,
-      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0, S.eta_attn: 0, S.c_llc: 0, S.bw_llc: 0
+      S.r_pack: 0, S.t0_seq: 0, S.m_pass: 0, S.eta_attn: 0, S.c_llc: 0, S.bw_llc: 0, S.t_act: 0,
+      S.A_w: 1e5
   }
   assert float(ours.subs(values)) == pytest.approx(float(calibrated.calibrated_step().subs(values)),
                                                    rel=1e-12)
@@ -92,6 +93,41 @@ def test_an_engines_sequence_cost_is_one_per_sequence_in_every_consumer():
   assert one["step_s"][0] > plain.evaluate(B=np.array([1.0]), **values)["step_s"][0]
   with pytest.raises(ValueError, match="engine factors"):
     StepModel.calibrated(factors, engine={"t0_nope": 1.0})
+
+
+def test_an_engines_elementwise_kernels_cost_t_act_per_row_and_activation_element():
+  """vLLM CPU's inductor kernels between its GEMMs took 1.2-1.9 ns per token per element of
+  each block's hidden and MLP widths (results/vllm_cpu/engine_forward_ops.json). With t_act
+  held, an iteration pays t_act * rows * A_w on top, A_w = layers * (hidden + intermediate)
+  by hand for a dense model; the decode step of StepModel, given A_w, and the iteration
+  model's decode agree; t_act = 0 is the model without it."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  t_act = 1.5e-9
+  with_act = StepModel.calibrated(factors, engine={"t_act": t_act})
+  off = StepModel.calibrated(factors, engine={"t_act": 0.0})
+  plain = StepModel.calibrated(factors)
+  spec = load_model("llama-3-8b")
+  widths = spec.num_layers * (spec.hidden_size + spec.intermediate_size)
+  cost = _cost("llama-3-8b", H100)
+  assert cost.constants["A_w"] == widths
+  for tokens in (1.0, 128.0, 2048.0):
+    extra = (float(cost.prefill(tokens, 1.0, with_act)["step_s"]) -
+             float(cost.prefill(tokens, 1.0, plain)["step_s"]))
+    assert extra == pytest.approx(t_act * tokens * widths, rel=1e-9)
+    assert float(cost.prefill(tokens, 1.0,
+                              off)["step_s"]) == float(cost.prefill(tokens, 1.0, plain)["step_s"])
+  values = dict(T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
+  for batch in (1.0, 8.0, 64.0):
+    iteration = (float(cost.decode(batch, 900.0, with_act)["step_s"]) -
+                 float(cost.decode(batch, 900.0, plain)["step_s"]))
+    step = (with_act.evaluate(B=np.array([batch]), A_w=widths, **values)["step_s"][0] -
+            plain.evaluate(B=np.array([batch]), **values)["step_s"][0])
+    assert iteration == pytest.approx(t_act * batch * widths, rel=1e-9)
+    assert step == pytest.approx(iteration, rel=1e-9)
+  assert with_act.evaluate(B=np.array([8.0]), **values)["step_s"][0] == pytest.approx(
+      plain.evaluate(B=np.array([8.0]), **values)["step_s"][0], rel=1e-12)
 
 
 def test_an_engines_attention_kernel_times_its_flops_apart_from_the_linear_layers():

@@ -106,6 +106,10 @@ CACHE_BYTES, CACHE_RATE = "c_llc", "bw_llc"
 # handler builds one primitive per row count and keeps `KERNEL_CACHE_ROWS`;
 # engine_cold_rows.py; 0: none).
 KERNEL_BUILD = "t_build"
+# `ServingSetup.elementwise_seconds`: the engine's elementwise kernels (norms, rotary,
+# SiLU-and-multiply, residual adds) per token and activation element (measured: vLLM CPU's
+# inductor code, results/vllm_cpu/engine_forward_ops.py; 0: none).
+ELEMENTWISE = "t_act"
 KERNEL_CACHE_ROWS = 32  # vLLM 0.32: ops.create_onednn_mm(weight, 32) per linear weight.
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
@@ -136,7 +140,8 @@ MAX_EVALUATIONS = 200
 BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
     REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WAKE_COST: 0.0, WEIGHT_PASS: 0,
-    ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0
+    ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0,
+    ELEMENTWISE: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -219,6 +224,10 @@ class ServingSetup:
   # building the engine's GEMM kernels (measured: vLLM's oneDNN primitives, results/vllm_cpu/
   # engine_cold_rows.py). 0: none.
   kernel_build: float = 0.0
+  # t_act, held: seconds per token and activation element (`symbols.A_w`) the engine's
+  # elementwise kernels take (measured: vLLM's inductor code on the AMX Xeon, 1.2-1.9 ns;
+  # results/vllm_cpu/engine_forward_ops.json). 0: none.
+  elementwise_seconds: float = 0.0
 
   def __post_init__(self):
     for held, fitted in (("request_seconds", "request_cost"), ("wake_seconds", "wake_cost")):
@@ -230,6 +239,7 @@ class ServingSetup:
             f"{held}={value!r} with {fitted}: a fixed cost is either held as measured or "
             "fitted; give one.", field=held)
       errors.require_non_negative(held, value)
+    errors.require_non_negative("elementwise_seconds", self.elementwise_seconds)
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -239,13 +249,15 @@ class ServingSetup:
 
   def held(self) -> dict[str, float]:
     """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache, t_build,
-    t0_request and t_wake where given."""
+    t_act, t0_request and t_wake where given."""
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
     cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
              if self.cache_bytes > 0 else {})
     build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
+    if self.elementwise_seconds > 0:
+      build[ELEMENTWISE] = float(self.elementwise_seconds)
     request = {} if self.request_seconds is None else {REQUEST_COST: float(self.request_seconds)}
     wake = {} if self.wake_seconds is None else {WAKE_COST: float(self.wake_seconds)}
     return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **request, **wake}
@@ -297,7 +309,8 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
   held = {
-      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD)
+      n: float(values[n])
+      for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD, ELEMENTWISE)
       if n in values
   }
   costs = {n: float(values.get(n, 0.0)) for n in (REQUEST_COST, SEQUENCE_COST, WAKE_COST)}
@@ -327,7 +340,8 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
               WEIGHT_PASS: float(factors.get(WEIGHT_PASS, setup.m_pass)),
               ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0)),
               CACHE_BYTES: float(factors.get(CACHE_BYTES,
-                                             0.0)), CACHE_RATE: float(factors.get(CACHE_RATE, 0.0))
+                                             0.0)), CACHE_RATE: float(factors.get(CACHE_RATE, 0.0)),
+              ELEMENTWISE: float(factors.get(ELEMENTWISE, 0.0))
           }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)

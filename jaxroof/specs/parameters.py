@@ -214,6 +214,19 @@ def parameter_counts(spec: ModelSpec) -> ParamCounts:
   )
 
 
+def activation_widths(spec: ModelSpec) -> int:
+  """Activation elements one token passes through, all blocks: each block's hidden size and
+  its active MLP width (dense intermediate; MoE: the routed experts a token takes and the
+  shared ones). What an engine's elementwise kernels (norms, rotary, SiLU-and-multiply,
+  residual adds) scale with per token (`symbols.A_w`)."""
+  mlp = spec.num_dense_mlp_layers * spec.intermediate_size
+  if spec.is_moe:
+    moe = spec.moe
+    mlp += spec.num_moe_layers * (moe.experts_per_token * moe.expert_intermediate_size +
+                                  moe.num_shared_experts * moe.shared_intermediate_size)
+  return spec.num_layers * spec.hidden_size + mlp
+
+
 def weights_read_per_step(counts: ParamCounts, batch: Sequence[float] | np.ndarray) -> np.ndarray:
   """Weights one decode step reads at each batch size (one token per sequence).
 

@@ -31,9 +31,9 @@ import sympy as sp
 
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
-from jaxroof.symbolic.symbols import (B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, bw_llc, c_llc,
-                                      eta_f, eta_kv, eta_attn, eta_w, k, m_pass, q, r_ovl, r_pack,
-                                      t0_layer, t0_seq, t0_step)
+from jaxroof.symbolic.symbols import (A_w, B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, bw_llc,
+                                      c_llc, eta_f, eta_kv, eta_attn, eta_w, k, m_pass, q, r_ovl,
+                                      r_pack, t0_layer, t0_seq, t0_step, t_act)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -166,8 +166,9 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
 # (`symbols.m_pass`, 0: no limit; measured), its attention kernel's FLOP efficiency
 # (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured) and the weight
 # bytes it finds in the CPU's cache and their rate (`symbols.c_llc`, `symbols.bw_llc`, 0:
-# none; measured).
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc)
+# none; measured) and its elementwise time per token and activation element (`symbols.t_act`,
+# 0: none; measured; the iteration cost model's, with A_w).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc, t_act)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 
@@ -242,14 +243,20 @@ def _engine_terms() -> dict[str, sp.Expr]:
   """The calibrated terms with the re-pack and an engine's own terms: a decode step of B
   sequences pays t0_seq each (as the iteration cost model's t0_seq * n_seq), reads the
   weights once more past `m_pass` rows (`weight_passes`) and the first c_llc bytes of them
-  from the cache (`weight_read_time`)."""
+  from the cache (`weight_read_time`), and runs its elementwise kernels over each row's A_w
+  activation elements at t_act each (as the iteration cost model's)."""
   passes_s = weight_passes(B, formulas.weight_traffic(N, q))
   terms = _with_added(_regime_terms(weights_cached=True), passes_s, "memory_s")
-  return {**_with_added(terms, t0_seq * B, "fixed_s"), "weight_passes_s": passes_s}
+  elementwise_s = t_act * B * A_w
+  terms = _with_added(_with_added(terms, t0_seq * B, "fixed_s"), elementwise_s)
+  return {**terms, "weight_passes_s": passes_s, "elementwise_s": elementwise_s}
 
 
 @functools.cache
 def calibrated_model_with_engine(backend: Literal["numpy", "jax"] = "numpy"):
-  """`calibrated_model_with_regime` with an engine's per-sequence cost: values also hold
-  `ENGINE_FACTOR_NAMES`; t0_seq = 0 gives `calibrated_model_with_regime`'s outputs."""
-  return lambdified(_engine_terms(), INPUTS + FACTORS + REGIME_FACTORS + ENGINE_FACTORS, backend)
+  """`calibrated_model_with_regime` with an engine's own terms: values also hold
+  `ENGINE_FACTOR_NAMES` and A_w (the model's activation elements per token; 0 leaves the
+  elementwise term out); every engine factor at 0 gives `calibrated_model_with_regime`'s
+  outputs."""
+  return lambdified(_engine_terms(), INPUTS + FACTORS + REGIME_FACTORS + ENGINE_FACTORS + (A_w,),
+                    backend)

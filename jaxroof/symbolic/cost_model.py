@@ -51,7 +51,9 @@ reading them again per m_pass rows past the first (0: no limit; vLLM CPU's oneDN
 320), and an
 engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: with the
 linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
-read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s).
+read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s),
+and an engine's elementwise kernels at t_act per row and activation element (A_w per token;
+0: none; vLLM CPU's on the AMX Xeon: about 1.5 ns).
 """
 
 from __future__ import annotations
@@ -66,11 +68,12 @@ from jaxroof.symbolic import architecture
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import prefill
 from jaxroof.symbolic.lambdify import Backend, Evaluator, lambdified
-from jaxroof.symbolic.symbols import (BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T,
+from jaxroof.symbolic.symbols import (A_w, BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T,
                                       V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
                                       a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
                                       k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_comm, u_mla)
+                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_act, t_comm,
+                                      u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -83,7 +86,7 @@ MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla,
                               X_mla, V_full, V_win, V_mla, O_up)
 # What a model on a chip's share of a layout is.
 MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla, a_full,
-                                a_win, a_mla, ap_mla, u_mla, s_st, L, BW, F)
+                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F)
 COMM: tuple[sp.Symbol, ...] = (t_comm, o_ovl)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL + COMM
 MIX_NAMES: tuple[str, ...] = tuple(str(s) for s in MIX)
@@ -166,17 +169,20 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops) / (eta_f * F)
   # An engine's per-sequence work each iteration (t0_seq: 0 unless fitted to a real engine).
   fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
+  # An engine's elementwise kernels, per row and activation element (t_act: 0 unless measured).
+  elementwise_s = t_act * tokens() * A_w
   linear_s = calibrated.overlap(weight_s, compute_s)
   # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
   # devices whose kernels stream them as stored).
   repack_s = calibrated.repack_time(tokens(), ops["linear"][0])
   # An engine's GEMM reading the linear weights again per m_pass rows (0: off).
   passes_s = calibrated.weight_passes(tokens(), ops["linear"][0])
-  floor_s = fixed_s + linear_s + kv_s + attention_s + repack_s + passes_s
+  floor_s = fixed_s + linear_s + kv_s + attention_s + repack_s + passes_s + elementwise_s
   return {
       "weight_s": weight_s, "kv_s": kv_s, "attention_s": attention_s, "compute_s": compute_s,
       "fixed_s": fixed_s, "linear_s": linear_s, "repack_s": repack_s, "weight_passes_s": passes_s,
-      "floor_s": floor_s, "comm_s": t_comm, "step_s": with_overlap(floor_s, t_comm, o_ovl)
+      "elementwise_s": elementwise_s, "floor_s": floor_s, "comm_s": t_comm,
+      "step_s": with_overlap(floor_s, t_comm, o_ovl)
   }
 
 

@@ -148,9 +148,11 @@ class StepModel:
     return BW, (math.inf if F is None else F)
 
   def evaluate(self, backend: evaluate.Backend = "numpy", *, B, T, N, q, k, BW, F, N_act=None,
-               L=None, comm_s=None, A_t=None, comm_overlap: float = 0.0) -> dict[str, Any]:
+               L=None, comm_s=None, A_t=None, comm_overlap: float = 0.0,
+               A_w=None) -> dict[str, Any]:
     """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
-    calibrated per-layer fixed cost; None leaves it out. `comm_s` (several
+    calibrated per-layer fixed cost; None leaves it out. A_w (activation elements per
+    token, `symbols.A_w`) feeds an engine's elementwise cost (t_act); None leaves it out. `comm_s` (several
     chips: communication on the step's path, s) adds to the step, hidden by
     `comm_overlap` (0: serial), and is returned as an output; None leaves the
     outputs as they were. `A_t`: attention FLOPs per retained token and
@@ -167,7 +169,8 @@ class StepModel:
       if self.engine:
         out = calibrated_lib.calibrated_model_with_engine(
             backend)(**values, **self.factors, **regime,
-                     **{n: self.engine.get(n, 0.0) for n in calibrated_lib.ENGINE_FACTOR_NAMES})
+                     **{n: self.engine.get(n, 0.0) for n in calibrated_lib.ENGINE_FACTOR_NAMES},
+                     A_w=0.0 if A_w is None else A_w)
       elif self.regime:
         out = calibrated_lib.calibrated_model_with_regime(backend)(**values, **self.factors,
                                                                    **regime)

@@ -144,6 +144,13 @@ c_llc = _define("c_llc", "B",
                 "engine_factors")
 bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes (c_llc) at",
                  "engine_factors")
+# An engine's elementwise kernels between its GEMMs (norms, rotary, SiLU-and-multiply, residual
+# adds), per token and per element of each block's widths (`cost_model`, A_w): vLLM CPU's
+# inductor code on the AMX Xeon, 1.2-1.9 ns (results/vllm_cpu/engine_forward_ops.json);
+# measured, not fitted.
+t_act = _define(
+    "t_act", "s/element", "an engine's elementwise time per token per activation element "
+    "(A_w: each block's hidden and active MLP widths; 0: none)", "engine_factors")
 
 # Calibration from users' measurements: prefill (`prefill_calibrated.py`).
 eta_f_prefill = _define(
@@ -240,6 +247,9 @@ N_b = _define("N_b", "weights", "block weights multiplied per token (active, LM 
 N_h = _define("N_h", "weights", "LM-head weights, multiplied per sampled row", _C)
 W_h = _define("W_h", "B", "bytes of the LM head", _C)
 r_e = _define("r_e", "B/token", "embedding bytes looked up per token (0 when tied)", _C)
+A_w = _define(
+    "A_w", "elements/token", "activation widths a token passes through, all blocks: "
+    "each block's hidden size and active MLP width", _C)
 A_t = _define("A_t", "FLOP/token", "attention FLOPs per retained token of one sequence in a "
               "decode step, all blocks", _C)
 t_base = _define("t_base", "s", "base latency of one collective (launch and protocol)", "parallel")
