@@ -81,6 +81,17 @@ def test_mixtral_active_is_shared_plus_top2_of_8_experts():
   assert counts.total - counts.active == 32 * 6 * expert
 
 
+def test_activation_widths_are_each_blocks_hidden_and_active_mlp_widths():
+  """A_w, what an engine's elementwise kernels scale with per token, by hand from the
+  published configs: Llama-3-8B 32 x (4096 + 14336); Mixtral-8x7B 32 x (4096 + 2 x 14336),
+  the two experts a token takes; DeepSeek-V3 61 x 7168 hidden, 3 dense blocks of 18432 and
+  58 MoE blocks of 8 routed experts and 1 shared, each 2048 wide."""
+  assert params.activation_widths(load_model("llama-3-8b")) == 32 * (4096 + 14336)
+  assert params.activation_widths(load_model("mixtral-8x7b")) == 32 * (4096 + 2 * 14336)
+  assert params.activation_widths(load_model("deepseek-v3")) == (61 * 7168 + 3 * 18432 + 58 *
+                                                                 (8 + 1) * 2048)
+
+
 def test_breakdown_sums_to_total_and_tied_models_have_no_head():
   for name in ("gemma-2-9b", "deepseek-v3", "mamba-2.8b", "gpt-oss-20b"):
     counts = parameter_counts(load_model(name))

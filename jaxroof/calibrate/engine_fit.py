@@ -256,11 +256,14 @@ class ServingSetup:
     cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
              if self.cache_bytes > 0 else {})
     build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
-    if self.elementwise_seconds > 0:
-      build[ELEMENTWISE] = float(self.elementwise_seconds)
+    elementwise = ({ELEMENTWISE: float(self.elementwise_seconds)}
+                   if self.elementwise_seconds > 0 else {})
     request = {} if self.request_seconds is None else {REQUEST_COST: float(self.request_seconds)}
     wake = {} if self.wake_seconds is None else {WAKE_COST: float(self.wake_seconds)}
-    return {"r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **request, **wake}
+    return {
+        "r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **elementwise, **request,
+        **wake
+    }
 
   @property
   def device_name(self) -> str:

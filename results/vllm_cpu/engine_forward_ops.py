@@ -140,6 +140,10 @@ def one_model(model_dir: str, env: dict, work: str) -> dict:
 
 
 def main(out_json: str, model_dirs: list[str]) -> None:
+  missing = [d for d in model_dirs if not os.path.isfile(os.path.join(d, "config.json"))]
+  if not model_dirs or missing:
+    sys.exit(f"engine_forward_ops: give model folders with a config.json and a tokenizer "
+             f"(a bench's NAME/model); not found: {', '.join(missing) or 'none given'}")
   work = os.environ.get("WORK") or tempfile.mkdtemp(prefix="forward_ops_")
   env = {
       **os.environ, "VLLM_CACHE_ROOT": os.path.join(work, "vllm_cache"),
