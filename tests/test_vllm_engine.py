@@ -460,7 +460,8 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
       f"--heldout_vllm={FIXTURE}", f"--model={model_dir}", f"--accelerator_file={device_file}",
       "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
       "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26",
-      "--engine_cache_mb=50", "--engine_cache_gbps=22", "--engine_build_us=9", f"--json_out={out}"
+      "--engine_cache_mb=50", "--engine_cache_gbps=22", "--engine_build_us=9",
+      "--engine_act_ns=1.5", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
@@ -470,8 +471,9 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   # Every held engine term reaches the fit, as measured.
   assert result["fixed"] == {
       "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256,
-      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6
+      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6, "t_act": 1.5e-9
   }
+  assert result["factors"]["t_act"] == 1.5e-9
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
   assert result["factors"]["c_llc"] == 5e7 and result["factors"]["bw_llc"] == 2.2e10
   half = subprocess.run([
@@ -501,6 +503,26 @@ def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, mod
     if key[0] == "tpot":
       assert gaps["all"][key] < gap
       assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
+
+
+def test_held_elementwise_kernels_slow_prefills_and_carry_in_the_factors(model_dir, device_file):
+  """t_act held: each simulated iteration pays t_act x tokens x A_w, so no predicted median
+  shrinks and the p50 TTFT (a whole prompt's tokens) grows; the factors carry it, and 0 is
+  the plain prediction."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  factors = {"eta_w": 0.5, "eta_f": 0.3, "t0_step": 2e-4, "t0_request": 0.0}
+  rows = {}
+  for name, seconds in (("none", 0.0), ("held", 1e-8)):
+    held = dataclasses.replace(setup, elementwise_seconds=seconds)
+    result = engine_fit.predict_runs([FIXTURE], held, {**held.held(), **factors})
+    assert result["factors"].get("t_act", 0.0) == seconds
+    rows[name] = {(r["metric"], r["percentile"]): r["predicted_s"] for r in result["heldout"]}
+  for key, plain in rows["none"].items():
+    assert rows["held"][key] >= plain - 1e-12, key
+  assert rows["held"][("ttft", 50)] > rows["none"][("ttft", 50)]
+  with pytest.raises(errors.InputError, match="elementwise_seconds"):
+    dataclasses.replace(setup, elementwise_seconds=-1.0)
 
 
 def test_kernel_builds_reach_the_replica_per_layer_and_token_and_only_slow_the_run(

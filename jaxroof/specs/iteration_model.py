@@ -139,7 +139,8 @@ class IterationModel:
                    N_act: float | None = None, L: float = 0.0,
                    pair_flops: float = 0.0) -> IterationModel:
     """Raw numbers: N weights of q bytes, k K/V bytes per token in one full group,
-    `pair_flops` attention FLOPs per (query, key) pair over all blocks."""
+    `pair_flops` attention FLOPs per (query, key) pair over all blocks. No widths: A_w = 0,
+    so an engine's elementwise term (t_act) is left out."""
     c = {name: 0.0 for name in cost_model.MODEL_NAMES}
     c.update(W_b=float(N) * float(q), E=1.0, K=1.0, N_b=float(N if N_act is None else N_act),
              k_full=float(k), a_full=float(pair_flops), L=float(L), BW=float(BW),
@@ -150,9 +151,24 @@ class IterationModel:
                 comm: CommFn | None, comm_overlap: float = 0.0) -> IterationModel:
     """One chip's share: bytes and FLOPs scaled, the pass's communication added."""
     scale = {
-        "W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts, "k_full": kv, "k_win": kv,
-        "k_mla": kv, "s_st": kv, "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops,
-        "a_mla": flops, "ap_mla": flops, "u_mla": flops, "A_w": flops
+        "W_b": weights,
+        "W_h": weights,
+        "r_e": weights,
+        "W_x": experts,
+        "k_full": kv,
+        "k_win": kv,
+        "k_mla": kv,
+        "s_st": kv,
+        "N_b": flops,
+        "N_h": flops,
+        "a_full": flops,
+        "a_win": flops,
+        "a_mla": flops,
+        "ap_mla": flops,
+        "u_mla": flops,
+        # Only A_w's MLP part splits over tensor-parallel chips; its hidden part (norms,
+        # residual adds) runs whole on each. Scaled as FLOPs, t_act is undercharged at tp > 1.
+        "A_w": flops
     }
     c = {n: v * scale.get(n, 1.0) for n, v in self.constants.items()}
     return dataclasses.replace(self, constants=c, comm=comm, comm_overlap=_overlap(comm_overlap))

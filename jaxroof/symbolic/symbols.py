@@ -148,6 +148,8 @@ bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes 
 # adds), per token and per element of each block's widths (`cost_model`, A_w): vLLM CPU's
 # inductor code on the AMX Xeon, 1.2-1.9 ns (results/vllm_cpu/engine_forward_ops.json);
 # measured, not fitted.
+# Measured on dense shapes only: for MoE, A_w counts the experts a token takes and the shared
+# ones, and leaves out the router and the weighted sum of the experts' outputs.
 t_act = _define(
     "t_act", "s/element", "an engine's elementwise time per token per activation element "
     "(A_w: each block's hidden and active MLP widths; 0: none)", "engine_factors")
