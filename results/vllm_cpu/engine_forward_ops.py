@@ -10,7 +10,7 @@ SiLU-and-multiply, residual adds: inductor code) and the rest ("other": everythi
 the profiled `generate` call: input preparation, sampling, the engine's bookkeeping).
 
 Why one core: the served worker runs alone on its core. The same forward run unpinned in
-one process also uses the other core (w512L1, 512 tokens: 3.5 ms against 6.7 pinned), so an
+one process also uses the other core (w512L1, 512 tokens: 3.5 ms against 6.2 pinned), so an
 unpinned offline timing is not the served engine's.
 
 Usage (the engine's python; each model folder needs config.json and a tokenizer; one
