@@ -16,7 +16,9 @@ unpinned offline timing is not the served engine's.
 Usage (the engine's python; each model folder needs config.json and a tokenizer; one
 process per model, its caches under WORK):
   WORK=DIR DIR/bin/python results/vllm_cpu/engine_forward_ops.py OUT.json MODEL_DIR ...
-Environment: LENGTHS=16,64,... (prompt tokens), ROUNDS, PROFILED.
+Environment: LENGTHS=16,64,... (prompt tokens), ROUNDS, PROFILED; FLUSH_MB=600 touches that
+many MB before every prefill, evicting the caches as the serving processes do between steps
+(0, the default: caches kept).
 """
 import collections
 import json
@@ -30,6 +32,7 @@ import time
 LENGTHS = tuple(int(n) for n in os.environ.get("LENGTHS", "16,64,128,256,512").split(","))
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
 PROFILED = int(os.environ.get("PROFILED", "3"))
+FLUSH_MB = int(os.environ.get("FLUSH_MB", "0"))
 # Kind of op -> the profiler names (op self-times) it sums; the first match wins.
 KINDS = (
     ("linear", ("_C::onednn_mm", "_C::weight_packed_linear", "aten::mm", "aten::addmm",
@@ -81,9 +84,12 @@ def probe(model_dir: str) -> dict:
             block_size=128)
   params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
   rng = np.random.default_rng(0)
+  flush = np.ones(FLUSH_MB << 20, np.uint8) if FLUSH_MB else None
 
   def prefill(n: int) -> float:
     prompt = TokensPrompt(prompt_token_ids=rng.integers(10, 8000, n).tolist())
+    if flush is not None:
+      flush[::64] += 1  # Every cache line of FLUSH_MB.
     del forwards[:]
     llm.generate([prompt], params, use_tqdm=False)
     return forwards[0]
@@ -159,10 +165,11 @@ def main(out_json: str, model_dirs: list[str]) -> None:
               "op self-times by kind under torch.profiler",
       "timing": f"perf_counter around GPUModelRunner._model_forward, median of {ROUNDS} "
                 f"after a warm-up per length; kinds: median of {PROFILED} profiled calls "
-                "(the profiler adds its own time; compare kinds, not totals)", "device": next(
-                    (line.split(":", 1)[1].strip()
-                     for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                    "unknown CPU"),
+                "(the profiler adds its own time; compare kinds, not totals)" +
+                (f"; {FLUSH_MB} MB touched before every prefill" if FLUSH_MB else ""),
+      "device": next((line.split(":", 1)[1].strip()
+                      for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                     "unknown CPU"),
       "engine": f"vllm {version}, bf16, dummy weights, offline in one process on "
                 "core 1", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": {}
   }
