@@ -150,25 +150,12 @@ class IterationModel:
   def on_layout(self, *, weights: float, experts: float, kv: float, flops: float,
                 comm: CommFn | None, comm_overlap: float = 0.0) -> IterationModel:
     """One chip's share: bytes and FLOPs scaled, the pass's communication added."""
+    # A_w scales as FLOPs, though only its MLP part splits over tensor-parallel chips (its
+    # hidden part, norms and residual adds, runs whole on each): t_act is undercharged at tp > 1.
     scale = {
-        "W_b": weights,
-        "W_h": weights,
-        "r_e": weights,
-        "W_x": experts,
-        "k_full": kv,
-        "k_win": kv,
-        "k_mla": kv,
-        "s_st": kv,
-        "N_b": flops,
-        "N_h": flops,
-        "a_full": flops,
-        "a_win": flops,
-        "a_mla": flops,
-        "ap_mla": flops,
-        "u_mla": flops,
-        # Only A_w's MLP part splits over tensor-parallel chips; its hidden part (norms,
-        # residual adds) runs whole on each. Scaled as FLOPs, t_act is undercharged at tp > 1.
-        "A_w": flops
+        "W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts, "k_full": kv, "k_win": kv,
+        "k_mla": kv, "s_st": kv, "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops,
+        "a_mla": flops, "ap_mla": flops, "u_mla": flops, "A_w": flops
     }
     c = {n: v * scale.get(n, 1.0) for n, v in self.constants.items()}
     return dataclasses.replace(self, constants=c, comm=comm, comm_overlap=_overlap(comm_overlap))
