@@ -224,6 +224,30 @@ def test_an_engines_cached_weights_read_at_the_caches_rate():
         by_hand, rel=1e-9)
 
 
+def test_a_cold_cache_reads_the_cached_bytes_from_memory():
+  """After an idle gap the cache is cold: `cold_cache_s` is what the same step pays more
+  when its cached bytes come from memory at eta_w * BW instead of at bw_llc. By hand: 0
+  without a cache, min(W, c_llc) * (1 / (eta_w BW) - 1 / bw_llc) with one, and the step's
+  weight read at c_llc = 0 less the one with the cache; it is not in the step's time."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  cost = _cost("llama-3-8b", H100)
+  dram, cache_rate = 0.7 * H100.memory_bandwidth_bytes_per_s, 5e12
+  weights = cost.constants["W_b"] + cost.constants["W_h"] + cost.constants["r_e"]
+  cold = StepModel.calibrated(factors)
+  for cached in (0.0, weights / 3, 2 * weights):
+    model = StepModel.calibrated(factors, engine={"c_llc": cached, "bw_llc": cache_rate})
+    terms = cost.decode(1.0, 900.0, model)
+    hit = min(cached, weights)
+    assert float(terms["cold_cache_s"]) == pytest.approx(hit / dram - hit / cache_rate,
+                                                         rel=1e-9, abs=1e-15)
+    assert float(terms["cold_cache_s"]) == pytest.approx(
+        float(cost.decode(1.0, 900.0, cold)["weight_s"]) - float(terms["weight_s"]), rel=1e-9,
+        abs=1e-15)
+    assert float(terms["step_s"]) < float(cost.decode(1.0, 900.0, cold)["step_s"]) or not hit
+
+
 def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():
   """The GEMM's one more read past m_pass rows re-reads the same weights, so their cached
   bytes come from the cache again: by hand, past 256 rows the step pays min(W, c_llc) /

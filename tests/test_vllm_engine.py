@@ -505,6 +505,27 @@ def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, mod
       assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
 
 
+def test_an_idle_engine_reads_its_cached_weights_from_memory(model_dir, device_file):
+  """With the cache held, the replica's wake is t_wake plus the step's cached weight bytes
+  read at eta_w * BW instead of bw_llc, by hand from the model's constants; without a cache
+  it is t_wake alone, and a cache that holds nothing adds nothing."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file, wake_seconds=2e-3)
+  factors = {**engine_fit.START, "eta_w": 0.5}
+  run = _run_with_server(kv_blocks=1000)
+  plain = engine_fit.replica_of(run, setup, {**factors, **setup.held()})
+  weights = plain.cost.constants["W_b"] + plain.cost.constants["W_h"] + plain.cost.constants[
+      "r_e"]
+  dram = 0.5 * 2.5e10  # eta_w x the fixture device's read ceiling.
+  assert plain.wake_s == 2e-3
+  for cached in (weights / 2, 4 * weights):
+    held = dataclasses.replace(setup, cache_bytes=cached, cache_rate=4 * dram)
+    replica = engine_fit.replica_of(run, held, {**factors, **held.held()})
+    hit = min(cached, weights)
+    assert replica.wake_s == pytest.approx(2e-3 + hit / dram - hit / (4 * dram), rel=1e-9)
+    assert "read from memory" in replica.description["wake"]
+
+
 def test_held_elementwise_kernels_slow_prefills_and_carry_in_the_factors(model_dir, device_file):
   """t_act held: each simulated iteration pays t_act x tokens x A_w, so no predicted median
   shrinks and the p50 TTFT (a whole prompt's tokens) grows; the factors carry it, and 0 is

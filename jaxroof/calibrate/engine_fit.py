@@ -21,7 +21,9 @@ engine's per-layer kernels and their launches; it needs fit runs of two depths, 
 and t0_step are one sum), and one on an iteration that begins on an idle engine (`t_wake`,
 `wake_cost`: the engine waking from its wait; paid by the requests that find it idle, where
 `t0_request` is paid by every request; hold `t0_request` at its measured value,
-`request_seconds`, and the load tells the two apart). Held as measured, not searched: r_ovl (`overlap`, how the
+`request_seconds`, and the load tells the two apart). With the cache held, an iteration on
+an idle engine also reads its cached weight bytes from memory (`cold_cache_s`, on top of
+t_wake). Held as measured, not searched: r_ovl (`overlap`, how the
 engine's GEMMs overlap weight reads and FLOPs), m_pass (`m_pass`, the rows its GEMM
 multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
 prompt and k decode rows reads them about twice) and, where given, eta_kv (`kv_efficiency`,
@@ -84,7 +86,9 @@ SEQUENCE_COST = "t0_seq"
 # With `ServingSetup.wake_cost`: what an iteration pays when the engine was idle before it
 # (`simulator.Replica.wake_s`), fitted (0 at the bound). Unlike `REQUEST_COST` only a request
 # that finds the engine idle pays it: served prefills of 16 tokens took 2-4 ms longer after
-# an idle gap than beside a running decode (results/vllm_cpu/engine_idle_probe.py).
+# an idle gap than beside a running decode (results/vllm_cpu/engine_idle_probe.py). Its part
+# that grows with the weights held in the cache is the cost model's `cold_cache_s`, charged
+# with it; t_wake is the rest (about 2 ms, the same for every shape).
 WAKE_COST = "t_wake"
 # With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
 LAYER_COST = "t0_layer"
@@ -366,11 +370,14 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
                 f"GEMM kernels: {spec.num_layers} layers x {build * 1e6:.3g} us per token"
         })
   wake = float(factors.get(WAKE_COST, 0.0))
-  if wake > 0:
+  cold = float(replica.cost.decode(1.0, 1.0, replica.step_model)["cold_cache_s"])
+  if wake + cold > 0:
     replica = dataclasses.replace(
-        replica, wake_s=wake, description={
-            **replica.description,
-            "wake": f"an iteration on an idle engine pays {wake * 1e3:.3g} ms more (its wake)"
+        replica, wake_s=wake + cold, description={
+            **replica.description, "wake":
+                f"an iteration on an idle engine pays {(wake + cold) * 1e3:.3g} ms more: its "
+                f"wake ({wake * 1e3:.3g} ms) and its weights' cached bytes read from memory "
+                f"({cold * 1e3:.3g} ms)"
         })
   return replica
 

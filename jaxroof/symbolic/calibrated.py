@@ -76,6 +76,19 @@ def weight_read_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
   return cached / sp.Max(bw_llc, 1) + formulas.memory_time(weight_bytes - cached, rate)
 
 
+def cold_cache_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
+  """What a step whose cache went cold pays over `weight_read_time` (seconds): its cached
+  bytes (the first `c_llc`) come from memory at `rate` instead of from the cache at `bw_llc`.
+
+  An engine idle between steps loses what its busy steps kept in the cache (the other
+  processes on the machine, an idle core): on the AMX Xeon of issue 25 a short prefill after
+  0.2 s idle cost 1.9 ms more than beside a running decode for shapes of 1-2 MB of weights,
+  2.6-3.7 ms for 15-76 MB (results/vllm_cpu/engine_idle_probe.json). 0 where c_llc = 0.
+  """
+  cached = sp.Min(weight_bytes, c_llc)
+  return formulas.memory_time(cached, rate) - cached / sp.Max(bw_llc, 1)
+
+
 def _terms(weights_cached: bool = False) -> dict[str, sp.Expr]:
   """The calibrated step's named expressions, built from `formulas`; `weights_cached`: the
   weights read through `weight_read_time` (an engine's terms)."""

@@ -178,10 +178,14 @@ def calibrated_terms() -> dict[str, sp.Expr]:
   # An engine's GEMM reading the linear weights again per m_pass rows (0: off).
   passes_s = calibrated.weight_passes(tokens(), ops["linear"][0])
   floor_s = fixed_s + linear_s + kv_s + attention_s + repack_s + passes_s + elementwise_s
+  # Not in the step: what the same step pays more after the engine idled and its cache went
+  # cold (the simulator's wake adds it; 0 where c_llc = 0).
+  cold_cache_s = calibrated.cold_cache_time(ops["linear"][0] + ops["head"][0], eta_w * BW)
   return {
       "weight_s": weight_s, "kv_s": kv_s, "attention_s": attention_s, "compute_s": compute_s,
       "fixed_s": fixed_s, "linear_s": linear_s, "repack_s": repack_s, "weight_passes_s": passes_s,
-      "elementwise_s": elementwise_s, "floor_s": floor_s, "comm_s": t_comm,
+      "elementwise_s": elementwise_s, "floor_s": floor_s, "cold_cache_s": cold_cache_s,
+      "comm_s": t_comm,
       "step_s": with_overlap(floor_s, t_comm, o_ovl)
   }
 
