@@ -240,12 +240,13 @@ def test_a_cold_cache_reads_the_cached_bytes_from_memory():
     model = StepModel.calibrated(factors, engine={"c_llc": cached, "bw_llc": cache_rate})
     terms = cost.decode(1.0, 900.0, model)
     hit = min(cached, weights)
-    assert float(terms["cold_cache_s"]) == pytest.approx(hit / dram - hit / cache_rate,
-                                                         rel=1e-9, abs=1e-15)
+    assert float(terms["cold_cache_s"]) == pytest.approx(hit / dram - hit / cache_rate, rel=1e-9,
+                                                         abs=1e-15)
     assert float(terms["cold_cache_s"]) == pytest.approx(
         float(cost.decode(1.0, 900.0, cold)["weight_s"]) - float(terms["weight_s"]), rel=1e-9,
         abs=1e-15)
-    assert float(terms["step_s"]) < float(cost.decode(1.0, 900.0, cold)["step_s"]) or not hit
+    if hit:  # The busy step keeps its cache's speed: the cold cost is charged apart.
+      assert float(terms["step_s"]) < float(cost.decode(1.0, 900.0, cold)["step_s"])
 
 
 def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():

@@ -514,8 +514,7 @@ def test_an_idle_engine_reads_its_cached_weights_from_memory(model_dir, device_f
   factors = {**engine_fit.START, "eta_w": 0.5}
   run = _run_with_server(kv_blocks=1000)
   plain = engine_fit.replica_of(run, setup, {**factors, **setup.held()})
-  weights = plain.cost.constants["W_b"] + plain.cost.constants["W_h"] + plain.cost.constants[
-      "r_e"]
+  weights = plain.cost.constants["W_b"] + plain.cost.constants["W_h"] + plain.cost.constants["r_e"]
   dram = 0.5 * 2.5e10  # eta_w x the fixture device's read ceiling.
   assert plain.wake_s == 2e-3
   for cached in (weights / 2, 4 * weights):

@@ -374,10 +374,10 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
   if wake + cold > 0:
     replica = dataclasses.replace(
         replica, wake_s=wake + cold, description={
-            **replica.description, "wake":
-                f"an iteration on an idle engine pays {(wake + cold) * 1e3:.3g} ms more: its "
-                f"wake ({wake * 1e3:.3g} ms) and its weights' cached bytes read from memory "
-                f"({cold * 1e3:.3g} ms)"
+            **replica.description,
+            "wake": f"an iteration on an idle engine pays {(wake + cold) * 1e3:.3g} ms more: its "
+                    f"wake ({wake * 1e3:.3g} ms) and its weights' cached bytes read from memory "
+                    f"({cold * 1e3:.3g} ms)"
         })
   return replica
 

@@ -53,7 +53,9 @@ engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: wit
 linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
 read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s),
 and an engine's elementwise kernels at t_act per row and activation element (A_w per token;
-0: none; vLLM CPU's on the AMX Xeon: about 1.5 ns).
+0: none; vLLM CPU's on the AMX Xeon: about 1.5 ns). Beside the step, `cold_cache_s`: what
+the same step pays more when its cache went cold (an engine after an idle gap), its cached
+bytes read from memory; the simulator charges it as part of an idle engine's wake.
 """
 
 from __future__ import annotations
@@ -185,8 +187,7 @@ def calibrated_terms() -> dict[str, sp.Expr]:
       "weight_s": weight_s, "kv_s": kv_s, "attention_s": attention_s, "compute_s": compute_s,
       "fixed_s": fixed_s, "linear_s": linear_s, "repack_s": repack_s, "weight_passes_s": passes_s,
       "elementwise_s": elementwise_s, "floor_s": floor_s, "cold_cache_s": cold_cache_s,
-      "comm_s": t_comm,
-      "step_s": with_overlap(floor_s, t_comm, o_ovl)
+      "comm_s": t_comm, "step_s": with_overlap(floor_s, t_comm, o_ovl)
   }
 
 

@@ -1,0 +1,77 @@
+"""The engine's wake split in two: its cold cache, from the cost model, and the rest.
+
+`engine_idle_probe.json` measured, per shape, what a short prefill after 0.2 s idle costs
+over the same beside a running decode. The cost model charges an iteration on an idle engine
+its `cold_cache_s` (the step's cached weight bytes, c_llc of them, read from memory at
+eta_w * BW instead of from the cache at bw_llc) on top of t_wake. This prints, per shape, the
+measured wake, its `cold_cache_s` at the pass's held cache and read ceiling, and the rest;
+the median rest over the shapes is the t_wake that `calibrate --engine_wake_ms` holds.
+Usage (project venv, repository root):
+  python results/vllm_cpu/wake_split.py results/vllm_cpu/passN [OUT.json] [ETA_W]
+(the pass's engine_cache.json and accelerator.json; ETA_W: the read efficiency, default 1,
+the engine fits' 0.98-1.0).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+from jaxroof import files
+from jaxroof.specs import models, what_if
+from jaxroof.specs.iteration_model import IterationModel
+from jaxroof.symbolic.step_model import StepModel
+
+PROBE = "results/vllm_cpu/engine_idle_probe.json"
+MODELS = "results/vllm_cpu/models"
+
+
+def cold_cache_s(shape: str, read_ceiling: float, cached: float, cache_rate: float,
+                 eta_w: float) -> float:
+  """The cost model's `cold_cache_s` for one decode row of `shape` on the pass's CPU."""
+  spec = models.load_model(os.path.join(MODELS, shape))
+  cost = IterationModel.from_spec(spec, BW=read_ceiling, F=1e12)
+  model = StepModel.calibrated(
+      {"eta_w": eta_w, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 0.0, "t0_layer": 0.0, "r_ovl": 1.0},
+      engine={"c_llc": cached, "bw_llc": cache_rate})
+  return float(cost.decode(1.0, 1.0, model)["cold_cache_s"])
+
+
+def main(pass_dir: str, out: str | None, eta_w: float) -> None:
+  cache = json.load(open(os.path.join(pass_dir, "engine_cache.json")))
+  device = what_if.load_accelerator_file(os.path.join(pass_dir, "accelerator.json"))
+  read_ceiling = device.memory_bandwidth_bytes_per_s
+  probe = json.load(open(PROBE))["summary"]
+  rows = {}
+  for shape, wake in probe["wake_s"].items():
+    cold = cold_cache_s(shape, read_ceiling, cache["c_llc_bytes"], cache["bw_llc_bytes_per_s"],
+                        eta_w)
+    rows[shape] = {"wake_s": wake, "cold_cache_s": cold, "rest_s": wake - cold}
+    print(f"{shape:8s} wake {wake * 1e3:5.2f} ms  cold cache {cold * 1e3:5.2f} ms  "
+          f"rest {(wake - cold) * 1e3:5.2f} ms")
+  rest = float(np.median([r["rest_s"] for r in rows.values()]))
+  whole = float(np.median([r["wake_s"] for r in rows.values()]))
+  mad_rest = float(np.median([abs(r["rest_s"] - rest) for r in rows.values()]))
+  mad_whole = float(np.median([abs(r["wake_s"] - whole) for r in rows.values()]))
+  print(f"t_wake to hold: {rest * 1e3:.3g} ms, the median rest (median absolute deviation "
+        f"{mad_rest * 1e3:.3g} ms; the whole wake's: {whole * 1e3:.3g} ms, "
+        f"{mad_whole * 1e3:.3g} ms)")
+  if out:
+    files.write_json(
+        out, {
+            "kind": "measurement split by the cost model",
+            "what": "the engine's wake after 0.2 s idle per shape (engine_idle_probe.json) less "
+                    "the cost model's cold_cache_s (c_llc bytes read at eta_w * BW instead of "
+                    "bw_llc); the median rest is t_wake (wake_split.py)", "from": [
+                        PROBE,
+                        os.path.join(pass_dir, "engine_cache.json"),
+                        os.path.join(pass_dir, "accelerator.json")
+                    ], "eta_w": eta_w, "read_ceiling_bytes_per_s": read_ceiling, "c_llc_bytes":
+                        cache["c_llc_bytes"], "bw_llc_bytes_per_s": cache["bw_llc_bytes_per_s"],
+            "rows": rows, "t_wake_s": rest
+        })
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None,
+       float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
