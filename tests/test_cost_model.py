@@ -228,7 +228,8 @@ def test_a_cold_cache_reads_the_cached_bytes_from_memory():
   """After an idle gap the cache is cold: `cold_cache_s` is what the same step pays more
   when its cached bytes come from memory at eta_w * BW instead of at bw_llc. By hand: 0
   without a cache, min(W, c_llc) * (1 / (eta_w BW) - 1 / bw_llc) with one, and the step's
-  weight read at c_llc = 0 less the one with the cache; it is not in the step's time."""
+  weight read at c_llc = 0 less the one with the cache; it is not in the step's time, and a
+  cache held slower than memory costs nothing cold."""
   factors = {
       "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
   }
@@ -247,6 +248,8 @@ def test_a_cold_cache_reads_the_cached_bytes_from_memory():
         abs=1e-15)
     if hit:  # The busy step keeps its cache's speed: the cold cost is charged apart.
       assert float(terms["step_s"]) < float(cost.decode(1.0, 900.0, cold)["step_s"])
+  slow_cache = StepModel.calibrated(factors, engine={"c_llc": weights, "bw_llc": dram / 2})
+  assert float(cost.decode(1.0, 900.0, slow_cache)["cold_cache_s"]) == 0.0
 
 
 def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():

@@ -83,10 +83,11 @@ def cold_cache_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
   An engine idle between steps loses what its busy steps kept in the cache (the other
   processes on the machine, an idle core): on the AMX Xeon of issue 25 a short prefill after
   0.2 s idle cost 1.9 ms more than beside a running decode for shapes of 1-2 MB of weights,
-  2.6-3.7 ms for 15-76 MB (results/vllm_cpu/engine_idle_probe.json). 0 where c_llc = 0.
+  2.6-3.7 ms for 15-76 MB (results/vllm_cpu/engine_idle_probe.json). 0 where c_llc = 0,
+  and where the cache is held no faster than memory.
   """
   cached = sp.Min(weight_bytes, c_llc)
-  return formulas.memory_time(cached, rate) - cached / sp.Max(bw_llc, 1)
+  return sp.Max(0, formulas.memory_time(cached, rate) - cached / sp.Max(bw_llc, 1))
 
 
 def _terms(weights_cached: bool = False) -> dict[str, sp.Expr]:

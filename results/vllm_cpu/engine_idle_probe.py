@@ -14,7 +14,8 @@ the same server's decode step (the background requests' decode time per token).
 Kind: measurement. Run with the project's python from the repository root:
   PYTHONPATH=. python results/vllm_cpu/engine_idle_probe.py ENV_DIR WORK_DIR OUT_JSON \\
       MODEL_DIR [MODEL_DIR ...]
-(MODEL_DIR as engine_prefill_lengths.py's). ENGINE_CORE and DEVICE (environment) as there.
+(MODEL_DIR as engine_prefill_lengths.py's). ENGINE_CORE and DEVICE (environment) as there;
+PROMPT (environment): the probe's prompt tokens, default 16 (the background request's stay 16).
 """
 import os
 import random
@@ -26,7 +27,8 @@ import time
 from engine_phase_probe import metrics, post
 from engine_prefill_lengths import main, one_request, served
 
-PROMPT = 16
+PROMPT = int(os.environ.get("PROMPT", "16"))
+BUSY_PROMPT = 16  # The background request's prompt: it only has to decode.
 GAPS = (0.0, 0.005, 0.02, 0.05, 0.2, 1.0)
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
 BUSY_OUT, BUSY_REQUESTS = 400, 6
@@ -37,7 +39,7 @@ def _background(port: int, out: int, done: threading.Event) -> None:
   rng = random.Random(1)
   post(
       port, {
-          "model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(PROMPT)],
+          "model": "tiny", "prompt": [rng.randrange(3, 8192) for _ in range(BUSY_PROMPT)],
           "max_tokens": out, "min_tokens": out, "ignore_eos": True, "temperature": 0
       })
   done.set()
