@@ -4,6 +4,7 @@ limits in load, scheduler ordering, determinism, bad input."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -34,12 +35,20 @@ def _workload(n=300, rate=5.0, seed=0, prompt=200, output=50, spread=0.0):
                             output_distribution=dist, prompt_spread=spread, output_spread=spread)
 
 
+@functools.cache
+def _model_expression(kind):
+  """The iteration's expression with `MODEL` substituted (once: the full one is large)."""
+  expr = iteration.iteration_expression(kind, FACTORS if kind != "bound" else None)
+  values = dict(MODEL, N_act=MODEL["N"])
+  return expr.xreplace({sp.Symbol(k, positive=True): sp.Float(v) for k, v in values.items()})
+
+
 def _sympy_time(kind, n_dec=0, S_dec=0, n_pre=0, S_pre_att=0, S_pre_kv=0):
   """The iteration's time by sympy substitution (not the lambdified path)."""
-  expr = iteration.iteration_expression(kind, FACTORS if kind != "bound" else None)
-  values = dict(MODEL, N_act=MODEL["N"], n_dec=n_dec, S_dec=S_dec, n_pre=n_pre, S_pre_att=S_pre_att,
-                S_pre_kv=S_pre_kv)
-  return float(expr.subs({sp.Symbol(k, positive=True): v for k, v in values.items()}))
+  values = dict(n_dec=n_dec, S_dec=S_dec, n_pre=n_pre, S_pre_att=S_pre_att, S_pre_kv=S_pre_kv)
+  return float(
+      _model_expression(kind).xreplace(
+          {sp.Symbol(k, positive=True): sp.Float(v) for k, v in values.items()}))
 
 
 @pytest.mark.parametrize("kind", ["bound", "calibrated"])
@@ -144,7 +153,7 @@ def test_fixed_lengths_are_exact_and_metrics_follow_vllm():
 def test_calibrated_iteration_reduces_to_the_calibrated_decode_step():
   # No prefill, B equal contexts, no attention FLOPs (H -> 0): the calibrated step.
   B_, T_ = sp.Integer(8), sp.Integer(900)
-  it = iteration.calibrated_terms()["step_s"].subs({
+  it = iteration.step_expression("calibrated").subs({
       iteration.n_dec: B_, iteration.S_dec: B_ * T_, iteration.n_pre: 0, iteration.S_pre_att: 0,
       iteration.S_pre_kv: 0,
       sp.Symbol("H", positive=True): 0

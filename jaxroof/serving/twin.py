@@ -1,6 +1,6 @@
 """The simulated twin of the toy server: the iteration model fitted to the server itself.
 
-The calibrated iteration (`jaxroof.symbolic.iteration.calibrated_terms`) has
+The calibrated iteration (`jaxroof.symbolic.iteration.step_expression`) has
 the calibrated step's six factors. Here they are fitted, in log space with
 optax's Adam, to the wall times of the server's own iterations (their mix of
 decodes, contexts and prefill tokens as inputs), measured on a calibration
@@ -39,7 +39,7 @@ def toy_model_values(params: Params) -> dict[str, float]:
 
 @functools.cache
 def _jax_step():
-  return lambdified({"step_s": iteration.calibrated_terms()["step_s"]},
+  return lambdified({"step_s": iteration.step_expression("calibrated")},
                     iteration.INPUTS + calibrated.FACTORS, backend="jax")
 
 

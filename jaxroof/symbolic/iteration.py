@@ -66,20 +66,29 @@ def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
 def bound_terms(bound: str = "per_op") -> dict[str, sp.Expr]:
   """Named expressions of an iteration's analytic bound (seconds, bytes, FLOP)."""
   subs = raw_substitution()
-  return {name: sp.sympify(e).subs(subs) for name, e in cost_model.bound_terms(bound).items()}
+  return {name: sp.sympify(e).xreplace(subs) for name, e in cost_model.bound_terms(bound).items()}
 
 
 def calibrated_terms() -> dict[str, sp.Expr]:
   """Named expressions of a calibrated iteration (the cost model's calibrated form)."""
   subs = raw_substitution()
-  return {name: sp.sympify(e).subs(subs) for name, e in cost_model.calibrated_terms().items()}
+  return {name: sp.sympify(e).xreplace(subs) for name, e in cost_model.calibrated_terms().items()}
+
+
+@functools.cache
+def step_expression(kind: str) -> sp.Expr:
+  """The step time of one iteration ("bound": per_op; else calibrated), in raw terms.
+
+  Symbols are replaced structurally (`xreplace`): `subs` takes seconds on the calibrated
+  form for the same expression."""
+  terms = cost_model.bound_terms() if kind == "bound" else cost_model.calibrated_terms()
+  return sp.sympify(terms["step_s"]).xreplace(raw_substitution())
 
 
 @functools.cache
 def _step_only(kind: str) -> Evaluator:
-  if kind == "bound":
-    return lambdified({"step_s": bound_terms()["step_s"]}, INPUTS)
-  return lambdified({"step_s": calibrated_terms()["step_s"]}, INPUTS + calibrated.FACTORS)
+  inputs = INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS
+  return lambdified({"step_s": step_expression(kind)}, inputs)
 
 
 @functools.cache
@@ -91,9 +100,9 @@ def chunk_model() -> Evaluator:
 
 def iteration_expression(kind: str, factors: dict[str, float] | None = None) -> sp.Expr:
   """The step-time expression of one iteration (factors substituted if given)."""
-  expr = (bound_terms() if kind == "bound" else calibrated_terms())["step_s"]
+  expr = step_expression(kind)
   if factors:
-    expr = expr.subs({sp.Symbol(n, positive=True): v for n, v in factors.items()})
+    expr = expr.xreplace({sp.Symbol(n, positive=True): sp.Float(v) for n, v in factors.items()})
   return expr
 
 
