@@ -174,6 +174,11 @@ ENGINE_ACT_NS = flags.DEFINE_float(
     "rotary, SiLU-and-multiply, residual adds), held in the fit (vLLM's inductor code on the "
     "AMX Xeon: 1.2-1.9; results/vllm_cpu/engine_forward_ops.py). 0: none.", lower_bound=0.0,
     upper_bound=1e6)
+ENGINE_COLD_SHARE = flags.DEFINE_float(
+    "engine_cold_share", 0.0, "vllm: the share of the cached weight bytes (--engine_cache_mb) "
+    "an idle gap evicts, held in the fit: an iteration on an idle engine reads that share from "
+    "memory again, on top of its wake (the AMX Xeon of issue 25: 1, "
+    "results/vllm_cpu/wake_split.py). In [0, 1]; 0: none.", lower_bound=0.0, upper_bound=1.0)
 
 
 @flags.multi_flags_validator(
@@ -190,6 +195,7 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
     "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
     "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_act_ns, "
+    "--engine_cold_share, "
     "--engine_request_ms and "
     "--engine_wake_ms, where given, replace what it held (the new device's own kernel rates, "
     "front end and wake).")
@@ -233,12 +239,12 @@ USED: dict[str, tuple[str, ...]] = {
     "toy": _TOY,
     "csv": ("from_csv", *_VLLM_SETUP, "carry_over", "rows_out", "drop_suspicious", "fit_steps"),
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
-    "vllm":
-        (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
-         "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
-         "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv", "engine_eta_attn",
-         "engine_cache_mb", "engine_cache_gbps", "engine_build_us", "engine_act_ns", "scheduler",
-         "max_running", "token_budget", "max_simulations", "seed", "engine_factors"),
+    "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
+             "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
+             "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv",
+             "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps", "engine_build_us",
+             "engine_act_ns", "engine_cold_share", "scheduler", "max_running", "token_budget",
+             "max_simulations", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

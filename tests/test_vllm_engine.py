@@ -461,7 +461,7 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
       "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
       "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26",
       "--engine_cache_mb=50", "--engine_cache_gbps=22", "--engine_build_us=9",
-      "--engine_act_ns=1.5", f"--json_out={out}"
+      "--engine_act_ns=1.5", "--engine_cold_share=1", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
@@ -471,9 +471,9 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   # Every held engine term reaches the fit, as measured.
   assert result["fixed"] == {
       "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256,
-      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6, "t_act": 1.5e-9
+      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6, "t_act": 1.5e-9, "s_cold": 1.0
   }
-  assert result["factors"]["t_act"] == 1.5e-9
+  assert result["factors"]["t_act"] == 1.5e-9 and result["factors"]["s_cold"] == 1.0
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
   assert result["factors"]["c_llc"] == 5e7 and result["factors"]["bw_llc"] == 2.2e10
   half = subprocess.run([
@@ -505,10 +505,12 @@ def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, mod
       assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
 
 
-def test_an_idle_engine_reads_its_cached_weights_from_memory(model_dir, device_file):
-  """With the cache held, the replica's wake is t_wake plus the step's cached weight bytes
-  read at eta_w * BW instead of bw_llc, by hand from the model's constants; without a cache
-  it is t_wake alone, and a cache that holds nothing adds nothing."""
+def test_an_idle_engine_reads_its_evicted_cached_weights_from_memory(model_dir, device_file):
+  """With the cache and a cold share held, the replica's wake is t_wake plus that share of
+  the step's cached weight bytes read at eta_w * BW instead of bw_llc, by hand from the
+  model's constants; without the share (the default, and every fit made before it) or
+  without a cache it is t_wake alone; with no t_wake it is the cold cost alone; a share
+  outside [0, 1] is refused."""
   setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
                                   accelerator_file=device_file, wake_seconds=2e-3)
   factors = {**engine_fit.START, "eta_w": 0.5}
@@ -517,12 +519,24 @@ def test_an_idle_engine_reads_its_cached_weights_from_memory(model_dir, device_f
   weights = plain.cost.constants["W_b"] + plain.cost.constants["W_h"] + plain.cost.constants["r_e"]
   dram = 0.5 * 2.5e10  # eta_w x the fixture device's read ceiling.
   assert plain.wake_s == 2e-3
+  no_cache = dataclasses.replace(setup, cold_share=1.0)
+  assert engine_fit.replica_of(run, no_cache, {**factors, **no_cache.held()}).wake_s == 2e-3
   for cached in (weights / 2, 4 * weights):
-    held = dataclasses.replace(setup, cache_bytes=cached, cache_rate=4 * dram)
-    replica = engine_fit.replica_of(run, held, {**factors, **held.held()})
+    cache = dataclasses.replace(setup, cache_bytes=cached, cache_rate=4 * dram)
+    assert engine_fit.replica_of(run, cache, {**factors, **cache.held()}).wake_s == 2e-3
     hit = min(cached, weights)
-    assert replica.wake_s == pytest.approx(2e-3 + hit / dram - hit / (4 * dram), rel=1e-9)
-    assert "read from memory" in replica.description["wake"]
+    cold = hit / dram - hit / (4 * dram)
+    for share in (0.5, 1.0):
+      held = dataclasses.replace(cache, cold_share=share)
+      assert held.held()["s_cold"] == share
+      replica = engine_fit.replica_of(run, held, {**factors, **held.held()})
+      assert replica.wake_s == pytest.approx(2e-3 + share * cold, rel=1e-9)
+      assert "read from memory" in replica.description["wake"]
+    awake = dataclasses.replace(cache, cold_share=1.0, wake_seconds=None)
+    replica = engine_fit.replica_of(run, awake, {**factors, **awake.held(), "t_wake": 0.0})
+    assert replica.wake_s == pytest.approx(cold, rel=1e-9)
+  with pytest.raises(errors.InputError, match="cold_share=1.5"):
+    dataclasses.replace(setup, cold_share=1.5)
 
 
 def test_held_elementwise_kernels_slow_prefills_and_carry_in_the_factors(model_dir, device_file):

@@ -21,9 +21,9 @@ engine's per-layer kernels and their launches; it needs fit runs of two depths, 
 and t0_step are one sum), and one on an iteration that begins on an idle engine (`t_wake`,
 `wake_cost`: the engine waking from its wait; paid by the requests that find it idle, where
 `t0_request` is paid by every request; hold `t0_request` at its measured value,
-`request_seconds`, and the load tells the two apart). With the cache held, an iteration on
-an idle engine also reads its cached weight bytes from memory (`cold_cache_s`, on top of
-t_wake). Held as measured, not searched: r_ovl (`overlap`, how the
+`request_seconds`, and the load tells the two apart). With the cache and `cold_share` held,
+an iteration on an idle engine also reads that share of its cached weight bytes from memory
+(the cost model's `cold_cache_s`, on top of t_wake). Held as measured, not searched: r_ovl (`overlap`, how the
 engine's GEMMs overlap weight reads and FLOPs), m_pass (`m_pass`, the rows its GEMM
 multiplies in one pass over the weights: on vLLM's CPU path a mixed step of a 256-token
 prompt and k decode rows reads them about twice) and, where given, eta_kv (`kv_efficiency`,
@@ -88,7 +88,8 @@ SEQUENCE_COST = "t0_seq"
 # that finds the engine idle pays it: served prefills of 16 tokens took 2-4 ms longer after
 # an idle gap than beside a running decode (results/vllm_cpu/engine_idle_probe.py). Its part
 # that grows with the weights held in the cache is the cost model's `cold_cache_s`, charged
-# with it; t_wake is the rest (about 2 ms, the same for every shape).
+# with it where `ServingSetup.cold_share` is held; t_wake is the rest (about 2 ms for every
+# shape whose weights fit the cache).
 WAKE_COST = "t_wake"
 # With `ServingSetup.layer_cost`: the fixed cost per layer per iteration, searched (else `FIXED`).
 LAYER_COST = "t0_layer"
@@ -114,6 +115,11 @@ KERNEL_BUILD = "t_build"
 # SiLU-and-multiply, residual adds) per token and activation element (measured: vLLM CPU's
 # inductor code, results/vllm_cpu/engine_forward_ops.py; 0: none).
 ELEMENTWISE = "t_act"
+# `ServingSetup.cold_share`: the share of the cached weight bytes (c_llc) an idle gap evicts,
+# held (1: all of them; 0: none, the default): an iteration on an idle engine pays that share
+# of the cost model's `cold_cache_s` on top of t_wake (measured: the idle probe's wake less
+# t_wake grows with the cached bytes as the whole share would; wake_split.py).
+COLD_SHARE = "s_cold"
 KERNEL_CACHE_ROWS = 32  # vLLM 0.32: ops.create_onednn_mm(weight, 32) per linear weight.
 BOUNDS = {
     "eta_w": (0.05, 1.0), "eta_f": (0.01, 1.0), "t0_step": (1e-5, 0.05), REQUEST_COST: (1e-5, 0.5),
@@ -145,7 +151,7 @@ BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
     REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WAKE_COST: 0.0, WEIGHT_PASS: 0,
     ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0,
-    ELEMENTWISE: 0.0
+    ELEMENTWISE: 0.0, COLD_SHARE: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -232,6 +238,9 @@ class ServingSetup:
   # elementwise kernels take (measured: vLLM's inductor code on the AMX Xeon, 1.2-1.9 ns;
   # results/vllm_cpu/engine_forward_ops.json). 0: none.
   elementwise_seconds: float = 0.0
+  # s_cold, held: the share of the cached weight bytes an idle gap evicts (`COLD_SHARE`; 1 on
+  # the AMX Xeon of issue 25, results/vllm_cpu/wake_split.py). 0: none.
+  cold_share: float = 0.0
 
   def __post_init__(self):
     for held, fitted in (("request_seconds", "request_cost"), ("wake_seconds", "wake_cost")):
@@ -244,6 +253,10 @@ class ServingSetup:
             "fitted; give one.", field=held)
       errors.require_non_negative(held, value)
     errors.require_non_negative("elementwise_seconds", self.elementwise_seconds)
+    if not 0.0 <= self.cold_share <= 1.0:
+      raise errors.InputError(
+          f"cold_share={self.cold_share!r} is not allowed: give the share of the cached "
+          "weight bytes an idle gap evicts, in [0, 1].", field="cold_share")
 
   @property
   def searched(self) -> tuple[str, ...]:
@@ -264,9 +277,10 @@ class ServingSetup:
                    if self.elementwise_seconds > 0 else {})
     request = {} if self.request_seconds is None else {REQUEST_COST: float(self.request_seconds)}
     wake = {} if self.wake_seconds is None else {WAKE_COST: float(self.wake_seconds)}
+    cold = {COLD_SHARE: float(self.cold_share)} if self.cold_share > 0 else {}
     return {
         "r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **elementwise, **request,
-        **wake
+        **wake, **cold
     }
 
   @property
@@ -316,9 +330,8 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
   held = {
-      n: float(values[n])
-      for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD, ELEMENTWISE)
-      if n in values
+      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD,
+                                   ELEMENTWISE, COLD_SHARE) if n in values
   }
   costs = {n: float(values.get(n, 0.0)) for n in (REQUEST_COST, SEQUENCE_COST, WAKE_COST)}
   return {**_step_factors(values), **costs, **held}
@@ -370,7 +383,8 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
                 f"GEMM kernels: {spec.num_layers} layers x {build * 1e6:.3g} us per token"
         })
   wake = float(factors.get(WAKE_COST, 0.0))
-  cold = float(replica.cost.decode(1.0, 1.0, replica.step_model)["cold_cache_s"])
+  cold = float(factors.get(COLD_SHARE, 0.0)) * float(
+      replica.cost.decode(1.0, 1.0, replica.step_model)["cold_cache_s"])
   if wake + cold > 0:
     replica = dataclasses.replace(
         replica, wake_s=wake + cold, description={

@@ -2,7 +2,7 @@
 
 `engine_gemm_blocks.json` timed vLLM's bf16 linear path over a model's whole decoder weight
 set at M rows (one thread, core 1). The cost model's `linear_s` for the same weights (the
-LM head left out) at the pass's ceilings and held cache, eta_w = eta_f = 1, combines the
+LM head and the attention FLOPs left out) at the pass's ceilings and held cache, eta_w = eta_f = 1, combines the
 weight read and the FLOPs by a p-norm, p = 1 + r_ovl: 1 adds them, 2 overlaps them partly.
 This prints both beside the measurement, per model and M. Usage (project venv, root):
   python results/vllm_cpu/gemm_overlap_at_prefill.py results/vllm_cpu/passN
@@ -29,8 +29,10 @@ def main(pass_dir: str) -> None:
   for name, by_rows in blocks.items():
     spec = models.load_model(os.path.join("results/vllm_cpu/models", name))
     cost = IterationModel.on_device(spec, device)
-    cost = dataclasses.replace(cost,
-                               constants={**cost.constants, "W_h": 0.0, "N_h": 0.0, "r_e": 0.0})
+    # The decoder's linear layers alone: no LM head, no attention FLOPs (which `linear_s`
+    # takes in when eta_attn is not held).
+    cost = dataclasses.replace(
+        cost, constants={**cost.constants, "W_h": 0.0, "N_h": 0.0, "r_e": 0.0, "a_full": 0.0})
     for rows in ROWS:
       measured = float(np.median(by_rows[str(rows)]))
       predicted = []
