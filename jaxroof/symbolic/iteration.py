@@ -51,28 +51,16 @@ def chunk_kv_positions(o: sp.Expr = o_chunk, c: sp.Expr = c_chunk) -> sp.Expr:
 def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
   """The cost model's inputs in terms of the raw numbers and the raw mix."""
   zero = {
-      x: 0 for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up, S.W_x, S.N_h,
-                     S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla, S.ap_mla, S.u_mla, S.s_st,
-                     S.n_seq, S.t_comm, S.o_ovl, S.r_pack, S.m_pass, S.eta_attn, S.c_llc, S.bw_llc,
-                     S.A_w, S.t_act)
+      x: sp.S.Zero for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up, S.W_x,
+                             S.N_h, S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla, S.ap_mla,
+                             S.u_mla, S.s_st, S.n_seq, S.t_comm, S.o_ovl, S.r_pack, S.m_pass,
+                             S.eta_attn, S.c_llc, S.bw_llc, S.A_w, S.t_act)
   }  # The toy twin fits its own factors: no re-pack, no engine's GEMM limit or kernel.
   return {
       **zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att, S.V_full: S_pre_kv,
-      S.W_b: N * q, S.N_b: N_act, S.E: 1, S.K: 1, S.k_full: k,
+      S.W_b: N * q, S.N_b: N_act, S.E: sp.S.One, S.K: sp.S.One, S.k_full: k,
       S.a_full: L * prefill.full_attention_pair_flops(H, d)
   }
-
-
-def bound_terms(bound: str = "per_op") -> dict[str, sp.Expr]:
-  """Named expressions of an iteration's analytic bound (seconds, bytes, FLOP)."""
-  subs = raw_substitution()
-  return {name: sp.sympify(e).xreplace(subs) for name, e in cost_model.bound_terms(bound).items()}
-
-
-def calibrated_terms() -> dict[str, sp.Expr]:
-  """Named expressions of a calibrated iteration (the cost model's calibrated form)."""
-  subs = raw_substitution()
-  return {name: sp.sympify(e).xreplace(subs) for name, e in cost_model.calibrated_terms().items()}
 
 
 @functools.cache

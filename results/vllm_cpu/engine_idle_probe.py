@@ -54,7 +54,7 @@ def summary(rows: dict[str, dict], gap: float = WAKE_GAP_S) -> dict:
   }
   return {
       "wake_s": wake, "wake_s_median": statistics.median(wake.values()), "idle_gap_s": gap,
-      "wake_what": "a short prompt's prefill after the idle gap less the same beside a running "
+      "wake_what": "a prompt's prefill after the idle gap less the same beside a running "
                    "decode (medians over the rounds), per shape"
   }
 
@@ -111,7 +111,7 @@ def _line(row: dict) -> str:
 if __name__ == "__main__":
   main(
       sys.argv[1:], probe, summary, _line,
-      what="served prefills of a short prompt (one output token) after the engine was idle "
+      what="served prefills of a prompt (one output token) after the engine was idle "
       "for several gaps, and while another request decodes (engine_idle_probe.py)",
       timing="vLLM's /metrics histogram sums read around each request; client: "
       "time.perf_counter around the POST; medians")

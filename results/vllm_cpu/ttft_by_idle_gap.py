@@ -23,6 +23,8 @@ def split(path: str) -> dict:
   start = np.asarray(run["start_times"], float)
   ttft = np.asarray(run["ttfts"], float)
   end = start + ttft + np.array([sum(gaps) for gaps in run["itls"]])
+  served = ttft > 0  # vLLM records a failed request with TTFT 0: left out.
+  start, ttft, end = start[served], ttft[served], end[served]
   order = np.argsort(start)
   start, ttft, end = start[order], ttft[order], end[order]
   busy, idle = [], []
