@@ -383,8 +383,9 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
                 f"GEMM kernels: {spec.num_layers} layers x {build * 1e6:.3g} us per token"
         })
   wake = float(factors.get(WAKE_COST, 0.0))
-  cold = float(factors.get(COLD_SHARE, 0.0)) * float(
-      replica.cost.decode(1.0, 1.0, replica.step_model)["cold_cache_s"])
+  share = float(factors.get(COLD_SHARE, 0.0))
+  cold = share * float(replica.cost.decode(
+      1.0, 1.0, replica.step_model)["cold_cache_s"]) if share > 0 else 0.0
   if wake + cold > 0:
     replica = dataclasses.replace(
         replica, wake_s=wake + cold, description={

@@ -154,8 +154,7 @@ class StepModel:
     calibrated per-layer fixed cost; None leaves it out. A_w (activation elements per
     token, `symbols.A_w`) feeds an engine's elementwise cost (t_act); None leaves it
     out. `comm_s` (several chips: communication on the step's path, s) adds to the step,
-    hidden by
-    `comm_overlap` (0: serial), and is returned as an output; None leaves the
+    hidden by `comm_overlap` (0: serial), and is returned as an output; None leaves the
     outputs as they were. `A_t`: attention FLOPs per retained token and
     sequence (the bound's attention roofline; None: 0)."""
     if self.kind == "bound":
