@@ -11,7 +11,9 @@ that `calibrate --engine_wake_ms` holds with `--engine_cold_share=1`.
 Usage (project venv, repository root):
   python results/vllm_cpu/wake_split.py results/vllm_cpu/passN [OUT.json] [ETA_W]
 (the pass's engine_cache.json and accelerator.json; ETA_W: the read efficiency, default 1,
-the engine fits' 0.98-1.0).
+the engine fits' 0.98-1.0). The wakes are the pass's own idle probes where it has them
+(`PASS/engine_idle_probe.json`, full_pass.sh's two shapes, and `PASS/engine_idle_probe_shapes.json`,
+the other four), else `PROBE` (pass I7's six shapes, which passes I6 and I7 used).
 """
 import json
 import os
@@ -25,6 +27,7 @@ from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic.step_model import StepModel
 
 PROBE = "results/vllm_cpu/engine_idle_probe.json"
+PASS_PROBES = ("engine_idle_probe.json", "engine_idle_probe_shapes.json")
 MODELS = "results/vllm_cpu/models"
 
 
@@ -45,9 +48,13 @@ def main(pass_dir: str, out: str | None, eta_w: float) -> None:
   cache = json.load(open(os.path.join(pass_dir, "engine_cache.json")))
   device = what_if.load_accelerator_file(os.path.join(pass_dir, "accelerator.json"))
   read_ceiling = device.memory_bandwidth_bytes_per_s
-  probe = json.load(open(PROBE))["summary"]
+  probes = [os.path.join(pass_dir, n) for n in PASS_PROBES]
+  probes = [p for p in probes if os.path.exists(p)] or [PROBE]
+  wakes = {}
+  for path in probes:
+    wakes.update(json.load(open(path))["summary"]["wake_s"])
   rows = {}
-  for shape, wake in probe["wake_s"].items():
+  for shape, wake in wakes.items():
     cold, weights = cold_cache_s(shape, read_ceiling, cache["c_llc_bytes"],
                                  cache["bw_llc_bytes_per_s"], eta_w)
     fits = bool(weights <= cache["c_llc_bytes"])
@@ -74,7 +81,7 @@ def main(pass_dir: str, out: str | None, eta_w: float) -> None:
                 "the cost model's cold_cache_s (c_llc bytes read at eta_w * BW instead of "
                 "bw_llc); the median rest over the shapes whose weights fit c_llc is t_wake (wake_split.py)",
             "from": [
-                PROBE,
+                *probes,
                 os.path.join(pass_dir, "engine_cache.json"),
                 os.path.join(pass_dir, "accelerator.json")
             ], "eta_w": eta_w, "read_ceiling_bytes_per_s": read_ceiling, "c_llc_bytes":
