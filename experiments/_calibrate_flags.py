@@ -212,6 +212,11 @@ TOKEN_BUDGET = flags.DEFINE_integer("token_budget", 2048, "vllm: vLLM "
 MAX_SIMULATIONS = flags.DEFINE_integer(
     "max_simulations", engine_fit.MAX_EVALUATIONS, "vllm: loss evaluations per search "
     "(each simulates every run once).", lower_bound=10)
+FIT_STARTS = flags.DEFINE_integer(
+    "fit_starts", 1, "vllm: the searches' starts: 1 (from the usual start) or 2 (also from "
+    "every fitted fixed cost at its lower bound, keeping the lower loss; about twice the "
+    "time). The loss can hold two minima where fixed costs trade against each other.",
+    lower_bound=1, upper_bound=2)
 
 # Output.
 PROFILE_OUT = flags.DEFINE_string("profile_out", None, "Write the fitted profile here.")
@@ -244,7 +249,7 @@ USED: dict[str, tuple[str, ...]] = {
              "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv",
              "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps", "engine_build_us",
              "engine_act_ns", "engine_cold_share", "scheduler", "max_running", "token_budget",
-             "max_simulations", "seed", "engine_factors"),
+             "max_simulations", "fit_starts", "seed", "engine_factors"),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 

@@ -192,7 +192,7 @@ def predict_vllm() -> None:
     raise errors.InputError(f"--profile_out={F.PROFILE_OUT.value!r} with --engine_factors: a "
                             "prediction fits no factors; the profile is the earlier fit's.")
   for flag in (F.FIT_MODEL, F.REQUEST_COST, F.SEQUENCE_COST, F.LAYER_COST, F.WAKE_COST,
-               F.MAX_SIMULATIONS):
+               F.MAX_SIMULATIONS, F.FIT_STARTS):
     if flag.present:
       raise errors.InputError(f"--{flag.name} with --engine_factors: it shapes a fit, and a "
                               "prediction fits nothing (the factors are the earlier fit's).")
@@ -236,7 +236,8 @@ def vllm() -> None:
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,
                                        fit_model=F.FIT_MODEL.value or None,
-                                       max_simulations=F.MAX_SIMULATIONS.value)
+                                       max_simulations=F.MAX_SIMULATIONS.value,
+                                       starts=F.FIT_STARTS.value)
   print(tables.engine_fit_text(result))
   _write(result, engine_fit.engine_profile(result))
 

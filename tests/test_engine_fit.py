@@ -129,6 +129,34 @@ def test_search_ends_when_the_best_factors_sit_on_their_bounds():
   assert factors["eta_w"] == pytest.approx(engine_fit.BOUNDS["eta_w"][0], rel=0.05)
 
 
+def _two_minima(runs, setup, values, cache):
+  """A loss with a local minimum at t0_step = 1 ms (the usual start) and a lower one at
+  20 us: the shape of a fit whose fixed costs trade against each other."""
+  u = math.log(values["t0_step"])
+  local, lower, middle = math.log(1e-3), math.log(2e-5), math.log(1.5e-4)
+  cache[tuple(values.values())] = None
+  return np.array([
+      math.log(values["eta_w"] / 0.5),
+      math.log(values["eta_f"] / 0.5), (u - local) * (u - lower) / 10,
+      0.3 / (1 + math.exp(-(u - middle)))
+  ])
+
+
+def test_a_second_start_finds_the_lower_of_two_minima(monkeypatch):
+  monkeypatch.setattr(engine_fit, "_residuals", _two_minima)
+  one, loss_one, _ = engine_fit.search([], SETUP, max_simulations=60)
+  two, loss_two, _ = engine_fit.search([], SETUP, max_simulations=60, starts=2)
+  assert one["t0_step"] == pytest.approx(1e-3, rel=0.3)  # Stuck at the start's minimum.
+  assert two["t0_step"] == pytest.approx(2e-5, rel=0.3)
+  assert loss_two < loss_one / 10
+  assert two["eta_w"] == pytest.approx(0.5, rel=0.02)
+
+
+def test_a_third_start_is_refused():
+  with pytest.raises(errors.InputError, match="starts=3"):
+    engine_fit.search([], SETUP, starts=3)
+
+
 def test_engine_profile_round_trips(tmp_path, monkeypatch):
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
   path = tmp_path / "r.json"
