@@ -148,6 +148,11 @@ ENGINE_ETA_KV = flags.DEFINE_float(
     "about 9 GB/s of 38-41, net of its FLOPs at --engine_eta_attn "
     "(results/vllm_cpu/engine_attention_rates*.json): 0.23. In (0, 1]; unset: tied to eta_w.",
     lower_bound=1e-6, upper_bound=1.0)
+ENGINE_ETA_W = flags.DEFINE_float(
+    "engine_eta_w", None, "vllm: eta_w held in the fit, not searched: the engine's GEMMs' "
+    "weight read rate beyond the held cache as a share of the device's read bandwidth "
+    "(a pass's engine_cache.json: bw_rest over the read ceiling; the EPYC of issue 25: "
+    "0.39-0.45). In (0, 1]; unset: searched.", lower_bound=1e-6, upper_bound=1.0)
 ENGINE_ETA_ATTN = flags.DEFINE_float(
     "engine_eta_attn", None, "vllm: eta_attn held in the fit: the engine's attention "
     "kernel's FLOP rate as a share of the device's F, its FLOPs timed on top of the linear "
@@ -193,7 +198,7 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "engine_factors", None, "vllm: an earlier engine calibration (the --json_out of "
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
-    "day; --from_vllm not used). --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
+    "day; --from_vllm not used). --engine_eta_w, --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
     "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_act_ns, "
     "--engine_cold_share, "
     "--engine_request_ms and "
@@ -246,7 +251,7 @@ USED: dict[str, tuple[str, ...]] = {
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file",
              "request_cost", "sequence_cost", "layer_cost", "wake_cost", "engine_request_ms",
-             "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_kv",
+             "engine_wake_ms", "engine_overlap", "engine_m_pass", "engine_eta_w", "engine_eta_kv",
              "engine_eta_attn", "engine_cache_mb", "engine_cache_gbps", "engine_build_us",
              "engine_act_ns", "engine_cold_share", "scheduler", "max_running", "token_budget",
              "max_simulations", "fit_starts", "seed", "engine_factors"),

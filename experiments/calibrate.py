@@ -175,8 +175,9 @@ def _setup() -> engine_fit.ServingSetup:
                        1e3), sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
       wake_cost=F.WAKE_COST.value,
       wake_seconds=(None if F.ENGINE_WAKE_MS.value is None else F.ENGINE_WAKE_MS.value / 1e3),
-      overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
-      m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
+      overlap=errors.require_non_negative("--engine_overlap",
+                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
+      kv_efficiency=F.ENGINE_ETA_KV.value, weight_efficiency=F.ENGINE_ETA_W.value,
       attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
       cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9, kernel_build=F.ENGINE_BUILD_US.value / 1e6,
       elementwise_seconds=F.ENGINE_ACT_NS.value / 1e9, cold_share=F.ENGINE_COLD_SHARE.value)
@@ -202,8 +203,8 @@ def predict_vllm() -> None:
   setup = _setup()
   factors = engine_fit.read_factors(F.ENGINE_FACTORS.value)
   replaced = {
-      "eta_kv": F.ENGINE_ETA_KV.value, "eta_attn": F.ENGINE_ETA_ATTN.value,
-      "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
+      "eta_w": F.ENGINE_ETA_W.value, "eta_kv": F.ENGINE_ETA_KV.value, "eta_attn":
+          F.ENGINE_ETA_ATTN.value, "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
       "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
       "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,

@@ -157,6 +157,23 @@ def test_a_third_start_is_refused():
     engine_fit.search([], SETUP, starts=3)
 
 
+def test_a_held_eta_w_is_not_searched_and_reads_the_weights_at_its_rate():
+  held = dataclasses.replace(SETUP, weight_efficiency=TRUTH["eta_w"])
+  assert held.searched == ("eta_f", "t0_step")
+  assert held.held()["eta_w"] == TRUTH["eta_w"]
+  run = _synthetic_run(8.0, seed=3, n=8)
+  rest = {k: v for k, v in TRUTH.items() if k != "eta_w"}
+  assert engine_fit.simulate_run(run, held, rest) == engine_fit.simulate_run(run, SETUP, TRUTH)
+  slower = engine_fit.simulate_run(run, dataclasses.replace(held, weight_efficiency=0.2), rest)
+  assert slower["median_tpot_s"] > run.measured["median_tpot_s"]
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -0.3])
+def test_a_held_eta_w_outside_0_1_is_refused(value):
+  with pytest.raises(errors.InputError, match="weight_efficiency"):
+    dataclasses.replace(SETUP, weight_efficiency=value)
+
+
 def test_engine_profile_round_trips(tmp_path, monkeypatch):
   monkeypatch.setattr(engine_fit, "search", lambda runs, setup, **_: (dict(TRUTH), 0.0, 1))
   path = tmp_path / "r.json"

@@ -11,7 +11,8 @@ run's `METRICS`.
 
 Three factors are searched, the ones request medians can tell apart: eta_w
 (weight and K/V bandwidth; eta_kv tied to it), eta_f (FLOP efficiency:
-prefill in TTFT, large batches) and t0_step (fixed cost per iteration);
+prefill in TTFT, large batches) and t0_step (fixed cost per iteration); eta_w
+is held instead where measured (`weight_efficiency`: the engine's GEMMs' rate beyond the cache);
 t0_layer and r_ovl stay at `FIXED` (stated in the result). Optional: a fixed
 cost per request before the engine sees it (`t0_request`, `request_cost`) and
 one per sequence per iteration (`t0_seq`, `sequence_cost`: the engine's Python
@@ -225,6 +226,11 @@ class ServingSetup:
   # 8-11 by model, where its GEMMs read weights at 24-39 GB/s;
   # results/vllm_cpu/engine_attention_rates*.json). None: tied to eta_w.
   kv_efficiency: float | None = None
+  # eta_w, held (not searched): the engine's GEMMs' weight rate beyond the cache as a share of
+  # the device's BW (measured: engine_cache.json's bw_rest over the read ceiling, 0.39-0.45 on
+  # the EPYC of issue 25). None: searched. Held, the served runs' slower small-model steps
+  # go to the fixed costs instead of lowering the rate every model's weights are read at.
+  weight_efficiency: float | None = None
   # eta_attn, held: the engine's attention kernel's FLOP rate as a share of F (measured:
   # vLLM's CPU kernel 114-121 GFLOP/s on prompts of 128-512 tokens, its GEMMs 450). None:
   # attention FLOPs with the linear layers' at eta_f.
@@ -257,6 +263,11 @@ class ServingSetup:
             "fitted; give one.", field=held)
       errors.require_non_negative(held, value)
     errors.require_non_negative("elementwise_seconds", self.elementwise_seconds)
+    if self.weight_efficiency is not None and not 0.0 < self.weight_efficiency <= 1.0:
+      raise errors.InputError(
+          f"weight_efficiency={self.weight_efficiency!r} is not allowed: give eta_w, the "
+          "engine's weight read rate as a share of the device's BW, in (0, 1].",
+          field="weight_efficiency")
     if not 0.0 <= self.cold_share <= 1.0:
       raise errors.InputError(
           f"cold_share={self.cold_share!r} is not allowed: give the share of the cached "
@@ -266,11 +277,13 @@ class ServingSetup:
   def searched(self) -> tuple[str, ...]:
     optional = ((REQUEST_COST, self.request_cost), (SEQUENCE_COST, self.sequence_cost),
                 (LAYER_COST, self.layer_cost), (WAKE_COST, self.wake_cost))
-    return SEARCHED + tuple(name for name, searched in optional if searched)
+    base = SEARCHED if self.weight_efficiency is None else SEARCHED[1:]
+    return base + tuple(name for name, searched in optional if searched)
 
   def held(self) -> dict[str, float]:
-    """The factors held as measured: r_ovl always; eta_kv, eta_attn, the cache, t_build,
-    t_act, t0_request and t_wake where given."""
+    """The factors held as measured: r_ovl always; eta_w, eta_kv, eta_attn, the cache,
+    t_build, t_act, t0_request and t_wake where given."""
+    weights = ({} if self.weight_efficiency is None else {"eta_w": float(self.weight_efficiency)})
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
@@ -283,8 +296,8 @@ class ServingSetup:
     wake = {} if self.wake_seconds is None else {WAKE_COST: float(self.wake_seconds)}
     cold = {COLD_SHARE: float(self.cold_share)} if self.cold_share > 0 else {}
     return {
-        "r_ovl": float(self.overlap), **kv, **attention, **cache, **build, **elementwise, **request,
-        **wake, **cold
+        "r_ovl": float(self.overlap), **weights, **kv, **attention, **cache, **build, **elementwise,
+        **request, **wake, **cold
     }
 
   @property
