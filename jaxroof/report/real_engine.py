@@ -67,6 +67,15 @@ OTHER_CPUS = (
          "calibration_passI7_amx_held.json",
          "prediction_passI6_wake_on_passI7_amx.json",
      )),
+    ("AMD EPYC with AVX512-BF16: bf16 through oneDNN, every engine term measured, the "
+     "per-request cost fitted or held", (
+         "calibration_passA1_request_fitted.json",
+         "calibration_passA2_request_fitted.json",
+         "calibration_passA1_held.json",
+         "calibration_passA2_held.json",
+         "prediction_passA1_request_fitted_on_passA2.json",
+         "prediction_passA2_request_fitted_on_passA1.json",
+     )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
 P50_TARGET, P90_TARGET = 0.10, 0.20
