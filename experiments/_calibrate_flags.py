@@ -198,10 +198,9 @@ ENGINE_FACTORS = flags.DEFINE_string(
     "engine_factors", None, "vllm: an earlier engine calibration (the --json_out of "
     "--source=vllm): predict the --heldout_vllm runs with its factors on this "
     "--accelerator_file's ceilings, fitting nothing (factors carried to another device or "
-    "day; --from_vllm not used). --engine_eta_w, --engine_eta_kv, --engine_eta_attn, --engine_overlap, "
-    "--engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, --engine_act_ns, "
-    "--engine_cold_share, "
-    "--engine_request_ms and "
+    "day; --from_vllm not used). --engine_eta_w, --engine_eta_kv, --engine_eta_attn, "
+    "--engine_overlap, --engine_m_pass, --engine_cache_mb/gbps, --engine_build_us, "
+    "--engine_act_ns, --engine_cold_share, --engine_request_ms and "
     "--engine_wake_ms, where given, replace what it held (the new device's own kernel rates, "
     "front end and wake).")
 SEQUENCE_COST = flags.DEFINE_bool(

@@ -202,9 +202,12 @@ def predict_vllm() -> None:
                             "predict and the model they served.")
   setup = _setup()
   factors = engine_fit.read_factors(F.ENGINE_FACTORS.value)
+  efficiencies = {
+      "eta_w": F.ENGINE_ETA_W.value, "eta_kv": F.ENGINE_ETA_KV.value,
+      "eta_attn": F.ENGINE_ETA_ATTN.value
+  }
   replaced = {
-      "eta_w": F.ENGINE_ETA_W.value, "eta_kv": F.ENGINE_ETA_KV.value, "eta_attn":
-          F.ENGINE_ETA_ATTN.value, "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
+      **efficiencies, "r_ovl": setup.overlap if F.ENGINE_OVERLAP.present else None,
       "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
       "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,

@@ -643,7 +643,20 @@ def test_engine_factors_cli_predicts_a_committed_pass_as_its_fit_did(tmp_path):
   ]
   assert expected and [r["predicted_s"] for r in predicted["heldout"]] == pytest.approx(
       [r["predicted_s"] for r in expected], rel=1e-9)
-  for extra in (f"--from_vllm={run_file}", "--request_cost"):
+  held = json.loads(fit.read_text())["factors"]["eta_w"]
+  slower = tmp_path / "slower.json"
+  done = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate", *flags, f"--engine_eta_w={held / 2}",
+      f"--json_out={slower}"
+  ], capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+
+  def p50_tpot(path: pathlib.Path) -> float:
+    rows = json.loads(path.read_text())["heldout"]
+    return next(r["predicted_s"] for r in rows if (r["metric"], r["percentile"]) == ("tpot", 50))
+
+  assert p50_tpot(slower) > p50_tpot(out)  # Half the weights' rate: slower decode steps.
+  for extra in (f"--from_vllm={run_file}", "--request_cost", "--fit_starts=2"):
     refused = subprocess.run([sys.executable, "-m", "experiments.calibrate", *flags, extra],
                              capture_output=True, text=True, cwd=REPO, timeout=300)
     last = refused.stderr.strip().splitlines()[-1]
