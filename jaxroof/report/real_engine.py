@@ -73,8 +73,10 @@ OTHER_CPUS = (
          "calibration_passA2_request_fitted.json",
          "calibration_passA1_held.json",
          "calibration_passA2_held.json",
+         "calibration_passA3_held.json",
          "prediction_passA1_request_fitted_on_passA2.json",
          "prediction_passA2_request_fitted_on_passA1.json",
+         "prediction_passA1_held_on_passA3.json",
      )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
