@@ -77,6 +77,17 @@ def main(config: str, out_path: str, minutes: float = 10.0, every: float = 20.0)
 
 
 if __name__ == "__main__":
+  if len(sys.argv) not in (3, 4, 5) or not os.path.isfile(sys.argv[1]):
+    raise SystemExit(f"memory_drift: give a model's config.json (got {sys.argv[1:2]}) and OUT.json"
+                     " [MINUTES [EVERY]]")
+  def positive(text: str) -> bool:
+    try:
+      return float(text) > 0 and float(text) != float("inf")
+    except ValueError:
+      return False
+
+  if not all(positive(a) for a in sys.argv[3:5]):
+    raise SystemExit(f"memory_drift: MINUTES and EVERY must be positive numbers, got {sys.argv[3:5]}")
   os.sched_setaffinity(0, {1})
   torch.set_num_threads(1)
   main(sys.argv[1], sys.argv[2], *(float(a) for a in sys.argv[3:5]))
