@@ -175,12 +175,13 @@ def _setup() -> engine_fit.ServingSetup:
                        1e3), sequence_cost=F.SEQUENCE_COST.value, layer_cost=F.LAYER_COST.value,
       wake_cost=F.WAKE_COST.value,
       wake_seconds=(None if F.ENGINE_WAKE_MS.value is None else F.ENGINE_WAKE_MS.value / 1e3),
-      overlap=errors.require_non_negative("--engine_overlap",
-                                          F.ENGINE_OVERLAP.value), m_pass=F.ENGINE_M_PASS.value,
-      kv_efficiency=F.ENGINE_ETA_KV.value, weight_efficiency=F.ENGINE_ETA_W.value,
-      attention_efficiency=F.ENGINE_ETA_ATTN.value, cache_bytes=F.ENGINE_CACHE_MB.value * 1e6,
-      cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9, kernel_build=F.ENGINE_BUILD_US.value / 1e6,
-      elementwise_seconds=F.ENGINE_ACT_NS.value / 1e9, cold_share=F.ENGINE_COLD_SHARE.value)
+      overlap=errors.require_non_negative("--engine_overlap", F.ENGINE_OVERLAP.value),
+      m_pass=F.ENGINE_M_PASS.value, kv_efficiency=F.ENGINE_ETA_KV.value,
+      weight_efficiency=F.ENGINE_ETA_W.value, attention_efficiency=F.ENGINE_ETA_ATTN.value,
+      cache_bytes=F.ENGINE_CACHE_MB.value * 1e6, cache_rate=F.ENGINE_CACHE_GBPS.value * 1e9,
+      cache_lru=F.ENGINE_CACHE_LRU.value if F.ENGINE_CACHE_MB.value > 0 else 0.0,
+      kernel_build=F.ENGINE_BUILD_US.value / 1e6, elementwise_seconds=F.ENGINE_ACT_NS.value / 1e9,
+      cold_share=F.ENGINE_COLD_SHARE.value)
 
 
 def predict_vllm() -> None:
@@ -211,6 +212,7 @@ def predict_vllm() -> None:
       "m_pass": setup.m_pass if F.ENGINE_M_PASS.present else None,
       "c_llc": setup.cache_bytes if F.ENGINE_CACHE_MB.present else None,
       "bw_llc": setup.cache_rate if F.ENGINE_CACHE_GBPS.present else None,
+      "s_lru": F.ENGINE_CACHE_LRU.value if F.ENGINE_CACHE_LRU.present else None,
       "t_build": setup.kernel_build if F.ENGINE_BUILD_US.present else None,
       "t_act": setup.elementwise_seconds if F.ENGINE_ACT_NS.present else None,
       "s_cold": setup.cold_share if F.ENGINE_COLD_SHARE.present else None,

@@ -253,6 +253,42 @@ def test_a_cold_cache_reads_the_cached_bytes_from_memory():
   assert float(cost.decode(1.0, 900.0, slow_cache)["cold_cache_s"]) == 0.0
 
 
+def test_an_lru_cache_keeps_less_as_the_weights_outgrow_it():
+  """A step scans its weights in one order, so an LRU cache (s_lru = 1) that the scan
+  outgrows keeps 2 c_llc - W of them, and none past twice its size; s_lru = 0 keeps c_llc of
+  any larger set, and a set that fits is cached whole either way. By hand for the iteration
+  model, the decode step and the cold cost, at weights of 0.5, 1.5 and 2.5 cache sizes."""
+  factors = {
+      "eta_w": 0.7, "eta_kv": 0.6, "eta_f": 0.5, "t0_step": 1e-4, "t0_layer": 1e-6, "r_ovl": 1.3
+  }
+  cost = _cost("llama-3-8b", H100)
+  dram, cache_rate = 0.7 * H100.memory_bandwidth_bytes_per_s, 5e12
+  weights = cost.constants["W_b"] + cost.constants["W_h"] + cost.constants["r_e"]
+  for size in (0.5, 1.5, 2.5):
+    cache = weights / size
+    for lru in (0.0, 0.5, 1.0):
+      model = StepModel.calibrated(factors,
+                                   engine={"c_llc": cache, "bw_llc": cache_rate, "s_lru": lru})
+      hit = min(weights, cache) if weights <= cache else max(0.0, cache - lru * (weights - cache))
+      terms = cost.decode(1.0, 900.0, model)
+      assert float(terms["weight_s"]) == pytest.approx(hit / cache_rate + (weights - hit) / dram,
+                                                       rel=1e-9)
+      assert float(terms["cold_cache_s"]) == pytest.approx(hit / dram - hit / cache_rate, rel=1e-9,
+                                                           abs=1e-15)
+      values = dict(B=np.array([4.0]), T=900.0, N=3e9, q=2.0, k=4e4, BW=2e12, F=3e14, L=30.0)
+      small = 6e9 / size  # The decode step's weights: N q = 6e9 bytes.
+      step = StepModel.calibrated(factors,
+                                  engine={"c_llc": small, "bw_llc": cache_rate, "s_lru": lru})
+      by_hand = min(6e9, small) if size < 1 else max(0.0, small - lru * (6e9 - small))
+      assert float(np.ravel(step.evaluate(**values)["weight_s"])[0]) == pytest.approx(
+          by_hand / cache_rate + (6e9 - by_hand) / (0.7 * 2e12), rel=1e-9)
+  one = StepModel.calibrated(factors, engine={"c_llc": weights / 1.5, "bw_llc": cache_rate})
+  lru = StepModel.calibrated(factors,
+                             engine={"c_llc": weights / 1.5, "bw_llc": cache_rate, "s_lru": 1.0})
+  assert float(cost.decode(1.0, 900.0,
+                           lru)["step_s"]) > float(cost.decode(1.0, 900.0, one)["step_s"])
+
+
 def test_an_engines_extra_pass_over_the_weights_reads_through_its_cache():
   """The GEMM's one more read past m_pass rows re-reads the same weights, so their cached
   bytes come from the cache again: by hand, past 256 rows the step pays min(W, c_llc) /

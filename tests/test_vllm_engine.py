@@ -461,7 +461,7 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
       "--scheduler=vllm", "--request_cost", "--max_simulations=12", "--engine_overlap=0.06",
       "--engine_m_pass=256", "--engine_eta_kv=0.23", "--engine_eta_attn=0.26",
       "--engine_cache_mb=50", "--engine_cache_gbps=22", "--engine_build_us=9",
-      "--engine_act_ns=1.5", "--engine_cold_share=1", f"--json_out={out}"
+      "--engine_act_ns=1.5", "--engine_cold_share=1", "--engine_cache_lru=1", f"--json_out={out}"
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
@@ -471,7 +471,7 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   # Every held engine term reaches the fit, as measured.
   assert result["fixed"] == {
       "t0_layer": 1e-9, "r_ovl": 0.06, "eta_kv": 0.23, "eta_attn": 0.26, "m_pass": 256,
-      "c_llc": 5e7, "bw_llc": 2.2e10, "t_build": 9e-6, "t_act": 1.5e-9, "s_cold": 1.0
+      "c_llc": 5e7, "bw_llc": 2.2e10, "s_lru": 1.0, "t_build": 9e-6, "t_act": 1.5e-9, "s_cold": 1.0
   }
   assert result["factors"]["t_act"] == 1.5e-9 and result["factors"]["s_cold"] == 1.0
   assert result["factors"]["eta_kv"] == 0.23 and result["factors"]["eta_attn"] == 0.26
@@ -482,6 +482,11 @@ def test_calibrate_engine_cli_with_accelerator_file(tmp_path, model_dir, device_
   ], capture_output=True, text=True, cwd=REPO, timeout=600)
   assert half.returncode != 0 and "--engine_cache_mb and --engine_cache_gbps go together" in (
       half.stderr)
+  lru_alone = subprocess.run([
+      sys.executable, "-m", "experiments.calibrate", "--source=vllm", f"--from_vllm={FIXTURE}",
+      f"--model={model_dir}", f"--accelerator_file={device_file}", "--engine_cache_lru=1"
+  ], capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert lru_alone.returncode != 0 and "--engine_cache_lru needs a cache" in lru_alone.stderr
 
 
 def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, model_dir,
@@ -503,6 +508,36 @@ def test_a_held_cache_speeds_only_the_steps_whose_weights_it_holds(tmp_path, mod
     if key[0] == "tpot":
       assert gaps["all"][key] < gap
       assert gaps["byte"][key] == pytest.approx(gap, rel=1e-6)
+
+
+def test_an_lru_cache_held_in_the_fit_keeps_less_of_weights_that_outgrow_it(model_dir, device_file):
+  """cache_lru = 1 held with a cache of three quarters of the fixture model's step weights:
+  the replica's decode reads 2 c_llc - W of them at bw_llc (by hand from the model's
+  constants) where the plain cache reads c_llc; a cache larger than the weights is whole
+  either way; the factors carry s_lru; a share outside [0, 1] or without a cache is
+  refused."""
+  setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
+                                  accelerator_file=device_file)
+  factors = {**engine_fit.START, "eta_w": 0.5}
+  run = _run_with_server(kv_blocks=1000)
+  plain = engine_fit.replica_of(run, setup, {**factors, **setup.held()})
+  weights = plain.cost.constants["W_b"] + plain.cost.constants["W_h"] + plain.cost.constants["r_e"]
+  dram, rate = 0.5 * 2.5e10, 4 * 0.5 * 2.5e10  # eta_w x the fixture device's read ceiling.
+  for cached, lru_hit in ((0.75 * weights, 0.5 * weights), (2 * weights, weights)):
+    cache = dataclasses.replace(setup, cache_bytes=cached, cache_rate=rate)
+    lru = dataclasses.replace(cache, cache_lru=1.0)
+    assert lru.held()["s_lru"] == 1.0 and "s_lru" not in cache.held()
+    read = {}
+    for name, held in (("cache", cache), ("lru", lru)):
+      replica = engine_fit.replica_of(run, held, {**factors, **held.held()})
+      read[name] = float(replica.cost.decode(1.0, 100.0, replica.step_model)["weight_s"])
+    assert read["lru"] == pytest.approx(lru_hit / rate + (weights - lru_hit) / dram, rel=1e-9)
+    hit = min(cached, weights)
+    assert read["cache"] == pytest.approx(hit / rate + (weights - hit) / dram, rel=1e-9)
+  for bad in ({"cache_lru": 1.5, "cache_bytes": 1e6, "cache_rate": rate}, {"cache_lru": 1.0}):
+    with pytest.raises(errors.InputError, match="cache_lru=") as raised:
+      dataclasses.replace(setup, **bad)
+    assert raised.value.field == "cache_lru"
 
 
 def test_an_idle_engine_reads_its_evicted_cached_weights_from_memory(model_dir, device_file):

@@ -107,6 +107,10 @@ ATTENTION_EFFICIENCY = "eta_attn"
 # CPU's last-level cache and the rate it reads them at (measured from its GEMMs over weight
 # sets of several sizes; 0: none, every weight byte at eta_w*BW).
 CACHE_BYTES, CACHE_RATE = "c_llc", "bw_llc"
+# `ServingSetup.cache_lru`: how the cache loses its hits as a step's weights outgrow c_llc
+# (the cost model's s_lru: 1 an LRU under the steps' cyclic scan, none past 2 c_llc; 0: keeps
+# c_llc of any larger set, the default), held with the cache.
+CACHE_LRU = "s_lru"
 # `ServingSetup.kernel_build`: seconds per decoder layer and per token a step spends building
 # the engine's GEMM kernels at a token count it has not kept (measured: vLLM CPU's oneDNN
 # handler builds one primitive per row count and keeps `KERNEL_CACHE_ROWS`;
@@ -156,7 +160,7 @@ BOUND_FACTORS = {
     "eta_w": 1.0, KV_EFFICIENCY: 1.0, "eta_f": 1.0, "t0_step": 1e-9, "r_ovl": FIXED["r_ovl"],
     REQUEST_COST: 0.0, SEQUENCE_COST: 0.0, WAKE_COST: 0.0, WEIGHT_PASS: 0,
     ATTENTION_EFFICIENCY: 0.0, CACHE_BYTES: 0.0, CACHE_RATE: 0.0, KERNEL_BUILD: 0.0,
-    ELEMENTWISE: 0.0, COLD_SHARE: 0.0
+    ELEMENTWISE: 0.0, COLD_SHARE: 0.0, CACHE_LRU: 0.0
 }
 # A measured median under this share of the bound's simulated one cannot be
 # reproduced by factors in range: it is left out of the fit and flagged.
@@ -179,7 +183,7 @@ ASSUMPTIONS = (
     "attention FLOPs with the linear layers' at eta_f unless eta_attn is held (that "
     "kernel's FLOP rate, timed on prompts); the weights all at eta_w*BW unless a cache is "
     "held (c_llc bytes of them at bw_llc, from the engine's GEMMs over weight sets of several "
-    "sizes); "
+    "sizes; with s_lru held, s_lru of them lost per byte the weights exceed c_llc); "
     "r_ovl held (1, or the engine's measured GEMM overlap) and t0_layer "
     "at 1 ns unless searched (layer_cost); the bound at r_ovl = 1; on a "
     "layout, communication as the simulator's (analytic, serial, no eta_comm)",
@@ -240,6 +244,10 @@ class ServingSetup:
   # 22 GB/s, the rest at 10-12; results/vllm_cpu/passIN/engine_cache.json). 0: no cache.
   cache_bytes: float = 0.0
   cache_rate: float = 0.0
+  # s_lru, held with the cache: the share of c_llc lost per byte a step's weights exceed it
+  # (1: an LRU under the steps' cyclic scan; on the EPYC of issue 25 it lowered every pass's
+  # fit loss by 12-34%, engine_cache_fit.py gives c_llc for it). 0: c_llc of any larger set.
+  cache_lru: float = 0.0
   # t_build, held: seconds per decoder layer and per token a step at a new token count spends
   # building the engine's GEMM kernels (measured: vLLM's oneDNN primitives, results/vllm_cpu/
   # engine_cold_rows.py). 0: none.
@@ -268,6 +276,14 @@ class ServingSetup:
           f"weight_efficiency={self.weight_efficiency!r} is not allowed: give eta_w, the "
           "engine's weight read rate as a share of the device's BW, in (0, 1].",
           field="weight_efficiency")
+    if not 0.0 <= self.cache_lru <= 1.0:
+      raise errors.InputError(
+          f"cache_lru={self.cache_lru!r} is not allowed: give the share of the cache lost per "
+          "byte the weights exceed it, in [0, 1] (1: LRU).", field="cache_lru")
+    if self.cache_lru > 0 and not self.cache_bytes > 0:
+      raise errors.InputError(
+          f"cache_lru={self.cache_lru!r} without a cache: it shapes the cached bytes, so give "
+          "cache_bytes and cache_rate too.", field="cache_lru")
     if not 0.0 <= self.cold_share <= 1.0:
       raise errors.InputError(
           f"cold_share={self.cold_share!r} is not allowed: give the share of the cached "
@@ -287,8 +303,10 @@ class ServingSetup:
     kv = {} if self.kv_efficiency is None else {KV_EFFICIENCY: float(self.kv_efficiency)}
     attention = ({} if self.attention_efficiency is None else
                  {ATTENTION_EFFICIENCY: float(self.attention_efficiency)})
-    cache = ({CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate)}
-             if self.cache_bytes > 0 else {})
+    cache = ({
+        CACHE_BYTES: float(self.cache_bytes), CACHE_RATE: float(self.cache_rate),
+        **({CACHE_LRU: float(self.cache_lru)} if self.cache_lru > 0 else {})
+    } if self.cache_bytes > 0 else {})
     build = {KERNEL_BUILD: float(self.kernel_build)} if self.kernel_build > 0 else {}
     elementwise = ({ELEMENTWISE: float(self.elementwise_seconds)}
                    if self.elementwise_seconds > 0 else {})
@@ -347,8 +365,8 @@ def _step_factors(values: Mapping[str, float]) -> dict[str, float]:
 
 def _factors(values: Mapping[str, float]) -> dict[str, float]:
   held = {
-      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, KERNEL_BUILD,
-                                   ELEMENTWISE, COLD_SHARE) if n in values
+      n: float(values[n]) for n in (ATTENTION_EFFICIENCY, CACHE_BYTES, CACHE_RATE, CACHE_LRU,
+                                   KERNEL_BUILD, ELEMENTWISE, COLD_SHARE) if n in values
   }
   costs = {n: float(values.get(n, 0.0)) for n in (REQUEST_COST, SEQUENCE_COST, WAKE_COST)}
   return {**_step_factors(values), **costs, **held}
@@ -378,7 +396,8 @@ def replica_of(run: vllm_results.BenchRun, setup: ServingSetup,
               ATTENTION_EFFICIENCY: float(factors.get(ATTENTION_EFFICIENCY, 0.0)),
               CACHE_BYTES: float(factors.get(CACHE_BYTES,
                                              0.0)), CACHE_RATE: float(factors.get(CACHE_RATE, 0.0)),
-              ELEMENTWISE: float(factors.get(ELEMENTWISE, 0.0))
+              CACHE_LRU: float(factors.get(CACHE_LRU,
+                                           0.0)), ELEMENTWISE: float(factors.get(ELEMENTWISE, 0.0))
           }), weight_dtype=setup.weight_dtype, kv_dtype=setup.kv_dtype, max_running=max_running,
       token_budget=int(config.get("max_num_batched_tokens") or
                        setup.token_budget), layout=Layout(tp=setup.tp), block_size=block)

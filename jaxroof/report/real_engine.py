@@ -85,8 +85,8 @@ MOE = "calibration_moe.json"  # The MoE preset, held out (if present).
 # The searched factors.
 _SHOWN = ("eta_w", "eta_f", "t0_step", "t0_layer", "t0_request", "t0_seq", "t_wake")
 # The engine terms held as measured, where a fit held them.
-_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "t_build", "t_act", "s_cold",
-         "t0_request", "t_wake")
+_HELD = ("r_ovl", "m_pass", "eta_kv", "eta_attn", "c_llc", "bw_llc", "s_lru", "t_build", "t_act",
+         "s_cold", "t0_request", "t_wake")
 HEADER = ("held-out run", "metric", "measured ms", "predicted ms", "error", "bound ms")
 
 
@@ -246,7 +246,8 @@ def report_section(results_dir: str, out_dir: str, measure_commands: Sequence[st
        "m_pass rows, 0: no limit; eta_kv and eta_attn, where held: its attention kernel's K/V "
        "rate as a share of the read bandwidth and FLOP rate as a share of F; c_llc and bw_llc, "
        "where held: the weight bytes of a step it finds in the CPU's cache and their read rate "
-       "in B/s; t_build, where held: seconds per layer and token a step at a new token count "
+       "in B/s; s_lru, where held: the share of c_llc lost per byte the weights exceed it (1: an "
+       "LRU under the steps' cyclic scan); t_build, where held: seconds per layer and token a step at a new token count "
        "spends building the engine's GEMM kernels; t_act, where held: seconds per token and "
        "activation element its elementwise kernels take; s_cold, where held: the share of the "
        "cached weight bytes an idle gap evicts, read from memory again on top of the wake; "

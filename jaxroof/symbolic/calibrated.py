@@ -33,7 +33,7 @@ from jaxroof.symbolic import formulas
 from jaxroof.symbolic.lambdify import lambdified
 from jaxroof.symbolic.symbols import (A_w, B, BW, F, FACTOR_QUANTITIES, L, N, N_act, T, bw_llc,
                                       c_llc, eta_f, eta_kv, eta_attn, eta_w, k, m_pass, q, r_ovl,
-                                      r_pack, t0_layer, t0_seq, t0_step, t_act)
+                                      r_pack, s_lru, t0_layer, t0_seq, t0_step, t_act)
 
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
 FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in FACTORS)
@@ -62,9 +62,21 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   return _overlap(a, b)
 
 
+def cached_weight_bytes(weight_bytes: sp.Expr) -> sp.Expr:
+  """The bytes of a step's weights found in an engine's cache: min(W, c_llc) less s_lru per
+  byte W exceeds c_llc, never below 0.
+
+  A step reads its weights in the same order every time; a least-recently-used cache that
+  such a cyclic scan outgrows evicts each byte before it comes round again, so an LRU
+  (s_lru = 1) keeps max(0, 2 c_llc - W) of a set larger than c_llc (none past 2 c_llc, the
+  smooth form of the cliff), and a cache that keeps a fixed part (s_lru = 0) keeps c_llc.
+  """
+  return sp.Max(0, sp.Min(weight_bytes, c_llc - s_lru * (weight_bytes - c_llc)))
+
+
 def weight_read_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
-  """A step's weight reads (seconds): the first `c_llc` bytes from the last-level cache at
-  `bw_llc`, the rest at `rate` (eta_w*BW).
+  """A step's weight reads (seconds): its cached bytes (`cached_weight_bytes`) from the
+  last-level cache at `bw_llc`, the rest at `rate` (eta_w*BW).
 
   An engine on a CPU finds the weights a step read last time still in its cache when they
   fit: on the AMX Xeon of issue 25 vLLM's GEMMs read 26-50 MB of weights at about 22 GB/s,
@@ -72,13 +84,14 @@ def weight_read_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
   rate to nine weight sets leaves 6-7% (results/vllm_cpu/engine_cache_fit.py). c_llc = 0
   (every device but such a CPU) is the plain `weight_bytes / rate`.
   """
-  cached = sp.Min(weight_bytes, c_llc)
+  cached = cached_weight_bytes(weight_bytes)
   return cached / sp.Max(bw_llc, 1) + formulas.memory_time(weight_bytes - cached, rate)
 
 
 def cold_cache_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
   """What a step whose cache went cold pays over `weight_read_time` (seconds): its cached
-  bytes (the first `c_llc`) come from memory at `rate` instead of from the cache at `bw_llc`.
+  bytes (`cached_weight_bytes`) come from memory at `rate` instead of from the cache at
+  `bw_llc`.
 
   An engine idle between steps loses what its busy steps kept in the cache (the other
   processes on the machine, an idle core): on the AMX Xeon of issue 25 a short prefill after
@@ -86,7 +99,7 @@ def cold_cache_time(weight_bytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
   2.6-3.7 ms for 15-76 MB (results/vllm_cpu/engine_idle_probe.json). 0 where c_llc = 0,
   and where the cache is held no faster than memory.
   """
-  cached = sp.Min(weight_bytes, c_llc)
+  cached = cached_weight_bytes(weight_bytes)
   return sp.Max(0, formulas.memory_time(cached, rate) - cached / sp.Max(bw_llc, 1))
 
 
@@ -180,9 +193,10 @@ REGIME_ASSUMPTIONS: tuple[str, ...] = (
 # (`symbols.m_pass`, 0: no limit; measured), its attention kernel's FLOP efficiency
 # (`symbols.eta_attn`, 0: attention FLOPs with the linear layers'; measured) and the weight
 # bytes it finds in the CPU's cache and their rate (`symbols.c_llc`, `symbols.bw_llc`, 0:
-# none; measured) and its elementwise time per token and activation element (`symbols.t_act`,
-# 0: none; measured; the iteration cost model's, with A_w).
-ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc, t_act)
+# none; measured; `symbols.s_lru` how it loses them as the weights outgrow it) and its
+# elementwise time per token and activation element (`symbols.t_act`, 0: none; measured; the
+# iteration cost model's, with A_w).
+ENGINE_FACTORS: tuple[sp.Symbol, ...] = (t0_seq, m_pass, eta_attn, c_llc, bw_llc, t_act, s_lru)
 ENGINE_FACTOR_NAMES: tuple[str, ...] = tuple(str(s) for s in ENGINE_FACTORS)
 
 

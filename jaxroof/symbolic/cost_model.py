@@ -51,7 +51,8 @@ reading them again per m_pass rows past the first (0: no limit; vLLM CPU's oneDN
 320), and an
 engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: with the
 linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
-read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s),
+read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s;
+s_lru of them lost per byte the weights exceed c_llc: 1 an LRU under the steps' cyclic scan),
 and an engine's elementwise kernels at t_act per row and activation element (A_w per token;
 0: none; vLLM CPU's on the AMX Xeon: about 1.5 ns). Beside the step, `cold_cache_s`: what
 the same step pays more when its cache went cold (an engine after an idle gap), its cached
@@ -162,7 +163,7 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
 def calibrated_terms() -> dict[str, sp.Expr]:
   """Named expressions of a calibrated iteration (`calibrated`'s form, per operation)."""
   ops = operations()
-  # The first c_llc bytes from an engine's CPU cache at bw_llc (0: none), the rest at eta_w*BW.
+  # An engine's cached bytes (c_llc, less s_lru per byte past it) at bw_llc, the rest at eta_w*BW.
   weight_s = calibrated.weight_read_time(ops["linear"][0] + ops["head"][0], eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   # An engine's attention kernel at its own FLOP efficiency (eta_attn; 0: with the linear

@@ -144,6 +144,14 @@ c_llc = _define("c_llc", "B",
                 "engine_factors")
 bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes (c_llc) at",
                  "engine_factors")
+# How an engine's cache loses its hits as a step's weights outgrow it (`cost_model`): every
+# step reads the weights in one order, and a least-recently-used cache scanned cyclically by
+# more than it holds keeps none of them. s_lru = 1 (LRU): hits max(0, min(W, 2 c_llc - W));
+# 0: c_llc bytes of any larger set (a cache that keeps a part). On the EPYC of issue 25 the
+# served fits' loss fell 12-34% from 0 to 1 (results/vllm_cpu/README.md); measured, not fitted.
+s_lru = _define(
+    "s_lru", "1", "share of its c_llc an engine's cache loses per byte the weights exceed "
+    "it (1: LRU under a cyclic scan, no hits past 2 c_llc; 0: keeps c_llc)", "engine_factors")
 # An engine's elementwise kernels between its GEMMs (norms, rotary, SiLU-and-multiply, residual
 # adds), per token and per element of each block's widths (`cost_model`, A_w): vLLM CPU's
 # inductor code on the AMX Xeon, 1.2-1.9 ns (results/vllm_cpu/engine_forward_ops.json);

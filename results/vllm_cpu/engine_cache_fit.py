@@ -9,7 +9,10 @@ fitted, by least squares on relative error, to
 (c_llc on a log grid, the three rates linear at each). c_llc and bw_llc are what
 `calibrate --engine_cache_mb --engine_cache_gbps` holds (the cost model's `c_llc`, `bw_llc`);
 bw_rest is shown beside the pass's read ceiling (the fit's eta_w stands for it), t_call
-beside the fitted per-layer cost. Usage (project venv, repository root):
+beside the fitted per-layer cost. The same fit with an LRU's cached bytes,
+max(0, min(W, 2 c_llc - W)) (the cost model's s_lru = 1: a cyclic scan over more than the
+cache keeps none of it), goes under `lru`: the c_llc and bw_llc to hold with
+`--engine_cache_lru=1`. Usage (project venv, repository root):
   python results/vllm_cpu/engine_cache_fit.py results/vllm_cpu/passN [ACCELERATOR_JSON]
 (the ceiling shown: the pass's accelerator.json unless given).
 """
@@ -47,13 +50,14 @@ def points(pass_dir: str) -> list[dict]:
   return out
 
 
-def fit(pts: list[dict]) -> dict:
+def fit(pts: list[dict], lru: float = 0.0) -> dict:
+  """The least-squares fit; `lru`: the cost model's s_lru (cache lost per byte past c_llc)."""
   size = np.array([p["bytes"] for p in pts])
   calls = np.array([p["calls"] for p in pts], dtype=float)
   seconds = np.array([p["s"] for p in pts])
   best = None
   for cached in GRID:
-    hit = np.minimum(size, cached)
+    hit = np.maximum(0.0, np.minimum(size, cached - lru * (size - cached)))
     design = np.stack([calls, hit, size - hit], 1) / seconds[:, None]
     coef, *_ = np.linalg.lstsq(design, np.ones_like(seconds), rcond=None)
     if (coef <= 0).any():
@@ -73,7 +77,9 @@ def fit(pts: list[dict]) -> dict:
 
 if __name__ == "__main__":
   pass_dir = sys.argv[1].rstrip("/")
-  result = fit(points(pass_dir))
+  pts = points(pass_dir)
+  result = fit(pts)
+  lru = {k: v for k, v in fit(pts, lru=1.0).items() if k != "points"}
   device_file = sys.argv[2] if len(sys.argv) > 2 else os.path.join(pass_dir, "accelerator.json")
   device = json.load(open(device_file))
   ceiling = next(iter(device["accelerators"].values()))["memory_bandwidth_tb_s"] * 1e12
@@ -82,12 +88,19 @@ if __name__ == "__main__":
           "kind": "measurement fit",
           "what": "vLLM's bf16 GEMMs at M = 1 over nine weight sets, fitted to n_calls * t_call "
                   "+ min(W, c_llc) / bw_llc + the rest / bw_rest (least squares on relative "
-                  "error; engine_cache_fit.py)", "from": [
+                  "error; engine_cache_fit.py); `lru`: the same with an LRU's cached bytes, "
+                  "max(0, min(W, 2 c_llc - W)) (s_lru = 1)", "from": [
                       f"{pass_dir}/engine_token_rates.json", f"{pass_dir}/engine_shape_probe.json"
-                  ], "read_ceiling_bytes_per_s": ceiling, "read_ceiling_from": device_file, **result
+                  ], "read_ceiling_bytes_per_s": ceiling, "read_ceiling_from": device_file, **
+          result, "lru": {"s_lru": 1.0, **lru}
       })
   print(f"c_llc {result['c_llc_bytes'] / 1e6:.0f} MB at {result['bw_llc_bytes_per_s'] / 1e9:.1f} "
         f"GB/s, the rest at {result['bw_rest_bytes_per_s'] / 1e9:.1f} GB/s (read ceiling "
         f"{ceiling / 1e9:.1f}), {result['t_call_s'] * 1e6:.1f} us a call, rms "
         f"{result['rms_rel_error']:.1%}: --engine_cache_mb={result['c_llc_bytes'] / 1e6:.0f} "
         f"--engine_cache_gbps={result['bw_llc_bytes_per_s'] / 1e9:.1f}")
+  print(f"as an LRU (s_lru = 1): c_llc {lru['c_llc_bytes'] / 1e6:.1f} MB at "
+        f"{lru['bw_llc_bytes_per_s'] / 1e9:.1f} GB/s, the rest at "
+        f"{lru['bw_rest_bytes_per_s'] / 1e9:.1f} GB/s, rms {lru['rms_rel_error']:.1%}: "
+        f"--engine_cache_mb={lru['c_llc_bytes'] / 1e6:.1f} "
+        f"--engine_cache_gbps={lru['bw_llc_bytes_per_s'] / 1e9:.1f} --engine_cache_lru=1")
