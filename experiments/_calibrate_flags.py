@@ -172,8 +172,9 @@ ENGINE_CACHE_LRU = flags.DEFINE_float(
     "engine_cache_lru", 0.0, "vllm: the share of the cache (--engine_cache_mb) lost per byte "
     "a step's weights exceed it, held in the fit: 1 an LRU under the steps' cyclic scan over "
     "the weights (none cached past twice the cache); 0 keeps the cache's bytes of any larger "
-    "set. The EPYC of issue 25: 1 lowered every pass's fit loss by 12-34%, with the cache "
-    "engine_cache_fit.py gives for it. In [0, 1].", lower_bound=0.0, upper_bound=1.0)
+    "set. The EPYC of issue 25, with the cache engine_cache_fit.py gives for 1: each pass's "
+    "fit loss 12-34% lower, held-out rows better on two passes of three, worse carried to "
+    "another pass (results/vllm_cpu/README.md). In [0, 1].", lower_bound=0.0, upper_bound=1.0)
 ENGINE_BUILD_US = flags.DEFINE_float(
     "engine_build_us", 0.0, "vllm: microseconds per decoder layer and per token a step spends "
     "building the engine's GEMM kernels when its token count is not among the last 32 the "

@@ -245,8 +245,9 @@ class ServingSetup:
   cache_bytes: float = 0.0
   cache_rate: float = 0.0
   # s_lru, held with the cache: the share of c_llc lost per byte a step's weights exceed it
-  # (1: an LRU under the steps' cyclic scan; on the EPYC of issue 25 it lowered every pass's
-  # fit loss by 12-34%, engine_cache_fit.py gives c_llc for it). 0: c_llc of any larger set.
+  # (1: an LRU under the steps' cyclic scan, c_llc from engine_cache_fit.py's `lru`; on the
+  # EPYC of issue 25 each pass's fit loss fell 12-34%, held-out rows were mixed). 0: c_llc of
+  # any larger set.
   cache_lru: float = 0.0
   # t_build, held: seconds per decoder layer and per token a step at a new token count spends
   # building the engine's GEMM kernels (measured: vLLM's oneDNN primitives, results/vllm_cpu/

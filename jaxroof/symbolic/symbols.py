@@ -147,8 +147,8 @@ bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes 
 # How an engine's cache loses its hits as a step's weights outgrow it (`cost_model`): every
 # step reads the weights in one order, and a least-recently-used cache scanned cyclically by
 # more than it holds keeps none of them. s_lru = 1 (LRU): hits max(0, min(W, 2 c_llc - W));
-# 0: c_llc bytes of any larger set (a cache that keeps a part). On the EPYC of issue 25 the
-# served fits' loss fell 12-34% from 0 to 1 (results/vllm_cpu/README.md); measured, not fitted.
+# 0: c_llc bytes of any larger set (a cache that keeps a part). Held, not fitted: on the EPYC
+# of issue 25, 1 lowered the served fits' loss by 12-34% (results/vllm_cpu/README.md).
 s_lru = _define(
     "s_lru", "1", "share of its c_llc an engine's cache loses per byte the weights exceed "
     "it (1: LRU under a cyclic scan, no hits past 2 c_llc; 0: keeps c_llc)", "engine_factors")
