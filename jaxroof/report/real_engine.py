@@ -76,7 +76,17 @@ OTHER_CPUS = (
          "calibration_passA3_held.json",
          "prediction_passA1_request_fitted_on_passA2.json",
          "prediction_passA2_request_fitted_on_passA1.json",
+         "calibration_passA4_held.json",
          "prediction_passA1_held_on_passA3.json",
+     )),
+    ("AMD EPYC with AVX512-BF16, a quieter host a day later: every engine term measured and "
+     "held", (
+         "calibration_passB1_held.json",
+         "calibration_passB2_held.json",
+         "calibration_passB3_held.json",
+         "prediction_passB1_held_on_passB2.json",
+         "prediction_passB2_held_on_passB3.json",
+         "prediction_passB3_held_on_passB1.json",
      )),
 )
 # The targets: held-out p50 TTFT and TPOT within 10%, p90 within 20%.
