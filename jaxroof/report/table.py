@@ -134,10 +134,18 @@ def linear_compute_from(sweep: Mapping[str, Any]) -> float | None:
   compute-bound: the sweep's compute crossover is theirs there
   (`cost_model.decode_compute_crossover_batch`), while attention's K/V reads stay
   memory-bound. None for the fused bound, a calibrated sweep or no crossover."""
-  per_op = step_model.FORM_ASSUMPTIONS["per_op"] in sweep.get("assumptions", ())
-  if sweep.get("kind") != "bound" or not per_op:
+  if sweep.get("kind") != "bound":
     return None
-  return sweep["summary"].get("compute_crossover_batch")
+  per_op = (step_model.FORM_ASSUMPTIONS["per_op"] in sweep.get("assumptions", ()) or
+            any(_sum_of_rooflines(row) for row in sweep.get("rows", ())))
+  return sweep["summary"].get("compute_crossover_batch") if per_op else None
+
+
+def _sum_of_rooflines(row: Mapping[str, Any]) -> bool:
+  """A row whose step exceeds both its memory and its compute time (communication
+  aside): a sum of per-operation rooflines, some operations bound on each side."""
+  larger = max(row["memory_s"], row.get("compute_s") or 0.0)
+  return row["step_s"] - (row.get("comm_s") or 0.0) > larger * (1 + 1e-9)
 
 
 def row_binds(row: Mapping[str, Any], linear_from: float | None = None) -> str:
