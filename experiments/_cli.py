@@ -178,12 +178,41 @@ def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -
   return f"{given}: {message}"
 
 
+# Flags an experiment takes from the shared flag modules (`_model_flags`, `_layout_flags`,
+# ...) that its --helpshort lists beside its own: declared by `key_flags`, registered by
+# `run` for the module it runs.
+_KEY_FLAGS: list[str] = []
+MODEL_KEYS = ("model", "accelerator", "weight_dtype", "kv_dtype", "profile")  # The usual ones.
+_EXPERIMENT = re.compile(r"experiments\.[a-z]\w*")
+
+
+def key_flags(*names: str) -> None:
+  """Declares the calling experiment's key flags among those a shared flag module defines
+  for it: `--helpshort` lists them beside the flags it defines itself (absl's key flags).
+  They are registered when `run` parses the flags, so the call may come first."""
+  _KEY_FLAGS.extend(names)
+
+
+def register_key_flags(main_module: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Makes the declared key flags, and the key flags of any experiment the running one
+  wraps (an alias such as `calibrate_engine` runs `calibrate`), key flags of
+  `main_module` (absl's name for the module run: `sys.argv[0]`)."""
+  wrapped = [
+      flag for module in flag_values.flags_by_module_dict() if _EXPERIMENT.fullmatch(module)
+      for flag in flag_values.get_key_flags_for_module(module)
+  ]
+  for flag in wrapped + [flag_values[name] for name in dict.fromkeys(_KEY_FLAGS)]:
+    flag_values.register_key_flag_for_module(main_module, flag)
+
+
 def run(main: Callable[[list[str]], int | None]) -> None:
   """Runs an absl `main`, turning bad input into a one-line error.
 
-  Before `main`: every output path is checked (so hours of work never end
-  in an unwritable path) and no float flag may be nan or inf.
+  Before `main`: the experiment's key flags are registered (`key_flags`), every
+  output path is checked (so hours of work never end in an unwritable path) and
+  no float flag may be nan or inf.
   """
+  register_key_flags(sys.argv[0])
 
   def guarded(argv: list[str]) -> int | None:
     # jax logs at INFO that it found no TPU library on every start; not news.

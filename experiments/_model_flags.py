@@ -9,6 +9,7 @@ and `plan`. `python -m experiments.list` lists the accepted names.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 
@@ -240,7 +241,10 @@ def step_model(holders: types.SimpleNamespace, *, accelerator: str | None,
   profile = profiles.load_profile(holders.profile.value)
   notes = (profiles.check_applies(profile, accelerator, what_if=holders.what_if.value)
            if accelerator else [])
-  return profiles.step_model(profile, use_profile_ceilings=use_profile_ceilings, notes=tuple(notes))
+  model = profiles.step_model(profile, use_profile_ceilings=use_profile_ceilings,
+                              notes=tuple(notes))
+  predicted = holders.model.value if hasattr(holders, "model") else None  # Whose error it is.
+  return dataclasses.replace(model, provenance={**model.provenance, "applied_to": predicted})
 
 
 def model_options(holders: types.SimpleNamespace) -> dict[str, object]:

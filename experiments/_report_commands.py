@@ -14,6 +14,8 @@ from typing import Any
 
 from jaxroof.report import document
 
+RESULTS_DIR = os.path.join(document.REPOSITORY, "results")  # What the report reads from disk.
+
 
 def _ms(seconds: float) -> str:
   return f"{seconds * 1e3:g}"
@@ -54,8 +56,7 @@ MEASURE_REAL_ENGINE = (
 )
 
 
-def commands(results: Mapping[str, Any],
-             results_dir: str = document.RESULTS_DIR) -> document.Commands:
+def commands(results: Mapping[str, Any], results_dir: str = RESULTS_DIR) -> document.Commands:
   """Every command line the report shows, for results from `report_results.compute`."""
   subject = results["summary"]["subject"]
   bench = document.in_repository(os.path.join(results_dir, document.BENCH_DECODE))

@@ -20,8 +20,7 @@ per dollar:
       --weight_dtype=bf16,fp8 --kv_dtype=bf16,fp8 --context=4096,32768 \
       --price_per_hour=2.5 --json_out=/tmp/cmp.json --plot_out=/tmp/cmp.png
 
-Defaults are the lesson's example (16 GB of BF16 weights, 0.25 GB of K/V per
-sequence, 2 TB/s):
+Defaults: the lesson's example (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s):
 
   python -m experiments.batch_sweep --batch_sizes=1,8,32,64 \
       --json_out=/tmp/sweep.json --plot_out=/tmp/sweep.png
@@ -46,6 +45,7 @@ from jaxroof.serving import raw_inputs as raw_inputs_lib
 from jaxroof.specs import models
 from jaxroof.symbolic import sweep as sweep_lib
 
+_cli.key_flags(*_cli.MODEL_KEYS, "tp")
 # Raw numbers (the lesson's by default), or a model on an accelerator; either with a profile.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",

@@ -52,6 +52,9 @@ from jaxroof.measure import vllm_results
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import calibration_tables as tables
 
+_cli.key_flags("source", "from_csv", "from_vllm", "model", "accelerator", "budget_s", "profile_out",
+               "json_out")
+
 
 def _progress(line: str) -> None:
   logging.info("%s", line)

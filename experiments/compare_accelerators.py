@@ -36,6 +36,8 @@ from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 from jaxroof.symbolic.step_model import StepModel
 
+_cli.key_flags("model", "tp", "weight_dtype", "kv_dtype")  # --helpshort lists them.
+
 _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size", "group_size",
                               "workspace_fraction", "max_new_tokens", *_model_flags.COST)
 _MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype

@@ -31,6 +31,8 @@ from jaxroof.specs import symbol_values
 from jaxroof.symbolic import catalogue
 from jaxroof.symbolic.symbols import QUANTITIES
 
+_cli.key_flags(*_cli.MODEL_KEYS[:4])
+
 _VALUES = flags.DEFINE_list(
     "values", "N=8e9,q=2,T=1,k=2.5e8,BW=2e12,F=6e14,R=300,B=32,P=3,g=3,L=2,H_kv=2,d=2,b=2,"
     "t_gap=0.012,t_window=0.01,t_queue=0.02",

@@ -27,6 +27,8 @@ from jaxroof.serving import replica
 from jaxroof.specs import models
 from jaxroof.symbolic.step_model import StepModel
 
+_cli.key_flags(*_cli.MODEL_KEYS[:4], "tp", "bound")
+
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", *_model_flags.COST)
 _DECODE_ROWS = flags.DEFINE_integer("decode_rows", 0, "Decode rows (sequences, one token "

@@ -35,6 +35,8 @@ from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.models import load_model
 from jaxroof.specs.parameters import parameter_counts
 
+_cli.key_flags(*_cli.MODEL_KEYS[:4], "tp", "block_size", "memory_gb")
+
 # Model, workload, allocation and device fit: the shared vocabulary.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",

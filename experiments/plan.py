@@ -36,6 +36,8 @@ from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
 
+_cli.key_flags("model", "weight_dtype", "kv_dtype")  # --helpshort lists them.
+
 _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", *_model_flags.COST,
                               lists=("weight_dtype", "kv_dtype"))
 _MODEL = _SHARED.model

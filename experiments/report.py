@@ -40,8 +40,7 @@ _CALIBRATION_BUDGET_S = flags.DEFINE_float(
     "(measure, fit, plot); 0 skips it. Below ~25 s there are too few points to fit.",
     lower_bound=0.0)
 _SHARED = _model_flags.define("weight_dtype", "kv_dtype")
-for _name in ("weight_dtype", "kv_dtype"):
-  flags.declare_key_flag(_name)  # Listed by --helpshort, though defined in _model_flags.
+_cli.key_flags("weight_dtype", "kv_dtype")  # Listed by --helpshort, though shared.
 _MODEL = flags.DEFINE_string(
     "model", answer.DEFAULT_MODEL, "The report's subject: a shipped model "
     "(python -m experiments.list shows them all).")
@@ -88,7 +87,7 @@ def main(argv: list[str]) -> None:
   if budget:
     toy_job.check_budget("calibration_budget_s", budget)
   measurement.keep_allocations()  # Before any timing; see jaxroof.measure.measurement.
-  results = report_results.compute(chosen, document.RESULTS_DIR)
+  results = report_results.compute(chosen, _report_commands.RESULTS_DIR)
   calibration, failure = None, None
   if budget:
     try:
@@ -96,7 +95,8 @@ def main(argv: list[str]) -> None:
     except InputError as e:  # A busy machine may measure too few points to fit.
       failure = str(e)
   path = document.build(
-      document.Context(out_dir=_OUT_DIR.value, results=results, calibration_budget_s=budget,
+      document.Context(out_dir=_OUT_DIR.value, results=results,
+                       results_dir=_report_commands.RESULTS_DIR, calibration_budget_s=budget,
                        calibration=calibration, calibration_failure=failure,
                        commands=_report_commands.commands(results)))
   print(f"wrote {path}")

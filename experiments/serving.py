@@ -56,6 +56,9 @@ from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 
+_cli.key_flags(*_cli.MODEL_KEYS, "prompt_tokens", "output_tokens", "token_gap_ms", "ttft_ms",
+               "arrival_rate", "aggregate_tokens_per_s", "tp", "pp", "ep", "dp")
+
 # A shipped model on an accelerator, or batch_sweep's raw numbers; either with a profile.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "group_size",

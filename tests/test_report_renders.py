@@ -183,7 +183,7 @@ def test_with_no_results_a_section_shows_the_commands_given_or_names_the_experim
   assert unnamed in words and "--" not in words
 
 
-def test_the_other_cpus_table_counts_the_targets_met_without_client_bound_rows(tmp_path):
+def test_the_real_engine_section_counts_the_targets_met_without_client_bound_rows(tmp_path):
   rows = [
       dict(metric="ttft", percentile=50, rel_error=0.05),
       dict(metric="tpot", percentile=50, rel_error=0.15),
@@ -192,13 +192,4 @@ def test_the_other_cpus_table_counts_the_targets_met_without_client_bound_rows(t
       dict(metric="itl", percentile=50, rel_error=0.01),
       dict(metric="tpot", percentile=50, rel_error=None, note="coalesced"),
   ]
-  result = {
-      "heldout": rows, "heldout_median_rel_error": 0.1, "heldout_max_rel_error": 0.19,
-      "heldout_throughput": [{"rel_error": -0.03}, {"rel_error": 0.02}]
-  }
-  assert real_engine.targets_met(result) == {"p50": (1, 2), "p90": (1, 1)}
-  assert real_engine.other_cpus(str(tmp_path)) == []
-  cpu, names = real_engine.OTHER_CPUS[-1]
-  (tmp_path / names[0]).write_text(json.dumps(result))
-  text = "\n".join(real_engine.other_cpus(str(tmp_path)))
-  assert f"{names[0]}` | 10.0% (19.0%) | 1 of 2 | 1 of 1 | 3.0% |" in text and f"| {cpu} |" in text
+  assert real_engine.targets_met({"heldout": rows}) == {"p50": (1, 2), "p90": (1, 1)}

@@ -370,8 +370,8 @@ def test_isolated_requests_are_simulated_one_sequence_a_step(model_dir, device_f
   """A shipped isolated-request file (results/vllm_cpu/isolated_runs.py: rate inf, at most
   one request in flight) is a fit run of one sequence per step: its simulated TPOT is that
   of the same requests sent 30 s apart, and below that of all of them at once."""
-  shipped = json.loads((REPO / "results/vllm_cpu/isolated/w512L4.json").read_text())
-  [run] = vllm_results.read_runs([str(REPO / "results/vllm_cpu/isolated/w512L4.json")])
+  shipped = json.loads((DATA / "vllm_cpu/w512L4.json").read_text())
+  [run] = vllm_results.read_runs([str(DATA / "vllm_cpu/w512L4.json")])
   assert run.max_concurrency == 1 and set(run.measured) == {"median_tpot_s"}
   assert run.measured["median_tpot_s"] == pytest.approx(shipped["median_tpot_ms"] / 1e3)
   setup = engine_fit.ServingSetup(model=model_dir, accelerator="", scheduler="vllm",
@@ -658,13 +658,13 @@ def test_a_fit_carried_to_another_device_predicts_without_fitting(tmp_path, monk
 def test_engine_factors_cli_predicts_a_committed_pass_as_its_fit_did(tmp_path):
   """`calibrate --engine_factors`: pass 5's fit, on pass 5's ceilings, predicts a pass-6 run
   exactly as the cross-pass fit file (made by fitting) did; with --from_vllm it is refused."""
-  fit = REPO / "results/vllm_cpu/calibration_pass5_predicts_pass6_engine_kernels.json"
-  run_file = "results/vllm_cpu/pass6/tiny_vllm_rate4_in128_out32.json"
+  fit = DATA / "vllm_cpu/calibration_pass5_predicts_pass6_engine_kernels.json"
+  run_file = "tests/data/vllm_cpu/tiny_vllm_rate4_in128_out32.json"
   out = tmp_path / "pred.json"
   flags = [
       f"--engine_factors={fit}", f"--heldout_vllm={run_file}",
-      "--model=results/vllm_cpu/models/tiny-llama",
-      "--accelerator_file=results/vllm_cpu/pass5/accelerator.json", "--scheduler=vllm"
+      "--model=tests/data/vllm_cpu/models/tiny-llama",
+      "--accelerator_file=tests/data/vllm_cpu/accelerator_pass5.json", "--scheduler=vllm"
   ]
   done = subprocess.run(
       [sys.executable, "-m", "experiments.calibrate", *flags, f"--json_out={out}"],

@@ -18,7 +18,7 @@ def _sweep(result: dict[str, Any]) -> list[str]:
 def _plan(result: dict[str, Any]) -> list[str]:
   whole, evaluation = result["plan_timing"], result["evaluate_timing"]
   return [
-      f"issue 24's question with top-5 simulations: "
+      f"the planner's benchmark question with top-5 simulations: "
       f"{result['question']['timing']['median_s']:.2f} s median",
       f"{result['searched']:,} configurations: plan {whole['median_s']:.2f} s median "
       f"({result['plan_configs_per_s']:,.0f} configs/s), evaluation alone "

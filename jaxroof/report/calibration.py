@@ -58,16 +58,34 @@ def title(prof: profiles.Profile) -> str:
 def factor_rows(factors: Mapping[str, float],
                 regime: Mapping[str, float] | None = None) -> list[list[str]]:
   """Display cells of fitted factors with units and meanings (and the regime
-  factors, such as XLA:CPU's re-pack, where fitted)."""
+  factors, such as XLA:CPU's re-pack, where fitted). An efficiency outside (0, 1]
+  is flagged in place of its meaning: it is no achieved fraction."""
   out = []
   regime = regime or {}
   for quantity in FACTOR_QUANTITIES + tuple(
       q for q in REGIME_FACTOR_QUANTITIES if str(q.symbol) in regime):
     name = str(quantity.symbol)
     value = factors[name] if name in factors else regime[name]
-    shown = (f"{value * 1e6:,.1f} µs" if quantity.unit == "s" else f"{value:.3f}")
-    out.append([f"`{name}`", shown, quantity.meaning])
+    if quantity.unit == "s":
+      out.append([f"`{name}`", f"{value * 1e6:,.1f} µs", quantity.meaning])
+      continue
+    flagged = table.outside_fraction(name, value)
+    out.append([
+        f"`{name}`",
+        table.factor_value(name, value, ".3f"),
+        table.OUTSIDE_FRACTION if flagged else quantity.meaning
+    ])
   return out
+
+
+def flagged_factors(factors: Mapping[str, float]) -> str:
+  """A sentence naming the efficiencies outside (0, 1] ('' if none)."""
+  bad = [f"`{n}` = {v:.3g}" for n, v in factors.items() if table.outside_fraction(n, v)]
+  if not bad:
+    return ""
+  return (f" **Flagged:** {', '.join(bad)} outside (0, 1]: an efficiency is a fraction of "
+          "its measured ceiling, so such a value is no achieved fraction; the fit absorbed a "
+          "cost the model does not name (timing noise, a cache, a ceiling measured low).")
 
 
 def ceiling_rows(c: ceilings.Ceilings) -> list[list[str]]:
@@ -155,7 +173,8 @@ def section_markdown(job: toy_fit.CalibrationRun, longer_command: str | None = N
       f"Relative error of the calibrated prediction on "
       f"{fit['heldout_points']} decode steps of the held-out models: median "
       f"{fit['heldout_median_rel_error']:.1%}, max "
-      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict} "
+      f"{fit['heldout_max_rel_error']:.1%} ({per_model}){_bound_words(fit)}. {verdict}"
+      f"{flagged_factors(prof.factors)} "
       f"A longer run ({_longer_run(longer_command)}) measures more points and rounds.",
       "",
       "![measured vs calibrated step time](calibration.png)",

@@ -39,7 +39,6 @@ from jaxroof.symbolic import catalogue
 from jaxroof.symbolic.sweep import decode_sweep
 
 REPOSITORY = paths.REPOSITORY
-RESULTS_DIR = os.path.join(REPOSITORY, "results")
 BENCH_DECODE = "bench_decode_cpu.json"  # The cache benchmark on file, under results_dir.
 in_repository = paths.in_repository
 
@@ -75,7 +74,7 @@ class Context:
 
   out_dir: str
   results: Mapping[str, Any]
-  results_dir: str = RESULTS_DIR
+  results_dir: str  # Where earlier measurements are (the experiment names it).
   calibration_budget_s: float = 60.0
   calibration: toy_fit.CalibrationRun | None = None  # The short calibration, if it fitted.
   calibration_failure: str | None = None  # Why it did not (a busy machine measures too few).
@@ -138,20 +137,39 @@ def sweep_section(ctx: Context) -> str:
   plots.plot_sweep(sweep, os.path.join(ctx.out_dir, "batch_sweep.png"),
                    "8B BF16, 0.25 GB K/V per sequence, 2 TB/s, 600 TFLOP/s")
   s = sweep["summary"]
-  crossover = s["compute_crossover_batch"]
+  linear_from = table.linear_compute_from(sweep)
   return "\n".join([
       "## Batch sweep (analytic bound)",
       "",
       "Aggregate throughput rises towards the memory-only limit of "
       f"{s['memory_limit_tokens_per_s']:,.0f} tokens/s while each user's rate falls; "
       f"K/V traffic passes the weights at B = {s['weight_kv_crossover_batch']:,.0f}. " +
-      ("Memory binds at every batch: the plateau is not a compute limit."
-       if crossover is None else f"Compute binds from B = {crossover:,.0f}."),
+      binds_words(sweep["rows"], linear_from),
       "",
-      table.markdown_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"])),
+      table.markdown_table(table.SWEEP_HEADERS, table.sweep_rows(sweep["rows"], linear_from)),
       "",
       "![batch sweep](batch_sweep.png)",
   ])
+
+
+def binds_words(rows: Sequence[Mapping[str, Any]], linear_from: float | None) -> str:
+  """What binds the sweep, in the words its table's binds column uses: each operation is
+  its own roofline under the per-operation bound, so the linear layers may be
+  compute-bound while memory time stays the larger part of the step."""
+  compute = [r["batch"] for r in rows if r["bound"] == "compute"]
+  if compute:
+    whole = f"Compute binds the whole step from B = {compute[0]:,}."
+  elif linear_from is None:
+    whole = "Memory binds at every batch: the plateau is not a compute limit."
+  else:
+    whole = ("Memory time stays the larger part of every step; past that batch the linear "
+             "layers' FLOPs grow with the batch as the K/V does and hold the plateau below "
+             "the memory-only limit.")
+  if linear_from is None:
+    return whole
+  return (f"Each operation is its own roofline (the per-operation bound): the linear layers "
+          f"are compute-bound from B = {linear_from:,.0f}, where their FLOPs per weight byte "
+          "pass the ridge, while attention's K/V reads stay memory-bound. " + whole)
 
 
 def toy_check_section(ctx: Context) -> str:

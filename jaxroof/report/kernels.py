@@ -14,10 +14,8 @@ from jaxroof import files
 from jaxroof.report import paths
 from jaxroof.report import table
 
-RESULTS_ROOT = "results"
 
-
-def latest_summary(root: str = RESULTS_ROOT,) -> tuple[str, dict[str, Any]] | None:
+def latest_summary(root: str) -> tuple[str, dict[str, Any]] | None:
   """The newest `summary.json` written by experiments/gpu_bench under root.
 
   Summaries of dry runs (interpreted on a CPU, times meaningless) are
@@ -50,7 +48,7 @@ def _ceilings_text(ceilings: dict[str, Any]) -> str:
           f"bf16 matmul {matmul / 1e12:.0f} TFLOP/s.")
 
 
-def report_section(out_dir: str, root: str = RESULTS_ROOT) -> str:
+def report_section(out_dir: str, root: str) -> str:
   """Markdown: the latest GPU benchmark (measurements), or why there is none."""
   del out_dir  # Unused: the section has no plot.
   latest = latest_summary(root)

@@ -8,5 +8,5 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 
 def in_repository(path: str) -> str:
-  """`path` relative to the repository root, with forward slashes (e.g. `results/x.json`)."""
+  """`path` relative to the repository root, with forward slashes (e.g. `tests/data/x.csv`)."""
   return os.path.relpath(os.path.abspath(path), REPOSITORY).replace(os.sep, "/")

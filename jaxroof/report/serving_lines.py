@@ -86,7 +86,7 @@ def annotate_calibrated(result: dict[str, Any], provenance: dict[str, Any]) -> N
   result["profile"] = dict(provenance)
   result["accuracy"] = accuracy.fields(provenance)
   for row in result["requests"] + [result["decision"]]:
-    row[accuracy.ROW_FIELD] = provenance.get("heldout_median_rel_error")
+    row[accuracy.ROW_FIELD] = accuracy.row_error(provenance)
 
 
 def plot_frontier(frontier: dict[str, Any], kind: str, inputs: requests.ServingInputs,

@@ -99,9 +99,7 @@ def annotate_calibrated(result: dict[str, Any], provenance: Mapping[str, Any]) -
   """Puts the profile and its held-out error beside a calibrated run's metrics (JSON)."""
   result["profile"] = dict(provenance)
   result["accuracy"] = accuracy.fields(provenance)
-  result["metrics"] = {
-      **result["metrics"], accuracy.ROW_FIELD: provenance.get("heldout_median_rel_error")
-  }
+  result["metrics"] = {**result["metrics"], accuracy.ROW_FIELD: accuracy.row_error(provenance)}
 
 
 def plot_run(run: Any, total_pages: int, scheduler: str, path: str, label: str) -> None:

@@ -204,6 +204,22 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
   plots.save(fig, path)
 
 
+def _calibrated_words(summary: dict[str, Any]) -> str:
+  """Where the calibrated column comes from: the shipped profiles the entries name, and
+  what their held-out error was measured on."""
+  calibrated = [e["calibrated"] for e in summary["accelerators"] if e.get("calibrated")]
+  if not calibrated:
+    return "no accelerator here ships a profile, so no calibrated prediction."
+  named = ", ".join(f"`{p}`" for p in sorted({c["profile"] for c in calibrated}))
+  by = {c.get("profile_heldout_by", "model") for c in calibrated}
+  on = ("whole models the fit never saw" if by == {"model"} else
+        "held-out rows of the models it fitted: another model is a carry-over")
+  return ("*calibrated prediction* where a profile fitted to that accelerator's measured "
+          f"step times ships ({named}), with its held-out error ({on}) and the bound's on "
+          "the same rows beside it; where the calibrated error is the larger, the bound is "
+          "the better estimate.")
+
+
 def describe(subject: dict[str, Any]) -> str:
   """The subject in words: model, context split into prompt and outputs, dtypes."""
   return (f"{subject['model']}, context {subject['context']:,} tokens "
@@ -250,12 +266,7 @@ def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: st
       (" The fewest chips are not the best layout: more hold more K/V, so a larger batch "
        f"(`{plan_command or 'experiments.plan'}` searches layouts, batches and dtypes)." if any(
            e["chips"] > 1 for e in summary["accelerators"]) else "") +
-      " *Analytic bound* from datasheet figures; *calibrated "
-      "prediction* where a profile fitted to that accelerator's measured TensorRT-LLM "
-      "step times ships (`results/profile_<slug>_trtllm_0.9.0.json`, fp8 measurements), "
-      "with its held-out error (whole models the fit never saw) and the bound's on the "
-      "same rows beside it; where the calibrated error is the larger, the bound is the "
-      "better estimate.",
+      " *Analytic bound* from datasheet figures; " + _calibrated_words(summary),
       "",
       table.markdown_table(HEADERS, table_rows(summary)),
       "",

@@ -14,8 +14,9 @@ _CEILING_SOURCES = {
 }
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-  """Human-readable summary of a sweep's solved quantities."""
+def summary_lines(summary: dict[str, Any], linear: bool = False) -> list[str]:
+  """Human-readable summary of a sweep's solved quantities; `linear`: the compute
+  crossover is the linear layers' (the per-operation bound), as the rows say."""
   lines = []
   if "answer_binds" in summary:
     gap_ms = summary["token_gap_s"] * 1e3
@@ -33,7 +34,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
       f"memory-limited rate (B -> oo): {summary['memory_limit_tokens_per_s']:,.1f} tokens/s",
   ]
   if summary["compute_crossover_batch"] is not None:
-    lines.append(f"compute crossover: B = {summary['compute_crossover_batch']:,.1f} sequences")
+    lines.append(
+        ("linear layers compute-bound from (per-operation bound; K/V reads stay memory-bound)"
+         if linear else "compute crossover") +
+        f": B = {summary['compute_crossover_batch']:,.1f} sequences")
   if "token_gap_s" in summary:
     gap_ms = summary["token_gap_s"] * 1e3
     best = summary["largest_swept_batch_meeting_token_gap"]
@@ -86,7 +90,11 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
   empty) and, per combination, its summary lines. Model rows add the rates per chip and
   kW, and with `priced` tokens per dollar."""
   rows = [row for each in sweeps or [sweep] for row in each["rows"]]
-  headers, cells = table.SWEEP_HEADERS, table.sweep_rows(rows)
+  headers = table.SWEEP_HEADERS
+  cells = [
+      c for each in sweeps or [sweep]
+      for c in table.sweep_rows(each["rows"], table.linear_compute_from(each))
+  ]
   if any(row.get("comm_s") for row in rows):
     headers = headers + ("comm ms", "chips")
     cells = [c + [f"{r['comm_s'] * 1e3:,.3f}", f"{r['chips']}"] for c, r in zip(cells, rows)]
@@ -109,7 +117,7 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
     if len(sweeps) > 1:
       out.append(f"-- {each['inputs']['weight_dtype_label']} weights, "
                  f"{each['inputs']['kv_dtype']} K/V, context {each['inputs']['context']:,}:")
-    out += summary_lines(each["summary"])
+    out += summary_lines(each["summary"], linear=table.linear_compute_from(each) is not None)
   return out
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jaxroof.symbolic import step_model
 
 
 def fmt(value: float | str | None) -> str:
@@ -28,10 +31,29 @@ def heldout_error(row: dict) -> str:
   return percent(row.get("rel_error"))
 
 
+# An efficiency (eta_*) is a fraction of its ceiling; a fitted value outside (0, 1] is none.
+OUTSIDE_FRACTION = ("FLAGGED: outside (0, 1], so no fraction of its ceiling; the fit absorbed "
+                    "a cost the model does not name")
+
+
+def outside_fraction(name: str, value: float) -> bool:
+  """Whether `name` is an efficiency (a fraction of a ceiling) whose value lies outside
+  (0, 1]: such a value is flagged, never shown as a fraction."""
+  return name.startswith("eta_") and not 0 < value <= 1
+
+
+def factor_value(name: str, value: float, spec: str = ".3g") -> str:
+  """A factor's value, flagged where an efficiency lies outside (0, 1]."""
+  text = format(value, spec)
+  return f"{text} (outside (0, 1])" if outside_fraction(name, value) else text
+
+
 def factor_table(result: dict) -> str:
-  """A fit's factors with whether each was fitted or fixed (and why)."""
+  """A fit's factors with whether each was fitted or fixed (and why); an efficiency
+  outside (0, 1] is flagged."""
   return format_table(("factor", "value", "status"), [[
-      name, f"{value:.4g}",
+      name,
+      factor_value(name, value, ".4g"), OUTSIDE_FRACTION if outside_fraction(name, value) else
       "fitted" if name in result["free_factors"] else result["fixed_factors"].get(name, "")
   ] for name, value in result["factors"].items()])
 
@@ -107,11 +129,42 @@ SWEEP_HEADERS = (
 )
 
 
-def sweep_rows(rows: Sequence[dict]) -> list[list[str]]:
-  """Display cells of batch-sweep rows (GB = 1e9 B); marks batches that do not fit."""
+def linear_compute_from(sweep: Mapping[str, Any]) -> float | None:
+  """Under the per-operation bound, the batch from which the linear layers are
+  compute-bound: the sweep's compute crossover is theirs there
+  (`cost_model.decode_compute_crossover_batch`), while attention's K/V reads stay
+  memory-bound. None for the fused bound, a calibrated sweep or no crossover."""
+  if sweep.get("kind") != "bound":
+    return None
+  per_op = (step_model.FORM_ASSUMPTIONS["per_op"] in sweep.get("assumptions", ()) or
+            any(_sum_of_rooflines(row) for row in sweep.get("rows", ())))
+  return sweep["summary"].get("compute_crossover_batch") if per_op else None
+
+
+def _sum_of_rooflines(row: Mapping[str, Any]) -> bool:
+  """A row whose step exceeds both its memory and its compute time (communication
+  aside): a sum of per-operation rooflines, some operations bound on each side."""
+  larger = max(row["memory_s"], row.get("compute_s") or 0.0)
+  return row["step_s"] - (row.get("comm_s") or 0.0) > larger * (1 + 1e-9)
+
+
+def row_binds(row: Mapping[str, Any], linear_from: float | None = None) -> str:
+  """What binds a sweep row: the step's larger time (memory, compute or communication),
+  and, under the per-operation bound past `linear_from`, that the linear layers are
+  compute-bound inside it."""
+  binds = row["bound"]
+  if linear_from is not None and row["batch"] >= linear_from and binds != "compute":
+    binds += " (linear layers compute-bound)"
+  return binds
+
+
+def sweep_rows(rows: Sequence[dict], linear_from: float | None = None) -> list[list[str]]:
+  """Display cells of batch-sweep rows (GB = 1e9 B); marks batches that do not fit, and
+  under the per-operation bound the rows whose linear layers are compute-bound
+  (`linear_from`, from `linear_compute_from`)."""
   out = []
   for row in rows:
-    binds = row["bound"]
+    binds = row_binds(row, linear_from)
     if row.get("fits_in_memory") is False:
       binds += " (does not fit)"
     if row.get("meets_token_gap") is False:

@@ -1,7 +1,7 @@
 """Calibration from users' measurements, displayed: held-out and carry-over errors.
 
 Reads the result files the calibrate experiment wrote from a CSV of measured step
-times (under `results/`) and shows calibrated prediction vs analytic bound, both
+times (in the results folder it is given) and shows calibrated prediction vs analytic bound, both
 against the measurements named in the files; then the layout carry-over (its layouts
 source, each layout predicted from the others) and the serving-benchmark fits (its
 vllm source, through the simulator), where present.
@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from jaxroof import files
+from jaxroof.report import paths
 from jaxroof.report import table
 
 CARRY_OVER = "carry_over_trtllm_0.9.0.json"
@@ -98,7 +99,7 @@ def _layout_and_engine_lines(results_dir: str) -> list[str]:
   for path in sorted(glob.glob(os.path.join(results_dir, LAYOUT_CARRY_OVERS))):
     result = _load(path)
     lines += [
-        "", f"Layout carry-over (`results/{os.path.basename(path)}`, rows of "
+        "", f"Layout carry-over (`{paths.in_repository(path)}`, rows of "
         f"`{result['file']}`): factors with the collective efficiency eta_comm, fitted on "
         "some tensor-parallel layouts, predict the others on the same device; beside them "
         "the ideal-split fit (no communication) and the analytic bound. Median relative "
@@ -110,10 +111,10 @@ def _layout_and_engine_lines(results_dir: str) -> list[str]:
     result = _load(path)
     source = result["source"]
     lines += [
-        "", f"Serving benchmark through the simulator (`results/{os.path.basename(path)}`: "
+        "", f"Serving benchmark through the simulator (`{paths.in_repository(path)}`: "
         f"{', '.join(source['engines'])} runs of {source['model']} on {source['tp']}x "
-        f"{source['accelerator']}): factors " +
-        ", ".join(f"{n} = {result['factors'][n]:.3g}" for n in result["searched"]) +
+        f"{source['accelerator']}): factors " + ", ".join(
+            f"{n} = {table.factor_value(n, result['factors'][n])}" for n in result["searched"]) +
         f"; held out ({result['heldout_method']}): median "
         f"{table.percent(result['heldout_median_rel_error'])}.", "",
         table.markdown_table(
@@ -127,16 +128,16 @@ def report_section(results_dir: str, fit_command: str | None = None) -> str:
   """Markdown of the committed user-calibration results (none: a pointer to
   `fit_command`, the caller's command line that fits a CSV, or to the experiment)."""
   lines = ["## Calibration from published measurements", ""]
-  paths = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
+  found = sorted(glob.glob(os.path.join(results_dir, USER_CALIBRATIONS)))
   carry_path = os.path.join(results_dir, CARRY_OVER)
   extra = _layout_and_engine_lines(results_dir)
-  if not paths and not os.path.exists(carry_path) and not extra:
+  if not found and not os.path.exists(carry_path) and not extra:
     return "\n".join(lines + [
         f"No results yet: `{fit_command}`." if fit_command else
         "No results yet: the calibrate experiment fits a CSV of measured step times."
     ])
-  if paths:
-    results = [_load(p) for p in paths]
+  if found:
+    results = [_load(p) for p in found]
     lines += [
         f"Measured step times: {results[0]['source']['engine']} rows of "
         f"`{results[0]['source']['file']}` (see `tests/data/SOURCES.md`). Held out by "
@@ -156,7 +157,7 @@ def report_section(results_dir: str, fit_command: str | None = None) -> str:
     result = _load(carry_path)
     lines += [
         "Carry-over: factors fitted on one model's rows predict another model on the "
-        f"same device (`results/{CARRY_OVER}`). All predicted rows: calibrated median "
+        f"same device (`{paths.in_repository(carry_path)}`). All predicted rows: calibrated median "
         f"{table.percent(result['median_rel_error'])}, bound median "
         f"{table.percent(result['bound_median_rel_error'])}; targets (median <= 10%, twice "
         f"as accurate as the bound) met: {'yes' if result['meets_targets'] else 'no'}. "
