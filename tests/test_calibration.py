@@ -69,7 +69,7 @@ def test_full_overlap_is_the_roofline():
   factors = {
       "eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-30, "t0_layer": 1e-30, "r_ovl": 1e4
   }
-  out = calibration.calibrated_model("numpy")(**inputs, **factors)
+  out = calibration.decode_model("numpy")(**inputs, **factors)
   weight, compute = 8e9 * 2 / 2e12, 2 * 8e9 * inputs["B"] / 6e14
   np.testing.assert_allclose(out["linear_s"], np.maximum(weight, compute), rtol=1e-3)
   np.testing.assert_allclose(out["step_s"], out["linear_s"] + inputs["B"] * 1000 * 1e5 / 2e12,

@@ -648,7 +648,7 @@ def test_the_compared_quantities_move_as_their_factors_do():
   }
   rates = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
   factors = {**TRUE, "t0_step": 1e-3}
-  a = dataclasses.replace(_profile(factors, 0.06), ceilings=rates, regime_factors={"r_pack": 0.5},
+  a = dataclasses.replace(_profile(factors, 0.06), ceilings=rates, terms={"r_pack": 0.5},
                           fit={**fit, "point_median_s": {key: 1.0}})
   assert toy_fit.compared_sensitivity(a)["r_pack"][key] == pytest.approx(-0.5 / 1.5 * 2.0)
   assert toy_fit.compared_sensitivity(dataclasses.replace(a, ceilings={}))["r_pack"][key] == 2.0
@@ -687,10 +687,10 @@ def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
   """A noisy M = 1 timing moves eta_w, and the steps at B >= 2 move r_pack the other way:
   the batched weight rate eta_w x BW / (1 + r_pack) is what repeats."""
   ceilings = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
-  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=ceilings, regime_factors={"r_pack": 0.2})
+  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=ceilings, terms={"r_pack": 0.2})
   lower = {**TRUE, "eta_w": TRUE["eta_w"] * 0.85}
   b = dataclasses.replace(_profile(lower, 0.06), ceilings=ceilings,
-                          regime_factors={"r_pack": 1.2 * 0.85 - 1.0})
+                          terms={"r_pack": 1.2 * 0.85 - 1.0})
   result = toy_fit.compare_profiles(a, b)
   assert result["factor_rel_diff"]["r_pack"] == pytest.approx(0.0, abs=1e-9)
   assert result["fraction_rel_diff"]["r_pack"] == pytest.approx(0.18)

@@ -99,7 +99,7 @@ def test_user_profile_round_trip_and_old_profiles(tmp_path):
   back = profiles.load_profile(path)
   assert back == dataclasses_replace_path(prof, str(path))
   data = json.loads(path.read_text())
-  assert data["version"] == profiles.VERSION == 2
+  assert data["version"] == profiles.VERSION == 3
   for key in ("accelerator", "source", "prefill_factors"):
     del data[key]
   data["version"] = 1

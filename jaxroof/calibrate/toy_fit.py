@@ -19,6 +19,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import op_fit
+from jaxroof.engines import xla_cpu
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
@@ -546,7 +547,7 @@ def _signed_changes(
     signed[n] = (current.factors[n] - value) / scale
     if n in old_rates and n in new_rates:
       signed[n] = new_rates[n] / old_rates[n] - 1.0
-  for n in calibration.REGIME_FACTOR_NAMES:
+  for n in xla_cpu.TERM_NAMES:
     if n in previous.regime_factors and n in current.regime_factors:
       value = previous.regime_factors[n]
       scale = max(value, 1.0)  # A re-pack near zero is compared with one weight read.
@@ -661,7 +662,7 @@ def _fit_factors(
       details["attention"]["eta_kv_own_layouts"] = factors["eta_kv"]
       details["attention"]["layout_scale"] = scale
       factors["eta_kv"] *= scale
-    regime_factors = {n: factors.pop(n) for n in calibration.REGIME_FACTOR_NAMES if n in factors}
+    regime_factors = {n: factors.pop(n) for n in xla_cpu.TERM_NAMES if n in factors}
     return factors, regime_factors, details, None
   if len(measured.fit_records) < MIN_FIT_STEPS:
     raise errors.InputError(
@@ -787,7 +788,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
           "copy_bandwidth_Bps": ceilings.copy_bandwidth_Bps,
           "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
           "flops_per_s": dict(ceilings.flops_per_s)
-      }, factors=factors, fit=fit_info, model=model_info, regime_factors=regime_factors,
+      }, factors=factors, fit=fit_info, model=model_info, terms=regime_factors,
       method=(f"{steps[0].method}; {op_sweeps.STATISTIC} of up to {plan['rounds']} "
               "rounds visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "

@@ -1,9 +1,10 @@
 """Fitting the calibrated factors to users' measured step times, per device.
 
-The decode rows are fitted with `jaxroof.symbolic.calibrated` (eta_w, eta_kv,
-eta_f, t0_step, t0_layer, r_ovl), the prefill rows with
-`jaxroof.symbolic.prefill_calibrated`, which shares eta_w, the fixed costs and
-the overlap and adds its own FLOP efficiency eta_f_prefill. One optax (Adam)
+The decode rows are fitted with the cost model's calibrated decode step
+(`jaxroof.symbolic.calibrated.decode_model`: eta_w, eta_kv, eta_f, t0_step,
+t0_layer, r_ovl), the prefill rows with its calibrated prefill
+(`calibrated.prefill_model`), which shares eta_w, the fixed costs and the
+overlap and adds its own FLOP efficiency eta_f_prefill. One optax (Adam)
 fit takes both, minimising the mean squared log error.
 
 Physical ranges hold by construction: each efficiency is a sigmoid of a free
@@ -61,7 +62,6 @@ from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import collectives
-from jaxroof.symbolic import prefill_calibrated
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
@@ -123,7 +123,7 @@ class StepInputs:
   """Model inputs of rows, each phase in the rows' order, and their communication.
 
   `decode` holds `calibrated.INPUT_NAMES`, `prefill`
-  `prefill_calibrated.INPUT_NAMES` (one chip's share on a layout); the
+  `calibrated.PREFILL_INPUT_NAMES` (one chip's share on a layout); the
   `*_comm_s` arrays are each row's analytic communication (0 on one chip).
   """
 
@@ -203,14 +203,14 @@ def _log_predictions(data: _Data, factors: Mapping[str, Any]):
   comm = with_comm_model("jax")
   if data.decode_s.size:
     f = {n: factors[n] for n in DECODE_FACTORS}
-    floor = calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]
+    floor = calibrated.decode_model("jax")(**data.decode, **f)["step_s"]
     parts.append(
         jnp.log(
             comm(t_floor=floor, t_comm=data.inputs.decode_comm_s,
                  eta_comm=factors["eta_comm"])["step_s"]))
   if data.prefill_s.size:
-    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    floor = prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]
+    f = {n: factors[n] for n in calibrated.PREFILL_FACTOR_NAMES}
+    floor = calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]
     parts.append(
         jnp.log(
             comm(t_floor=floor, t_comm=data.inputs.prefill_comm_s,
@@ -222,7 +222,7 @@ def _relevant(data: _Data) -> list[str]:
   """Factors the model of these rows contains."""
   names = set(DECODE_FACTORS) if data.decode_s.size else set()
   if data.prefill_s.size:
-    names |= set(prefill_calibrated.FACTOR_NAMES)
+    names |= set(calibrated.PREFILL_FACTOR_NAMES)
   if data.has_comm:
     names |= set(COMM_FACTORS)
   return [n for n in PRIORITY if n in names]
@@ -349,12 +349,12 @@ def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float], *,
   index = {id(r): i for i, r in enumerate(rows)}
   if decode:
     f = {n: factors[n] for n in DECODE_FACTORS}
-    floor = calibrated.calibrated_model("numpy")(**x.decode, **f)["step_s"]
+    floor = calibrated.decode_model("numpy")(**x.decode, **f)["step_s"]
     out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=x.decode_comm_s,
                                                eta_comm=eta_comm)["step_s"]
   if prefill:
-    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    floor = prefill_calibrated.prefill_model("numpy")(**x.prefill, **f)["step_s"]
+    f = {n: factors[n] for n in calibrated.PREFILL_FACTOR_NAMES}
+    floor = calibrated.prefill_model("numpy")(**x.prefill, **f)["step_s"]
     out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=x.prefill_comm_s,
                                                 eta_comm=eta_comm)["step_s"]
   return out
@@ -381,7 +381,7 @@ def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs)
     out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=inp.decode_comm_s,
                                                eta_comm=1.0)["step_s"]
   if prefill:
-    floor = prefill_calibrated.prefill_model("numpy")(**inp.prefill, **_IDEAL)["step_s"]
+    floor = calibrated.prefill_model("numpy")(**inp.prefill, **_IDEAL)["step_s"]
     out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=inp.prefill_comm_s,
                                                 eta_comm=1.0)["step_s"]
   return out
@@ -730,7 +730,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "training_rows": training,
       "extrapolation": larger,
       "bound": BOUND_NOTE,
-      "assumptions": list(calibrated.ASSUMPTIONS) + list(prefill_calibrated.ASSUMPTIONS) + notes,
+      "assumptions": list(calibrated.ASSUMPTIONS) + list(calibrated.PREFILL_ASSUMPTIONS) + notes,
       "units": {
           "measured_s": "s", "calibrated_s": "s", "bound_s": "s", "calibrated_rel_error": "1",
           "bound_rel_error": "1", "ratio_to_bound": "1 (measured / bound)"
