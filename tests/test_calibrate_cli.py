@@ -24,12 +24,12 @@ def run(module, *flags):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (("--validate",), "--profile"),
+    (("--validate",), "--validate"),
     (("--budget_s=0",), "--budget_s"),
     (("--budget_s=10",), "at least 25 s"),
-    (("--validate", "--profile=/nonexistent/p.json"), "does not exist"),
+    (("--validate=/nonexistent/p.json",), "does not exist"),
     (("--compare_profile=/nonexistent/p.json",), "does not exist"),
-    (("--fit=bogus",), "--fit"),
+    (("--hold=eta_w=0.5",), "--hold is not read with --source=ops"),
 ])
 def test_calibrate_bad_input_is_one_line(flags, needle):
   proc = run("calibrate", *flags)
@@ -48,8 +48,8 @@ def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
       }, fit={}, model={"configs": {"calibration": dataclasses.asdict(TINY)}})
   path, out = tmp_path / "p.json", tmp_path / "v.json"
   profiles.save_profile(prof, path)
-  proc = run("calibrate", "--validate", f"--profile={path}", "--batch_sizes=2", "--contexts=8,24",
-             "--rounds=2", f"--json_out={out}")
+  proc = run("calibrate", f"--validate={path}", "--batch_sizes=2", "--contexts=8,24", "--rounds=2",
+             f"--json_out={out}")
   assert proc.returncode == 0, proc.stderr
   rows = json.loads(out.read_text())["validation"]
   assert [(r["batch"], r["context"]) for r in rows] == [(2, 8), (2, 24)]
@@ -89,4 +89,4 @@ def test_every_calibrate_flag_belongs_to_a_source():
                         timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   count, missing = done.stdout.split(" ", 1)
-  assert int(count) > 30 and missing.strip() == "[]", done.stdout
+  assert 20 < int(count) <= 30 and missing.strip() == "[]", done.stdout

@@ -168,10 +168,13 @@ def _iteration_symbols(extensions: tuple[str, ...]) -> frozenset[str]:
 
 def iteration_terms(values: Mapping[str, float]) -> dict[str, float]:
   """The terms among `values` beyond the six factors that the calibrated iteration
-  itself takes (with their engines' extensions); a term that shapes something else (a
-  per-request delay, an idle engine's wake) is left out."""
+  itself takes (with their engines' extensions); a term at its default (absent) and one
+  that shapes something else (a per-request delay, an idle engine's wake) are left out."""
   known = terms.registered()
-  names = [n for n in values if n in known and n not in FACTOR_NAMES]
+  names = [
+      n for n in values
+      if n in known and n not in FACTOR_NAMES and float(values[n]) != known[n].default
+  ]
   used = _iteration_symbols(terms.owners(names))
   return {n: float(values[n]) for n in names if n in used}
 
