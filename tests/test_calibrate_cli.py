@@ -10,11 +10,11 @@ import sys
 import jax
 import pytest
 
-from jaxroof.measure import op_sweeps
+from jaxroof.measure import calibration_models
 from jaxroof.measure import profiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+TINY = dataclasses.replace(calibration_models.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
@@ -57,7 +57,7 @@ def test_calibrate_validates_a_profile_at_chosen_points(tmp_path):
   # The prediction, by hand: fixed costs, the linear layers' weight and FLOP times
   # combined as a 2-norm (r_ovl = 1), and the K/V read of context + 1 positions.
   f = prof.factors
-  n = op_sweeps.step_inputs(TINY, "float32").N
+  n = calibration_models.step_inputs(TINY, "float32").N
   kv_per_position = 2 * TINY.num_blocks * TINY.num_kv_heads * TINY.head_dim * 4
   for r in rows:
     weight = n * 4 / (f["eta_w"] * 1e10)

@@ -16,13 +16,15 @@ import pytest
 from jaxroof import errors
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import toy_job
-from jaxroof.measure import toy_steps
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings as ceilings_lib
-from jaxroof.calibrate import fitting
-from jaxroof.calibrate import op_fit
+from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
-from jaxroof.measure import measurement
+from jaxroof.measure import step_sweeps
+from jaxroof.measure import toy_steps
+from jaxroof.calibrate import fitting
+from jaxroof.calibrate import op_fit
 from jaxroof.symbolic.calibrated import FACTOR_NAMES
 from jaxroof.timing import Timing
 
@@ -75,7 +77,7 @@ def synthetic_steps(configs, points, factors=TRUE, scale=1.0):
   """Decode-step records of toy models, timed 'by the model'."""
   out = []
   for p in points:
-    inputs = op_sweeps.step_inputs(configs[p.model], "float32")
+    inputs = calibration_models.step_inputs(configs[p.model], "float32")
     t = fitting.predict(
         {
             "B": p.batch, "T": p.context + 1, "N": inputs.N, "N_act": inputs.N_act, "q": inputs.q,
@@ -92,16 +94,18 @@ def synthetic_steps(configs, points, factors=TRUE, scale=1.0):
 
 
 SMALL_STEPS = [
-    op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS for b, c in toy_steps.SMALLEST
+    step_sweeps.StepPoint(m, b, c) for m in calibration_models.FIT_MODELS
+    for b, c in toy_steps.SMALLEST
 ]
 FIT_STEPS = SMALL_STEPS + [
-    op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS for b, c in toy_steps.KV_STEPS
+    step_sweeps.StepPoint(m, b, c) for m in calibration_models.FIT_MODELS
+    for b, c in toy_steps.KV_STEPS
 ]
 
 
 def test_operation_fit_recovers_known_factors_from_noisy_timings():
   linear, attention = synthetic_operations(noise=0.03)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   step_inputs = toy_fit.model_inputs(steps, BW, F)
   factors, details = op_fit.fit_operations(linear, attention, steps, step_inputs, bandwidth=BW,
                                            flop_rate=F)
@@ -117,7 +121,7 @@ def test_operation_fit_recovers_known_factors_from_noisy_timings():
 
 def test_operation_fit_is_exact_on_exact_timings():
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   factors, _ = op_fit.fit_operations(linear, attention, steps, toy_fit.model_inputs(steps, BW, F),
                                      bandwidth=BW, flop_rate=F, fit_steps=4000)
   for name in ("eta_w", "eta_f", "eta_kv"):
@@ -156,7 +160,7 @@ def test_linear_fit_reproduces_m1_despite_a_small_m_penalty():
 def test_linear_fit_needs_m1_and_two_larger_points():
   linear, attention = synthetic_operations(noise=0.0)
   no_m1 = [r for r in linear if r.shapes["rows"] > 1]
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   with pytest.raises(errors.InputError, match="M = 1"):
     op_fit.fit_operations(no_m1, attention, steps, toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                           flop_rate=F)
@@ -187,20 +191,20 @@ def test_operation_fit_refuses_too_few_points():
 
 
 def test_heldout_presets_differ_from_every_fit_model():
-  for held in op_sweeps.HELDOUT_MODELS.values():
-    for fit in op_sweeps.FIT_MODELS.values():
+  for held in calibration_models.HELDOUT_MODELS.values():
+    for fit in calibration_models.FIT_MODELS.values():
       assert held.width != fit.width
       assert held.num_blocks != fit.num_blocks
       assert held.num_kv_heads != fit.num_kv_heads
     # Small enough to time quickly within 2 GB: two weight copies < 0.6 GB.
-    assert 2 * 4 * op_sweeps.step_inputs(held, "float32").N < 0.6e9
+    assert 2 * 4 * calibration_models.step_inputs(held, "float32").N < 0.6e9
 
 
 def test_heldout_variant_of_any_config_is_a_valid_other_model():
-  gpu = dataclasses.replace(op_sweeps.CALIBRATION, num_heads=32, num_kv_heads=8, head_dim=128,
-                            width=4096, mlp_dim=14336)
+  gpu = dataclasses.replace(calibration_models.CALIBRATION, num_heads=32, num_kv_heads=8,
+                            head_dim=128, width=4096, mlp_dim=14336)
   for kind in ("narrow", "wide"):
-    variant = op_sweeps.heldout_variant(gpu, kind)
+    variant = calibration_models.heldout_variant(gpu, kind)
     assert variant.num_heads % variant.num_kv_heads == 0
     assert variant.num_kv_heads != gpu.num_kv_heads
     assert variant.width == variant.num_heads * variant.head_dim != gpu.width
@@ -216,11 +220,11 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 
   def fake_sweep_models(configs, points, dtype, **kwargs):
     asked["steps"] += list(points)
-    scale = heldout_scale if set(configs) == set(op_sweeps.HELDOUT_MODELS) else 1.0
+    scale = heldout_scale if set(configs) == set(calibration_models.HELDOUT_MODELS) else 1.0
     return synthetic_steps(configs, points, scale=scale)
 
   def fake_interleaved(configs, points, dtype, **kwargs):
-    held = set(op_sweeps.HELDOUT_MODELS)
+    held = set(calibration_models.HELDOUT_MODELS)
     fit = [p for p in points if p.model not in held]
     out = fake_sweep_models({n: c for n, c in configs.items() if n not in held}, fit, dtype)
     return out + fake_sweep_models({n: c for n, c in configs.items() if n in held},
@@ -235,22 +239,23 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 
 def test_heldout_models_never_enter_the_fit(monkeypatch):
   exact, asked = _fake_job(monkeypatch)
-  held = set(op_sweeps.HELDOUT_MODELS)
+  held = set(calibration_models.HELDOUT_MODELS)
   fit_points = asked["steps"][:len(FIT_STEPS)]
-  assert {p.model for p in fit_points} == set(op_sweeps.FIT_MODELS)
+  assert {p.model for p in fit_points} == set(calibration_models.FIT_MODELS)
   assert {p.model for p in asked["steps"][len(FIT_STEPS):]} == held
   # Operations are timed at the fit models' shapes only.
-  held_shapes = {(c.width, c.mlp_dim) for c in op_sweeps.HELDOUT_MODELS.values()}
+  held_shapes = {(c.width, c.mlp_dim) for c in calibration_models.HELDOUT_MODELS.values()}
   assert not any(p.op == "linear" and p.sizes[1:] in held_shapes for p in asked["ops"])
-  held_layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  held_layouts = {(c.num_heads, c.num_kv_heads) for c in calibration_models.HELDOUT_MODELS.values()}
   attention = [p for p in asked["ops"] if p.op == "decode_attention"]
   assert not any(p.sizes[2:4] in held_layouts for p in attention)
-  assert set(toy_steps.layout_probe(op_sweeps.FIT_MODELS,
-                                    op_sweeps.HELDOUT_MODELS)) <= set(attention)
+  assert set(
+      toy_steps.layout_probe(calibration_models.FIT_MODELS,
+                             calibration_models.HELDOUT_MODELS)) <= set(attention)
   assert exact.status == "ok"
   assert exact.profile.fit["heldout_median_rel_error"] < 0.02
   assert {m["name"] for m in exact.to_json()["heldout_models"]} == held
-  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(op_sweeps.FIT_MODELS)
+  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(calibration_models.FIT_MODELS)
   # Doubling the held-out timings changes no factor: they never entered the
   # fit. Their error shows it, and the run says it missed its targets.
   slowed, _ = _fake_job(monkeypatch, heldout_scale=2.0)
@@ -304,19 +309,19 @@ def test_the_operations_always_timed_hold_two_attention_points_of_the_fit_layout
   monkeypatch.setattr(op_sweeps, "op_sweep", fake_op_sweep)
   monkeypatch.setattr(toy_steps, "sweep_interleaved",
                       lambda configs, points, dtype, **kw: synthetic_steps(configs, points))
-  deeper = dataclasses.replace(op_sweeps.CALIBRATION, num_blocks=6)
+  deeper = dataclasses.replace(calibration_models.CALIBRATION, num_blocks=6)
   # The probe's points hold more tokens than any of this grid's.
   toy_job.run(120, ceilings=CEILINGS, attention_grid=((1, 128), (4, 512)),
-              models={"calibration": op_sweeps.CALIBRATION, "deeper": deeper})
-  layout = (op_sweeps.CALIBRATION.num_heads, op_sweeps.CALIBRATION.num_kv_heads)
+              models={"calibration": calibration_models.CALIBRATION, "deeper": deeper})
+  layout = (calibration_models.CALIBRATION.num_heads, calibration_models.CALIBRATION.num_kv_heads)
   attention = [p for p in asked["always"] if p.op == "decode_attention"]
   assert len(attention) == 2 and all(p.sizes[2:4] == layout for p in attention)
 
 
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
-    toy_job.run(120, ceilings=CEILINGS, models={"a": op_sweeps.CALIBRATION},
-                heldout_models={"a": op_sweeps.HELDOUT_NARROW})
+    toy_job.run(120, ceilings=CEILINGS, models={"a": calibration_models.CALIBRATION},
+                heldout_models={"a": calibration_models.HELDOUT_NARROW})
 
 
 def test_budget_too_small_is_refused_at_once():
@@ -374,9 +379,9 @@ def test_assess_says_when_a_run_misses_its_accuracy():
 
 
 def test_round_spread_asks_for_more_rounds_when_rounds_disagree():
-  assert op_sweeps.round_spread([1.0]) == float("inf")
-  assert op_sweeps.round_spread([1.0, 1.05, 3.0]) == pytest.approx(2.0)
-  assert op_sweeps.round_spread([1.0, 1.02, 1.04, 2.0]) == pytest.approx(0.04)
+  assert step_sweeps.round_spread([1.0]) == float("inf")
+  assert step_sweeps.round_spread([1.0, 1.05, 3.0]) == pytest.approx(2.0)
+  assert step_sweeps.round_spread([1.0, 1.02, 1.04, 2.0]) == pytest.approx(0.04)
 
 
 def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
@@ -389,9 +394,9 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
   monkeypatch.setattr(toy_steps, "sweep_interleaved", fake_sweep_models)
   job = toy_job.run(120, fit="steps", ceilings=CEILINGS)
   # Fit and held-out models are timed together, in the same rounds.
-  assert asked == [sorted({**op_sweeps.MODELS, **op_sweeps.HELDOUT_MODELS})]
+  assert asked == [sorted({**calibration_models.MODELS, **calibration_models.HELDOUT_MODELS})]
   assert job.profile.fit["method"] == "steps" and not job.operations
-  assert {r["model"] for r in job.rows("heldout")} == set(op_sweeps.HELDOUT_MODELS)
+  assert {r["model"] for r in job.rows("heldout")} == set(calibration_models.HELDOUT_MODELS)
   for name in ("eta_w", "eta_kv", "eta_f"):
     assert job.profile.factors[name] == pytest.approx(TRUE[name], rel=0.1)
   assert job.profile.fit["heldout_median_rel_error"] < 0.03
@@ -435,7 +440,7 @@ def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
   (XLA:CPU: about 16 against 26 GB/s): the K/V-heavy steps set eta_kv, and the
   operation's figure is kept beside it."""
   linear, attention = synthetic_operations(noise=0.0, attention_eta_kv=0.6 * TRUE["eta_kv"])
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS)
   factors, details = op_fit.fit_operations(linear, attention, steps,
                                            toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                                            flop_rate=F, fit_steps=4000)
@@ -444,7 +449,7 @@ def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
   assert details["step_refit"]["points"] == 2 * len(toy_steps.KV_STEPS)
   assert details["step_refit"]["free"] == ["eta_kv"]
   # Without K/V-heavy steps the operation's eta_kv stands.
-  small = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  small = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   factors, details = op_fit.fit_operations(linear, attention, small,
                                            toy_fit.model_inputs(small, BW, F), bandwidth=BW,
                                            flop_rate=F)
@@ -458,7 +463,7 @@ def test_the_repack_is_refitted_on_the_fit_models_batched_steps():
   beside it, and the batch-1 factors stay the operations'."""
   linear, attention = synthetic_operations(noise=0.0)
   truth = {**TRUE, "r_pack": 0.3}
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors=truth)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors=truth)
   factors, details = op_fit.fit_operations(linear, attention, steps,
                                            toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                                            flop_rate=F, fit_steps=4000, regime=True)
@@ -525,7 +530,7 @@ def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
   computation: the whole operation fit rerun with one timed point 5% slower, for an M = 1
   and an M = 2048 linear layer, the K/V-heaviest attention, a batch-1 and the largest step."""
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
   points = ([r for r in linear if r.shapes["rows"] == 1] +
             [r for r in linear if r.shapes["rows"] > 1] + attention + steps)
 
@@ -618,13 +623,15 @@ def test_the_profile_names_each_sensitivity_by_its_point():
   operations only, the re-pack with the batched steps, and no factor with a held-out step;
   every timed point's figure is kept for a later comparison (fit.point_median_s)."""
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
-  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
-                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  held = synthetic_steps(
+      calibration_models.HELDOUT_MODELS,
+      [step_sweeps.StepPoint(m, 4, 256) for m in calibration_models.HELDOUT_MODELS])
   measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
   prof = toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=True,
-                           models=op_sweeps.FIT_MODELS, heldout_models=op_sweeps.HELDOUT_MODELS,
-                           budget_s=120, plan={"rounds": 3}).profile
+                           models=calibration_models.FIT_MODELS,
+                           heldout_models=calibration_models.HELDOUT_MODELS, budget_s=120,
+                           plan={"rounds": 3}).profile
   sens = prof.fit["basis_sensitivity"]
   step_keys = {toy_fit.point_key(r) for r in steps}
   batched = {toy_fit.point_key(r) for r in steps if r.shapes["batch"] >= 2}
@@ -662,11 +669,12 @@ def test_the_compared_quantities_move_as_their_factors_do():
 
 def test_timing_basis_names_each_factors_points():
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
-  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
-                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS)
+  held = synthetic_steps(
+      calibration_models.HELDOUT_MODELS,
+      [step_sweeps.StepPoint(m, 4, 256) for m in calibration_models.HELDOUT_MODELS])
   measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
-  basis = toy_fit.timing_basis(measured, "ops", regime=True, models=op_sweeps.FIT_MODELS)
+  basis = toy_fit.timing_basis(measured, "ops", regime=True, models=calibration_models.FIT_MODELS)
   assert set(basis) == set(FACTOR_NAMES) | {"r_pack", "heldout"}
   assert all(k.startswith("linear M=1 ") for k in basis["eta_w"])
   assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
@@ -678,7 +686,7 @@ def test_timing_basis_names_each_factors_points():
       for r in linear
   ]
   noisy = toy_fit.Measured(CEILINGS, spread + attention, steps, held, len(held))
-  noise = toy_fit.basis_noise(noisy, "ops", regime=True, models=op_sweeps.FIT_MODELS)
+  noise = toy_fit.basis_noise(noisy, "ops", regime=True, models=calibration_models.FIT_MODELS)
   assert noise["eta_w"] == pytest.approx(0.1) and noise["eta_f"] == pytest.approx(0.3)
   assert set(noise) <= set(basis)
 
@@ -699,30 +707,31 @@ def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
 
 # Fit models of one K/V layout (the shipped ones have two, so they need no probe).
 ONE_LAYOUT = {
-    "calibration": op_sweeps.CALIBRATION,
-    "shallow": dataclasses.replace(op_sweeps.SHALLOW,
-                                   num_kv_heads=op_sweeps.CALIBRATION.num_kv_heads)
+    "calibration": calibration_models.CALIBRATION,
+    "shallow": dataclasses.replace(calibration_models.SHALLOW,
+                                   num_kv_heads=calibration_models.CALIBRATION.num_kv_heads)
 }
 
 
 def test_the_shipped_fit_models_have_two_kv_layouts_and_no_probe():
-  layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.FIT_MODELS.values()}
-  held = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  layouts = {(c.num_heads, c.num_kv_heads) for c in calibration_models.FIT_MODELS.values()}
+  held = {(c.num_heads, c.num_kv_heads) for c in calibration_models.HELDOUT_MODELS.values()}
   assert len(layouts) == 2 and not layouts & held
-  assert toy_steps.layout_probe(op_sweeps.FIT_MODELS, op_sweeps.HELDOUT_MODELS) == []
+  assert toy_steps.layout_probe(calibration_models.FIT_MODELS,
+                                calibration_models.HELDOUT_MODELS) == []
 
 
 def test_the_layout_probe_times_a_layout_no_model_has():
-  probe = toy_steps.layout_probe(ONE_LAYOUT, op_sweeps.HELDOUT_MODELS)
-  models = {**ONE_LAYOUT, **op_sweeps.HELDOUT_MODELS}.values()
+  probe = toy_steps.layout_probe(ONE_LAYOUT, calibration_models.HELDOUT_MODELS)
+  models = {**ONE_LAYOUT, **calibration_models.HELDOUT_MODELS}.values()
   taken = {(c.num_heads, c.num_kv_heads) for c in models}
   assert probe and {p.sizes[2:4] for p in probe} == {(16, 8)}
   assert not {p.sizes[2:4] for p in probe} & taken
   assert all(p.sizes[0] * p.sizes[1] >= op_fit.KV_STEP_TOKENS for p in probe)
   # A held-out model with that layout moves the probe to the next free one, or none.
-  held = {"h": dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=8)}
+  held = {"h": dataclasses.replace(calibration_models.CALIBRATION, num_kv_heads=8)}
   assert {p.sizes[2:4] for p in toy_steps.layout_probe(ONE_LAYOUT, held)} == {(16, 4)}
-  held["g"] = dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=4)
+  held["g"] = dataclasses.replace(calibration_models.CALIBRATION, num_kv_heads=4)
   assert toy_steps.layout_probe(ONE_LAYOUT, held) == []
 
 
@@ -758,21 +767,21 @@ def test_layout_scale_moves_eta_kv_to_the_rate_midway_over_the_layouts():
   assert toy_fit.layout_scale(_attention_at_rate((16, 2), 20e9), ONE_LAYOUT) is None
   assert toy_fit.layout_scale(_attention_at_rate((16, 8), 30e9), ONE_LAYOUT) is None
   # Fit models with both layouts: eta_kv is fitted over both already.
-  assert toy_fit.layout_scale(ops, op_sweeps.FIT_MODELS) == pytest.approx(1.0)
+  assert toy_fit.layout_scale(ops, calibration_models.FIT_MODELS) == pytest.approx(1.0)
 
 
 def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
   linear, attention = synthetic_operations(noise=0.0)
   probe = _attention_at_rate((16, 8), 0.5 * TRUE["eta_kv"] * BW)
   steps = synthetic_steps(ONE_LAYOUT, FIT_STEPS)
-  points = [op_sweeps.StepPoint(m, 16, 2048) for m in op_sweeps.HELDOUT_MODELS]
+  points = [step_sweeps.StepPoint(m, 16, 2048) for m in calibration_models.HELDOUT_MODELS]
   plan = {"rounds": 3, "warmup": 1, "repeats": 3, "interleaved": True}
 
   def run(ops, scale):
-    held = synthetic_steps(op_sweeps.HELDOUT_MODELS, points, scale=scale)
+    held = synthetic_steps(calibration_models.HELDOUT_MODELS, points, scale=scale)
     measured = toy_fit.Measured(CEILINGS, ops, steps, held, len(held))
     return toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=False,
-                             models=ONE_LAYOUT, heldout_models=op_sweeps.HELDOUT_MODELS,
+                             models=ONE_LAYOUT, heldout_models=calibration_models.HELDOUT_MODELS,
                              budget_s=120, plan=plan)
 
   without = run(linear + attention, 1.0)

@@ -20,10 +20,12 @@ from jaxroof import errors
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import op_fit
 from jaxroof.engines import xla_cpu
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
+from jaxroof.measure import step_sweeps
 from jaxroof.measure import toy_steps
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.symbolic.step_model import StepModel
@@ -499,7 +501,7 @@ def timing_basis(
 def basis_noise(measured: "Measured", fit: str, regime: bool,
                 models: Mapping[str, ToyConfig]) -> dict[str, float]:
   """Per factor, the median round spread of its timed points within this run
-  (`op_sweeps.round_spread`): how far the machine moved the data under it
+  (`step_sweeps.round_spread`): how far the machine moved the data under it
   from round to round, below which no two runs' factor can be told apart."""
   spreads = timing_basis(measured, fit, regime, models, value=_round_spread)
   return {n: float(np.median(list(v.values()))) for n, v in spreads.items() if v}
@@ -745,7 +747,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
       "attention_layout_floor": layouts,
       "method": fit,
       "loss": loss,
-      "statistic": op_sweeps.STATISTIC,
+      "statistic": step_sweeps.STATISTIC,
       "objective": "mean squared log error (Adam on log factors)",
       "status": status,
       "warnings": warnings,
@@ -773,7 +775,8 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
       "fit_models": _named_configs(models),
       "heldout_models": _named_configs(heldout_models),
       "step_inputs": {
-          name: op_sweeps.step_inputs(c, dtype_value).to_json() for name, c in known.items()
+          name: calibration_models.step_inputs(c, dtype_value).to_json()
+          for name, c in known.items()
       },
       "points": len(rows),
       "operations": len(measured.operations),
@@ -789,7 +792,7 @@ def fit_steps(measured: Measured, *, fit: str, dtype: str, backend: str, regime:
           "read_bandwidth_Bps": ceilings.read_bandwidth_Bps,
           "flops_per_s": dict(ceilings.flops_per_s)
       }, factors=factors, fit=fit_info, model=model_info, terms=regime_factors,
-      method=(f"{steps[0].method}; {op_sweeps.STATISTIC} of up to {plan['rounds']} "
+      method=(f"{steps[0].method}; {step_sweeps.STATISTIC} of up to {plan['rounds']} "
               "rounds visiting the points in random order, points whose fastest "
               "rounds disagree re-measured; cache donated; "
               f"{measurement.allocator()}"))
