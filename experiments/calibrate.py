@@ -40,6 +40,7 @@ from jaxroof import files
 from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import layout_fit
+from jaxroof.calibrate import repeatability
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import toy_job
 from jaxroof.calibrate import user_fit
@@ -72,7 +73,7 @@ def toy(fit: str) -> None:
   print(tables.toy_text(job))
   data = job.to_json()
   if previous is not None:
-    data["repeatability"] = toy_fit.compare_profiles(previous, job.profile)
+    data["repeatability"] = repeatability.compare_profiles(previous, job.profile)
     print(tables.repeatability_line(data["repeatability"], F.COMPARE_PROFILE.value))
   _write(data, job.profile)
   calibration_report.write_results(job, json_out=None, profile_out=None, plot_out=F.PLOT_OUT.value)
