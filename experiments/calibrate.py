@@ -176,13 +176,11 @@ def vllm() -> None:
     print(tables.engine_prediction_text(result))
     _write(result)
     return
-  settings = F.search()[1]
   result = engine_fit.calibrate_engine(F.FROM_VLLM.value, F.serving_setup(held),
                                        heldout_paths=F.HELDOUT_VLLM.value or (),
                                        heldout_model=F.HELDOUT_MODEL.value or None,
                                        fit_model=F.FIT_MODEL.value or None,
-                                       max_simulations=settings["max_simulations"],
-                                       starts=settings["starts"])
+                                       **F.search()[1])
   print(tables.engine_fit_text(result))
   _write(result, engine_fit.engine_profile(result))
 
