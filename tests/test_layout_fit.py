@@ -1,4 +1,4 @@
-"""Measured steps on parallel layouts (issue 17): per-chip inputs, eta_comm, carry-over."""
+"""Measured steps on parallel layouts: per-chip inputs, eta_comm, carry-over."""
 
 from __future__ import annotations
 

@@ -381,7 +381,7 @@ def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
       rel = 0.3 if name == "r_ovl" else 0.2
       # A float32 Adam fit ends within about 0.6% of its optimum in the weakly held
       # factors (eta_f, eta_kv), by an amount that differs between CPUs and step counts
-      # (an AMD EPYC without AVX-512: 0.3-0.6% at 2,000, 6,000 and 20,000 steps, where
+      # (a CPU without AVX-512: 0.3-0.6% at 2,000, 6,000 and 20,000 steps, where
       # the slope says 0.02-0.3%): that floor, not the slope, sets `abs`. The slopes that
       # matter (eta_w 2.7%, r_pack 4-6%, eta_kv 1%) are held to `rel`.
       assert actual == pytest.approx(sens[name][i] * math.log(1.05), rel=rel,

@@ -291,7 +291,7 @@ def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
   assert capped.batch == 8 and capped.line == 2
 
 
-# --- One model's rows (issue 27) ---
+# --- One model's rows ---
 
 SINGLE_TRUTH = {
     "eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6, "t0_step": 3e-4,

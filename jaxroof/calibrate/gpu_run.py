@@ -137,7 +137,7 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool, budget_s
   """Op sweeps, a toy calibration and its validation, within `budget_s`.
 
   Writes OUT/op_sweeps.json, OUT/calibration.json and the profile to
-  `results_dir` (the GPU run's results/), each as soon as it exists.
+  `results_dir` (the GPU run's results folder), each as soon as it exists.
   """
   start = time.monotonic()
   models = DRY_MODELS if dry_run else GPU_MODELS
