@@ -24,7 +24,7 @@ def test_the_core_registers_the_terms_every_engine_has_once_with_their_metadata(
   core = terms.owned_by(terms.CORE)
   assert tuple(t.name for t in core) == CORE
   for term in core:
-    assert term.symbol is sp.Symbol(term.name, positive=True)  # One object everywhere.
+    assert term.symbol == sp.Symbol(term.name, positive=True)  # One symbol everywhere.
     assert symbols.BY_NAME[term.name].unit == term.unit  # The symbol table reads the registry.
     assert term.applies_to in terms.APPLIES_TO and term.obtained in terms.OBTAINED
     assert term.meaning and term.label and term.unit

@@ -62,7 +62,8 @@ COALESCED_S = 1e-4  # A measured token gap below this is a coalesced delivery, n
 # delivered in one chunk, TTFT = their duration). Quiet runs of the tiny, small and medium
 # presets had at most 11% of their gaps coalesced, the nano preset's 23-49% (five runs).
 CLIENT_BOUND_SHARE = 0.2
-# The analytic bound in the simulator: datasheet speed, no fixed cost, r_ovl as held.
+# The analytic bound in the simulator: datasheet speed, no fixed cost, r_ovl and t0_layer at
+# `FIXED`.
 BOUND = {"eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-9, **FIXED}
 
 
