@@ -58,7 +58,7 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     # its one-line error (experiments/vllm_setup.sh builds a real one).
     "vllm_bench": ("--engine_env={tmp}/no-engine", "--out_dir={tmp}/out", "--num_prompts=2"),
     "calibrate_engine": (f"--from_vllm={_FIXTURE}", "--model=tinyllama-1.1b",
-                         "--accelerator=h100-sxm", "--max_simulations=10"),
+                         "--accelerator=h100-sxm", "--search=max_simulations=10"),
     "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
 }
 # Former names that run another experiment with its --what: fuzzed as that experiment with

@@ -1,9 +1,9 @@
 """How close the toy's decode step comes to this device's read bandwidth.
 
 Measures the read (and copy) bandwidth the way `jaxroof.measure.ceilings`
-does, then the jit-compiled toy decode step (`op_sweeps.DecodeStepBench`: a
+does, then the jit-compiled toy decode step (`step_sweeps.DecodeStepBench`: a
 donated fixed-size cache, rotating weights and caches) over a batch x context
-grid in rounds (`op_sweeps.decode_step_sweep`: random order per round, the
+grid in rounds (`step_sweeps.decode_step_sweep`: random order per round, the
 lower-quartile round kept), then the bandwidth again. Reports, against the
 larger of the two read-bandwidth measurements:
 
@@ -14,7 +14,7 @@ larger of the two read-bandwidth measurements:
   measured spread (of the rounds' medians; one round's p10/p90 beside it).
 
 Weight and K/V bytes are the step model's (`formulas.weight_traffic`,
-`formulas.retained_kv_bytes` of `op_sweeps.step_inputs`). All times are
+`formulas.retained_kv_bytes` of `calibration_models.step_inputs`). All times are
 measurements on this device; the JSON records device, backend, dtype, the
 timing method and the load average.
 
@@ -33,14 +33,16 @@ from absl import logging
 from experiments import _cli
 from jaxroof import errors
 from jaxroof import files
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings
-from jaxroof.measure import op_sweeps
 from jaxroof.measure import measurement
+from jaxroof.measure import op_sweeps
 from jaxroof.measure import step_limits
+from jaxroof.measure import step_sweeps
 from jaxroof.report import table
 from jaxroof.toy import config as config_lib
 
-MODELS = {"calibration": op_sweeps.CALIBRATION, **config_lib.PRESETS}
+MODELS = {"calibration": calibration_models.CALIBRATION, **config_lib.PRESETS}
 TARGETS = {"weight_stream_fraction": 0.7, "kv_read_fraction": 0.5}
 
 _MODEL = flags.DEFINE_enum("model", "calibration", list(MODELS),
@@ -78,7 +80,7 @@ def main(argv: list[str]) -> None:
                             "give at least two different contexts.")
   dtype = measurement.require_dtype(_DTYPE.value)
   config = MODELS[_MODEL.value]
-  inputs = op_sweeps.step_inputs(config, dtype)
+  inputs = calibration_models.step_inputs(config, dtype)
   largest = max(step_limits.kv_bytes(inputs, b, max(contexts)) for b in batches)
   op_sweeps.require_memory(3 * largest + 2 * step_limits.weight_bytes(inputs),
                            "the largest point's caches and two weight copies")
@@ -88,11 +90,11 @@ def main(argv: list[str]) -> None:
   nbytes = _BANDWIDTH_MB.value * 2**20
   before = _bandwidth(nbytes)
   say(f"read bandwidth {before.read_bandwidth_Bps / 1e9:.1f} GB/s")
-  bench = op_sweeps.DecodeStepBench(config, dtype, name=_MODEL.value)
-  points = [op_sweeps.StepPoint(_MODEL.value, b, c) for b in batches for c in contexts]
+  bench = step_sweeps.DecodeStepBench(config, dtype, name=_MODEL.value)
+  points = [step_sweeps.StepPoint(_MODEL.value, b, c) for b in batches for c in contexts]
   start = time.monotonic()
-  records = op_sweeps.decode_step_sweep({_MODEL.value: bench}, points, rounds=_ROUNDS.value,
-                                        repeats=_REPEATS.value, progress=say)
+  records = step_sweeps.decode_step_sweep({_MODEL.value: bench}, points, rounds=_ROUNDS.value,
+                                          repeats=_REPEATS.value, progress=say)
   sweep_s = time.monotonic() - start
   del bench
   load["after_sweep"] = os.getloadavg()[0]
@@ -136,8 +138,8 @@ def main(argv: list[str]) -> None:
             "cpu_count": os.cpu_count(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "host_allocator": allocator,
-            "timing": (f"jaxroof.timing.time_call via op_sweeps.decode_step_sweep: "
-                       f"{records[0].method}; {op_sweeps.STATISTIC} of {_ROUNDS.value} "
+            "timing": (f"jaxroof.timing.time_call via step_sweeps.decode_step_sweep: "
+                       f"{records[0].method}; {step_sweeps.STATISTIC} of {_ROUNDS.value} "
                        "rounds; donated cache, rotating weights and caches"),
             "load_average_1m": load,
             "inputs": {

@@ -4,7 +4,7 @@ vLLM `bench serve` runs replayed through the continuous-batching simulator
 (`jaxroof.calibrate.engine_fit`); every flag is `calibrate`'s:
 
   python -m experiments.calibrate_engine --from_vllm=A.json,B.json \
-      --model=llama-3.1-70b --accelerator=a100-40gb --served_tp=8
+      --model=llama-3.1-70b --accelerator=a100-40gb --server=tp=8
 """
 
 from __future__ import annotations

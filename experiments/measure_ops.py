@@ -22,14 +22,16 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from jaxroof.measure import calibration_models
 from jaxroof.measure import cost_analysis
-from jaxroof import files
-from jaxroof.errors import InputError
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
+from jaxroof.measure import step_sweeps
+from jaxroof import files
+from jaxroof.errors import InputError
 from jaxroof.report import table
 
-_CAL = op_sweeps.CALIBRATION
+_CAL = calibration_models.CALIBRATION
 
 _BACKEND = flags.DEFINE_enum("backend", "xla", ["xla", "pallas"],
                              "xla (every device) or pallas (GPU/TPU only).")
@@ -44,7 +46,7 @@ _PREFILL_ROWS = flags.DEFINE_list("prefill_rows", "512,2048",
 # Decode attention.
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", "1,4,16,64,256", "Attention batch sizes, >= 1.")
 _CONTEXTS = flags.DEFINE_list("contexts", "128,512,2048,4096", "Attention contexts (tokens), >= 1.")
-_MAX_TOKENS = flags.DEFINE_integer("max_tokens", op_sweeps.MAX_RETAINED_TOKENS,
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", calibration_models.MAX_RETAINED_TOKENS,
                                    "Largest batch x context timed (>= 1).", lower_bound=1)
 _HEADS = flags.DEFINE_integer("heads", _CAL.num_heads, "Query heads (>= 1).", lower_bound=1)
 _KV_HEADS = flags.DEFINE_integer("kv_heads", _CAL.num_kv_heads,
@@ -89,8 +91,8 @@ def main(argv: list[str]) -> None:
   say = lambda line: logging.info("%s", line)  # noqa: E731
   heads = dict(heads=_HEADS.value, kv_heads=_KV_HEADS.value, head_dim=_HEAD_DIM.value)
   dims = dict(d_in=_D_IN.value, d_out=_D_OUT.value)
-  points = op_sweeps.decode_grid(_cli.int_list(_BATCH_SIZES), _cli.int_list(_CONTEXTS),
-                                 _MAX_TOKENS.value)
+  points = calibration_models.decode_grid(_cli.int_list(_BATCH_SIZES), _cli.int_list(_CONTEXTS),
+                                          _MAX_TOKENS.value)
   if not points:  # Checked before any timing.
     smallest = min(_cli.int_list(_BATCH_SIZES)) * min(_cli.int_list(_CONTEXTS))
     raise InputError(f"--max_tokens={_MAX_TOKENS.value:,} leaves no attention point: the smallest "
@@ -113,7 +115,7 @@ def main(argv: list[str]) -> None:
   costs += [
       cost_analysis.attention_cost(b, c, **heads, dtype=dtype) for b, c in (points[0], points[-1])
   ]
-  bench = op_sweeps.DecodeStepBench(op_sweeps.CALIBRATION, dtype, param_sets=1)
+  bench = step_sweeps.DecodeStepBench(calibration_models.CALIBRATION, dtype, param_sets=1)
   costs += [cost_analysis.decode_step_cost(bench, b, c) for b, c in ((1, 128), (64, 1024))]
 
   device = measurement.current_device()

@@ -22,8 +22,9 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import errors
-from jaxroof.measure import vllm_engine
-from jaxroof.measure import vllm_model
+from jaxroof.engines import vllm_engine
+from jaxroof.engines import vllm_model
+from jaxroof.engines import vllm_server
 
 _ENGINE_ENV = flags.DEFINE_string(
     "engine_env", os.environ.get("JAXROOF_VLLM_ENV"),
@@ -111,7 +112,7 @@ def main(argv: list[str]) -> None:
                             "backend needs a multiple of 32.")
   overrides = {name: holder.value for name, holder in _SIZES.items()}
   vllm_model.scaled_config(_MODEL.value, overrides)  # Refuse a bad model before any work.
-  config = vllm_engine.ServerConfig(
+  config = vllm_server.ServerConfig(
       max_num_seqs=_MAX_NUM_SEQS.value, max_num_batched_tokens=_MAX_BATCHED.value,
       chunked_prefill=_CHUNKED.value, block_size=_BLOCK_SIZE.value,
       kv_space_gib=_KV_SPACE_GIB.value, max_model_len=_MAX_MODEL_LEN.value,
@@ -119,16 +120,16 @@ def main(argv: list[str]) -> None:
       engine_core_cpus=_ENGINE_CORE_CPUS.value, engine_core_nice=_ENGINE_CORE_NICE.value,
       seed=_SEED.value)
   if config.engine_core_cpus:
-    vllm_engine.parse_cpus(config.engine_core_cpus, "engine_core_cpus")
-  shared = set(vllm_engine.parse_cpus(config.engine_cpus)) & set(
-      vllm_engine.parse_cpus(config.frontend_cpus, "frontend_cpus") if config.frontend_cpus else ())
+    vllm_server.parse_cpus(config.engine_core_cpus, "engine_core_cpus")
+  shared = set(vllm_server.parse_cpus(config.engine_cpus)) & set(
+      vllm_server.parse_cpus(config.frontend_cpus, "frontend_cpus") if config.frontend_cpus else ())
   if shared:
     print(f"note: --frontend_cpus and --engine_cpus share core(s) {sorted(shared)}: the API "
           "server and the client will take time from the engine, and the timings will not "
           "repeat as well (README, 'Checked against a real engine').")
-  vllm_engine.engine_python(_ENGINE_ENV.value or "")
+  vllm_server.engine_python(_ENGINE_ENV.value or "")
   longest = max(_NUM_PROMPTS.value / r for r in rates)
-  spec = vllm_engine.BenchSpec(rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value,
+  spec = vllm_server.BenchSpec(rate=rates[0], prompt_tokens=_PROMPT_TOKENS.value,
                                output_tokens=_OUTPUT_TOKENS.value, num_prompts=_NUM_PROMPTS.value,
                                range_ratio=_RANGE_RATIO.value, seed=_SEED.value,
                                timeout_s=3 * longest + 300)

@@ -216,7 +216,7 @@ def test_heldout_model_without_heldout_runs_is_refused():
   fixture = os.path.join(ROOT, "tests", "data", "vllm_cpu_detailed_fixture.json")
   proc = subprocess.run([
       sys.executable, "-m", "experiments.calibrate_engine", f"--from_vllm={fixture}",
-      "--model=tinyllama-1.1b", "--accelerator=h100-sxm", "--max_simulations=10",
+      "--model=tinyllama-1.1b", "--accelerator=h100-sxm", "--search=max_simulations=10",
       "--heldout_model=-5"
   ], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2

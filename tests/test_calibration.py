@@ -11,12 +11,13 @@ from jaxroof.calibrate import fitting
 from jaxroof.symbolic import calibrated as calibration
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import toy_job
+from jaxroof.measure import calibration_models
+from jaxroof.measure import ceilings as ceilings_lib
+from jaxroof.measure import profiles
+from jaxroof.measure import step_sweeps
 from jaxroof.measure import toy_steps
 from jaxroof.report import calibration as calibration_report
-from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.symbolic import formulas
-from jaxroof.measure import op_sweeps
-from jaxroof.measure import profiles
 from jaxroof.symbolic import solved
 from jaxroof.symbolic.symbols import B, BW, F, N, N_act, T, k
 
@@ -69,7 +70,7 @@ def test_full_overlap_is_the_roofline():
   factors = {
       "eta_w": 1.0, "eta_kv": 1.0, "eta_f": 1.0, "t0_step": 1e-30, "t0_layer": 1e-30, "r_ovl": 1e4
   }
-  out = calibration.calibrated_model("numpy")(**inputs, **factors)
+  out = calibration.decode_model("numpy")(**inputs, **factors)
   weight, compute = 8e9 * 2 / 2e12, 2 * 8e9 * inputs["B"] / 6e14
   np.testing.assert_allclose(out["linear_s"], np.maximum(weight, compute), rtol=1e-3)
   np.testing.assert_allclose(out["step_s"], out["linear_s"] + inputs["B"] * 1000 * 1e5 / 2e12,
@@ -131,24 +132,24 @@ def test_error_summary():
   assert fitting.error_summary([])["median_rel_error"] is None
 
 
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+TINY = dataclasses.replace(calibration_models.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
 @pytest.mark.slow  # Compiles a dozen decode steps: ~20-40 s on 2 cores.
 def test_job_measures_fits_and_labels_a_profile(tmp_path, monkeypatch):
   calls = []
-  sweep = op_sweeps.decode_step_sweep
+  sweep = step_sweeps.decode_step_sweep
 
   def recording(benches, points, **kw):
     calls.append(sorted({p.model for p in points}))
     return sweep(benches, points, **kw)
 
-  monkeypatch.setattr(op_sweeps, "decode_step_sweep", recording)
+  monkeypatch.setattr(step_sweeps, "decode_step_sweep", recording)
   models = {"tiny": TINY, "tinier": dataclasses.replace(TINY, num_blocks=1)}
   held = {"held": dataclasses.replace(TINY, num_blocks=3, num_kv_heads=4, num_heads=8)}
-  points = [op_sweeps.StepPoint(m, b, 8) for m in models for b in (1, 2)]
-  heldout = [op_sweeps.StepPoint("held", b, c) for b in (1, 16) for c in (8, 32)]
+  points = [step_sweeps.StepPoint(m, b, 8) for m in models for b in (1, 2)]
+  heldout = [step_sweeps.StepPoint("held", b, c) for b in (1, 16) for c in (8, 32)]
   ceilings = ceilings_lib.measure_ceilings(("float32",), bandwidth_bytes=2**20, matmul_size=64,
                                            repeats=2, rounds=1)
   job = toy_job.run(60.0, points=points, heldout=heldout, models=models, heldout_models=held,
@@ -205,10 +206,10 @@ def test_default_points_cover_the_issue_grid_within_memory():
   assert {p.batch for p in main} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
   assert {128, 256, 512, 1024, 2048, 4096} <= {p.context for p in main}
   assert max(
-      op_sweeps.kv_bytes(op_sweeps.MODELS[p.model], "float32", p.batch, p.context)
+      step_sweeps.kv_bytes(calibration_models.MODELS[p.model], "float32", p.batch, p.context)
       for p in points) <= toy_steps.MAX_KV_BYTES
   assert len(toy_steps.default_points(60)) < len(points)
-  held = toy_steps.heldout_points(120, op_sweeps.HELDOUT_MODELS)
-  assert {p.model for p in held} == set(op_sweeps.HELDOUT_MODELS)
+  held = toy_steps.heldout_points(120, calibration_models.HELDOUT_MODELS)
+  assert {p.model for p in held} == set(calibration_models.HELDOUT_MODELS)
   assert {1, 256} <= {p.batch for p in held}
   assert {128, 4096} <= {p.context for p in held}

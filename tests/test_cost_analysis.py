@@ -6,10 +6,11 @@ import json
 import jax.numpy as jnp
 import pytest
 
+from jaxroof.measure import calibration_models
 from jaxroof.measure import cost_analysis
-from jaxroof.measure import op_sweeps
+from jaxroof.measure import step_sweeps
 
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+TINY = dataclasses.replace(calibration_models.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
@@ -34,7 +35,7 @@ def test_attention_counts_are_close_to_ours():
 
 
 def test_decode_step_compares_like_with_like():
-  bench = op_sweeps.DecodeStepBench(TINY, jnp.float32, param_sets=1)
+  bench = step_sweeps.DecodeStepBench(TINY, jnp.float32, param_sets=1)
   row = cost_analysis.decode_step_cost(bench, 2, 16)
   assert row.op == "decode_step" and row.flops_ratio > 0
   if "one block" in row.counts:  # A loop over blocks is counted once.

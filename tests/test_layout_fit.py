@@ -1,4 +1,4 @@
-"""Measured steps on parallel layouts (issue 17): per-chip inputs, eta_comm, carry-over."""
+"""Measured steps on parallel layouts: per-chip inputs, eta_comm, carry-over."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxroof import errors
-from jaxroof.calibrate import user_fit
+from jaxroof.calibrate import row_fit
 from jaxroof.measure import user_measurements as um
 from jaxroof.calibrate import layout_fit
 from jaxroof.report import user_calibration
@@ -54,7 +54,7 @@ def test_kv_replicated_beyond_kv_heads():
 
 
 def test_recovers_eta_comm_from_noisy_synthetic_rows():
-  truth = dict(user_fit.FIXED_VALUES, eta_w=0.75, eta_kv=0.75, t0_step=3e-4, eta_comm=0.35)
+  truth = dict(row_fit.FIXED_VALUES, eta_w=0.75, eta_kv=0.75, t0_step=3e-4, eta_comm=0.35)
   rows, line = [], 2
   for model in ("llama-2-7b", "llama-2-70b"):
     for tp in (1, 2, 4, 8):
@@ -63,13 +63,13 @@ def test_recovers_eta_comm_from_noisy_synthetic_rows():
       for batch in (1, 16, 256):  # Large batches: communication grows unlike a fixed cost.
         rows.append(_row(line, model=model, tp=tp, batch=batch))
         line += 1
-  clean = user_fit.predict_rows(rows, truth, inputs=layout_fit.layout_inputs)
+  clean = row_fit.predict_rows(rows, truth, inputs=layout_fit.layout_inputs)
   noise = np.exp(np.random.default_rng(0).normal(0, 0.01, len(rows)))
   noisy = [
       _row(r.line, model=r.model, tp=r.tp, batch=r.batch, time_s=t)
       for r, t in zip(rows, clean * noise)
   ]
-  fit = user_fit.fit_rows(noisy, inputs=layout_fit.layout_inputs, steps=1200)
+  fit = row_fit.fit_rows(noisy, inputs=layout_fit.layout_inputs, steps=1200)
   assert "eta_comm" in fit.free
   assert fit.factors["eta_comm"] == pytest.approx(0.35, rel=0.15)
   assert fit.factors["eta_w"] == pytest.approx(0.75, rel=0.05)
@@ -80,10 +80,10 @@ def test_heldout_layouts_never_enter_the_fit(monkeypatch):
 
   def fake_fit(rows, **_):
     seen.append({r.line for r in rows})
-    return user_fit.UserFit(factors=dict(user_fit.FIXED_VALUES), free=(), fixed={}, flags=(),
-                            loss=0.0, rows=len(rows))
+    return row_fit.UserFit(factors=dict(row_fit.FIXED_VALUES), free=(), fixed={}, flags=(),
+                           loss=0.0, rows=len(rows))
 
-  monkeypatch.setattr(user_fit, "fit_rows", fake_fit)
+  monkeypatch.setattr(row_fit, "fit_rows", fake_fit)
   measurements = um.read_measurements(GPTFAST)
   result = layout_fit.layout_carry_over(measurements)
   by_line = {r.line: r for r in measurements.rows}

@@ -8,15 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings
-from jaxroof import errors
-from jaxroof.symbolic import formulas
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
+from jaxroof.measure import step_sweeps
+from jaxroof import errors
+from jaxroof.symbolic import formulas
 from jaxroof.timing import Timing
 
 # Four blocks, grouped KV heads: small enough to compile in well under 1 s.
-TINY = dataclasses.replace(op_sweeps.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
+TINY = dataclasses.replace(calibration_models.CALIBRATION, vocab_size=64, num_blocks=2, num_heads=4,
                            num_kv_heads=2, head_dim=8, width=32, mlp_dim=64)
 
 
@@ -55,7 +57,7 @@ def test_backend_and_dtype_are_checked():
 
 
 def test_step_inputs_count_weights_read_and_kv_from_the_config():
-  inputs = op_sweeps.step_inputs(TINY, jnp.float32)
+  inputs = calibration_models.step_inputs(TINY, jnp.float32)
   c = TINY
   head = c.width * c.vocab_size + c.width  # Output head and final norm.
   assert inputs.N == inputs.L * inputs.N_block + head
@@ -64,12 +66,12 @@ def test_step_inputs_count_weights_read_and_kv_from_the_config():
 
 
 def test_decode_grid_caps_retained_tokens():
-  grid = op_sweeps.decode_grid([1, 64, 256], [128, 3900], max_tokens=250_000)
+  grid = calibration_models.decode_grid([1, 64, 256], [128, 3900], max_tokens=250_000)
   assert (256, 3900) not in grid and (64, 3900) in grid and len(grid) == 5
 
 
 def test_decode_step_bench_keeps_context_and_labels_the_point():
-  bench = op_sweeps.DecodeStepBench(TINY, jnp.float32, name="tiny")
+  bench = step_sweeps.DecodeStepBench(TINY, jnp.float32, name="tiny")
   record = bench.measure(3, 5, warmup=1, repeats=2)
   assert record.op == "decode_step" and record.dtype == "float32"
   assert record.shapes == {"batch": 3, "context": 5, "layers": 2}
@@ -101,23 +103,23 @@ class FakeBench:
 
 
 def test_sweep_keeps_each_points_lower_quartile_round():
-  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  points = [step_sweeps.StepPoint("m", 1, 8), step_sweeps.StepPoint("m", 2, 8)]
   bench = FakeBench({1: [5.0, 4.0, 6.0, 1.0, 7.0], 2: [17.0, 19.0, 18.0, 20.0, 11.0]})
-  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=5, max_extra_rounds=0)
+  records = step_sweeps.decode_step_sweep({"m": bench}, points, rounds=5, max_extra_rounds=0)
   assert [r.shapes["batch"] for r in records] == [1, 2]
   assert records[0].extra["round_medians_s"] == [5.0, 4.0, 6.0, 1.0, 7.0]
   # The second fastest of five: neither the lucky round nor a slow one.
   assert [r.median_s for r in records] == [4.0, 17.0]
-  assert op_sweeps.lower_quartile(records[:1]) is records[0]
+  assert step_sweeps.lower_quartile(records[:1]) is records[0]
 
 
 def test_sweep_measures_again_points_whose_fastest_rounds_disagree():
-  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  points = [step_sweeps.StepPoint("m", 1, 8), step_sweeps.StepPoint("m", 2, 8)]
   # Batch 1 settles (its fastest rounds within 8%); batch 2's fastest rounds
   # are 2.0 and 3.0 apart until two more rounds come in at 2.05 and 2.1.
   bench = FakeBench({1: [1.0, 1.02, 1.05], 2: [2.0, 3.0, 3.1, 2.05, 2.1]})
-  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=3, spread_limit=0.08,
-                                        max_extra_rounds=3)
+  records = step_sweeps.decode_step_sweep({"m": bench}, points, rounds=3, spread_limit=0.08,
+                                          max_extra_rounds=3)
   assert len(records[0].extra["round_medians_s"]) == 3
   assert records[1].extra["round_medians_s"] == [2.0, 3.0, 3.1, 2.05, 2.1]
   assert records[1].extra["round_spread"] == pytest.approx(0.05)
@@ -125,9 +127,9 @@ def test_sweep_measures_again_points_whose_fastest_rounds_disagree():
 
 
 def test_sweep_skips_points_past_the_deadline():
-  points = [op_sweeps.StepPoint("m", b, 8) for b in (1, 2, 3)]
+  points = [step_sweeps.StepPoint("m", b, 8) for b in (1, 2, 3)]
   bench = FakeBench({b: [1.0] * 3 for b in (1, 2, 3)})
-  records = op_sweeps.decode_step_sweep({"m": bench}, points, rounds=3, deadline=0.0)
+  records = step_sweeps.decode_step_sweep({"m": bench}, points, rounds=3, deadline=0.0)
   assert records == []
 
 
@@ -192,10 +194,10 @@ def test_op_sweep_opens_every_round_with_the_points_a_factor_rests_on(monkeypatc
 
 
 def test_step_sweep_calls_after_round_once_per_round_that_timed():
-  points = [op_sweeps.StepPoint("m", 1, 8), op_sweeps.StepPoint("m", 2, 8)]
+  points = [step_sweeps.StepPoint("m", 1, 8), step_sweeps.StepPoint("m", 2, 8)]
   bench = FakeBench({1: [1.0] * 3, 2: [2.0] * 3})
   calls = []
-  op_sweeps.decode_step_sweep(
+  step_sweeps.decode_step_sweep(
       {"m": bench}, points, rounds=3, max_extra_rounds=0,
       after_round=lambda: calls.append(sum(map(len, bench.medians.values()))))
   # After each round: 2, 1 then 0 medians left per point.

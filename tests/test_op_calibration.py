@@ -1,4 +1,4 @@
-"""Calibration from the operations, validated on held-out models (issue 13).
+"""Calibration from the operations, validated on held-out models.
 
 Timings here are synthetic: made by the calibrated model itself from known
 factors (plus noise), so every expectation is the known factor, not a number
@@ -14,94 +14,22 @@ import numpy as np
 import pytest
 
 from jaxroof import errors
-from jaxroof.calibrate import toy_fit
-from jaxroof.calibrate import toy_job
-from jaxroof.measure import toy_steps
-from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import op_fit
+from jaxroof.calibrate import toy_fit
+from jaxroof.calibrate import toy_job
+from jaxroof.measure import calibration_models
 from jaxroof.measure import op_sweeps
-from jaxroof.measure import profiles
-from jaxroof.measure import measurement
+from jaxroof.measure import step_sweeps
+from jaxroof.measure import toy_steps
 from jaxroof.symbolic.calibrated import FACTOR_NAMES
-from jaxroof.timing import Timing
-
-TRUE = {
-    "eta_w": 0.6, "eta_kv": 0.3, "eta_f": 0.5, "t0_step": 4e-4, "t0_layer": 1.5e-4, "r_ovl": 0.5
-}
-BW, F = 5e10, 2e11
-CALL_S = 3e-5  # A timed operation's own cost per call (dispatch).
-CEILINGS = ceilings_lib.Ceilings("cpu", BW, BW, BW, {"float32": F})
-DEVICE = measurement.Device("cpu", "cpu", jax.__version__)
-
-
-def _record(op, shapes, seconds, extra=None):
-  timing = Timing(median_s=seconds, min_s=seconds, max_s=seconds, p10_s=seconds, p90_s=seconds,
-                  repeats=3, warmup=1)
-  return measurement.Measurement(op=op, shapes=shapes, dtype="float32", backend="xla",
-                                 device=DEVICE, timing=timing, extra=extra or {})
-
-
-def _model(inputs):
-  return fitting.predict({**inputs, "BW": BW, "F": F}, TRUE)
-
-
-def synthetic_operations(noise: float, seed: int = 0, attention_eta_kv: float | None = None):
-  """Linear layers and one-layer attention timed 'by the model' (the attention alone at
-  `attention_eta_kv` when given: slower than inside a step, as on XLA:CPU)."""
-  rng = np.random.default_rng(seed)
-  jitter = lambda: float(np.exp(rng.normal(0.0, noise)))  # noqa: E731
-  linear = []
-  for d_in, d_out in ((1024, 1024), (1024, 2048), (2048, 1024), (1024, 4096)):
-    for m in (1, 2, 4, 16, 64, 256, 1024, 2048):
-      n = d_in * d_out
-      t = float(
-          _model({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0, "k": 0.0, "L": 0.0}) -
-          TRUE["t0_step"])
-      linear.append(
-          _record("linear", {"rows": m, "d_in": d_in, "d_out": d_out}, (t + CALL_S) * jitter()))
-  attention = []
-  for b, c in ((1, 128), (1, 4096), (4, 1024), (16, 2048), (64, 512), (256, 128), (256, 512)):
-    k = 2 * 2 * 64 * 4
-    t = b * c * k / ((attention_eta_kv or TRUE["eta_kv"]) * BW)
-    attention.append(
-        _record("decode_attention",
-                {"batch": b, "context": c, "heads": 16, "kv_heads": 2, "head_dim": 64},
-                (t + CALL_S) * jitter()))
-  return linear, attention
-
-
-def synthetic_steps(configs, points, factors=TRUE, scale=1.0):
-  """Decode-step records of toy models, timed 'by the model'."""
-  out = []
-  for p in points:
-    inputs = op_sweeps.step_inputs(configs[p.model], "float32")
-    t = fitting.predict(
-        {
-            "B": p.batch, "T": p.context + 1, "N": inputs.N, "N_act": inputs.N_act, "q": inputs.q,
-            "k": inputs.k, "L": inputs.L, "BW": BW, "F": F
-        }, factors)
-    out.append(
-        _record(
-            "decode_step", {"batch": p.batch, "context": p.context, "layers": inputs.L},
-            float(t) * scale, extra={
-                "model": p.model, "step_inputs": inputs.to_json(), "retained_tokens": p.context + 1,
-                "round_medians_s": [float(t) * scale] * 3, "round_spread": 0.0, "load_avg_1m": 0.5
-            }))
-  return out
-
-
-SMALL_STEPS = [
-    op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS for b, c in toy_steps.SMALLEST
-]
-FIT_STEPS = SMALL_STEPS + [
-    op_sweeps.StepPoint(m, b, c) for m in op_sweeps.FIT_MODELS for b, c in toy_steps.KV_STEPS
-]
+from tests._calibration_helpers import (BW, CALL_S, CEILINGS, F, FIT_STEPS, SMALL_STEPS, TRUE,
+                                        model_time, record, synthetic_operations, synthetic_steps)
 
 
 def test_operation_fit_recovers_known_factors_from_noisy_timings():
   linear, attention = synthetic_operations(noise=0.03)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   step_inputs = toy_fit.model_inputs(steps, BW, F)
   factors, details = op_fit.fit_operations(linear, attention, steps, step_inputs, bandwidth=BW,
                                            flop_rate=F)
@@ -117,7 +45,7 @@ def test_operation_fit_recovers_known_factors_from_noisy_timings():
 
 def test_operation_fit_is_exact_on_exact_timings():
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   factors, _ = op_fit.fit_operations(linear, attention, steps, toy_fit.model_inputs(steps, BW, F),
                                      bandwidth=BW, flop_rate=F, fit_steps=4000)
   for name in ("eta_w", "eta_f", "eta_kv"):
@@ -156,7 +84,7 @@ def test_linear_fit_reproduces_m1_despite_a_small_m_penalty():
 def test_linear_fit_needs_m1_and_two_larger_points():
   linear, attention = synthetic_operations(noise=0.0)
   no_m1 = [r for r in linear if r.shapes["rows"] > 1]
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   with pytest.raises(errors.InputError, match="M = 1"):
     op_fit.fit_operations(no_m1, attention, steps, toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                           flop_rate=F)
@@ -187,20 +115,20 @@ def test_operation_fit_refuses_too_few_points():
 
 
 def test_heldout_presets_differ_from_every_fit_model():
-  for held in op_sweeps.HELDOUT_MODELS.values():
-    for fit in op_sweeps.FIT_MODELS.values():
+  for held in calibration_models.HELDOUT_MODELS.values():
+    for fit in calibration_models.FIT_MODELS.values():
       assert held.width != fit.width
       assert held.num_blocks != fit.num_blocks
       assert held.num_kv_heads != fit.num_kv_heads
     # Small enough to time quickly within 2 GB: two weight copies < 0.6 GB.
-    assert 2 * 4 * op_sweeps.step_inputs(held, "float32").N < 0.6e9
+    assert 2 * 4 * calibration_models.step_inputs(held, "float32").N < 0.6e9
 
 
 def test_heldout_variant_of_any_config_is_a_valid_other_model():
-  gpu = dataclasses.replace(op_sweeps.CALIBRATION, num_heads=32, num_kv_heads=8, head_dim=128,
-                            width=4096, mlp_dim=14336)
+  gpu = dataclasses.replace(calibration_models.CALIBRATION, num_heads=32, num_kv_heads=8,
+                            head_dim=128, width=4096, mlp_dim=14336)
   for kind in ("narrow", "wide"):
-    variant = op_sweeps.heldout_variant(gpu, kind)
+    variant = calibration_models.heldout_variant(gpu, kind)
     assert variant.num_heads % variant.num_kv_heads == 0
     assert variant.num_kv_heads != gpu.num_kv_heads
     assert variant.width == variant.num_heads * variant.head_dim != gpu.width
@@ -216,11 +144,11 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 
   def fake_sweep_models(configs, points, dtype, **kwargs):
     asked["steps"] += list(points)
-    scale = heldout_scale if set(configs) == set(op_sweeps.HELDOUT_MODELS) else 1.0
+    scale = heldout_scale if set(configs) == set(calibration_models.HELDOUT_MODELS) else 1.0
     return synthetic_steps(configs, points, scale=scale)
 
   def fake_interleaved(configs, points, dtype, **kwargs):
-    held = set(op_sweeps.HELDOUT_MODELS)
+    held = set(calibration_models.HELDOUT_MODELS)
     fit = [p for p in points if p.model not in held]
     out = fake_sweep_models({n: c for n, c in configs.items() if n not in held}, fit, dtype)
     return out + fake_sweep_models({n: c for n, c in configs.items() if n in held},
@@ -235,22 +163,23 @@ def _fake_job(monkeypatch, heldout_scale=1.0):
 
 def test_heldout_models_never_enter_the_fit(monkeypatch):
   exact, asked = _fake_job(monkeypatch)
-  held = set(op_sweeps.HELDOUT_MODELS)
+  held = set(calibration_models.HELDOUT_MODELS)
   fit_points = asked["steps"][:len(FIT_STEPS)]
-  assert {p.model for p in fit_points} == set(op_sweeps.FIT_MODELS)
+  assert {p.model for p in fit_points} == set(calibration_models.FIT_MODELS)
   assert {p.model for p in asked["steps"][len(FIT_STEPS):]} == held
   # Operations are timed at the fit models' shapes only.
-  held_shapes = {(c.width, c.mlp_dim) for c in op_sweeps.HELDOUT_MODELS.values()}
+  held_shapes = {(c.width, c.mlp_dim) for c in calibration_models.HELDOUT_MODELS.values()}
   assert not any(p.op == "linear" and p.sizes[1:] in held_shapes for p in asked["ops"])
-  held_layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  held_layouts = {(c.num_heads, c.num_kv_heads) for c in calibration_models.HELDOUT_MODELS.values()}
   attention = [p for p in asked["ops"] if p.op == "decode_attention"]
   assert not any(p.sizes[2:4] in held_layouts for p in attention)
-  assert set(toy_steps.layout_probe(op_sweeps.FIT_MODELS,
-                                    op_sweeps.HELDOUT_MODELS)) <= set(attention)
+  assert set(
+      toy_steps.layout_probe(calibration_models.FIT_MODELS,
+                             calibration_models.HELDOUT_MODELS)) <= set(attention)
   assert exact.status == "ok"
   assert exact.profile.fit["heldout_median_rel_error"] < 0.02
   assert {m["name"] for m in exact.to_json()["heldout_models"]} == held
-  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(op_sweeps.FIT_MODELS)
+  assert {m["name"] for m in exact.to_json()["fit_models"]} == set(calibration_models.FIT_MODELS)
   # Doubling the held-out timings changes no factor: they never entered the
   # fit. Their error shows it, and the run says it missed its targets.
   slowed, _ = _fake_job(monkeypatch, heldout_scale=2.0)
@@ -268,14 +197,14 @@ def test_the_m1_linear_points_are_timed_again_in_every_step_round(monkeypatch):
       m, d_in, d_out = point.sizes
       n = d_in * d_out
       t = float(
-          _model({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0, "k": 0.0, "L": 0.0}) -
+          model_time({"B": m, "T": 0.0, "N": n, "N_act": n, "q": 4.0, "k": 0.0, "L": 0.0}) -
           TRUE["t0_step"])
       shapes = {"rows": m, "d_in": d_in, "d_out": d_out}
     else:
       b, c, heads, kv_heads, head_dim = point.sizes
       t = b * c * 2 * kv_heads * head_dim * 4 / (TRUE["eta_kv"] * BW)
       shapes = dict(zip(("batch", "context", "heads", "kv_heads", "head_dim"), point.sizes))
-    return _record(point.op, shapes, t + CALL_S, {"elapsed_s": 0.0})
+    return record(point.op, shapes, t + CALL_S, {"elapsed_s": 0.0})
 
   def fake_interleaved(configs, points, dtype, *, after_round, **kwargs):
     for _ in range(3):
@@ -304,19 +233,19 @@ def test_the_operations_always_timed_hold_two_attention_points_of_the_fit_layout
   monkeypatch.setattr(op_sweeps, "op_sweep", fake_op_sweep)
   monkeypatch.setattr(toy_steps, "sweep_interleaved",
                       lambda configs, points, dtype, **kw: synthetic_steps(configs, points))
-  deeper = dataclasses.replace(op_sweeps.CALIBRATION, num_blocks=6)
+  deeper = dataclasses.replace(calibration_models.CALIBRATION, num_blocks=6)
   # The probe's points hold more tokens than any of this grid's.
   toy_job.run(120, ceilings=CEILINGS, attention_grid=((1, 128), (4, 512)),
-              models={"calibration": op_sweeps.CALIBRATION, "deeper": deeper})
-  layout = (op_sweeps.CALIBRATION.num_heads, op_sweeps.CALIBRATION.num_kv_heads)
+              models={"calibration": calibration_models.CALIBRATION, "deeper": deeper})
+  layout = (calibration_models.CALIBRATION.num_heads, calibration_models.CALIBRATION.num_kv_heads)
   attention = [p for p in asked["always"] if p.op == "decode_attention"]
   assert len(attention) == 2 and all(p.sizes[2:4] == layout for p in attention)
 
 
 def test_a_model_both_fitted_and_held_out_is_refused():
   with pytest.raises(errors.InputError, match="held out"):
-    toy_job.run(120, ceilings=CEILINGS, models={"a": op_sweeps.CALIBRATION},
-                heldout_models={"a": op_sweeps.HELDOUT_NARROW})
+    toy_job.run(120, ceilings=CEILINGS, models={"a": calibration_models.CALIBRATION},
+                heldout_models={"a": calibration_models.HELDOUT_NARROW})
 
 
 def test_budget_too_small_is_refused_at_once():
@@ -324,36 +253,6 @@ def test_budget_too_small_is_refused_at_once():
     toy_job.run(10)
   with pytest.raises(errors.InputError, match="budget"):
     toy_job.check_budget("--budget_s", 0)
-
-
-def _profile(factors, median, path="a.json", fastest=None):
-  return profiles.Profile(device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
-                          jax_version="", created="", ceilings={}, factors=factors,
-                          fit={"heldout_median_rel_error": median,
-                               "fastest_fit_step_s": fastest}, path=path)
-
-
-def test_repeatability_passes_within_ten_percent_and_three_points():
-  same = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile(TRUE, 0.06))
-  assert same["pass"] and same["max_factor_rel_diff"] == 0
-  close = {**TRUE, "eta_w": TRUE["eta_w"] * 1.09}
-  result = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile(close, 0.085))
-  assert result["pass"]
-  assert result["factor_rel_diff"]["eta_w"] == pytest.approx(0.09)
-  assert result["heldout_median_diff_points"] == pytest.approx(2.5)
-
-
-@pytest.mark.parametrize(
-    "change, median, failing",
-    [
-        ({"t0_layer": TRUE["t0_layer"] * 1.2}, 0.06, ["t0_layer"]),
-        ({}, 0.095, []),  # 3.5 points apart.
-        ({"eta_kv": TRUE["eta_kv"] * 0.8}, 0.10, ["eta_kv"]),
-    ])
-def test_repeatability_fails_outside_its_criteria(change, median, failing):
-  result = toy_fit.compare_profiles(_profile(TRUE, 0.06), _profile({**TRUE, **change}, median))
-  assert not result["pass"]
-  assert result["factors_outside"] == failing
 
 
 def _rows(errors_by_model, spread=0.01):
@@ -374,9 +273,9 @@ def test_assess_says_when_a_run_misses_its_accuracy():
 
 
 def test_round_spread_asks_for_more_rounds_when_rounds_disagree():
-  assert op_sweeps.round_spread([1.0]) == float("inf")
-  assert op_sweeps.round_spread([1.0, 1.05, 3.0]) == pytest.approx(2.0)
-  assert op_sweeps.round_spread([1.0, 1.02, 1.04, 2.0]) == pytest.approx(0.04)
+  assert step_sweeps.round_spread([1.0]) == float("inf")
+  assert step_sweeps.round_spread([1.0, 1.05, 3.0]) == pytest.approx(2.0)
+  assert step_sweeps.round_spread([1.0, 1.02, 1.04, 2.0]) == pytest.approx(0.04)
 
 
 def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
@@ -389,45 +288,12 @@ def test_end_to_end_fit_option_also_reports_on_unseen_models(monkeypatch):
   monkeypatch.setattr(toy_steps, "sweep_interleaved", fake_sweep_models)
   job = toy_job.run(120, fit="steps", ceilings=CEILINGS)
   # Fit and held-out models are timed together, in the same rounds.
-  assert asked == [sorted({**op_sweeps.MODELS, **op_sweeps.HELDOUT_MODELS})]
+  assert asked == [sorted({**calibration_models.MODELS, **calibration_models.HELDOUT_MODELS})]
   assert job.profile.fit["method"] == "steps" and not job.operations
-  assert {r["model"] for r in job.rows("heldout")} == set(op_sweeps.HELDOUT_MODELS)
+  assert {r["model"] for r in job.rows("heldout")} == set(calibration_models.HELDOUT_MODELS)
   for name in ("eta_w", "eta_kv", "eta_f"):
     assert job.profile.factors[name] == pytest.approx(TRUE[name], rel=0.1)
   assert job.profile.fit["heldout_median_rel_error"] < 0.03
-
-
-def test_repeatability_compares_tiny_fixed_costs_with_the_fastest_step():
-  tiny = {**TRUE, "t0_step": 1e-5, "t0_layer": 5e-6}
-  moved = {**tiny, "t0_step": 3e-5, "t0_layer": 1e-6}  # 3x and 1/5: 20 us.
-  # Beneath a 5 ms step, 20 us is 0.4% of it: the runs agree.
-  assert toy_fit.compare_profiles(_profile(tiny, 0.06, fastest=5e-3), _profile(moved, 0.06))["pass"]
-  # Without the step's scale they are compared with themselves, and differ.
-  result = toy_fit.compare_profiles(_profile(tiny, 0.06), _profile(moved, 0.06))
-  assert result["factors_outside"] == ["t0_step", "t0_layer"]
-  # A fixed cost of the step's own size is still compared with itself.
-  big = {**TRUE, "t0_step": 8e-3}
-  result = toy_fit.compare_profiles(_profile(big, 0.06, fastest=5e-3),
-                                    _profile({**big, "t0_step": 1e-2}, 0.06))
-  assert result["factor_rel_diff"]["t0_step"] == pytest.approx(0.25)
-
-
-def test_repeatability_compares_efficiencies_as_the_rates_they_give():
-  """A shared machine's ceiling moved 2x between runs (119 and 53 GB/s here): the fraction
-  of it moved the other way, the rate eta x BW, the one a prediction uses, did not."""
-  slow, fast = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}
-               }, {"bandwidth_Bps": 100e9, "flops_per_s": {"float32": 4e11}}
-  half = {**TRUE, "eta_w": TRUE["eta_w"] / 2, "eta_kv": TRUE["eta_kv"] / 2}
-  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=slow)
-  b = dataclasses.replace(_profile(half, 0.06), ceilings=fast)
-  result = toy_fit.compare_profiles(a, b)
-  assert result["pass"], result
-  assert result["fraction_rel_diff"]["eta_w"] == pytest.approx(0.5)
-  assert result["factor_rel_diff"]["eta_w"] == pytest.approx(0.0)
-  assert result["ceiling_rel_diff"]["bandwidth_Bps"] == pytest.approx(1.0)
-  # The same fractions of a doubled ceiling are twice the rate: not a repeat.
-  c = dataclasses.replace(_profile(TRUE, 0.06), ceilings=fast)
-  assert toy_fit.compare_profiles(a, c)["factors_outside"] == ["eta_w", "eta_kv"]
 
 
 def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
@@ -435,7 +301,7 @@ def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
   (XLA:CPU: about 16 against 26 GB/s): the K/V-heavy steps set eta_kv, and the
   operation's figure is kept beside it."""
   linear, attention = synthetic_operations(noise=0.0, attention_eta_kv=0.6 * TRUE["eta_kv"])
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS)
   factors, details = op_fit.fit_operations(linear, attention, steps,
                                            toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                                            flop_rate=F, fit_steps=4000)
@@ -444,7 +310,7 @@ def test_eta_kv_is_refitted_on_the_fit_models_kv_heavy_steps():
   assert details["step_refit"]["points"] == 2 * len(toy_steps.KV_STEPS)
   assert details["step_refit"]["free"] == ["eta_kv"]
   # Without K/V-heavy steps the operation's eta_kv stands.
-  small = synthetic_steps(op_sweeps.FIT_MODELS, SMALL_STEPS)
+  small = synthetic_steps(calibration_models.FIT_MODELS, SMALL_STEPS)
   factors, details = op_fit.fit_operations(linear, attention, small,
                                            toy_fit.model_inputs(small, BW, F), bandwidth=BW,
                                            flop_rate=F)
@@ -458,7 +324,7 @@ def test_the_repack_is_refitted_on_the_fit_models_batched_steps():
   beside it, and the batch-1 factors stay the operations'."""
   linear, attention = synthetic_operations(noise=0.0)
   truth = {**TRUE, "r_pack": 0.3}
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors=truth)
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors=truth)
   factors, details = op_fit.fit_operations(linear, attention, steps,
                                            toy_fit.model_inputs(steps, BW, F), bandwidth=BW,
                                            flop_rate=F, fit_steps=4000, regime=True)
@@ -472,60 +338,12 @@ def test_the_repack_is_refitted_on_the_fit_models_batched_steps():
   assert details["step_refit"]["max_rel_error"] < 0.02
 
 
-def test_repeatability_names_a_factor_whose_own_timings_moved():
-  """eta_w rests on the M = 1 linear layers: when those moved 20% between two processes,
-  eta_w's 20% is the machine's, and the run says so; a factor whose points held is not
-  excused."""
-  from jaxroof.report import calibration_tables
-  m1 = {"linear M=1 1024x1024": 1e-4, "linear M=1 1024x4096": 4e-4}
-  steps = {"step calibration B=2 T=128": 5e-3}
-  basis = {"eta_w": m1, "eta_kv": steps, "heldout": steps}
-  slower = {"eta_w": {k: 1.2 * v for k, v in m1.items()}, "eta_kv": steps, "heldout": steps}
-  a = _profile(TRUE, 0.06)
-  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2, "eta_kv": TRUE["eta_kv"] * 0.8}, 0.06)
-  a = dataclasses.replace(a, fit={**a.fit, "basis": basis})
-  b = dataclasses.replace(b, fit={**b.fit, "basis": slower})
-  result = toy_fit.compare_profiles(a, b)
-  assert not result["pass"]
-  assert result["factors_outside"] == ["eta_w", "eta_kv"]
-  assert result["basis_rel_diff"]["eta_w"] == pytest.approx(0.2)
-  assert result["factors_outside_as_their_data"] == ["eta_w"]
-  line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_w's timed points moved 20%" in line and "held-out steps moved 0.0%" in line
-
-
-def test_repeatability_excuses_a_factor_only_beyond_its_timings_round_noise():
-  """A factor 20% apart whose points' rounds disagreed by 25% within a run is within
-  the machine's floor; one whose rounds agreed within 3% is not excused."""
-  from jaxroof.report import calibration_tables
-  steps = {"step calibration B=2 T=128": 5e-3}
-  basis = {"eta_w": steps, "eta_kv": steps, "heldout": steps}
-  a = _profile(TRUE, 0.06)
-  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2, "eta_kv": TRUE["eta_kv"] * 0.8}, 0.06)
-  a = dataclasses.replace(
-      a, fit={**a.fit, "basis": basis, "basis_round_spread": {"eta_w": 0.25, "eta_kv": 0.03}})
-  b = dataclasses.replace(
-      b, fit={**b.fit, "basis": basis, "basis_round_spread": {"eta_w": 0.05, "eta_kv": 0.02}})
-  result = toy_fit.compare_profiles(a, b)
-  assert result["factors_outside"] == ["eta_w", "eta_kv"]
-  assert result["factors_outside_within_round_noise"] == ["eta_w"]
-  assert not result["outside_explained_by_machine"] and not result["pass"]
-  line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_w inherits 25% of noise from its timed points' rounds" in line
-  assert "machine's floor" not in line
-  b = _profile({**TRUE, "eta_w": TRUE["eta_w"] / 1.2}, 0.06)
-  b = dataclasses.replace(b, fit={**b.fit, "basis": basis, "basis_round_spread": {}})
-  result = toy_fit.compare_profiles(a, b)
-  assert result["outside_explained_by_machine"] and not result["pass"]
-  assert "within this machine's floor" in calibration_tables.repeatability_line(result, "a.json")
-
-
 def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
   """The linearised, chained sensitivity (`op_fit.fit_sensitivity`) against an independent
   computation: the whole operation fit rerun with one timed point 5% slower, for an M = 1
   and an M = 2048 linear layer, the K/V-heaviest attention, a batch-1 and the largest step."""
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
   points = ([r for r in linear if r.shapes["rows"] == 1] +
             [r for r in linear if r.shapes["rows"] > 1] + attention + steps)
 
@@ -563,7 +381,7 @@ def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
       rel = 0.3 if name == "r_ovl" else 0.2
       # A float32 Adam fit ends within about 0.6% of its optimum in the weakly held
       # factors (eta_f, eta_kv), by an amount that differs between CPUs and step counts
-      # (an AMD EPYC without AVX-512: 0.3-0.6% at 2,000, 6,000 and 20,000 steps, where
+      # (a CPU without AVX-512: 0.3-0.6% at 2,000, 6,000 and 20,000 steps, where
       # the slope says 0.02-0.3%): that floor, not the slope, sets `abs`. The slopes that
       # matter (eta_w 2.7%, r_pack 4-6%, eta_kv 1%) are held to `rel`.
       assert actual == pytest.approx(sens[name][i] * math.log(1.05), rel=rel,
@@ -573,58 +391,20 @@ def test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor():
   assert sens["t0_layer"][largest] == 0.0 and sens["t0_step"][largest] == 0.0
 
 
-def _kv_profiles(eta_kv_ratio, heavy_ratio, round_spread=0.0):
-  """Two runs whose eta_kv rests on three steps, 80% of it on the heavy one."""
-  keys = ["step a B=2 T=128", "step a B=16 T=2048", "step a B=64 T=512"]
-  times = dict(zip(keys, (5e-3, 14e-3, 23e-3)))
-  slopes = dict(zip(keys, (0.1, -0.8, -0.2)))
-  fit = {"basis_sensitivity": {"eta_kv": slopes}, "point_round_spread": {keys[1]: round_spread}}
-  a = _profile(TRUE, 0.06)
-  a = dataclasses.replace(a, fit={**a.fit, **fit, "basis": {"eta_kv": times}})
-  b = _profile({**TRUE, "eta_kv": TRUE["eta_kv"] * eta_kv_ratio}, 0.06)
-  later = {**times, keys[1]: times[keys[1]] * heavy_ratio}
-  b = dataclasses.replace(b, fit={**b.fit, **fit, "basis": {"eta_kv": later}})
-  return a, b
-
-
-def test_repeatability_follows_a_factor_through_its_fits_sensitivity():
-  """One heavy step of three 18% slower in the second process (the median point held)
-  moves eta_kv by 1.18^-0.8 - 1 = -12% in the fit: the machine's, and said; the same
-  eta_kv move over steps that held is the fit's own, and not excused."""
-  from jaxroof.report import calibration_tables
-  a, b = _kv_profiles(1.18**-0.8, 1.18)
-  result = toy_fit.compare_profiles(a, b)
-  assert result["factors_outside"] == ["eta_kv"]
-  assert result["basis_rel_diff"]["eta_kv"] == 0.0  # The median point did not move.
-  assert result["factor_rel_change_from_data"]["eta_kv"] == pytest.approx(1.18**-0.8 - 1)
-  assert result["factor_rel_diff_data_removed"]["eta_kv"] == pytest.approx(0.0, abs=1e-9)
-  assert result["factors_outside_as_their_data"] == ["eta_kv"]
-  assert result["outside_explained_by_machine"] and not result["pass"]
-  line = calibration_tables.repeatability_line(result, "a.json")
-  assert "eta_kv moved -12%, of which its timed points' move makes -12% in the fit" in line
-  a, b = _kv_profiles(1.18**-0.8, 1.0)
-  result = toy_fit.compare_profiles(a, b)
-  assert result["factors_outside_as_their_data"] == []
-  assert not result["outside_explained_by_machine"]
-  # Rounds of the heavy step 20% apart within a run: 0.8 x 20% = 16% of noise in eta_kv.
-  a, b = _kv_profiles(1.18**-0.8, 1.0, round_spread=0.2)
-  result = toy_fit.compare_profiles(a, b)
-  assert result["factor_round_noise"]["eta_kv"] == pytest.approx(math.expm1(0.16))
-  assert result["factors_outside_within_round_noise"] == ["eta_kv"]
-
-
 def test_the_profile_names_each_sensitivity_by_its_point():
   """fit.basis_sensitivity by point name: the fixed costs move with batch-1 steps and
   operations only, the re-pack with the batched steps, and no factor with a held-out step;
   every timed point's figure is kept for a later comparison (fit.point_median_s)."""
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
-  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
-                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS, factors={**TRUE, "r_pack": 0.3})
+  held = synthetic_steps(
+      calibration_models.HELDOUT_MODELS,
+      [step_sweeps.StepPoint(m, 4, 256) for m in calibration_models.HELDOUT_MODELS])
   measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
   prof = toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=True,
-                           models=op_sweeps.FIT_MODELS, heldout_models=op_sweeps.HELDOUT_MODELS,
-                           budget_s=120, plan={"rounds": 3}).profile
+                           models=calibration_models.FIT_MODELS,
+                           heldout_models=calibration_models.HELDOUT_MODELS, budget_s=120,
+                           plan={"rounds": 3}).profile
   sens = prof.fit["basis_sensitivity"]
   step_keys = {toy_fit.point_key(r) for r in steps}
   batched = {toy_fit.point_key(r) for r in steps if r.shapes["batch"] >= 2}
@@ -637,36 +417,14 @@ def test_the_profile_names_each_sensitivity_by_its_point():
   }
 
 
-def test_the_compared_quantities_move_as_their_factors_do():
-  """The re-pack compared as the batched weight rate eta_w x BW / (1 + r_pack) moves
-  -r / (1 + r) times as r_pack does (and as r_pack itself without rates); a fixed cost
-  beneath the fastest step moves, as a share of that step, to first order."""
-  key = "step a B=2 T=128"
-  fit = {
-      "basis_sensitivity": {"r_pack": {key: 2.0}, "t0_step": {key: 10.0}},
-      "fastest_fit_step_s": 5e-3
-  }
-  rates = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
-  factors = {**TRUE, "t0_step": 1e-3}
-  a = dataclasses.replace(_profile(factors, 0.06), ceilings=rates, regime_factors={"r_pack": 0.5},
-                          fit={**fit, "point_median_s": {key: 1.0}})
-  assert toy_fit.compared_sensitivity(a)["r_pack"][key] == pytest.approx(-0.5 / 1.5 * 2.0)
-  assert toy_fit.compared_sensitivity(dataclasses.replace(a, ceilings={}))["r_pack"][key] == 2.0
-  b = dataclasses.replace(a, fit={**fit, "point_median_s": {key: math.exp(0.01)}})
-  result = toy_fit.compare_profiles(a, b)
-  assert "t0_step" in result["factors_as_share_of_fastest_step"]
-  from_data = result["factor_rel_change_from_data"]
-  assert from_data["t0_step"] == pytest.approx(1e-3 * 10.0 * 0.01 / 5e-3)
-  assert from_data["r_pack"] == pytest.approx(math.expm1(-0.5 / 1.5 * 2.0 * 0.01))
-
-
 def test_timing_basis_names_each_factors_points():
   linear, attention = synthetic_operations(noise=0.0)
-  steps = synthetic_steps(op_sweeps.FIT_MODELS, FIT_STEPS)
-  held = synthetic_steps(op_sweeps.HELDOUT_MODELS,
-                         [op_sweeps.StepPoint(m, 4, 256) for m in op_sweeps.HELDOUT_MODELS])
+  steps = synthetic_steps(calibration_models.FIT_MODELS, FIT_STEPS)
+  held = synthetic_steps(
+      calibration_models.HELDOUT_MODELS,
+      [step_sweeps.StepPoint(m, 4, 256) for m in calibration_models.HELDOUT_MODELS])
   measured = toy_fit.Measured(CEILINGS, linear + attention, steps, held, len(held))
-  basis = toy_fit.timing_basis(measured, "ops", regime=True, models=op_sweeps.FIT_MODELS)
+  basis = toy_fit.timing_basis(measured, "ops", regime=True, models=calibration_models.FIT_MODELS)
   assert set(basis) == set(FACTOR_NAMES) | {"r_pack", "heldout"}
   assert all(k.startswith("linear M=1 ") for k in basis["eta_w"])
   assert all(" B=1 " in k for k in basis["t0_step"]) and basis["t0_step"]
@@ -678,51 +436,38 @@ def test_timing_basis_names_each_factors_points():
       for r in linear
   ]
   noisy = toy_fit.Measured(CEILINGS, spread + attention, steps, held, len(held))
-  noise = toy_fit.basis_noise(noisy, "ops", regime=True, models=op_sweeps.FIT_MODELS)
+  noise = toy_fit.basis_noise(noisy, "ops", regime=True, models=calibration_models.FIT_MODELS)
   assert noise["eta_w"] == pytest.approx(0.1) and noise["eta_f"] == pytest.approx(0.3)
   assert set(noise) <= set(basis)
 
 
-def test_repeatability_compares_the_repack_as_the_batched_weight_rate():
-  """A noisy M = 1 timing moves eta_w, and the steps at B >= 2 move r_pack the other way:
-  the batched weight rate eta_w x BW / (1 + r_pack) is what repeats."""
-  ceilings = {"bandwidth_Bps": 50e9, "flops_per_s": {"float32": 4e11}}
-  a = dataclasses.replace(_profile(TRUE, 0.06), ceilings=ceilings, regime_factors={"r_pack": 0.2})
-  lower = {**TRUE, "eta_w": TRUE["eta_w"] * 0.85}
-  b = dataclasses.replace(_profile(lower, 0.06), ceilings=ceilings,
-                          regime_factors={"r_pack": 1.2 * 0.85 - 1.0})
-  result = toy_fit.compare_profiles(a, b)
-  assert result["factor_rel_diff"]["r_pack"] == pytest.approx(0.0, abs=1e-9)
-  assert result["fraction_rel_diff"]["r_pack"] == pytest.approx(0.18)
-  assert result["factors_outside"] == ["eta_w"]
-
-
 # Fit models of one K/V layout (the shipped ones have two, so they need no probe).
 ONE_LAYOUT = {
-    "calibration": op_sweeps.CALIBRATION,
-    "shallow": dataclasses.replace(op_sweeps.SHALLOW,
-                                   num_kv_heads=op_sweeps.CALIBRATION.num_kv_heads)
+    "calibration": calibration_models.CALIBRATION,
+    "shallow": dataclasses.replace(calibration_models.SHALLOW,
+                                   num_kv_heads=calibration_models.CALIBRATION.num_kv_heads)
 }
 
 
 def test_the_shipped_fit_models_have_two_kv_layouts_and_no_probe():
-  layouts = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.FIT_MODELS.values()}
-  held = {(c.num_heads, c.num_kv_heads) for c in op_sweeps.HELDOUT_MODELS.values()}
+  layouts = {(c.num_heads, c.num_kv_heads) for c in calibration_models.FIT_MODELS.values()}
+  held = {(c.num_heads, c.num_kv_heads) for c in calibration_models.HELDOUT_MODELS.values()}
   assert len(layouts) == 2 and not layouts & held
-  assert toy_steps.layout_probe(op_sweeps.FIT_MODELS, op_sweeps.HELDOUT_MODELS) == []
+  assert toy_steps.layout_probe(calibration_models.FIT_MODELS,
+                                calibration_models.HELDOUT_MODELS) == []
 
 
 def test_the_layout_probe_times_a_layout_no_model_has():
-  probe = toy_steps.layout_probe(ONE_LAYOUT, op_sweeps.HELDOUT_MODELS)
-  models = {**ONE_LAYOUT, **op_sweeps.HELDOUT_MODELS}.values()
+  probe = toy_steps.layout_probe(ONE_LAYOUT, calibration_models.HELDOUT_MODELS)
+  models = {**ONE_LAYOUT, **calibration_models.HELDOUT_MODELS}.values()
   taken = {(c.num_heads, c.num_kv_heads) for c in models}
   assert probe and {p.sizes[2:4] for p in probe} == {(16, 8)}
   assert not {p.sizes[2:4] for p in probe} & taken
   assert all(p.sizes[0] * p.sizes[1] >= op_fit.KV_STEP_TOKENS for p in probe)
   # A held-out model with that layout moves the probe to the next free one, or none.
-  held = {"h": dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=8)}
+  held = {"h": dataclasses.replace(calibration_models.CALIBRATION, num_kv_heads=8)}
   assert {p.sizes[2:4] for p in toy_steps.layout_probe(ONE_LAYOUT, held)} == {(16, 4)}
-  held["g"] = dataclasses.replace(op_sweeps.CALIBRATION, num_kv_heads=4)
+  held["g"] = dataclasses.replace(calibration_models.CALIBRATION, num_kv_heads=4)
   assert toy_steps.layout_probe(ONE_LAYOUT, held) == []
 
 
@@ -732,9 +477,9 @@ def _attention_at_rate(layout, rate, points=toy_steps.LAYOUT_PROBE_GRID):
   for b, c in points:
     nbytes = b * c * 2 * kv_heads * 64 * 4
     out.append(
-        _record("decode_attention",
-                {"batch": b, "context": c, "heads": heads, "kv_heads": kv_heads, "head_dim": 64},
-                nbytes / rate))
+        record("decode_attention",
+               {"batch": b, "context": c, "heads": heads, "kv_heads": kv_heads, "head_dim": 64},
+               nbytes / rate))
   return out
 
 
@@ -758,21 +503,21 @@ def test_layout_scale_moves_eta_kv_to_the_rate_midway_over_the_layouts():
   assert toy_fit.layout_scale(_attention_at_rate((16, 2), 20e9), ONE_LAYOUT) is None
   assert toy_fit.layout_scale(_attention_at_rate((16, 8), 30e9), ONE_LAYOUT) is None
   # Fit models with both layouts: eta_kv is fitted over both already.
-  assert toy_fit.layout_scale(ops, op_sweeps.FIT_MODELS) == pytest.approx(1.0)
+  assert toy_fit.layout_scale(ops, calibration_models.FIT_MODELS) == pytest.approx(1.0)
 
 
 def test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses():
   linear, attention = synthetic_operations(noise=0.0)
   probe = _attention_at_rate((16, 8), 0.5 * TRUE["eta_kv"] * BW)
   steps = synthetic_steps(ONE_LAYOUT, FIT_STEPS)
-  points = [op_sweeps.StepPoint(m, 16, 2048) for m in op_sweeps.HELDOUT_MODELS]
+  points = [step_sweeps.StepPoint(m, 16, 2048) for m in calibration_models.HELDOUT_MODELS]
   plan = {"rounds": 3, "warmup": 1, "repeats": 3, "interleaved": True}
 
   def run(ops, scale):
-    held = synthetic_steps(op_sweeps.HELDOUT_MODELS, points, scale=scale)
+    held = synthetic_steps(calibration_models.HELDOUT_MODELS, points, scale=scale)
     measured = toy_fit.Measured(CEILINGS, ops, steps, held, len(held))
     return toy_fit.fit_steps(measured, fit="ops", dtype="float32", backend="xla", regime=False,
-                             models=ONE_LAYOUT, heldout_models=op_sweeps.HELDOUT_MODELS,
+                             models=ONE_LAYOUT, heldout_models=calibration_models.HELDOUT_MODELS,
                              budget_s=120, plan=plan)
 
   without = run(linear + attention, 1.0)

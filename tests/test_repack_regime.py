@@ -1,4 +1,4 @@
-"""XLA:CPU's small-batch regime: a weight re-pack from B = 2, as the r_pack term (issue 27).
+"""XLA:CPU's small-batch regime: a weight re-pack from B = 2, as the r_pack term.
 
 Timings here are synthetic: a linear layer timed by an independent closed form
 (weights at eta_w*BW, FLOPs at eta_f*F added, plus r_pack extra weight reads
@@ -15,6 +15,7 @@ from jaxroof.calibrate import fitting
 from jaxroof.calibrate import op_fit
 from jaxroof.measure import profiles
 from jaxroof.measure import measurement
+from jaxroof import engines  # noqa: F401  (registers r_pack)
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.timing import Timing
@@ -29,20 +30,20 @@ DEVICE = measurement.Device("cpu", "cpu", jax.__version__)
 def test_repack_is_zero_at_batch_one_and_one_scaled_weight_read_from_two():
   values = {"T": 100.0, "N": 1e8, "q": 2.0, "k": 1e5, "BW": BW, "F": F, "N_act": 1e8, "L": 4.0}
   batches = np.array([1.0, 2.0, 3.0, 64.0])
-  plain = calibrated.calibrated_model()(B=batches, **values, **FACTORS)["step_s"]
-  with_pack = calibrated.calibrated_model_with_regime()(B=batches, **values, **FACTORS,
-                                                        r_pack=1.5)["step_s"]
+  plain = calibrated.decode_model()(B=batches, **values, **FACTORS)["step_s"]
+  with_pack = calibrated.decode_model("numpy", ("xla_cpu",))(B=batches, **values, **FACTORS,
+                                                             r_pack=1.5)["step_s"]
   weight_read = 1e8 * 2.0 / (0.6 * BW)  # N*q / (eta_w*BW), by hand.
   np.testing.assert_allclose(with_pack - plain, [0.0] + [1.5 * weight_read] * 3, rtol=1e-9)
-  zero = calibrated.calibrated_model_with_regime()(B=batches, **values, **FACTORS,
-                                                   r_pack=0.0)["step_s"]
+  zero = calibrated.decode_model("numpy", ("xla_cpu",))(B=batches, **values, **FACTORS,
+                                                        r_pack=0.0)["step_s"]
   np.testing.assert_allclose(zero, plain, rtol=1e-12)
 
 
 def test_step_model_and_profile_carry_the_regime(tmp_path):
   prof = profiles.Profile(device_kind="cpu", platform="cpu", backend="xla", dtype="float32",
                           jax_version="0", created="", ceilings={}, factors=FACTORS,
-                          fit={"heldout_median_rel_error": 0.1}, regime_factors={"r_pack": 1.5})
+                          fit={"heldout_median_rel_error": 0.1}, terms={"r_pack": 1.5})
   path = tmp_path / "p.json"
   profiles.save_profile(prof, path)
   back = profiles.load_profile(path)
@@ -55,10 +56,15 @@ def test_step_model_and_profile_carry_the_regime(tmp_path):
   assert two - plain.evaluate(B=np.array([2.0]), **inputs)["step_s"][0] == pytest.approx(
       1.5 * 1e8 * 2.0 / (0.6 * BW))
   assert any("re-packs" in a for a in model.assumptions)
-  # An older profile has no regime: no re-pack term.
+  # The profile names it by its registry name; an older profile (version 2) under
+  # regime_factors, read into the same terms; one without either has no re-pack term.
   data = back.to_json()
-  del data["regime_factors"]
-  assert profiles.Profile.from_json(data).regime_factors == {}
+  assert data["terms"] == {"r_pack": 1.5} and data["version"] == 3
+  older = {**data, "version": 2, "regime_factors": data["terms"]}
+  del older["terms"]
+  assert profiles.Profile.from_json(older).terms == {"r_pack": 1.5}
+  del older["regime_factors"]
+  assert profiles.Profile.from_json(older).terms == {}
 
 
 def _linear(rows: int, d: int, r_pack: float, noise: float, rng) -> measurement.Measurement:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 
 from jaxroof import timing
-from jaxroof.measure import op_sweeps
+from jaxroof.measure import calibration_models
 from jaxroof.measure import measurement
 from jaxroof.measure import step_limits
 
-INPUTS = op_sweeps.StepInputs(N=1_000_000, N_act=1_000_000, q=4, k=1000, L=2, N_block=400_000)
+INPUTS = calibration_models.StepInputs(N=1_000_000, N_act=1_000_000, q=4, k=1000, L=2,
+                                       N_block=400_000)
 
 
 def _record(batch: int, context: int, median: float, half_width: float = 0.0,

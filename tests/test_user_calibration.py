@@ -12,6 +12,7 @@ import pytest
 
 from jaxroof import errors
 from jaxroof.measure import profiles
+from jaxroof.calibrate import row_fit
 from jaxroof.calibrate import user_fit
 from jaxroof.measure import user_measurements as um
 from jaxroof.measure import vllm_results
@@ -51,17 +52,17 @@ def test_recovers_known_factors_from_noisy_synthetic_rows():
       "t0_layer": 0.0, "r_ovl": 1.0
   }
   rows = _rows(_synthetic_records())
-  clean = user_fit.predict_rows(rows, truth)
+  clean = row_fit.predict_rows(rows, truth)
   noise = np.random.default_rng(0).lognormal(0.0, 0.02, size=clean.size)
   records = [dict(r, time_s=float(t)) for r, t in zip(_synthetic_records(), clean * noise)]
-  fit = user_fit.fit_rows(_rows(records), steps=2000)
+  fit = row_fit.fit_rows(_rows(records), steps=2000)
   assert {"eta_w", "eta_kv", "eta_f_prefill"} <= set(fit.free)
   for name in fit.free:
-    if name in user_fit.EFFICIENCIES:
+    if name in row_fit.EFFICIENCIES:
       assert fit.factors[name] == pytest.approx(truth[name], rel=0.1), name
-  for name in set(user_fit.ALL_FACTORS) - set(fit.free):
+  for name in set(row_fit.ALL_FACTORS) - set(fit.free):
     assert fit.fixed[name]  # Every fixed factor says why.
-  predicted = user_fit.predict_rows(_rows(records), fit.factors)
+  predicted = row_fit.predict_rows(_rows(records), fit.factors)
   assert np.median(np.abs(predicted / clean - 1)) < 0.05
 
 
@@ -70,10 +71,10 @@ def test_heldout_rows_never_enter_the_fit(monkeypatch):
 
   def recording_fit(rows, **kw):
     seen.append([(r.model, r.line) for r in rows])
-    factors = dict(user_fit.FIXED_VALUES)
-    return user_fit.UserFit(factors=factors, free=(), fixed={}, flags=(), loss=0.0, rows=len(rows))
+    factors = dict(row_fit.FIXED_VALUES)
+    return row_fit.UserFit(factors=factors, free=(), fixed={}, flags=(), loss=0.0, rows=len(rows))
 
-  monkeypatch.setattr(user_fit, "fit_rows", recording_fit)
+  monkeypatch.setattr(row_fit, "fit_rows", recording_fit)
   rows = _rows(_synthetic_records())
   result = user_fit.heldout_by_model(rows)
   models = sorted({r.model for r in rows})
@@ -99,7 +100,7 @@ def test_user_profile_round_trip_and_old_profiles(tmp_path):
   back = profiles.load_profile(path)
   assert back == dataclasses_replace_path(prof, str(path))
   data = json.loads(path.read_text())
-  assert data["version"] == profiles.VERSION == 2
+  assert data["version"] == profiles.VERSION == 3
   for key in ("accelerator", "source", "prefill_factors"):
     del data[key]
   data["version"] = 1
@@ -117,7 +118,7 @@ def dataclasses_replace_path(prof, path):
 
 
 def test_profile_applies_to_its_own_device_kind_only():
-  factors = dict(user_fit.FIXED_VALUES)
+  factors = dict(row_fit.FIXED_VALUES)
   del factors["eta_f_prefill"]
   user = profiles.Profile(device_kind="NVIDIA H200", platform="", backend="", dtype="fp8",
                           jax_version="0", created="", ceilings={}, factors=factors, fit={},
@@ -179,8 +180,8 @@ def test_mixed_devices_need_an_accelerator(tmp_path):
 
 def test_too_few_rows_or_models_are_refused():
   rows = _rows(_synthetic_records())
-  with pytest.raises(errors.InputError, match=f"at least {user_fit.MIN_ROWS}"):
-    user_fit.fit_rows(rows[:user_fit.MIN_ROWS - 1])
+  with pytest.raises(errors.InputError, match=f"at least {row_fit.MIN_ROWS}"):
+    row_fit.fit_rows(rows[:row_fit.MIN_ROWS - 1])
   one_model = [r for r in rows if r.model == "llama-2-7b"]
   with pytest.raises(errors.InputError, match=f"at least {user_fit.MIN_MODELS} models"):
     user_fit.heldout_by_model(one_model)
@@ -194,7 +195,7 @@ def test_tp_splits_per_chip_traffic():
   a, b = um.decode_inputs([one]), um.decode_inputs([two])
   for name in ("N", "N_act", "k"):
     assert b[name][0] == pytest.approx(a[name][0] / 2)
-  assert user_fit.bound_rows([two])[0] == pytest.approx(user_fit.bound_rows([one])[0] / 2)
+  assert row_fit.bound_rows([two])[0] == pytest.approx(row_fit.bound_rows([one])[0] / 2)
 
 
 def test_vllm_result_maps_to_the_in_flight_batch():
@@ -239,7 +240,7 @@ def test_cli_fits_the_shipped_trtllm_rows(tmp_path):
   for key in ("heldout_median_rel_error", "heldout_max_rel_error", "factors", "rows_used",
               "bound_heldout_median_rel_error"):
     assert key in result
-  assert all(0 < result["factors"][n] <= 1 for n in user_fit.EFFICIENCIES)
+  assert all(0 < result["factors"][n] <= 1 for n in row_fit.EFFICIENCIES)
   prof = profiles.load_profile(profile)
   assert prof.accelerator == "a100-80gb" and prof.source["engine"] == "TensorRT-LLM"
 
@@ -290,7 +291,7 @@ def test_sglang_jsonl_runs_map_by_littles_law(tmp_path):
   assert capped.batch == 8 and capped.line == 2
 
 
-# --- One model's rows (issue 27) ---
+# --- One model's rows ---
 
 SINGLE_TRUTH = {
     "eta_w": 0.7, "eta_kv": 0.55, "eta_f": 0.45, "eta_f_prefill": 0.6, "t0_step": 3e-4,
@@ -331,7 +332,7 @@ def test_row_folds_hold_each_row_out_once_and_span_the_grid():
 @pytest.mark.slow
 def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_path):
   sigma = 0.02
-  clean = user_fit.predict_rows(_rows(_single_model_records()), SINGLE_TRUTH)
+  clean = row_fit.predict_rows(_rows(_single_model_records()), SINGLE_TRUTH)
   noise = np.random.default_rng(1).lognormal(0.0, sigma, size=clean.size)
   path = tmp_path / "one_model.csv"
   _write_csv(path,
@@ -346,7 +347,7 @@ def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_pa
     assert not set(fold["heldout_lines"]) & set(fold["trained_on_lines"])
   assert {"eta_w", "eta_kv"} <= set(result["free_factors"])
   for name in result["free_factors"]:
-    if name in user_fit.EFFICIENCIES:
+    if name in row_fit.EFFICIENCIES:
       assert result["factors"][name] == pytest.approx(SINGLE_TRUTH[name], rel=0.1), name
   # Held-out rows within the added noise (lognormal, sigma 2%): median under 2 sigma.
   assert result["heldout_median_rel_error"] < 2 * sigma
@@ -363,7 +364,7 @@ def test_single_model_rows_recover_known_factors_and_predict_heldout_rows(tmp_pa
 def test_a_row_faster_than_the_bound_is_flagged_with_its_line(tmp_path):
   records = [dict(r, time_s=1.0) for r in _single_model_records()]
   rows = _rows(records)
-  bound = user_fit.bound_rows(rows)
+  bound = row_fit.bound_rows(rows)
   times = 1.5 * bound
   times[3] = 0.8 * bound[3]  # File line 5 (header is line 1): faster than its bound.
   times[7] = 25.0 * bound[7]  # File line 9: more than 20x slower.
@@ -376,9 +377,9 @@ def test_a_row_faster_than_the_bound_is_flagged_with_its_line(tmp_path):
 
 
 def test_suspicious_rows_are_kept_with_a_warning_or_dropped(monkeypatch, tmp_path):
-  monkeypatch.setattr(user_fit, "fit_rows", _fixed_fit)
+  monkeypatch.setattr(row_fit, "fit_rows", _fixed_fit)
   records = [dict(r, time_s=1.0) for r in _single_model_records()]
-  bound = user_fit.bound_rows(_rows(records))
+  bound = row_fit.bound_rows(_rows(records))
   times = 1.5 * bound
   times[3] = 0.8 * bound[3]
   path = tmp_path / "m.csv"
@@ -397,16 +398,16 @@ def test_suspicious_rows_are_kept_with_a_warning_or_dropped(monkeypatch, tmp_pat
 
 def _fixed_fit(rows, **kw):
   del kw
-  return user_fit.UserFit(factors=dict(SINGLE_TRUTH), free=(), fixed={}, flags=(), loss=0.0,
-                          rows=len(rows))
+  return row_fit.UserFit(factors=dict(SINGLE_TRUTH), free=(), fixed={}, flags=(), loss=0.0,
+                         rows=len(rows))
 
 
 def test_several_models_are_still_held_out_by_model(monkeypatch, tmp_path):
-  monkeypatch.setattr(user_fit, "fit_rows", _fixed_fit)
+  monkeypatch.setattr(row_fit, "fit_rows", _fixed_fit)
   path = tmp_path / "m.csv"
   records = _synthetic_records()
   rows = _rows(records)
-  times = 1.5 * user_fit.bound_rows(rows)
+  times = 1.5 * row_fit.bound_rows(rows)
   _write_csv(path, [dict(r, time_s=f"{t:.9g}") for r, t in zip(records, times)])
   prof, result = user_fit.calibrate(um.read_measurements(path))
   assert result["heldout_by"] == "model" == prof.heldout_by

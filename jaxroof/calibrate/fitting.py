@@ -1,7 +1,9 @@
 """Fitting the calibrated step model's factors to measured step times (optax).
 
-The model is `jaxroof.symbolic.calibrated`; here its JAX form is fitted in
-log space with Adam, and predictions are scored against measurements.
+The model is the cost model's calibrated decode step (`jaxroof.symbolic.calibrated`);
+here its JAX form is fitted in log space with Adam, and predictions are scored against
+measurements. A term beyond the six factors in the start (an engine's, e.g. XLA:CPU's
+`r_pack`) brings its engine's extension into the model and may be fitted too.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxroof.symbolic.calibrated import (FACTOR_NAMES, INPUT_NAMES, REGIME_FACTOR_NAMES,
-                                         calibrated_model, calibrated_model_with_regime)
+from jaxroof import engines  # noqa: F401  (registers the engines' terms a fit may hold)
+from jaxroof.symbolic.calibrated import (FACTOR_NAMES, INPUT_NAMES, decode_model, extensions_of)
 
 PRIOR_WEIGHT = 1e-4  # `fit_factors`' pull of each log factor towards its start.
 
@@ -66,11 +68,11 @@ def fit_factors(
     free: the factors to fit (None: all); the others stay at `init`. The
       operation fits use it: a linear layer's timings decide `eta_w`, `eta_f`
       and `r_ovl`, attention's `eta_kv`, the smallest steps the fixed costs.
-      With `r_pack` in `init` the model has the re-pack term
-      (`calibrated.calibrated_model_with_regime`) and `r_pack` may be free.
+      A term beyond the six in `init` (e.g. `r_pack`) brings its engine's
+      extension (`jaxroof.engines.xla_cpu`) and may be free.
 
   Returns:
-    The fitted factors (and `r_pack` where `init` has it).
+    The fitted factors (and every other term `init` has).
   """
 
   measured_s = np.asarray(measured_s, dtype=np.float64)
@@ -78,9 +80,9 @@ def fit_factors(
     raise ValueError("measured_s must be a non-empty vector of times > 0")
   if init is None:
     init = initial_factors(measured_s, np.asarray(inputs["L"]))
-  regime = all(n in init for n in REGIME_FACTOR_NAMES)
-  model = calibrated_model_with_regime("jax") if regime else calibrated_model("jax")
-  every = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
+  extra = tuple(n for n in init if n not in FACTOR_NAMES)
+  model = decode_model("jax", extensions_of(extra))
+  every = FACTOR_NAMES + extra
   x = {n: jnp.asarray(inputs[n], jnp.float32) for n in INPUT_NAMES}
   log_measured = jnp.log(jnp.asarray(measured_s, jnp.float32))
   names = FACTOR_NAMES if free is None else tuple(free)
@@ -125,14 +127,11 @@ def minimize(loss_fn: Callable[[Any], jax.Array], start: Any, *, steps: int,
 
 
 def predict(inputs: Mapping[str, Any], factors: Mapping[str, float]) -> np.ndarray:
-  """Calibrated step time (seconds) at each point, numpy; with `r_pack` among the
-  factors, the re-pack term included."""
-  if all(n in factors for n in REGIME_FACTOR_NAMES):
-    return np.asarray(
-        calibrated_model_with_regime("numpy")(**inputs, **factors)["step_s"], dtype=np.float64)
+  """Calibrated step time (seconds) at each point, numpy; a term beyond the six among
+  the factors (e.g. `r_pack`) with its engine's extension."""
+  extra = tuple(n for n in factors if n not in FACTOR_NAMES)
   return np.asarray(
-      calibrated_model("numpy")(**inputs, **{n: factors[n] for n in FACTOR_NAMES})["step_s"],
-      dtype=np.float64)
+      decode_model("numpy", extensions_of(extra))(**inputs, **factors)["step_s"], dtype=np.float64)
 
 
 def relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:

@@ -32,11 +32,12 @@ import jax
 
 from jaxroof import files
 from jaxroof.calibrate import toy_job
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import kernel_benchmark as benchmark
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
-from jaxroof.measure.op_sweeps import StepPoint
+from jaxroof.measure.step_sweeps import StepPoint
 from jaxroof.toy.config import ToyConfig
 
 Say = Callable[[str], None]
@@ -46,7 +47,7 @@ _STAGE_MARGIN_S = 10.0
 
 # The GPU-sized toy (bf16, width 4096, Llama-3-8B's block shapes, 4 blocks:
 # about 1.1 B weights, 2.3 GB per step at batch 1) and its two variants, as
-# `op_sweeps.MODELS` varies the CPU calibration model.
+# `calibration_models.MODELS` varies the CPU calibration model.
 GPU_CALIBRATION = ToyConfig(vocab_size=32_768, num_blocks=4, num_heads=32, num_kv_heads=8,
                             head_dim=128, width=4096, mlp_dim=14_336)
 GPU_MODELS = {
@@ -136,7 +137,7 @@ def calibration_stage(out_dir: str, results_dir: str, *, dry_run: bool, budget_s
   """Op sweeps, a toy calibration and its validation, within `budget_s`.
 
   Writes OUT/op_sweeps.json, OUT/calibration.json and the profile to
-  `results_dir` (the GPU run's results/), each as soon as it exists.
+  `results_dir` (the GPU run's results folder), each as soon as it exists.
   """
   start = time.monotonic()
   models = DRY_MODELS if dry_run else GPU_MODELS

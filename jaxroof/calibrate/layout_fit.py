@@ -31,6 +31,7 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.measure import profiles
+from jaxroof.calibrate import row_fit
 from jaxroof.calibrate import user_fit
 from jaxroof.measure import user_measurements as um
 from jaxroof.parallel import layout as layout_lib
@@ -141,8 +142,8 @@ def _per_chip(row: um.Row, N: float, N_x: float, k: float, N_act: float,
   return {n: float(v) for n, v in path.items()}, float(comm)
 
 
-def layout_inputs(rows: Sequence[um.Row]) -> user_fit.StepInputs:
-  """Per-chip inputs and communication of each row (`user_fit.InputsFn`).
+def layout_inputs(rows: Sequence[um.Row]) -> row_fit.StepInputs:
+  """Per-chip inputs and communication of each row (`row_fit.InputsFn`).
 
   Single-device inputs come from `user_measurements` (the row with tp = pp =
   ep = 1), then become one chip's along the path; no row is checked here
@@ -173,8 +174,8 @@ def layout_inputs(rows: Sequence[um.Row]) -> user_fit.StepInputs:
                                         tokens)
       out_prefill["N"][i], out_prefill["N_act"][i] = path["N"], path["N_act"]
       out_prefill["H"][i] /= row.tp * row.ep
-  return user_fit.StepInputs(decode=out_decode, prefill=out_prefill, decode_comm_s=decode_comm,
-                             prefill_comm_s=prefill_comm)
+  return row_fit.StepInputs(decode=out_decode, prefill=out_prefill, decode_comm_s=decode_comm,
+                            prefill_comm_s=prefill_comm)
 
 
 def calibrate_layouts(measurements: um.Measurements, *, accelerator: str | None = None,
@@ -218,14 +219,14 @@ def _splits(study: str, rows: Sequence[um.Row]) -> list[tuple[str, list[um.Row],
 
 def _fold(slug: str, name: str, train: list[um.Row], test: list[um.Row],
           fit_kw) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  fit = user_fit.fit_rows(train, inputs=layout_inputs, **fit_kw)
-  report = user_fit.row_report(test, user_fit.predict_rows(test, fit.factors, inputs=layout_inputs),
-                               user_fit.bound_rows(test, inputs=layout_inputs), [True] * len(test))
+  fit = row_fit.fit_rows(train, inputs=layout_inputs, **fit_kw)
+  report = user_fit.row_report(test, row_fit.predict_rows(test, fit.factors, inputs=layout_inputs),
+                               row_fit.bound_rows(test, inputs=layout_inputs), [True] * len(test))
   ideal_ok = all(r.pp == 1 and r.ep == 1 for r in train + test)
   ideal = None
   if ideal_ok:
-    ideal_fit = user_fit.fit_rows(train, **fit_kw)
-    ideal = user_fit.predict_rows(test, ideal_fit.factors)
+    ideal_fit = row_fit.fit_rows(train, **fit_kw)
+    ideal = row_fit.predict_rows(test, ideal_fit.factors)
   for i, r in enumerate(report):
     r.update(accelerator=slug, fold=name, layout=_key(test[i]))
     if ideal is not None:
@@ -295,7 +296,7 @@ def layout_carry_over(measurements: um.Measurements, **fit_kw) -> dict[str, Any]
       "engine": measurements.engine,
       "studies": studies,
       "targets": {"median_rel_error_at_most": 0.10, "bound_over_calibrated_at_least": 2.0},
-      "bound": user_fit.BOUND_NOTE,
+      "bound": row_fit.BOUND_NOTE,
       "assumptions": list(LAYOUT_NOTES) + [
           "ideal_split_calibrated: the measure layer's fit (tp divides weights, K/V and "
           "FLOPs; no communication), shown to say what the communication term adds"

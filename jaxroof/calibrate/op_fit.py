@@ -35,7 +35,7 @@ operation is timed alone:
 
 With `regime=True` (a CPU: XLA's GEMM re-packs the weights for two or more
 rows, about 1.5 weight reads) the model has the re-pack term
-(`calibrated.repack_time`) and `r_pack` is fitted with `eta_f` and `r_ovl`
+(`jaxroof.engines.xla_cpu`) and `r_pack` is fitted with `eta_f` and `r_ovl`
 from M >= 2; without it `r_pack` is 0 (accelerators) and not returned.
 
 With the factors the fit returns how each moves with its timed points
@@ -59,9 +59,10 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.calibrate import fitting
+from jaxroof.engines import xla_cpu
 from jaxroof.measure import measurement
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.calibrated import FACTOR_NAMES, REGIME_FACTOR_NAMES
+from jaxroof.symbolic.calibrated import FACTOR_NAMES
 
 LINEAR_FACTORS = ("eta_w", "eta_f", "r_ovl")
 ATTENTION_FACTORS = ("eta_kv",)
@@ -138,8 +139,8 @@ def step_subsets(step_inputs: Mapping[str, np.ndarray], regime: bool) -> dict[st
   batches = np.asarray(step_inputs["B"])
   heavy = batches * np.asarray(step_inputs["T"]) >= KV_STEP_TOKENS
   batched = batches >= 2
-  free = (("eta_kv",) if heavy.any() else
-          ()) + (REGIME_FACTOR_NAMES if regime and batched.any() else ())
+  free = (("eta_kv",) if heavy.any() else ()) + (xla_cpu.TERM_NAMES if regime and batched.any() else
+                                                 ())
   return {
       "fixed": batches == np.min(batches), "refit": batched if regime else heavy, "refit_free": free
   }
@@ -161,7 +162,7 @@ def fit_linear(single: Sequence[measurement.Measurement], many: Sequence[measure
   many_free: tuple[str, ...] = ("eta_f", "r_ovl")
   if regime:
     current["r_pack"] = REPACK_START
-    many_free += REGIME_FACTOR_NAMES
+    many_free += xla_cpu.TERM_NAMES
   for _ in range(ALTERNATIONS):
     current = fitting.fit_factors(x1, t1, init=current, steps=fit_steps,
                                   free=("eta_w", _CALL_COST)).factors
@@ -214,7 +215,7 @@ def fit_operations(
         "larger budget_s.", field="budget_s")
   linear_fit = fit_linear(single, many, bandwidth=bandwidth, flop_rate=flop_rate,
                           fit_steps=fit_steps, regime=regime)
-  factors = {n: linear_fit[n] for n in LINEAR_FACTORS + (REGIME_FACTOR_NAMES if regime else ())}
+  factors = {n: linear_fit[n] for n in LINEAR_FACTORS + (xla_cpu.TERM_NAMES if regime else ())}
   x = linear_inputs(linear, bandwidth, flop_rate)
   details["linear"] = {
       "points": len(linear), "points_m1": len(single), "call_cost_s": linear_fit[_CALL_COST],
@@ -258,7 +259,7 @@ def fit_operations(
       linear_inputs(many, bandwidth, flop_rate),
       attention_inputs(attention, bandwidth, flop_rate), step_inputs
   ], subsets, [linear_fit, attention_fit, before_refit, factors])
-  names = FACTOR_NAMES + (REGIME_FACTOR_NAMES if regime else ())
+  names = FACTOR_NAMES + (xla_cpu.TERM_NAMES if regime else ())
   return {n: factors[n] for n in names}, details
 
 
@@ -328,7 +329,7 @@ def _alternation_sensitivity(single: Mapping[str, np.ndarray], many: Mapping[str
   point: `eta_w` (and the call cost) optimal on M = 1 given the M >= 2 factors, and
   they optimal on M >= 2 given it, linearised and solved together."""
   first = ("eta_w", _CALL_COST)
-  second = ("eta_f", "r_ovl") + tuple(n for n in REGIME_FACTOR_NAMES if n in at)
+  second = ("eta_f", "r_ovl") + tuple(n for n in xla_cpu.TERM_NAMES if n in at)
   inverse_1 = fitting.sensitivity(fitting.log_slopes(single, at, first))
   inverse_2 = fitting.sensitivity(fitting.log_slopes(many, at, second))
   coupling = np.block([[np.eye(len(first)), inverse_1 @ fitting.log_slopes(single, at, second)],

@@ -14,7 +14,7 @@
    (`toy_fit.layout_scale`: a held-out model has a layout of its own). The
    layouts' spread says how far one K/V rate can hold (`toy_fit.layout_floor`).
 3. Validation: the whole toy decode step of two models the fit never saw
-   (`op_sweeps.HELDOUT_MODELS`: other width, depth and K/V heads), timed over
+   (`calibration_models.HELDOUT_MODELS`: other width, depth and K/V heads), timed over
    batch x context and predicted from the factors. That held-out error is
    what the profile reports; `status` says whether it met its targets.
 4. A `Profile` with the factors and the held-out error, and a plot of
@@ -46,12 +46,14 @@ import jax
 from jaxroof import errors
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import toy_fit
+from jaxroof.measure import calibration_models
 from jaxroof.measure import ceilings as ceilings_lib
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import profiles
+from jaxroof.measure import step_sweeps
 from jaxroof.measure import toy_steps
-from jaxroof.measure.op_sweeps import StepPoint
+from jaxroof.measure.step_sweeps import StepPoint
 from jaxroof.toy.config import ToyConfig
 
 Progress = Callable[[str], None]
@@ -102,14 +104,14 @@ def run(
       (ops) or `default_points` (steps).
     heldout: the held-out models' steps; None means `heldout_points`.
     rounds: passes over the points while the budget lasts (each point's
-      figure is its lower-quartile round, `op_sweeps.lower_quartile`).
+      figure is its lower-quartile round, `step_sweeps.lower_quartile`).
     warmup, repeats: per point and round.
     seed: the visiting order and the data.
-    models: the fit's models; None means `op_sweeps.FIT_MODELS` (ops) or
-      `op_sweeps.MODELS` (steps).
+    models: the fit's models; None means `calibration_models.FIT_MODELS` (ops) or
+      `calibration_models.MODELS` (steps).
     heldout_models: models the fit never sees; None means
-      `op_sweeps.HELDOUT_MODELS` with the default models, else the two
-      `op_sweeps.heldout_variant`s of the first fit model.
+      `calibration_models.HELDOUT_MODELS` with the default models, else the two
+      `calibration_models.heldout_variant`s of the first fit model.
     ceilings: already measured ceilings; None measures them.
     backend: the operations' backend; None means "xla" on a CPU and
       "pallas" (the autotuned kernels) on a GPU or TPU.
@@ -135,15 +137,16 @@ def run(
   platform = jax.default_backend()
   backend = backend or ("xla" if platform == "cpu" else "pallas")
   if models is None:
-    configs = dict(op_sweeps.FIT_MODELS if fit == "ops" else op_sweeps.MODELS)
+    configs = dict(calibration_models.FIT_MODELS if fit == "ops" else calibration_models.MODELS)
     if heldout_models is None:
-      heldout_models = op_sweeps.HELDOUT_MODELS
+      heldout_models = calibration_models.HELDOUT_MODELS
   else:
     configs = dict(models)
   if heldout_models is None:
     first = next(iter(configs.values()))
     heldout_models = {
-        f"heldout_{kind}": op_sweeps.heldout_variant(first, kind) for kind in ("narrow", "wide")
+        f"heldout_{kind}": calibration_models.heldout_variant(first, kind)
+        for kind in ("narrow", "wide")
     }
   clash = sorted(set(configs) & set(heldout_models))
   if clash:
@@ -279,13 +282,13 @@ def validate(
   if too_big:
     b, c = too_big[0]
     raise errors.InputError(f"batch={b} x context={c} needs a "
-                            f"{op_sweeps.kv_bytes(config, dtype, b, c) / 1e9:.2f} GB cache: "
+                            f"{step_sweeps.kv_bytes(config, dtype, b, c) / 1e9:.2f} GB cache: "
                             f"allowed up to {toy_steps.MAX_KV_BYTES / 1e9:g} GB and "
-                            f"{op_sweeps.MAX_RETAINED_TOKENS:,} tokens per point.")
-  bench = op_sweeps.DecodeStepBench(config, dtype, name=model, seed=seed)
+                            f"{calibration_models.MAX_RETAINED_TOKENS:,} tokens per point.")
+  bench = step_sweeps.DecodeStepBench(config, dtype, name=model, seed=seed)
   step_points = [StepPoint(model, b, c) for b, c in points]
-  records = op_sweeps.decode_step_sweep({model: bench}, step_points, rounds=rounds, warmup=warmup,
-                                        repeats=repeats, seed=seed, progress=progress)
+  records = step_sweeps.decode_step_sweep({model: bench}, step_points, rounds=rounds, warmup=warmup,
+                                          repeats=repeats, seed=seed, progress=progress)
   inputs = toy_fit.model_inputs(records, prof.bandwidth(), prof.flop_rate())
   predicted = fitting.predict(inputs, {**prof.factors, **prof.regime_factors})
   rows = []
@@ -294,6 +297,6 @@ def validate(
     row["inside_calibrated_grid"] = (
         toy_steps.BATCHES[0] <= row["batch"] <= toy_steps.BATCHES[-1] and
         toy_steps.CONTEXTS[0] <= row["context"] <= toy_steps.CONTEXTS[-1] and
-        row["batch"] * row["context"] <= op_sweeps.MAX_RETAINED_TOKENS)
+        row["batch"] * row["context"] <= calibration_models.MAX_RETAINED_TOKENS)
     rows.append(row)
   return rows

@@ -1,94 +1,39 @@
-"""Fitting the calibrated factors to users' measured step times, per device.
+"""Calibration from users' measured step times, per device: checks, held-out error, result.
 
-The decode rows are fitted with `jaxroof.symbolic.calibrated` (eta_w, eta_kv,
-eta_f, t0_step, t0_layer, r_ovl), the prefill rows with
-`jaxroof.symbolic.prefill_calibrated`, which shares eta_w, the fixed costs and
-the overlap and adds its own FLOP efficiency eta_f_prefill. One optax (Adam)
-fit takes both, minimising the mean squared log error.
+The factors are fitted by `row_fit` (the cost model's calibrated decode step and
+prefill, one optax fit of both). Held-out error is leave-one-model-out when the rows
+hold two or more models: each model's rows are predicted by factors fitted without any
+row of that model. With one model's rows it is k-fold over the rows
+(`heldout_by_rows`), which says how well other batches and contexts of that model are
+predicted, never how well another model is (a carry-over whose error these rows cannot
+show; the result warns). The profile's factors are then fitted on every row. The
+bound's error on the same rows is reported beside it.
 
-Physical ranges hold by construction: each efficiency is a sigmoid of a free
-parameter (in (0, 1)), each time and the overlap an exponential (> 0). An
-efficiency that ends within 1% of 1 is flagged: the data want the device
-faster than its datasheet, so a datasheet figure or an input is suspect.
-
-Which factors the data can fix is decided from the Jacobian of log time with
-respect to the free parameters: factors are added in `PRIORITY` order and one
-is kept only if it raises the Jacobian's numerical rank (columns normalised,
-smallest singular value above `RANK_TOLERANCE` of the largest) while fewer
-factors than rows are free. The others keep `FIXED_VALUES` and are listed, with
-the reason, in the result.
-
-Held-out error is leave-one-model-out when the rows hold two or more models:
-each model's rows are predicted by factors fitted without any row of that
-model. With one model's rows it is k-fold over the rows (`heldout_by_rows`),
-which says how well other batches and contexts of that model are predicted,
-never how well another model is (a carry-over whose error these rows cannot
-show; the result warns). The profile's factors are then fitted on every row.
-The bound's error on the same rows is reported beside it.
-
-Before any fit every row is checked against its analytic bound
-(`suspicious_rows`): a row faster than the bound, or more than
-`SLOWER_LIMIT` times slower, is flagged with its line and ratio; the caller
-keeps it (with a warning) or leaves it out.
-
-Rows become model inputs through an `InputsFn`. The default,
-`ideal_split_inputs`, is the measure layer's ideal tensor split without
-communication (`user_measurements.TP_ASSUMPTION`); the parallel layer's
-`jaxroof.calibrate.layout_fit.layout_inputs` gives per-chip inputs of a real
-layout and the analytic communication of each step, which the fit scales by
-eta_comm (`jaxroof.symbolic.collectives.calibrated_with_comm`).
+Before any fit every row is checked against its analytic bound (`suspicious_rows`): a
+row faster than the bound, or more than `SLOWER_LIMIT` times slower, is flagged with
+its line and ratio; the caller keeps it (with a warning) or leaves it out.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxroof import errors
 from jaxroof.calibrate import fitting
+from jaxroof.calibrate import row_fit
 from jaxroof.measure import profiles
 from jaxroof.measure import user_measurements as um
 from jaxroof.specs import accelerators
 from jaxroof.specs import models
 from jaxroof.specs import parameters
 from jaxroof.symbolic import calibrated
-from jaxroof.symbolic import collectives
-from jaxroof.symbolic import prefill_calibrated
-from jaxroof.symbolic import symbols as S
-from jaxroof.symbolic.evaluate import lambdified
-from jaxroof.symbolic.step_model import StepModel
 
-DECODE_FACTORS = calibrated.FACTOR_NAMES
-COMM_FACTORS = ("eta_comm",)
-ALL_FACTORS = DECODE_FACTORS + ("eta_f_prefill",) + COMM_FACTORS
-EFFICIENCIES = ("eta_w", "eta_kv", "eta_f", "eta_f_prefill", "eta_comm")
-PRIORITY = ("eta_w", "eta_kv", "eta_f_prefill", "t0_step", "eta_comm", "eta_f", "t0_layer", "r_ovl")
-# Values of factors the data cannot fix: no fixed cost (1 ns, as profiles
-# hold positive factors), p = 2 overlap, and efficiencies typical of tuned
-# kernels (stated with the result); collectives at half their modelled speed
-# (NCCL's small-message all-reduce runs well below the ring model's figures).
-FIXED_VALUES = {
-    "eta_w": 0.8, "eta_kv": 0.8, "eta_f": 0.5, "eta_f_prefill": 0.6, "t0_step": 1e-9,
-    "t0_layer": 1e-9, "r_ovl": 1.0, "eta_comm": 0.5
-}
-# A factor the rows cannot separate from its partner takes the partner's value:
-# K/V reads stream like weight reads; decode matmuls run like prefill's.
-TIES = {"eta_kv": "eta_w", "eta_f": "eta_f_prefill", "eta_f_prefill": "eta_f"}
-RANK_TOLERANCE = 0.2
-# A factor whose parameter moves no row's log time by this much per unit is
-# not determined by the rows (e.g. eta_kv at batch 1 and a short context,
-# where K/V is a fraction of a percent of the traffic).
-MIN_SENSITIVITY = 0.01
-ROWS_PER_FACTOR = 2  # At most one free factor per this many rows.
-MIN_ROWS = 3  # Rows a fit needs (decode and prefill together).
 MIN_MODELS = 2  # Models needed to hold one out.
 MAX_FOLDS = 5  # Folds of the hold-out by rows (fewer rows: one row per fold).
 SLOWER_LIMIT = 20.0  # A row this many times slower than its bound is suspicious.
@@ -99,292 +44,6 @@ SLOWER_LIMIT = 20.0  # A row this many times slower than its bound is suspicious
 AT_BOUND_TOLERANCE = 0.01
 HELDOUT_BY_MODEL = "model"
 HELDOUT_BY_ROWS = "rows"
-AT_CEILING = 0.99
-
-
-@dataclasses.dataclass(frozen=True)
-class UserFit:
-  """Fitted factors of one device, and what was fixed and why."""
-
-  factors: dict[str, float]  # Every name in ALL_FACTORS.
-  free: tuple[str, ...]
-  fixed: dict[str, str]  # name -> reason.
-  flags: tuple[str, ...]
-  loss: float
-  rows: int
-
-
-def _split(rows: Sequence[um.Row]) -> tuple[list[um.Row], list[um.Row]]:
-  return ([r for r in rows if r.phase == "decode"], [r for r in rows if r.phase == "prefill"])
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInputs:
-  """Model inputs of rows, each phase in the rows' order, and their communication.
-
-  `decode` holds `calibrated.INPUT_NAMES`, `prefill`
-  `prefill_calibrated.INPUT_NAMES` (one chip's share on a layout); the
-  `*_comm_s` arrays are each row's analytic communication (0 on one chip).
-  """
-
-  decode: dict[str, np.ndarray]
-  prefill: dict[str, np.ndarray]
-  decode_comm_s: np.ndarray
-  prefill_comm_s: np.ndarray
-
-
-InputsFn = Callable[[Sequence[um.Row]], StepInputs]
-
-
-def ideal_split_inputs(rows: Sequence[um.Row]) -> StepInputs:
-  """The measure layer's inputs: an ideal tp split, no communication (`TP_ASSUMPTION`)."""
-  decode, prefill = _split(rows)
-  return StepInputs(decode=um.decode_inputs(decode) if decode else {},
-                    prefill=um.prefill_inputs(prefill) if prefill else {},
-                    decode_comm_s=np.zeros(len(decode)), prefill_comm_s=np.zeros(len(prefill)))
-
-
-@functools.cache
-def with_comm_model(backend: str = "numpy"):
-  """`f(t_floor=, t_comm=, eta_comm=) -> {"step_s"}`: communication serial, scaled."""
-  return lambdified({"step_s": collectives.calibrated_with_comm(overlap=0)},
-                    (S.t_floor, S.t_comm, S.eta_comm), backend)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Data:
-  inputs: StepInputs
-  decode_s: np.ndarray
-  prefill_s: np.ndarray
-
-  @property
-  def decode(self) -> dict[str, np.ndarray]:
-    return self.inputs.decode
-
-  @property
-  def prefill(self) -> dict[str, np.ndarray]:
-    return self.inputs.prefill
-
-  @property
-  def has_comm(self) -> bool:
-    return bool(np.any(self.inputs.decode_comm_s > 0) or np.any(self.inputs.prefill_comm_s > 0))
-
-
-def _data(rows: Sequence[um.Row], inputs: InputsFn) -> _Data:
-  decode, prefill = _split(rows)
-  return _Data(inputs=inputs(rows), decode_s=np.asarray([r.time_s for r in decode],
-                                                        dtype=np.float64),
-               prefill_s=np.asarray([r.time_s for r in prefill], dtype=np.float64))
-
-
-def _scales(data: _Data) -> dict[str, float]:
-  """Typical magnitudes of the fixed costs, so the parameters are O(1)."""
-  times = np.concatenate([data.decode_s, data.prefill_s])
-  layers = np.concatenate([data.decode.get("L", []), data.prefill.get("L", [])])
-  start = fitting.initial_factors(times, layers)
-  return {name: start[name] for name in ("t0_step", "t0_layer", "r_ovl")}
-
-
-def _to_factor(name: str, u, scales: Mapping[str, float]):
-  if name in EFFICIENCIES:
-    return jax.nn.sigmoid(u)
-  return jnp.exp(u) * scales[name]
-
-
-def _from_factor(name: str, value: float, scales: Mapping[str, float]) -> float:
-  if name in EFFICIENCIES:
-    return float(np.log(value / (1 - value)))
-  return float(np.log(value / scales[name]))
-
-
-def _log_predictions(data: _Data, factors: Mapping[str, Any]):
-  """Log predicted time of every row (decode first), JAX."""
-  parts = []
-  comm = with_comm_model("jax")
-  if data.decode_s.size:
-    f = {n: factors[n] for n in DECODE_FACTORS}
-    floor = calibrated.calibrated_model("jax")(**data.decode, **f)["step_s"]
-    parts.append(
-        jnp.log(
-            comm(t_floor=floor, t_comm=data.inputs.decode_comm_s,
-                 eta_comm=factors["eta_comm"])["step_s"]))
-  if data.prefill_s.size:
-    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    floor = prefill_calibrated.prefill_model("jax")(**data.prefill, **f)["step_s"]
-    parts.append(
-        jnp.log(
-            comm(t_floor=floor, t_comm=data.inputs.prefill_comm_s,
-                 eta_comm=factors["eta_comm"])["step_s"]))
-  return jnp.concatenate(parts)
-
-
-def _relevant(data: _Data) -> list[str]:
-  """Factors the model of these rows contains."""
-  names = set(DECODE_FACTORS) if data.decode_s.size else set()
-  if data.prefill_s.size:
-    names |= set(prefill_calibrated.FACTOR_NAMES)
-  if data.has_comm:
-    names |= set(COMM_FACTORS)
-  return [n for n in PRIORITY if n in names]
-
-
-def _start(names: Sequence[str], scales: Mapping[str, float]) -> dict[str, float]:
-  start = {
-      "eta_w": 0.7, "eta_kv": 0.7, "eta_f": 0.5, "eta_f_prefill": 0.5, "t0_step": scales["t0_step"],
-      "t0_layer": scales["t0_layer"], "r_ovl": 1.0, "eta_comm": 0.5
-  }
-  return {n: _from_factor(n, start[n], scales) for n in names}
-
-
-def _factors(params: Mapping[str, Any], fixed: Mapping[str, float | str],
-             scales: Mapping[str, float]) -> dict[str, Any]:
-  """Factor values: free ones from parameters, fixed ones by value or tie."""
-  out = {n: _to_factor(n, u, scales) for n, u in params.items()}
-  for name, value in fixed.items():
-    out[name] = out.get(value, FIXED_VALUES[name]) if isinstance(value, str) else value
-  return out
-
-
-def _fixed_values(free: Sequence[str]) -> dict[str, float | str]:
-  """Each factor not free: tied to its partner where that is free, else a value."""
-  return {
-      n: (TIES[n] if TIES.get(n) in free else FIXED_VALUES[n]) for n in ALL_FACTORS if n not in free
-  }
-
-
-def _choose_free(data: _Data, scales: Mapping[str, float]) -> tuple[list[str], dict[str, str]]:
-  """Factors the data can determine (Jacobian rank), the rest with reasons."""
-  candidates = _relevant(data)
-  start = _start(candidates, scales)
-  fixed_values = {n: FIXED_VALUES[n] for n in ALL_FACTORS if n not in candidates}
-
-  def log_time(vector):
-    params = dict(zip(candidates, vector))
-    return _log_predictions(data, _factors(params, fixed_values, scales))
-
-  jac = np.asarray(
-      jax.jacfwd(log_time)(jnp.asarray([start[n] for n in candidates], jnp.float32)),
-      dtype=np.float64)
-  rows = jac.shape[0]
-  free: list[str] = []
-  fixed: dict[str, str] = {}
-  for i, name in enumerate(candidates):
-    room = max(rows // ROWS_PER_FACTOR, 1)
-    if len(free) >= room:
-      fixed[name] = (f"too few rows: {rows} rows leave room for {room} free "
-                     f"factor(s) (one per {ROWS_PER_FACTOR} rows)")
-      continue
-    trial = jac[:, [candidates.index(n) for n in free] + [i]]
-    norms = np.linalg.norm(trial, axis=0)
-    if norms[-1] < 1e-9 * max(1.0, float(norms.max())):
-      fixed[name] = "the rows do not depend on it (Jacobian column is zero)"
-      continue
-    if float(np.max(np.abs(jac[:, i]))) < MIN_SENSITIVITY:
-      fixed[name] = ("the rows hardly depend on it (no row's log time moves by "
-                     f"{MIN_SENSITIVITY:g} per unit of its parameter)")
-      continue
-    singular = np.linalg.svd(trial / norms, compute_uv=False)
-    if singular[-1] < RANK_TOLERANCE * singular[0]:
-      fixed[name] = ("the rows cannot separate it from "
-                     f"{', '.join(free)} (Jacobian rank {len(free)} with it added; "
-                     "too few distinct batches, contexts or models)")
-      continue
-    free.append(name)
-  for name in ALL_FACTORS:
-    if name not in candidates:
-      fixed.setdefault(
-          name, "no rows with communication (one chip, or the ideal tp "
-          "split)" if name in COMM_FACTORS else "no rows of the phase it "
-          "belongs to")
-  return free, fixed
-
-
-def fit_rows(rows: Sequence[um.Row], *, steps: int = 3000, learning_rate: float = 0.05,
-             prior_weight: float = 1e-4, inputs: InputsFn = ideal_split_inputs) -> UserFit:
-  """Fits one device's factors to measured rows (decode and prefill).
-
-  `inputs` turns rows into model inputs (default: the ideal tp split).
-
-  Raises:
-    InputError: fewer than `MIN_ROWS` rows.
-  """
-  if len(rows) < MIN_ROWS:
-    raise errors.InputError(
-        f"rows={len(rows)} is too few to fit: give at least {MIN_ROWS} measured "
-        "steps of one device.")
-  data = _data(rows, inputs)
-  scales = _scales(data)
-  free, fixed = _choose_free(data, scales)
-  start = _start(free, scales)
-  fixed_values = _fixed_values(free)
-  log_measured = jnp.log(jnp.asarray(np.concatenate([data.decode_s, data.prefill_s]), jnp.float32))
-  start_j = {n: jnp.float32(v) for n, v in start.items()}
-
-  def loss_fn(params):
-    predicted = _log_predictions(data, _factors(params, fixed_values, scales))
-    prior = sum((params[n] - start_j[n])**2 for n in free)
-    return jnp.mean((predicted - log_measured)**2) + prior_weight * prior
-
-  params, loss = fitting.minimize(loss_fn, start_j, steps=steps, learning_rate=learning_rate)
-  factors = {n: float(v) for n, v in _factors(params, fixed_values, scales).items()}
-  flags = tuple(f"{n} = {factors[n]:.3f} is at its ceiling (1): the rows are faster "
-                "than the datasheet allows at this efficiency; check the accelerator "
-                "and dtypes" for n in EFFICIENCIES if n in free and factors[n] > AT_CEILING)
-  fixed_reasons = {
-      n: (f"tied to {fixed_values[n]}" if isinstance(fixed_values[n], str) else
-          f"fixed at {FIXED_VALUES[n]:g}") + f": {why}" for n, why in fixed.items()
-  }
-  return UserFit(factors=factors, free=tuple(free), fixed=fixed_reasons, flags=flags,
-                 loss=float(loss), rows=len(rows))
-
-
-def predict_rows(rows: Sequence[um.Row], factors: Mapping[str, float], *,
-                 inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
-  """Calibrated prediction (seconds) of each row, in the rows' order."""
-  out = np.empty(len(rows))
-  decode, prefill = _split(rows)
-  x = inputs(rows)
-  comm = with_comm_model("numpy")
-  eta_comm = factors.get("eta_comm", FIXED_VALUES["eta_comm"])
-  index = {id(r): i for i, r in enumerate(rows)}
-  if decode:
-    f = {n: factors[n] for n in DECODE_FACTORS}
-    floor = calibrated.calibrated_model("numpy")(**x.decode, **f)["step_s"]
-    out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=x.decode_comm_s,
-                                               eta_comm=eta_comm)["step_s"]
-  if prefill:
-    f = {n: factors[n] for n in prefill_calibrated.FACTOR_NAMES}
-    floor = prefill_calibrated.prefill_model("numpy")(**x.prefill, **f)["step_s"]
-    out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=x.prefill_comm_s,
-                                                eta_comm=eta_comm)["step_s"]
-  return out
-
-
-BOUND_NOTE = ("analytic bound at datasheet BW and F: decode = the step floor "
-              "(max of memory and compute time); prefill = weights once, linear and "
-              "causal attention FLOPs at peak, the larger binding, no fixed cost; on a "
-              "layout, one chip's share plus the analytic communication, serial")
-_IDEAL = {"eta_w": 1.0, "eta_f_prefill": 1.0, "t0_step": 0.0, "t0_layer": 0.0, "r_ovl": 1e3}
-
-
-def bound_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
-  """The analytic bound (seconds) of each row (`BOUND_NOTE`)."""
-  out = np.empty(len(rows))
-  decode, prefill = _split(rows)
-  inp = inputs(rows)
-  comm = with_comm_model("numpy")
-  index = {id(r): i for i, r in enumerate(rows)}
-  if decode:
-    x = inp.decode
-    floor = StepModel.bound().evaluate(B=x["B"], T=x["T"], N=x["N"], q=x["q"], k=x["k"], BW=x["BW"],
-                                       F=x["F"], N_act=x["N_act"])["step_s"]
-    out[[index[id(r)] for r in decode]] = comm(t_floor=floor, t_comm=inp.decode_comm_s,
-                                               eta_comm=1.0)["step_s"]
-  if prefill:
-    floor = prefill_calibrated.prefill_model("numpy")(**inp.prefill, **_IDEAL)["step_s"]
-    out[[index[id(r)] for r in prefill]] = comm(t_floor=floor, t_comm=inp.prefill_comm_s,
-                                                eta_comm=1.0)["step_s"]
-  return out
 
 
 def row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
@@ -400,14 +59,15 @@ def row_report(rows: Sequence[um.Row], predicted: np.ndarray, bound: np.ndarray,
   } for r, p, b, m, h in zip(rows, predicted, bound, measured, heldout)]
 
 
-def _heldout(folds: Sequence[tuple[str, list[um.Row], list[um.Row]]], *, inputs: InputsFn,
+def _heldout(folds: Sequence[tuple[str, list[um.Row], list[um.Row]]], *, inputs: row_fit.InputsFn,
              **fit_kw) -> dict[str, Any]:
   """Each fold's test rows predicted by factors fitted on its train rows only."""
   out, report = [], []
   for name, train, test in folds:
-    fit = fit_rows(train, inputs=inputs, **fit_kw)
-    predicted = predict_rows(test, fit.factors, inputs=inputs)
-    report += row_report(test, predicted, bound_rows(test, inputs=inputs), [True] * len(test))
+    fit = row_fit.fit_rows(train, inputs=inputs, **fit_kw)
+    predicted = row_fit.predict_rows(test, fit.factors, inputs=inputs)
+    report += row_report(test, predicted, row_fit.bound_rows(test, inputs=inputs),
+                         [True] * len(test))
     out.append({
         "heldout": name, "trained_on_lines": [r.line for r in train],
         "heldout_lines": [r.line for r in test], "free": list(fit.free), "factors": fit.factors
@@ -415,7 +75,8 @@ def _heldout(folds: Sequence[tuple[str, list[um.Row], list[um.Row]]], *, inputs:
   return {"folds": out, "rows": report}
 
 
-def heldout_by_model(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
+def heldout_by_model(rows: Sequence[um.Row], *,
+                     inputs: row_fit.InputsFn = row_fit.ideal_split_inputs,
                      **fit_kw) -> dict[str, Any]:
   """Leave-one-model-out: each model predicted by a fit without its rows.
 
@@ -426,7 +87,7 @@ def heldout_by_model(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_i
   if len(names) < MIN_MODELS:
     raise errors.InputError(
         f"models={names!r}: held-out rows are chosen by model, so a fit needs rows "
-        f"of at least {MIN_MODELS} models (and {MIN_ROWS} rows without each); with one "
+        f"of at least {MIN_MODELS} models (and {row_fit.MIN_ROWS} rows without each); with one "
         "model's rows hold out by rows instead.")
   folds = [(name, [r for r in rows if r.model != name], [r for r in rows if r.model == name])
            for name in names]
@@ -457,15 +118,16 @@ def row_folds(rows: Sequence[um.Row], folds: int = MAX_FOLDS) -> list[int]:
   return fold
 
 
-def heldout_by_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
-                    folds: int = MAX_FOLDS, **fit_kw) -> dict[str, Any]:
+def heldout_by_rows(rows: Sequence[um.Row], *,
+                    inputs: row_fit.InputsFn = row_fit.ideal_split_inputs, folds: int = MAX_FOLDS,
+                    **fit_kw) -> dict[str, Any]:
   """k-fold over the rows: each fold predicted by a fit on the other folds.
 
   Each row is held out exactly once (`row_folds`). The error says how well
   other batches and contexts of the same models are predicted.
 
   Raises:
-    InputError: too few rows to leave `MIN_ROWS` in every fit.
+    InputError: too few rows to leave `row_fit.MIN_ROWS` in every fit.
   """
   assignment = row_folds(rows, folds)
   count = max(assignment) + 1 if assignment else 0
@@ -473,21 +135,22 @@ def heldout_by_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_in
   for k in range(count):
     train = [r for r, f in zip(rows, assignment) if f != k]
     test = [r for r, f in zip(rows, assignment) if f == k]
-    if len(train) < MIN_ROWS:
+    if len(train) < row_fit.MIN_ROWS:
       raise errors.InputError(
           f"rows={len(rows)} are too few to hold any out: each fit needs "
-          f"{MIN_ROWS} rows beside the held-out ones; give at least {MIN_ROWS + 1} "
+          f"{row_fit.MIN_ROWS} rows beside the held-out ones; give at least {row_fit.MIN_ROWS + 1} "
           "measured steps.")
     splits.append((f"fold {k + 1} of {count}", train, test))
   return _heldout(splits, inputs=inputs, **fit_kw)
 
 
-def ratios_to_bound(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs) -> np.ndarray:
+def ratios_to_bound(rows: Sequence[um.Row], *,
+                    inputs: row_fit.InputsFn = row_fit.ideal_split_inputs) -> np.ndarray:
   """measured / analytic bound of each row."""
-  return np.asarray([r.time_s for r in rows]) / bound_rows(rows, inputs=inputs)
+  return np.asarray([r.time_s for r in rows]) / row_fit.bound_rows(rows, inputs=inputs)
 
 
-def extrapolation(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
+def extrapolation(rows: Sequence[um.Row], *, inputs: row_fit.InputsFn = row_fit.ideal_split_inputs,
                   share: float = 0.25, **fit_kw) -> dict[str, Any] | None:
   """The largest steps predicted by a fit on the smaller ones (per phase).
 
@@ -502,7 +165,7 @@ def extrapolation(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inpu
     if len(mine) >= 2:
       test += mine[-max(1, int(round(share * len(mine)))):]
   train = [r for r in rows if r not in test]
-  if not test or len(train) < MIN_ROWS:
+  if not test or len(train) < row_fit.MIN_ROWS:
     return None
   result = _heldout([("largest steps", train, test)], inputs=inputs, **fit_kw)
   return {
@@ -514,7 +177,8 @@ def extrapolation(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inpu
   }
 
 
-def suspicious_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_inputs,
+def suspicious_rows(rows: Sequence[um.Row], *,
+                    inputs: row_fit.InputsFn = row_fit.ideal_split_inputs,
                     slower_limit: float = SLOWER_LIMIT,
                     tolerance: float = AT_BOUND_TOLERANCE) -> list[dict[str, Any]]:
   """Rows faster than their analytic bound (by more than `tolerance`), or more
@@ -531,7 +195,7 @@ def suspicious_rows(rows: Sequence[um.Row], *, inputs: InputsFn = ideal_split_in
   """
   if not rows:
     return []
-  bound = bound_rows(rows, inputs=inputs)
+  bound = row_fit.bound_rows(rows, inputs=inputs)
   out = []
   for row, b in zip(rows, bound):
     ratio = row.time_s / float(b)
@@ -563,7 +227,7 @@ CARRY_OVER_WARNING = ("the rows hold one model ({model}): the held-out error is 
                       "with this profile is a carry-over whose error these rows cannot show")
 
 
-def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn,
+def _check_rows(rows: Sequence[um.Row], *, inputs: row_fit.InputsFn,
                 drop_suspicious: bool) -> tuple[list[um.Row], list[dict[str, Any]], list[str]]:
   """The rows the fit uses, every suspicious row (with `dropped`), and warnings."""
   flagged = suspicious_rows(rows, inputs=inputs)
@@ -585,11 +249,11 @@ def _check_rows(rows: Sequence[um.Row], *, inputs: InputsFn,
         ("left out of the fit and of the held-out error" if drop_suspicious else
          "kept in the fit and the held-out error: check them, or leave them out"))
   used = [r for r in rows if r.line not in lines] if drop_suspicious else list(rows)
-  if len(used) < MIN_ROWS <= len(rows):
+  if len(used) < row_fit.MIN_ROWS <= len(rows):
     raise errors.InputError(
         f"rows={len(used)} remain after leaving out {len(rows) - len(used)} suspicious "
         f"row(s) (lines {', '.join(str(n) for n in sorted(lines))}): give at least "
-        f"{MIN_ROWS} measured steps a fit can trust.")
+        f"{row_fit.MIN_ROWS} measured steps a fit can trust.")
   return used, flagged, warnings
 
 
@@ -604,8 +268,9 @@ def heldout_method(heldout_by: str) -> str:
 
 
 def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
-              inputs: InputsFn = ideal_split_inputs, layout_notes: Sequence[str] | None = None,
-              drop_suspicious: bool = False, **fit_kw) -> tuple[profiles.Profile, dict[str, Any]]:
+              inputs: row_fit.InputsFn = row_fit.ideal_split_inputs,
+              layout_notes: Sequence[str] | None = None, drop_suspicious: bool = False,
+              **fit_kw) -> tuple[profiles.Profile, dict[str, Any]]:
   """Fits a device's profile to measured rows; the result JSON beside it.
 
   Rows of two or more models are held out by model; one model's rows by
@@ -637,9 +302,9 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
                                "them with a warning)" if dropped else "")) from None
     warnings.append(CARRY_OVER_WARNING.format(model=model_names[0]))
   larger = extrapolation(rows, inputs=inputs, **fit_kw) if heldout_by == HELDOUT_BY_ROWS else None
-  fit = fit_rows(rows, inputs=inputs, **fit_kw)
-  predicted = predict_rows(rows, fit.factors, inputs=inputs)
-  bound = bound_rows(rows, inputs=inputs)
+  fit = row_fit.fit_rows(rows, inputs=inputs, **fit_kw)
+  predicted = row_fit.predict_rows(rows, fit.factors, inputs=inputs)
+  bound = row_fit.bound_rows(rows, inputs=inputs)
   training = row_report(rows, predicted, bound, [False] * len(rows))
   held_cal = error_summary_of(heldout["rows"], "calibrated_rel_error")
   held_bound = error_summary_of(heldout["rows"], "bound_rel_error")
@@ -689,7 +354,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "free_factors": list(fit.free),
       "fixed_factors": fit.fixed,
       "flags": list(fit.flags),
-      "comm_factors": {n: fit.factors[n] for n in COMM_FACTORS},
+      "comm_factors": {n: fit.factors[n] for n in row_fit.COMM_FACTORS},
       "models": model_names,
       "suspicious_rows": flagged,
       "warnings": warnings,
@@ -698,7 +363,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   prof = profiles.Profile(
       device_kind=device.full_name, platform="", backend=source["engine"],
       dtype=dtypes[0] if len(dtypes) == 1 else ",".join(dtypes), jax_version=jax.__version__,
-      created=created, ceilings={}, factors={n: fit.factors[n] for n in DECODE_FACTORS},
+      created=created, ceilings={}, factors={n: fit.factors[n] for n in row_fit.DECODE_FACTORS},
       fit=fit_block, model={"rows": [r.to_json() for r in rows]},
       method="user measurements (see source); decode rows fitted with the calibrated "
       "step, prefill rows with the calibrated prefill", accelerator=device.name, source=source,
@@ -729,8 +394,8 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
       "heldout_rows": heldout["rows"],
       "training_rows": training,
       "extrapolation": larger,
-      "bound": BOUND_NOTE,
-      "assumptions": list(calibrated.ASSUMPTIONS) + list(prefill_calibrated.ASSUMPTIONS) + notes,
+      "bound": row_fit.BOUND_NOTE,
+      "assumptions": list(calibrated.ASSUMPTIONS) + list(calibrated.PREFILL_ASSUMPTIONS) + notes,
       "units": {
           "measured_s": "s", "calibrated_s": "s", "bound_s": "s", "calibrated_rel_error": "1",
           "bound_rel_error": "1", "ratio_to_bound": "1 (measured / bound)"
@@ -750,8 +415,8 @@ def _relation(fit_model: str, target: str) -> list[str]:
   return out
 
 
-def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_inputs,
-               **fit_kw) -> dict[str, Any]:
+def carry_over(measurements: um.Measurements, *,
+               inputs: row_fit.InputsFn = row_fit.ideal_split_inputs, **fit_kw) -> dict[str, Any]:
   """Fit on one model's rows, predict each other model's, per device.
 
   For every device and ordered pair of models with rows on it, the factors
@@ -769,19 +434,20 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
       train = [r for r in rows if r.model == fit_model]
       test = [r for r in rows if r.model == target]
       try:
-        fit = fit_rows(train, inputs=inputs, **fit_kw)
+        fit = row_fit.fit_rows(train, inputs=inputs, **fit_kw)
       except errors.InputError as e:
         pairs.append(
             {"accelerator": slug, "fit_model": fit_model, "target": target, "skipped": str(e)})
         continue
-      report = row_report(test, predict_rows(test, fit.factors, inputs=inputs),
-                          bound_rows(test, inputs=inputs), [True] * len(test))
+      report = row_report(test, row_fit.predict_rows(test, fit.factors, inputs=inputs),
+                          row_fit.bound_rows(test, inputs=inputs), [True] * len(test))
       for r in report:
         r.update(accelerator=slug, fit_model=fit_model)
       all_rows += report
       pairs.append({
           "accelerator": slug, "fit_model": fit_model, "target": target,
-          "relation": _relation(fit_model, target), "fit_rows": len(train), "free": list(fit.free),
+          "relation": _relation(fit_model,
+                                target), "row_fit.fit_rows": len(train), "free": list(fit.free),
           "factors": fit.factors, "calibrated": error_summary_of(report, "calibrated_rel_error"),
           "bound": error_summary_of(report, "bound_rel_error")
       })
@@ -827,7 +493,7 @@ def carry_over(measurements: um.Measurements, *, inputs: InputsFn = ideal_split_
       "by_phase": by_phase,
       "pairs": pairs,
       "rows": all_rows,
-      "bound": BOUND_NOTE,
+      "bound": row_fit.BOUND_NOTE,
       "assumptions": [
           um.TP_ASSUMPTION, "bf16 to fp8: no same-device pair in the data "
           "(TensorRT-LLM publishes H100/H200 in fp8 and A100 in fp16 only)"

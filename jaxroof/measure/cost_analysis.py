@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxroof.measure import op_sweeps
+from jaxroof.measure import step_sweeps
 
 
 def _as_dict(analysis: Any) -> Mapping[str, Any]:
@@ -114,7 +115,7 @@ def attention_cost(batch: int, context: int, heads: int, kv_heads: int, head_dim
                  "K/V read once, queries read, outputs written")
 
 
-def decode_step_cost(bench: op_sweeps.DecodeStepBench, batch: int, context: int) -> CostRow:
+def decode_step_cost(bench: step_sweeps.DecodeStepBench, batch: int, context: int) -> CostRow:
   """The toy decode step as timed (donated cache), compiled by XLA.
 
   XLA's cost analysis counts the body of a while loop once. When the step

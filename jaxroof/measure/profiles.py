@@ -1,8 +1,9 @@
 """`Profile`: what one device achieves, as fitted factors; predictions from it.
 
 A profile holds a device's measured ceilings, the calibrated model's fitted
-efficiency factors and fixed costs (`jaxroof.symbolic.calibrated`), the fit's error
-on held-out points, and how all of it was measured. It is JSON, written
+efficiency factors and fixed costs (`jaxroof.symbolic.calibrated`), any other
+cost term fitted with them by its registry name (`terms`, e.g. XLA:CPU's
+`r_pack`), the fit's error on held-out points, and how all of it was measured. It is JSON, written
 atomically, so profiles of several machines can sit side by side.
 
 `step_model(profile)` is how the experiments use a profile file: the
@@ -17,17 +18,22 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jaxroof.symbolic import calibrated as calibration
+from jaxroof import engines  # noqa: F401  (registers the engines' terms a profile may hold)
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import measurement
 from jaxroof.specs import accelerators
 from jaxroof.specs import parameters
+from jaxroof.symbolic import calibrated as calibration
+from jaxroof.symbolic import terms as terms_lib
 from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy.config import ToyConfig
 
 KIND = "profile"
-VERSION = 2  # 2 adds accelerator, source, prefill_factors, regime_factors (all optional).
+# 2 adds accelerator, source, prefill_factors, regime_factors (all optional); 3 names
+# every term beyond the six factors by its registry name under `terms` (2's
+# regime_factors are read into it).
+VERSION = 3
 REQUIRED = ("device_kind", "factors", "ceilings", "fit", "dtype", "backend", "jax_version",
             "created")
 
@@ -53,9 +59,9 @@ class Profile:
       users' measurements), or None (toy profiles: see `device_kind`).
     source: where users' measurements came from: file, engine, date, rows.
     prefill_factors: factors of the calibrated prefill, where fitted.
-    regime_factors: `calibration.REGIME_FACTOR_NAMES` -> value where fitted
-      (XLA:CPU's weight re-pack from B = 2, `calibration.repack_time`); empty
-      (older profiles, accelerators): no such term.
+    terms: every cost term beyond the six factors that the fit gave, by its
+      registry name (`jaxroof.symbolic.terms`), e.g. XLA:CPU's weight re-pack
+      from B = 2 (`r_pack`, `jaxroof.engines.xla_cpu`); empty: none.
     path: the file it was loaded from (not stored).
   """
 
@@ -73,8 +79,13 @@ class Profile:
   accelerator: str | None = None
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   prefill_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  regime_factors: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   path: str | None = None
+
+  @property
+  def regime_factors(self) -> dict[str, float]:
+    """The terms beyond the six factors (the calibrate JSON's `regime_factors`)."""
+    return dict(self.terms)
 
   @property
   def heldout_median_rel_error(self) -> float | None:
@@ -142,17 +153,18 @@ class Profile:
                               f"{', '.join(calibration.FACTOR_NAMES)}.")
     for name, value in factors.items():
       errors.require_positive(f"{where} factors.{name}", value)
-    regime = data.get("regime_factors", {})
-    if not isinstance(regime, Mapping) or not set(regime) <= set(calibration.REGIME_FACTOR_NAMES):
-      raise errors.InputError(f"{where} regime_factors must be an object of "
-                              f"{', '.join(calibration.REGIME_FACTOR_NAMES)}.")
-    for name, value in regime.items():
-      errors.require_non_negative(f"{where} regime_factors.{name}", value)
+    held = {}
+    for key in ("regime_factors", "terms"):  # regime_factors: version 2's name.
+      block = data.get(key, {})
+      if not isinstance(block, Mapping):
+        raise errors.InputError(f"{where} {key} must be an object of cost terms by name.")
+      held.update(block)
+    held = terms_lib.checked(held, "profile", f"{where} terms: ")
     _check_schema(data, where)
-    fields = {f.name for f in dataclasses.fields(cls)} - {"path"}
+    fields = {f.name for f in dataclasses.fields(cls)} - {"path", "terms"}
     kwargs = {name: data[name] for name in fields if name in data}
     kwargs["factors"] = {n: float(v) for n, v in factors.items()}
-    kwargs["regime_factors"] = {n: float(v) for n, v in regime.items()}
+    kwargs["terms"] = held
     kwargs.setdefault("platform", "")
     return cls(**kwargs, path=path)
 
@@ -329,7 +341,7 @@ def step_model(profile: Profile, *, use_profile_ceilings: bool = True,
     provenance["accelerator"] = profile.accelerator
   if profile.source:
     provenance["source"] = dict(profile.source)
-  if profile.regime_factors:
-    provenance["regime_factors"] = dict(profile.regime_factors)
+  if profile.terms:
+    provenance["terms"] = dict(profile.terms)
   return StepModel.calibrated(profile.factors, ceilings=ceilings, provenance=provenance,
-                              notes=tuple(notes), regime=profile.regime_factors)
+                              notes=tuple(notes), terms=profile.terms)

@@ -1,10 +1,10 @@
 """How close the toy decode step comes to this device's memory bandwidth.
 
-Three checks of `op_sweeps.DecodeStepBench` measurements against the read
+Three checks of `step_sweeps.DecodeStepBench` measurements against the read
 bandwidth `ceilings` measures (a sum over arrays far beyond the caches):
 
 * weight streaming: at batch 1 and the shortest context, the weights the step
-  model says a step reads (`formulas.weight_traffic` of `op_sweeps.step_inputs`)
+  model says a step reads (`formulas.weight_traffic` of `calibration_models.step_inputs`)
   per median step time;
 * K/V reading: at the largest batch, the extra K/V bytes of the longest
   context over the shortest (`formulas.retained_kv_bytes`) per extra second,
@@ -56,7 +56,7 @@ class StreamFigure:
 
 
 def weight_bytes(inputs: Any) -> float:
-  """Weights read per step (`op_sweeps.StepInputs`): N * q."""
+  """Weights read per step (`calibration_models.StepInputs`): N * q."""
   return float(formulas.weight_traffic(inputs.N, inputs.q))
 
 

@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from jaxroof.measure import calibration_models
 from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
-from jaxroof.measure.op_sweeps import StepPoint
+from jaxroof.measure import step_sweeps
+from jaxroof.measure.step_sweeps import StepPoint
 from jaxroof.symbolic import formulas
 from jaxroof.toy.config import ToyConfig
 
@@ -63,8 +65,8 @@ HELDOUT_GRID_SHORT = ((1, 128), (4, 1024), (16, 2048), (64, 512), (256, 128))
 
 def fits_memory(config: ToyConfig, dtype: Any, batch: int, context: int) -> bool:
   """Whether a point's cache is within `MAX_KV_BYTES` and the token cap."""
-  return (op_sweeps.kv_bytes(config, dtype, batch, context) <= MAX_KV_BYTES and
-          batch * context <= op_sweeps.MAX_RETAINED_TOKENS)
+  return (step_sweeps.kv_bytes(config, dtype, batch, context) <= MAX_KV_BYTES and
+          batch * context <= calibration_models.MAX_RETAINED_TOKENS)
 
 
 def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = None,
@@ -72,12 +74,12 @@ def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = Non
   """The end-to-end fit's grid (`fit="steps"`): batch 1-256 x context 128-4096.
 
   The main model over the whole grid (and three points near the 250k-token
-  cap); its variants (`op_sweeps.MODELS`) at short contexts, where their
+  cap); its variants (`calibration_models.MODELS`) at short contexts, where their
   weights and layers rather than their K/V set the step time; with a budget
   under `QUICK_BUDGET_S`, sparser grids still. Points whose cache would pass
   `MAX_KV_BYTES` are left out.
   """
-  configs = op_sweeps.MODELS if models is None else models
+  configs = calibration_models.MODELS if models is None else models
   quick = budget_s < QUICK_BUDGET_S
   grids = {
       "calibration": (BATCHES[::2], CONTEXTS[::2]) if quick else (BATCHES, CONTEXTS),
@@ -86,7 +88,7 @@ def default_points(budget_s: float, models: Mapping[str, ToyConfig] | None = Non
   }
   points = [
       StepPoint(model, b, c) for model, (batches, contexts) in grids.items() if model in configs
-      for b, c in op_sweeps.decode_grid(batches, contexts)
+      for b, c in calibration_models.decode_grid(batches, contexts)
   ]
   if not quick:
     points += [StepPoint("calibration", b, c) for b, c in EDGE_POINTS]
@@ -112,20 +114,20 @@ def sweep_models(configs: Mapping[str, ToyConfig], points: Sequence[StepPoint], 
                  deadline: float, rounds: int, warmup: int, repeats: int, seed: int, say: Progress,
                  after_round: Callable[[], None] | None = None) -> list[measurement.Measurement]:
   """Times each model's points with one bench alive at a time (memory);
-  `after_round` as `op_sweeps.decode_step_sweep` takes it."""
+  `after_round` as `step_sweeps.decode_step_sweep` takes it."""
   records = []
   names = [n for n in configs if any(p.model == n for p in points)]
   for index, name in enumerate(names):
     mine = [p for p in points if p.model == name]
     # Each model gets its share of the time left, so the last is not starved.
     share = (deadline - time.monotonic()) / (len(names) - index)
-    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
-    bench = op_sweeps.DecodeStepBench(configs[name], dtype, name=name, seed=seed,
-                                      param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
-    records += op_sweeps.decode_step_sweep({name: bench}, mine, rounds=rounds, warmup=warmup,
-                                           repeats=repeats, deadline=time.monotonic() + share,
-                                           seed=seed, always=mine[:1], progress=say,
-                                           after_round=after_round)
+    weight_bytes = calibration_models.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
+    bench = step_sweeps.DecodeStepBench(configs[name], dtype, name=name, seed=seed,
+                                        param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
+    records += step_sweeps.decode_step_sweep({name: bench}, mine, rounds=rounds, warmup=warmup,
+                                             repeats=repeats, deadline=time.monotonic() + share,
+                                             seed=seed, always=mine[:1], progress=say,
+                                             after_round=after_round)
     del bench
     measurement.release_memory()
   return records
@@ -140,19 +142,19 @@ def sweep_interleaved(
   Each round visits all points in a fresh random order, so load from other
   processes hits the fit's steps and the held-out steps alike; the benches are
   alive together (one weight copy each above `ROTATE_WEIGHTS_BELOW`).
-  `after_round` as `op_sweeps.decode_step_sweep` takes it.
+  `after_round` as `step_sweeps.decode_step_sweep` takes it.
   """
   names = [n for n in configs if any(p.model == n for p in points)]
   benches = {}
   for name in names:
-    weight_bytes = op_sweeps.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
-    benches[name] = op_sweeps.DecodeStepBench(
+    weight_bytes = calibration_models.step_inputs(configs[name], dtype).N * np.dtype(dtype).itemsize
+    benches[name] = step_sweeps.DecodeStepBench(
         configs[name], dtype, name=name, seed=seed,
         param_sets=2 if weight_bytes < ROTATE_WEIGHTS_BELOW else 1)
   always = [next(p for p in points if p.model == n) for n in names]
-  records = op_sweeps.decode_step_sweep(benches, list(points), rounds=rounds, warmup=warmup,
-                                        repeats=repeats, deadline=deadline, seed=seed,
-                                        always=always, progress=say, after_round=after_round)
+  records = step_sweeps.decode_step_sweep(benches, list(points), rounds=rounds, warmup=warmup,
+                                          repeats=repeats, deadline=deadline, seed=seed,
+                                          always=always, progress=say, after_round=after_round)
   del benches
   measurement.release_memory()
   return records

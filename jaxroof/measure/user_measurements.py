@@ -250,7 +250,7 @@ def decode_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
 
 
 def prefill_inputs(rows: Sequence[Row]) -> dict[str, np.ndarray]:
-  """`jaxroof.symbolic.prefill_calibrated.INPUT_NAMES` -> one value per prefill row.
+  """`jaxroof.symbolic.calibrated.PREFILL_INPUT_NAMES` -> one value per prefill row.
 
   The weights read are those a batch of B*P tokens touches (MoE: nearly every
   expert); attention runs over the blocks with full or sliding attention

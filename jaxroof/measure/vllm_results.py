@@ -42,7 +42,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import user_measurements as um
-from jaxroof.measure import vllm_engine
+from jaxroof.engines import vllm_engine
 from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic.lambdify import formula_function
 

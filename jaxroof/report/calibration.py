@@ -16,7 +16,8 @@ from jaxroof.measure import profiles
 from jaxroof.report import plots
 from jaxroof.report import table
 from jaxroof.symbolic import calibrated
-from jaxroof.symbolic.symbols import FACTOR_QUANTITIES, REGIME_FACTOR_QUANTITIES
+from jaxroof.symbolic import terms
+from jaxroof.symbolic.symbols import FACTOR_QUANTITIES
 
 
 def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str) -> None:
@@ -62,8 +63,7 @@ def factor_rows(factors: Mapping[str, float],
   is flagged in place of its meaning: it is no achieved fraction."""
   out = []
   regime = regime or {}
-  for quantity in FACTOR_QUANTITIES + tuple(
-      q for q in REGIME_FACTOR_QUANTITIES if str(q.symbol) in regime):
+  for quantity in FACTOR_QUANTITIES + tuple(terms.get(n) for n in regime):
     name = str(quantity.symbol)
     value = factors[name] if name in factors else regime[name]
     if quantity.unit == "s":
@@ -164,7 +164,7 @@ def section_markdown(job: toy_fit.CalibrationRun, longer_command: str | None = N
       "",
       "Fitted factors of the *calibrated* model "
       f"`step = {calibrated.readable_step()}`" +
-      (f" plus the re-pack from B = 2, `{calibrated.repack_time()}`" if prof.regime_factors else "")
+      (f" plus `{calibrated.readable_extras(prof.regime_factors)}`" if prof.regime_factors else "")
       + ":",
       "",
       table.markdown_table(("factor", "value", "meaning"),

@@ -51,7 +51,7 @@ def toy_text(job: toy_fit.CalibrationRun) -> str:
       f"Calibrated model: step = {calibrated.readable_step()}"
   ]
   if prof.regime_factors:
-    lines.append(f"  plus the weight re-pack from B = 2: {calibrated.repack_time()}")
+    lines.append(f"  plus {calibrated.readable_extras(prof.regime_factors)}")
   lines += [
       table.format_table(("factor", "value", "meaning"),
                          calibration_report.factor_rows(prof.factors, prof.regime_factors)),

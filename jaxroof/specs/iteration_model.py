@@ -27,7 +27,6 @@ from jaxroof import errors
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters as params
 from jaxroof.specs.model_spec import (CHUNKED, FULL, MLA, SLIDING, STATE_KINDS, ModelSpec)
-from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import cost_model
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
@@ -140,7 +139,7 @@ class IterationModel:
                    pair_flops: float = 0.0) -> IterationModel:
     """Raw numbers: N weights of q bytes, k K/V bytes per token in one full group,
     `pair_flops` attention FLOPs per (query, key) pair over all blocks. No widths: A_w = 0,
-    so an engine's elementwise term (t_act) is left out."""
+    so an engine's term per activation element is left out."""
     c = {name: 0.0 for name in cost_model.MODEL_NAMES}
     c.update(W_b=float(N) * float(q), E=1.0, K=1.0, N_b=float(N if N_act is None else N_act),
              k_full=float(k), a_full=float(pair_flops), L=float(L), BW=float(BW),
@@ -151,7 +150,8 @@ class IterationModel:
                 comm: CommFn | None, comm_overlap: float = 0.0) -> IterationModel:
     """One chip's share: bytes and FLOPs scaled, the pass's communication added."""
     # A_w scales as FLOPs, though only its MLP part splits over tensor-parallel chips (its
-    # hidden part, norms and residual adds, runs whole on each): t_act is undercharged at tp > 1.
+    # hidden part, norms and residual adds, runs whole on each): a cost per activation
+    # element is undercharged at tp > 1.
     scale = {
         "W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts, "k_full": kv, "k_win": kv,
         "k_mla": kv, "s_st": kv, "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops,
@@ -238,11 +238,8 @@ class IterationModel:
     values["o_ovl"] = self.comm_overlap
     if model.kind == "bound":
       return cost_model.evaluator("bound", model.form, "numpy", step_only)(**values)
-    regime = {"r_pack": 0.0, **(getattr(model, "regime", None) or {})}
-    engine = {n: 0.0 for n in calibrated.ENGINE_FACTOR_NAMES} | dict(
-        getattr(model, "engine", None) or {})
-    return cost_model.evaluator("calibrated", "per_op", "numpy",
-                                step_only)(**values, **model.factors, **regime, **engine)
+    return cost_model.evaluator("calibrated", "per_op", "numpy", step_only,
+                                model.extensions)(**values, **model.factors, **model.term_values())
 
   def decode(self, batch: Any, context: Any, model: StepModel | None = None) -> dict[str, Any]:
     """A decode step of `batch` rows each attending to `context` positions."""

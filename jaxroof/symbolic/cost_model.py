@@ -41,22 +41,18 @@ Bounds:
 Communication is serial at `o_ovl = 0` and hides under the rest up to the
 larger at `o_ovl = 1` (`parallel.with_overlap`); nothing else overlaps.
 
-Calibrated: the calibrated step's form (`calibrated`), per-operation
-efficiencies: weights (linear and head) at eta_w*BW, attention bytes at
-eta_kv*BW, all FLOPs at eta_f*F, weights and FLOPs combined by the fitted
-p-norm, attention bytes on top, plus the fixed costs per iteration, per
-layer and (an engine's, t0_seq, 0 unless fitted) per sequence, a CPU's re-pack of the
-linear weights from two rows (r_pack, 0 unless a profile fitted it), and an engine's GEMM
-reading them again per m_pass rows past the first (0: no limit; vLLM CPU's oneDNN: 256 or
-320), and an
-engine's attention kernel timing its FLOPs at its own eta_attn*F, on top (0: with the
-linear layers' at eta_f; vLLM CPU's: about 0.27), and the first c_llc bytes of the weights
-read from an engine's CPU cache at bw_llc (0: none; the AMX Xeon's: 50-110 MB at 22 GB/s;
-s_lru of them lost per byte the weights exceed c_llc: 1 an LRU under the steps' cyclic scan),
-and an engine's elementwise kernels at t_act per row and activation element (A_w per token;
-0: none; vLLM CPU's on the AMX Xeon: about 1.5 ns). Beside the step, `cold_cache_s`: what
-the same step pays more when its cache went cold (an engine after an idle gap), its cached
-bytes read from memory; the simulator charges it as part of an idle engine's wake.
+Calibrated (`calibrated_terms`): per-operation efficiencies. Weights (linear
+and head) at eta_w*BW, attention bytes at eta_kv*BW, all FLOPs at eta_f*F,
+weights and FLOPs combined by the fitted p-norm (p = 1 + r_ovl), attention
+bytes on top, plus the fixed costs per iteration, per layer and per sequence
+(t0_seq, 0 unless fitted), and attention FLOPs at their own eta_attn*F on top
+where an engine's attention kernel was measured (0: with the linear layers' at
+eta_f). Each cost term is registered once (`terms.py`). An engine's own terms
+reach this model through its `terms.Extension`: named seconds on top, a
+replacement of how the weights are read, named expressions beside the step
+(`calibrated_terms(extensions)`). The calibrated decode step and the calibrated
+prefill of users' rows are this iteration specialised by substitution
+(`calibrated_decode_outputs`, `calibrated_prefill_outputs`).
 """
 
 from __future__ import annotations
@@ -68,15 +64,17 @@ import numpy as np
 import sympy as sp
 
 from jaxroof.symbolic import architecture
-from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import formulas
 from jaxroof.symbolic import prefill
+from jaxroof.symbolic import terms as terms_lib
 from jaxroof.symbolic.lambdify import Backend, Evaluator, lambdified
-from jaxroof.symbolic.symbols import (A_w, BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T,
-                                      V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
-                                      a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
-                                      k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_act, t_comm,
-                                      u_mla)
+from jaxroof.symbolic.symbols import (A_t, A_w, B, BW, E, F, H, K, L, L_attn, N, N_act, N_b, N_h,
+                                      O_up, P, S_full, S_mla, S_win, T, V_full, V_mla, V_win, W,
+                                      W_b, W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win,
+                                      ap_mla, c_chunk, d, eta_attn, eta_f, eta_f_prefill, eta_kv,
+                                      eta_w, k, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq,
+                                      o_chunk, o_ovl, q, r_e, r_ovl, s_st, t0_layer, t0_seq,
+                                      t0_step, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -160,52 +158,100 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   return out
 
 
-def calibrated_terms() -> dict[str, sp.Expr]:
-  """Named expressions of a calibrated iteration (`calibrated`'s form, per operation)."""
+# The calibrated iteration's own cost terms (the core's; an extension adds its engine's).
+CALIBRATED_TERMS: tuple[sp.Symbol,
+                        ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl, t0_seq, eta_attn)
+Extensions = tuple[str, ...]
+
+
+def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
+  """The p-norm of two times, p = 1 + r_ovl, written so that no power underflows: a
+  kernel overlapping them perfectly takes the larger (r_ovl -> oo), one that does not
+  takes the sum (r_ovl -> 0)."""
+  larger = sp.Max(a, b)
+  p = 1 + r_ovl
+  return larger * ((a / larger)**p + (b / larger)**p)**(1 / p)
+
+
+def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:
+  """Attention FLOPs as (the share left with the linear layers, their own time in seconds).
+
+  An engine whose attention kernel runs at eta_attn*F takes `flops / (eta_attn*F)` on
+  top of the linear layers; eta_attn = 0 keeps them with the linear layers' FLOPs at
+  eta_f*F (the switch ceiling(min(1, eta_attn)) is 1 for any eta_attn in (0, 1], 0 at 0).
+  """
+  on = sp.ceiling(sp.Min(1, eta_attn))
+  return (1 - on) * flops, on * flops / (sp.Max(eta_attn, 1e-30) * F)
+
+
+def _plain_read(nbytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
+  return nbytes / rate
+
+
+def _weight_read(extensions: Extensions):
+  readers = [(n, e.weight_read) for n in extensions
+             if (e := terms_lib.extension(n)).weight_read is not None]
+  if len(readers) > 1:
+    raise ValueError(f"extensions {[n for n, _ in readers]} each replace the weights' read")
+  return readers[0][1] if readers else _plain_read
+
+
+def calibrated_terms(extensions: Extensions = ()) -> dict[str, sp.Expr]:
+  """Named expressions of a calibrated iteration, with the named engines' extensions.
+
+  `weight_s`, `kv_s`, `attention_s`, `compute_s`, `fixed_s`, `linear_s`, each
+  extension's named seconds, `floor_s` (their sum), its named expressions beside the
+  step, `comm_s` and `step_s`.
+  """
+  return dict(_calibrated_terms(tuple(extensions)))
+
+
+@functools.cache
+def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
   ops = operations()
-  # An engine's cached bytes (c_llc, less s_lru per byte past it) at bw_llc, the rest at eta_w*BW.
-  weight_s = calibrated.weight_read_time(ops["linear"][0] + ops["head"][0], eta_w * BW)
+  read = _weight_read(extensions)
+  weight_bytes = ops["linear"][0] + ops["head"][0]
+  weight_s = read(weight_bytes, eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
-  # An engine's attention kernel at its own FLOP efficiency (eta_attn; 0: with the linear
-  # layers' FLOPs at eta_f).
-  shared_attention_flops, attention_s = calibrated.attention_split(ops["attention"][1])
+  shared_attention_flops, attention_s = attention_split(ops["attention"][1])
   compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops) / (eta_f * F)
-  # An engine's per-sequence work each iteration (t0_seq: 0 unless fitted to a real engine).
   fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
-  # An engine's elementwise kernels, per row and activation element (t_act: 0 unless measured).
-  elementwise_s = t_act * tokens() * A_w
-  linear_s = calibrated.overlap(weight_s, compute_s)
-  # XLA:CPU's re-pack of the linear layers' weights for two or more rows (r_pack = 0 on
-  # devices whose kernels stream them as stored).
-  repack_s = calibrated.repack_time(tokens(), ops["linear"][0])
-  # An engine's GEMM reading the linear weights again per m_pass rows (0: off).
-  passes_s = calibrated.weight_passes(tokens(), ops["linear"][0])
-  floor_s = fixed_s + linear_s + kv_s + attention_s + repack_s + passes_s + elementwise_s
-  # Not in the step: what the same step pays more after the engine idled and its cache went
-  # cold (the simulator's wake adds it; 0 where c_llc = 0).
-  cold_cache_s = calibrated.cold_cache_time(ops["linear"][0] + ops["head"][0], eta_w * BW)
+  linear_s = overlap(weight_s, compute_s)
+  parts = terms_lib.IterationParts(tokens=tokens(), linear_bytes=ops["linear"][0],
+                                   weight_bytes=weight_bytes, weight_rate=eta_w * BW, read=read,
+                                   A_w=A_w)
+  extra: dict[str, sp.Expr] = {}
+  beside: dict[str, sp.Expr] = {}
+  for name in extensions:
+    extension = terms_lib.extension(name)
+    extra.update(extension.seconds(parts))
+    beside.update(extension.beside(parts))
+  floor_s = fixed_s + linear_s + kv_s + attention_s + sum(extra.values())
   return {
       "weight_s": weight_s, "kv_s": kv_s, "attention_s": attention_s, "compute_s": compute_s,
-      "fixed_s": fixed_s, "linear_s": linear_s, "repack_s": repack_s, "weight_passes_s": passes_s,
-      "elementwise_s": elementwise_s, "floor_s": floor_s, "cold_cache_s": cold_cache_s,
+      "fixed_s": fixed_s, "linear_s": linear_s, **extra, "floor_s": floor_s, **beside,
       "comm_s": t_comm, "step_s": with_overlap(floor_s, t_comm, o_ovl)
   }
 
 
-def terms(kind: str, bound: Bound = "per_op") -> dict[str, sp.Expr]:
-  """`bound_terms(bound)` for kind "bound", else `calibrated_terms()`."""
-  return bound_terms(bound) if kind == "bound" else calibrated_terms()
+def extension_terms(extensions: Extensions) -> tuple[sp.Symbol, ...]:
+  """The named extensions' term symbols, in order."""
+  return tuple(t.symbol for n in extensions for t in terms_lib.extension(n).terms)
+
+
+def terms(kind: str, bound: Bound = "per_op", extensions: Extensions = ()) -> dict[str, sp.Expr]:
+  """`bound_terms(bound)` for kind "bound", else `calibrated_terms(extensions)`."""
+  return bound_terms(bound) if kind == "bound" else calibrated_terms(extensions)
 
 
 @functools.cache
 def evaluator(kind: str, bound: Bound = "per_op", backend: Backend = "numpy",
-              step_only: bool = False) -> Evaluator:
-  """`f(**INPUTS[, factors]) -> {name: value}`, lambdified once per (kind, bound)."""
-  exprs = terms(kind, bound)
+              step_only: bool = False, extensions: Extensions = ()) -> Evaluator:
+  """`f(**INPUTS[, terms]) -> {name: value}`, lambdified once per (kind, bound, extensions)."""
+  exprs = terms(kind, bound, extensions)
   if step_only:
     exprs = {"step_s": exprs["step_s"]}
-  inputs = (INPUTS if kind == "bound" else INPUTS + calibrated.FACTORS + calibrated.REGIME_FACTORS +
-            calibrated.ENGINE_FACTORS)
+  inputs = (INPUTS if kind == "bound" else INPUTS + CALIBRATED_TERMS + extension_terms(extensions))
   return lambdified(exprs, inputs, backend)
 
 
@@ -363,3 +409,77 @@ def max_batch_for_token_gap(bound: Bound = "per_op", **values: float) -> float:
   evaluate, names = _max_batch_evaluator(bound)
   with np.errstate(divide="ignore", invalid="ignore"):  # F = inf: memory only.
     return float(evaluate(**{name: values[name] for name in names})["batch"])
+
+
+# The calibrated step's specialisations: a decode step, a users' prefill row.
+DECODE_INPUTS: tuple[sp.Symbol, ...] = (B, T, N, q, k, BW, F, N_act, L, A_t)
+PREFILL_INPUTS: tuple[sp.Symbol, ...] = (B, P, N, q, BW, F, N_act, L, L_attn, H, d)
+PREFILL_TERMS: tuple[sp.Symbol, ...] = (eta_w, eta_f_prefill, t0_step, t0_layer, r_ovl)
+
+
+@functools.cache
+def calibrated_decode_outputs(extensions: Extensions = ()) -> dict[str, sp.Expr]:
+  """The calibrated decode step of B rows at context T: `calibrated_terms(extensions)`
+  at `decode_specialisation`, as `decode_outputs` specialises the bound.
+
+  Inputs `DECODE_INPUTS` (A_t: attention FLOPs per retained token and row, at eta_f
+  with the linear layers' unless eta_attn is given), the core's `CALIBRATED_TERMS`,
+  the extensions' terms (and A_w where one uses it). `memory_s` is the weights' and
+  K/V's time plus the extensions' memory terms.
+  """
+  subs = {
+      **decode_specialisation(B, T, formulas.weight_traffic(N, q), N_act, k, A_t), t_comm: 0,
+      o_ovl: 0
+  }
+  t = {name: sp.sympify(e).xreplace(subs) for name, e in calibrated_terms(extensions).items()}
+  memory = [t[m] for n in extensions for m in terms_lib.extension(n).memory]
+  base = ("weight_s", "kv_s", "attention_s", "compute_s", "fixed_s", "linear_s", "floor_s",
+          "comm_s", "step_s")
+  step_s = t["floor_s"]
+  return {
+      "weight_bytes": formulas.weight_traffic(N,
+                                              q), "kv_bytes": formulas.retained_kv_bytes(B, T, k),
+      "traffic_bytes": formulas.step_traffic(B, N, q, T,
+                                             k), "weight_s": t["weight_s"], "kv_s": t["kv_s"],
+      "fixed_s": t["fixed_s"], "memory_s": t["weight_s"] + t["kv_s"] + sum(memory),
+      "compute_s": t["compute_s"], "attention_s": t["attention_s"], "linear_s": t["linear_s"],
+      "step_s": step_s, "aggregate_tokens_per_s": formulas.aggregate_rate(B, step_s),
+      "per_sequence_tokens_per_s": formulas.per_sequence_rate(step_s),
+      **{name: e for name, e in t.items() if name not in base}
+  }
+
+
+def prefill_specialisation(B: sp.Expr, P: sp.Expr, weight_bytes: sp.Expr, N_act: sp.Expr,
+                           pair_flops: sp.Expr) -> dict[sp.Symbol, sp.Expr]:
+  """Substitutions that make an iteration the prefill of B prompts of P tokens in one
+  pass, as users' measured prefill rows are described: the weights read once, `N_act`
+  weights multiplied per prompt token, `pair_flops` per causal (query, key) pair in one
+  full group; no decode rows, no LM head of its own, no K/V bytes (their writes are
+  absorbed by the factors, as the rows give no K/V size)."""
+  zero = {
+      s: 0 for s in (n_dec, S_full, S_win, S_mla, X_win, X_mla, V_full, V_win, V_mla, O_up, W_x,
+                     N_h, W_h, r_e, k_full, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st)
+  }
+  return {
+      **zero, n_pre: B * P, n_samp: B, n_seq: B, X_full: B * prefill.attended_pairs(P),
+      a_full: pair_flops, W_b: weight_bytes, E: 1, K: 1, N_b: N_act
+  }
+
+
+@functools.cache
+def calibrated_prefill_outputs() -> dict[str, sp.Expr]:
+  """A users' prefill row (`prefill_specialisation`) under the calibrated iteration, in
+  `PREFILL_INPUTS` and `PREFILL_TERMS`: the prefill's FLOPs at their own efficiency
+  (eta_f and eta_attn both eta_f_prefill: the linear layers' with the weight reads by the
+  p-norm, causal attention's on top); the fixed costs per pass and per layer and the
+  overlap are the decode step's; no per-sequence cost."""
+  pair_flops = L_attn * prefill.full_attention_pair_flops(H, d)
+  subs = {
+      **prefill_specialisation(B, P, formulas.weight_traffic(N, q), N_act, pair_flops), t_comm: 0,
+      o_ovl: 0, eta_f: eta_f_prefill, eta_attn: eta_f_prefill, t0_seq: 0
+  }
+  t = {name: sp.sympify(e).xreplace(subs) for name, e in calibrated_terms().items()}
+  return {
+      "weight_s": t["weight_s"], "compute_s": t["compute_s"], "attention_s": t["attention_s"],
+      "fixed_s": t["fixed_s"], "linear_s": t["linear_s"], "step_s": t["floor_s"]
+  }

@@ -9,10 +9,13 @@ accelerator comparison and the serving layer never ask which one they hold:
     rooflines (linear layers, then attention with its K/V), or `form="fused"`
     for one roofline over the step (`Max(memory, compute)`, the lesson's);
     labelled "bound";
-  * `StepModel.calibrated(factors, ...)`: the calibrated expression of
-    `jaxroof.symbolic.calibrated` with fitted efficiency factors and fixed
-    costs, labelled "calibrated". A profile (`jaxroof.measure.profiles`) makes
-    one, with the ceilings its factors were fitted against and its provenance.
+  * `StepModel.calibrated(factors, ...)`: the cost model's calibrated
+    iteration specialised to the decode step (`jaxroof.symbolic.calibrated`)
+    with fitted efficiency factors and fixed costs, and any other cost terms
+    held or fitted, by their registry names (`terms`: an engine's terms bring
+    its extension), labelled "calibrated". A profile
+    (`jaxroof.measure.profiles`) makes one, with the ceilings its factors were
+    fitted against and its provenance.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 
 from jaxroof.symbolic import calibrated as calibrated_lib
 from jaxroof.symbolic import evaluate
+from jaxroof.symbolic import terms as terms_lib
 from jaxroof.symbolic.symbols import with_dense_default
 
 Kind = Literal["bound", "calibrated"]
@@ -87,10 +91,10 @@ class StepModel:
       carried into the sweep's JSON as "profile".
     notes: what a reader of its results must know (e.g. datasheet ceilings
       scaled by factors fitted elsewhere).
-    regime: `calibrated.REGIME_FACTOR_NAMES` -> value where a profile fitted
-      them (XLA:CPU's weight re-pack from B = 2); empty: no such term.
-    engine: `calibrated.ENGINE_FACTOR_NAMES` -> value where a real engine's runs
-      fitted them (t0_seq: a cost per sequence per step); empty: none.
+    terms: every other cost term by its registry name -> value (SI), where a
+      fit or a measurement gave it (t0_seq, eta_attn, an engine's own terms such
+      as XLA:CPU's weight re-pack); absent ones take their defaults. An engine's term
+      brings its extension into the model (`extensions`).
   """
 
   kind: Kind = "bound"
@@ -99,8 +103,7 @@ class StepModel:
   ceilings: tuple[float, float | None] | None = None
   provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   notes: tuple[str, ...] = ()
-  regime: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  engine: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  terms: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def bound(cls, form: str = "per_op") -> StepModel:
@@ -112,21 +115,26 @@ class StepModel:
   def calibrated(cls, factors: Mapping[str, float], *,
                  ceilings: tuple[float, float | None] | None = None,
                  provenance: Mapping[str, Any] | None = None, notes: tuple[str, ...] = (),
-                 regime: Mapping[str, float] | None = None,
-                 engine: Mapping[str, float] | None = None) -> StepModel:
+                 terms: Mapping[str, float] | None = None) -> StepModel:
     missing = set(calibrated_lib.FACTOR_NAMES) - set(factors)
     if missing:
       raise ValueError(f"factors lack {sorted(missing)}")
-    regime = {n: float(v) for n, v in (regime or {}).items()}
-    unknown = set(regime) - set(calibrated_lib.REGIME_FACTOR_NAMES)
-    if unknown:
-      raise ValueError(f"regime factors {sorted(unknown)} are unknown")
-    engine = {n: float(v) for n, v in (engine or {}).items()}
-    unknown = set(engine) - set(calibrated_lib.ENGINE_FACTOR_NAMES)
-    if unknown:
-      raise ValueError(f"engine factors {sorted(unknown)} are unknown")
+    held = calibrated_lib.held_terms(terms or {})
     return cls("calibrated", "per_op", {n: float(factors[n]) for n in calibrated_lib.FACTOR_NAMES},
-               ceilings, dict(provenance or {}), tuple(notes), regime, engine)
+               ceilings, dict(provenance or {}), tuple(notes), held)
+
+  @property
+  def extensions(self) -> tuple[str, ...]:
+    """The engine extensions its terms bring (sorted names; none for the core's)."""
+    return terms_lib.owners(self.terms)
+
+  def term_values(self) -> dict[str, float]:
+    """The core terms beyond the six factors and the extensions' terms, each held value
+    or its default: what the cost model's calibrated evaluator takes with `factors`."""
+    names = list(calibrated_lib.CORE_TERM_NAMES) + [
+        t.name for n in self.extensions for t in terms_lib.extension(n).terms
+    ]
+    return {n: float(self.terms.get(n, terms_lib.get(n).default)) for n in names}
 
   @property
   def units(self) -> dict[str, str]:
@@ -136,7 +144,8 @@ class StepModel:
   def assumptions(self) -> tuple[str, ...]:
     if self.kind == "bound":
       return BOUND_ASSUMPTIONS + (FORM_ASSUMPTIONS[self.form],)
-    return calibrated_lib.ASSUMPTIONS + (calibrated_lib.REGIME_ASSUMPTIONS if self.regime else ())
+    return calibrated_lib.ASSUMPTIONS + tuple(
+        a for n in self.extensions for a in terms_lib.extension(n).assumptions)
 
   def no_compute_crossover_note(self) -> str:
     return _NO_COMPUTE_CROSSOVER[self.kind]
@@ -152,30 +161,23 @@ class StepModel:
                A_w=None) -> dict[str, Any]:
     """Outputs at the given inputs (arrays broadcast). L (layers) feeds the
     calibrated per-layer fixed cost; None leaves it out. A_w (activation elements per
-    token, `symbols.A_w`) feeds an engine's elementwise cost (t_act); None leaves it
-    out. `comm_s` (several chips: communication on the step's path, s) adds to the step,
-    hidden by `comm_overlap` (0: serial), and is returned as an output; None leaves the
-    outputs as they were. `A_t`: attention FLOPs per retained token and
-    sequence (the bound's attention roofline; None: 0)."""
+    token, `symbols.A_w`) feeds an engine extension that uses it; None: 0. `comm_s`
+    (several chips: communication on the step's path, s) adds to the step, hidden by
+    `comm_overlap` (0: serial), and is returned as an output; None leaves the outputs
+    as they were. `A_t`: attention FLOPs per retained token and sequence (the bound's
+    attention roofline; the calibrated step's attention FLOPs, at eta_f with the linear
+    layers' or at eta_attn on top; None: 0)."""
     if self.kind == "bound":
       out = evaluate.step_model(backend, self.form)(B=B, T=T, N=N, q=q, k=k, BW=BW, F=F,
                                                     N_act=N_act, A_t=A_t)
     else:
       values = with_dense_default({
           "B": B, "T": T, "N": N, "q": q, "k": k, "BW": BW, "F": F, "N_act": N_act,
-          "L": 0.0 if L is None else L
+          "L": 0.0 if L is None else L, "A_t": 0.0 if A_t is None else A_t
       })
-      regime = {n: self.regime.get(n, 0.0) for n in calibrated_lib.REGIME_FACTOR_NAMES}
-      if self.engine:
-        out = calibrated_lib.calibrated_model_with_engine(
-            backend)(**values, **self.factors, **regime,
-                     **{n: self.engine.get(n, 0.0) for n in calibrated_lib.ENGINE_FACTOR_NAMES},
-                     A_w=0.0 if A_w is None else A_w)
-      elif self.regime:
-        out = calibrated_lib.calibrated_model_with_regime(backend)(**values, **self.factors,
-                                                                   **regime)
-      else:
-        out = calibrated_lib.calibrated_model(backend)(**values, **self.factors)
+      values["A_w"] = 0.0 if A_w is None else A_w  # Read by an extension that uses it.
+      out = calibrated_lib.decode_model(backend, self.extensions)(**values, **self.factors,
+                                                                  **self.term_values())
     if comm_s is None:
       return out
     out = dict(out)

@@ -3,9 +3,11 @@
 One symbol per physical quantity, shared by all formulas so that `solve`,
 `limit` and `lambdify` see the same objects. All are `positive=True`, which
 lets `sympy.solve` drop unphysical roots. Symbols come in groups: the decode
-step's core (`QUANTITIES`), architecture terms (`ARCHITECTURE`) and the
-calibrated model's factors (`FACTOR_QUANTITIES`); `BY_NAME` holds them all.
-A new symbol is defined here, once, with `_define`.
+step's core (`QUANTITIES`), architecture terms (`ARCHITECTURE`), the cost
+model's aggregates (`COST`) and more; `BY_NAME` holds them all, the core cost
+terms of `terms.py` included (`FACTOR_QUANTITIES`: the calibrated decode
+step's six fitted factors). A new symbol is defined here, once, with `_define`;
+a new cost term is registered in `terms.py` (or by its engine).
 """
 
 from __future__ import annotations
@@ -13,6 +15,22 @@ from __future__ import annotations
 import dataclasses
 
 import sympy as sp
+
+from jaxroof.symbolic import terms
+# The cost terms (efficiency factors, fixed costs, overlaps) are registered in `terms.py`
+# with their default, bounds and how they are obtained; the core's are re-exported here.
+from jaxroof.symbolic.terms import (
+    eta_attn,
+    eta_comm,
+    eta_f,
+    eta_f_prefill,  # noqa: F401
+    eta_kv,
+    eta_w,
+    r_ovl,
+    t0_layer,
+    t0_request,
+    t0_seq,
+    t0_step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +43,7 @@ class Quantity:
 
 
 _GROUPS: dict[str, list[Quantity]] = {
-    "core": [], "architecture": [], "factors": [], "parallel": [], "iteration": [], "serving": [],
-    "prefill_factors": [], "cost": [], "regime_factors": [], "engine_factors": []
+    "core": [], "architecture": [], "parallel": [], "iteration": [], "serving": [], "cost": []
 }
 
 
@@ -87,7 +104,7 @@ bits = _define("bits", "bit", "bits per stored weight", _A)
 G = _define("G", "weights", "weights sharing one quantization scale", _A)
 s_b = _define("s_b", "B", "bytes per quantization scale", _A)
 
-# Hybrid architectures (issue 16): chunked attention, linear attention, Mamba-2.
+# Hybrid architectures: chunked attention, linear attention, Mamba-2.
 W_chunk = _define("W_chunk", "tokens", "chunked-local-attention chunk (attention_chunk_size)", _A)
 H_lk = _define("H_lk", "heads", "linear-attention key heads (Gated DeltaNet)", _A)
 H_lv = _define("H_lv", "heads", "linear-attention value heads (Gated DeltaNet)", _A)
@@ -100,72 +117,6 @@ b_s = _define("b_s", "B", "bytes per recurrent-state element (state dtype)", _A)
 c_state = _define("c_state", "FLOP/element",
                   "FLOPs per state element per token (update and read-out)", _A)
 
-# Calibrated model: efficiency factors and fixed costs (`calibrated.py`).
-_C = "factors"
-eta_w = _define("eta_w", "1", "achieved fraction of BW streaming weights", _C)
-eta_kv = _define("eta_kv", "1", "achieved fraction of BW per K/V byte retained", _C)
-eta_f = _define("eta_f", "1", "achieved fraction of F in the linear layers", _C)
-t0_step = _define("t0_step", "s", "fixed cost per decode step", _C)
-t0_layer = _define("t0_layer", "s", "fixed cost per layer per decode step", _C)
-r_ovl = _define("r_ovl", "1", "overlap of weight reads and FLOPs (0: they add, "
-                "oo: the larger binds)", _C)
-
-# A regime of one implementation (`calibrated.calibrated_model_with_regime`): XLA:CPU's
-# GEMM re-packs the weights for a matmul of two or more rows.
-r_pack = _define(
-    "r_pack", "1", "weight re-pack of a matmul with two or more rows, in "
-    "weight reads at eta_w*BW (0: none; XLA:CPU about 1.5)", "regime_factors")
-
-# An engine's own cost (`cost_model.calibrated_terms`), fitted from a real engine's runs
-# (`calibrate/engine_fit`), zero elsewhere: per sequence in an iteration, its Python and
-# sampling work (vLLM's CPU path: input preparation, sampler, output processing).
-t0_seq = _define(
-    "t0_seq", "s", "fixed cost per sequence in an iteration (an engine's "
-    "per-request work each step; 0 unless fitted)", "engine_factors")
-# An engine's GEMM that multiplies m_pass rows in one pass over the weights and reads them
-# again per m_pass rows more (`cost_model`): vLLM CPU's oneDNN path, 256 rows on the EPYC,
-# 320 on the AMX Xeon (results/vllm_cpu/README.md, "Mixed steps", "Steps of several
-# prompts"); measured, not fitted.
-m_pass = _define(
-    "m_pass", "tokens", "rows an engine's GEMM multiplies in one pass over the weights (a "
-    "matmul of more rows reads them again per m_pass rows; 0: no such limit)", "engine_factors")
-# An engine's attention kernel running its FLOPs at its own fraction of F, apart from the
-# linear layers' (`cost_model`): vLLM CPU's kernel, about 120 GFLOP/s in a prefill where its
-# GEMMs reach 450 (results/vllm_cpu/engine_attention_rates.json); measured, not fitted.
-eta_attn = _define(
-    "eta_attn", "1", "achieved fraction of F in an engine's attention kernel, its FLOPs "
-    "timed apart from the linear layers' (0: with them, at eta_f)", "engine_factors")
-
-# An engine's weights kept in the CPU's last-level cache between steps (`cost_model`): on the
-# AMX Xeon of issue 25 vLLM's GEMMs read a model's first 50-110 MB at about 22 GB/s and the
-# rest at 10-12 (results/vllm_cpu/passIN/engine_cache.json); measured, not fitted.
-c_llc = _define("c_llc", "B",
-                "weight bytes of a step an engine finds in the last-level cache (0: none)",
-                "engine_factors")
-bw_llc = _define("bw_llc", "B/s", "rate an engine reads its cached weight bytes (c_llc) at",
-                 "engine_factors")
-# How an engine's cache loses its hits as a step's weights outgrow it (`cost_model`): every
-# step reads the weights in one order, and a least-recently-used cache scanned cyclically by
-# more than it holds keeps none of them. s_lru = 1 (LRU): hits max(0, min(W, 2 c_llc - W));
-# 0: c_llc bytes of any larger set (a cache that keeps a part). Held, not fitted: on the EPYC
-# of issue 25, 1 lowered the served fits' loss by 12-34% (results/vllm_cpu/README.md).
-s_lru = _define(
-    "s_lru", "1", "share of its c_llc an engine's cache loses per byte the weights exceed "
-    "it (1: LRU under a cyclic scan, no hits past 2 c_llc; 0: keeps c_llc)", "engine_factors")
-# An engine's elementwise kernels between its GEMMs (norms, rotary, SiLU-and-multiply, residual
-# adds), per token and per element of each block's widths (`cost_model`, A_w): vLLM CPU's
-# inductor code on the AMX Xeon, 1.2-1.9 ns (results/vllm_cpu/engine_forward_ops.json);
-# measured, not fitted.
-# Measured on dense shapes only: for MoE, A_w counts the experts a token takes and the shared
-# ones, and leaves out the router and the weighted sum of the experts' outputs.
-t_act = _define(
-    "t_act", "s/element", "an engine's elementwise time per token per activation element "
-    "(A_w: each block's hidden and active MLP widths; 0: none)", "engine_factors")
-
-# Calibration from users' measurements: prefill (`prefill_calibrated.py`).
-eta_f_prefill = _define(
-    "eta_f_prefill", "1", "achieved fraction of F in a "
-    "prefill (linear layers and causal attention)", "prefill_factors")
 L_attn = _define("L_attn", "blocks", "blocks with full attention over the "
                  "prompt", _A)
 
@@ -191,12 +142,7 @@ t_floor = _define("t_floor", "s", "step time of memory and compute alone", _P)
 t_comm = _define("t_comm", "s", "communication time on a step's critical path", _P)
 t_stage = _define("t_stage", "s", "one pipeline stage's time for one microbatch", _P)
 t_hand = _define("t_hand", "s", "one stage-to-stage hand-off", _P)
-# Calibrating layouts from users' measurements (issue 17, `calibrate/layout_fit.py`).
-eta_comm = _define(
-    "eta_comm", "1", "achieved fraction of the modelled collective speed "
-    "(link bandwidth and per-hop latency together)", _P)
-
-# Mixed-precision weights (issue 14: a published format quantizes some parts only,
+# Mixed-precision weights (a published format quantizes some parts only,
 # e.g. gpt-oss's experts in MXFP4 with attention and embeddings in bf16).
 N_lp = _define("N_lp", "weights", "weights read in a step stored in the quantized format", _A)
 q_lp = _define("q_lp", "B/weight", "bytes per weight of the quantized format, scales "
@@ -288,16 +234,21 @@ cv2_hold = _define("cv2_hold", "1", "squared coefficient of variation of the slo
 
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
-FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["factors"])
+# The calibrated decode step's six fitted factors, and every core cost term, as quantities.
+FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(
+    Quantity(t.symbol, t.unit, t.meaning)
+    for name in ("eta_w", "eta_kv", "eta_f", "t0_step", "t0_layer", "r_ovl")
+    for t in (terms.get(name),))
+TERM_QUANTITIES: tuple[Quantity, ...] = tuple(
+    Quantity(t.symbol, t.unit, t.meaning) for t in terms.owned_by(terms.CORE))
 SERVING: tuple[Quantity, ...] = tuple(_GROUPS["serving"])
-PREFILL_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["prefill_factors"])
-REGIME_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["regime_factors"])
-ENGINE_FACTOR_QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["engine_factors"])
 PARALLEL: tuple[Quantity, ...] = tuple(_GROUPS["parallel"])
 
 ITERATION: tuple[Quantity, ...] = tuple(_GROUPS["iteration"])
 COST: tuple[Quantity, ...] = tuple(_GROUPS["cost"])
-BY_NAME: dict[str, Quantity] = {str(x.symbol): x for group in _GROUPS.values() for x in group}
+BY_NAME: dict[str, Quantity] = {
+    str(x.symbol): x for group in (*_GROUPS.values(), TERM_QUANTITIES) for x in group
+}
 
 
 def unit(symbol: sp.Symbol) -> str:

@@ -59,7 +59,7 @@ SPECIAL = ("w0", "w1", "w2")  # unk, bos, eos: left out of vLLM's random prompts
 def base_config(model: str) -> tuple[dict[str, Any], str]:
   """(config dict, where it came from) for a preset name, a shipped name or a path."""
   if model in PRESETS:
-    return dict(PRESETS[model]), f"jaxroof preset {model!r} (jaxroof.measure.vllm_model)"
+    return dict(PRESETS[model]), f"jaxroof preset {model!r} (jaxroof.engines.vllm_model)"
   spec = models.load_model(model)  # Refuses unknown names and bad files, one line each.
   path = models.MODELS_DIR / f"{spec.name}.json"
   if not path.is_file():
