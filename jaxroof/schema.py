@@ -245,7 +245,8 @@ class Object:
   null: bool = False
 
   def allowed(self) -> str:
-    return "a JSON object" + (", or null" if self.null else "")
+    needs = f" with {', '.join(self.required)}" if self.required else ""
+    return f"a JSON object{needs}" + (", or null" if self.null else "")
 
   def problem(self, value: Any) -> str | None:
     if value is None:
@@ -266,6 +267,10 @@ class MapOf:
 
   def allowed(self) -> str:
     keys = f" with keys among {', '.join(self.keys)}" if self.keys else ""
+    if self.min_len == self.max_len:
+      keys += f" of exactly {self.min_len:,} field(s)"
+    elif self.min_len:
+      keys += f" of {self.min_len:,} to {self.max_len:,} fields"
     return f"a JSON object{keys}, each value {self.value.allowed()}" + (", or null"
                                                                         if self.null else "")
 
@@ -293,7 +298,22 @@ class OneOf:
     return "missing" if value is None else "bad"
 
 
-Spec = Union[Number, Text, Flag, Anything, ListOf, Object, MapOf, OneOf]
+@dataclasses.dataclass(frozen=True)
+class Switch:
+  """The spec `pick(value)` chooses by the value's shape (a file that is one
+  entry or a table of them): its errors name the fields of the chosen one."""
+
+  pick: Callable[[Any], Spec]
+
+  def allowed(self) -> str:
+    return "see the chosen form"
+
+  def problem(self, value: Any) -> str | None:
+    del value  # Unused: the chosen spec says.
+    return None
+
+
+Spec = Union[Number, Text, Flag, Anything, ListOf, Object, MapOf, OneOf, Switch]
 
 path_text = files.json_path  # `scale_up.unidirectional_gb_s`, `itls[3][0]`.
 
@@ -304,6 +324,8 @@ def _errors(spec: Spec, value: Any, path: tuple[str | int, ...]) -> tuple[tuple,
   Iterative over lists (a long list of numbers costs one loop, not a recursion
   per item); nesting follows the schema, whose depth is bounded.
   """
+  if isinstance(spec, Switch):
+    return _errors(spec.pick(value), value, path)
   if spec.problem(value) is not None:
     return path, value, spec.allowed()
   if value is None:
@@ -373,7 +395,7 @@ def _message(where: str, path: tuple, value: Any, allowed: str, location: str = 
   if isinstance(value, _Given):
     return f"{where}: {value.text} is not allowed: {allowed}."
   if value is _ABSENT:
-    return f"{where} {at} is missing: give {allowed}."
+    return f"{where} lacks {path_text(path)}: give {allowed}."
   if not at:
     return f"{where} holds {shown(value)}, which is not allowed: give {allowed}."
   return f"{where} {at}={shown(value)} is not allowed: {allowed}."
