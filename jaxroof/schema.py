@@ -50,6 +50,8 @@ _SHOWN = 48  # Characters of a value quoted in a message.
 
 def shown(value: Any) -> str:
   """A value as a message quotes it: short, one line (a long list by its length)."""
+  if isinstance(value, _Raw):
+    return repr(value)[:_SHOWN]
   if value is None or isinstance(value, bool):
     return {None: "null", True: "true", False: "false"}[value]
   if isinstance(value, Mapping):
@@ -385,6 +387,15 @@ _ABSENT = _Absent()
 
 
 @dataclasses.dataclass(frozen=True)
+class _Raw:
+  """A CSV cell, quoted as the file has it (`time_s=1e-300`, not `1e-300` parsed)."""
+  text: str
+
+  def __repr__(self) -> str:
+    return self.text.strip() or "(empty)"
+
+
+@dataclasses.dataclass(frozen=True)
 class _Given:
   """Several fields' values, quoted together by a rule's message."""
   text: str
@@ -449,13 +460,14 @@ def check_record(columns: Mapping[str, Spec], record: Mapping[str, Any], *, wher
   out = dict(record)
   noun = "column" if csv else "field"
   for name, spec in columns.items():
-    value = record.get(name)
+    raw = value = record.get(name)
     if csv:
-      value = _cell(spec, value)
+      value = _cell(spec, raw)
     found = _errors(spec, value, ())
     if found:
       location = f"line {line}, {noun} {path_text((name,) + found[0])}"
-      raise InputError(_message(where, (), found[1], found[2], location), field=field)
+      shown_value = _Raw(raw) if csv and isinstance(raw, str) and not found[0] else found[1]
+      raise InputError(_message(where, (), shown_value, found[2], location), field=field)
     out[name] = value
   return out
 
