@@ -191,6 +191,7 @@ class Rule:
   fields: tuple[str, ...]
   ok: Callable[..., bool]
   allowed: str
+  show: Callable[[Any], str] | None = None  # How a value is quoted (default: `shown`).
 
 
 def at_most(small: str, large: str, *, unless_zero: bool = False) -> Rule:
@@ -210,7 +211,8 @@ def agree(*names: str) -> Rule:
 def same_length(*names: str) -> Rule:
   """Lists that describe the same items (one entry per request) are as long."""
   return Rule(names, lambda *values: len({len(v) for v in values}) == 1,
-              f"{', '.join(names)} must be lists of the same length")
+              f"{', '.join(names)} must be lists of the same length",
+              show=lambda v: f"<{len(v):,} items>")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -369,8 +371,8 @@ def _errors(spec: Spec, value: Any, path: tuple[str | int, ...]) -> tuple[tuple,
       if any(v is None for v in values):
         continue
       if not rule.ok(*values):
-        given = " with ".join(
-            f"{path_text(path + (n,))}={shown(v)}" for n, v in zip(rule.fields, values))
+        given = " with ".join(f"{path_text(path + (n,))}={(rule.show or shown)(v)}"
+                              for n, v in zip(rule.fields, values))
         return path, _Given(given), rule.allowed
   if isinstance(spec, OneOf):
     return None

@@ -97,7 +97,7 @@ def test_rules_between_fields():
                        schema.at_most("k", "experts", unless_zero=True)))
   schema.check(spec, {"k": 4, "top_k": 4.0, "experts": 0, "x": [1], "y": [2]}, where="c")
   assert "k=4 with top_k=64" in _refusal({"k": 4, "top_k": 64}, spec)
-  assert "x=[1] with y=[1, 2]" in _refusal({"x": [1], "y": [1, 2]}, spec)
+  assert "x=<1 items> with y=<2 items>" in _refusal({"x": [1], "y": [1, 2]}, spec)
   assert "k=64 with experts=32" in _refusal({"k": 64, "experts": 32}, spec)
 
 
