@@ -280,7 +280,8 @@ def test_the_guarded_stdout_refuses_a_nonfinite_line(monkeypatch):
   monkeypatch.setattr(sys, "stdout", out)
   monkeypatch.setattr(files, "_FINITE_JSON", False)
   _finite.install()
-  _finite.install()  # Idempotent.
+  _finite.install(strict_json=True)  # Idempotent; JSON results refused too.
+  assert files._FINITE_JSON
   print("step 12.5 ms")
   with pytest.raises(NonFiniteResult, match=r"would print 'nan' in 'step nan ms'"):
     print("step nan ms")
