@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from jaxroof import files
@@ -73,9 +73,10 @@ def _number_text(x: float) -> str:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Number:
-  """A number: finite unless `infinite`, in [low, high] (`low_open`: > low),
-  whole if `whole`; `null` allows JSON null; `words` are strings also allowed
-  (`("inf",)` for a request rate); `unit` is said in messages."""
+  """A number: finite, in [low, high] (`low_open`: > low), whole if `whole`;
+  `infinite` also allows +Infinity (above `high`), `null` JSON null, `words`
+  the strings given (`("inf",)` for a request rate); `unit` is said in
+  messages. `problem` says why a value is refused ("missing", "bad"), or None."""
 
   low: float | None = None
   high: float | None = None
@@ -111,7 +112,7 @@ class Number:
     if isinstance(value, float) and math.isnan(value):
       return "bad"
     if isinstance(value, float) and math.isinf(value):
-      return None if self.infinite and value > 0 and self.high is None else "bad"
+      return None if self.infinite and value > 0 else "bad"
     if self.whole and isinstance(value, float) and not value.is_integer():
       return "bad"
     if self.low is not None and (value <= self.low if self.low_open else value < self.low):
