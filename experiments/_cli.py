@@ -19,6 +19,7 @@ from collections.abc import Callable
 from absl import app
 from absl import flags
 
+from experiments import _finite
 from jaxroof import files
 from jaxroof.errors import InputError
 
@@ -221,6 +222,7 @@ def run(main: Callable[[list[str]], int | None]) -> None:
       print(f"error: unexpected arguments {argv[1:]} {_HINT}", file=sys.stderr)
       sys.exit(2)
     try:
+      _finite.install()  # A nan or inf result is an error line, never exit 0.
       check_numeric_flags()
       check_outputs()
       return main(argv)

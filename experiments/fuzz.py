@@ -1,9 +1,13 @@
-"""The long fuzz run: every experiment, every bad flag value, a JSON summary.
+"""The long fuzz run: every experiment, every bad flag value, every malformed
+input file, a JSON summary.
 
 Each experiment runs in its own worker process (`experiments._fuzzing`), which
-imports it once and forks a child per case; `--workers` of them run at once.
+imports it once and forks a child per case; so does each file kind
+(`experiments._file_fuzzing`: files made field by field from valid ones, fed
+to the experiment that reads them); `--workers` of them run at once.
 
   python -m experiments.fuzz --json_out=results/fuzz_cpu.json
+  python -m experiments.fuzz --experiments=list --file_kinds=model_config
 
 The summary counts cases by verdict (clean_error, ok, and the contract
 breakers: traceback, nonfinite, half_written, hang, accepted_bad) and per
@@ -25,6 +29,7 @@ from absl import flags
 
 import experiments
 from experiments import _cli
+from experiments import _file_fuzzing
 from experiments import _fuzzing
 from jaxroof import errors
 from jaxroof import files
@@ -42,6 +47,9 @@ _SEEDS = flags.DEFINE_integer(
     lower_bound=1, upper_bound=20)
 _WORKERS = flags.DEFINE_integer("workers", 2, "Experiments fuzzed at once. In [1, 16].",
                                 lower_bound=1, upper_bound=16)
+_FILE_KINDS = flags.DEFINE_list(
+    "file_kinds", list(_file_fuzzing.KINDS), "Input file kinds to fuzz "
+    f"({', '.join(_file_fuzzing.KINDS)}; empty: none).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the summary as JSON here.")
 
 
@@ -51,13 +59,23 @@ def _all_experiments() -> list[str]:
 
 
 def _worker(experiment: str, seed: int) -> list[dict]:
+  """The outcomes of one experiment's flag cases, or (`file:KIND`) of one file kind's."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([
-      sys.executable, "-m", "experiments._fuzzing", experiment,
-      str(_LIMIT.value),
-      str(_TIMEOUT_S.value),
-      str(seed)
-  ], cwd=root, capture_output=True, text=True, timeout=24 * 3600)
+  if experiment.startswith("file:"):
+    command = [
+        "experiments._file_fuzzing", experiment[len("file:"):],
+        str(_LIMIT.value),
+        str(_TIMEOUT_S.value)
+    ]
+  else:
+    command = [
+        "experiments._fuzzing", experiment,
+        str(_LIMIT.value),
+        str(_TIMEOUT_S.value),
+        str(seed)
+    ]
+  proc = subprocess.run([sys.executable, "-m", *command], cwd=root, capture_output=True, text=True,
+                        timeout=24 * 3600)
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   if proc.returncode != 0:
     rows.append({
@@ -74,7 +92,10 @@ def main(argv: list[str]) -> int:
   chosen = _EXPERIMENTS.value or known
   for name in chosen:
     errors.require_choice("--experiments", name, known)
+  for kind in _FILE_KINDS.value:
+    errors.require_choice("--file_kinds", kind, tuple(_file_fuzzing.KINDS))
   jobs = [(name, seed) for seed in range(_SEEDS.value) for name in chosen]
+  jobs += [(f"file:{kind}", 0) for kind in _FILE_KINDS.value]  # Files: no random values.
   start = time.monotonic()
   rows: list[dict] = []
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
@@ -92,12 +113,14 @@ def main(argv: list[str]) -> int:
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
       "experiments": chosen,
+      "file_kinds": _FILE_KINDS.value,
       "seeds": _SEEDS.value,
       "timeout_s": _TIMEOUT_S.value,
       "wall_s": round(time.monotonic() - start, 1),
       **_fuzzing.summarize(outcomes),
   }
-  print(f"{summary['cases']} cases over {len(chosen)} experiments in {summary['wall_s']} s:")
+  print(f"{summary['cases']} cases over {len(chosen)} experiments and "
+        f"{len(_FILE_KINDS.value)} file kinds in {summary['wall_s']} s:")
   for verdict, count in sorted(summary["by_verdict"].items()):
     print(f"  {verdict:>13}: {count}")
   for case in summary["contract_breaks"][:10]:

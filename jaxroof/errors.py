@@ -23,6 +23,14 @@ class InputError(ValueError):
     self.field = field
 
 
+class NonFiniteResult(InputError):
+  """A result (a fit, a step time, a JSON document) holds nan or inf.
+
+  It is never printed or written as a number: the run stops with one line
+  naming the field, and exits non-zero.
+  """
+
+
 def require_positive(name: str, value: Any) -> float:
   """Returns `value` as a float if it is a finite number > 0, else raises."""
   number = require_finite(name, value)

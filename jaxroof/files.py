@@ -1,8 +1,18 @@
 """Safe input and atomic output.
 
 Every input file is read through `read_input`/`read_text` (a FIFO, socket or
-device is refused before it is opened, and a read is bounded); every output is
-written atomically, so a reader never sees a half-written JSON file or plot.
+device is refused before it is opened, and a read is bounded; `read_json`
+bounds the nesting too); every output is written atomically, so a reader
+never sees a half-written JSON file or plot.
+
+Outputs are checked before any work: `check_output_path` (a file of a kind,
+with its siblings, e.g. `sim_kv.png` beside `sim.png`), `check_output_folder`
+(a folder to create or fill) and `check_outputs` (a set of them at once, each
+its own path). Each is probed by creating and removing a file where the output
+will go, and a full disk is refused. `atomic_paths` writes a file and its
+siblings all or none; `output_folder` removes a folder it created when the
+work fails. `require_finite_json` makes `write_json` refuse nan and inf
+(`errors.NonFiniteResult`, naming the field) instead of writing null.
 """
 
 from __future__ import annotations
@@ -13,29 +23,57 @@ import io
 import json
 import math
 import os
+import re
+import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from jaxroof.errors import InputError
+from jaxroof.errors import InputError, NonFiniteResult
 
 # Extensions an output may have, by kind (matplotlib writes these formats).
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "json": (".json",),
     "plot": (".png", ".svg", ".pdf"),
     "text": (".md", ".txt"),
+    "rows": (".csv", ".jsonl"),
 }
+FOLDER = "folder"  # The kind of a folder output in `check_outputs`.
+# Free space below which an output's folder is refused before the work (a full
+# disk would otherwise fail only at the end).
+MIN_FREE_BYTES = 1 << 20
 
 
-def check_output_path(name: str, path: str | os.PathLike[str], kind: str) -> str:
+def sibling_path(path: str | os.PathLike[str], suffix: str) -> str:
+  """A file written beside `path`: `sibling_path("a/sim.png", "_kv")` is `a/sim_kv.png`."""
+  stem, ext = os.path.splitext(os.fspath(path))
+  return f"{stem}{suffix}{ext}"
+
+
+def check_output_path(name: str, path: str | os.PathLike[str], kind: str, *,
+                      siblings: Sequence[str] = (), min_free_bytes: int = MIN_FREE_BYTES) -> str:
   """Checks, before any work, that `path` can take an output of `kind`.
 
   Refused, naming the parameter and the path: an empty path, a folder (or a
   trailing slash), a special file (device, FIFO, socket), an extension not
-  in `EXTENSIONS[kind]`, a parent folder that is missing or not writable.
-  Returns the path as a string.
+  in `EXTENSIONS[kind]`, a parent folder that is missing, not writable (a
+  file is created and removed there to know) or full. `siblings` are the
+  suffixes of files written beside it (`sibling_path`), each checked as a
+  file. Returns the path as a string.
   """
+  path = _check_output_file(name, path, kind)
+  parent = os.path.dirname(os.path.abspath(path))
+  where = f"{name}={path!r}"
+  _probe(name, where, parent)
+  _require_space(name, where, parent, min_free_bytes)
+  for suffix in siblings:
+    _check_output_file(name, sibling_path(path, suffix), kind)
+  return path
+
+
+def _check_output_file(name: str, path: str | os.PathLike[str], kind: str) -> str:
+  """The checks of one output file that need no write."""
   path = os.fspath(path)
   allowed = EXTENSIONS[kind]
   where = f"{name}={path!r}"
@@ -57,9 +95,92 @@ def check_output_path(name: str, path: str | os.PathLike[str], kind: str) -> str
       raise InputError(f"{where}: {above!r} is a file, not a folder: give a path in a "
                        "folder.", field=name)
     raise InputError(f"{where}: the folder {parent!r} does not exist.", field=name)
-  if not os.access(parent, os.W_OK):
-    raise InputError(f"{where}: the folder {parent!r} is not writable.", field=name)
   return path
+
+
+def check_output_folder(name: str, path: str | os.PathLike[str], *,
+                        min_free_bytes: int = MIN_FREE_BYTES) -> str:
+  """Checks, before any work, that `path` can be (or be made) a folder of outputs.
+
+  Refused, naming the parameter: an empty path, an existing path that is
+  not a folder (a regular file, a FIFO), a missing folder below a file, a
+  folder that cannot be written (a file is created and removed in it, or
+  in the nearest existing folder above a missing one) or that is full.
+  Nothing is created. Returns the path as a string.
+  """
+  path = os.fspath(path)
+  where = f"{name}={path!r}"
+  if not path.strip():
+    raise InputError(f"{name} is empty: give a folder.", field=name)
+  if os.path.lexists(path) and not os.path.isdir(path):
+    what = "a file" if os.path.isfile(path) else "not a folder"
+    raise InputError(f"{where} is {what}: give a folder (it is created if missing).", field=name)
+  existing = os.path.abspath(path)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise InputError(f"{where}: {existing!r} is a file, not a folder: give a path in a folder.",
+                     field=name)
+  _probe(name, where, existing)
+  _require_space(name, where, existing, min_free_bytes)
+  return path
+
+
+def check_outputs(outputs: Mapping[str, tuple[str | os.PathLike[str] | None, str]], *,
+                  siblings: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+  """Checks a set of outputs at once, before any work: each one as its kind
+  (`EXTENSIONS`' kinds, or `FOLDER`), and no two naming the same path (a
+  file's `siblings` included: a rows output equal to a JSON output, a plot's
+  `_kv` sibling equal to another output, a file equal to a folder).
+
+  Args:
+    outputs: parameter -> (path or None when not given, kind).
+    siblings: parameter -> suffixes of the files written beside it.
+
+  Returns:
+    parameter -> path, for the outputs given.
+  """
+  siblings = siblings or {}
+  given: dict[str, str] = {}
+  named: dict[str, str] = {}
+  for name, (path, kind) in outputs.items():
+    if path is None:
+      continue
+    if kind == FOLDER:
+      given[name] = check_output_folder(name, path)
+    else:
+      given[name] = check_output_path(name, path, kind, siblings=siblings.get(name, ()))
+    named[name] = given[name]
+    for suffix in siblings.get(name, ()):
+      named[f"{name} ({suffix} beside it)"] = sibling_path(given[name], suffix)
+  check_distinct(named)
+  return given
+
+
+def _probe(name: str, where: str, folder: str) -> None:
+  """Creates and removes a file in `folder`: the one sure test that it takes outputs."""
+  try:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-probe-")
+  except OSError as e:
+    raise InputError(f"{where}: the folder {folder!r} is not writable: {e.strerror or e}.",
+                     field=name) from None
+  os.close(fd)
+  os.remove(tmp)
+
+
+def _require_space(name: str, where: str, folder: str, min_free_bytes: int) -> None:
+  if min_free_bytes <= 0:
+    return
+  try:
+    info = os.statvfs(folder)
+  except (OSError, AttributeError):  # No statvfs (Windows): the write will say.
+    return
+  blocks = info.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else info.f_bavail
+  free = blocks * info.f_frsize
+  if free < min_free_bytes:
+    raise InputError(
+        f"{where}: the folder {folder!r} has {free:,} bytes free, under the "
+        f"{min_free_bytes:,} an output needs: free some space or give another path.", field=name)
 
 
 def _file_above(folder: str) -> str | None:
@@ -152,18 +273,68 @@ def read_text(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_I
         "a text file.", field=name) from None
 
 
-def read_json(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES) -> Any:
-  """A JSON input file, parsed (Python's reader); malformed JSON is an `InputError`."""
+# Bound on the nesting of a JSON input (objects and lists): real files of ours
+# nest a few levels; a deeper one is wrong or hostile.
+MAX_JSON_DEPTH = 64
+
+
+def read_json(name: str, path: str | os.PathLike[str], *, max_bytes: int = MAX_INPUT_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+  """A JSON input file, parsed (Python's reader); malformed JSON, or JSON nested
+  deeper than `max_depth`, is an `InputError`."""
   text = read_text(name, path, max_bytes=max_bytes)
-  where = f"{name}={os.fspath(path)!r}"
+  return parse_json(name, os.fspath(path), text, max_depth=max_depth)
+
+
+def parse_json(name: str, path: str, text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+  """`text` (the file `path` given by parameter `name`) parsed as JSON, its nesting
+  bounded by `max_depth`; every way it can fail is one `InputError`."""
+  where = f"{name}={path!r}"
   try:
-    return json.loads(text)
+    data = json.loads(text)
   except json.JSONDecodeError as e:
     raise InputError(
         f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column "
         f"{e.colno}.", field=name) from None
   except RecursionError:
     raise InputError(f"{where} is nested too deeply to be read.", field=name) from None
+  except ValueError as e:  # E.g. an integer of over 4,300 digits.
+    raise InputError(f"{where} cannot be read as JSON: {str(e).splitlines()[0][:120]}.",
+                     field=name) from None
+  deepest = json_depth(data, max_depth)
+  if deepest > max_depth:
+    raise InputError(
+        f"{where} is nested over {max_depth} levels deep (objects and lists), "
+        "deeper than this input can be: give the right file.", field=name)
+  return data
+
+
+def json_depth(value: Any, limit: int) -> int:
+  """Nesting depth of a parsed JSON value (a scalar: 0), counted up to `limit` + 1."""
+  deepest, stack = 0, [(value, 0)]
+  while stack:
+    node, level = stack.pop()
+    if isinstance(node, (dict, list)):
+      level += 1
+      if level > deepest:
+        deepest = level
+        if deepest > limit:
+          return deepest
+      stack.extend((v, level) for v in (node.values() if isinstance(node, dict) else node))
+  return deepest
+
+
+def json_path(parts: Sequence[str | int]) -> str:
+  """A JSON path as messages write it: `scale_up.unidirectional_gb_s`, `itls[3][0]`."""
+  out = ""
+  for part in parts:
+    if isinstance(part, int):
+      out += f"[{part}]"
+    elif re.fullmatch(r"[A-Za-z_][\w\-]*", part):
+      out += f".{part}" if out else part
+    else:
+      out += f"[{part!r}]"
+  return out
 
 
 def read_records(
@@ -211,7 +382,7 @@ def read_records(
     raise InputError(f"{where} is not readable CSV: {e}.", field=name) from None
 
 
-def check_distinct(paths: dict[str, str | None]) -> None:
+def check_distinct(paths: Mapping[str, str | None]) -> None:
   """Refuses two outputs that name the same file."""
   seen: dict[str, str] = {}
   for name, path in paths.items():
@@ -225,15 +396,9 @@ def check_distinct(paths: dict[str, str | None]) -> None:
     seen[key] = name
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
-  """Yields a temporary path beside `path`; renames it onto `path` on success.
-
-  On an exception the temporary file is removed and `path` is left untouched.
-  Only a regular file (or nothing) is ever replaced; an OS error names `path`,
-  never the temporary file.
-  """
-  path = os.fspath(path)
+def _new_temp(path: str) -> str:
+  """A new empty temporary file beside `path` (same folder, same extension, so
+  a plot's format is inferred), with an ordinary file's permissions."""
   if os.path.isdir(path):
     raise InputError(f"output path {path!r} is a directory: give a file path.")
   if os.path.lexists(path) and not os.path.isfile(path):
@@ -249,14 +414,93 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are ordinary files.
-  try:
+  return tmp
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+  """Yields a temporary path beside `path`; renames it onto `path` on success.
+
+  On an exception the temporary file is removed and `path` is left untouched.
+  Only a regular file (or nothing) is ever replaced; an OS error names `path`,
+  never the temporary file.
+  """
+  with atomic_paths([path]) as (tmp,):
     yield tmp
-    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_paths(paths: Sequence[str | os.PathLike[str]]) -> Iterator[list[str]]:
+  """`atomic_path` for a file and its siblings (a plot and its `_kv.png`): yields
+  one temporary path for each; all are renamed into place only when every one
+  was written, so on any failure none is, and no temporary file is left."""
+  paths = [os.fspath(p) for p in paths]
+  temps: list[str] = []
+  current = ""
+  try:
+    for current in paths:
+      temps.append(_new_temp(current))
+    current = "' and '".join(paths)
+    yield list(temps)
+    for tmp, current in zip(temps, paths):
+      os.replace(tmp, current)
   except OSError as e:
-    raise InputError(f"output path {path!r} cannot be written: {e.strerror or e}.") from None
+    raise InputError(f"output path '{current}' cannot be written: {e.strerror or e}.") from None
   finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    for tmp in temps:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+
+
+@contextlib.contextmanager
+def output_folder(name: str, path: str | os.PathLike[str]) -> Iterator[str]:
+  """Creates the folder `path` (and missing folders above it) for the work
+  inside the block; if the work fails, the folders this call created are
+  removed with what was written in them (a folder that existed is kept)."""
+  path = os.fspath(path)
+  created = None
+  folder = os.path.abspath(path)
+  while not os.path.lexists(folder):
+    created, folder = folder, os.path.dirname(folder)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise InputError(f"{name}={path!r} cannot be created: {e.strerror or e}.", field=name) from None
+  try:
+    yield path
+  except BaseException:
+    if created is not None:
+      shutil.rmtree(created, ignore_errors=True)
+    raise
+
+
+_FINITE_JSON = False  # `write_json` refuses nan and inf (see `require_finite_json`).
+
+
+def require_finite_json(on: bool = True) -> None:
+  """From now on, `write_json` refuses a document holding nan or inf (a
+  `NonFiniteResult` naming its field) instead of writing null. The
+  experiments turn this on for their whole run (`experiments/_finite.py`)."""
+  global _FINITE_JSON
+  _FINITE_JSON = on
+
+
+def nonfinite_at(obj: Any) -> tuple[str, float] | None:
+  """(JSON path, value) of the first nan or inf in `obj` (dicts, lists, numpy
+  arrays and scalars), or None."""
+  stack: list[tuple[Any, tuple]] = [(obj, ())]
+  while stack:
+    node, path = stack.pop()
+    if hasattr(node, "tolist") and not isinstance(node, (str, bytes)):
+      node = node.tolist()
+    if isinstance(node, float):
+      if not math.isfinite(node):
+        return json_path(path) or "(the whole result)", node
+    elif isinstance(node, dict):
+      stack.extend((v, path + (str(k),)) for k, v in reversed(list(node.items())))
+    elif isinstance(node, (list, tuple)):
+      stack.extend((v, path + (i,)) for i, v in reversed(list(enumerate(node))))
+  return None
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -273,7 +517,13 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-  """Writes `obj` as indented JSON atomically; non-finite floats become null."""
+  """Writes `obj` as indented JSON atomically; non-finite floats become null,
+  or are refused after `require_finite_json()`."""
+  if _FINITE_JSON:
+    found = nonfinite_at(obj)
+    if found:
+      raise NonFiniteResult(f"the result holds {found[1]} at {found[0]}, not a finite number: "
+                            f"{os.fspath(path)!r} not written.")
   text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False)
   with atomic_path(path) as tmp:
     with open(tmp, "w", encoding="utf-8") as f:

@@ -50,7 +50,7 @@ def test_a_bad_size_is_refused_naming_the_field(tmp_path_factory, field, value):
     ("[1, 2]", "expected a JSON object"),
     ("{", "not valid JSON"),
     (json.dumps({**BASE, "model_type": ["mixtral"]}), "model_type"),
-    (json.dumps({**BASE, "num_experts_per_tok": 9}), "experts_per_token"),
+    (json.dumps({**BASE, "num_experts_per_tok": 9}), "num_experts_per_tok=9"),
     (json.dumps({**BASE, "num_key_value_heads": 5}), "num_key_value_heads"),
     (json.dumps({**BASE, "num_hidden_layers": 10**9}), "num_hidden_layers"),
 ])

@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS: dict[str, int] = {
     "jaxroof.errors": 0,
     "jaxroof.files": 0,
+    "jaxroof.schema": 0,
     "jaxroof.timing": 0,
     "jaxroof.progress": 0,
     "jaxroof.symbolic": 1,

@@ -20,8 +20,9 @@ from typing import Any
 import dataclasses
 
 from jaxroof import errors
+from jaxroof import schema
 from jaxroof.specs.model_spec import ModelSpec
-from jaxroof.specs.readers import classic, dense, hybrid
+from jaxroof.specs.readers import classic, config_schema, dense, hybrid
 from jaxroof.specs.readers.fields import Fields
 
 READERS: dict[str, Callable[[Fields, str],
@@ -61,13 +62,19 @@ def spec_from_config(config: Mapping[str, Any], *, name: str, source: str = "con
       the spec's notes) instead of refusing it.
 
   Raises:
-    InputError: unsupported `model_type`, or a needed field missing or invalid.
+    InputError: unsupported `model_type`, a needed field missing, or any
+      field the readers use of the wrong type or range, or inconsistent with
+      another (`config_schema`), checked before any reader runs.
   """
+  if not isinstance(config, Mapping):
+    raise errors.InputError(f"{source} is not a config.json: expected a JSON object, got "
+                            f"{type(config).__name__}.")
   model_type = config.get("model_type")
   if model_type is not None and not isinstance(model_type, str):
     raise errors.InputError(
         f"{source}: config field model_type={str(model_type)[:40]!r} is not a name; "
         f"supported: {', '.join(SUPPORTED_TYPES)}.")
+  schema.check(config_schema.CONFIG, config, where=source)
   if model_type is None and "d_model" in config and "n_layer" in config:
     return classic.mamba_ssm(config, name, source)
   if model_type is None:

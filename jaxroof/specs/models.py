@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from jaxroof import files
 from jaxroof.specs import hf_config
 from jaxroof.specs import names
 from jaxroof.specs.model_spec import ModelSpec
+from jaxroof.specs.readers import config_schema
 
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 SOURCE_KEY = "_jaxroof_source"  # Provenance inside each shipped config.json.
@@ -28,24 +28,16 @@ def shipped_models() -> tuple[str, ...]:
   return tuple(sorted(p.stem for p in MODELS_DIR.glob("*.json")))
 
 
-MAX_CONFIG_BYTES = 16 * 1024 * 1024  # Real config.json files are a few kB.
-
-
 def _read_json(path: Path) -> dict[str, Any]:
   """A config.json as a dict; every way a file can be wrong is one InputError.
 
-  Accepts what Python's JSON reader accepts (`Infinity` appears in real
-  Nemotron-H configs); the schema of `hf_config` then checks the values.
+  Its size and nesting are bounded (`config_schema.KIND`). Accepts what
+  Python's JSON reader accepts (`Infinity` appears in real Nemotron-H
+  configs); `hf_config` then checks the values against the schema.
   """
   where = f"model={str(path)!r}"
-  text = files.read_text("model", path, max_bytes=MAX_CONFIG_BYTES)
-  try:
-    config = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise errors.InputError(
-        f"{where} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
-  except RecursionError:
-    raise errors.InputError(f"{where} is nested too deeply to be a config.json.") from None
+  config = files.read_json("model", path, max_bytes=config_schema.KIND.max_bytes,
+                           max_depth=config_schema.KIND.max_depth)
   if not isinstance(config, dict):
     raise errors.InputError(f"{where} is not a config.json: expected a JSON object, got "
                             f"{type(config).__name__}.")

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxroof import errors
-from jaxroof import files
+from jaxroof import schema
+from jaxroof.specs import accelerator_schema
 from jaxroof.specs import accelerators
 from jaxroof.specs.accelerators import Accelerator
 
@@ -76,7 +77,7 @@ def load_accelerator_file(path: str | os.PathLike[str]) -> Accelerator:
   """An accelerator from a user's JSON file in the shipped schema."""
   path = os.fspath(path)
   where = f"accelerator_file={path!r}"
-  data = files.read_json("accelerator_file", path, max_bytes=1 << 20)
+  data = schema.load(accelerator_schema.KIND, "accelerator_file", path)
   if isinstance(data, Mapping) and isinstance(data.get("accelerators"), Mapping):
     table = data["accelerators"]
     if len(table) != 1:

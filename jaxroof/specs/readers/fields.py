@@ -13,13 +13,9 @@ from typing import Any
 
 from jaxroof import errors
 from jaxroof.specs.model_spec import FULL, SLIDING, AttentionSpec, ModelSpec
+from jaxroof.specs.readers.config_schema import MAX_LAYERS, MAX_SIZE
 
 MISSING = object()
-# Plausibility limits, far above any published model (the deepest have ~130
-# layers; the largest widths ~2e4, vocabularies ~3e5): beyond them a value is a
-# typo or an attack, and a per-layer schedule of it would not fit in memory.
-MAX_LAYERS = 10_000
-MAX_SIZE = 10**9
 LAYER_TYPES = {"full_attention": FULL, "sliding_attention": SLIDING}
 
 
@@ -76,6 +72,11 @@ class Fields:
     key, value = self._lookup(keys)
     if value is MISSING:
       value = self._default(key, default)
+    return None if value is None else self._check_int(key, value, 1)
+
+  def optional_int(self, key: str) -> int | None:
+    """A whole number >= 1, or None when absent or null (no default recorded)."""
+    value = self.config.get(key)
     return None if value is None else self._check_int(key, value, 1)
 
   def bool(self, *keys: str, default: bool) -> bool:
@@ -137,18 +138,16 @@ def attention(f: Fields, *, window: int | None, heads: Any = MISSING, kv_heads: 
 def _quantization(config: Any) -> dict[str, Any]:
   """The published quantization a config declares (method, block, exclusions).
 
-  Malformed or absent entries read as "not quantized": the weights' format
-  is a default the user can override, never a reason to refuse a config.
+  Absent or null: not quantized. Its shape was checked by the schema
+  (`config_schema`: an object with a `quant_method`), so a malformed one was
+  refused before any reader ran.
   """
-  if not isinstance(config, dict) or not isinstance(config.get("quant_method"), str):
+  if config is None:
     return {}
-  block = config.get("weight_block_size")
-  skip = config.get("modules_to_not_convert")
   return {
       "quant_method": config["quant_method"].strip().lower(),
-      "quant_weight_block": tuple(int(v) for v in block) if isinstance(block, list) and all(
-          isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block) else (),
-      "quant_not_converted": tuple(str(v) for v in skip) if isinstance(skip, list) else (),
+      "quant_weight_block": tuple(int(v) for v in config.get("weight_block_size") or ()),
+      "quant_not_converted": tuple(config.get("modules_to_not_convert") or ()),
   }
 
 
@@ -174,7 +173,7 @@ def spec(f: Fields, *, name: str, layer_kinds: tuple[str, ...],
       moe_layers=moe_layers,
       intermediate_size=intermediate or 0,
       tie_word_embeddings=f.bool("tie_word_embeddings", "tie_embeddings", default=tie),
-      max_position_embeddings=f.config.get("max_position_embeddings"),
+      max_position_embeddings=f.optional_int("max_position_embeddings"),
       torch_dtype=f.config.get("torch_dtype", f.config.get("dtype")),
       **_quantization(f.config.get("quantization_config")),
       source=f.source,
