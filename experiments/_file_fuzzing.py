@@ -72,7 +72,7 @@ KINDS: dict[str, FileKind] = {
         ("--context=4096",), _check_config, config_schema.KIND,
         skip=("_jaxroof_source", "architectures", "rope_scaling"),
         focus=("max_position_embeddings", "quantization_config", "num_local_experts")),
-    "accelerator_file": FileKind("accelerator_file", "results/vllm_cpu/pass9/accelerator.json",
+    "accelerator_file": FileKind("accelerator_file", "tests/data/vllm_cpu/accelerator_pass5.json",
                                  "iteration", "--accelerator_file",
                                  ("--model=llama-3-8b", "--decode_rows=8", "--decode_context=1024"),
                                  _check_accelerator, accelerator_schema.KIND,
@@ -85,9 +85,9 @@ KINDS: dict[str, FileKind] = {
             focus=("scale_up.unidirectional_gb_s", "hop_latency.value_us",
                    "scale_out.per_chip_unidirectional_gb_s")),
     "vllm_result": FileKind("vllm_result", "tests/data/vllm_cpu_detailed_fixture.json", "calibrate",
-                            "--from_vllm", ("--source=vllm", "--model=tinyllama-1.1b",
-                                            "--accelerator=h100-sxm", "--max_simulations=10"),
-                            _check_vllm, vllm_result_schema.KIND,
+                            "--from_vllm",
+                            ("--source=vllm", "--model=tinyllama-1.1b", "--accelerator=h100-sxm",
+                             "--search=max_simulations=10"), _check_vllm, vllm_result_schema.KIND,
                             skip=("_source", "generated_texts", "errors", "date"), oversized=False,
                             focus=("itls", "input_lens[0]", "completed")),
 }
@@ -206,6 +206,7 @@ def cases(name: str) -> list[FileCase]:
                           json.dumps(mutated).encode(), _refused(kind, mutated)))
   text = json.dumps(doc)
   whole = [
+      ("valid", text.encode()),  # The base itself: must run (a stale flag fails here).
       ("top_list", json.dumps([doc]).encode()),
       ("top_number", b"42"),
       ("top_string", b'"config"'),
@@ -217,7 +218,7 @@ def cases(name: str) -> list[FileCase]:
   if kind.oversized:
     pad = kind.bounds.max_bytes + 1 - len(text)
     whole.append(("oversized", (text[:-1] + " " * max(pad, 0) + "}").encode()))
-  out += [FileCase(name, "", fault, data, True) for fault, data in whole]
+  out += [FileCase(name, "", fault, data, fault != "valid") for fault, data in whole]
   return out
 
 
