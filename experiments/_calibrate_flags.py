@@ -17,6 +17,7 @@ from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import engine_replay
 from jaxroof.calibrate import engine_search
 from jaxroof.measure import measurement
+from jaxroof.measure import vllm_results
 from jaxroof.serving import simulator
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import parameters
@@ -135,6 +136,11 @@ PLOT_OUT = flags.DEFINE_string("plot_out", None, "ops, toy: write a PNG of measu
                                "predicted step time here.")
 
 _cli.require_positive(BUDGET_S, "s")
+for _files in (FROM_VLLM, HELDOUT_VLLM):  # Bounded before any file is opened.
+  flags.register_validator(
+      _files.name, lambda v: not v or len(v) <= vllm_results.MAX_FILES,
+      message=f"at most {vllm_results.MAX_FILES} result files at once "
+      "(merge runs into a JSONL file, one run per line)")
 _cli.require_positive_int_list(BATCH_SIZES, "sequences")
 _cli.require_positive_int_list(CONTEXTS, "tokens")
 

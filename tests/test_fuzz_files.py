@@ -29,29 +29,13 @@ pytestmark = pytest.mark.fuzz
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIMITS = {"model_config": 40, "accelerator_file": 16, "accelerator_links": 40, "vllm_result": 16}
 TIMEOUT_S = 6.0  # A refused file is refused in well under a second.
-# vLLM result files the reader (jaxroof/measure/vllm_results.py) does not yet
-# check against `vllm_result_schema` (part 2 of the bad-input work wires it): each
-# breaks the contract today, and flips (strict) once it is refused cleanly.
-PART2 = {
-    "vllm_result:completed:type",  # Accepted: a detailed result's `completed` is not read.
-    "vllm_result:completed:nan",
-    "vllm_result:completed:inf",
-    "vllm_result:input_lens[0]:type",  # Accepted: the request is silently skipped.
-    "vllm_result:input_lens[0]:nan",
-    "vllm_result:input_lens[0]:inf",
-    "vllm_result:itls:type",  # Accepted: read as a result without per-request detail.
-    "vllm_result:itls:flat",  # TypeError: 'float' object is not iterable.
-    "vllm_result:<file>:deep",  # Accepted: nesting is not bounded.
-    "vllm_result:<file>:deeper",  # RecursionError from json.loads.
-}
 
 
 def _params() -> list:
   out = []
   for kind, limit in LIMITS.items():
     for case in _file_fuzzing.sample(kind, limit):
-      marks = [pytest.mark.xfail(strict=True, reason="part 2")] if case.id in PART2 else []
-      out.append(pytest.param(case.id, id=case.id, marks=marks))
+      out.append(pytest.param(case.id, id=case.id))
   return out
 
 

@@ -107,5 +107,6 @@ KIND = schema.FileKind(what="serving benchmark result", schema=RUN, max_depth=MA
 
 
 def check_run(run: object, where: str, line: int | None = None, field: str = "from_vllm") -> None:
-  """Checks one parsed run; `line` names its line in a JSONL file."""
+  """Checks one parsed run; `line` names its line in a JSONL file; `where` names the
+  file (`from_vllm='a.json'`) and `field` the parameter errors carry."""
   schema.check(RUN, run, where=where if line is None else f"{where} line {line}", field=field)

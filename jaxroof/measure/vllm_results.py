@@ -42,6 +42,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import user_measurements as um
+from jaxroof.measure import vllm_result_schema
 from jaxroof.engines import vllm_engine
 from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic.lambdify import formula_function
@@ -70,24 +71,71 @@ def engine_of(run: dict[str, Any]) -> str:
 
 def load_runs(path: str, field: str = "from_vllm") -> list[tuple[int, dict[str, Any]]]:
   """(line, run) pairs: one JSON object, or one per line (JSONL); `field` names
-  the parameter that gave the path, in errors."""
-  text = files.read_text(field, path)
-  try:
-    data = json.loads(text)
-    return [(1, data)]
-  except json.JSONDecodeError:
-    pass
+  the parameter that gave the path, in errors.
+
+  The file's size, each document's nesting (`vllm_result_schema.MAX_DEPTH`) and
+  the number of runs (`MAX_RUNS`) are bounded, and every run is checked against
+  `vllm_result_schema.RUN` before any of it is used.
+  """
+  text = files.read_text(field, path, max_bytes=vllm_result_schema.KIND.max_bytes)
+  where = f"{field}={path!r}"
+  whole = _parse(where, text, field)
+  if whole is not _NOT_ONE:
+    vllm_result_schema.check_run(whole, where, field=field)
+    return [(1, whole)]
   runs = []
   for line, chunk in enumerate(text.splitlines(), start=1):
     if not chunk.strip():
       continue
-    try:
-      runs.append((line, json.loads(chunk)))
-    except json.JSONDecodeError as e:
+    if len(runs) == MAX_RUNS:
       raise errors.InputError(
-          f"{path} line {line}: not valid JSON ({e.msg}); give a vLLM `bench serve "
-          "--save-result` JSON or SGLang `bench_serving` JSONL.") from None
+          f"{where} holds more than {MAX_RUNS:,} runs (line {line}): give at most "
+          f"{MAX_RUNS:,} per file.", field=field)
+    run = _parse(f"{where} line {line}", chunk, field)
+    if run is _NOT_ONE:
+      raise errors.InputError(
+          f"{where} line {line}: not valid JSON; give a vLLM `bench serve "
+          "--save-result` JSON or SGLang `bench_serving` JSONL.", field=field)
+    vllm_result_schema.check_run(run, where, line, field=field)
+    runs.append((line, run))
   return runs
+
+
+MAX_FILES = 64  # Result files in one call (one flag's list): far above a real study's.
+MAX_RUNS = 256  # Runs in one file (JSONL lines); each holds at most MAX_REQUESTS requests.
+_NOT_ONE = object()  # `_parse`: the text is not one JSON document.
+
+
+def _parse(where: str, text: str, field: str) -> Any:
+  """One JSON document, its nesting bounded; `_NOT_ONE` when the text is not one."""
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError:
+    return _NOT_ONE
+  except RecursionError:
+    data = _NOT_ONE
+  except ValueError as e:  # An integer of over 4,300 digits.
+    raise errors.InputError(f"{where} cannot be read as JSON: {str(e).splitlines()[0][:100]}.",
+                            field=field) from None
+  depth = vllm_result_schema.MAX_DEPTH
+  if data is _NOT_ONE or files.json_depth(data, depth) > depth:
+    raise errors.InputError(
+        f"{where} is nested over {depth} levels deep (objects and lists), deeper "
+        "than a benchmark result is: give the result file.", field=field)
+  return data
+
+
+def check_paths(paths: Sequence[str], field: str = "from_vllm") -> list[str]:
+  """The result files of one parameter, at most `MAX_FILES` of them (none empty)."""
+  paths = [os.fspath(p) for p in paths]
+  if len(paths) > MAX_FILES:
+    raise errors.InputError(
+        f"{field} gives {len(paths):,} result files: at most {MAX_FILES} are read at once "
+        "(merge runs into a JSONL file, one run per line).", field=field)
+  for path in paths:
+    if not path.strip():
+      raise errors.InputError(f"{field} holds an empty file name: give result files.", field=field)
+  return paths
 
 
 def _number(path: str, line: int, run: dict[str, Any], key: str) -> float:
@@ -149,8 +197,7 @@ def read_results(paths: Sequence[str], *, model: str, accelerator: str, tp: int 
     InputError: a missing key or file, or a file that is neither format.
   """
   rows, engines = [], set()
-  for path in paths:
-    path = os.fspath(path)
+  for path in check_paths(paths):
     for line, run in load_runs(path):
       rows.append(
           run_to_row(path, line, run, model=model, accelerator=accelerator, tp=tp,
@@ -194,8 +241,9 @@ class BenchRun:
 
   @property
   def label(self) -> str:
-    rate = "inf" if math.isinf(self.request_rate) else f"{self.request_rate:g}"
-    return f"{os.path.basename(self.path)}:{self.line} (rate {rate})"
+    """`file.json:1 (rate 4)`; a run of rate inf sent every request at once."""
+    rate = "all at once" if math.isinf(self.request_rate) else f"rate {self.request_rate:g}"
+    return f"{os.path.basename(self.path)}:{self.line} ({rate})"
 
 
 def _bad(path: str, line: int, key: str, value: Any, allowed: str) -> errors.InputError:
@@ -326,8 +374,7 @@ def read_runs(paths: Sequence[str], field: str = "from_vllm") -> list[BenchRun]:
   """Every run of the given result files (JSON, or JSONL one run per line), each
   replayable by the simulator; `field` names the parameter that gave the paths."""
   out = []
-  for path in paths:
-    path = os.fspath(path)
+  for path in check_paths(paths, field):
     for line, run in load_runs(path, field):
       out.append(parse_run(path, line, run))
   if not out:
