@@ -337,28 +337,43 @@ def json_path(parts: Sequence[str | int]) -> str:
   return out
 
 
-def read_records(
-    name: str, path: str | os.PathLike[str], *, columns: Sequence[str],
-    required: Sequence[str] = (), json_suffixes: Sequence[str] = (".jsonl",)
-) -> list[tuple[int, dict[str, Any]]]:
+def read_records(name: str, path: str | os.PathLike[str], *, columns: Sequence[str],
+                 required: Sequence[str] = (), json_suffixes: Sequence[str] = (".jsonl",),
+                 max_rows: int | None = None,
+                 max_depth: int = MAX_JSON_DEPTH) -> list[tuple[int, dict[str, Any]]]:
   """(line, record) pairs of a table: JSONL (one object per line, by its suffix) or CSV.
 
   A CSV's header is line 1 and must name `required`; one without a header is
-  refused naming `columns`. Blank JSONL lines are skipped. Errors name the
-  parameter, the file and the line.
+  refused naming `columns`. Blank JSONL lines are skipped; each line's nesting
+  is bounded by `max_depth`. A table of more than `max_rows` rows is refused
+  before any row is returned. Errors name the parameter, the file and the line.
   """
   path = os.fspath(path)
   text = read_text(name, path)
   where = f"{name}={path!r}"
+
+  def too_many(line: int) -> InputError:
+    return InputError(
+        f"{where} holds more than {max_rows:,} rows (line {line}): give at most "
+        f"{max_rows:,} rows per file (split it, or keep the rows a fit needs).", field=name)
+
   if path.endswith(tuple(json_suffixes)):
     out = []
     for line, chunk in enumerate(text.splitlines(), start=1):
       if not chunk.strip():
         continue
+      if max_rows is not None and len(out) == max_rows:
+        raise too_many(line)
       try:
         record = json.loads(chunk)
       except json.JSONDecodeError as e:
         raise InputError(f"{where} line {line}: not valid JSON ({e.msg}).", field=name) from None
+      except (RecursionError, ValueError):  # Nested past the stack; a 4,300-digit integer.
+        record = None
+      if record is None or json_depth(record, max_depth) > max_depth:
+        raise InputError(
+            f"{where} line {line}: not one JSON object of at most {max_depth} levels "
+            "(objects and lists) with readable values.", field=name)
       if not isinstance(record, dict):
         raise InputError(f"{where} line {line}: not a JSON object.", field=name)
       out.append((line, record))
@@ -375,9 +390,12 @@ def read_records(
             f"{where} line 1: the header lacks columns {missing} (needs "
             f"{list(required)}).", field=name)
       # Line numbers count the header as line 1 (rows without embedded newlines).
-      return [
-          (reader.line_num, {k: v for k, v in record.items() if k is not None}) for record in reader
-      ]
+      rows = []
+      for record in reader:
+        if max_rows is not None and len(rows) == max_rows:
+          raise too_many(reader.line_num)
+        rows.append((reader.line_num, {k: v for k, v in record.items() if k is not None}))
+      return rows
   except csv.Error as e:
     raise InputError(f"{where} is not readable CSV: {e}.", field=name) from None
 

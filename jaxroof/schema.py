@@ -51,7 +51,8 @@ _SHOWN = 48  # Characters of a value quoted in a message.
 def shown(value: Any) -> str:
   """A value as a message quotes it: short, one line (a long list by its length)."""
   if isinstance(value, _Raw):
-    return repr(value)[:_SHOWN]
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 20]}... ({len(text):,} characters)"
   if value is None or isinstance(value, bool):
     return {None: "null", True: "true", False: "false"}[value]
   if isinstance(value, Mapping):

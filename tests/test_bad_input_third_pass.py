@@ -105,16 +105,17 @@ def test_a_bad_link_figure_is_refused_before_any_work(tmp_path, field, value):
 # Class 1/2: a result that is not finite never exits 0.
 
 
-def test_a_fit_that_comes_out_nan_exits_nonzero_and_writes_nothing(tmp_path):
+def test_a_row_that_made_the_fit_nan_is_refused_and_nothing_is_written(tmp_path):
+  # The example: refused at its row (part 2), before the fit it made nan.
   with open(os.path.join(ROOT, "tests", "data", "user_llama2_7b_a100_5pts.csv")) as f:
     lines = f.read().splitlines()
   lines[3] = lines[3].replace("0.0149", "1e-300")
   csv = tmp_path / "t.csv"
   csv.write_text("\n".join(lines) + "\n")
   profile = tmp_path / "p.json"
-  line = one_error_line(run("calibrate", f"--from_csv={csv}", f"--profile_out={profile}"),
-                        "not a finite number")
-  assert "nan" in line and not profile.exists()
+  one_error_line(run("calibrate", f"--from_csv={csv}", f"--profile_out={profile}"),
+                 "line 4, column time_s=1e-300 is not allowed")
+  assert not profile.exists()
   assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
 
 
