@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxroof import errors
 from jaxroof.calibrate import fitting
+from jaxroof.calibrate import row_checks
 from jaxroof.calibrate import row_fit
 from jaxroof.measure import profiles
 from jaxroof.measure import user_measurements as um
@@ -283,6 +284,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   split and `um.TP_ASSUMPTION` is stated.
   """
   all_rows = list(measurements.rows)
+  row_checks.refuse_impossible(measurements.path, all_rows, inputs=inputs)
   rows, flagged, warnings = _check_rows(all_rows, inputs=inputs, drop_suspicious=drop_suspicious)
   slugs = measurements.accelerators()
   slug = accelerator or slugs[0]
@@ -401,7 +403,7 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
           "bound_rel_error": "1", "ratio_to_bound": "1 (measured / bound)"
       },
   }
-  return prof, result
+  return prof, row_checks.finite_result(measurements.path, rows, result, inputs=inputs)
 
 
 def _relation(fit_model: str, target: str) -> list[str]:
@@ -426,6 +428,7 @@ def carry_over(measurements: um.Measurements, *,
   Raises:
     InputError: no device has rows of two models (nothing to carry over).
   """
+  row_checks.refuse_impossible(measurements.path, measurements.rows, inputs=inputs)
   pairs, all_rows = [], []
   for slug in measurements.accelerators():
     rows = [r for r in measurements.rows if r.accelerator == slug]
@@ -473,7 +476,7 @@ def carry_over(measurements: um.Measurements, *,
       } for phase in um.PHASES
   }
   ratio = (bound["median_rel_error"] / cal["median_rel_error"] if cal["median_rel_error"] else None)
-  return {
+  result = {
       "kind": "carry_over",
       "what": "factors fitted to one model's measured rows on a device predict another "
               "model's rows on the same device (calibrated prediction) vs the analytic "
@@ -503,3 +506,4 @@ def carry_over(measurements: um.Measurements, *,
           "bound_rel_error": "1"
       },
   }
+  return row_checks.finite_result(measurements.path, measurements.rows, result, inputs=inputs)
