@@ -5,17 +5,14 @@ printed nan or inf (a number formatted as `nan`, `inf`, `-inf`, `nan%`) stop
 the run instead of passing: the error line quotes the printed line, which is
 not printed. It raises `errors.NonFiniteResult`, an `InputError`: `_cli.run`
 prints it as one `error:` line and exits 2. Words that contain the letters
-(`infinite`, `nanoseconds`, `info`) are not numbers and pass, and so does a
-request rate of inf (a benchmark's setting, `rate inf`).
+(`infinite`, `nanoseconds`, `info`) are not numbers and pass. A benchmark run
+at a request rate of inf is labelled "all at once", never "rate inf".
 
-The JSON a run writes is guarded the same way where `STRICT_JSON` is on
-(`files.require_finite_json`: a document holding nan or inf is refused,
-naming its field, e.g. `fit.factors.eta_w`, and is not written). It is off
-for now: a calibrated sweep from raw numbers writes its undefined
-`summary.rate_limit_tokens_per_s` (no FLOP rate given) as nan, which
-`files.write_json` writes as null; that is the one result in the default
-tier that holds a non-finite number on purpose. Once the sweep says None
-there, `STRICT_JSON` turns on.
+The JSON a run writes is guarded the same way (`STRICT_JSON`, on:
+`files.require_finite_json`): a document holding nan or inf is refused,
+naming its field, e.g. `fit.factors.eta_w`, and is not written. A value
+that is undefined on purpose (a calibrated sweep's rate limit with no FLOP
+rate) is written as None (JSON null), never as nan.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ from typing import Any, TextIO
 from jaxroof import files
 from jaxroof.errors import NonFiniteResult
 
-# A printed non-finite number: the token alone, as Python formats one. A request
-# rate of inf (vLLM's `--request-rate inf`: every request at once) is a setting
-# read from a file, not a result, and passes ("rate inf", "rate=inf").
-NONFINITE = re.compile(r"(?<![\w.])(?<!rate )(?<!rate=)[-+]?(nan|inf|infinity)(?![\w])",
-                       re.IGNORECASE)
+# A printed non-finite number: the token alone, as Python formats one.
+NONFINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
 
 
 def nonfinite_in(text: str) -> str | None:
@@ -60,7 +54,7 @@ class _FiniteOut:
     return getattr(self._stream, name)
 
 
-STRICT_JSON = False  # See the module docstring.
+STRICT_JSON = True  # See the module docstring.
 
 
 def install(strict_json: bool | None = None) -> None:

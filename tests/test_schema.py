@@ -267,7 +267,8 @@ def test_nonfinite_values_are_found_by_path(tmp_path):
         ("cost inf $/h", True),
         ("-inf", True),
         ("Infinity", True),
-        ("(rate inf)", False),  # A benchmark's setting, read from its file.
+        ("(rate inf)", True),  # A run at rate inf is labelled "all at once".
+        ("r.json:1 (all at once)", False),
         ("information on nanoseconds, infinite", False),
         ("1e308 and 5e-324", False),
     ])

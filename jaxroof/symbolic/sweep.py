@@ -162,6 +162,10 @@ def sweep(
   elif cross < 1 and model.kind == "bound":
     summary["compute_crossover_batch"] = None
     notes.append("compute binds at every batch (crossover below one sequence)")
+  if model.kind == "calibrated" and math.isinf(flop_rate):
+    # No FLOP rate: the limit past every crossover (compute-bound) is undefined, not nan.
+    summary["rate_limit_tokens_per_s"] = None
+    notes.append("no FLOP rate given: no rate limit past the compute crossover")
   if np.ptp(n_read) > 0 and crossovers is None:
     notes.append("weights read vary with batch (MoE experts, embedding rows): "
                  "crossovers use the largest")
