@@ -75,19 +75,29 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-# Output flags every experiment may define, and the kind of file each takes.
+# Output flags every experiment may define, and the kind of output each takes (a
+# file's extensions, `files.EXTENSIONS`, or a folder).
 OUTPUT_FLAGS: dict[str, str] = {
-    "json_out": "json", "plot_out": "plot", "profile_out": "json", "summary_out": "json"
+    "json_out": "json", "plot_out": "plot", "profile_out": "json", "summary_out": "json",
+    "out_dir": files.FOLDER
 }
+_SIBLINGS: dict[str, tuple[str, ...]] = {}  # Output flag -> suffixes written beside it.
+
+
+def output_siblings(flag: str, *suffixes: str) -> None:
+  """Declares the files the calling experiment writes beside an output flag's path
+  (`simulate --plot_out=a.png` also writes `a_kv.png`): checked with it, first."""
+  _SIBLINGS[flag] = suffixes
 
 
 def check_outputs() -> None:
-  """Checks every set output flag before any work starts (see `files.check_output_path`)."""
-  given = {}
-  for name, kind in OUTPUT_FLAGS.items():
-    if name in flags.FLAGS and flags.FLAGS[name].value:
-      given[f"--{name}"] = files.check_output_path(f"--{name}", flags.FLAGS[name].value, kind)
-  files.check_distinct(given)
+  """Checks every set output flag before any work starts (`files.check_outputs`): each
+  file with its siblings, each folder, and no two naming the same path."""
+  outputs = {
+      f"--{name}": (flags.FLAGS[name].value or None, kind) for name, kind in OUTPUT_FLAGS.items()
+      if name in flags.FLAGS
+  }
+  files.check_outputs(outputs, siblings={f"--{n}": s for n, s in _SIBLINGS.items()})
 
 
 # No count this tool takes (tokens, sequences, layers, sizes, seeds) is

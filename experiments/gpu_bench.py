@@ -16,7 +16,6 @@ nothing). The logic lives in `jaxroof.calibrate.gpu_run` and
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
@@ -24,6 +23,7 @@ import jax
 from absl import flags
 
 from experiments._cli import run
+from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.calibrate import gpu_run
 
@@ -116,8 +116,12 @@ def main(argv: list[str]) -> int:
         f"{jax.default_backend()!r} ({jax.devices()}); this benchmark only "
         "runs on a GPU (or with --dry_run). Nothing was measured.", file=sys.stderr)
     return 1
-  out_dir = _OUT_DIR.value
-  os.makedirs(out_dir, exist_ok=True)
+  with files.output_folder("--out_dir", _OUT_DIR.value) as out_dir:  # Removed if it fails.
+    return _run(out_dir, dry_run)
+
+
+def _run(out_dir: str, dry_run: bool) -> int:
+  """Runs the chosen stage (or drives them all) into `out_dir`."""
   stage = _STAGE.value
   if stage == "ceilings":
     gpu_run.ceilings_stage(out_dir, dry_run=dry_run, say=_say)

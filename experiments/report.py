@@ -25,6 +25,7 @@ from absl import flags
 from experiments import _cli
 from experiments import _model_flags
 from experiments import _report_commands
+from jaxroof import files
 from jaxroof.calibrate import toy_job
 from jaxroof.errors import InputError
 from jaxroof.measure import measurement
@@ -87,18 +88,20 @@ def main(argv: list[str]) -> None:
   if budget:
     toy_job.check_budget("calibration_budget_s", budget)
   measurement.keep_allocations()  # Before any timing; see jaxroof.measure.measurement.
-  results = report_results.compute(chosen, _report_commands.RESULTS_DIR)
-  calibration, failure = None, None
-  if budget:
-    try:
-      calibration = toy_job.run(budget)
-    except InputError as e:  # A busy machine may measure too few points to fit.
-      failure = str(e)
-  path = document.build(
-      document.Context(out_dir=_OUT_DIR.value, results=results,
-                       results_dir=_report_commands.RESULTS_DIR, calibration_budget_s=budget,
-                       calibration=calibration, calibration_failure=failure,
-                       commands=_report_commands.commands(results)))
+  # --out_dir was checked before this (`_cli.check_outputs`); a folder this run creates is
+  # removed if the work fails, so a failure leaves nothing behind.
+  with files.output_folder("--out_dir", _OUT_DIR.value) as out_dir:
+    results = report_results.compute(chosen, _report_commands.RESULTS_DIR)
+    calibration, failure = None, None
+    if budget:
+      try:
+        calibration = toy_job.run(budget)
+      except InputError as e:  # A busy machine may measure too few points to fit.
+        failure = str(e)
+    path = document.build(
+        document.Context(out_dir=out_dir, results=results, results_dir=_report_commands.RESULTS_DIR,
+                         calibration_budget_s=budget, calibration=calibration,
+                         calibration_failure=failure, commands=_report_commands.commands(results)))
   print(f"wrote {path}")
 
 

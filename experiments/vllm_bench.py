@@ -22,6 +22,7 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.engines import vllm_engine
 from jaxroof.engines import vllm_model
 from jaxroof.engines import vllm_server
@@ -133,11 +134,12 @@ def main(argv: list[str]) -> None:
                                output_tokens=_OUTPUT_TOKENS.value, num_prompts=_NUM_PROMPTS.value,
                                range_ratio=_RANGE_RATIO.value, seed=_SEED.value,
                                timeout_s=3 * longest + 300)
-  summary = vllm_engine.run_bench(env_dir=_ENGINE_ENV.value, model=_MODEL.value,
-                                  overrides=overrides, rates=rates, spec=spec, config=config,
-                                  out_dir=_OUT_DIR.value, port=_PORT.value,
-                                  start_timeout_s=_START_TIMEOUT_S.value,
-                                  cache_dir=_CACHE_DIR.value or None)
+  with files.output_folder("--out_dir", _OUT_DIR.value) as out_dir:  # Removed if it fails.
+    summary = vllm_engine.run_bench(env_dir=_ENGINE_ENV.value, model=_MODEL.value,
+                                    overrides=overrides, rates=rates, spec=spec, config=config,
+                                    out_dir=out_dir, port=_PORT.value,
+                                    start_timeout_s=_START_TIMEOUT_S.value,
+                                    cache_dir=_CACHE_DIR.value or None)
   print(f"measurement (vLLM {summary['engine']['vllm_version']}, {summary['device']}, bf16): "
         f"{len(summary['runs'])} runs; summary {os.path.join(_OUT_DIR.value, 'summary.json')}")
   for run in summary["runs"]:

@@ -3,12 +3,12 @@ figures and its CDFs, K/V over time and goodput."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from jaxroof import files
 from jaxroof.report import accuracy
 from jaxroof.report import simulation
 from jaxroof.report import table
@@ -102,17 +102,21 @@ def annotate_calibrated(result: dict[str, Any], provenance: Mapping[str, Any]) -
   result["metrics"] = {**result["metrics"], accuracy.ROW_FIELD: accuracy.row_error(provenance)}
 
 
+# Files `plot_run` and `plot_goodput` write beside the plot path (`files.sibling_path`).
+PLOT_SIBLINGS = ("_kv", "_goodput")
+
+
 def plot_run(run: Any, total_pages: int, scheduler: str, path: str, label: str) -> None:
-  """The run's TTFT/ITL CDFs at `path`, and beside it `<stem>_kv.png` (K/V pages and
-  queue over time)."""
-  stem, _ = os.path.splitext(path)
-  simulation.plot_cdfs(
-      {scheduler: {"ttft_s": run.first_token_s - run.arrival_s, "itl_s": run.itl_s}}, path, label)
-  simulation.plot_kv_over_time(run, total_pages, f"{stem}_kv.png", label)
+  """The run's TTFT/ITL CDFs at `path`, and beside it `<stem>_kv<ext>` (K/V pages and
+  queue over time): both written, or neither (`files.atomic_paths`)."""
+  with files.atomic_paths([path, files.sibling_path(path, "_kv")]) as (cdf_tmp, kv_tmp):
+    simulation.plot_cdfs(
+        {scheduler: {"ttft_s": run.first_token_s - run.arrival_s, "itl_s": run.itl_s}}, cdf_tmp,
+        label)
+    simulation.plot_kv_over_time(run, total_pages, kv_tmp, label)
 
 
 def plot_goodput(sweep: dict[str, Any], path: str, label: str) -> None:
-  """Goodput against the arrival rate per scheduler, at `<stem of path>_goodput.png`."""
-  stem, _ = os.path.splitext(path)
+  """Goodput against the arrival rate per scheduler, at `<stem of path>_goodput<ext>`."""
   simulation.plot_goodput(sweep["arrival_rate_per_s"], sweep["goodput_per_s"],
-                          f"{stem}_goodput.png", label)
+                          files.sibling_path(path, "_goodput"), label)
