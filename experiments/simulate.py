@@ -80,6 +80,7 @@ _FIND_MAX_RATE = flags.DEFINE_bool(
     "--slo_percentile (starting from --arrival_rate).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
+_cli.output_siblings("plot_out", *sim_lines.PLOT_SIBLINGS)  # Checked first with it.
 _GOODPUT_REQUESTS = flags.DEFINE_integer(
     "goodput_requests", 1000, "Requests per point of the "
     "goodput-vs-rate plot. In [1, 100,000].", lower_bound=1, upper_bound=100_000)
