@@ -162,8 +162,9 @@ def test_a_fit_carried_to_another_device_predicts_without_fitting(tmp_path, monk
   assert gap[("tpot", 50)] < next(
       r["predicted_s"] for r in same["heldout"] if (r["metric"], r["percentile"]) == ("tpot", 50))
   for bad, match in (({"kind": "simulation"}, "is not a set of cost terms"),
-                     ({**fit, "factors": {**fit["factors"], "eta_w": -1}}, "eta_w=-1 is outside"),
-                     ({"terms": {"eta_q": 1}}, "'eta_q' is not a cost term")):
+                     ({**fit, "factors": {**fit["factors"],
+                                          "eta_w": -1}}, "factors.eta_w=-1 is not allowed"),
+                     ({"terms": {"eta_q": 1}}, "terms.eta_q=1 is not allowed: not a known field")):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
     with pytest.raises(errors.InputError, match=match) as raised:

@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
-from jaxroof import files
 from jaxroof.calibrate import engine_replay
 from jaxroof.calibrate import engine_search
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate.engine_replay import ServingSetup
 from jaxroof.engines import vllm_cpu
+from jaxroof.measure import engine_terms_schema
 from jaxroof.measure import profiles
 from jaxroof.measure import vllm_results
 from jaxroof.specs import accelerators
@@ -430,7 +430,7 @@ def read_terms(path: str | os.PathLike[str], field: str = "engine_terms") -> dic
     InputError: not such a file, an unknown name, or a value outside its bounds.
   """
   where = f"{os.fspath(path)}: "
-  data = files.read_json(field, path)
+  data = engine_terms_schema.load(field, path)  # Size, nesting and every term checked.
   if isinstance(data, dict) and data.get("kind") == "engine_calibration":
     values = dict(data.get("factors") or {})
     fixed = data.get("fixed")
