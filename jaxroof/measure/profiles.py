@@ -13,7 +13,6 @@ calibrated `StepModel` that `jaxroof.symbolic.sweep.sweep` evaluates.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +21,7 @@ from jaxroof import engines  # noqa: F401  (registers the engines' terms a profi
 from jaxroof import errors
 from jaxroof import files
 from jaxroof.measure import measurement
+from jaxroof.measure import profile_schema
 from jaxroof.specs import accelerators
 from jaxroof.specs import parameters
 from jaxroof.symbolic import calibrated as calibration
@@ -235,15 +235,11 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
   if not os.path.lexists(path):
     raise errors.InputError(f"profile={path!r} does not exist: write one with "
                             "`python -m experiments.calibrate`.")
-  text = files.read_text("profile", path, max_bytes=MAX_PROFILE_BYTES)
-  try:
-    data = json.loads(text)
-  except RecursionError:
-    raise errors.InputError(f"profile={path!r} is nested too deeply.") from None
-  except json.JSONDecodeError as e:
-    raise errors.InputError(f"profile={path!r} is not valid JSON (line {e.lineno}): give a "
-                            "profile written by `python -m experiments.calibrate`.") from None
-  return Profile.from_json(data, path=path)
+  data = files.read_json("profile", path, max_bytes=MAX_PROFILE_BYTES,
+                         max_depth=profile_schema.MAX_DEPTH)
+  profile = Profile.from_json(data, path=path)
+  profile_schema.check(data, f"profile={path!r}")  # Every field a reader uses, typed and bounded.
+  return profile
 
 
 def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False) -> list[str]:
