@@ -3,9 +3,13 @@
 Each file kind (`KINDS`) names a valid file we ship, the experiment and flags
 that read it, and its schema. From the valid file, `cases` makes one file per
 field and fault: a wrong type, the field missing, nan, inf, negative, zero,
-huge, a fraction where a whole number goes; and per file: nesting beyond the
+huge, a fraction where a whole number goes; and per file: the valid file
+itself (which must run: a stale flag in a kind shows there), nesting beyond the
 kind's bound and beyond Python's recursion, a file over the size bound, a
-wrong top-level type, bytes that are not UTF-8. A case must be refused when
+wrong top-level type, bytes that are not UTF-8. A table (measurements as CSV
+or JSONL) is mutated cell by cell in `table_rows`, and as a whole: a header
+only, more rows than its limit, a JSONL line nested past recursion, a line
+that is not JSON. A case must be refused when
 its file's schema refuses it (`must_refuse`); every case must keep the
 contract of `experiments._fuzzing` (a clean line or a correct result; no
 traceback, no nan or inf, nothing half-written, no hang), and is run and
@@ -17,7 +21,9 @@ child per case.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -29,6 +35,9 @@ from typing import Any
 from experiments import _fuzzing
 from jaxroof import schema
 from jaxroof.errors import InputError
+from jaxroof.measure import engine_terms_schema
+from jaxroof.measure import profile_schema
+from jaxroof.measure import user_measurements
 from jaxroof.measure import vllm_result_schema
 from jaxroof.specs import accelerator_schema
 from jaxroof.specs.readers import config_schema
@@ -48,10 +57,18 @@ class FileKind:
   flag: str  # The flag that takes the file.
   args: tuple[str, ...]  # The other flags of a short valid run.
   check: Callable[[Any], None]  # Raises InputError where the schema refuses a document.
-  bounds: schema.FileKind
+  bounds: schema.FileKind | None  # Size and nesting (None: a table's own bounds).
   skip: tuple[str, ...] = ()  # Top-level fields not mutated (provenance, texts).
   oversized: bool = True  # Write a file over the size bound (not for 256 MiB bounds).
   focus: tuple[str, ...] = ()  # Fields (and below) a sample takes first: the reported faults.
+  only: tuple[str, ...] = ()  # When given, the only top-level fields mutated.
+  skip_below: tuple[str, ...] = ()  # Paths (and below) not mutated: fields no reader reads.
+  fmt: str = "json"  # json, or a table: csv, jsonl (`table_rows` rows mutated).
+  table_rows: tuple[int, ...] = ()  # A table's rows (0-based) mutated cell by cell.
+
+  @property
+  def suffix(self) -> str:
+    return f".{self.fmt}"
 
 
 def _check_config(doc: Any) -> None:
@@ -65,6 +82,33 @@ def _check_accelerator(doc: Any) -> None:
 def _check_vllm(doc: Any) -> None:
   vllm_result_schema.check_run(doc, "result")
 
+
+def _check_terms(doc: Any) -> None:
+  schema.check(engine_terms_schema.SCHEMA, doc, where="terms")
+
+
+def _check_profile(doc: Any) -> None:
+  profile_schema.check(doc, "profile")
+
+
+def _check_rows(suffix: str) -> Callable[[Any], None]:
+  """A table's check: every row as `user_measurements.parse_row` reads it."""
+
+  def check(rows: Any) -> None:
+    for line, record in enumerate(rows, start=2 if suffix == ".csv" else 1):
+      user_measurements.parse_row(f"m{suffix}", line, record)
+
+  return check
+
+
+def _data(*parts: str) -> str:
+  """A shipped file's absolute path (a case runs in its own temporary folder)."""
+  return os.path.join(_ROOT, *parts)
+
+
+_ROWS = "tests/data/user_llama2_7b_a100_5pts.csv"  # The issue's measurements.
+_ROW_ARGS = ("--fit_steps=10",)
+_CARRIED = ("tests", "data", "vllm_cpu")
 
 KINDS: dict[str, FileKind] = {
     "model_config": FileKind(
@@ -90,6 +134,35 @@ KINDS: dict[str, FileKind] = {
                              "--search=max_simulations=10"), _check_vllm, vllm_result_schema.KIND,
                             skip=("_source", "generated_texts", "errors", "date"), oversized=False,
                             focus=("itls", "input_lens[0]", "completed")),
+    # Measured step times: the issue's five rows, the third (its 1e-300 s) cell by cell.
+    "measurements_csv": FileKind("measurements_csv", _ROWS, "calibrate", "--from_csv", _ROW_ARGS,
+                                 _check_rows(".csv"), None, oversized=False, fmt="csv",
+                                 table_rows=(2,), focus=("[2].time_s", "[2].batch", "[2].context")),
+    "measurements_jsonl": FileKind("measurements_jsonl", _ROWS, "calibrate", "--from_csv",
+                                   _ROW_ARGS, _check_rows(".jsonl"), None, oversized=False,
+                                   fmt="jsonl", table_rows=(2,),
+                                   focus=("[2].time_s", "[2].batch", "[2].context")),
+    # An earlier vLLM-run fit carried to another run: its factors and held terms.
+    "engine_terms": FileKind(
+        "engine_terms",
+        "/".join(_CARRIED + ("calibration_pass5_predicts_pass6_engine_kernels.json",)), "calibrate",
+        "--engine_terms", (f"--heldout_vllm={_data(*_CARRIED, 'tiny_vllm_rate4_in128_out32.json')}",
+                           f"--model={_data(*_CARRIED, 'models', 'tiny-llama')}",
+                           f"--accelerator_file={_data(*_CARRIED, 'accelerator_pass5.json')}",
+                           "--server=scheduler=vllm"), _check_terms, engine_terms_schema.KIND,
+        oversized=False, only=("kind", "factors", "fixed"),
+        focus=("factors.eta_w", "fixed.m_pass", "factors")),
+    # A toy profile measured here (factors, terms, ceilings, toy configs), applied to raw numbers.
+    "profile": FileKind(
+        "profile", "results/profile_cpu.json", "batch_sweep", "--profile",
+        ("--batch_sizes=1,32", "--bandwidth_tbps=2", "--token_gap_ms=20"), _check_profile,
+        profile_schema.KIND, oversized=False,
+        only=("kind", "version", "factors", "regime_factors", "ceilings", "fit", "model", "dtype",
+              "device_kind", "accelerator", "prefill_factors"),
+        skip_below=("fit.basis", "fit.attention_layout_floor", "fit.operations", "fit.targets",
+                    "fit.load", "model.step_inputs"),
+        focus=("factors.eta_w", "ceilings.bandwidth_Bps", "regime_factors.r_pack",
+               "model.configs.calibration.width")),
 }
 
 
@@ -108,12 +181,56 @@ class FileCase:
     return f"{self.kind}:{self.path or '<file>'}:{self.fault}"
 
 
-def base_document(kind: FileKind) -> dict[str, Any]:
-  """The valid file a kind's cases are made from (`path#slug`: one entry of a table)."""
+def base_document(kind: FileKind) -> Any:
+  """The valid file a kind's cases are made from (`path#slug`: one entry of a table);
+  a table's rows as records (CSV: text cells; JSONL: JSON numbers where numbers go)."""
   path, _, slug = kind.base.partition("#")
   with open(os.path.join(_ROOT, path), encoding="utf-8") as f:
+    if kind.fmt != "json":
+      rows = list(csv.DictReader(f))
+      return rows if kind.fmt == "csv" else [{k: _typed(v) for k, v in r.items()} for r in rows]
     doc = json.load(f)
   return doc["accelerators"][slug] if slug else doc
+
+
+def _typed(cell: str) -> Any:
+  """A CSV cell as a JSONL file writes it: a number where it reads as one."""
+  for kind in (int, float):
+    try:
+      return kind(cell)
+    except ValueError:
+      pass
+  return cell
+
+
+def serialize(kind: FileKind, doc: Any) -> bytes:
+  """A document as the kind's file: JSON, CSV with a header row, or JSONL."""
+  if kind.fmt == "json":
+    return json.dumps(doc).encode()
+  if kind.fmt == "jsonl":
+    return "".join(json.dumps(r) + "\n" for r in doc).encode()
+  columns = list(dict.fromkeys(c for r in doc for c in r))
+  out = io.StringIO()
+  writer = csv.DictWriter(out, fieldnames=columns, restval="", lineterminator="\n")
+  writer.writeheader()
+  writer.writerows(doc)
+  return out.getvalue().encode()
+
+
+def _cell_faults(value: str) -> Iterator[tuple[str, str]]:
+  """(fault, replacement) for one CSV cell, as text."""
+  if not isinstance(_typed(value), (int, float)):
+    yield "type", "7"
+    return
+  yield "type", "fast"
+  yield "nan", "nan"
+  yield "inf", "inf"
+  yield "negative", f"-{value}"
+  yield "zero", "0"
+  yield "huge", "1e30"
+  yield "tiny", "1e-300"
+  yield "fraction", f"{value}.5" if "." not in value else f"{value}5e-1"
+  yield "huge_int", "9" * 400
 
 
 def _faults(value: Any) -> Iterator[tuple[str, Any]]:
@@ -142,6 +259,13 @@ def _faults(value: Any) -> Iterator[tuple[str, Any]]:
     return
   if isinstance(value, dict):
     yield "type", [1]
+
+
+def _table_paths(kind: FileKind, doc: list[dict]) -> Iterator[tuple]:
+  """A table's cells to mutate: every column of the `table_rows`."""
+  for row in kind.table_rows:
+    for column in doc[row]:
+      yield (row, column)
 
 
 def _paths(doc: Any, skip: tuple[str, ...], prefix: tuple = ()) -> Iterator[tuple]:
@@ -194,16 +318,23 @@ def cases(name: str) -> list[FileCase]:
   kind = KINDS[name]
   doc = base_document(kind)
   out = []
-  for path in _paths(doc, kind.skip):
+  if kind.fmt != "json":
+    paths = _table_paths(kind, doc)
+  else:
+    skip = kind.skip + tuple(k for k in doc if kind.only and k not in kind.only)
+    paths = (p for p in _paths(doc, skip)
+             if not kind.skip_below or not schema.path_text(p).startswith(kind.skip_below))
+  for path in paths:
     where = schema.path_text(path)
     value = _get(doc, path)
-    variants = list(_faults(value))
+    variants = list(_cell_faults(value) if kind.fmt == "csv" else _faults(value))
     if isinstance(path[-1], str):
       variants.append(("missing", _DELETE))
     for fault, replacement in variants:
       mutated = _replace(doc, path, replacement)
-      out.append(FileCase(name, where, fault,
-                          json.dumps(mutated).encode(), _refused(kind, mutated)))
+      out.append(FileCase(name, where, fault, serialize(kind, mutated), _refused(kind, mutated)))
+  if kind.fmt != "json":
+    return out + _table_cases(kind, doc)
   text = json.dumps(doc)
   whole = [
       ("valid", text.encode()),  # The base itself: must run (a stale flag fails here).
@@ -220,6 +351,30 @@ def cases(name: str) -> list[FileCase]:
     whole.append(("oversized", (text[:-1] + " " * max(pad, 0) + "}").encode()))
   out += [FileCase(name, "", fault, data, fault != "valid") for fault, data in whole]
   return out
+
+
+def _table_cases(kind: FileKind, doc: list[dict]) -> list[FileCase]:
+  """Whole-table faults: each must be refused, but the valid table."""
+  text = serialize(kind, doc)
+  header, _, body = text.partition(b"\n")
+  first = body.split(b"\n")[0] if kind.fmt == "csv" else text.split(b"\n")[0]
+  many = user_measurements.MAX_ROWS + 1
+  whole = [
+      ("valid", text),
+      ("header_only", header + b"\n" if kind.fmt == "csv" else b"\n"),
+      ("not_utf8", b"\xff\xfe" + text),
+      ("too_many_rows", (header + b"\n" if kind.fmt == "csv" else b"") + (first + b"\n") * many),
+  ]
+  if kind.fmt == "jsonl":
+    whole += [
+        ("top_list_line", text + b"[1, 2]\n"),
+        ("not_json_line", text + b"{not json\n"),
+        ("deep_line", text + b"[" * DEEPER + b"]" * DEEPER + b"\n"),
+        ("nested_value", text + json.dumps({**doc[0], "batch": [[[8]]]}).encode() + b"\n"),
+    ]
+  else:
+    whole += [("no_header", body), ("ragged_row", text + b"llama-2-7b,a100-80gb\n")]
+  return [FileCase(kind.name, "", fault, data, fault != "valid") for fault, data in whole]
 
 
 def _in_focus(case: FileCase, focus: tuple[str, ...]) -> bool:
@@ -258,7 +413,7 @@ def run(name: str, limit: int | None, timeout_s: float) -> Iterator[dict[str, An
   importlib.import_module(module_name)
   with tempfile.TemporaryDirectory(prefix="file-fuzz-") as folder:
     for i, case in enumerate(sample(name, limit)):
-      path = os.path.join(folder, f"case{i}.json")
+      path = os.path.join(folder, f"case{i}{kind.suffix}")
       with open(path, "wb") as f:
         f.write(case.data)
       args = (*kind.args, f"{kind.flag}={path}")

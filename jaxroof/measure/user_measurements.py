@@ -120,7 +120,7 @@ class Measurements:
 
 
 def _where(path: str, line: int, column: str) -> str:
-  return f"{path} line {line}, column {column}"
+  return f"{path} line {line}, {'field' if path.endswith('.jsonl') else 'column'} {column}"
 
 
 @functools.cache
@@ -135,7 +135,7 @@ def _check(path: str, line: int, column: str, check, *args):
   except errors.InputError as e:
     said = str(e)
     joined = said if said.startswith(f"{column}=") else f"{column}: {said}"
-    raise errors.InputError(f"{path} line {line}, column {joined}") from None
+    raise errors.InputError(f"{_where(path, line, joined)}") from None
 
 
 def _blank(value) -> bool:
