@@ -25,7 +25,8 @@ from jaxroof import files
 from jaxroof.errors import NonFiniteResult
 
 # A printed non-finite number: the token alone, as Python formats one.
-NONFINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])", re.IGNORECASE)
+# A name such as `inf.json` is not a number: a dot before a word character continues it.
+NONFINITE = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)(?![\w])(?!\.\w)", re.IGNORECASE)
 
 
 def nonfinite_in(text: str) -> str | None:

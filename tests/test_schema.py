@@ -269,6 +269,8 @@ def test_nonfinite_values_are_found_by_path(tmp_path):
         ("Infinity", True),
         ("(rate inf)", True),  # A run at rate inf is labelled "all at once".
         ("r.json:1 (all at once)", False),
+        ("inf.json:1, nan.jsonl", False),  # File names.
+        ("step nan.", True),
         ("information on nanoseconds, infinite", False),
         ("1e308 and 5e-324", False),
     ])

@@ -34,6 +34,11 @@ IMPOSSIBLY_SLOW = 500.0  # Measured / bound above this: not a step of it either.
 _SHOWN_ROWS = 3  # Rows named as driving a non-finite fit.
 
 
+def _times(x: float) -> str:
+  """A ratio as messages write it: 12.5x, 1,000x."""
+  return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
+
+
 def _where(path: str, line: int) -> str:
   return f"{path} line {line}, column time_s"
 
@@ -51,7 +56,7 @@ def refuse_impossible(path: str, rows: Sequence[um.Row], *,
           "time: check its model, batch, context and tp.")
     ratio = row.time_s / b
     if ratio < 1 / IMPOSSIBLY_FAST or ratio > IMPOSSIBLY_SLOW:
-      side = (f"{1 / ratio:,.3g}x faster" if ratio < 1 else f"{ratio:,.3g}x slower")
+      side = f"{_times(1 / ratio)} faster" if ratio < 1 else f"{_times(ratio)} slower"
       raise errors.InputError(
           f"{_where(path, row.line)}={row.time_s:g} is not allowed: {side} than its analytic "
           f"bound ({b:.4g} s at the datasheet's bandwidth and FLOP rate); a step is at most "
