@@ -1,0 +1,561 @@
+"""The load model: how much load one replica takes, and what the load does to it.
+
+A replica with at most B sequences running (its slots) serves requests of a
+P-token prompt and G outputs arriving at rate lam (Poisson). Its running count n
+is a birth-death chain: a request arrives at lam and takes a slot if one is free
+(else it queues); with n running, requests leave at n / hold(n), a request
+holding its slot for its prompt's service and G - 1 token gaps at the loaded gap
+of that occupancy (`hold_time`). Everything the replica does at a load comes
+from the chain's stationary distribution and the cost model's iteration at each
+occupancy (the caller evaluates it): the mean occupancy, the slots' utilisation,
+the gap a user sees (TPOT), TTFT (the wait for a slot, the wait for the
+prefill, the service) with its p90, the share of inter-token gaps over the
+target (p99 ITL), and the largest rate that meets the targets.
+
+Per occupancy n the caller gives: `step` the decode iteration of n rows;
+`extra` the time one admitted prompt adds to the iterations it joins; `admit`
+the prompt's own service once it has a slot; `chunk` the iteration that
+carries a chunk of a prompt (chunked states) or None (whole prompts join one
+iteration, the iteration-level scheduler). Then (`loaded_gap`) a decode token
+waits `t/(1 - lam*t_x)`: iterations carry prompts at rate lam, each adding t_x.
+
+Deterministic holds: the chain's queue is M/M/c-like (B servers, state-dependent
+holds). The wait of M/D/c is Cosmetatos's correction of M/M/c's
+(`cosmetatos`); a spread of output lengths (squared coefficient of variation
+cv2) interpolates to M/M/c at cv2 = 1 (`service_variability`). The states
+below B are insensitive to the hold's distribution (as Erlang's loss system
+is), which the chain keeps.
+
+Evaluation is vectorised: rows (configurations) by states (occupancies). States
+are integers, or for a long range nodes on a grid, each node standing for the
+integers since the previous one (the chain's log-probability taken linear
+between nodes, each segment summed as a geometric series). For a row, one pass
+over its states gives every candidate B at once: the chain's weights below B do
+not depend on B. The largest rate is found by a geometric bisection over lam of
+"some candidate B meets every target" (each B's metrics rise with lam), O(S)
+per row and step; the B it picks is the one with the largest max rate (ties:
+the smaller).
+
+References:
+  Cosmetatos, G. P. (1976), "Some approximate equilibrium results for the
+  multi-server queue (M/G/r)", Operational Research Quarterly 27(3), 615-620.
+  Lee, A. M. and Longton, P. A. (1959), "Queueing processes associated with
+  airline passenger check-in", Operational Research Quarterly 10(1), 56-71.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import sympy as sp
+
+from jaxroof.symbolic import request_formulas
+from jaxroof.symbolic.lambdify import lambdified
+from jaxroof.symbolic.symbols import (B, D_pf, cv2_hold, lam, n_out, n_run, p_q, p_w, t, t_c,
+                                      t_hold, t_w, t_x)
+
+Expr = sp.Expr
+BISECTIONS = 40  # Geometric halvings of [upper * 1e-7, upper]: to 1e-11 relative.
+FLOOR = 1e-7  # The smallest rate tried, as a share of the upper bound.
+POISSON_TERMS = 16  # Prompts per iteration counted exactly for the p99 gap (beyond: none).
+SLACK = 1e-9  # Relative: a value equal to its target meets it.
+MODEL = ("birth-death chain over the running count n <= B (arrivals at lam; departures "
+         "n / hold(n), hold = the prompt's service + (G - 1) x the loaded gap at n); queue "
+         "waits M/M/c-like, corrected to deterministic holds (Cosmetatos); TTFT = slot wait + "
+         "prefill wait + service; p90 TTFT from the waits' exponential tail; TPOT the "
+         "token-weighted mean gap; p99 ITL from the share of iterations carrying prefill")
+
+
+# Formulas.
+def _s(*values) -> list[Expr]:
+  return [sp.sympify(v) for v in values]
+
+
+def loaded_gap(t: Expr = t, lam: Expr = lam, x: Expr = t_x) -> Expr:
+  """Mean gap between a user's tokens at one occupancy: `t/(1 - lam*x)`.
+
+  Iterations carry prompts at rate lam, each adding x seconds to the
+  iterations it joins: in a long interval of length T, lam*T*x of it is the
+  prompts', so the decode steps of t seconds are stretched by 1/(1 - lam*x)
+  (`request_formulas.loaded_token_gap` with the prompt's added time).
+  """
+  return request_formulas.loaded_token_gap(t, lam, x)
+
+
+def hold_time(admit: Expr = D_pf, gap: Expr = t, G: Expr = n_out) -> Expr:
+  """Seconds a request holds its slot: its prompt's service, then G - 1 gaps."""
+  admit, gap, G = _s(admit, gap, G)
+  return admit + (G - 1) * gap
+
+
+def birth_death_ratio(lam: Expr = lam, hold: Expr = t_hold, n: Expr = n_run) -> Expr:
+  """pi(n) / pi(n - 1) of the running count: arrivals at lam, departures n / hold(n)."""
+  lam, hold, n = _s(lam, hold, n)
+  return lam * hold / n
+
+
+def slot_utilisation(lam: Expr = lam, hold: Expr = t_hold, B: Expr = B) -> Expr:
+  """The B slots' utilisation at full occupancy, `lam*hold/B` (the queue's rho; the
+  chain is stable while it is < 1)."""
+  return birth_death_ratio(lam, hold, B)
+
+
+def waiting_mass(rho: Expr) -> Expr:
+  """pi(n >= B) / pi(B): every state where an arrival finds the slots full, `1/(1 - rho)`."""
+  return 1 / (1 - sp.sympify(rho))
+
+
+def queue_length(rho: Expr) -> Expr:
+  """Mean requests queued, over pi(B): `sum_j j*rho**j = rho/(1 - rho)**2`."""
+  rho = sp.sympify(rho)
+  return rho / (1 - rho)**2
+
+
+def cosmetatos(rho: Expr, c: Expr = B) -> Expr:
+  """W(M/D/c) / W(M/M/c), Cosmetatos's approximation:
+  `(1 + (1 - rho)*(c - 1)*(sqrt(4 + 5c) - 2)/(16*rho*c))/2`; exactly 1/2 at c = 1
+  (Pollaczek-Khinchine) and at rho -> 1."""
+  rho, c = _s(rho, c)
+  return (1 + (1 - rho) * (c - 1) * (sp.sqrt(4 + 5 * c) - 2) / (16 * rho * c)) / 2
+
+
+def service_variability(rho: Expr, c: Expr = B, cv2: Expr = cv2_hold) -> Expr:
+  """W(M/G/c) / W(M/M/c) for holds of squared coefficient of variation cv2: Cosmetatos's
+  M/D/c factor at cv2 = 0 (at most 1: at light load and many servers the
+  approximation passes 1, where the wait is negligible anyway), 1 at cv2 = 1 (M/M/c),
+  linear between (Lee and Longton's `(1 + cv2)/2` with the deterministic end
+  corrected)."""
+  cv2 = sp.sympify(cv2)
+  return cv2 + (1 - cv2) * sp.Min(1, cosmetatos(rho, c))
+
+
+def wait_quantile(W: Expr = t_w, p0: Expr = p_w, p: Expr = p_q) -> Expr:
+  """The p-quantile of a wait with mean W that is positive with probability p0 and
+  exponential when positive: `W/p0 * log(p0/(1 - p))` where p0 > 1 - p, else 0."""
+  W, p0, p = _s(W, p0, p)
+  return sp.Piecewise((W / p0 * sp.log(p0 / (1 - p)), p0 > 1 - p), (0, True))
+
+
+def residual(gap: Expr = t) -> Expr:
+  """Mean wait of an arrival for the iteration under way to end: half of it
+  (iterations of nearly fixed length)."""
+  return sp.sympify(gap) / 2
+
+
+def others_in_iteration(lam: Expr = lam, gap: Expr = t, x: Expr = t_x) -> Expr:
+  """Seconds the other prompts admitted with a prompt add to its iteration (the
+  iteration-level scheduler): `lam*gap` of them on average, x each."""
+  lam, gap, x = _s(lam, gap, x)
+  return lam * gap * x
+
+
+def busy_share(u: Expr, chunk: Expr = t_c, step: Expr = t) -> Expr:
+  """Share of iterations that carry a prefill chunk when prefill keeps the replica busy
+  a share u of the time, a chunk iteration lasting `chunk` and a decode-only one
+  `step`."""
+  u, chunk, step = _s(u, chunk, step)
+  return (u / chunk) / (u / chunk + (1 - u) / step)
+
+
+def slot_fill_rate(admit: Expr = D_pf, t: Expr = t, x: Expr = t_x, G: Expr = n_out,
+                   B: Expr = B) -> Expr:
+  """The rate at which B full slots turn over: lam with `lam*hold(B) = B`, the hold at
+  the loaded gap `t/(1 - lam*x)` (the smaller root of the quadratic, written without
+  dividing by x): `2B/(a + sqrt(a**2 - 4*admit*x*B))`, `a = admit + (G - 1)*t + B*x`.
+  Past it the queue for a slot grows without bound."""
+  admit, t, x, G, B = _s(admit, t, x, G, B)
+  a = admit + (G - 1) * t + B * x
+  return 2 * B / (a + sp.sqrt(a**2 - 4 * admit * x * B))
+
+
+def poisson_pmf(k: Expr, mean: Expr) -> Expr:
+  """P(K = k) of a Poisson count with the given mean (prompts joining one iteration)."""
+  k, mean = _s(k, mean)
+  return mean**k * sp.exp(-mean) / sp.factorial(k)
+
+
+# Lambdified once.
+@functools.cache
+def _state_model():
+  gap = loaded_gap()
+  return lambdified({"gap": gap, "hold": hold_time(D_pf, gap, n_out)}, (t, lam, t_x, D_pf, n_out))
+
+
+@functools.cache
+def _queue_model():
+  rho = sp.Symbol("rho", positive=True)
+  return lambdified(
+      {
+          "waiting": waiting_mass(rho), "queue": queue_length(rho),
+          "variability": service_variability(rho, B, cv2_hold)
+      }, (rho, B, cv2_hold))
+
+
+@functools.cache
+def _quantile_model():
+  return lambdified({"q": wait_quantile()}, (t_w, p_w, p_q))
+
+
+@functools.cache
+def _fill_model():
+  return lambdified({"rate": slot_fill_rate()}, (D_pf, t, t_x, n_out, B))
+
+
+@functools.cache
+def _busy_model():
+  u = sp.Symbol("u", positive=True)
+  return lambdified({"share": busy_share(u)}, (u, t_c, t))
+
+
+@functools.cache
+def _md1_model():
+  return lambdified({"wait": request_formulas.md1_wait(lam, D_pf)}, (lam, D_pf))
+
+
+# Inputs.
+@dataclasses.dataclass(frozen=True)
+class States:
+  """Per-occupancy costs of R configurations (rows) at S running counts (columns).
+
+  Attributes:
+    n: (S,) running counts, whole and increasing, n[0] = 1; a node stands for the
+      integers since the previous one.
+    step: (R, S) decode iteration of n rows, s.
+    extra: (R, S) time one admitted prompt adds to the iterations it joins, s.
+    admit: (R, S) the prompt's own service once it has a slot, s.
+    chunk: (R, S) an iteration carrying a prefill chunk, s; NaN where whole prompts
+      join one iteration (no chunking at that occupancy).
+    idle: (R,) a prompt's service on an idle replica, s.
+    candidates: (R, S) the running counts allowed as the slots B.
+  """
+
+  n: np.ndarray
+  step: np.ndarray
+  extra: np.ndarray
+  admit: np.ndarray
+  chunk: np.ndarray
+  idle: np.ndarray
+  candidates: np.ndarray
+
+  @property
+  def chunked(self) -> np.ndarray:
+    return np.isfinite(self.chunk)
+
+  def rows(self, index) -> States:
+    """The rows `index` (an index array or a mask)."""
+    return dataclasses.replace(self, step=self.step[index], extra=self.extra[index],
+                               admit=self.admit[index], chunk=self.chunk[index],
+                               idle=self.idle[index], candidates=self.candidates[index])
+
+  def only(self, column: np.ndarray) -> States:
+    """The same rows with one candidate each (`column`, per row)."""
+    mask = np.zeros_like(self.candidates)
+    mask[np.arange(len(column)), column] = True
+    return dataclasses.replace(self, candidates=mask & self.candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+  """The targets a load must meet: the mean token gap (TPOT), TTFT at `ttft_quantile`
+  and the inter-token gap at `itl_quantile` within the token-gap target (None: not
+  checked)."""
+
+  token_gap_s: float
+  ttft_s: float | None = None
+  ttft_quantile: float = 0.9
+  itl_quantile: float | None = 0.99
+
+
+def integer_states(top: int) -> np.ndarray:
+  """Every running count 1 .. top."""
+  return np.arange(1, max(int(top), 1) + 1, dtype=float)
+
+
+def node_states(top: int, exact: int = 128, ratio: float = 1.005,
+                include: np.ndarray | None = None) -> np.ndarray:
+  """Running counts 1 .. `exact`, then nodes `ratio` apart up to `top` (and `include`)."""
+  top = max(int(top), 1)
+  whole = np.arange(1, min(exact, top) + 1, dtype=float)
+  if top > exact:
+    count = int(math.ceil(math.log(top / exact) / math.log(ratio)))
+    grid = np.unique(np.round(exact * ratio**np.arange(1, count + 1)))
+    whole = np.concatenate([whole, grid[grid <= top], [float(top)]])
+  if include is not None:
+    whole = np.concatenate([whole, np.asarray(include, dtype=float)])
+  return np.unique(whole[(whole >= 1) & (whole <= top)])
+
+
+# The chain.
+def _poisson_tail(mean: np.ndarray, kmin: np.ndarray) -> np.ndarray:
+  """P(K >= kmin), K Poisson with `mean`; kmin <= 0 gives 1; kmin past the counted
+  terms gives 0."""
+  pmf = np.exp(-mean)
+  cdf = np.zeros_like(mean)
+  tail = np.where(kmin <= 0, 1.0, 0.0)
+  for i in range(POISSON_TERMS):
+    cdf = cdf + pmf
+    tail = np.where(kmin == i + 1, np.clip(1.0 - cdf, 0.0, 1.0), tail)
+    pmf = pmf * mean / (i + 1)
+  return tail
+
+
+def _segments(n: np.ndarray, C: np.ndarray):
+  """Each segment's log-mass (states n[j-1] + 1 .. n[j], log-probability C linear
+  between nodes) and the share of the way from n[j-1] to n[j] of its mean state."""
+  d = np.diff(np.concatenate([[0.0], n]))[None, :]
+  prev = np.concatenate([np.zeros_like(C[:, :1]), C[:, :-1]], axis=1)
+  delta = (C - prev) / d
+  small = np.abs(delta) < 1e-9
+  safe = np.where(small, 1.0, delta)
+  # sum_{i=1..d} exp(prev + i*delta), written around whichever end is larger.
+  up = C + np.log(np.where(small, d, -np.expm1(-d * safe) / -np.expm1(-safe)))
+  down = prev + safe + np.log(np.where(small, d, np.expm1(d * safe) / np.expm1(safe)))
+  log_mass = np.where(small, C + np.log(d), np.where(delta >= 0, up, down))
+  # Mean state, as a share of the segment: d - E[j], E[j] over j = 0 .. d-1 weighted
+  # exp(-j*delta).
+  with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+    back = 1 / np.expm1(safe) - d / np.expm1(d * safe)
+  back = np.where(small | ~np.isfinite(back), (d - 1) / 2, back)
+  return log_mass, np.clip((d - back) / d, 0.0, 1.0)
+
+
+def evaluate(states: States, rate, output_tokens: int, targets: Targets,
+             cv2: float = 0.0) -> dict[str, np.ndarray]:
+  """Every candidate B of every row at `rate` (per row, requests/s): (R, S) arrays.
+
+  Keys: `stable`, `mean_running`, `slot_utilisation` (mean running / B),
+  `token_gap_s` (TPOT: the token-weighted mean gap), `ttft_s` (mean), `ttft_q_s` (at
+  `targets.ttft_quantile`), `slot_wait_s`, `prefill_wait_s`, `service_s` (the
+  prompt's own service, arrival-averaged), `p_wait` (share of requests waiting for a
+  slot), `slow_itl_share` (share of inter-token gaps over the token-gap target),
+  `rho` (the slots' utilisation at full occupancy) and `meets`.
+  """
+  G = float(output_tokens)
+  n = np.asarray(states.n, dtype=float)
+  lam_ = np.asarray(rate, dtype=float).reshape(-1, 1)
+  step, extra, admit, chunk = states.step, states.extra, states.admit, states.chunk
+  chunked = np.isfinite(chunk)
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    at = _state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=G)
+    gap, hold = at["gap"], at["hold"]
+    prefill_u = np.where(chunked, lam_ * admit, 0.0)  # A chunked prompt's server's load.
+    ok = (lam_ * extra < 1) & (prefill_u < 1) & (gap > 0) & np.isfinite(hold)
+    ok = np.logical_and.accumulate(ok, axis=1)  # A B past an unstable occupancy fails.
+    gap = np.where(ok, gap, np.inf)
+    hold = np.where(ok, hold, np.inf)
+    # log pi: sum over m <= n of log(lam*hold(m)) (linear between nodes) - log(n!).
+    L = np.log(lam_ * hold)
+    d = np.diff(np.concatenate([[0.0], n]))
+    Lprev = np.concatenate([L[:, :1], L[:, :-1]], axis=1)
+    inc = d * Lprev + (d + 1) / 2 * (L - Lprev) - np.diff(_log_factorial(np.concatenate([[0.0], n
+                                                                                        ])))
+    C = np.cumsum(np.where(ok, inc, np.nan), axis=1)
+    C = np.where(np.isfinite(C), C, -np.inf)
+    shift = np.maximum(np.max(C, axis=1, keepdims=True), 0.0)
+    log_mass, share = _segments(n, np.where(np.isfinite(C), C, -1e300))
+    mass = np.where(np.isfinite(C), np.exp(log_mass - shift), 0.0)
+    mass0 = np.exp(-shift)
+    point = np.where(np.isfinite(C), np.exp(C - shift), 0.0)  # The state n itself.
+
+    def avg(f):  # A per-state quantity averaged over each segment.
+      prev = np.concatenate([f[:, :1], f[:, :-1]], axis=1)
+      return prev + (f - prev) * share
+
+    rate_n = n / gap  # Tokens per second at n.
+    res = _residual_factor()
+    others = np.where(chunked, 0.0, lam_ * gap * extra)
+    base = gap * res + admit + others
+    spread = np.where(chunked, 0.0, extra * 1.2815515655446004 * np.sqrt(lam_ * gap))
+    q = targets.ttft_quantile
+    base_q = gap * q + admit + others + spread
+    pre_wait = np.where(chunked, _md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
+    slow = _slow_share(lam_, step, extra, admit, chunk, gap, targets.token_gap_s)
+    rho = lam_ * hold / n
+    cum = lambda f: np.cumsum(mass * avg(f), axis=1)  # noqa: E731
+    c_mass = np.cumsum(mass, axis=1)
+    c_n = cum(np.broadcast_to(n, mass.shape))
+    c_rate = cum(rate_n)
+    c_slow = cum(rate_n * slow)
+    c_base, c_base_q = cum(base), cum(base_q)
+    c_pre, c_u = cum(pre_wait), cum(prefill_u)
+    queue = _queue_model()(rho=rho, B=np.broadcast_to(n, rho.shape), cv2_hold=cv2)
+    stable = ok & (rho < 1) & (point > 0)
+    tail = np.where(stable, point * rho * queue["waiting"], 0.0)  # States past B.
+    waiting = np.where(stable, point * queue["waiting"], 0.0)  # States >= B.
+    Z = mass0 + c_mass + tail
+    idle = states.idle.reshape(-1, 1)
+    # An arrival at a state below B starts at once; at B or above it waits, then starts
+    # as a slot frees (taken at B's costs).
+    arrive = lambda c, f, f0: (mass0 * f0 + c - point * f + waiting * f) / Z  # noqa: E731
+    tokens = c_rate + tail * rate_n
+    out = {
+        "stable": stable,
+        "rho": rho,
+        "mean_running": (c_n + tail * n) / Z,
+        "token_gap_s": (c_n + tail * n) / tokens,
+        "slow_itl_share": (c_slow + tail * rate_n * slow) / tokens,
+        "p_wait": waiting / Z,
+    }
+    out["slot_utilisation"] = out["mean_running"] / n
+    mmc = point * queue["queue"] / Z / lam_
+    out["slot_wait_s"] = np.where(stable, mmc * queue["variability"], np.inf)
+    out["prefill_wait_s"] = arrive(c_pre, pre_wait, 0.0)
+    out["service_s"] = arrive(cum(admit), admit, idle)
+    u = arrive(c_u, prefill_u, 0.0)
+    mean_base, mean_base_q = arrive(c_base, base, idle), arrive(c_base_q, base_q, idle)
+    wait = out["slot_wait_s"] + out["prefill_wait_s"]
+    p0 = np.clip(1 - (1 - out["p_wait"]) * (1 - u), 1e-300, 1.0)
+    out["ttft_s"] = mean_base + wait
+    out["ttft_q_s"] = mean_base_q + _quantile_model()(t_w=wait, p_w=p0, p_q=q)["q"]
+    gap_ok = out["token_gap_s"] <= targets.token_gap_s * (1 + SLACK)
+    ttft_ok = (True if targets.ttft_s is None else out["ttft_q_s"] <= targets.ttft_s * (1 + SLACK))
+    itl_ok = (True if targets.itl_quantile is None else out["slow_itl_share"]
+              <= (1 - targets.itl_quantile) * (1 + SLACK))
+    out["meets"] = states.candidates & stable & gap_ok & ttft_ok & itl_ok & np.isfinite(
+        out["ttft_q_s"])
+  return out
+
+
+@functools.cache
+def _residual_factor() -> float:
+  return float(residual(1))
+
+
+def _log_factorial(n: np.ndarray) -> np.ndarray:
+  return np.array([math.lgamma(x + 1.0) for x in n])
+
+
+def _slow_share(lam_, step, extra, admit, chunk, gap, target: float) -> np.ndarray:
+  """Share of iterations at each occupancy longer than the token-gap target.
+
+  Chunked: an iteration carries a chunk with the prefill's busy share (`busy_share`, the
+  prompt's server busy lam*admit of the time); whole prompts: K ~ Poisson(lam*gap)
+  prompts join an iteration of `step + K*extra`."""
+  chunked = np.isfinite(chunk)
+  u = np.clip(lam_ * admit, 0.0, 1.0)
+  busy = _busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"]
+  over = lambda x: (x > target * (1 + SLACK)).astype(float)  # noqa: E731
+  by_chunk = busy * over(np.where(chunked, chunk, 0.0)) + (1 - busy) * over(step)
+  room = (target * (1 + SLACK) - step) / np.where(extra > 0, extra, np.inf)
+  kmin = np.where(step > target * (1 + SLACK), 0, np.floor(room) + 1)
+  kmin = np.where(np.isfinite(kmin), kmin, POISSON_TERMS + 1)
+  by_prompt = _poisson_tail(lam_ * gap, kmin)
+  return np.where(chunked, by_chunk, by_prompt)
+
+
+def slot_fill(states: States, output_tokens: int) -> np.ndarray:
+  """(R, S): `slot_fill_rate` at each candidate B (requests/s)."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    out = _fill_model()(D_pf=states.admit, t=states.step, t_x=states.extra,
+                        n_out=float(output_tokens), B=np.broadcast_to(states.n, states.step.shape))
+  rate = np.asarray(out["rate"], dtype=float)
+  return np.where(np.isfinite(rate) & (rate > 0), rate, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxRate:
+  """The largest rate per row meeting the targets, and the B that gives it.
+
+  `rate` (R,) requests/s (0 where nothing meets); `column` (R,) the state index of
+  the chosen B (-1 where nothing meets); `B` (R,) its value (0 where none)."""
+
+  rate: np.ndarray
+  column: np.ndarray
+  B: np.ndarray
+
+
+def max_rate(states: States, output_tokens: int, targets: Targets, cv2: float = 0.0,
+             upper: np.ndarray | None = None) -> MaxRate:
+  """The largest rate at which some candidate B of each row meets `targets`, by a
+  geometric bisection; the chosen B is the smallest that meets at that rate (the B
+  of the largest max rate)."""
+  if upper is None:
+    fill = np.where(states.candidates, slot_fill(states, output_tokens), 0.0)
+    upper = np.max(fill, axis=1, initial=0.0)
+  upper = np.asarray(upper, dtype=float)
+  rows = len(upper)
+  live = upper > 0
+  lo = np.where(live, upper * FLOOR, 0.0)
+  hi = upper.copy()
+
+  def meets(rate):
+    return evaluate(states, np.where(live, rate, 1.0), output_tokens, targets, cv2)["meets"]
+
+  feasible = live & meets(lo).any(axis=1)
+  top = feasible & meets(hi * (1 - 1e-12)).any(axis=1)
+  for _ in range(BISECTIONS):
+    mid = np.sqrt(lo * np.where(live, hi, 1.0))
+    ok = meets(mid).any(axis=1)
+    lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+  rate = np.where(top, upper * (1 - 1e-12), lo)
+  final = meets(np.where(feasible, rate, 1.0)) & feasible[:, None]
+  column = np.where(final.any(axis=1), np.argmax(final, axis=1), -1)
+  rate = np.where(column >= 0, rate, 0.0)
+  B = np.where(column >= 0, np.asarray(states.n)[np.maximum(column, 0)], 0.0)
+  del rows  # Unused.
+  return MaxRate(rate=rate, column=column, B=B)
+
+
+def at(states: States, rate, column: np.ndarray, output_tokens: int, targets: Targets,
+       cv2: float = 0.0) -> dict[str, np.ndarray]:
+  """`evaluate`'s values of each row's chosen B (`column`) at `rate` (R,)."""
+  out = evaluate(states, rate, output_tokens, targets, cv2)
+  idx = np.maximum(np.asarray(column), 0)[:, None]
+  return {
+      k: np.take_along_axis(np.asarray(v, dtype=float), idx, axis=1)[:, 0] for k, v in out.items()
+  }
+
+
+def itl_quantile(states: States, rate: float, column: int, output_tokens: int,
+                 quantile: float = 0.99, row: int = 0) -> float:
+  """The inter-token gap at `quantile` of one row's chosen B at `rate`: token-weighted
+  over the occupancies below B, each iteration decode-only or carrying prefill
+  (a chunk, or K ~ Poisson(lam*gap) whole prompts)."""
+  B = int(column)
+  one = states.rows([row])
+  lam_ = float(rate)
+  out = evaluate(one, [lam_], output_tokens, Targets(token_gap_s=math.inf), 0.0)
+  del out  # The chain's weights come from the same pass below.
+  n = np.asarray(one.n[:B + 1], dtype=float)
+  step, extra, admit = one.step[0, :B + 1], one.extra[0, :B + 1], one.admit[0, :B + 1]
+  chunk = one.chunk[0, :B + 1]
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    at_ = _state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=float(output_tokens))
+    gap, hold = at_["gap"], at_["hold"]
+    L = np.log(lam_ * hold)
+    d = np.diff(np.concatenate([[0.0], n]))
+    Lprev = np.concatenate([L[:1], L[:-1]])
+    C = np.cumsum(d * Lprev + (d + 1) / 2 * (L - Lprev) -
+                  np.diff(_log_factorial(np.concatenate([[0.0], n]))))
+    rho = lam_ * hold[-1] / n[-1]
+    w = np.exp(C - np.max(C)) * d
+    w[-1] = w[-1] / max(1 - rho, 1e-12)  # The queue's states run at B.
+    w = w * n / gap  # Tokens per second at each occupancy.
+  values, weights = [step], [w]
+  chunked = np.isfinite(chunk)
+  u = np.clip(lam_ * admit, 0.0, 1.0)
+  busy = np.where(chunked,
+                  _busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"], 0.0)
+  weights[0] = w * (1 - busy)
+  values.append(np.where(chunked, chunk, 0.0))
+  weights.append(w * busy)
+  mean = lam_ * gap
+  pmf = np.exp(-mean)
+  for k in range(POISSON_TERMS):
+    if k:
+      values.append(step + k * extra)
+      weights.append(np.where(chunked, 0.0, w * pmf))
+    else:
+      weights[0] = np.where(chunked, weights[0], w * pmf)
+    pmf = pmf * mean / (k + 1)
+  v, wt = np.concatenate(values), np.concatenate(weights)
+  keep = np.isfinite(v) & (wt > 0)
+  v, wt = v[keep], wt[keep]
+  if not v.size:
+    return math.nan
+  order = np.argsort(v)
+  cdf = np.cumsum(wt[order]) / np.sum(wt)
+  return float(v[order][min(np.searchsorted(cdf, quantile), len(v) - 1)])
