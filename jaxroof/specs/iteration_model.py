@@ -170,8 +170,8 @@ class IterationModel:
     return group, 1.0
 
   def _groups(self) -> tuple[str, ...]:
-    return tuple(g for g in ("full", "win", "mla")
-                 if self.constants[f"k_{g}"] > 0 or self.constants[f"a_{g}"] > 0)
+    return tuple(g for g in ("full", "win", "mla")  # Constants may be arrays (many layouts).
+                 if np.any(self.constants[f"k_{g}"] > 0) or np.any(self.constants[f"a_{g}"] > 0))
 
   def mix(
       self,
