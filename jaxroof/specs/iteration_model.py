@@ -170,8 +170,8 @@ class IterationModel:
     return group, 1.0
 
   def _groups(self) -> tuple[str, ...]:
-    return tuple(g for g in ("full", "win", "mla")  # Constants may be arrays (many layouts).
-                 if np.any(self.constants[f"k_{g}"] > 0) or np.any(self.constants[f"a_{g}"] > 0))
+    return tuple(g for g in ("full", "win", "mla")
+                 if _positive(self.constants[f"k_{g}"]) or _positive(self.constants[f"a_{g}"]))
 
   def mix(
       self,
@@ -259,6 +259,11 @@ class IterationModel:
     """Decode attention FLOPs per retained token of one row at `context` (`A_t`)."""
     flops = self.evaluate(self.uniform_mix(decode_rows=1.0, context=context))
     return np.asarray(flops["attention_flops"], dtype=float) / np.asarray(context, dtype=float)
+
+
+def _positive(value: Any) -> bool:
+  """Whether a constant (a number, or an array of one per layout) is anywhere > 0."""
+  return value > 0 if isinstance(value, (int, float)) else bool(np.any(np.asarray(value) > 0))
 
 
 def _overlap(value: float) -> float:
