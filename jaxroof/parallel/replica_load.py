@@ -122,7 +122,7 @@ class Costs:
     first = min(float(budget), P)
     lone = self._time(decode_rows=0.0, context=self.context, prefill_sequences=1.0,
                       prompt_tokens=first, prefill_done=max((P - first) / 2, 0.0))
-    alone = P / first * np.broadcast_to(lone, self.alone.shape)
+    alone = P / first * np.broadcast_to(np.asarray(lone, dtype=float).reshape(-1), self.alone.shape)
     return tokens, t, alone
 
 
@@ -171,9 +171,11 @@ def states(c: Costs, scheduling: Scheduling, candidates: np.ndarray) -> load_mod
     # A prompt's chunks take P / tokens iterations of the budget: a prompt finishing
     # inside an iteration leaves the rest of the budget to the next one.
     admit = np.where(fits, whole, P / np.maximum(tokens, 1.0) * per_chunk)
+  # A pipelined replica's m microbatches each fill their own budget: a decode token's
+  # gap may hold every microbatch's chunk (each stalls the stages the others cross).
+  slow = step + (per_chunk - step) / c.per_pass
   return load_model.States(n=c.n, step=step, extra=np.where(room, extra, np.inf),
-                           admit=np.where(room, admit,
-                                          np.inf), chunk=np.where(fits, np.nan, per_chunk),
+                           admit=np.where(room, admit, np.inf), chunk=np.where(fits, np.nan, slow),
                            idle=alone, candidates=candidates & room)
 
 
@@ -181,8 +183,15 @@ def _slow_at_one(c: Costs, option: Scheduling) -> np.ndarray:
   """(R,) the iteration carrying prefill with one sequence running, under `option`."""
   if option.scheduler == "iteration":
     return c.whole[:, 0]
-  tokens, chunk, _ = c.chunk(option.token_budget)
+  first = dataclasses.replace(c, n=c.n[:1], step=c.step[:, :1], whole=c.whole[:, :1])
+  tokens, chunk, _ = first.chunk(option.token_budget)
   return np.where(tokens[:, 0] >= c.prompt_tokens, c.whole[:, 0], chunk[:, 0])
+
+
+def slow_at_one_any(c: Costs, schedulings: Sequence[Scheduling]) -> np.ndarray:
+  """(R,) the shortest iteration carrying prefill with one sequence running, over the
+  schedulings offered."""
+  return np.min([_slow_at_one(c, s) for s in schedulings], axis=0)
 
 
 def _same_as_whole(c: Costs, option: Scheduling, candidates: np.ndarray) -> np.ndarray:
@@ -207,26 +216,32 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
            targets: load_model.Targets, cv2: float = 0.0) -> Choice:
   """Per row, the scheduling with the largest max rate (`load_model.max_rate`), and its B.
 
-  Offered: every scheduling whose iteration carrying prefill meets the token-gap target
-  with one sequence running (one that misses it there keeps the p99 gap on target only
-  while prefill is rare), the smallest budget offered always; a budget that holds a
-  whole prompt beside every candidate is the iteration scheduler and is left out when
-  that is offered. Ties go to the earlier offered (whole prompts, then larger budgets).
+  Offered: whole prompts and the two largest budgets whose iteration carrying prefill
+  meets the token-gap target with one sequence running (one that misses it there keeps
+  the p99 gap on target only while prefill is rare; a smaller budget adds more per
+  prompt); the smallest budget offered where none does. A budget that holds a whole
+  prompt beside every candidate is the iteration scheduler and is left out when that is
+  offered. Ties go to the earlier offered (whole prompts, then larger budgets).
   """
   R = c.step.shape[0]
   fallback = min(schedulings, key=lambda s: math.inf if s.token_budget is None else s.token_budget)
   whole_offered = any(s.scheduler == "iteration" for s in schedulings)
-  offered, masks = [], []
-  for option in schedulings:
+  budgets = np.zeros(R, dtype=int)  # Chunked schedulings offered so far, per row.
+  pairs: list[tuple[int, np.ndarray]] = []  # (option index, rows).
+  offered_any = np.zeros(R, dtype=bool)
+  for k, option in enumerate(schedulings):
     keep = _slow_at_one(c, option) <= targets.token_gap_s * (1 + load_model.SLACK)
-    if option == fallback:
-      keep = np.ones(R, dtype=bool)
     if whole_offered:
       keep &= ~_same_as_whole(c, option, candidates)
+    if option.scheduler == "chunked":
+      keep &= budgets < 2
+      budgets += keep
+    if option == fallback:
+      keep |= ~offered_any
+    offered_any |= keep
     if keep.any():
-      offered.append(option)
-      masks.append(keep)
-  parts = [states(c, option, candidates & keep[:, None]) for option, keep in zip(offered, masks)]
+      pairs.append((k, np.nonzero(keep)[0]))
+  parts = [states(c, schedulings[k], candidates).rows(rows) for k, rows in pairs]
   stacked = load_model.States(n=c.n, step=np.concatenate([p.step for p in parts]),
                               extra=np.concatenate([p.extra for p in parts]),
                               admit=np.concatenate([p.admit for p in parts]),
@@ -234,9 +249,23 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
                                                    ]), idle=np.concatenate([p.idle for p in parts]),
                               candidates=np.concatenate([p.candidates for p in parts]))
   best = load_model.max_rate(stacked, output_tokens, targets, cv2)
-  rates = best.rate.reshape(len(parts), R)
-  pick = np.argmax(rates, axis=0)  # The first of the largest.
-  rows = pick * R + np.arange(R)
+  owner = np.concatenate([rows for _, rows in pairs])
+  option = np.concatenate([np.full(rows.size, k) for k, rows in pairs])
+  pick = np.full(R, -1)
+  for i in range(owner.size):  # The first of the largest, in the order offered.
+    r = owner[i]
+    if pick[r] < 0 or best.rate[i] > best.rate[pick[r]]:
+      pick[r] = i
   return Choice(
-      scheduling=[offered[k] for k in pick], states=stacked.rows(rows),
-      best=load_model.MaxRate(rate=best.rate[rows], column=best.column[rows], B=best.B[rows]))
+      scheduling=[schedulings[option[i]] for i in pick], states=stacked.rows(pick),
+      best=load_model.MaxRate(rate=best.rate[pick], column=best.column[pick], B=best.B[pick]))
+
+
+def decode_pool_states(c: Costs, candidates: np.ndarray) -> load_model.States:
+  """A split plan's decode replica: prompts arrive prefilled with their first token (a
+  prefill pool made them), so a request adds nothing to the iterations and holds its
+  slot for G - 1 gaps at the decode step of its occupancy."""
+  zero = np.zeros_like(c.step)
+  return load_model.States(n=c.n, step=c.step, extra=zero, admit=zero,
+                           chunk=np.full(c.step.shape, np.nan), idle=np.zeros(c.step.shape[0]),
+                           candidates=candidates)

@@ -58,7 +58,7 @@ from jaxroof.symbolic.symbols import (B, D_pf, cv2_hold, lam, n_out, n_run, p_q,
                                       t_hold, t_w, t_x)
 
 Expr = sp.Expr
-BISECTIONS = 40  # Geometric halvings of [upper * 1e-7, upper]: to 1e-11 relative.
+BISECTIONS = 22  # Geometric halvings of [upper * 1e-7, upper]: to 4e-6 relative.
 FLOOR = 1e-7  # The smallest rate tried, as a share of the upper bound.
 POISSON_TERMS = 16  # Prompts per iteration counted exactly for the p99 gap (beyond: none).
 SLACK = 1e-9  # Relative: a value equal to its target meets it.
@@ -292,13 +292,20 @@ def node_states(top: int, exact: int = 128, ratio: float = 1.005,
 def _poisson_tail(mean: np.ndarray, kmin: np.ndarray) -> np.ndarray:
   """P(K >= kmin), K Poisson with `mean`; kmin <= 0 gives 1; kmin past the counted
   terms gives 0."""
-  pmf = np.exp(-mean)
-  cdf = np.zeros_like(mean)
+  mean, kmin = np.broadcast_arrays(mean, kmin)
   tail = np.where(kmin <= 0, 1.0, 0.0)
-  for i in range(POISSON_TERMS):
+  mid = np.nonzero((kmin >= 1) & (kmin <= POISSON_TERMS))
+  if not mid[0].size:
+    return tail
+  x, k = mean[mid], kmin[mid]
+  pmf = np.exp(-x)
+  cdf = np.zeros_like(x)
+  below = np.zeros_like(x)  # P(K < k).
+  for i in range(int(k.max())):
     cdf = cdf + pmf
-    tail = np.where(kmin == i + 1, np.clip(1.0 - cdf, 0.0, 1.0), tail)
-    pmf = pmf * mean / (i + 1)
+    below = np.where(k == i + 1, cdf, below)
+    pmf = pmf * x / (i + 1)
+  tail[mid] = np.clip(1.0 - below, 0.0, 1.0)
   return tail
 
 
@@ -440,7 +447,8 @@ def _slow_share(lam_, step, extra, admit, chunk, gap, target: float) -> np.ndarr
   over = lambda x: (x > target * (1 + SLACK)).astype(float)  # noqa: E731
   by_chunk = busy * over(np.where(chunked, chunk, 0.0)) + (1 - busy) * over(step)
   room = (target * (1 + SLACK) - step) / np.where(extra > 0, extra, np.inf)
-  kmin = np.where(step > target * (1 + SLACK), 0, np.floor(room) + 1)
+  kmin = np.where(extra > 0, np.floor(room) + 1, POISSON_TERMS + 1)  # No extra: never slow.
+  kmin = np.where(step > target * (1 + SLACK), 0, kmin)
   kmin = np.where(np.isfinite(kmin), kmin, POISSON_TERMS + 1)
   by_prompt = _poisson_tail(lam_ * gap, kmin)
   return np.where(chunked, by_chunk, by_prompt)
@@ -453,6 +461,66 @@ def slot_fill(states: States, output_tokens: int) -> np.ndarray:
                         n_out=float(output_tokens), B=np.broadcast_to(states.n, states.step.shape))
   rate = np.asarray(out["rate"], dtype=float)
   return np.where(np.isfinite(rate) & (rate > 0), rate, 0.0)
+
+
+def pool_wait(rate, service, servers, cv2: float = 0.0) -> dict[str, np.ndarray]:
+  """One queue in front of `servers` alike servers of fixed `service` (a split plan's
+  prefill pool): Erlang C's probability of waiting and its mean wait, corrected to
+  deterministic service (`service_variability`), and the wait's p90 (`wait_quantile`).
+  Arrays broadcast; `stable` False where rate x service >= servers."""
+  rate, service, servers = np.broadcast_arrays(
+      *(np.asarray(x, dtype=float) for x in (rate, service, servers)))
+  a = rate * service
+  top = int(np.max(servers, initial=1))
+  erlang_b = np.ones_like(a)
+  for k in range(1, top + 1):  # Erlang B by its recursion, stopped at each pool's size.
+    step = a * erlang_b / (k + a * erlang_b)
+    erlang_b = np.where(k <= servers, step, erlang_b)
+  rho = a / servers
+  stable = rho < 1
+  with np.errstate(divide="ignore", invalid="ignore"):
+    p_wait = np.where(stable, erlang_b / (1 - rho * (1 - erlang_b)), 1.0)
+    queue = _queue_model()(rho=np.where(stable, rho, 0.5), B=servers, cv2_hold=cv2)
+    wait = np.where(stable, p_wait * service / (servers - a) * queue["variability"], np.inf)
+    q90 = _quantile_model()(t_w=wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=0.9)["q"]
+  return {
+      "p_wait": p_wait, "wait_s": wait, "wait_p90_s": np.where(stable, q90, np.inf),
+      "stable": stable
+  }
+
+
+def fewest_servers(rate, service, budget, quantile: float = 0.9) -> np.ndarray:
+  """Per element, the fewest servers of one queue (`pool_wait`) whose wait at `quantile`
+  plus the service meets `budget` at `rate`; 0 where the service alone misses it."""
+  rate, service, budget = np.broadcast_arrays(
+      *(np.asarray(x, dtype=float) for x in (rate, service, budget)))
+  del quantile  # `pool_wait` gives the p90.
+  servers = np.maximum(np.floor(rate * service) + 1, 1.0)
+  live = budget > service
+  done = ~live
+  for _ in range(200):
+    q = pool_wait(rate, service, np.where(done, 1.0, servers))
+    ok = q["stable"] & (q["wait_p90_s"] + service <= budget * (1 + SLACK))
+    done |= ok
+    if done.all():
+      break
+    servers = np.where(done, servers, servers + np.maximum(np.floor(servers / 16), 1.0))
+  return np.where(live & done, servers, 0.0)
+
+
+def pool_rate(servers, service, budget) -> np.ndarray:
+  """Per element, the largest rate one queue over `servers` (`pool_wait`) carries with its
+  p90 wait plus the service within `budget` (bisection; 0 where the service misses)."""
+  servers, service, budget = np.broadcast_arrays(
+      *(np.asarray(x, dtype=float) for x in (servers, service, budget)))
+  hi = np.where(budget > service, servers / service, 0.0)
+  lo = np.zeros_like(hi)
+  for _ in range(BISECTIONS):
+    mid = (lo + hi) / 2
+    q = pool_wait(np.maximum(mid, 1e-300), service, servers)
+    ok = q["stable"] & (q["wait_p90_s"] + service <= budget * (1 + SLACK))
+    lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+  return lo
 
 
 @dataclasses.dataclass(frozen=True)
