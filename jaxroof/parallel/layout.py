@@ -178,6 +178,7 @@ class LinkChoice:
   base_latency_s: float = 0.0  # t_base, per collective.
   torus: bool = False  # Rings per axis; no one-shot collectives.
   axes: int = 1  # Torus dimensions.
+  peer_bytes_per_s: float | None = None  # A fully connected mesh's link to one peer.
 
 
 def links(layout: Layout, device: Accelerator) -> LinkChoice:
@@ -201,9 +202,11 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
         f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
         f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
         f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
-        f"collective ({net.base_latency_basis})" + ("; rings per torus axis" if torus else ""),
-        base_latency_s=net.base_latency_s, torus=torus,
-        axes=3 if "3d" in net.topology.lower() else 2)
+        f"collective ({net.base_latency_basis})" + ("; rings per torus axis" if torus else "") +
+        ("" if net.peer_bytes_per_s is None else
+         f"; a fully connected mesh: a collective over n chips runs on n - 1 links of "
+         f"{net.peer_bytes_per_s / 1e9:g} GB/s"), base_latency_s=net.base_latency_s, torus=torus,
+        axes=3 if "3d" in net.topology.lower() else 2, peer_bytes_per_s=net.peer_bytes_per_s)
   if (net.domain_chips == 1 and "pcie" in net.technology.lower() and
       layout.chips_per_replica <= PCIE_HOST_CHIPS):
     return LinkChoice(
@@ -273,7 +276,7 @@ def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
       "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
       "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
       "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
-      "a_act": activation_bytes, "o_ovl": overlap, **link_values(link, layout.tp)
+      "a_act": activation_bytes, "o_ovl": overlap, **link_values(link, layout.tp, layout.ep)
   }
 
 
@@ -297,10 +300,18 @@ def ring_steps(chips: int, torus: bool, axes: int = 2) -> int:
   return best
 
 
-def link_values(link: LinkChoice, tp: int) -> dict[str, float]:
-  """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree."""
+def link_values(link: LinkChoice, tp: int, ep: int = 1) -> dict[str, float]:
+  """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree.
+
+  On a fully connected mesh (one link to each peer, no switch) a collective over n chips
+  runs on the n - 1 links to its peers, `min(whole egress, (n - 1) x a peer's link)`: n
+  the tensor-parallel ranks, else the expert groups, else a pipeline's pair."""
+  rate = link.bytes_per_s
+  if link.peer_bytes_per_s is not None:
+    n = tp if tp > 1 else ep if ep > 1 else 2
+    rate = min(rate, (n - 1) * link.peer_bytes_per_s)
   return {
-      "W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s, "t_base": link.base_latency_s,
+      "W_ic": rate, "t_hop": link.hop_latency_s, "t_base": link.base_latency_s,
       "h_tp": float(ring_steps(tp, link.torus, link.axes)), "x_os": 0.0 if link.torus else 1.0
   }
 
