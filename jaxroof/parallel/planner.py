@@ -54,7 +54,7 @@ ASSUMPTIONS = (
     "every iteration from the one cost model (per-operation rooflines by default: linear "
     "layers, the LM head at the rows that sample, attention with its K/V per layer kind), "
     "decode rows at the requests' mean context P + G/2, a prompt's prefill in the form "
-    "the cost model is given (MLA: --mla_prefill)",
+    "the cost model is given (MLA: the MHA or absorbed form asked)",
     "load: per replica, the load model (" + load_model.MODEL + "); the running count and "
     "scheduling with the largest max rate within the targets and memory; dp the fewest "
     "replicas whose share of the fleet's rate is within it",

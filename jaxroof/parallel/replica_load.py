@@ -110,20 +110,31 @@ class Costs:
     out = self.cost.evaluate(self.cost.uniform_mix(**mix), self.model, step_only=True)
     return np.asarray(out["step_s"], dtype=float)
 
-  def chunk(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  def chunk(self, budget: int, last: bool = False) -> tuple[np.ndarray, ...]:
     """(chunk tokens, the iteration carrying them, the whole prompt's chunked service
-    on an idle replica) for `budget` tokens per iteration: (R, S), (R, S), (R,)."""
+    on an idle replica) for `budget` tokens per iteration: (R, S), (R, S), (R,); with
+    `last`, also the iteration carrying a prompt's last, partial chunk (R, S)."""
     P = float(self.prompt_tokens)
     rows = self.n[None, :] * self.per_pass
     tokens = np.minimum(budget - rows, P)
     size = np.maximum(tokens, 1.0)
     t = self._time(decode_rows=rows, context=self.context, prefill_sequences=1.0,
                    prompt_tokens=size, prefill_done=np.maximum((P - size) / 2, 0.0))
+    if last:
+      rest = np.maximum(P - np.floor(P / size) * size, 1.0)
+      tail = self._time(decode_rows=rows, context=self.context, prefill_sequences=1.0,
+                        prompt_tokens=rest, prefill_done=P - rest)
     first = min(float(budget), P)
     lone = self._time(decode_rows=0.0, context=self.context, prefill_sequences=1.0,
                       prompt_tokens=first, prefill_done=max((P - first) / 2, 0.0))
-    alone = P / first * np.broadcast_to(np.asarray(lone, dtype=float).reshape(-1), self.alone.shape)
-    return tokens, t, alone
+    # Alone, a prompt takes floor(P / budget) full chunks and one iteration of the rest.
+    full, left = divmod(P, first)
+    end = (self._time(decode_rows=0.0, context=self.context, prefill_sequences=1.0,
+                      prompt_tokens=left, prefill_done=P - left) if left else 0.0)
+    alone = (full * np.asarray(lone, dtype=float).reshape(-1) +
+             np.asarray(end, dtype=float).reshape(-1))
+    alone = np.broadcast_to(alone, self.alone.shape)
+    return (tokens, t, alone, np.broadcast_to(tail, np.shape(t))) if last else (tokens, t, alone)
 
 
 def costs(cost: IterationModel, model: StepModel | None, n: np.ndarray, *, prompt_tokens: int,
@@ -162,7 +173,7 @@ def states(c: Costs, scheduling: Scheduling, candidates: np.ndarray) -> load_mod
     nan = np.full(step.shape, np.nan)
     return load_model.States(n=c.n, step=step, extra=whole - step, admit=whole, chunk=nan,
                              idle=c.alone, candidates=candidates)
-  tokens, chunk, alone = c.chunk(scheduling.token_budget)
+  tokens, chunk, alone, tail = c.chunk(scheduling.token_budget, last=True)
   fits = tokens >= P  # The whole prompt fits beside the decodes: no chunking here.
   room = tokens >= 1
   with np.errstate(divide="ignore", invalid="ignore"):
@@ -174,9 +185,20 @@ def states(c: Costs, scheduling: Scheduling, candidates: np.ndarray) -> load_mod
   # A pipelined replica's m microbatches each fill their own budget: a decode token's
   # gap may hold every microbatch's chunk (each stalls the stages the others cross).
   slow = step + (per_chunk - step) / c.per_pass
+  # Its first token, once started: floor(P / chunk) full chunks and an iteration of the
+  # rest (a lone prompt's last chunk is not shared).
+  with np.errstate(divide="ignore", invalid="ignore"):
+    size = np.maximum(tokens, 1.0)
+    full = np.floor(P / size)
+    rest = P - full * size
+    service = np.where(fits, whole, full * per_chunk + np.where(rest > 0, tail, 0.0))
+    alone_extra = np.where(fits, whole - step,
+                           full * (per_chunk - step) + np.where(rest > 0, tail - step, 0.0))
   return load_model.States(n=c.n, step=step, extra=np.where(room, extra, np.inf),
-                           admit=np.where(room, admit, np.inf), chunk=np.where(fits, np.nan, slow),
-                           idle=alone, candidates=candidates & room)
+                           admit=np.where(room, admit, np.inf), chunk=np.where(fits, np.nan,
+                                                                               slow), idle=alone,
+                           candidates=candidates & room, service=np.where(room, service, np.inf),
+                           extra_alone=np.where(room, alone_extra, np.inf))
 
 
 def _slow_at_one(c: Costs, option: Scheduling) -> np.ndarray:
@@ -242,12 +264,15 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
     if keep.any():
       pairs.append((k, np.nonzero(keep)[0]))
   parts = [states(c, schedulings[k], candidates).rows(rows) for k, rows in pairs]
-  stacked = load_model.States(n=c.n, step=np.concatenate([p.step for p in parts]),
-                              extra=np.concatenate([p.extra for p in parts]),
-                              admit=np.concatenate([p.admit for p in parts]),
-                              chunk=np.concatenate([p.chunk for p in parts
-                                                   ]), idle=np.concatenate([p.idle for p in parts]),
-                              candidates=np.concatenate([p.candidates for p in parts]))
+  stacked = load_model.States(
+      n=c.n, step=np.concatenate([p.step for p in parts]),
+      extra=np.concatenate([p.extra for p in parts]), admit=np.concatenate([p.admit for p in parts
+                                                                           ]),
+      chunk=np.concatenate([p.chunk for p in parts]), idle=np.concatenate([p.idle for p in parts]),
+      candidates=np.concatenate([p.candidates for p in parts]),
+      service=np.concatenate([p.admit if p.service is None else p.service for p in parts]),
+      extra_alone=np.concatenate(
+          [p.extra if p.extra_alone is None else p.extra_alone for p in parts]))
   best = load_model.max_rate(stacked, output_tokens, targets, cv2)
   owner = np.concatenate([rows for _, rows in pairs])
   option = np.concatenate([np.full(rows.size, k) for k, rows in pairs])

@@ -139,6 +139,20 @@ def wait_quantile(W: Expr = t_w, p0: Expr = p_w, p: Expr = p_q) -> Expr:
   return sp.Piecewise((W / p0 * sp.log(p0 / (1 - p)), p0 > 1 - p), (0, True))
 
 
+def md1_decay(x: Expr, u: Expr) -> Expr:
+  """The Cramer-Lundberg equation of M/D/1's wait, zero at its tail's decay: with x =
+  theta x service, `u*(exp(x) - 1) - x` (u = lam x service < 1; one positive root)."""
+  x, u = _s(x, u)
+  return u * (sp.exp(x) - 1) - x
+
+
+def md1_tail_weight(x: Expr, u: Expr) -> Expr:
+  """C in M/D/1's wait tail P(W > t) ~ C exp(-theta t), at the root x of `md1_decay`:
+  `(1 - u)/(u*exp(x) - 1)` (Cramer-Lundberg; Asmussen, Applied Probability and Queues)."""
+  x, u = _s(x, u)
+  return (1 - u) / (u * sp.exp(x) - 1)
+
+
 def residual(gap: Expr = t) -> Expr:
   """Mean wait of an arrival for the iteration under way to end: half of it
   (iterations of nearly fixed length)."""
@@ -200,6 +214,13 @@ def _quantile_model():
 
 
 @functools.cache
+def _md1_tail_model():
+  x, u = sp.symbols("x u", positive=True)
+  f = md1_decay(x, u)
+  return lambdified({"f": f, "df": sp.diff(f, x), "weight": md1_tail_weight(x, u)}, (x, u))
+
+
+@functools.cache
 def _fill_model():
   return lambdified({"rate": slot_fill_rate()}, (D_pf, t, t_x, n_out, B))
 
@@ -230,6 +251,13 @@ class States:
       join one iteration (no chunking at that occupancy).
     idle: (R,) a prompt's service on an idle replica, s.
     candidates: (R, S) the running counts allowed as the slots B.
+    service: (R, S) the prompt's own time to its first token once its prefill starts, s,
+      where it differs from `admit` (chunks: its last, partial chunk takes an iteration
+      of its own unless another prompt fills it); None: `admit`.
+    extra_alone: (R, S) what a prompt adds when no other is prefilling (its last chunk
+      alone in an iteration), s, where it differs from `extra` (the prompts queued
+      back to back); the load model weighs the two by the prefill's busy share. None:
+      `extra`.
   """
 
   n: np.ndarray
@@ -239,6 +267,8 @@ class States:
   chunk: np.ndarray
   idle: np.ndarray
   candidates: np.ndarray
+  service: np.ndarray | None = None
+  extra_alone: np.ndarray | None = None
 
   @property
   def chunked(self) -> np.ndarray:
@@ -246,9 +276,11 @@ class States:
 
   def rows(self, index) -> States:
     """The rows `index` (an index array or a mask)."""
-    return dataclasses.replace(self, step=self.step[index], extra=self.extra[index],
-                               admit=self.admit[index], chunk=self.chunk[index],
-                               idle=self.idle[index], candidates=self.candidates[index])
+    return dataclasses.replace(
+        self, step=self.step[index], extra=self.extra[index], admit=self.admit[index],
+        chunk=self.chunk[index], idle=self.idle[index], candidates=self.candidates[index],
+        service=None if self.service is None else self.service[index],
+        extra_alone=None if self.extra_alone is None else self.extra_alone[index])
 
   def only(self, column: np.ndarray) -> States:
     """The same rows with one candidate each (`column`, per row)."""
@@ -346,6 +378,9 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
   step, extra, admit, chunk = states.step, states.extra, states.admit, states.chunk
   chunked = np.isfinite(chunk)
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    if states.extra_alone is not None:  # Idle prefill between prompts: the last chunk alone.
+      busy = np.clip(lam_ * admit, 0.0, 1.0)
+      extra = extra + (1 - busy) * (states.extra_alone - extra)
     at = _state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=G)
     gap, hold = at["gap"], at["hold"]
     prefill_u = np.where(chunked, lam_ * admit, 0.0)  # A chunked prompt's server's load.
@@ -374,10 +409,14 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     rate_n = n / gap  # Tokens per second at n.
     res = _residual_factor()
     others = np.where(chunked, 0.0, lam_ * gap * extra)
-    base = gap * res + admit + others
+    # A lone prompt's last chunk takes an iteration of its own; behind another prompt its
+    # chunks share iterations (the prefill's busy share weighs the two).
+    service = admit if states.service is None else (admit + (1 - np.clip(lam_ * admit, 0.0, 1.0)) *
+                                                    (states.service - admit))
+    base = gap * res + service + others
     spread = np.where(chunked, 0.0, extra * 1.2815515655446004 * np.sqrt(lam_ * gap))
     q = targets.ttft_quantile
-    base_q = gap * q + admit + others + spread
+    base_q = gap * q + service + others + spread
     pre_wait = np.where(chunked, _md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
     slow = _slow_share(lam_, step, extra, admit, chunk, gap, targets.token_gap_s)
     rho = lam_ * hold / n
@@ -410,13 +449,13 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     mmc = point * queue["queue"] / Z / lam_
     out["slot_wait_s"] = np.where(stable, mmc * queue["variability"], np.inf)
     out["prefill_wait_s"] = arrive(c_pre, pre_wait, 0.0)
-    out["service_s"] = arrive(cum(admit), admit, idle)
+    out["service_s"] = arrive(cum(service), service, idle)
     u = arrive(c_u, prefill_u, 0.0)
     mean_base, mean_base_q = arrive(c_base, base, idle), arrive(c_base_q, base_q, idle)
     wait = out["slot_wait_s"] + out["prefill_wait_s"]
-    p0 = np.clip(1 - (1 - out["p_wait"]) * (1 - u), 1e-300, 1.0)
     out["ttft_s"] = mean_base + wait
-    out["ttft_q_s"] = mean_base_q + _quantile_model()(t_w=wait, p_w=p0, p_q=q)["q"]
+    out["ttft_q_s"] = mean_base_q + _wait_quantile(out["slot_wait_s"], out["p_wait"], u,
+                                                   out["service_s"], lam_, q)
     gap_ok = out["token_gap_s"] <= targets.token_gap_s * (1 + SLACK)
     ttft_ok = (True if targets.ttft_s is None else out["ttft_q_s"] <= targets.ttft_s * (1 + SLACK))
     itl_ok = (True if targets.itl_quantile is None else out["slow_itl_share"]
@@ -424,6 +463,33 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     out["meets"] = states.candidates & stable & gap_ok & ttft_ok & itl_ok & np.isfinite(
         out["ttft_q_s"])
   return out
+
+
+def _wait_quantile(slot_wait, p_wait, u, service, lam_, q: float) -> np.ndarray:
+  """The q-quantile of the wait before a prompt's first chunk: the slot's (positive with
+  probability p_wait, then exponential) and the chunked prefill's M/D/1 (tail
+  C exp(-theta t), `md1_decay`, u its load, service / u its service) together, from
+  P(W > t) ~ p_wait exp(-t p_wait / slot_wait) + C exp(-theta t) = 1 - q (Newton)."""
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    slot = _quantile_model()(t_w=slot_wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=q)["q"]
+    u = np.clip(u, 0.0, 1.0 - 1e-12)
+    live = u > 1e-9
+    d = np.where(live, u / lam_, 1.0)  # The prefill's service, s.
+    x = np.where(live, 2 * np.log(2 / np.where(live, u, 1.0)) + 1, 1.0)  # Right of the root.
+    for _ in range(12):
+      at = _md1_tail_model()(x=x, u=np.where(live, u, 0.5))
+      x = np.where(live, x - at["f"] / at["df"], x)
+    weight = np.where(live, _md1_tail_model()(x=x, u=np.where(live, u, 0.5))["weight"], 0.0)
+    theta = np.where(live, x / d, np.inf)
+    rate_slot = np.where(slot_wait > 0, np.clip(p_wait, 1e-300, 1.0) / slot_wait, np.inf)
+    pre = np.where(weight > 1 - q, np.log(weight / (1 - q)) / theta, 0.0)
+    t = np.maximum(slot, pre)  # Each tail alone is below 1 - q here: solve to the right.
+    for _ in range(8):
+      tails = p_wait * np.exp(-rate_slot * t) + weight * np.exp(-theta * t)
+      slope = -(p_wait * rate_slot * np.exp(-rate_slot * t) + weight * theta * np.exp(-theta * t))
+      step_ = np.where(slope < 0, (tails - (1 - q)) / slope, 0.0)
+      t = np.maximum(t - np.nan_to_num(step_, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+  return np.where(np.isfinite(slot_wait), t, np.inf)
 
 
 @functools.cache
