@@ -99,7 +99,7 @@ def footer_lines(result: dict[str, Any]) -> list[str]:
   lines = []
   if not result["prices_per_hour"] and not result.get("chips"):
     lines.append("no prices: rank (rank within its accelerator); chips of different kinds are "
-                 "not compared (give --price_per_hour to rank by cost)")
+                 "not compared (give prices per hour to rank by cost)")
   lines.append("max_running: the running sequences to give the engine (its largest max "
                "rate); rate/replica: that max rate; split: prefill + decode chips, tp..rate the "
                "decode pool's (the JSON's pools has both and the K/V transfer)")
