@@ -114,7 +114,7 @@ def test_decision_says_when_communication_binds():
   inputs = requests.ServingInputs(N=1e9, N_act=1e9, q=2.0, k=1e4, BW=2e12, F=1e15, comm=comm,
                                   chips_per_replica=8)
   d = decision.decide(StepModel.bound(), inputs, prompt_tokens=128, output_tokens=16,
-                      token_gap_s=10.0, with_elasticities=False)
+                      token_gap_s=0.2, with_elasticities=False)
   assert d["binds"] == "communication"
   assert d["comm_s"] > d["step_s"] / 2
 

@@ -71,14 +71,16 @@ def _step_binds(grid: plan_grid.Grid, f: plan_search.Found, work: plan_search.Wo
 
 def max_rate_binds(f: plan_search.Found, work: plan_search.Workload) -> str:
   """What stops a group's rate rising past its max rate at its B."""
-  out = plan_search.operating(f, f.rate * (1 + 1e-6), work)
+  out = plan_search.operating(f, f.rate * (1 + 1e-4), work)
   if out["stable"] < 1:
     return "slots"
   if out["token_gap_s"] > work.targets.token_gap_s * (1 + load_model.SLACK):
     return "token_gap"
   if out["slow_itl_share"] > 0.01 * (1 + load_model.SLACK):
     return "itl_p99"
-  return "ttft"
+  if out["ttft_q_s"] > work.targets.ttft_s * (1 + load_model.SLACK):
+    return "ttft"
+  return "slots"
 
 
 def shared_row(grid: plan_grid.Grid, devices: Sequence[Accelerator], f: plan_search.Found,

@@ -40,6 +40,7 @@ SCHEDULERS: tuple[str, ...] = ("iteration", "chunked")
 # Token budgets a chunked scheduler may be given (vLLM's max_num_batched_tokens), largest
 # first: the largest whose chunk iteration meets the token-gap target is chosen.
 TOKEN_BUDGETS: tuple[int, ...] = (8192, 4096, 2048, 1024, 512, 256)
+TIE = 1e-4  # Max rates this close (relative) tie: the earlier scheduling offered wins.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +280,7 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
   pick = np.full(R, -1)
   for i in range(owner.size):  # The first of the largest, in the order offered.
     r = owner[i]
-    if pick[r] < 0 or best.rate[i] > best.rate[pick[r]]:
+    if pick[r] < 0 or best.rate[i] > best.rate[pick[r]] * (1 + TIE):
       pick[r] = i
   return Choice(
       scheduling=[schedulings[option[i]] for i in pick], states=stacked.rows(pick),

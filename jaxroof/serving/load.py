@@ -24,6 +24,7 @@ from jaxroof.symbolic.step_model import StepModel
 
 EXACT_STATES = 1024  # Running counts taken one by one; beyond, nodes 0.5% apart.
 SEARCH_LIMIT = 1 << 16  # Sequences: the most slots searched where memory sets no limit.
+BINDS_STEP = 1e-4  # How far past the max rate (relative, past its precision) `binds` looks.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,7 @@ def binds(a: Answer) -> str:
   "itl_p99" or "slots" (the slots fill: the queue for one grows without bound)."""
   if a.column < 0:
     return "none"
-  out = a.at(a.max_rate * (1 + 1e-6) + 1e-12)
+  out = a.at(a.max_rate * (1 + BINDS_STEP))
   targets = a.targets
   if out["stable"] < 1:
     return "slots"
@@ -117,7 +118,9 @@ def binds(a: Answer) -> str:
   if (targets.itl_quantile is not None and
       out["slow_itl_share"] > (1 - targets.itl_quantile) * (1 + load_model.SLACK)):
     return "itl_p99"
-  return "ttft"
+  if targets.ttft_s is not None and out["ttft_q_s"] > targets.ttft_s * (1 + load_model.SLACK):
+    return "ttft"
+  return "slots"
 
 
 def point(a: Answer, rate: float) -> dict[str, Any]:
