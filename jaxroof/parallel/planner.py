@@ -197,12 +197,15 @@ def _check(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int,
   return prompt_tokens, output_tokens
 
 
-def _check_chips(chips: Any, grid: plan_grid.Grid) -> int:
-  """A fleet size: whole, >= 1, and one at least some replica of the search divides."""
+def _check_chips(chips: Any, grid: plan_grid.Grid, fits: np.ndarray) -> int:
+  """A fleet size: whole, >= 1, and one that replicas holding the model can fill."""
   if isinstance(chips, bool) or not isinstance(chips, (int, np.integer)) or chips < 1:
     raise errors.InputError(f"chips={chips!r} is not allowed: give a whole number of chips >= 1.",
                             field="chips")
-  sizes = sorted({int(x) for x in grid.per_replica})
+  sizes = sorted({int(x) for x in grid.per_replica[fits]})
+  if not sizes:
+    raise errors.InputError(f"chips={chips}: no layout searched holds the model in memory.",
+                            field="chips")
   if not any(chips % s == 0 for s in sizes):
     raise errors.InputError(
         f"chips={chips} is beyond the search: no replica of it divides {chips} chips "
@@ -264,15 +267,15 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
                          weight_dtypes=weight_dtypes, kv_dtypes=kv_dtypes,
                          workspace_fraction=workspace_fraction, mla_prefill=mla_prefill,
                          comm_overlap=comm_overlap)
-  if chips is not None:
-    chips = _check_chips(chips, grid)
   model = StepModel.bound(bound)
   grid_batches = np.asarray(BATCHES, dtype=float) if allowed is None else allowed
   cheap = plan_search.bound(grid, model, work, grid_batches)
+  if chips is not None:
+    chips = _check_chips(chips, grid, cheap.valid)
   price = np.array([prices.get(d.name, np.nan) for d in devices])[grid.device]
   objective = plan_rows.objective(grid, rate=rate, prices=price if prices else None, chips=chips,
                                   max_chips=max_chips)
-  allowed_groups = None if chips is None else (np.mod(chips, grid.per_replica) == 0)
+  allowed_groups = None if chips is None else (np.mod(chips, grid.per_replica) == 0) & cheap.valid
   per_device = not prices and chips is None
   # Unpriced, the list takes each accelerator's first plan, then its second, ...
   live_devices = max(len(np.unique(grid.device[cheap.rate > 0])), 1)
