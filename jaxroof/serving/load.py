@@ -70,11 +70,14 @@ class Answer:
 
 
 def costs(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
-          output_tokens: int, top: int | None = None) -> replica_load.Costs:
-  """The replica's costs at running counts 1 .. `top` (default: what memory holds)."""
+          output_tokens: int, top: int | None = None, include: int | None = None,
+          microbatches: int = 1) -> replica_load.Costs:
+  """The replica's costs at running counts 1 .. `top` (default: what memory holds), with
+  `include` among them."""
   limit = inputs.max_batch_in_memory if top is None else top
   top = SEARCH_LIMIT if limit is None else max(int(limit), 1)
-  n = load_model.node_states(top, exact=EXACT_STATES)
+  n = load_model.node_states(top, exact=EXACT_STATES,
+                             include=None if include is None else np.array([float(include)]))
   cost = inputs.cost_model()
   if inputs.grows:
     context = replica_load.mean_context(prompt_tokens, output_tokens)
@@ -82,19 +85,27 @@ def costs(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: in
     per_token = inputs.kv_per_sequence_bytes / prompt_tokens
     cost = dataclasses.replace(cost, constants={**cost.constants, "k_full": per_token})
     context = float(prompt_tokens)
-  return replica_load.costs(cost, model, n, prompt_tokens=prompt_tokens, context=context)
+  return replica_load.costs(cost, model, n, prompt_tokens=prompt_tokens, context=context,
+                            microbatches=microbatches)
 
 
 def answer(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
            output_tokens: int, token_gap_s: float, ttft_s: float | None,
-           scheduler: str | None = None, token_budget: int | None = None,
-           cv2: float = 0.0) -> Answer:
+           scheduler: str | None = None, token_budget: int | None = None, cv2: float = 0.0,
+           max_running: int | None = None, ttft_quantile: float = 0.9,
+           itl_quantile: float | None = 0.99, microbatches: int = 1) -> Answer:
   """The largest rate one replica serves within the targets, the slots and scheduling that
-  give it (`replica_load.choose`); a rate of 0 where nothing meets them."""
-  c = costs(model, inputs, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-  targets = load_model.Targets(token_gap_s=token_gap_s, ttft_s=ttft_s)
+  give it (`replica_load.choose`; `max_running` fixes the slots); a rate of 0 where
+  nothing meets them."""
+  c = costs(model, inputs, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+            top=None if max_running is None else max(max_running, inputs.max_batch_in_memory or 0),
+            include=max_running, microbatches=microbatches)
+  targets = load_model.Targets(token_gap_s=token_gap_s, ttft_s=ttft_s, ttft_quantile=ttft_quantile,
+                               itl_quantile=itl_quantile)
   schedulings = replica_load.options(scheduler, token_budget)
   candidates = np.ones((1, c.n.size), dtype=bool)
+  if max_running is not None:
+    candidates = (c.n == max_running)[None, :]
   if token_budget is not None and not np.any(token_budget - c.n >= 1):
     raise errors.InputError(
         f"token_budget={token_budget} cannot hold one prompt token beside even one running "

@@ -428,7 +428,7 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     c_base, c_base_q = cum(base), cum(base_q)
     c_pre, c_u = cum(pre_wait), cum(prefill_u)
     queue = _queue_model()(rho=rho, B=np.broadcast_to(n, rho.shape), cv2_hold=cv2)
-    stable = ok & (rho < 1) & (point > 0)
+    stable = ok & (rho < 1) & np.isfinite(C)  # pi(B) may underflow far above the mode.
     tail = np.where(stable, point * rho * queue["waiting"], 0.0)  # States past B.
     waiting = np.where(stable, point * queue["waiting"], 0.0)  # States >= B.
     Z = mass0 + c_mass + tail
