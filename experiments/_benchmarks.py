@@ -21,7 +21,10 @@ import numpy as np
 from jaxroof import errors
 from jaxroof import progress
 from jaxroof import timing
+from jaxroof.parallel import plan_grid
+from jaxroof.parallel import plan_search
 from jaxroof.parallel import planner
+from jaxroof.parallel import replica_load
 from jaxroof.serving import arrivals
 from jaxroof.serving import plan_check
 from jaxroof.serving import replica
@@ -32,7 +35,9 @@ from jaxroof.specs.accelerators import load_accelerators
 from jaxroof.specs import step_inputs
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic import formulas
+from jaxroof.symbolic import load_model as lm
 from jaxroof.symbolic.evaluate import step_model
+from jaxroof.symbolic.step_model import StepModel
 from jaxroof.toy import config as config_lib
 from jaxroof.toy import model as toy_model
 from jaxroof.toy import weights
@@ -40,7 +45,7 @@ from jaxroof.toy import weights
 # sweep: an 8B BF16 model with Llama-3-8B-like K/V (131,072 B/token) on 2 TB/s, 600 TFLOP/s.
 SWEEP_MODEL = dict(N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
 SWEEP_MEMORY_LIMIT_BYTES = 4e9  # About ten float64 outputs per grid point.
-# plan: issue 24's question.
+# plan: the 70B question (the README's plan example).
 PLAN_TARGETS = report_results.PLAN_TARGETS
 PLAN_PRICES = {"h100-sxm": 3.0, "h200": 3.8, "mi300x": 2.5}
 DECODE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -90,11 +95,14 @@ def sweep(*, batches: int, contexts: int, repeats: int, loop_points: int) -> dic
 
 def plan(*, model: str, context: int, repeats: int) -> dict:
   """Configurations per second of the planner's search over every accelerator, layout,
-  batch and dtype; its evaluation alone; and issue 24's question with the top 5 simulated."""
+  batch and dtype (the load model's answer of each group that can make the list); its
+  cheap pass alone (the cost model over the whole grid); and the question with its top 5
+  simulated and sized."""
   spec, devices = load_model(model), load_accelerators("all")
   search = functools.partial(planner.plan, spec, devices, context=context, targets=PLAN_TARGETS,
                              weight_dtypes=planner.WEIGHT_DTYPES, kv_dtypes=planner.KV_DTYPES)
-  searched = search()["searched"]  # Also the warm-up of the timed searches.
+  first = search()  # Also the warm-up of the timed searches.
+  searched = first["searched"] + first["split_searched"]
   whole = timing.time_call(search, [()], warmup=0, repeats=repeats)
   asked = load_accelerators(",".join(PLAN_PRICES))
 
@@ -106,11 +114,20 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
 
   answer = question()
   with_sims = timing.time_call(question, [()], warmup=0, repeats=max(1, min(repeats, 3)))
-  grid = planner.build_grid(spec, devices, context, planner.WEIGHT_DTYPES, planner.KV_DTYPES,
-                            np.asarray(planner.BATCHES, dtype=float),
-                            step_inputs.DEFAULT_WORKSPACE_FRACTION)
-  evaluation = timing.time_call(lambda: planner.evaluate_grid(grid, context), [()], warmup=1,
-                                repeats=repeats)
+  prompt = context - planner.DEFAULT_OUTPUT_TOKENS
+  work = plan_search.Workload(
+      prompt_tokens=prompt, output_tokens=planner.DEFAULT_OUTPUT_TOKENS,
+      context=replica_load.mean_context(prompt, planner.DEFAULT_OUTPUT_TOKENS),
+      targets=lm.Targets(token_gap_s=PLAN_TARGETS.token_gap_s, ttft_s=PLAN_TARGETS.ttft_s), cv2=0.0,
+      schedulings=plan_search.schedulings(None, None))
+
+  def cheap() -> None:
+    grid = plan_grid.build(spec, devices, context=context, prompt_tokens=prompt,
+                           weight_dtypes=planner.WEIGHT_DTYPES, kv_dtypes=planner.KV_DTYPES,
+                           workspace_fraction=step_inputs.DEFAULT_WORKSPACE_FRACTION)
+    plan_search.bound(grid, StepModel.bound(), work, np.asarray(planner.BATCHES, dtype=float))
+
+  evaluation = timing.time_call(cheap, [()], warmup=1, repeats=repeats)
   top = answer["plans"][0]
   return {
       "experiment": "bench_plan", "kind": "measurement",
@@ -118,15 +135,16 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
       "model": spec.name, "context": context, "accelerators": len(devices), "targets": {
           "token_gap_s": PLAN_TARGETS.token_gap_s, "ttft_s": PLAN_TARGETS.ttft_s,
           "aggregate_tokens_per_s": PLAN_TARGETS.aggregate_tokens_per_s
-      }, "searched": searched, "plan_configs_per_s": searched / whole.median_s,
-      "evaluate_configs_per_s": searched / evaluation.median_s, "plan_timing": whole.to_json(),
-      "evaluate_timing": evaluation.to_json(), "question": {
-          "what": "issue 24's question: llama-3.1-70b, 7000 in / 1000 out, 50 ms gap, 2 s "
-                  "TTFT, 10,000 tokens/s, bf16, h100-sxm/h200/mi300x priced; top 5 simulated",
-          "searched": answer["searched"], "timing": with_sims.to_json(),
+      }, "searched": searched, "evaluated_groups": first["evaluated_groups"],
+      "plan_configs_per_s": searched / whole.median_s,
+      "evaluate_configs_per_s": first["searched"] / evaluation.median_s,
+      "plan_timing": whole.to_json(), "evaluate_timing": evaluation.to_json(), "question": {
+          "what": "llama-3.1-70b, 7000 in / 1000 out, 50 ms gap, 2 s TTFT, 10,000 tokens/s, "
+                  "bf16, h100-sxm/h200/mi300x priced; top 5 simulated and sized",
+          "searched": answer["searched"] + answer["split_searched"], "timing": with_sims.to_json(),
           "simulation_wall_s": answer["simulation"]["wall_s"], "top": {
-              k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "batch", "cost_per_hour",
-                                 "simulated")
+              k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "max_running",
+                                 "scheduler", "token_budget", "cost_per_hour", "simulated")
           }
       }, "backend": "numpy (lambdified sympy), float64", "host": timing.host()
   }
