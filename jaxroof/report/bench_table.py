@@ -17,12 +17,14 @@ def _sweep(result: dict[str, Any]) -> list[str]:
 
 def _plan(result: dict[str, Any]) -> list[str]:
   whole, evaluation = result["plan_timing"], result["evaluate_timing"]
+  question = result["question"]["timing"]
   return [
-      f"issue 24's question with top-5 simulations: "
-      f"{result['question']['timing']['median_s']:.2f} s median",
-      f"{result['searched']:,} configurations: plan {whole['median_s']:.2f} s median "
-      f"({result['plan_configs_per_s']:,.0f} configs/s), evaluation alone "
-      f"{evaluation['median_s']:.2f} s ({result['evaluate_configs_per_s']:,.0f} configs/s)"
+      f"the 70B question with its top 5 simulated and sized: {question['median_s']:.2f} s "
+      f"median (min {question['min_s']:.2f}, max {question['max_s']:.2f})",
+      f"{result['searched']:,} configurations (shared and split pairs): plan "
+      f"{whole['median_s']:.2f} s median (min {whole['min_s']:.2f}, max {whole['max_s']:.2f}; "
+      f"{result.get('evaluated_groups', 0)} groups answered by the load model), the cheap "
+      f"pass over the grid alone {evaluation['median_s']:.2f} s"
   ]
 
 
