@@ -2,7 +2,7 @@
 
   sweep     the lambdified step model over a (batch, context) grid of >= 10M points
             (numpy, jit-compiled JAX, and a per-point Python loop for scale)
-  plan      the planner's search (configurations/s) and issue 24's question
+  plan      the planner's search (configurations/s) and the README's plan question
   simulate  the simulator: 10,000 requests (prompts ~1,000, outputs ~200) per scheduler
   decode    the toy's generation with the K/V cache against recomputing the prefix
 

@@ -64,7 +64,7 @@ class KernelCache:
   vLLM's CPU linear layer keeps 32 oneDNN primitives per weight, one per row count
   (`ops.create_onednn_mm(weight, 32)`); a step whose token count is new (two prompts
   arriving together) builds one in every linear layer, at a cost that grows with the rows
-  (results/vllm_cpu/engine_cold_rows.py).
+  (measured on the engine's served steps).
   """
 
   capacity: int
@@ -100,7 +100,7 @@ class Replica:
     wake_s: seconds an iteration pays when the replica was idle before it (nothing running
       or waiting): an engine waking from its wait (vLLM CPU's served prefill of a short
       prompt after an idle gap, against the same prefill beside a running decode;
-      results/vllm_cpu/engine_idle_probe.py). 0: none (every analytic model).
+      measured by probing the engine after an idle gap). 0: none (every analytic model).
   """
 
   cost: IterationModel
