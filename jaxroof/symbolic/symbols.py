@@ -288,6 +288,7 @@ cv2_hold = _define("cv2_hold", "1", "squared coefficient of variation of the slo
 # The load model (`load_model.py`): a replica's running count as a birth-death chain.
 n_run = _define("n_run", "sequences", "sequences holding decode slots (the load model's state)", _S)
 t_x = _define("t_x", "s", "time one admitted prompt adds to the iterations it joins", _S)
+t_m = _define("t_m", "s", "time each further prompt joining the same iteration adds", _S)
 t_c = _define("t_c", "s", "an iteration carrying a prefill chunk beside the decodes", _S)
 t_w = _define("t_w", "s", "mean wait of a request before its prefill starts", _S)
 p_w = _define("p_w", "1", "probability that a request waits at all", _S)
