@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
+from jaxroof.symbolic import load_formulas as lf
 from jaxroof.symbolic import load_model as lm
 from jaxroof.symbolic import request_formulas
 from jaxroof.symbolic import symbols as S
@@ -54,16 +55,16 @@ def test_the_chain_with_fixed_holds_is_erlang_c(c, rho):
 
 def test_cosmetatos_is_half_at_one_server_and_at_full_load():
   rho = sp.Symbol("rho", positive=True)
-  assert sp.simplify(lm.cosmetatos(rho, 1) - sp.Rational(1, 2)) == 0
-  assert sp.limit(lm.cosmetatos(rho, S.B), rho, 1) == sp.Rational(1, 2)
+  assert sp.simplify(lf.cosmetatos(rho, 1) - sp.Rational(1, 2)) == 0
+  assert sp.limit(lf.cosmetatos(rho, S.B), rho, 1) == sp.Rational(1, 2)
   # Exponential holds (cv2 = 1): M/M/c itself.
-  assert sp.simplify(lm.service_variability(rho, S.B, 1) - 1) == 0
+  assert sp.simplify(lf.service_variability(rho, S.B, 1) - 1) == 0
 
 
 def test_the_slot_fill_rate_turns_the_slots_over():
   """lam * hold(B) = B, hold at the loaded gap t / (1 - lam x)."""
-  rate = lm.slot_fill_rate()
-  hold = lm.hold_time(S.D_pf, lm.loaded_gap(S.t, rate, S.t_x), S.n_out)
+  rate = lf.slot_fill_rate()
+  hold = lf.hold_time(S.D_pf, lf.loaded_gap(S.t, rate, S.t_x), S.n_out)
   values = {S.D_pf: 0.4, S.t: 0.02, S.t_x: 0.05, S.n_out: 200, S.B: 64}
   assert float((rate * hold).subs(values)) == pytest.approx(64.0, rel=1e-12)
   # Without prefill interference it is B / (admit + (G - 1) t).
@@ -73,16 +74,16 @@ def test_the_slot_fill_rate_turns_the_slots_over():
 
 
 def test_the_loaded_gap_is_the_request_formula():
-  assert sp.simplify(lm.loaded_gap() - request_formulas.loaded_token_gap(S.t, S.lam, S.t_x)) == 0
+  assert sp.simplify(lf.loaded_gap() - request_formulas.loaded_token_gap(S.t, S.lam, S.t_x)) == 0
 
 
 def test_md1_tail_is_cramer_lundberg():
   """The decay root solves u (e^x - 1) = x; at light load the tail's weight tends to 0 and
   the tail is steeper; the p90 of a lone M/D/1 wait is below its exponential stand-in."""
   for u in (0.2, 0.6, 0.9):
-    x = sp.nsolve(lm.md1_decay(sp.Symbol("x"), u), sp.Symbol("x"), 2.0 / u)
-    assert float(lm.md1_decay(x, u)) == pytest.approx(0.0, abs=1e-12)
-    weight = float(lm.md1_tail_weight(x, u))
+    x = sp.nsolve(lf.md1_decay(sp.Symbol("x"), u), sp.Symbol("x"), 2.0 / u)
+    assert float(lf.md1_decay(x, u)) == pytest.approx(0.0, abs=1e-12)
+    weight = float(lf.md1_tail_weight(x, u))
     assert 0 < weight < 1
   service, rate = 1.0, 0.8
   mean = float(request_formulas.md1_wait(rate, service))
@@ -154,3 +155,48 @@ def test_the_p99_gap_counts_iterations_carrying_prompts():
   heavy = lm.itl_quantile(states, 20.0, 63, 128)
   assert light < 0.0232  # Decode-only iterations at the occupancy of a light load.
   assert heavy >= 0.010 + 0.02
+
+
+def test_iteration_moments_are_the_poisson_sums():
+  """E[T], E[T**2] of `step + first*(K > 0) + more*(K - 1)+`, K ~ Poisson(m), summed
+  term by term; `joined_extra` is the time each prompt adds on average."""
+  m, step, first, more = 0.7, 0.002, 0.005, 0.009
+  ks = np.arange(60)
+  pmf = np.array([math.exp(-m) * m**k / math.factorial(k) for k in ks])
+  T = step + first * (ks > 0) + more * np.maximum(ks - 1, 0)
+  mean, second = (float(e) for e in lf.iteration_moments(m, step, first, more))
+  assert mean == pytest.approx(float(pmf @ T), rel=1e-12)
+  assert second == pytest.approx(float(pmf @ T**2), rel=1e-12)
+  per_prompt = float(lf.joined_extra(m, first, more))
+  assert per_prompt * m == pytest.approx(mean - step, rel=1e-12)
+  # Light load: the first prompt's cost; heavy: each further one's.
+  assert float(lf.joined_extra(1e-6, first, more)) == pytest.approx(first, rel=1e-5)
+  assert float(lf.joined_extra(1e4, first, more)) == pytest.approx(more, rel=1e-3)
+
+
+def test_the_residual_is_length_biased():
+  """Iterations of 1 ms (90% of them) and 10 ms: a Poisson arrival waits E[T^2]/(2E[T]),
+  found by sampling arrivals over a long run of such iterations."""
+  rng = np.random.default_rng(0)
+  lengths = np.where(rng.random(200_000) < 0.9, 0.001, 0.010)
+  ends = np.cumsum(lengths)
+  arrivals = rng.random(100_000) * ends[-1]
+  waits = ends[np.searchsorted(ends, arrivals)] - arrivals
+  mean, second = float(np.mean(lengths)), float(np.mean(lengths**2))
+  assert float(np.mean(waits)) == pytest.approx(float(lf.residual(mean, second)), rel=0.02)
+  share = float(np.sum(lengths[lengths > 0.005]) / np.sum(lengths))
+  q90 = float(lf.residual_quantile(0.9, 0.001, 0.010, share))
+  assert float(np.quantile(waits, 0.9)) == pytest.approx(q90, rel=0.02)
+  assert float(lf.residual(0.004)) == pytest.approx(0.002)  # Fixed length: half of it.
+
+
+def test_a_burst_follows_a_long_iteration():
+  """Arrivals during an iteration of `own` seconds join the next: its length, and each
+  next one's, exceed the mean by lam*x times the previous excess; the sum is the
+  geometric series `burst_excess`."""
+  lam_, x, own, gap = 50.0, 0.006, 0.010, 0.002
+  excess, total = own - gap, 0.0
+  for _ in range(200):
+    excess *= lam_ * x
+    total += excess
+  assert float(lf.burst_excess(lam_, x, own, gap)) == pytest.approx(total, rel=1e-9)

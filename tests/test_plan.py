@@ -104,16 +104,16 @@ def test_a_mesh_collective_runs_on_its_peer_links():
 def test_split_pools_are_one_prefill_queue(question):
   """The split plan's prefill pool: one M/D/c queue over its replicas (as a router keeps
   it), against independent M/D/1 queues of the same replicas: never more replicas."""
-  from jaxroof.symbolic import load_model as lm
+  from jaxroof.symbolic import load_pools
   split = [p for p in question["plans"] if p["pools"]["kind"] == "split"]
   assert split
   for p in split:
     pre = p["pools"]["prefill"]
     servers, service = pre["replicas"], pre["prefill_s"]
-    pooled = lm.pool_wait(10.0, service, servers)
+    pooled = load_pools.pool_wait(10.0, service, servers)
     assert bool(pooled["stable"])
     assert float(pooled["wait_p90_s"]) == pytest.approx(pre["wait_p90_s"])
-    apart = lm.pool_wait(10.0 / servers, service, 1)  # Each replica its own queue.
+    apart = load_pools.pool_wait(10.0 / servers, service, 1)  # Each replica its own queue.
     assert float(pooled["wait_s"]) <= float(apart["wait_s"]) + 1e-12
 
 

@@ -5,7 +5,7 @@ A request's first token reaches the user from the decode pool (as engines' split
 deployments stream it), so its TTFT is the prefill pool's wait, the prompt's prefill, the
 K/V transfer and the wait for a decode slot. The prefill pool is one queue over its
 replicas (a disaggregation router keeps one), each prefilling one prompt at a time:
-M/D/c (`load_model.pool_wait`). Its decode replicas take prompts prefilled
+M/D/c (`load_pools.pool_wait`). Its decode replicas take prompts prefilled
 (`replica_load.decode_pool_states`: no prefill interference). The TTFT target is split:
 for each share s of `WAIT_SHARES` the decode pool's p90 slot wait stays within s x the
 target (its max rate per replica by the load model) and the prefill pool's p90 wait
@@ -28,7 +28,7 @@ from jaxroof.parallel import plan_search
 from jaxroof.parallel import replica_load
 from jaxroof.specs import accelerators
 from jaxroof.specs.accelerators import Accelerator
-from jaxroof.symbolic import load_model
+from jaxroof.symbolic import load_model, load_pools
 from jaxroof.symbolic.step_model import StepModel
 
 WAIT_SHARES = (0.1, 0.25, 0.5)  # Shares of the TTFT target the decode slot's p90 wait may take.
@@ -169,7 +169,7 @@ def _combine(grid, pre_groups, alone, budget, decode: plan_search.Found, rate, c
   per_p = grid.per_replica[pre_groups]
   per_d = float(grid.per_replica[decode.group])
   if rate is not None:
-    servers = load_model.fewest_servers(rate, alone, budget)
+    servers = load_pools.fewest_servers(rate, alone, budget)
     chips_p = np.where(servers > 0, servers * per_p, np.inf)
     i = int(np.argmin(chips_p))
     if not np.isfinite(chips_p[i]):
@@ -189,7 +189,7 @@ def _combine(grid, pre_groups, alone, budget, decode: plan_search.Found, rate, c
     exact = (counts * per_p[i] + n_d * per_d == chips) & (n_d >= 1)
     if not exact.any():
       continue
-    carried = np.minimum(load_model.pool_rate(counts, alone[i], budget[i]), n_d * decode.rate)
+    carried = np.minimum(load_pools.pool_rate(counts, alone[i], budget[i]), n_d * decode.rate)
     carried = np.where(exact, carried, 0.0)
     j = int(np.argmax(carried))
     if carried[j] > 0 and (best is None or -carried[j] < best["objective"]):
@@ -210,7 +210,7 @@ def _row(grid, devices, work, best, transfer, *, rate, chips, prices) -> dict[st
   cp, cd = int(n_p * grid.per_replica[gp]), int(n_d * grid.per_replica[g])
   total = cp + cd
   alone = best["alone"]
-  queue = load_model.pool_wait(fleet, alone, n_p)
+  queue = load_pools.pool_wait(fleet, alone, n_p)
   lam = min(fleet / n_d, dec.rate)
   decode_targets = load_model.Targets(token_gap_s=work.targets.token_gap_s)
   at = load_model.at(dec.states, [lam], np.array([dec.column]), G, decode_targets, work.cv2)

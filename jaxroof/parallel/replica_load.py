@@ -93,7 +93,8 @@ def mean_context(prompt_tokens: float, output_tokens: float) -> float:
 class Costs:
   """The cost model at each occupancy of R configurations (see the module docstring).
 
-  `n` (S,); `step`, `whole` (R, S): decode-only and with one whole prompt; `alone` (R,):
+  `n` (S,); `step`, `whole` (R, S): decode-only and with one whole prompt (`more`: what
+  a second adds); `alone` (R,):
   the whole prompt on an idle replica; `per_pass` (R, 1): decode rows per pass at n = 1
   (1/m). Chunk iterations are costed on demand (`chunked`)."""
 
@@ -106,6 +107,7 @@ class Costs:
   step: np.ndarray
   whole: np.ndarray
   alone: np.ndarray
+  more: np.ndarray | None = None  # (R, S): what a second whole prompt adds beside the first.
 
   def _time(self, **mix: Any) -> np.ndarray:
     out = self.cost.evaluate(self.cost.uniform_mix(**mix), self.model, step_only=True)
@@ -154,15 +156,22 @@ def costs(cost: IterationModel, model: StepModel | None, n: np.ndarray, *, promp
       context=float(context),
       prefill_sequences=1.0,  # noqa: SLF001
       prompt_tokens=float(prompt_tokens))
+  two = c._time(
+      decode_rows=rows,
+      context=float(context),
+      prefill_sequences=2.0,  # noqa: SLF001
+      prompt_tokens=float(prompt_tokens))
   alone = c._time(
       decode_rows=0.0,
       context=float(context),
       prefill_sequences=1.0,  # noqa: SLF001
       prompt_tokens=float(prompt_tokens))
-  shape = np.broadcast_shapes(np.shape(step), np.shape(whole), (per_pass.shape[0], n.size))
+  shape = np.broadcast_shapes(np.shape(step), np.shape(whole), np.shape(two),
+                              (per_pass.shape[0], n.size))
   step, whole = np.broadcast_to(step, shape), np.broadcast_to(whole, shape)
+  more = np.broadcast_to(two, shape) - whole
   alone = np.broadcast_to(np.asarray(alone, dtype=float).reshape(-1), (shape[0],))
-  return dataclasses.replace(c, step=step, whole=whole, alone=alone)
+  return dataclasses.replace(c, step=step, whole=whole, alone=alone, more=more)
 
 
 def states(c: Costs, scheduling: Scheduling, candidates: np.ndarray) -> load_model.States:
@@ -173,7 +182,7 @@ def states(c: Costs, scheduling: Scheduling, candidates: np.ndarray) -> load_mod
   if scheduling.scheduler == "iteration":
     nan = np.full(step.shape, np.nan)
     return load_model.States(n=c.n, step=step, extra=whole - step, admit=whole, chunk=nan,
-                             idle=c.alone, candidates=candidates)
+                             idle=c.alone, candidates=candidates, more=c.more)
   tokens, chunk, alone, tail = c.chunk(scheduling.token_budget, last=True)
   fits = tokens >= P  # The whole prompt fits beside the decodes: no chunking here.
   room = tokens >= 1
@@ -272,8 +281,9 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
       chunk=np.concatenate([p.chunk for p in parts]), idle=np.concatenate([p.idle for p in parts]),
       candidates=np.concatenate([p.candidates for p in parts]),
       service=np.concatenate([p.admit if p.service is None else p.service for p in parts]),
-      extra_alone=np.concatenate(
-          [p.extra if p.extra_alone is None else p.extra_alone for p in parts]))
+      extra_alone=np.concatenate([
+          p.extra if p.extra_alone is None else p.extra_alone for p in parts
+      ]), more=np.concatenate([p.extra if p.more is None else p.more for p in parts]))
   best = load_model.max_rate(stacked, output_tokens, targets, cv2)
   owner = np.concatenate([rows for _, rows in pairs])
   option = np.concatenate([np.full(rows.size, k) for k, rows in pairs])

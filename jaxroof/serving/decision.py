@@ -163,9 +163,7 @@ def _prefill_share(a: load_lib.Answer, rate: float) -> float:
   mean occupancy."""
   if rate <= 0 or a.column < 0:
     return 0.0
-  at = a.at(rate)
-  extra = float(np.interp(at["mean_running"], a.states.n, a.states.extra[0]))
-  return float(rate * extra)
+  return float(rate * a.at(rate)["extra_s"])
 
 
 def _light_load_miss(a: load_lib.Answer, ttft_s: float | None) -> str:

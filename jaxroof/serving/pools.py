@@ -13,7 +13,7 @@ target (DistServe's goodput-per-chip view), each from the one load model
            rate is within one replica's max rate (the `serving` decision's).
   split    a prefill pool: one first-come-first-served queue in front of its replicas
            (as a disaggregation router keeps it), each prefilling one prompt at a time,
-           M/D/c (`load_model.pool_wait`); the prompt's K/V then crosses the network
+           M/D/c (`load_pools.pool_wait`); the prompt's K/V then crosses the network
            joining the pools (`kv_link_bytes_per_s`, each chip its own share; free when
            no figure is given); a decode pool of replicas whose requests arrive
            prefilled (`replica_load.decode_pool_states`: no prefill interference), each
@@ -38,7 +38,7 @@ from jaxroof.parallel import replica_load
 from jaxroof.serving import decision
 from jaxroof.serving import load as load_lib
 from jaxroof.serving import requests
-from jaxroof.symbolic import load_model
+from jaxroof.symbolic import load_model, load_pools
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
@@ -119,7 +119,7 @@ def prefill_pool(rate: float, service_s: float, budget_s: float) -> dict[str, An
   if rate * service_s >= servers:
     servers += 1
   for _ in range(MAX_CHIPS):
-    q = load_model.pool_wait(rate, service_s, servers)
+    q = load_pools.pool_wait(rate, service_s, servers)
     if bool(q["stable"]) and float(q["wait_p90_s"]) + service_s <= budget_s:
       return {
           "replicas": servers, "wait_s": float(q["wait_s"]), "wait_p90_s": float(q["wait_p90_s"]),

@@ -9,8 +9,10 @@ of that occupancy (`hold_time`). Everything the replica does at a load comes
 from the chain's stationary distribution and the cost model's iteration at each
 occupancy (the caller evaluates it): the mean occupancy, the slots' utilisation,
 the gap a user sees (TPOT), TTFT (the wait for a slot, the wait for the
-prefill, the service) with its p90, the share of inter-token gaps over the
-target (p99 ITL), and the largest rate that meets the targets.
+prefill, the iteration under way, the service) with its p90, the share of
+inter-token gaps over the target (p99 ITL), and the largest rate that meets the
+targets. The formulas (sympy) are `jaxroof.symbolic.load_formulas`, named below
+in backquotes; a pool of servers behind one queue is `load_pools`.
 
 Per occupancy n the caller gives: `step` the decode iteration of n rows;
 `extra` the time one admitted prompt adds to the iterations it joins; `admit`
@@ -18,6 +20,10 @@ the prompt's own service once it has a slot; `chunk` the iteration that
 carries a chunk of a prompt (chunked states) or None (whole prompts join one
 iteration, the iteration-level scheduler). Then (`loaded_gap`) a decode token
 waits `t/(1 - lam*t_x)`: iterations carry prompts at rate lam, each adding t_x.
+Whole prompts that join one iteration together add unequal times: the first
+hides under the decode's weight reads (the roofline's max), each further one adds
+its full cost (`more`); K ~ Poisson(lam x gap) join an iteration, so the time
+per prompt is `joined_extra` of the two, the gap a fixed point (`JOIN_ROUNDS`).
 
 Deterministic holds: the chain's queue is M/M/c-like (B servers, state-dependent
 holds). The wait of M/D/c is Cosmetatos's correction of M/M/c's
@@ -36,11 +42,7 @@ not depend on B. The largest rate is found by a geometric bisection over lam of
 per row and step; the B it picks is the one with the largest max rate (ties:
 the smaller).
 
-References:
-  Cosmetatos, G. P. (1976), "Some approximate equilibrium results for the
-  multi-server queue (M/G/r)", Operational Research Quarterly 27(3), 615-620.
-  Lee, A. M. and Longton, P. A. (1959), "Queueing processes associated with
-  airline passenger check-in", Operational Research Quarterly 10(1), 56-71.
+References: `load_formulas`.
 """
 
 from __future__ import annotations
@@ -48,192 +50,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 
 import numpy as np
-import sympy as sp
 
-from jaxroof.symbolic import request_formulas
-from jaxroof.symbolic.lambdify import lambdified
-from jaxroof.symbolic.symbols import (B, D_pf, cv2_hold, lam, n_out, n_run, p_q, p_w, t, t_c,
-                                      t_hold, t_w, t_x)
+from jaxroof.symbolic import load_formulas as lf
 
-Expr = sp.Expr
+JOIN_ROUNDS = 4  # Fixed-point rounds of the gap with prompts joining one iteration.
 BISECTIONS = 22  # Geometric halvings of [upper * 1e-7, upper]: to 4e-6 relative.
 FLOOR = 1e-7  # The smallest rate tried, as a share of the upper bound.
 POISSON_TERMS = 16  # Prompts per iteration counted exactly for the p99 gap (beyond: none).
 SLACK = 1e-9  # Relative: a value equal to its target meets it.
 MODEL = ("birth-death chain over the running count n <= B (arrivals at lam; departures "
-         "n / hold(n), hold = the prompt's service + (G - 1) x the loaded gap at n); queue "
-         "waits M/M/c-like, corrected to deterministic holds (Cosmetatos); TTFT = slot wait + "
-         "prefill wait + service; p90 TTFT from the waits' exponential tail; TPOT the "
+         "n / hold(n), hold = the prompt's service + (G - 1) x the loaded gap at n, prompts "
+         "joining an iteration Poisson); queue waits M/M/c-like, corrected to deterministic "
+         "holds (Cosmetatos); TTFT = slot wait + prefill wait + the length-biased residual "
+         "iteration + service; p90 TTFT from the waits' exponential tail; TPOT the "
          "token-weighted mean gap; p99 ITL from the share of iterations carrying prefill")
-
-
-# Formulas.
-def _s(*values) -> list[Expr]:
-  return [sp.sympify(v) for v in values]
-
-
-def loaded_gap(t: Expr = t, lam: Expr = lam, x: Expr = t_x) -> Expr:
-  """Mean gap between a user's tokens at one occupancy: `t/(1 - lam*x)`.
-
-  Iterations carry prompts at rate lam, each adding x seconds to the
-  iterations it joins: in a long interval of length T, lam*T*x of it is the
-  prompts', so the decode steps of t seconds are stretched by 1/(1 - lam*x)
-  (`request_formulas.loaded_token_gap` with the prompt's added time).
-  """
-  return request_formulas.loaded_token_gap(t, lam, x)
-
-
-def hold_time(admit: Expr = D_pf, gap: Expr = t, G: Expr = n_out) -> Expr:
-  """Seconds a request holds its slot: its prompt's service, then G - 1 gaps."""
-  admit, gap, G = _s(admit, gap, G)
-  return admit + (G - 1) * gap
-
-
-def birth_death_ratio(lam: Expr = lam, hold: Expr = t_hold, n: Expr = n_run) -> Expr:
-  """pi(n) / pi(n - 1) of the running count: arrivals at lam, departures n / hold(n)."""
-  lam, hold, n = _s(lam, hold, n)
-  return lam * hold / n
-
-
-def slot_utilisation(lam: Expr = lam, hold: Expr = t_hold, B: Expr = B) -> Expr:
-  """The B slots' utilisation at full occupancy, `lam*hold/B` (the queue's rho; the
-  chain is stable while it is < 1)."""
-  return birth_death_ratio(lam, hold, B)
-
-
-def waiting_mass(rho: Expr) -> Expr:
-  """pi(n >= B) / pi(B): every state where an arrival finds the slots full, `1/(1 - rho)`."""
-  return 1 / (1 - sp.sympify(rho))
-
-
-def queue_length(rho: Expr) -> Expr:
-  """Mean requests queued, over pi(B): `sum_j j*rho**j = rho/(1 - rho)**2`."""
-  rho = sp.sympify(rho)
-  return rho / (1 - rho)**2
-
-
-def cosmetatos(rho: Expr, c: Expr = B) -> Expr:
-  """W(M/D/c) / W(M/M/c), Cosmetatos's approximation:
-  `(1 + (1 - rho)*(c - 1)*(sqrt(4 + 5c) - 2)/(16*rho*c))/2`; exactly 1/2 at c = 1
-  (Pollaczek-Khinchine) and at rho -> 1."""
-  rho, c = _s(rho, c)
-  return (1 + (1 - rho) * (c - 1) * (sp.sqrt(4 + 5 * c) - 2) / (16 * rho * c)) / 2
-
-
-def service_variability(rho: Expr, c: Expr = B, cv2: Expr = cv2_hold) -> Expr:
-  """W(M/G/c) / W(M/M/c) for holds of squared coefficient of variation cv2: Cosmetatos's
-  M/D/c factor at cv2 = 0 (at most 1: at light load and many servers the
-  approximation passes 1, where the wait is negligible anyway), 1 at cv2 = 1 (M/M/c),
-  linear between (Lee and Longton's `(1 + cv2)/2` with the deterministic end
-  corrected)."""
-  cv2 = sp.sympify(cv2)
-  return cv2 + (1 - cv2) * sp.Min(1, cosmetatos(rho, c))
-
-
-def wait_quantile(W: Expr = t_w, p0: Expr = p_w, p: Expr = p_q) -> Expr:
-  """The p-quantile of a wait with mean W that is positive with probability p0 and
-  exponential when positive: `W/p0 * log(p0/(1 - p))` where p0 > 1 - p, else 0."""
-  W, p0, p = _s(W, p0, p)
-  return sp.Piecewise((W / p0 * sp.log(p0 / (1 - p)), p0 > 1 - p), (0, True))
-
-
-def md1_decay(x: Expr, u: Expr) -> Expr:
-  """The Cramer-Lundberg equation of M/D/1's wait, zero at its tail's decay: with x =
-  theta x service, `u*(exp(x) - 1) - x` (u = lam x service < 1; one positive root)."""
-  x, u = _s(x, u)
-  return u * (sp.exp(x) - 1) - x
-
-
-def md1_tail_weight(x: Expr, u: Expr) -> Expr:
-  """C in M/D/1's wait tail P(W > t) ~ C exp(-theta t), at the root x of `md1_decay`:
-  `(1 - u)/(u*exp(x) - 1)` (Cramer-Lundberg; Asmussen, Applied Probability and Queues)."""
-  x, u = _s(x, u)
-  return (1 - u) / (u * sp.exp(x) - 1)
-
-
-def residual(gap: Expr = t) -> Expr:
-  """Mean wait of an arrival for the iteration under way to end: half of it
-  (iterations of nearly fixed length)."""
-  return sp.sympify(gap) / 2
-
-
-def others_in_iteration(lam: Expr = lam, gap: Expr = t, x: Expr = t_x) -> Expr:
-  """Seconds the other prompts admitted with a prompt add to its iteration (the
-  iteration-level scheduler): `lam*gap` of them on average, x each."""
-  lam, gap, x = _s(lam, gap, x)
-  return lam * gap * x
-
-
-def busy_share(u: Expr, chunk: Expr = t_c, step: Expr = t) -> Expr:
-  """Share of iterations that carry a prefill chunk when prefill keeps the replica busy
-  a share u of the time, a chunk iteration lasting `chunk` and a decode-only one
-  `step`."""
-  u, chunk, step = _s(u, chunk, step)
-  return (u / chunk) / (u / chunk + (1 - u) / step)
-
-
-def slot_fill_rate(admit: Expr = D_pf, t: Expr = t, x: Expr = t_x, G: Expr = n_out,
-                   B: Expr = B) -> Expr:
-  """The rate at which B full slots turn over: lam with `lam*hold(B) = B`, the hold at
-  the loaded gap `t/(1 - lam*x)` (the smaller root of the quadratic, written without
-  dividing by x): `2B/(a + sqrt(a**2 - 4*admit*x*B))`, `a = admit + (G - 1)*t + B*x`.
-  Past it the queue for a slot grows without bound."""
-  admit, t, x, G, B = _s(admit, t, x, G, B)
-  a = admit + (G - 1) * t + B * x
-  return 2 * B / (a + sp.sqrt(a**2 - 4 * admit * x * B))
-
-
-def poisson_pmf(k: Expr, mean: Expr) -> Expr:
-  """P(K = k) of a Poisson count with the given mean (prompts joining one iteration)."""
-  k, mean = _s(k, mean)
-  return mean**k * sp.exp(-mean) / sp.factorial(k)
-
-
-# Lambdified once.
-@functools.cache
-def _state_model():
-  gap = loaded_gap()
-  return lambdified({"gap": gap, "hold": hold_time(D_pf, gap, n_out)}, (t, lam, t_x, D_pf, n_out))
-
-
-@functools.cache
-def _queue_model():
-  rho = sp.Symbol("rho", positive=True)
-  return lambdified(
-      {
-          "waiting": waiting_mass(rho), "queue": queue_length(rho),
-          "variability": service_variability(rho, B, cv2_hold)
-      }, (rho, B, cv2_hold))
-
-
-@functools.cache
-def _quantile_model():
-  return lambdified({"q": wait_quantile()}, (t_w, p_w, p_q))
-
-
-@functools.cache
-def _md1_tail_model():
-  x, u = sp.symbols("x u", positive=True)
-  f = md1_decay(x, u)
-  return lambdified({"f": f, "df": sp.diff(f, x), "weight": md1_tail_weight(x, u)}, (x, u))
-
-
-@functools.cache
-def _fill_model():
-  return lambdified({"rate": slot_fill_rate()}, (D_pf, t, t_x, n_out, B))
-
-
-@functools.cache
-def _busy_model():
-  u = sp.Symbol("u", positive=True)
-  return lambdified({"share": busy_share(u)}, (u, t_c, t))
-
-
-@functools.cache
-def _md1_model():
-  return lambdified({"wait": request_formulas.md1_wait(lam, D_pf)}, (lam, D_pf))
 
 
 # Inputs.
@@ -258,6 +91,8 @@ class States:
       alone in an iteration), s, where it differs from `extra` (the prompts queued
       back to back); the load model weighs the two by the prefill's busy share. None:
       `extra`.
+    more: (R, S) what each further whole prompt joining the same iteration adds, s
+      (`joined_extra`), where it differs from `extra`; None: `extra`.
   """
 
   n: np.ndarray
@@ -269,6 +104,7 @@ class States:
   candidates: np.ndarray
   service: np.ndarray | None = None
   extra_alone: np.ndarray | None = None
+  more: np.ndarray | None = None
 
   @property
   def chunked(self) -> np.ndarray:
@@ -280,7 +116,8 @@ class States:
         self, step=self.step[index], extra=self.extra[index], admit=self.admit[index],
         chunk=self.chunk[index], idle=self.idle[index], candidates=self.candidates[index],
         service=None if self.service is None else self.service[index],
-        extra_alone=None if self.extra_alone is None else self.extra_alone[index])
+        extra_alone=None if self.extra_alone is None else self.extra_alone[index],
+        more=None if self.more is None else self.more[index])
 
   def only(self, column: np.ndarray) -> States:
     """The same rows with one candidate each (`column`, per row)."""
@@ -378,11 +215,8 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
   step, extra, admit, chunk = states.step, states.extra, states.admit, states.chunk
   chunked = np.isfinite(chunk)
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-    if states.extra_alone is not None:  # Idle prefill between prompts: the last chunk alone.
-      busy = np.clip(lam_ * admit, 0.0, 1.0)
-      extra = extra + (1 - busy) * (states.extra_alone - extra)
-    at = _state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=G)
-    gap, hold = at["gap"], at["hold"]
+    st = _state(states, lam_, G, targets.ttft_quantile)
+    extra, more, gap, hold = st["extra"], st["more"], st["gap"], st["hold"]
     prefill_u = np.where(chunked, lam_ * admit, 0.0)  # A chunked prompt's server's load.
     ok = (lam_ * extra < 1) & (prefill_u < 1) & (gap > 0) & np.isfinite(hold)
     ok = np.logical_and.accumulate(ok, axis=1)  # A B past an unstable occupancy fails.
@@ -406,19 +240,16 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
       prev = np.concatenate([f[:, :1], f[:, :-1]], axis=1)
       return prev + (f - prev) * share
 
-    rate_n = n / gap  # Tokens per second at n.
-    res = _residual_factor()
-    others = np.where(chunked, 0.0, lam_ * gap * extra)
+    rate_n = n / st["request_gap"]  # Tokens per second at n.
     # A lone prompt's last chunk takes an iteration of its own; behind another prompt its
     # chunks share iterations (the prefill's busy share weighs the two).
     service = admit if states.service is None else (admit + (1 - np.clip(lam_ * admit, 0.0, 1.0)) *
                                                     (states.service - admit))
-    base = gap * res + service + others
-    spread = np.where(chunked, 0.0, extra * 1.2815515655446004 * np.sqrt(lam_ * gap))
+    base = st["residual"] + service + st["others"]
     q = targets.ttft_quantile
-    base_q = gap * q + service + others + spread
-    pre_wait = np.where(chunked, _md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
-    slow = _slow_share(lam_, step, extra, admit, chunk, gap, targets.token_gap_s)
+    base_q = st["residual_q"] + service + st["others"] + st["spread"]
+    pre_wait = np.where(chunked, lf.md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
+    slow = _slow_share(lam_, step, states.extra, more, admit, chunk, gap, targets.token_gap_s)
     rho = lam_ * hold / n
     cum = lambda f: np.cumsum(mass * avg(f), axis=1)  # noqa: E731
     c_mass = np.cumsum(mass, axis=1)
@@ -427,7 +258,7 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     c_slow = cum(rate_n * slow)
     c_base, c_base_q = cum(base), cum(base_q)
     c_pre, c_u = cum(pre_wait), cum(prefill_u)
-    queue = _queue_model()(rho=rho, B=np.broadcast_to(n, rho.shape), cv2_hold=cv2)
+    queue = lf.queue_model()(rho=rho, B=np.broadcast_to(n, rho.shape), cv2_hold=cv2)
     stable = ok & (rho < 1) & np.isfinite(C)  # pi(B) may underflow far above the mode.
     tail = np.where(stable, point * rho * queue["waiting"], 0.0)  # States past B.
     waiting = np.where(stable, point * queue["waiting"], 0.0)  # States >= B.
@@ -444,6 +275,7 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
         "token_gap_s": (c_n + tail * n) / tokens,
         "slow_itl_share": (c_slow + tail * rate_n * slow) / tokens,
         "p_wait": waiting / Z,
+        "extra_s": (cum(extra) + tail * extra) / Z,  # A prompt's added time, over states.
     }
     out["slot_utilisation"] = out["mean_running"] / n
     mmc = point * queue["queue"] / Z / lam_
@@ -465,21 +297,72 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
   return out
 
 
+def _joined(states: States, lam_) -> tuple[np.ndarray, np.ndarray]:
+  """(the time a prompt adds at rate `lam_`, each further joining prompt's) per state:
+  a chunked prompt's blended with its last chunk alone by the prefill's busy share;
+  whole prompts' by `joined_extra` at the gap's fixed point."""
+  lam_ = np.asarray(lam_, dtype=float)
+  lam_ = lam_ if lam_.ndim == 2 else lam_.reshape(-1, 1)  # Per row, or per state (R, S).
+  extra = states.extra
+  if states.extra_alone is not None:  # Idle prefill between prompts: the last chunk alone.
+    busy = np.clip(lam_ * states.admit, 0.0, 1.0)
+    extra = extra + (1 - busy) * (states.extra_alone - extra)
+  if states.more is None:
+    return extra, np.broadcast_to(extra, np.broadcast_shapes(extra.shape, lam_.shape))
+  first = extra
+  more = np.where(np.isfinite(states.chunk), first, np.maximum(states.more, first))
+  gap = states.step / (1 - lam_ * first)
+  for _ in range(JOIN_ROUNDS):
+    m = np.maximum(lam_ * np.where(gap > 0, gap, np.inf), 1e-12)
+    extra = np.where(np.isfinite(m), lf.joined_model()(m=m, t_x=first, t_m=more)["extra"], more)
+    gap = states.step / (1 - lam_ * extra)
+  return extra, more
+
+
+def _state(states: States, lam_, G: float, q: float) -> dict[str, np.ndarray]:
+  """Per state at rate `lam_` ((R, 1) or (R, S)): `extra`, `more` (`_joined`); `gap` the
+  loaded gap; `excess` the burst after a request's own prefill (`burst_excess`) and
+  `request_gap` its mean gap with it; `hold`; the TTFT's `residual` (and its q-quantile
+  `residual_q`), the joining `others` and their `spread` at the quantile (zero for
+  chunked states: their prompts queue for the prefill instead)."""
+  lam_ = np.asarray(lam_, dtype=float)
+  lam_ = lam_ if lam_.ndim == 2 else lam_.reshape(-1, 1)
+  extra, more = _joined(states, lam_)
+  step, admit = states.step, states.admit
+  chunked = np.isfinite(states.chunk)
+  at = lf.state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=G)
+  gap = at["gap"]
+  m = np.clip(lam_ * np.where(gap > 0, gap, np.inf), 1e-12, 1e300)
+  it = lf.iteration_model()(m=m, t=step, t_x=states.extra, t_m=more, lam=lam_, D_pf=admit, x=extra,
+                            q=q, z=statistics.NormalDist().inv_cdf(q))
+  live = ~chunked & np.isfinite(gap) & (gap > 0)
+  excess = np.where(live, np.maximum(np.nan_to_num(it["excess"], nan=np.inf), 0.0), 0.0)
+  excess = np.where(np.isfinite(gap), excess, np.inf)
+  request_gap = gap + excess / max(G - 1.0, 1.0)
+  return {
+      "extra": extra, "more": more, "gap": gap, "excess": excess, "request_gap": request_gap,
+      "hold": at["hold"] + excess, "residual": np.where(live, it["residual"],
+                                                        gap * _residual_factor()),
+      "residual_q": np.where(live, it["residual_q"], gap * q),
+      "others": np.where(live, it["others"], 0.0), "spread": np.where(live, it["spread"], 0.0)
+  }
+
+
 def _wait_quantile(slot_wait, p_wait, u, service, lam_, q: float) -> np.ndarray:
   """The q-quantile of the wait before a prompt's first chunk: the slot's (positive with
   probability p_wait, then exponential) and the chunked prefill's M/D/1 (tail
   C exp(-theta t), `md1_decay`, u its load, service / u its service) together, from
   P(W > t) ~ p_wait exp(-t p_wait / slot_wait) + C exp(-theta t) = 1 - q (Newton)."""
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-    slot = _quantile_model()(t_w=slot_wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=q)["q"]
+    slot = lf.quantile_model()(t_w=slot_wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=q)["q"]
     u = np.clip(u, 0.0, 1.0 - 1e-12)
     live = u > 1e-9
     d = np.where(live, u / lam_, 1.0)  # The prefill's service, s.
     x = np.where(live, 2 * np.log(2 / np.where(live, u, 1.0)) + 1, 1.0)  # Right of the root.
     for _ in range(12):
-      at = _md1_tail_model()(x=x, u=np.where(live, u, 0.5))
+      at = lf.md1_tail_model()(x=x, u=np.where(live, u, 0.5))
       x = np.where(live, x - at["f"] / at["df"], x)
-    weight = np.where(live, _md1_tail_model()(x=x, u=np.where(live, u, 0.5))["weight"], 0.0)
+    weight = np.where(live, lf.md1_tail_model()(x=x, u=np.where(live, u, 0.5))["weight"], 0.0)
     theta = np.where(live, x / d, np.inf)
     rate_slot = np.where(slot_wait > 0, np.clip(p_wait, 1e-300, 1.0) / slot_wait, np.inf)
     pre = np.where(weight > 1 - q, np.log(weight / (1 - q)) / theta, 0.0)
@@ -494,99 +377,50 @@ def _wait_quantile(slot_wait, p_wait, u, service, lam_, q: float) -> np.ndarray:
 
 @functools.cache
 def _residual_factor() -> float:
-  return float(residual(1))
+  return float(lf.residual(1))
 
 
 def _log_factorial(n: np.ndarray) -> np.ndarray:
   return np.array([math.lgamma(x + 1.0) for x in n])
 
 
-def _slow_share(lam_, step, extra, admit, chunk, gap, target: float) -> np.ndarray:
+def _slow_share(lam_, step, extra, more, admit, chunk, gap, target: float) -> np.ndarray:
   """Share of iterations at each occupancy longer than the token-gap target.
 
   Chunked: an iteration carries a chunk with the prefill's busy share (`busy_share`, the
   prompt's server busy lam*admit of the time); whole prompts: K ~ Poisson(lam*gap)
-  prompts join an iteration of `step + K*extra`."""
+  prompts join an iteration of `step + extra + (K - 1)*more` (K > 0)."""
   chunked = np.isfinite(chunk)
   u = np.clip(lam_ * admit, 0.0, 1.0)
-  busy = _busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"]
+  busy = lf.busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"]
   over = lambda x: (x > target * (1 + SLACK)).astype(float)  # noqa: E731
   by_chunk = busy * over(np.where(chunked, chunk, 0.0)) + (1 - busy) * over(step)
-  room = (target * (1 + SLACK) - step) / np.where(extra > 0, extra, np.inf)
-  kmin = np.where(extra > 0, np.floor(room) + 1, POISSON_TERMS + 1)  # No extra: never slow.
-  kmin = np.where(step > target * (1 + SLACK), 0, kmin)
+  top = target * (1 + SLACK)
+  room = (top - step - extra) / np.where(more > 0, more, np.inf)
+  kmin = np.where(more > 0, np.floor(room) + 2, POISSON_TERMS + 1)  # No extra: never slow.
+  kmin = np.where(step + extra > top, 1, kmin)
+  kmin = np.where(step > top, 0, kmin)
   kmin = np.where(np.isfinite(kmin), kmin, POISSON_TERMS + 1)
   by_prompt = _poisson_tail(lam_ * gap, kmin)
   return np.where(chunked, by_chunk, by_prompt)
 
 
-def slot_fill(states: States, output_tokens: int) -> np.ndarray:
-  """(R, S): `slot_fill_rate` at each candidate B (requests/s)."""
-  with np.errstate(divide="ignore", invalid="ignore"):
-    out = _fill_model()(D_pf=states.admit, t=states.step, t_x=states.extra,
-                        n_out=float(output_tokens), B=np.broadcast_to(states.n, states.step.shape))
-  rate = np.asarray(out["rate"], dtype=float)
-  return np.where(np.isfinite(rate) & (rate > 0), rate, 0.0)
-
-
-def pool_wait(rate, service, servers, cv2: float = 0.0) -> dict[str, np.ndarray]:
-  """One queue in front of `servers` alike servers of fixed `service` (a split plan's
-  prefill pool): Erlang C's probability of waiting and its mean wait, corrected to
-  deterministic service (`service_variability`), and the wait's p90 (`wait_quantile`).
-  Arrays broadcast; `stable` False where rate x service >= servers."""
-  rate, service, servers = np.broadcast_arrays(
-      *(np.asarray(x, dtype=float) for x in (rate, service, servers)))
-  a = rate * service
-  top = int(np.max(servers, initial=1))
-  erlang_b = np.ones_like(a)
-  for k in range(1, top + 1):  # Erlang B by its recursion, stopped at each pool's size.
-    step = a * erlang_b / (k + a * erlang_b)
-    erlang_b = np.where(k <= servers, step, erlang_b)
-  rho = a / servers
-  stable = rho < 1
-  with np.errstate(divide="ignore", invalid="ignore"):
-    p_wait = np.where(stable, erlang_b / (1 - rho * (1 - erlang_b)), 1.0)
-    queue = _queue_model()(rho=np.where(stable, rho, 0.5), B=servers, cv2_hold=cv2)
-    wait = np.where(stable, p_wait * service / (servers - a) * queue["variability"], np.inf)
-    q90 = _quantile_model()(t_w=wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=0.9)["q"]
-  return {
-      "p_wait": p_wait, "wait_s": wait, "wait_p90_s": np.where(stable, q90, np.inf),
-      "stable": stable
-  }
-
-
-def fewest_servers(rate, service, budget, quantile: float = 0.9) -> np.ndarray:
-  """Per element, the fewest servers of one queue (`pool_wait`) whose wait at `quantile`
-  plus the service meets `budget` at `rate`; 0 where the service alone misses it."""
-  rate, service, budget = np.broadcast_arrays(
-      *(np.asarray(x, dtype=float) for x in (rate, service, budget)))
-  del quantile  # `pool_wait` gives the p90.
-  servers = np.maximum(np.floor(rate * service) + 1, 1.0)
-  live = budget > service
-  done = ~live
-  for _ in range(200):
-    q = pool_wait(rate, service, np.where(done, 1.0, servers))
-    ok = q["stable"] & (q["wait_p90_s"] + service <= budget * (1 + SLACK))
-    done |= ok
-    if done.all():
-      break
-    servers = np.where(done, servers, servers + np.maximum(np.floor(servers / 16), 1.0))
-  return np.where(live & done, servers, 0.0)
-
-
-def pool_rate(servers, service, budget) -> np.ndarray:
-  """Per element, the largest rate one queue over `servers` (`pool_wait`) carries with its
-  p90 wait plus the service within `budget` (bisection; 0 where the service misses)."""
-  servers, service, budget = np.broadcast_arrays(
-      *(np.asarray(x, dtype=float) for x in (servers, service, budget)))
-  hi = np.where(budget > service, servers / service, 0.0)
-  lo = np.zeros_like(hi)
-  for _ in range(BISECTIONS):
-    mid = (lo + hi) / 2
-    q = pool_wait(np.maximum(mid, 1e-300), service, servers)
-    ok = q["stable"] & (q["wait_p90_s"] + service <= budget * (1 + SLACK))
-    lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
-  return lo
+def slot_fill(states: States, output_tokens: int, joined: bool = True) -> np.ndarray:
+  """(R, S): `slot_fill_rate` at each candidate B (requests/s); with `joined`, the time
+  a prompt adds at that rate (`joined_extra`, a fixed point), else the first prompt's
+  (an upper bound)."""
+  B_ = np.broadcast_to(states.n, states.step.shape)
+  extra, admit = states.extra, states.admit
+  rounds = JOIN_ROUNDS + 1 if joined and states.more is not None else 1
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    for round_ in range(rounds):
+      out = lf.fill_model()(D_pf=admit, t=states.step, t_x=extra, n_out=float(output_tokens), B=B_)
+      rate = np.asarray(out["rate"], dtype=float)
+      rate = np.where(np.isfinite(rate) & (rate > 0), rate, 0.0)
+      if round_ < rounds - 1:  # The hold at this rate: joined prompts, the burst after one's own.
+        st = _state(states, rate, float(output_tokens), 0.9)
+        extra, admit = st["extra"], states.admit + st["excess"]
+  return rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,7 +441,7 @@ def max_rate(states: States, output_tokens: int, targets: Targets, cv2: float = 
   geometric bisection; the chosen B is the smallest that meets at that rate (the B
   of the largest max rate)."""
   if upper is None:
-    fill = np.where(states.candidates, slot_fill(states, output_tokens), 0.0)
+    fill = np.where(states.candidates, slot_fill(states, output_tokens, joined=False), 0.0)
     upper = np.max(fill, axis=1, initial=0.0)
   upper = np.asarray(upper, dtype=float)
   rows = len(upper)
@@ -654,11 +488,12 @@ def itl_quantile(states: States, rate: float, column: int, output_tokens: int,
   out = evaluate(one, [lam_], output_tokens, Targets(token_gap_s=math.inf), 0.0)
   del out  # The chain's weights come from the same pass below.
   n = np.asarray(one.n[:B + 1], dtype=float)
-  step, extra, admit = one.step[0, :B + 1], one.extra[0, :B + 1], one.admit[0, :B + 1]
+  step, first, admit = one.step[0, :B + 1], one.extra[0, :B + 1], one.admit[0, :B + 1]
   chunk = one.chunk[0, :B + 1]
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-    at_ = _state_model()(t=step, lam=lam_, t_x=extra, D_pf=admit, n_out=float(output_tokens))
-    gap, hold = at_["gap"], at_["hold"]
+    st = _state(one, np.array([[lam_]]), float(output_tokens), 0.9)
+    more, gap, hold = (st[k][0, :B + 1] for k in ("more", "gap", "hold"))
+    request_gap = st["request_gap"][0, :B + 1]
     L = np.log(lam_ * hold)
     d = np.diff(np.concatenate([[0.0], n]))
     Lprev = np.concatenate([L[:1], L[:-1]])
@@ -667,12 +502,12 @@ def itl_quantile(states: States, rate: float, column: int, output_tokens: int,
     rho = lam_ * hold[-1] / n[-1]
     w = np.exp(C - np.max(C)) * d
     w[-1] = w[-1] / max(1 - rho, 1e-12)  # The queue's states run at B.
-    w = w * n / gap  # Tokens per second at each occupancy.
+    w = w * n / request_gap  # Tokens per second at each occupancy.
   values, weights = [step], [w]
   chunked = np.isfinite(chunk)
   u = np.clip(lam_ * admit, 0.0, 1.0)
   busy = np.where(chunked,
-                  _busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"], 0.0)
+                  lf.busy_model()(u=u, t_c=np.where(chunked, chunk, 1.0), t=step)["share"], 0.0)
   weights[0] = w * (1 - busy)
   values.append(np.where(chunked, chunk, 0.0))
   weights.append(w * busy)
@@ -680,7 +515,7 @@ def itl_quantile(states: States, rate: float, column: int, output_tokens: int,
   pmf = np.exp(-mean)
   for k in range(POISSON_TERMS):
     if k:
-      values.append(step + k * extra)
+      values.append(step + first + (k - 1) * more)
       weights.append(np.where(chunked, 0.0, w * pmf))
     else:
       weights[0] = np.where(chunked, weights[0], w * pmf)
