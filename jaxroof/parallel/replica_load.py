@@ -251,7 +251,7 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
   Offered: whole prompts and the two largest budgets whose iteration carrying prefill
   meets the token-gap target with one sequence running (one that misses it there keeps
   the p99 gap on target only while prefill is rare; a smaller budget adds more per
-  prompt); the smallest budget offered where none does. A budget that holds a whole
+  prompt); where none does, whole prompts and the smallest budget. A budget that holds a whole
   prompt beside every candidate is the iteration scheduler and is left out when that is
   offered. Ties go to the earlier offered (whole prompts, then larger budgets).
   """
@@ -261,16 +261,20 @@ def choose(c: Costs, schedulings: Sequence[Scheduling], candidates: np.ndarray, 
   budgets = np.zeros(R, dtype=int)  # Chunked schedulings offered so far, per row.
   pairs: list[tuple[int, np.ndarray]] = []  # (option index, rows).
   offered_any = np.zeros(R, dtype=bool)
-  for k, option in enumerate(schedulings):
+  kept = []
+  for option in schedulings:
     keep = _slow_at_one(c, option) <= targets.token_gap_s * (1 + load_model.SLACK)
     if whole_offered:
       keep &= ~_same_as_whole(c, option, candidates)
     if option.scheduler == "chunked":
       keep &= budgets < 2
       budgets += keep
-    if option == fallback:
-      keep |= ~offered_any
     offered_any |= keep
+    kept.append(keep)
+  for k, option in enumerate(schedulings):
+    keep = kept[k]
+    if option == fallback or option.scheduler == "iteration":
+      keep = keep | ~offered_any  # None meets at one sequence: whole prompts, the smallest budget.
     if keep.any():
       pairs.append((k, np.nonzero(keep)[0]))
   parts = [states(c, schedulings[k], candidates).rows(rows) for k, rows in pairs]
