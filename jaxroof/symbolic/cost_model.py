@@ -71,12 +71,12 @@ from jaxroof.symbolic import architecture
 from jaxroof.symbolic import calibrated
 from jaxroof.symbolic import prefill
 from jaxroof.symbolic.lambdify import Backend, Evaluator, lambdified
-from jaxroof.symbolic.symbols import (A_w, BW, E, F, K, L, N_b, N_h, O_up, S_full, S_mla, S_win, T,
-                                      V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full, X_mla, X_win,
-                                      a_full, a_mla, a_win, ap_mla, c_chunk, eta_f, eta_kv, eta_w,
-                                      k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq, o_chunk,
-                                      o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step, t_act, t_comm,
-                                      u_mla)
+from jaxroof.symbolic.symbols import (A_w, BW, E, F, F_attn, K, L, N_b, N_h, O_up, S_full, S_mla,
+                                      S_win, T, V_full, V_mla, V_win, W, W_b, W_h, W_x, X_full,
+                                      X_mla, X_win, a_full, a_mla, a_win, ap_mla, c_chunk, eta_f,
+                                      eta_kv, eta_w, k_full, k_mla, k_win, n_dec, n_pre, n_samp,
+                                      n_seq, o_chunk, o_ovl, r_e, s_st, t0_layer, t0_seq, t0_step,
+                                      t_act, t_comm, u_mla)
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -89,7 +89,7 @@ MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla,
                               X_mla, V_full, V_win, V_mla, O_up)
 # What a model on a chip's share of a layout is.
 MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla, a_full,
-                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F)
+                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F, F_attn)
 COMM: tuple[sp.Symbol, ...] = (t_comm, o_ovl)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL + COMM
 MIX_NAMES: tuple[str, ...] = tuple(str(s) for s in MIX)
@@ -144,13 +144,14 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   if bound not in BOUNDS:
     raise ValueError(f"bound={bound!r} is not allowed: use one of {BOUNDS}.")
   ops = operations()
+  rate = {"attention": F_attn}  # Attention at its kernels' dtype (F_attn), the rest at F.
   out: dict[str, sp.Expr] = {}
   for name, (nbytes, flops) in ops.items():
     out[f"{name}_bytes"], out[f"{name}_flops"] = nbytes, flops
-    out[f"{name}_memory_s"], out[f"{name}_compute_s"] = nbytes / BW, flops / F
-    out[f"{name}_s"] = sp.Max(nbytes / BW, flops / F)
+    out[f"{name}_memory_s"], out[f"{name}_compute_s"] = nbytes / BW, flops / rate.get(name, F)
+    out[f"{name}_s"] = sp.Max(nbytes / BW, flops / rate.get(name, F))
   out["memory_s"] = sum(b for b, _ in ops.values()) / BW
-  out["compute_s"] = sum(f for _, f in ops.values()) / F
+  out["compute_s"] = sum(f / rate.get(name, F) for name, (_, f) in ops.items())
   if bound == "per_op":
     out["floor_s"] = sum(out[f"{name}_s"] for name in ops)
   else:
@@ -275,7 +276,7 @@ def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, N
   }
   return {
       **zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes, E: 1, K: 1,
-      N_b: N_act, k_full: k, a_full: A
+      N_b: N_act, k_full: k, a_full: A, F_attn: F
   }
 
 

@@ -55,6 +55,9 @@ b = _define("b", "B", "bytes per stored K or V element")
 # Device.
 BW = _define("BW", "B/s", "sustained memory bandwidth")
 F = _define("F", "FLOP/s", "sustained FLOP rate")
+F_attn = _define(
+    "F_attn", "FLOP/s", "FLOP rate of the attention kernels (their compute dtype, "
+    "bf16 unless fp8 attention is asked; F where unset)")
 R = _define("R", "FLOP/B", "ridge point")
 # Times (a rate written in terms of a step time; serving targets and waits).
 t = _define("t", "s", "step time")
