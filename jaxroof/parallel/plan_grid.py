@@ -22,7 +22,7 @@ from jaxroof import errors
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs import step_inputs
-from jaxroof.specs.accelerators import Accelerator
+from jaxroof.specs.accelerators import ATTENTION_DTYPE, Accelerator
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic import cost_model
@@ -134,11 +134,11 @@ def build(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, prom
                                  IterationModel.from_spec(spec, BW=1.0, F=1.0, weight_dtype=wdt,
                                                           kv_dtype=kdt, mla_prefill=mla_prefill))
         inputs, shape = formats[(wdt, kdt)]
-        cost = dataclasses.replace(
-            shape, constants={
-                **shape.constants, "BW": device.memory_bandwidth_bytes_per_s,
-                "F": device.flops(inputs.weight_format.dtype)
-            })
+        rates = {
+            "BW": device.memory_bandwidth_bytes_per_s,
+            "F": device.flops(inputs.weight_format.dtype), "F_attn": device.flops(ATTENTION_DTYPE)
+        }
+        cost = dataclasses.replace(shape, constants={**shape.constants, **rates})
         base = base or cost
         name = inputs.weight_dtype + (" (published)" if wdt == "published" else "")
         weights = layout_lib.weight_byte_values(spec, inputs.weight_format)

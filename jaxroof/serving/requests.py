@@ -42,6 +42,7 @@ from jaxroof import errors
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.serving import queueing
 from jaxroof.specs import step_inputs
+from jaxroof.specs.accelerators import ATTENTION_DTYPE
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic import prefill as prefill_formulas
@@ -339,7 +340,8 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       context_limit=limit if isinstance(limit, int) else None,
       label=f"{spec.name} on {device.name}, {base.weight_format.label} weights, "
       f"{kv_dtype} K/V", memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
-      cost=IterationModel.from_spec(spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype,
+      cost=IterationModel.from_spec(spec, BW=base.BW, F=base.F,
+                                    F_attn=device.flops(ATTENTION_DTYPE), weight_dtype=weight_dtype,
                                     kv_dtype=kv_dtype, group_size=step_input_kw.get("group_size"),
                                     state_dtype=step_input_kw.get("state_dtype"),
                                     mla_prefill=mla_prefill), comm_overlap=comm_overlap)

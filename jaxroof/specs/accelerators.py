@@ -30,6 +30,9 @@ COMPUTE_DTYPE = {
     "nvfp4": "nvfp4"
 }
 FALLBACK_DTYPE = "bf16"  # Where a device has no tensor rate for the weights' format.
+# Attention's kernels compute in bf16 whatever the weights' format (FlashAttention and
+# FlashInfer keep Q, K, V in bf16 unless an fp8 attention is asked for).
+ATTENTION_DTYPE = "bf16"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
