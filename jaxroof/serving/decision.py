@@ -12,7 +12,8 @@ calibrated) through the one load model (`jaxroof.serving.load`):
     rate at which the slots fill when all are held (`slot_capacity_per_s`) is
     labelled as such: past it the queue for a slot grows without bound;
   * what binds the max rate: token_gap, ttft, itl_p99 or slots; memory where the
-    chosen number is what memory holds;
+    chosen number is what memory holds; compute or communication where the gap target
+    (mean or p99) binds and that makes the step;
   * at the asked rate (`operating_point`) the load model gives the running sequences,
     the gap, TTFT (mean and p90) and the p99 gap: "ok" where they meet the targets,
     "infeasible" where one misses (the reason names it), "unstable" only past the
@@ -95,9 +96,10 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
                                 mean_context(inputs, prompt_tokens, output_tokens))
   memory_s = terms["memory_s"] if "memory_s" in terms else terms["weight_s"] + terms["kv_s"]
   compute_bound = terms["compute_s"] >= memory_s
-  if binds == "token_gap" and terms["comm_s"] >= max(terms["compute_s"], memory_s):
+  gap_binds = binds in ("token_gap", "itl_p99")  # The gap target, at its mean or its p99.
+  if gap_binds and terms["comm_s"] >= max(terms["compute_s"], memory_s):
     binds = "communication"
-  elif binds == "token_gap" and compute_bound:
+  elif gap_binds and compute_bound:
     binds = "compute"
   max_rate = a.max_rate
   fill = a.slot_fill_rate()
