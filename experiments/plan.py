@@ -20,6 +20,7 @@ is dropped and the next simulated:
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> None:
     plan_check.check_top(result, spec, devices, k=_TOP_K.value, num_requests=_SIM_REQUESTS.value,
                          seed=_SEED.value, seeds=_SIM_SEEDS.value, bound=_SHARED.bound.value,
                          comm_overlap=_SHARED.comm_overlap.value, lengths=_length_flags.lengths(),
-                         mla_prefill=_SHARED.mla_prefill.value)
+                         mla_prefill=_SHARED.mla_prefill.value, workers=os.cpu_count() or 1)
   print("\n".join(plan_table.header_lines(result)))
   headers, rows = plan_table.plan_rows(result)
   if rows:

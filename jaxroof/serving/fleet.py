@@ -155,7 +155,8 @@ def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int
       break
     min(busy, key=lambda m: m.now).step()
     steps += 1
-    if stop is not None and steps % simulator.STOP_EVERY == 0 and stop(members):
+    # Asked as often per engine as one engine's run asks (every STOP_EVERY of its steps).
+    if stop is not None and steps % (simulator.STOP_EVERY * len(members)) == 0 and stop(members):
       break
   runs = [m.result() for m in members]
   return FleetRun(fleet=_merge(workload, members, runs, assignment), replicas=runs,

@@ -12,13 +12,17 @@ prefill and the decode pool's) are bisected to the fewest whose simulated p90 TT
 TPOT and p99 inter-token gap meet the targets in every seed. A plan that no size meets
 is dropped, and the next one is simulated, until `k` plans are sized. A run that can
 no longer meet the targets (more than a tenth of its requests past the TTFT or TPOT
-target, or a hundredth of its gaps past the gap target) stops early.
+target, or a hundredth of its gaps past the gap target) stops early. Plans are sized in
+parallel over `workers` processes (each plan's runs are its own, seeded: the answer is
+the same as in order).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -286,39 +290,57 @@ def _resize(row: dict[str, Any], sim: dict[str, Any], prices: Mapping[str, float
   row["tokens_per_s_per_chip"] = row["fleet_rate_per_s"] * output_tokens / row["chips"]
 
 
+def _sized(row: dict[str, Any], check: Check) -> dict[str, Any]:
+  return size_plan(row, check)
+
+
+def _pool(workers: int) -> concurrent.futures.Executor | None:
+  """Processes that size plans side by side (spawned: the parent may have started jax's
+  threads); None where one worker is asked."""
+  if workers <= 1:
+    return None
+  return concurrent.futures.ProcessPoolExecutor(workers,
+                                                mp_context=multiprocessing.get_context("spawn"))
+
+
 def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Accelerator], *,
               k: int = DEFAULT_TOP_K, num_requests: int = DEFAULT_REQUESTS, seed: int = 0,
               seeds: int = DEFAULT_SEEDS, bound: str = "per_op", comm_overlap: float = 0.0,
-              lengths: Mapping[str, Any] | None = None, mla_prefill: str = "mha") -> dict[str, Any]:
+              lengths: Mapping[str, Any] | None = None, mla_prefill: str = "mha",
+              workers: int = 1) -> dict[str, Any]:
   """Simulates and sizes plans of `result` in order (in place) until `k` meet at some size,
   dropping those none meets; re-ranks the sized plans by their simulated cost (or chips),
-  then the plans not simulated."""
+  then the plans not simulated. `workers` processes size plans side by side (spawned: a
+  script that asks for more than one needs its `if __name__ == "__main__"` guard); the
+  answer does not depend on it."""
   start = time.perf_counter()
   by_name = {d.name: d for d in devices}
   work, targets = result["workload"], result["targets"]
-  sized, dropped, rest = [], [], []
-  for row in result["plans"]:
-    if len(sized) >= k:
-      rest.append(row)
-      continue
-    check = Check(spec=spec, device=by_name[row["accelerator"]], context=result["context"],
-                  prompt_tokens=work["prompt_tokens"], output_tokens=work["output_tokens"],
-                  token_gap_s=targets["token_gap_s"], ttft_s=targets["ttft_s"], seed=seed,
-                  seeds=seeds, min_requests=num_requests, bound=bound, comm_overlap=comm_overlap,
-                  mla_prefill=mla_prefill, lengths=dict(lengths or {}))
-    row["simulated"] = size_plan(row, check)
-    if row["simulated"]["meets"]:
-      _resize(row, row["simulated"], result.get("prices_per_hour"), work["output_tokens"])
-      sized.append(row)
-    else:
-      dropped.append({
-          "accelerator": row["accelerator"], "tp": row["tp"], "pp": row["pp"], "ep": row["ep"],
-          "pools": row["pools"]["kind"], "simulated": row["simulated"],
-          "line": (f"{row['accelerator']} tp{row['tp']} pp{row['pp']} {row['pools']['kind']}: "
-                   f"p90 TTFT {_ms(row['simulated']['ttft_p90_s'])} / TPOT "
-                   f"{_ms(row['simulated']['tpot_p90_s'])} / p99 ITL "
-                   f"{_ms(row['simulated']['itl_p99_s'])} ms at up to {GROWTH:g}x its replicas")
-      })
+  sized: list[dict[str, Any]] = []
+  dropped: list[dict[str, Any]] = []
+  plans, taken = list(result["plans"]), 0
+  pool = _pool(min(max(int(workers), 1), k, len(plans)))
+  try:
+    while len(sized) < k and taken < len(plans):
+      # As many as are still wanted, in order: the first k that meet, as one by one.
+      batch = plans[taken:taken + k - len(sized)]
+      taken += len(batch)
+      checks = [
+          Check(spec=spec, device=by_name[row["accelerator"]], context=result["context"],
+                prompt_tokens=work["prompt_tokens"], output_tokens=work["output_tokens"],
+                token_gap_s=targets["token_gap_s"], ttft_s=targets["ttft_s"], seed=seed,
+                seeds=seeds, min_requests=num_requests, bound=bound, comm_overlap=comm_overlap,
+                mla_prefill=mla_prefill, lengths=dict(lengths or {})) for row in batch
+      ]
+      sims = (list(pool.map(_sized, batch, checks))
+              if pool is not None else [_sized(row, check) for row, check in zip(batch, checks)])
+      for row, sim in zip(batch, sims):
+        row["simulated"] = sim
+        _keep(row, sized, dropped, result.get("prices_per_hour"), work["output_tokens"])
+  finally:
+    if pool is not None:
+      pool.shutdown()
+  rest = plans[taken:]
   if result.get("chips") is not None:
     key = lambda p: (-p["tokens_per_s_per_chip"], -p["headroom"])  # noqa: E731
   elif result.get("prices_per_hour"):
@@ -341,6 +363,23 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
               f"{split_simulation.DECODE_ROUTER} router) at the fleet's rate"
   }
   return result
+
+
+def _keep(row: dict[str, Any], sized: list[dict[str, Any]], dropped: list[dict[str, Any]],
+          prices: Mapping[str, float] | None, output_tokens: int) -> None:
+  """A simulated plan resized where some size meets, else dropped (with a line why)."""
+  sim = row["simulated"]
+  if sim["meets"]:
+    _resize(row, sim, prices, output_tokens)
+    sized.append(row)
+    return
+  dropped.append({
+      "accelerator": row["accelerator"], "tp": row["tp"], "pp": row["pp"], "ep": row["ep"],
+      "pools": row["pools"]["kind"], "simulated": sim,
+      "line": (f"{row['accelerator']} tp{row['tp']} pp{row['pp']} {row['pools']['kind']}: "
+               f"p90 TTFT {_ms(sim['ttft_p90_s'])} / TPOT {_ms(sim['tpot_p90_s'])} / p99 ITL "
+               f"{_ms(sim['itl_p99_s'])} ms at up to {GROWTH:g}x its replicas")
+  })
 
 
 def _ms(value: float | None) -> str:
