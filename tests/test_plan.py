@@ -14,6 +14,7 @@ import pytest
 
 from jaxroof.errors import InputError
 from jaxroof.parallel import planner
+from jaxroof.serving import plan_check
 from jaxroof.specs.accelerators import load_accelerator, load_accelerators
 from jaxroof.specs.models import load_model
 
@@ -411,3 +412,19 @@ def test_microbatches_run_in_simulate_and_are_refused_by_serving(tmp_path):
   result = json.loads(out.read_text())
   assert len(result["replicas"]) == 2  # One virtual engine per microbatch.
   assert result["metrics"]["completed"] == 60
+
+
+def test_sizing_side_by_side_is_sizing_in_order():
+  """Plans sized over two worker processes: the same sizes and figures as one by one."""
+  spec, devices = load_model("llama-3-8b"), load_accelerators("h100-sxm")
+  question = dict(
+      context=2048, prompt_tokens=1024, output_tokens=64, weight_dtypes=("bf16",),
+      kv_dtypes=("bf16",), targets=planner.Targets(token_gap_s=0.03, ttft_s=1.0,
+                                                   aggregate_tokens_per_s=3000.0))
+  runs = [
+      plan_check.check_top(planner.plan(spec, devices, **question), spec, devices, k=2,
+                           workers=workers) for workers in (1, 2)
+  ]
+  one, two = ([(p["simulated"]["replicas_needed"], p["simulated"]["ttft_p90_s"]) for p in r["plans"]
+               if p.get("simulated")] for r in runs)
+  assert one and one == two
