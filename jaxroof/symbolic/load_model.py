@@ -57,7 +57,7 @@ import numpy as np
 from jaxroof.symbolic import load_formulas as lf
 
 JOIN_ROUNDS = 4  # Fixed-point rounds of the gap with prompts joining one iteration.
-BISECTIONS = 22  # Geometric halvings of [upper * 1e-7, upper]: to 4e-6 relative.
+BISECTIONS = 17  # Geometric halvings of [upper * 1e-7, upper]: to 1.2e-4 relative.
 FLOOR = 1e-7  # The smallest rate tried, as a share of the upper bound.
 POISSON_TERMS = 16  # Prompts per iteration counted exactly for the p99 gap (beyond: none).
 SLACK = 1e-9  # Relative: a value equal to its target meets it.
@@ -198,8 +198,8 @@ def _segments(n: np.ndarray, C: np.ndarray):
   return log_mass, np.clip((d - back) / d, 0.0, 1.0)
 
 
-def evaluate(states: States, rate, output_tokens: int, targets: Targets,
-             cv2: float = 0.0) -> dict[str, np.ndarray]:
+def evaluate(states: States, rate, output_tokens: int, targets: Targets, cv2: float = 0.0,
+             brief: bool = False) -> dict[str, np.ndarray]:
   """Every candidate B of every row at `rate` (per row, requests/s): (R, S) arrays.
 
   Keys: `stable`, `mean_running`, `slot_utilisation` (mean running / B),
@@ -207,7 +207,9 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
   `targets.ttft_quantile`), `slot_wait_s`, `prefill_wait_s`, `service_s` (the
   prompt's own service, arrival-averaged), `p_wait` (share of requests waiting for a
   slot), `slow_itl_share` (share of inter-token gaps over the token-gap target),
-  `rho` (the slots' utilisation at full occupancy) and `meets`.
+  `rho` (the slots' utilisation at full occupancy) and `meets`; with `brief`, only what
+  `meets` needs (`stable`, `rho`, `token_gap_s`, `slow_itl_share`, `p_wait`,
+  `slot_wait_s`, `ttft_q_s` where a TTFT target is given, and `meets`).
   """
   G = float(output_tokens)
   n = np.asarray(states.n, dtype=float)
@@ -245,19 +247,17 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     # chunks share iterations (the prefill's busy share weighs the two).
     service = admit if states.service is None else (admit + (1 - np.clip(lam_ * admit, 0.0, 1.0)) *
                                                     (states.service - admit))
-    base = st["residual"] + service + st["others"]
     q = targets.ttft_quantile
-    base_q = st["residual_q"] + service + st["others"] + st["spread"]
-    pre_wait = np.where(chunked, lf.md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
-    slow = _slow_share(lam_, step, states.extra, more, admit, chunk, gap, targets.token_gap_s)
+    with_ttft = not brief or targets.ttft_s is not None
+    with_itl = not brief or targets.itl_quantile is not None
+    slow = (_slow_share(lam_, step, states.extra, more, admit, chunk, gap, targets.token_gap_s)
+            if with_itl else np.zeros_like(gap))
     rho = lam_ * hold / n
     cum = lambda f: np.cumsum(mass * avg(f), axis=1)  # noqa: E731
     c_mass = np.cumsum(mass, axis=1)
     c_n = cum(np.broadcast_to(n, mass.shape))
     c_rate = cum(rate_n)
-    c_slow = cum(rate_n * slow)
-    c_base, c_base_q = cum(base), cum(base_q)
-    c_pre, c_u = cum(pre_wait), cum(prefill_u)
+    c_slow = cum(rate_n * slow) if with_itl else np.zeros_like(c_n)
     queue = lf.queue_model()(rho=rho, B=np.broadcast_to(n, rho.shape), cv2_hold=cv2)
     stable = ok & (rho < 1) & np.isfinite(C)  # pi(B) may underflow far above the mode.
     tail = np.where(stable, point * rho * queue["waiting"], 0.0)  # States past B.
@@ -271,29 +271,33 @@ def evaluate(states: States, rate, output_tokens: int, targets: Targets,
     out = {
         "stable": stable,
         "rho": rho,
-        "mean_running": (c_n + tail * n) / Z,
         "token_gap_s": (c_n + tail * n) / tokens,
         "slow_itl_share": (c_slow + tail * rate_n * slow) / tokens,
         "p_wait": waiting / Z,
-        "extra_s": (cum(extra) + tail * extra) / Z,  # A prompt's added time, over states.
     }
-    out["slot_utilisation"] = out["mean_running"] / n
     mmc = point * queue["queue"] / Z / lam_
     out["slot_wait_s"] = np.where(stable, mmc * queue["variability"], np.inf)
-    out["prefill_wait_s"] = arrive(c_pre, pre_wait, 0.0)
-    out["service_s"] = arrive(cum(service), service, idle)
-    u = arrive(c_u, prefill_u, 0.0)
-    mean_base, mean_base_q = arrive(c_base, base, idle), arrive(c_base_q, base_q, idle)
-    wait = out["slot_wait_s"] + out["prefill_wait_s"]
-    out["ttft_s"] = mean_base + wait
-    out["ttft_q_s"] = mean_base_q + _wait_quantile(out["slot_wait_s"], out["p_wait"], u,
-                                                   out["service_s"], lam_, q)
+    if with_ttft:
+      base_q = st["residual_q"] + service + st["others"] + st["spread"]
+      u = arrive(cum(prefill_u), prefill_u, 0.0)
+      out["ttft_q_s"] = arrive(cum(base_q), base_q, idle) + _wait_quantile(
+          out["slot_wait_s"], out["p_wait"], u, None, lam_, q)
+    if not brief:
+      out["mean_running"] = (c_n + tail * n) / Z
+      out["extra_s"] = (cum(extra) + tail * extra) / Z  # A prompt's added time, over states.
+      out["slot_utilisation"] = out["mean_running"] / n
+      pre_wait = np.where(chunked, lf.md1_model()(lam=lam_, D_pf=admit)["wait"], 0.0)
+      out["prefill_wait_s"] = arrive(cum(pre_wait), pre_wait, 0.0)
+      out["service_s"] = arrive(cum(service), service, idle)
+      base = st["residual"] + service + st["others"]
+      out["ttft_s"] = (arrive(cum(base), base, idle) + out["slot_wait_s"] + out["prefill_wait_s"])
     gap_ok = out["token_gap_s"] <= targets.token_gap_s * (1 + SLACK)
     ttft_ok = (True if targets.ttft_s is None else out["ttft_q_s"] <= targets.ttft_s * (1 + SLACK))
     itl_ok = (True if targets.itl_quantile is None else out["slow_itl_share"]
               <= (1 - targets.itl_quantile) * (1 + SLACK))
-    out["meets"] = states.candidates & stable & gap_ok & ttft_ok & itl_ok & np.isfinite(
-        out["ttft_q_s"])
+    out["meets"] = states.candidates & stable & gap_ok & ttft_ok & itl_ok
+    if with_ttft:
+      out["meets"] &= np.isfinite(out["ttft_q_s"])
   return out
 
 
@@ -352,27 +356,35 @@ def _wait_quantile(slot_wait, p_wait, u, service, lam_, q: float) -> np.ndarray:
   """The q-quantile of the wait before a prompt's first chunk: the slot's (positive with
   probability p_wait, then exponential) and the chunked prefill's M/D/1 (tail
   C exp(-theta t), `md1_decay`, u its load, service / u its service) together, from
-  P(W > t) ~ p_wait exp(-t p_wait / slot_wait) + C exp(-theta t) = 1 - q (Newton)."""
+  P(W > t) ~ p_wait exp(-t p_wait / slot_wait) + C exp(-theta t) = 1 - q (Newton, where
+  the prefill queues at all; elsewhere the slot's alone)."""
+  del service  # The prefill's service is u / lam.
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
     slot = lf.quantile_model()(t_w=slot_wait, p_w=np.clip(p_wait, 1e-300, 1.0), p_q=q)["q"]
-    u = np.clip(u, 0.0, 1.0 - 1e-12)
+    shape = np.broadcast_shapes(np.shape(slot_wait), np.shape(u), np.shape(lam_))
+    t = np.array(np.broadcast_to(slot, shape), dtype=float)
+    u = np.broadcast_to(np.clip(u, 0.0, 1.0 - 1e-12), shape)
     live = u > 1e-9
-    d = np.where(live, u / lam_, 1.0)  # The prefill's service, s.
-    x = np.where(live, 2 * np.log(2 / np.where(live, u, 1.0)) + 1, 1.0)  # Right of the root.
-    for _ in range(12):
-      at = lf.md1_tail_model()(x=x, u=np.where(live, u, 0.5))
-      x = np.where(live, x - at["f"] / at["df"], x)
-    weight = np.where(live, lf.md1_tail_model()(x=x, u=np.where(live, u, 0.5))["weight"], 0.0)
-    theta = np.where(live, x / d, np.inf)
-    rate_slot = np.where(slot_wait > 0, np.clip(p_wait, 1e-300, 1.0) / slot_wait, np.inf)
-    pre = np.where(weight > 1 - q, np.log(weight / (1 - q)) / theta, 0.0)
-    t = np.maximum(slot, pre)  # Each tail alone is below 1 - q here: solve to the right.
-    for _ in range(8):
-      tails = p_wait * np.exp(-rate_slot * t) + weight * np.exp(-theta * t)
-      slope = -(p_wait * rate_slot * np.exp(-rate_slot * t) + weight * theta * np.exp(-theta * t))
-      step_ = np.where(slope < 0, (tails - (1 - q)) / slope, 0.0)
-      t = np.maximum(t - np.nan_to_num(step_, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
-  return np.where(np.isfinite(slot_wait), t, np.inf)
+    if live.any():
+      u_, w_, p_ = u[live], np.broadcast_to(slot_wait, shape)[live], np.broadcast_to(p_wait,
+                                                                                     shape)[live]
+      d = u_ / np.broadcast_to(lam_, shape)[live]  # The prefill's service, s.
+      x = 2 * np.log(2 / u_) + 1  # Right of the root.
+      for _ in range(12):
+        at = lf.md1_tail_model()(x=x, u=u_)
+        x = x - at["f"] / at["df"]
+      weight = lf.md1_tail_model()(x=x, u=u_)["weight"]
+      theta = x / d
+      rate_slot = np.where(w_ > 0, np.clip(p_, 1e-300, 1.0) / w_, np.inf)
+      pre = np.where(weight > 1 - q, np.log(weight / (1 - q)) / theta, 0.0)
+      tl = np.maximum(t[live], pre)  # Each tail alone is below 1 - q here: solve to the right.
+      for _ in range(8):
+        tails = p_ * np.exp(-rate_slot * tl) + weight * np.exp(-theta * tl)
+        slope = -(p_ * rate_slot * np.exp(-rate_slot * tl) + weight * theta * np.exp(-theta * tl))
+        step_ = np.where(slope < 0, (tails - (1 - q)) / slope, 0.0)
+        tl = np.maximum(tl - np.nan_to_num(step_, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+      t[live] = tl
+  return np.where(np.isfinite(np.broadcast_to(slot_wait, shape)), t, np.inf)
 
 
 @functools.cache
@@ -450,7 +462,8 @@ def max_rate(states: States, output_tokens: int, targets: Targets, cv2: float = 
   hi = upper.copy()
 
   def meets(rate):
-    return evaluate(states, np.where(live, rate, 1.0), output_tokens, targets, cv2)["meets"]
+    return evaluate(states, np.where(live, rate, 1.0), output_tokens, targets, cv2,
+                    brief=True)["meets"]
 
   feasible = live & meets(lo).any(axis=1)
   top = feasible & meets(hi * (1 - 1e-12)).any(axis=1)
@@ -485,8 +498,6 @@ def itl_quantile(states: States, rate: float, column: int, output_tokens: int,
   B = int(column)
   one = states.rows([row])
   lam_ = float(rate)
-  out = evaluate(one, [lam_], output_tokens, Targets(token_gap_s=math.inf), 0.0)
-  del out  # The chain's weights come from the same pass below.
   n = np.asarray(one.n[:B + 1], dtype=float)
   step, first, admit = one.step[0, :B + 1], one.extra[0, :B + 1], one.admit[0, :B + 1]
   chunk = one.chunk[0, :B + 1]
