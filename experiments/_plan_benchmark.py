@@ -30,6 +30,25 @@ PLAN_TARGETS = report_results.PLAN_TARGETS
 PLAN_PRICES = {"h100-sxm": 3.0, "h200": 3.8, "mi300x": 2.5}
 
 
+def _cpu_s() -> float:
+  """CPU seconds of this process and its finished children (the sizing's workers)."""
+  t = os.times()
+  return t.user + t.system + t.children_user + t.children_system
+
+
+def _with_cpu(fn, spent: list[float]):
+  """`fn`, each call's CPU seconds appended to `spent` (the machine may be shared: wall
+  time alone mixes in the others' load)."""
+
+  def call():
+    start = _cpu_s()
+    out = fn()
+    spent.append(_cpu_s() - start)
+    return out
+
+  return call
+
+
 def plan(*, model: str, context: int, repeats: int) -> dict:
   """Configurations per second of the planner's search over every accelerator, layout,
   batch and dtype (the load model's answer of each group that can make the list); its
@@ -40,7 +59,8 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
                              weight_dtypes=planner.WEIGHT_DTYPES, kv_dtypes=planner.KV_DTYPES)
   first = search()  # Also the warm-up of the timed searches.
   searched = first["searched"] + first["split_searched"]
-  whole = timing.time_call(search, [()], warmup=0, repeats=repeats)
+  search_cpu: list[float] = []
+  whole = timing.time_call(_with_cpu(search, search_cpu), [()], warmup=0, repeats=repeats)
   asked = load_accelerators(",".join(PLAN_PRICES))
 
   def question() -> dict:
@@ -51,7 +71,9 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
                                 workers=os.cpu_count() or 1)
 
   answer = question()
-  with_sims = timing.time_call(question, [()], warmup=0, repeats=max(1, min(repeats, 3)))
+  question_cpu: list[float] = []
+  with_sims = timing.time_call(_with_cpu(question, question_cpu), [()], warmup=0,
+                               repeats=max(1, min(repeats, 3)))
   prompt = context - planner.DEFAULT_OUTPUT_TOKENS
   work = plan_search.Workload(
       prompt_tokens=prompt, output_tokens=planner.DEFAULT_OUTPUT_TOKENS,
@@ -76,12 +98,13 @@ def plan(*, model: str, context: int, repeats: int) -> dict:
       }, "searched": searched, "evaluated_groups": first["evaluated_groups"],
       "plan_configs_per_s": searched / whole.median_s,
       "evaluate_configs_per_s": first["searched"] / evaluation.median_s,
-      "plan_timing": whole.to_json(), "evaluate_timing": evaluation.to_json(), "question": {
+      "plan_timing": whole.to_json(), "plan_cpu_s": search_cpu,
+      "evaluate_timing": evaluation.to_json(), "load_avg_1m": os.getloadavg()[0], "question": {
           "what": "llama-3.1-70b, 7000 in / 1000 out, 50 ms gap, 2 s TTFT, 10,000 tokens/s, "
                   "bf16, h100-sxm/h200/mi300x priced; top 5 simulated and sized (plans side "
                   "by side over the CPUs)",
           "searched": answer["searched"] + answer["split_searched"], "timing": with_sims.to_json(),
-          "simulation_wall_s": answer["simulation"]["wall_s"], "top": {
+          "cpu_s": question_cpu, "simulation_wall_s": answer["simulation"]["wall_s"], "top": {
               k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "max_running",
                                  "scheduler", "token_budget", "cost_per_hour", "simulated")
           }
