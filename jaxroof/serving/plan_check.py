@@ -23,6 +23,8 @@ import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -294,13 +296,25 @@ def _sized(row: dict[str, Any], check: Check) -> dict[str, Any]:
   return size_plan(row, check)
 
 
+def _start_method() -> str:
+  """"fork" (the workers inherit the lambdified models) where no thread has started: no
+  other Python thread and no jax backend (its runtime's threads do not survive a fork);
+  else "spawn"."""
+  if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+    return "spawn"
+  bridge = sys.modules.get("jax._src.xla_bridge")
+  if bridge is not None and getattr(bridge, "_backends", True):
+    return "spawn"
+  return "fork"
+
+
 def _pool(workers: int) -> concurrent.futures.Executor | None:
-  """Processes that size plans side by side (spawned: the parent may have started jax's
-  threads); None where one worker is asked."""
+  """Processes that size plans side by side (`_start_method`); None where one worker is
+  asked."""
   if workers <= 1:
     return None
-  return concurrent.futures.ProcessPoolExecutor(workers,
-                                                mp_context=multiprocessing.get_context("spawn"))
+  context = multiprocessing.get_context(_start_method())
+  return concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
 
 
 def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Accelerator], *,
@@ -310,9 +324,9 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
               workers: int = 1) -> dict[str, Any]:
   """Simulates and sizes plans of `result` in order (in place) until `k` meet at some size,
   dropping those none meets; re-ranks the sized plans by their simulated cost (or chips),
-  then the plans not simulated. `workers` processes size plans side by side (spawned: a
-  script that asks for more than one needs its `if __name__ == "__main__"` guard); the
-  answer does not depend on it."""
+  then the plans not simulated. `workers` processes size plans side by side (where they
+  are spawned, a script that asks for more than one needs its `if __name__ ==
+  "__main__"` guard); the answer does not depend on it."""
   start = time.perf_counter()
   by_name = {d.name: d for d in devices}
   work, targets = result["workload"], result["targets"]
