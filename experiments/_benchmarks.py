@@ -2,7 +2,8 @@
 
 Each times one piece of jaxroof through `jaxroof.timing.time_call` (warm-up excluded,
 synchronised, median and spread of repeats) and returns its JSON document, with the keys
-the former `bench_sweep`, `bench_plan`, `bench_simulate` and `bench_decode` apps wrote.
+the former `bench_sweep`, `bench_simulate` and `bench_decode` apps wrote (the planner's,
+`experiments._plan_benchmark`).
 These are measurements of this machine (`machine` in the JSON), never of an accelerator
 the model describes.
 """
@@ -21,15 +22,10 @@ import numpy as np
 from jaxroof import errors
 from jaxroof import progress
 from jaxroof import timing
-from jaxroof.parallel import planner
 from jaxroof.serving import arrivals
-from jaxroof.serving import plan_check
 from jaxroof.serving import replica
-from jaxroof.serving import report_results
 from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import load_accelerator
-from jaxroof.specs.accelerators import load_accelerators
-from jaxroof.specs import step_inputs
 from jaxroof.specs.models import load_model
 from jaxroof.symbolic import formulas
 from jaxroof.symbolic.evaluate import step_model
@@ -40,9 +36,6 @@ from jaxroof.toy import weights
 # sweep: an 8B BF16 model with Llama-3-8B-like K/V (131,072 B/token) on 2 TB/s, 600 TFLOP/s.
 SWEEP_MODEL = dict(N=8e9, q=2.0, k=131072.0, BW=2e12, F=6e14)
 SWEEP_MEMORY_LIMIT_BYTES = 4e9  # About ten float64 outputs per grid point.
-# plan: issue 24's question.
-PLAN_TARGETS = report_results.PLAN_TARGETS
-PLAN_PRICES = {"h100-sxm": 3.0, "h200": 3.8, "mi300x": 2.5}
 DECODE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -85,50 +78,6 @@ def sweep(*, batches: int, contexts: int, repeats: int, loop_points: int) -> dic
                   ("numpy", "jax_jit"), key=lambda n: backends[n]["points_per_s"]),
       "backends": backends, "machine": timing.host(),
       "method": "jaxroof.timing.time_call: warm-up excluded, block_until_ready, median"
-  }
-
-
-def plan(*, model: str, context: int, repeats: int) -> dict:
-  """Configurations per second of the planner's search over every accelerator, layout,
-  batch and dtype; its evaluation alone; and issue 24's question with the top 5 simulated."""
-  spec, devices = load_model(model), load_accelerators("all")
-  search = functools.partial(planner.plan, spec, devices, context=context, targets=PLAN_TARGETS,
-                             weight_dtypes=planner.WEIGHT_DTYPES, kv_dtypes=planner.KV_DTYPES)
-  searched = search()["searched"]  # Also the warm-up of the timed searches.
-  whole = timing.time_call(search, [()], warmup=0, repeats=repeats)
-  asked = load_accelerators(",".join(PLAN_PRICES))
-
-  def question() -> dict:
-    result = planner.plan(spec, asked, context=context, prompt_tokens=7000, output_tokens=1000,
-                          targets=PLAN_TARGETS, weight_dtypes=("bf16",), kv_dtypes=("bf16",),
-                          prices=PLAN_PRICES)
-    return plan_check.check_top(result, spec, asked, k=plan_check.DEFAULT_TOP_K)
-
-  answer = question()
-  with_sims = timing.time_call(question, [()], warmup=0, repeats=max(1, min(repeats, 3)))
-  grid = planner.build_grid(spec, devices, context, planner.WEIGHT_DTYPES, planner.KV_DTYPES,
-                            np.asarray(planner.BATCHES, dtype=float),
-                            step_inputs.DEFAULT_WORKSPACE_FRACTION)
-  evaluation = timing.time_call(lambda: planner.evaluate_grid(grid, context), [()], warmup=1,
-                                repeats=repeats)
-  top = answer["plans"][0]
-  return {
-      "experiment": "bench_plan", "kind": "measurement",
-      "what": "speed of the planner's search (analytic model evaluation), not a device speed",
-      "model": spec.name, "context": context, "accelerators": len(devices), "targets": {
-          "token_gap_s": PLAN_TARGETS.token_gap_s, "ttft_s": PLAN_TARGETS.ttft_s,
-          "aggregate_tokens_per_s": PLAN_TARGETS.aggregate_tokens_per_s
-      }, "searched": searched, "plan_configs_per_s": searched / whole.median_s,
-      "evaluate_configs_per_s": searched / evaluation.median_s, "plan_timing": whole.to_json(),
-      "evaluate_timing": evaluation.to_json(), "question": {
-          "what": "issue 24's question: llama-3.1-70b, 7000 in / 1000 out, 50 ms gap, 2 s "
-                  "TTFT, 10,000 tokens/s, bf16, h100-sxm/h200/mi300x priced; top 5 simulated",
-          "searched": answer["searched"], "timing": with_sims.to_json(),
-          "simulation_wall_s": answer["simulation"]["wall_s"], "top": {
-              k: top[k] for k in ("accelerator", "chips", "tp", "pp", "dp", "batch", "cost_per_hour",
-                                 "simulated")
-          }
-      }, "backend": "numpy (lambdified sympy), float64", "host": timing.host()
   }
 
 

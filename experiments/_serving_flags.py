@@ -28,11 +28,18 @@ _BATCHING_WINDOW_MS = flags.DEFINE_float("batching_window_ms", 0.0,
 _PREFILL_BATCH = flags.DEFINE_integer(
     "prefill_batch", 1, "Prompts prefilled together (the window collects them); batches "
     "queue as M/D/1 at arrival_rate / prefill_batch.", lower_bound=1, upper_bound=4096)
+_SCHEDULER = flags.DEFINE_enum(
+    "scheduler", None, ["iteration", "chunked"], "Fix the scheduling the decision assumes "
+    "(iteration: whole prompts join an iteration; chunked: chunks of --token_budget). "
+    "Default: the one with the largest max rate.")
+_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", None,
+                                     "Fix the chunked scheduler's tokens per iteration. >= 2.",
+                                     lower_bound=2)
 # The targets.
-_TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Mean time-to-first-token target, ms. > 0.")
+_TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Time-to-first-token target at p90, ms. > 0.")
 _TOKEN_GAP_MS = flags.DEFINE_float(
-    "token_gap_ms", None, "Mean gap between a user's tokens "
-    "(ITL) target, ms. > 0. Required.")
+    "token_gap_ms", None, "Gap between a user's tokens: the mean (TPOT) and the p99 "
+    "inter-token gap within it, ms. > 0. Required.")
 _AGGREGATE = flags.DEFINE_float("aggregate_tokens_per_s", None,
                                 "Optional aggregate-rate target, tokens/s. > 0.")
 
@@ -61,4 +68,5 @@ def question(**named: Any) -> serving_result.Question:
       batch_sizes=_cli.int_list(_BATCH_SIZES), token_gap_s=_TOKEN_GAP_MS.value / 1e3,
       ttft_s=None if _TTFT_MS.value is None else _TTFT_MS.value / 1e3,
       aggregate_tokens_per_s=_AGGREGATE.value, arrival_rate_per_s=_ARRIVAL_RATE.value,
-      window_s=_BATCHING_WINDOW_MS.value / 1e3, prefill_batch=_PREFILL_BATCH.value, **named)
+      window_s=_BATCHING_WINDOW_MS.value / 1e3, prefill_batch=_PREFILL_BATCH.value,
+      scheduler=_SCHEDULER.value, token_budget=_TOKEN_BUDGET.value, **named)

@@ -23,6 +23,7 @@ from jaxroof.errors import InputError
 from jaxroof.serving import arrivals
 from jaxroof.serving import fleet
 from jaxroof.serving import replica
+from jaxroof.serving import simulation_result as sim_result
 from jaxroof.serving import simulator
 
 NUM_REQUESTS = flags.DEFINE_integer(
@@ -80,6 +81,18 @@ def workload(rate: float, n: int, max_total: int | None = None) -> arrivals.Work
                             seed=SEED.value, prompt_tokens=_PROMPT_TOKENS.value,
                             output_tokens=_OUTPUT_TOKENS.value, burstiness=_BURSTINESS.value,
                             max_total=max_total, **_length_flags.lengths())
+
+
+def analytic(spec: Any, device: Any, layout: Any, options: dict[str, Any],
+             targets: dict[str, float | None], percentile: float) -> dict[str, Any] | None:
+  """The load model's max rate for the simulated replica as the flags schedule it
+  (`simulation_result.analytic_max_rate`)."""
+  return sim_result.analytic_max_rate(spec, device, layout, options=options,
+                                      prompt_tokens=_PROMPT_TOKENS.value,
+                                      output_tokens=_OUTPUT_TOKENS.value,
+                                      max_running=_MAX_RUNNING.value, scheduler=SCHEDULER.value,
+                                      token_budget=_TOKEN_BUDGET.value, targets=targets,
+                                      percentile=percentile)
 
 
 def scheduling() -> dict[str, Any]:

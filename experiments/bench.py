@@ -2,7 +2,7 @@
 
   sweep     the lambdified step model over a (batch, context) grid of >= 10M points
             (numpy, jit-compiled JAX, and a per-point Python loop for scale)
-  plan      the planner's search (configurations/s) and issue 24's question
+  plan      the planner's search (configurations/s) and the README's plan question
   simulate  the simulator: 10,000 requests (prompts ~1,000, outputs ~200) per scheduler
   decode    the toy's generation with the K/V cache against recomputing the prefix
 
@@ -24,6 +24,7 @@ import dataclasses
 from absl import flags
 
 from experiments import _benchmarks
+from experiments import _plan_benchmark
 from experiments import _cli
 from jaxroof import files
 from jaxroof.errors import InputError
@@ -99,7 +100,7 @@ def _run(what: str, repeats: int) -> dict:
     return _benchmarks.sweep(batches=_BATCHES.value, contexts=_CONTEXTS.value, repeats=repeats,
                              loop_points=_LOOP_POINTS.value)
   if what == "plan":
-    return _benchmarks.plan(model=_MODEL.value, context=_CONTEXT.value, repeats=repeats)
+    return _plan_benchmark.plan(model=_MODEL.value, context=_CONTEXT.value, repeats=repeats)
   if what == "simulate":
     return _benchmarks.simulate(num_requests=_NUM_REQUESTS.value, arrival_rate=_ARRIVAL_RATE.value,
                                 schedulers=_SCHEDULERS.value, repeats=repeats,

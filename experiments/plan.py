@@ -1,12 +1,15 @@
-"""The fewest chips or the cheapest fleet that serves a workload, each top plan simulated.
+"""The fewest chips or the cheapest fleet that serves a workload (or, with --chips, the
+most load a fleet of that size carries), each top plan simulated and sized.
 
-Analytic bounds (jaxroof.parallel.planner): searches accelerators x layout
-(tp, pp, ep, microbatches; dp solved for the load with its prefills) x batch x
-the weight and K/V dtypes you allow, keeps what fits per-chip memory and
-meets the token gap and the queued TTFT at the operating point, and ranks by
-cost per hour (with --price_per_hour) or by chips within each accelerator.
-The top --top_k plans are then simulated at the workload (per replica at
-the fleet's rate / dp) and those missing a target at p90 go below the rest:
+Analytic bounds (jaxroof.parallel.planner): searches accelerators x layout (tp, pp, ep,
+microbatches) x the weight and K/V dtypes you allow; each replica's number of running
+sequences (max_running) and scheduling (--scheduler, --token_budget, or the best) come
+from the one load model, as `serving`'s do, with the largest rate meeting the mean token
+gap, TTFT at p90 and the inter-token gap at p99; dp is the fewest replicas carrying the
+load. Plans rank by cost per hour (with --price_per_hour) or by chips within each
+accelerator. The top --top_k plans are then simulated, their replicas bisected to the
+fewest that meet the targets at p90 (p99 for the inter-token gap); a plan no size meets
+is dropped and the next simulated:
 
   python -m experiments.plan --model=llama-3.1-70b --context=8192 \
       --prompt_tokens=7000 --output_tokens=1000 --token_gap_ms=50 --ttft_ms=2000 \
@@ -17,6 +20,7 @@ the fleet's rate / dp) and those missing a target at p90 go below the rest:
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -32,7 +36,6 @@ from jaxroof.parallel import planner
 from jaxroof.report import plan_table
 from jaxroof.report import table
 from jaxroof.serving import plan_check
-from jaxroof.serving import simulator
 from jaxroof.specs.accelerators import known_accelerators, load_accelerators
 from jaxroof.specs.models import load_model
 
@@ -73,8 +76,16 @@ _TOP_K = flags.DEFINE_integer("top_k", plan_check.DEFAULT_TOP_K,
 _SIM_REQUESTS = flags.DEFINE_integer("sim_requests", plan_check.DEFAULT_REQUESTS,
                                      "Requests per simulated plan. In [10, 100,000].",
                                      lower_bound=10, upper_bound=100_000)
-_SCHEDULER = flags.DEFINE_enum("scheduler", "iteration", list(simulator.SCHEDULERS),
-                               "Scheduler of the simulated check.")
+_SCHEDULER = flags.DEFINE_enum(
+    "scheduler", None, ["iteration", "chunked"], "Fix the plans' scheduler (iteration: whole "
+    "prompts join an iteration; chunked: prompts in chunks of --token_budget). Default: "
+    "each plan's best.")
+_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", None,
+                                     "Fix the chunked scheduler's tokens per iteration. >= 2.",
+                                     lower_bound=2)
+_CHIPS = flags.DEFINE_integer(
+    "chips", None, "A fixed fleet of exactly this many chips: the most load it carries "
+    "within the targets (instead of a load). >= 1.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "First seed of the simulated arrivals.")
 _SIM_SEEDS = flags.DEFINE_integer(
     "sim_seeds", plan_check.DEFAULT_SEEDS,
@@ -90,8 +101,11 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "to
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS)
-  if (_AGGREGATE.value is None) == (_ARRIVAL_RATE.value is None):
+  if _AGGREGATE.value is not None and _ARRIVAL_RATE.value is not None:
     raise InputError("give the load once: --aggregate_tokens_per_s or --arrival_rate.")
+  if _AGGREGATE.value is None and _ARRIVAL_RATE.value is None and _CHIPS.value is None:
+    raise InputError("give the load (--aggregate_tokens_per_s or --arrival_rate) or a fleet "
+                     "size (--chips).")
   known = known_accelerators()
   prices = planner.parse_prices(_PRICE.value, known)
   names = _ACCELERATORS.value
@@ -109,37 +123,25 @@ def main(argv: list[str]) -> None:
       targets=planner.Targets(token_gap_s=_TOKEN_GAP_MS.value / 1e3, ttft_s=_TTFT_MS.value / 1e3,
                               aggregate_tokens_per_s=_AGGREGATE.value,
                               arrival_rate_per_s=_ARRIVAL_RATE.value),
-      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)),
-      kv_dtypes=tuple(dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices,
-      max_chips=_MAX_CHIPS.value, pools=_POOLS.value, bound=_SHARED.bound.value,
-      comm_overlap=_SHARED.comm_overlap.value, hold_cv2=_length_flags.output_cv2())
+      weight_dtypes=tuple(dict.fromkeys(_SHARED.weight_dtype.value)), kv_dtypes=tuple(
+          dict.fromkeys(_SHARED.kv_dtype.value)), prices=prices, max_chips=_MAX_CHIPS.value,
+      pools=_POOLS.value, bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
+      hold_cv2=_length_flags.output_cv2(), scheduler=_SCHEDULER.value,
+      token_budget=_TOKEN_BUDGET.value, chips=_CHIPS.value, mla_prefill=_SHARED.mla_prefill.value)
   for note in result["notes"]:
     print(f"note: {note}", file=sys.stderr)
   if _TOP_K.value and result["plans"]:
     plan_check.check_top(result, spec, devices, k=_TOP_K.value, num_requests=_SIM_REQUESTS.value,
-                         seed=_SEED.value, seeds=_SIM_SEEDS.value, scheduler=_SCHEDULER.value,
-                         bound=_SHARED.bound.value, comm_overlap=_SHARED.comm_overlap.value,
-                         lengths=_length_flags.lengths())
-  work = result["workload"]
-  print(f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "
-        f"{work['output_tokens']} out, {work['arrival_rate_per_s']:,.4g} requests/s "
-        f"({work['output_tokens_per_s']:,.0f} output tokens/s): {result['meeting']:,} of "
-        f"{result['searched']:,} configurations meet a {_TOKEN_GAP_MS.value:g} ms token gap "
-        f"and {_TTFT_MS.value:g} ms TTFT with their prefill load (analytic bound; searched in "
-        f"{result['wall_s']:.2f} s on this CPU); ranked by {result['ranked_by']}")
+                         seed=_SEED.value, seeds=_SIM_SEEDS.value, bound=_SHARED.bound.value,
+                         comm_overlap=_SHARED.comm_overlap.value, lengths=_length_flags.lengths(),
+                         mla_prefill=_SHARED.mla_prefill.value, workers=os.cpu_count() or 1)
+  print("\n".join(plan_table.header_lines(result)))
   headers, rows = plan_table.plan_rows(result)
   if rows:
     print(table.format_table(headers, rows))
-    if not result["prices_per_hour"]:
-      print("no prices: rank (rank within its accelerator); chips of different kinds are not "
-            "compared (give --price_per_hour to rank by cost)")
-    print("split: prefill + decode chips; tp..batch are the decode pool's (the JSON's pools "
-          "has both and the K/V transfer); simulated whole, both pools")
-    for line in plan_table.simulation_lines(result):
-      print(line)
+    print("\n".join(plan_table.footer_lines(result)))
   else:
-    print("no configuration meets the targets: relax the token gap, TTFT or rate, or allow "
-          "more chips, formats or accelerators.")
+    raise InputError(plan_table.no_plan_line(result))
   for line in result["assumptions"]:
     print(f"assumes: {line}")
   _model_notes.say(spec, [_CONTEXT.value])

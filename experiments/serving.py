@@ -1,13 +1,14 @@
-"""The serving decision: concurrency from token gaps, TTFT under load and memory.
+"""The serving decision: how many sequences to run, and how much load one replica takes.
 
-For requests of --prompt_tokens and --output_tokens arriving at --arrival_rate
-(Poisson, requests/s), it prints one row per batch (prefill, TTFT, token gap,
-end-to-end latency, both rates, and the input that moves the step most) and
-the decision: the largest decode concurrency whose mean token gap meets
---token_gap_ms and that fits in memory (weights + paged K/V reserved for the
-whole request + workspace), what binds it (token_gap, memory, ttft, compute),
-its rates, the mean TTFT at the load (M/D/1) and the load limit. Every number
-is an analytic bound unless --profile makes it a calibrated prediction.
+For requests of --prompt_tokens and --output_tokens, it prints one row per batch (a
+static batch: prefill, TTFT, token gap, end-to-end latency, both rates, and the input
+that moves the step most) and the decision from the one load model: the number of
+running sequences (max_running, for the engine) and the scheduling with the largest max
+rate meeting --token_gap_ms (mean, and the p99 inter-token gap) and --ttft_ms (p90)
+within memory (weights + paged K/V reserved for the whole request + workspace), that
+max rate (it does not depend on --arrival_rate), what binds it, the rate its slots fill
+at, and at --arrival_rate (Poisson, requests/s) the operating point. Every number is an
+analytic bound unless --profile makes it a calibrated prediction.
 
 Give a model and an accelerator,
 
@@ -142,8 +143,10 @@ def _percentiles(model: StepModel, decision: dict, question: serving_result.Ques
   replica_ = _model_flags.model_replica(_SHARED, _model_flags.what_if_device(_SHARED, _MEMORY_GB),
                                         step_model=model,
                                         context=question.prompt_tokens + question.output_tokens,
-                                        max_running=int(decision["batch"]), layout=question.layout)
-  return serving_result.percentiles(replica_, question, _SIMULATE_REQUESTS.value)
+                                        max_running=int(decision["batch"]), layout=question.layout,
+                                        token_budget=decision.get("token_budget") or 512)
+  return serving_result.percentiles(replica_, question, _SIMULATE_REQUESTS.value,
+                                    scheduler=decision.get("scheduler") or "iteration")
 
 
 def main(argv: list[str]) -> None:

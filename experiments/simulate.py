@@ -1,38 +1,30 @@
 """Simulate one serving replica under continuous batching (vLLM `bench serve` metrics).
 
-Simulated predictions: each iteration's time is the iteration model of
-`jaxroof.symbolic.iteration` (analytic bound, or calibrated with --profile)
-for its mix of decodes and prefill chunks; K/V is paged from the model's
-layer schedule. Give a shipped model on an accelerator
-(`--model=llama-3-8b --accelerator=h100-sxm --context=2048`) or raw numbers
-(`--params_b --bytes_per_weight --kv_bytes_per_token --bandwidth_tbps
---tflops --layers --heads --head_dim --kv_memory_gb`), and optionally
-`--profile` (a calibration profile: its fitted factors and measured ceilings).
+Simulated predictions: each iteration's time is the one cost model (analytic bound, or
+calibrated with --profile) for its mix of decodes and prefill chunks; K/V is paged from
+the model's layer schedule. Give a shipped model on an accelerator (`--model=llama-3-8b
+--accelerator=h100-sxm --context=2048`) or raw numbers (`--params_b --bytes_per_weight
+--kv_bytes_per_token --bandwidth_tbps --tflops --layers --heads --head_dim
+--kv_memory_gb`), and optionally `--profile` (fitted factors and measured ceilings).
 
   python -m experiments.simulate --model=llama-3-8b --accelerator=h100-sxm \
       --context=2048 --num_requests=2000 --arrival_rate=20 --scheduler=chunked \
       --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
       --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
 
---tp --pp --ep (with --model) simulate one replica of that layout: one
-chip's traffic along a token's path, each iteration's communication added,
-K/V pages on the busiest chip. --dp=N simulates a fleet of N alike replicas
-behind a router (--router: round_robin, least_outstanding, power_of_two) at
-the fleet's --arrival_rate: the fleet's metrics printed, each replica's in
-the JSON (`replicas`).
+--tp --pp --ep (with --model) simulate one replica of that layout (one chip's traffic
+along a token's path, each iteration's communication, K/V pages on the busiest chip;
+--microbatches as virtual engines waiting behind each other's prefills). --dp=N
+simulates N alike replicas behind a --router at the fleet's --arrival_rate.
 
---find_max_rate bisects the fleet's arrival rate with the seeded simulator
-for the largest rate at which --ttft_ms, --tpot_ms and --itl_ms hold at
---slo_percentile (JSON: `max_rate_per_s`, `max_rate_per_chip`).
-
-Sampled lengths whose prompt + output exceed the model's context are
-resampled or clipped (--long_samples), and counted.
-
---plot_out writes the TTFT/ITL CDFs there, and beside it `<stem>_kv.png`
-(K/V pages and queue over time) and `<stem>_goodput.png` (goodput against
-arrival rate for the three schedulers, at up to --goodput_requests requests).
+--find_max_rate bisects the fleet's arrival rate with the seeded simulator for the
+largest rate at which --ttft_ms, --tpot_ms and --itl_ms hold at --slo_percentile,
+starting from the load model's answer for the same replica (JSON: `max_rate_per_s`,
+`max_rate_per_chip`, `analytic_max_rate_per_s`). Lengths beyond the model's context
+are resampled or clipped (--long_samples), and counted. --plot_out writes the TTFT/ITL
+CDFs, `<stem>_kv.png` (K/V pages and queue) and `<stem>_goodput.png` (goodput against
+arrival rate per scheduler, up to --goodput_requests requests).
 """
-
 from __future__ import annotations
 
 from absl import flags
@@ -114,16 +106,23 @@ def _targets() -> dict:
   return {"ttft_target_s": _seconds(_TTFT_MS), "tpot_target_s": _seconds(_TPOT_MS)}
 
 
-def _max_rate(r: replica.Replica, replicas: int, chips: int) -> None:
+def _max_rate(r: replica.Replica, replicas: int, layout) -> None:
   """Bisects for the largest fleet rate meeting the SLOs; prints it and writes its JSON."""
   targets = {"ttft_s": _seconds(_TTFT_MS), "tpot_s": _seconds(_TPOT_MS), "itl_s": _seconds(_ITL_MS)}
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
-  found = sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
-                              replicas=replicas, chips=chips, scheduler=_SCHEDULER.value,
-                              router=_ROUTER.value, seed=_SEED.value,
-                              num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
-                              percentile=_SLO_PERCENTILE.value, targets=targets)
+  analytic = _MODEL.value and _simulation_flags.analytic(
+      load_model(_MODEL.value), _model_flags.device(_SHARED), layout,
+      _model_flags.model_options(_SHARED), targets, _SLO_PERCENTILE.value) or {
+      }  # The load model's answer starts the bisection.
+  start = analytic.get("analytic_max_rate_per_s") or _ARRIVAL_RATE.value
+  found = {
+      **sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
+                            replicas=replicas, chips=layout.chips, pipeline=layout.microbatches,
+                            scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
+                            num_requests=_NUM_REQUESTS.value, start_rate=start,
+                            percentile=_SLO_PERCENTILE.value, targets=targets), **analytic
+  }
   print(sim_lines.max_rate_line(found, _SCHEDULER.value))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value,
@@ -177,7 +176,7 @@ def main(argv: list[str]) -> None:
   w = _simulation_flags.workload(rate, 1) if trace else None
   r = replica.per_microbatch(_replica(), layout.microbatches)  # Virtual engines.
   if _FIND_MAX_RATE.value:
-    return _max_rate(r, replicas, layout.chips)
+    return _max_rate(r, replicas, layout)
   w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)
   beyond = w.description.get("beyond_context")
   if beyond and beyond["requests_beyond"]:
@@ -187,7 +186,7 @@ def main(argv: list[str]) -> None:
     result = _one_replica(w, r, label)
   else:
     out = sim_result.fleet_run(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
-                               seed=_SEED.value, targets=_targets())
+                               seed=_SEED.value, targets=_targets(), pipeline=layout.microbatches)
     print("\n".join(sim_lines.fleet_lines(out, label, _ROUTER.value, _SCHEDULER.value, len(w),
                                           rate)))
     result = sim_result.fleet_json(out, label=label, scheduler=_SCHEDULER.value,

@@ -9,6 +9,7 @@ the same iteration.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 import numpy as np
@@ -17,6 +18,7 @@ import sympy as sp
 
 from jaxroof import errors
 from jaxroof.parallel.layout import Layout
+from jaxroof.serving import load
 from jaxroof.serving import arrivals, decision, metrics, multichip, replica, requests, simulator
 from jaxroof.specs import parameters
 from jaxroof.specs.accelerators import load_accelerator
@@ -279,7 +281,7 @@ def test_deepseek_v3_prefill_mha_and_decode_absorbed_by_hand():
   assert c["a_mla"] == 61 * 2 * 128 * (2 * 512 + 64)
   assert c["k_mla"] == 61 * (512 + 64) * 2
   P = 32768
-  F = H200.flops("fp8")
+  F = H200.flops("bf16")  # Attention's kernels compute in bf16, fp8 weights or not.
   pairs = P * (P + 1) / 2
   attention_s = float(cost.prefill(float(P))["attention_s"])
   assert attention_s == pytest.approx(61 * 2 * 128 * 320 * pairs / F, rel=1e-3)
@@ -313,32 +315,36 @@ def _workload(rate: float, P: int, G: int, n: int = 1500, spread: float = 0.0):
                             output_spread=spread)
 
 
+def _answer(inputs, P: int, G: int, slots: int):
+  """The load model for `slots` sequences under the iteration scheduler, no targets."""
+  return load.answer(BOUND, inputs, prompt_tokens=P, output_tokens=G, token_gap_s=math.inf,
+                     ttft_s=None, scheduler="iteration", max_running=slots, itl_quantile=None)
+
+
 @pytest.mark.parametrize("name, device, layout, P, G", FAMILIES)
-def test_simulated_tpot_is_the_decisions_gap_at_the_running_batch(name, device, layout, P, G):
+def test_simulated_tpot_is_the_load_models_gap(name, device, layout, P, G):
   spec = load_model(name)
   inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=P, output_tokens=G,
                                   weight_dtype="published")
   r = replica.from_model(spec, device, context=P + G, layout=layout, max_running=256,
                          weight_dtype="published")
   n_max = min(256, inputs.max_batch_in_memory)
-  capacity = decision.capacity_rate(BOUND, inputs, max_batch=n_max, prompt_tokens=P,
-                                    output_tokens=G)
-  for load in (0.15, 0.6):  # 1,500 requests: the warm-up and the drain weigh little.
-    rate = load * capacity
+  a = _answer(inputs, P, G, n_max)
+  r = dataclasses.replace(r, max_running=n_max)
+  capacity = a.slot_fill_rate()
+  for share in (0.15, 0.6):  # 1,500 requests: the warm-up and the drain weigh little.
+    rate = share * capacity
     run = simulator.simulate(_workload(rate, P, G), r, "iteration")
     m = metrics.serving_metrics(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens,
                                 run.itl_s)
-    running = metrics.iteration_means(run)["running_batch_mean"]
-    _, gap, _ = decision.loaded_gap(BOUND, inputs, running=running, arrival_rate=rate,
-                                    prompt_tokens=P, output_tokens=G)
-    assert m["tpot_s"]["mean"] == pytest.approx(gap, rel=0.05), (name, load)
+    assert m["tpot_s"]["mean"] == pytest.approx(a.at(rate)["token_gap_s"], rel=0.05), (name, share)
 
 
 @pytest.mark.parametrize("name, device, n", [("llama-3-8b", H100, 32), ("mixtral-8x7b", H200, 64)])
-def test_saturated_throughput_is_the_analytic_capacity(name, device, n):
+def test_saturated_throughput_is_the_slots_fill_rate(name, device, n):
   spec, P, G = load_model(name), 1024, 128
   inputs = multichip.model_inputs(spec, device, prompt_tokens=P, output_tokens=G)
-  capacity = decision.capacity_rate(BOUND, inputs, max_batch=n, prompt_tokens=P, output_tokens=G)
+  capacity = _answer(inputs, P, G, n).slot_fill_rate()
   r = replica.from_model(spec, device, context=P + 2 * G, max_running=n)
   # Three times the capacity: a backlog throughout; output lengths spread (uniform, +-50%)
   # so that admissions do not march in lockstep waves.
@@ -348,16 +354,16 @@ def test_saturated_throughput_is_the_analytic_capacity(name, device, n):
   assert steady == pytest.approx(capacity, rel=0.05)
 
 
-def test_operating_point_is_littles_law_and_below_capacity():
+def test_operating_point_is_littles_law_and_below_the_fill_rate():
   spec, P, G = load_model("llama-3-8b"), 2048, 256
   inputs = requests.model_inputs(spec, H100, prompt_tokens=P, output_tokens=G)
-  point = decision.operating_point(BOUND, inputs, prompt_tokens=P, output_tokens=G,
-                                   arrival_rate=5.0, max_batch=146)
+  a = _answer(inputs, P, G, 146)
+  point = load.point(a, 5.0)
   assert point["stable"]
-  assert point["running_batch"] == pytest.approx(5.0 * (G - 1) * point["token_gap_s"], rel=1e-6)
+  # Tokens leave as requests do: the running sequences over the gap is the rate's tokens.
+  assert point["running_batch"] == pytest.approx(5.0 * (G - 1) * point["token_gap_s"], rel=0.02)
   assert point["running_batch"] < 146 / 4  # A light load: far from the capacity's batch.
-  over = decision.operating_point(BOUND, inputs, prompt_tokens=P, output_tokens=G, arrival_rate=1e4,
-                                  max_batch=146)
+  over = load.point(a, 1e4)
   assert over["running_batch"] is None and "unstable" in over["reason"]
 
 

@@ -80,9 +80,10 @@ def _made_up_chips():
   plan = {
       "searched": 7, "meeting": 3, "plans": [{
           "rank": 1, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 12,
-          "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "batch": 77,
-          "weight_dtype": "fp8", "kv_dtype": "bf16", "merged": [], "loaded_token_gap_s": 0.0123,
-          "ttft_s": 0.456
+          "pools": {"kind": "shared"}, "tp": 4, "pp": 3, "ep": 1, "dp": 1, "max_running": 77,
+          "scheduler": "chunked", "token_budget": 2048, "weight_dtype": "fp8", "kv_dtype": "bf16",
+          "merged": [], "max_rate_per_replica_s": 3.21, "loaded_token_gap_s": 0.0123,
+          "ttft_s": 0.456, "ttft_p90_s": 0.789
       }]
   }
   chips = {
@@ -124,7 +125,10 @@ def test_the_chips_section_shows_what_it_is_given():
   assert "are 2: 58.8 tokens/s" in text and "the 99 all-reduces per token" in text
   assert "Assumptions: first; second." in text
   headers, rows = plan_table.plan_rows(plan)
-  assert rows == [["1 (1)", "h200", 12, "shared", 4, 3, 1, 1, 77, "fp8", "bf16", "12.3", "456"]]
+  assert rows == [[
+      "1 (1)", "h200", 12, "shared", 4, 3, 1, 1, 77, "chunked 2048", "fp8", "bf16", "3.21/s",
+      "12.3", "789"
+  ]]
   assert "$/h" not in headers and "meets" not in headers  # No prices, nothing simulated.
 
 
@@ -134,11 +138,14 @@ def test_the_plan_table_adds_cost_and_simulation_columns_when_there_are_some():
           "rank": 2, "rank_within_accelerator": 1, "accelerator": "h200", "chips": 6, "pools": {
               "kind": "split", "prefill_chips": 2, "decode_chips": 4,
               "prefill": {"tp": 1, "replicas": 2}
-          }, "tp": 2, "pp": 1, "ep": 1, "dp": 2, "batch": 5, "weight_dtype": "bf16",
-          "kv_dtype": "fp8", "merged": [{"weight_dtype": "bf16",
-                                         "kv_dtype": "int8"}], "loaded_token_gap_s": 0.02,
-          "ttft_s": 0.3, "cost_per_hour": 18.0, "cost_per_million_tokens": 1.25,
-          "simulated": {"ttft_p90_s": 0.41, "tpot_p90_s": 0.0215, "meets": False}
+          }, "tp": 2, "pp": 1, "ep": 1, "dp": 2, "max_running": 5, "scheduler": "iteration",
+          "token_budget": None, "weight_dtype": "bf16", "kv_dtype": "fp8",
+          "merged": [{"weight_dtype": "bf16", "kv_dtype": "int8"}], "max_rate_per_replica_s": 1.5,
+          "loaded_token_gap_s": 0.02, "ttft_s": 0.3, "ttft_p90_s": 0.35, "cost_per_hour": 18.0,
+          "cost_per_million_tokens": 1.25, "simulated": {
+              "replicas_needed": None, "ttft_p90_s": 0.41, "tpot_p90_s": 0.0215, "itl_p99_s": 0.031,
+              "meets": False
+          }
       }]
   }
   headers, rows = plan_table.plan_rows(plan)
@@ -147,6 +154,8 @@ def test_the_plan_table_adds_cost_and_simulation_columns_when_there_are_some():
   assert row["K/V"] == "fp8 (= bf16/int8)"
   assert (row["$/h"], row["$/Mtok"]) == ("18.00", "1.250")
   assert (row["sim p90 TTFT/TPOT ms"], row["meets"]) == ("410 / 21.5", "MISSES")
+  assert (row["sim replicas"], row["sim p99 ITL ms"]) == ("none meets", "31.0")
+  assert (row["max_running"], row["scheduler"]) == (5, "iteration")
 
 
 def test_the_worked_plan_command_repeats_the_question_it_is_given():

@@ -72,32 +72,34 @@ def test_memory_fit_matches_an_independent_count(small):
 
 
 def test_token_gap_batch_matches_the_solved_formula(small):
-  """Where the token gap binds, the batch is floor of sympy's solved B(t_gap).
+  """The largest batch the token gap allows is floor of sympy's solved B(t_gap).
 
-  The decision bisects the mean gap over the request's decode steps; the
-  step is linear in the context, so the mean is the step at P + G/2, and the
-  closed form `max_batch_for_token_gap` (solved by sympy) must agree.
+  The step is linear in the context, so the mean gap over a request's decode steps is
+  the step at P + G/2, and the closed form `max_batch_for_token_gap` (solved by sympy)
+  must agree; the load model's batch (`max_running`) is never past it.
   """
-  entry = _entry(small, "a100-80gb")
-  assert entry["bound"]["binds"] == "token_gap"
-  assert entry["bound"]["batch"] == _token_gap_limit("a100-80gb")
-  assert entry["bound"]["loaded_token_gap_s"] <= SMALL.token_gap_s
+  bound = _entry(small, "a100-80gb")["bound"]
+  assert bound["token_gap_limit_batch"] == _token_gap_limit("a100-80gb")
+  assert 1 <= bound["batch"] <= bound["token_gap_limit_batch"]
+  assert bound["loaded_token_gap_s"] <= SMALL.token_gap_s
 
 
 def test_best_serves_and_memory_binds_where_memory_is_smaller(small):
-  """On an H100 the 80 GB hold fewer sequences than the 30 ms gap allows: memory binds,
-  and fp8 K/V (half the bytes per token) lets in the smaller of the two new limits."""
+  """On an H100 the 80 GB hold fewer sequences than the 30 ms gap allows: memory caps the
+  batch, and fp8 K/V (half the bytes per token) raises the cap and the rate."""
   assert small["best"] == "h100-sxm"  # 3.35 TB/s against 2.04 TB/s, same 80 GB.
   h100 = _entry(small, "h100-sxm")["bound"]
   memory, gap = _memory_limit("h100-sxm",
                               LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16), _token_gap_limit("h100-sxm")
   assert memory < gap
-  assert (h100["binds"], h100["batch"]) == ("memory", memory)
+  assert h100["memory_limit_batch"] == h100["token_gap_limit_batch"] == memory
+  assert 1 <= h100["batch"] <= memory
   assert small["best_token_gap_only_batch"] == gap
   fp8_kv = next(a for a in small["what_moves_best"] if a["change"] == "kv_dtype=fp8")
   fp8_memory = _memory_limit("h100-sxm", LLAMA3_8B_KV_BYTES_PER_TOKEN_BF16 / 2)
-  assert fp8_kv["batch"] == min(fp8_memory, _token_gap_limit("h100-sxm", kv_scale=0.5))
-  assert fp8_kv["batch"] > h100["batch"]
+  assert fp8_kv["token_gap_limit_batch"] == min(fp8_memory,
+                                                _token_gap_limit("h100-sxm", kv_scale=0.5))
+  assert fp8_kv["max_arrival_rate_per_s"] > h100["max_arrival_rate_per_s"]
 
 
 # Each bad subject: the field at fault, how the message starts, and what it says is allowed

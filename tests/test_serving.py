@@ -30,15 +30,24 @@ def _lesson_batch_for(gap_s: float) -> int:
 
 @pytest.mark.parametrize("gap_ms,expected", [(12, 32), (9, 8)])
 def test_lesson_decision(gap_ms, expected):
-  """The lesson: "a 12 ms token gap ... batch 32"; check yourself 1: batch 8 at 9 ms."""
+  """The lesson: "a 12 ms token gap ... batch 32"; check yourself 1: batch 8 at 9 ms. That
+  is the largest batch whose unloaded step meets the gap; the number to run is the one
+  with the largest max rate, at or below it (prompts stretch the gap under load)."""
   assert _lesson_batch_for(gap_ms / 1e3) == expected
   d = decision.decide(BOUND, LESSON, prompt_tokens=100, output_tokens=16, token_gap_s=gap_ms / 1e3)
   assert d["status"] == "ok"
-  assert d["batch"] == expected
-  assert d["binds"] == "token_gap"
-  assert d["step_s"] == pytest.approx(gap_ms / 1e3)
-  assert d["aggregate_tokens_per_s"] == pytest.approx(expected / (gap_ms / 1e3))
-  assert d["per_sequence_tokens_per_s"] == pytest.approx(1e3 / gap_ms)
+  assert d["token_gap_limit_batch"] == expected
+  B = d["max_running"]
+  assert B == d["batch"] and 1 <= B <= expected
+  step = (16e9 + B * 0.25e9) / 2e12  # The lesson's arithmetic at the chosen number.
+  assert d["step_s"] == pytest.approx(step)
+  assert d["aggregate_tokens_per_s"] == pytest.approx(B / step)
+  assert d["per_sequence_tokens_per_s"] == pytest.approx(1 / step)
+  # No TTFT target: the max rate is where the chosen slots fill, below the rate the
+  # unloaded limit's slots would turn over at the target gap.
+  assert d["binds"] == "slots"
+  assert d["max_arrival_rate_per_s"] == pytest.approx(d["slot_capacity_per_s"], rel=1e-3)
+  assert d["max_arrival_rate_per_s"] <= expected / (15 * gap_ms / 1e3)
   assert d["elasticities"]["F"] == 0.0  # Memory binds: faster arithmetic does not help.
 
 
@@ -46,12 +55,12 @@ def test_decision_with_memory_binding_and_compute_binding():
   small = requests.ServingInputs(**{**LESSON.__dict__, "max_batch_in_memory": 20})
   d = decision.decide(BOUND, small, prompt_tokens=100, output_tokens=16, token_gap_s=0.012)
   assert (d["batch"], d["binds"]) == (20, "memory")
-  # Tiny K/V and a slow FLOP rate: the step turns compute-bound before the gap binds.
+  # Tiny K/V and a slow FLOP rate: the step is compute-bound at the chosen number.
   compute = requests.ServingInputs(N=8e9, N_act=8e9, q=2, k=0.0, BW=2e12, F=2e13,
                                    kv_per_sequence_bytes=1e6)
-  d = decision.decide(BOUND, compute, prompt_tokens=100, output_tokens=16, token_gap_s=0.05)
-  assert d["binds"] == "compute"
-  assert d["batch"] == int(0.05 * 2e13 / (2 * 8e9))  # 2*N*B/F <= gap.
+  d = decision.decide(BOUND, compute, prompt_tokens=4, output_tokens=16, token_gap_s=0.05)
+  assert d["token_gap_limit_batch"] == int(0.05 * 2e13 / (2 * 8e9))  # 2*N*B/F <= gap.
+  assert d["batch"] <= d["token_gap_limit_batch"] and d["compute_bound"]
   assert d["elasticities"]["F"] == pytest.approx(-1.0)
   assert d["elasticities"]["BW"] == 0.0
 
@@ -123,7 +132,8 @@ def test_max_arrival_rate_meets_the_target_exactly():
 def test_unstable_load_is_an_explicit_result_without_nan():
   d = decision.decide(BOUND, LESSON, prompt_tokens=100, output_tokens=16, token_gap_s=0.012,
                       arrival_rate=1e4)
-  assert d["status"] == "unstable" and d["batch"] is None and d["ttft_s"] is None
+  assert d["status"] == "unstable" and d["ttft_s"] is None and d["loaded_token_gap_s"] is None
+  assert 1e4 > d["slot_capacity_per_s"] >= d["max_arrival_rate_per_s"] > 0
   rows = requests.rows(BOUND, LESSON, [1, 32], prompt_tokens=100, output_tokens=16,
                        arrival_rate=1e4)
   assert all(r["status"] == "unstable" and r["ttft_s"] is None for r in rows)
@@ -199,12 +209,16 @@ def test_f_elasticity_is_exactly_zero_where_memory_binds():
 
 def test_decision_with_a_calibrated_model():
   d = decision.decide(CALIBRATED, LESSON, prompt_tokens=100, output_tokens=16, token_gap_s=0.03)
-  assert d["status"] == "ok" and d["batch"] >= 1
-  step = CALIBRATED.evaluate(B=float(d["batch"]), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
+  assert d["status"] == "ok" and 1 <= d["batch"] <= d["token_gap_limit_batch"]
+  limit = d["token_gap_limit_batch"]
+  step = CALIBRATED.evaluate(B=float(limit), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
                              F=math.inf)["step_s"]
-  over = CALIBRATED.evaluate(B=float(d["batch"] + 1), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
+  over = CALIBRATED.evaluate(B=float(limit + 1), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
                              F=math.inf)["step_s"]
   assert float(step) <= 0.03 < float(over)
+  chosen = CALIBRATED.evaluate(B=float(d["batch"]), T=1.0, N=8e9, q=2, k=0.25e9, BW=2e12,
+                               F=math.inf)["step_s"]
+  assert d["step_s"] == pytest.approx(float(chosen))
 
 
 def test_pools_count_chips_for_both_layouts():

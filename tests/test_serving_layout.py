@@ -108,13 +108,15 @@ def test_fleet_rates_are_dp_times_a_replica():
 
 
 def test_decision_says_when_communication_binds():
-  """A slow link (1 ms per hop) makes the collectives outweigh a tiny model's floor."""
+  """A slow link (1 ms per hop) makes the collectives outweigh a tiny model's floor: the
+  gap target binds (at p99: iterations carrying a prompt reach it) and the decision says
+  communication makes the step. (At a 200 ms target the slots fill first.)"""
   comm = dict(tp=8.0, pp=1.0, ep=1.0, n_blk=32.0, L_moe=0.0, K=1.0, D=4096.0, V=32000.0, a_act=2.0,
               W_ic=1e11, t_hop=1e-3, t_base=0.0, h_tp=7.0, x_os=1.0)
   inputs = requests.ServingInputs(N=1e9, N_act=1e9, q=2.0, k=1e4, BW=2e12, F=1e15, comm=comm,
                                   chips_per_replica=8)
   d = decision.decide(StepModel.bound(), inputs, prompt_tokens=128, output_tokens=16,
-                      token_gap_s=10.0, with_elasticities=False)
+                      token_gap_s=0.1, with_elasticities=False)
   assert d["binds"] == "communication"
   assert d["comm_s"] > d["step_s"] / 2
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxroof.errors import InputError
 from jaxroof.parallel import layout as layout_lib
-from jaxroof.parallel import planner
+from jaxroof.parallel import plan_grid
 from jaxroof.parallel.layout import Layout
 from jaxroof.parallel.layout_sweep import layout_sweep
 from jaxroof.specs import step_inputs
@@ -36,7 +36,7 @@ def fewest_chips(spec: ModelSpec, device: Accelerator, *, context: int, weight_d
   inputs = step_inputs.decode_step_inputs(spec, device, context=context, batch_sizes=[1],
                                           weight_dtype=weight_dtype, kv_dtype=kv_dtype)
   candidates = sorted(
-      (lay for lay, _ in planner.candidate_layouts(spec, device) if lay.microbatches == 1),
+      (lay for lay, _ in plan_grid.candidate_layouts(spec, device) if lay.microbatches == 1),
       key=lambda lay: (lay.chips_per_replica, lay.pp, lay.ep))
   for lay in candidates:
     memory = layout_lib.chip_memory(

@@ -178,6 +178,7 @@ class LinkChoice:
   base_latency_s: float = 0.0  # t_base, per collective.
   torus: bool = False  # Rings per axis; no one-shot collectives.
   axes: int = 1  # Torus dimensions.
+  peer_bytes_per_s: float | None = None  # A fully connected mesh's link to one peer.
 
 
 def links(layout: Layout, device: Accelerator) -> LinkChoice:
@@ -201,9 +202,11 @@ def links(layout: Layout, device: Accelerator) -> LinkChoice:
         f"{net.technology}: {net.collective_bytes_per_s / 1e9:g} GB/s per chip "
         f"in a collective, {net.hop_latency_s * 1e6:g} us per hop "
         f"({net.hop_latency_basis}), {net.base_latency_s * 1e6:g} us per "
-        f"collective ({net.base_latency_basis})" + ("; rings per torus axis" if torus else ""),
-        base_latency_s=net.base_latency_s, torus=torus,
-        axes=3 if "3d" in net.topology.lower() else 2)
+        f"collective ({net.base_latency_basis})" + ("; rings per torus axis" if torus else "") +
+        ("" if net.peer_bytes_per_s is None else
+         f"; a fully connected mesh: a collective over n chips runs on n - 1 links of "
+         f"{net.peer_bytes_per_s / 1e9:g} GB/s"), base_latency_s=net.base_latency_s, torus=torus,
+        axes=3 if "3d" in net.topology.lower() else 2, peer_bytes_per_s=net.peer_bytes_per_s)
   if (net.domain_chips == 1 and "pcie" in net.technology.lower() and
       layout.chips_per_replica <= PCIE_HOST_CHIPS):
     return LinkChoice(
@@ -273,7 +276,7 @@ def symbol_values(layout: Layout, spec: ModelSpec, link: LinkChoice, *,
       "m_mb": float(layout.microbatches), "u_kv": float(terms.kv_units),
       "n_blk": float(terms.blocks), "L_moe": float(terms.moe_blocks),
       "K": float(max(terms.top_k, 1)), "D": float(terms.width), "V": float(terms.vocab),
-      "a_act": activation_bytes, "o_ovl": overlap, **link_values(link, layout.tp)
+      "a_act": activation_bytes, "o_ovl": overlap, **link_values(link, layout.tp, layout.ep)
   }
 
 
@@ -297,10 +300,18 @@ def ring_steps(chips: int, torus: bool, axes: int = 2) -> int:
   return best
 
 
-def link_values(link: LinkChoice, tp: int) -> dict[str, float]:
-  """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree."""
+def link_values(link: LinkChoice, tp: int, ep: int = 1) -> dict[str, float]:
+  """`parallel.LINK_SYMBOLS` by name for a link and the tensor-parallel degree.
+
+  On a fully connected mesh (one link to each peer, no switch) a collective over n chips
+  runs on the n - 1 links to its peers, `min(whole egress, (n - 1) x a peer's link)`: n
+  the tensor-parallel ranks, else the expert groups, else a pipeline's pair."""
+  rate = link.bytes_per_s
+  if link.peer_bytes_per_s is not None:
+    n = tp if tp > 1 else ep if ep > 1 else 2
+    rate = min(rate, (n - 1) * link.peer_bytes_per_s)
   return {
-      "W_ic": link.bytes_per_s, "t_hop": link.hop_latency_s, "t_base": link.base_latency_s,
+      "W_ic": rate, "t_hop": link.hop_latency_s, "t_base": link.base_latency_s,
       "h_tp": float(ring_steps(tp, link.torus, link.axes)), "x_os": 0.0 if link.torus else 1.0
   }
 
@@ -392,3 +403,69 @@ def layout_assumptions(layout: Layout, spec: ModelSpec, link: LinkChoice) -> lis
       "block; sequences split over the groups",
       f"communication serial with memory and compute (no overlap): {link.note}",
   ]
+
+
+def replica_sequences(*, capacity: Any, workspace: float, weights: dict[str, Any], kv: Any, tp: Any,
+                      pp: Any, ep: Any, u_kv: Any) -> np.ndarray:
+  """Sequences a replica fits, vectorised (`collectives.replica_capacity_sequences`):
+  `weights` the `weight_byte_values` (arrays broadcast), `kv` allocated K/V bytes per
+  sequence (whole model); 0 where none fits."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    out = _chip_memory_model()(C=capacity, w=workspace, **weights, s=kv, tp=tp, pp=pp, ep=ep,
+                               u_kv=u_kv)
+  seqs = np.floor(np.asarray(out["sequences"], dtype=float))
+  usable = np.asarray(out["usable"], dtype=float)
+  seqs = np.where(np.asarray(out["kv"], dtype=float) > 0, seqs, _UNBOUNDED_BATCH * ep)
+  return np.where(usable > 0, np.maximum(seqs, 0.0), 0.0)
+
+
+@functools.cache
+def _path_model():
+  return lambdified(collectives.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
+
+
+def chip_shares(layout: Layout, spec: ModelSpec) -> dict[str, float]:
+  """One chip's share along a token's path of each cost-model quantity: `weights`,
+  `experts`, `kv` and `flops` (`collectives.path_inputs` at unit inputs)."""
+  terms = model_terms(spec)
+  at = dict(k=1.0, N_act=1.0, tp=float(layout.tp), pp=float(layout.pp), ep=float(layout.ep),
+            u_kv=float(terms.kv_units))
+  dense = _path_model()(N=1.0, N_x=0.0, **at)
+  routed = _path_model()(N=1.0, N_x=1.0, **at)
+  return {
+      "weights": float(dense["N"]), "experts": float(routed["N"]), "kv": float(dense["k"]),
+      "flops": float(dense["N_act"])
+  }
+
+
+COMM_SYMBOLS: tuple[str, ...] = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
+                                 *(str(s) for s in collectives.LINK_SYMBOLS))
+
+
+@functools.cache
+def _comm_model():
+  inputs = (S.B,) + tuple(getattr(S, name) for name in COMM_SYMBOLS)
+  return lambdified({"comm_s": collectives.pass_comm_s(S.B)}, inputs)
+
+
+def pass_comm(comm: dict[str, Any], rows: Any) -> np.ndarray:
+  """`collectives.pass_comm_s`: the collectives of one pass of `rows` token rows through
+  a replica of the layout whose `COMM_SYMBOLS` values `comm` holds (arrays broadcast)."""
+  rows = np.asarray(rows, dtype=float)
+  out = np.asarray(_comm_model()(B=rows, **{name: comm[name] for name in COMM_SYMBOLS})["comm_s"],
+                   dtype=float)
+  return np.broadcast_to(out, np.broadcast_shapes(out.shape, rows.shape))
+
+
+@functools.cache
+def _bytes_model():
+  return lambdified({"chip_bytes": collectives.chip_memory_bytes()},
+                    (S.B, S.W_res, S.W_x, S.W_e, S.W_h, S.x_tie, S.s, S.tp, S.pp, S.ep, S.u_kv))
+
+
+def chip_bytes(batch: Any, *, weights: dict[str, Any], kv: Any, tp: Any, pp: Any, ep: Any,
+               u_kv: Any) -> np.ndarray:
+  """The busiest chip's bytes with `batch` sequences per replica
+  (`collectives.chip_memory_bytes`), vectorised."""
+  out = _bytes_model()(B=batch, **weights, s=kv, tp=tp, pp=pp, ep=ep, u_kv=u_kv)
+  return np.asarray(out["chip_bytes"], dtype=float)

@@ -15,14 +15,27 @@ def _sweep(result: dict[str, Any]) -> list[str]:
   ]
 
 
+def _cpu(seconds: list[float] | None) -> str:
+  """The CPU seconds of the timed calls (median), where recorded."""
+  if not seconds:
+    return ""
+  ordered = sorted(seconds)
+  return f"; CPU {ordered[len(ordered) // 2]:.2f} s median"
+
+
 def _plan(result: dict[str, Any]) -> list[str]:
   whole, evaluation = result["plan_timing"], result["evaluate_timing"]
+  question = result["question"]["timing"]
+  load = result.get("load_avg_1m")
   return [
-      f"the planner's benchmark question with top-5 simulations: "
-      f"{result['question']['timing']['median_s']:.2f} s median",
-      f"{result['searched']:,} configurations: plan {whole['median_s']:.2f} s median "
-      f"({result['plan_configs_per_s']:,.0f} configs/s), evaluation alone "
-      f"{evaluation['median_s']:.2f} s ({result['evaluate_configs_per_s']:,.0f} configs/s)"
+      f"the 70B question with its top 5 simulated and sized: {question['median_s']:.2f} s "
+      f"median (min {question['min_s']:.2f}, max {question['max_s']:.2f}"
+      f"{_cpu(result['question'].get('cpu_s'))})",
+      f"{result['searched']:,} configurations (shared and split pairs): plan "
+      f"{whole['median_s']:.2f} s median (min {whole['min_s']:.2f}, max {whole['max_s']:.2f}"
+      f"{_cpu(result.get('plan_cpu_s'))}; {result.get('evaluated_groups', 0)} groups answered "
+      f"by the load model), the cheap pass over the grid alone {evaluation['median_s']:.2f} s" +
+      ("" if load is None else f" (load average {load:.1f} at the end)")
   ]
 
 

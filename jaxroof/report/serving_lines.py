@@ -16,7 +16,7 @@ _LABEL = {"bound": "analytic bound", "calibrated": "calibrated prediction"}
 def pools_line(p: dict[str, Any]) -> str:
   """The split-vs-shared answer in GPUs (a replica is tp*pp*ep of them)."""
   per = p["chips_per_replica"]
-  unit = "" if per == 1 else f" ({per} per replica)"
+  unit = "" if per == 1 else f" (a replica is {per} GPUs)"
   split, shared = p["split"], p["shared"]
   a = (f"split {split['prefill_gpus']} prefill + {split['decode_gpus']} decode = "
        f"{split['gpus']} GPUs (K/V transfer {split['kv_transfer_s'] * 1e3:.3g} ms)"
@@ -52,7 +52,7 @@ def lines(result: dict[str, Any]) -> list[str]:
   out = [
       f"Serving {inputs['label']}: prompt {inputs['prompt_tokens']}, "
       f"{inputs['output_tokens']} outputs, {inputs['arrival_rate_per_s']:g} requests/s "
-      f"({_LABEL[result['kind']]}; TTFT: M/D/1 mean)"
+      f"({_LABEL[result['kind']]}; rows: a static batch, TTFT M/D/1; decision: the load model)"
   ]
   headers, cells = serving_section.REQUEST_HEADERS, serving_section.request_cells(rows)
   if provenance is not None:
@@ -65,7 +65,7 @@ def lines(result: dict[str, Any]) -> list[str]:
     out.append(f"  layout: {decision['chips']} chips ({decision['replicas']} replica(s)); "
                f"communication {decision['comm_s'] * 1e3:.3f} ms of each step at the decision "
                "(serial; the elasticities are the step's floor without it); fleet "
-               f"{decision['fleet_aggregate_tokens_per_s']:,.0f} tokens/s, load limit "
+               f"{decision['fleet_aggregate_tokens_per_s']:,.0f} tokens/s, max rate "
                f"{decision['fleet_max_arrival_rate_per_s']:.4g} requests/s")
   if "pools" in result:
     out.append(pools_line(result["pools"]))

@@ -59,40 +59,43 @@ def decision_lines(decision: dict[str, Any]) -> list[str]:
   if decision["batch"] is None:
     return [f"decision: {decision['status']} ({decision['binds']} binds): {decision['reason']}"]
   point = decision.get("operating_point") or {}
+  budget = decision.get("token_budget")
+  scheduling = (f"{decision.get('scheduler')} scheduler" +
+                (f", {budget}-token budget" if budget else ", whole prompts per iteration"))
   lines = [
-      f"decision: batch {decision['batch']} (capacity: the largest concurrency; "
-      f"{decision['binds']} binds; status "
+      f"decision: max_running {decision['batch']} (the running sequences with the largest max "
+      f"rate; {scheduling}; {decision['binds']} binds the max rate; status "
       f"{decision['status']}{': ' + decision['reason'] if decision['reason'] else ''})",
-      f"  mean step {decision['step_s'] * 1e3:.3f} ms unloaded, "
-      f"{decision['loaded_token_gap_s'] * 1e3:.3f} ms with prefills at this load; "
+      f"  max rate {decision['max_arrival_rate_per_s']:.4g} requests/s per replica (load model: "
+      f"mean gap, p90 TTFT, p99 inter-token gap within the targets); its slots fill at "
+      f"{decision['slot_capacity_per_s']:.4g}/s when all are held",
+      f"  mean step {decision['step_s'] * 1e3:.3f} ms unloaded at {decision['batch']} running; "
       f"{decision['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
       f"{decision['per_sequence_tokens_per_s']:,.1f} per sequence",
-      f"  limits: token gap B <= {decision['token_gap_limit_batch']}, memory B <= "
+      f"  limits: unloaded step within the gap for B <= {decision['token_gap_limit_batch']}, "
+      f"memory B <= "
       f"{decision['memory_limit_batch'] if decision['memory_limit_batch'] is not None else 'n/a'}",
-      f"  TTFT {decision['ttft_s'] * 1e3:.2f} ms (M/D/1 mean, prefill "
-      f"{decision['prefill_service_s'] * 1e3:.2f} ms, utilisation "
-      f"{decision['utilisation']:.3f}); load limit "
-      f"{decision['max_arrival_rate_per_s']:.4g} requests/s",
-      f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities " +
-      ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()),
   ]
-  if point.get("running_batch") is not None:
-    lines.append(f"operating point at {point['arrival_rate_per_s']:g} requests/s (Little's law): "
-                 f"{point['running_batch']:.1f} sequences running, step "
-                 f"{point['step_s'] * 1e3:.3f} ms, token gap {point['token_gap_s'] * 1e3:.3f} ms, "
-                 f"TTFT {point['ttft_s'] * 1e3:.2f} ms{_slot_note(point)}" if point.get("ttft_s")
-                 is not None else f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
-                 f"{point['running_batch']:.1f} sequences running; "
-                 f"{point.get('reason') or 'the prefill queue is unstable'}")
-  elif point:
-    lines.append(f"operating point: {point.get('reason', 'unstable')}")
+  if decision.get("elasticities"):
+    lines.append(f"  moved by: {elasticity.moved_by(decision['elasticities'])}; elasticities " +
+                 ", ".join(f"{k} {v:+.3f}" for k, v in decision["elasticities"].items()))
+  if point.get("running_batch") is not None and point.get("arrival_rate_per_s"):
+    lines.append(
+        f"operating point at {point['arrival_rate_per_s']:g} requests/s: "
+        f"{point['running_batch']:.1f} sequences running, token gap "
+        f"{point['token_gap_s'] * 1e3:.3f} ms (mean), TTFT {point['ttft_s'] * 1e3:.2f} ms mean / "
+        f"{point['ttft_p90_s'] * 1e3:.2f} ms p90{_slot_note(point)}, p99 inter-token gap "
+        f"{point['itl_p99_s'] * 1e3:.2f} ms")
+  elif point.get("reason"):
+    lines.append(f"operating point: {point['reason']}")
   return lines
 
 
 def _slot_note(point: dict[str, Any]) -> str:
   if point.get("slot_wait_s") is None:
     return ""
-  return (f" (of it {point['slot_wait_s'] * 1e3:.2f} ms waiting for a slot, "
+  return (f" (mean waits: {point['slot_wait_s'] * 1e3:.2f} ms for a slot, "
+          f"{(point.get('prefill_wait_s') or 0.0) * 1e3:.2f} ms for the prefill; "
           f"{point['slot_utilisation']:.0%} of the slots held)")
 
 
@@ -143,6 +146,10 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
   plots.save(fig, path)
 
 
+def _ms_or(value: float | None) -> str:
+  return "unstable" if value is None else f"{value * 1e3:.2f}"
+
+
 def _lesson_table(decisions: Sequence[dict[str, Any]]) -> str:
   rows = [[
       f"{d['token_gap_s'] * 1e3:g}", f"{d['batch']}", d["binds"], f"{d['step_s'] * 1e3:.3f}",
@@ -173,9 +180,9 @@ def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[st
   `lesson_elasticities`); writes the frontier plot into `out_dir`."""
   d, outputs = study["decision"], study["output_tokens"]
   lines = [
-      "## Serving: the decision from both rates (analytic bounds; TTFT as M/D/1 means)", "",
-      "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
-      "the largest batch whose token gap meets the target.", "",
+      "## Serving: the decision from both rates (analytic bounds; the load model's means and p90)",
+      "", "The lesson's decision (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s): "
+      "the number of running sequences with the largest max rate at the token-gap target.", "",
       _lesson_table(lesson), ""
   ]
   layout, chips = study["layout"], study["chips"]
@@ -191,11 +198,12 @@ def report_section(out_dir: str, study: dict[str, Any], lesson: Sequence[dict[st
       f"Targets: {study['token_gap_s'] * 1e3:g} ms token gap, {study['ttft_s'] * 1e3:g} ms "
       f"TTFT, at {study['arrival_rate_per_s']:.3g} requests/s with a "
       f"{study['window_s'] * 1e3:g} ms batching window. " +
-      (f"Decision: batch {d['batch']} ({d['binds']} binds), mean step "
-       f"{d['step_s'] * 1e3:.2f} ms ({d['loaded_token_gap_s'] * 1e3:.2f} ms with prefills at "
+      (f"Decision: max_running {d['batch']} ({d['binds']} binds the max rate), mean step "
+       f"{d['step_s'] * 1e3:.2f} ms ({_ms_or(d['loaded_token_gap_s'])} ms with prefills at "
        f"this load), {d['aggregate_tokens_per_s']:,.0f} tokens/s aggregate, "
-       f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT {d['ttft_s'] * 1e3:.1f} ms; "
-       f"load limit {d['max_arrival_rate_per_s']:.1f} requests/s."
+       f"{d['per_sequence_tokens_per_s']:.1f} per sequence; TTFT " +
+       ("unstable" if d["ttft_s"] is None else f"{d['ttft_s'] * 1e3:.1f} ms (mean)") +
+       f"; max rate {d['max_arrival_rate_per_s']:.1f} requests/s."
        if d["batch"] is not None else " ".join(decision_lines(d))) +
       f" Rows: a static batch of B requests (prefill of all B prompts, then {outputs - 1} "
       "decode steps); TTFT for one prompt prefilled on arrival.", "",

@@ -45,7 +45,9 @@ def max_rate_line(found: dict[str, Any], scheduler: str) -> str:
           f"{scheduler} scheduler, {found['replicas']} replica(s), {found['chips']} chip(s)): " +
           ("none (the smallest rate tried misses)" if rate is None else
            f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
-           f"{found['bracket']}"))
+           f"{found['bracket']}") + ("" if found.get("analytic_max_rate_per_s") is None else
+                                     f"; the load model's (analytic bound, same replica): "
+                                     f"{found['analytic_max_rate_per_s']:.4g} requests/s"))
 
 
 def run_line(run: Any, total_pages: int) -> str:

@@ -21,6 +21,8 @@ BINDS = {
     "compute": "token-gap target (compute-bound step)",
     "communication": "token-gap target (communication)",
     "ttft": "TTFT target",
+    "itl_p99": "p99 inter-token gap (iterations carrying prompts)",
+    "slots": "the slots fill (requests queue for one)",
     "search_limit": "nothing up to the search limit",
 }
 

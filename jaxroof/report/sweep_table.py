@@ -29,9 +29,11 @@ def summary_lines(summary: dict[str, Any], linear: bool = False) -> list[str]:
                    f"B = {summary['answer_batch']:,}, limited by {limit} "
                    f"(step {summary['answer_step_s'] * 1e3:,.2f} ms, "
                    f"{summary['answer_step_bound']}-bound)")
+  cap = summary.get("max_batch_in_memory")
+  limit = (f"memory-limited rate (B -> oo): {summary['memory_limit_tokens_per_s']:,.1f} tokens/s" +
+           ("" if cap is None else f", unreachable here: memory holds B <= {cap:,}"))
   lines += [
-      f"weight/KV crossover: B = {summary['weight_kv_crossover_batch']:,.1f} sequences",
-      f"memory-limited rate (B -> oo): {summary['memory_limit_tokens_per_s']:,.1f} tokens/s",
+      f"weight/KV crossover: B = {summary['weight_kv_crossover_batch']:,.1f} sequences", limit
   ]
   if summary["compute_crossover_batch"] is not None:
     lines.append(

@@ -10,7 +10,7 @@ it (memory capacity, the token-gap target with a bandwidth- or compute-bound
 step, or TTFT), and what would move it (the step's elasticities, and the same
 decision with fp8 K/V or fp8 weights). Every figure is an analytic bound from
 datasheet figures; where the repository ships a profile fitted to measured step
-times of the same accelerator (`results/profile_<slug>_trtllm_0.9.0.json`),
+times of the same accelerator (`PROFILE_PATTERN` in the results folder given),
 the calibrated prediction of the batch, gap and rate stands beside it, with the
 profile's held-out error (and the bound's on the same data) next to it.
 """
@@ -137,7 +137,7 @@ def _shipped_profile(slug: str, results_dir: str) -> tuple[profiles.Profile, str
     return None
   profile = profiles.load_profile(path)
   profiles.check_applies(profile, slug)
-  return profile, f"results/{name}"
+  return profile, os.path.join(os.path.basename(os.path.normpath(results_dir)), name)
 
 
 def _profile_errors(profile: profiles.Profile) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxroof.symbolic.step_model import StepModel
 
-# The inputs of issue 10 section 6, in display order.
+# The inputs whose elasticities are shown, in display order.
 INPUT_NAMES: tuple[str, ...] = ("BW", "F", "N", "q", "k", "T", "B")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -113,9 +114,15 @@ def _route(router: str, members: list[_Member], i: int, at_s: float,
 
 
 def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int, *,
-                   scheduler: str = "iteration", router: str = "round_robin",
-                   seed: int = 0) -> FleetRun:
-  """Runs `workload` on `replicas` alike replicas behind `router`."""
+                   scheduler: str = "iteration", router: str = "round_robin", seed: int = 0,
+                   pipeline: int = 1,
+                   stop: Callable[[list[simulator._Sim]], bool] | None = None) -> FleetRun:
+  """Runs `workload` on `replicas` alike replicas behind `router`.
+
+  `pipeline` > 1: every `pipeline` consecutive members are the microbatches of one
+  pipelined replica (`replica.per_microbatch`): a prompt one of them prefills holds every
+  stage it crosses, so the others' next iterations wait as long as the prefill adds to its
+  own. `stop(members)`, asked every `simulator.STOP_EVERY` steps, ends the run early."""
   replicas = require_positive_int("replicas", replicas)
   require_choice("router", router, ROUTERS)
   require_choice("scheduler", scheduler, simulator.SCHEDULERS)
@@ -126,7 +133,12 @@ def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int
   simulator.validate(workload, replica, scheduler)
   start = time.perf_counter()
   members = [_Member(workload, replica, scheduler) for _ in range(replicas)]
+  if pipeline > 1:
+    for k, m in enumerate(members):
+      mates = [x for x in members[k - k % pipeline:k - k % pipeline + pipeline] if x is not m]
+      m.on_prefill = functools.partial(_stall, mates)
   rng = np.random.default_rng(seed)
+  steps = 0
   arrival = workload.arrival_s.astype(float).tolist()
   assignment = np.zeros(len(arrival), np.int64)
   nxt = 0
@@ -142,9 +154,20 @@ def simulate_fleet(workload: Workload, replica: simulator.Replica, replicas: int
     if not busy:
       break
     min(busy, key=lambda m: m.now).step()
+    steps += 1
+    # Asked as often per engine as one engine's run asks (every STOP_EVERY of its steps).
+    if stop is not None and steps % (simulator.STOP_EVERY * len(members)) == 0 and stop(members):
+      break
   runs = [m.result() for m in members]
   return FleetRun(fleet=_merge(workload, members, runs, assignment), replicas=runs,
                   assignment=assignment, router=router, wall_s=time.perf_counter() - start)
+
+
+def _stall(mates: list[_Member], seconds: float) -> None:
+  """The other microbatches of a pipelined replica wait behind a prefill."""
+  for m in mates:
+    if m.busy and seconds > 0:
+      m.now += seconds
 
 
 def _merge(w: Workload, members: list[_Member], runs: list[simulator.Run],

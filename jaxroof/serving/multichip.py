@@ -31,26 +31,17 @@ from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 
 
-@functools.cache
-def _path_model():
-  return lambdified(collectives.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))
-
-
 def path_values(layout: Layout, spec: ModelSpec, *, N: float, N_x: float, k: float,
                 N_act: float) -> dict[str, float]:
   """One chip's N, k and N_act along a token's path (`parallel.path_inputs`)."""
   terms = layout_lib.model_terms(spec)
-  out = _path_model()(N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp), pp=float(layout.pp),
-                      ep=float(layout.ep), u_kv=float(terms.kv_units))
+  out = layout_lib._path_model()(  # noqa: SLF001 (the one lambdified path model)
+      N=N, N_x=N_x, k=k, N_act=N_act, tp=float(layout.tp), pp=float(layout.pp), ep=float(layout.ep),
+      u_kv=float(terms.kv_units))
   return {name: float(value) for name, value in out.items()}
 
 
-def chip_shares(layout: Layout, spec: ModelSpec) -> dict[str, float]:
-  """One chip's share along a token's path of each cost-model quantity:
-  `weights`, `experts`, `kv` and `flops` (`parallel.path_inputs` at unit inputs)."""
-  dense = path_values(layout, spec, N=1.0, N_x=0.0, k=1.0, N_act=1.0)
-  routed = path_values(layout, spec, N=1.0, N_x=1.0, k=1.0, N_act=1.0)
-  return {"weights": dense["N"], "experts": routed["N"], "kv": dense["k"], "flops": dense["N_act"]}
+chip_shares = layout_lib.chip_shares
 
 
 def assumptions(inputs: requests.ServingInputs) -> list[str]:

@@ -5,24 +5,22 @@ batch's sequences, so the two turn compute-bound at different sizes: prefill
 at a prompt of about `R*q/2` tokens (fewer once attention FLOPs count),
 decode at a batch of sequences that K/V reads push far higher (or never).
 
-Chips needed to serve `arrival_rate` requests/s at both a TTFT and a
-token-gap target (DistServe's goodput-per-chip view, with this package's
-M/D/1 queueing model and bound or calibrated steps):
+Replicas needed to serve `arrival_rate` requests/s at both a TTFT and a token-gap
+target (DistServe's goodput-per-chip view), each from the one load model
+(`jaxroof.serving.load`):
 
-  split    prefill chips: each an M/D/1 server of one-prompt prefills, as many
-           as keep mean TTFT on target; decode chips: each runs the largest
-           batch meeting the token gap with no prefill interference, and
-           carries up to batch / ((G-1)*step) requests/s, less where the wait
-           for a decode slot (`symbolic.slot_queue`) passes its share of the
-           TTFT target (the first token reaches the user from the decode
-           pool; the shares `slot_queue.WAIT_SHARES` are searched, the fewest
-           chips win). A prompt's K/V moves to
-           the decode pool over the network joining them (`kv_link_bytes_per_s`,
-           each chip its own share; free when no figure is given), after its
-           prefill and before its first token: it counts in TTFT.
-  shared   every chip prefills (with priority) and decodes: its token gaps
-           stretch by 1/(1 - lam*D) and its slots must carry the load; the
-           fewest chips for which `decision.decide` finds a batch.
+  shared   every replica prefills and decodes: the fewest replicas whose share of the
+           rate is within one replica's max rate (the `serving` decision's).
+  split    a prefill pool: one first-come-first-served queue in front of its replicas
+           (as a disaggregation router keeps it), each prefilling one prompt at a time,
+           M/D/c (`load_pools.pool_wait`); the prompt's K/V then crosses the network
+           joining the pools (`kv_link_bytes_per_s`, each chip its own share; free when
+           no figure is given); a decode pool of replicas whose requests arrive
+           prefilled (`replica_load.decode_pool_states`: no prefill interference), each
+           carrying the load model's max rate at the gap target with its slot wait
+           within a share of the TTFT target. The TTFT target is split between the
+           pools (the shares `WAIT_SHARES` are searched; the fewest replicas win): the
+           prefill pool's p90 wait, its prefill and the transfer within the rest.
 
 Goodput per chip = arrival rate / chips.
 """
@@ -36,16 +34,18 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof.parallel import replica_load
 from jaxroof.serving import decision
-from jaxroof.serving import queueing
+from jaxroof.serving import load as load_lib
 from jaxroof.serving import requests
+from jaxroof.symbolic import load_model, load_pools
 from jaxroof.symbolic import prefill as prefill_formulas
-from jaxroof.symbolic import slot_queue
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.evaluate import lambdified
 from jaxroof.symbolic.step_model import StepModel
 
 MAX_CHIPS = 100_000
+WAIT_SHARES = (0.1, 0.25, 0.5)  # Shares of the TTFT target a decode slot's p90 wait may take.
 
 SHARED_WINS = (
     "loose token-gap target: prefill interruptions (a 1/(1 - lam*D) stretch) cost little",
@@ -110,79 +110,94 @@ def _ceil(x: float) -> int:
   return int(math.ceil(x - 1e-9))
 
 
+def prefill_pool(rate: float, service_s: float, budget_s: float) -> dict[str, Any] | None:
+  """The fewest prefill replicas, one queue in front of them (M/D/c), whose p90 wait plus
+  the prefill meets `budget_s` at `rate`; None where the prefill alone misses it."""
+  if budget_s <= service_s:
+    return None
+  servers = max(_ceil(rate * service_s * (1 + 1e-12)), 1)
+  if rate * service_s >= servers:
+    servers += 1
+  for _ in range(MAX_CHIPS):
+    q = load_pools.pool_wait(rate, service_s, servers)
+    if bool(q["stable"]) and float(q["wait_p90_s"]) + service_s <= budget_s:
+      return {
+          "replicas": servers, "wait_s": float(q["wait_s"]), "wait_p90_s": float(q["wait_p90_s"]),
+          "p_wait": float(q["p_wait"]), "utilisation": rate * service_s / servers
+      }
+    servers += max(servers // 16, 1)
+  return None
+
+
+def decode_pool_rate(c: replica_load.Costs, output_tokens: int, token_gap_s: float,
+                     wait_s: float) -> load_model.MaxRate:
+  """A decode replica's max rate (prompts arrive prefilled) with its p90 slot wait within
+  `wait_s`."""
+  states = replica_load.decode_pool_states(c, np.ones((1, c.n.size), dtype=bool))
+  return load_model.max_rate(states, output_tokens,
+                             load_model.Targets(token_gap_s=token_gap_s, ttft_s=wait_s))
+
+
 def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: int,
             output_tokens: int, arrival_rate: float, ttft_s: float, token_gap_s: float,
             window_s: float = 0.0, kv_link_bytes_per_s: float | None = None,
             kv_link_note: str = "") -> dict[str, Any]:
-  """Replicas, chips and goodput per chip for split and shared pools at one rate and
-  two targets. A "chip" in `split`/`shared` is one replica of `inputs`' layout;
-  `*_gpus` count its tp*pp*ep devices."""
+  """Replicas, chips and goodput per chip for split and shared pools at one rate and two
+  targets. A "replica" in `split`/`shared` is one replica of `inputs`' layout (its
+  `chips_per_replica` devices); `*_gpus` count those devices."""
   errors.require_positive("arrival_rate", arrival_rate)
-  kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-  single = float(requests.prefill(inputs, prompt_tokens, 1.0, model)["prefill_s"])
+  del window_s  # Unused: prompts are admitted as they arrive (the load model).
+  work = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+  per = inputs.chips_per_replica
   transfer_s = 0.0
   if kv_link_bytes_per_s is not None:
     errors.require_positive("kv_link_bytes_per_s", kv_link_bytes_per_s)
     k = inputs.k * prompt_tokens if inputs.grows else inputs.kv_per_sequence_bytes
     transfer_s = float(k) / kv_link_bytes_per_s
-  decode_only = decision.decide(model, inputs, token_gap_s=token_gap_s, with_elasticities=False,
-                                **kw)
-  split: dict[str, Any] = {"feasible": False}
-  if decode_only["status"] == "ok":
-    batch, step = decode_only["batch"], decode_only["step_s"]
-    full = decision.shared_capacity(step, 0.0, batch, output_tokens)  # Every slot held.
-    for share in slot_queue.WAIT_SHARES:  # The TTFT target, split between the two queues.
-      budget = (1 - share) * ttft_s - transfer_s
-      per_prefill_chip = (queueing.max_arrival_rate(budget, single, window_s) if budget > single +
-                          window_s else 0.0)
-      per_decode_chip = float(
-          slot_queue.decode_pool_rate(step, batch, output_tokens, token_gap_s, share * ttft_s,
-                                      np.array([full]))[0])
-      if per_prefill_chip <= 0 or per_decode_chip <= 0:
-        continue
-      prefill_chips = _ceil(arrival_rate / per_prefill_chip)
-      decode_chips = _ceil(arrival_rate / per_decode_chip)
-      chips = prefill_chips + decode_chips
-      if split["feasible"] and chips >= split["chips"]:
-        continue
-      wait = slot_queue.decode_pool_at(step, batch, output_tokens, arrival_rate / decode_chips)
-      split = {
-          "feasible": True, "prefill_chips": prefill_chips, "decode_chips": decode_chips,
-          "chips": chips, "decode_batch": batch, "prefill_rate_per_chip": per_prefill_chip,
-          "decode_rate_per_chip": per_decode_chip, "decode_capacity_per_chip": full,
-          "slot_wait_share": share, "slot_wait_s": float(wait["slot_wait_s"]),
-          "slot_utilisation": float(wait["slot_utilisation"]
-                                   ), "goodput_per_chip": arrival_rate / chips,
-          "kv_transfer_s": transfer_s, "prefill_gpus": prefill_chips * inputs.chips_per_replica,
-          "decode_gpus": decode_chips * inputs.chips_per_replica,
-          "gpus": chips * inputs.chips_per_replica
-      }
-    if not split["feasible"]:
-      split["reason"] = "prefill alone (with the K/V transfer) misses the TTFT target"
-  else:
-    split["reason"] = decode_only["reason"]
-  shared: dict[str,
-               Any] = {"feasible": False, "reason": f"no feasible pool up to {MAX_CHIPS} chips"}
-
-  def works(chips: int) -> dict[str, Any] | None:
-    d = decision.decide(model, inputs, token_gap_s=token_gap_s, ttft_s=ttft_s,
-                        arrival_rate=arrival_rate / chips, window_s=window_s,
-                        with_elasticities=False, **kw)
-    return d if d["status"] == "ok" else None
-
-  chips = 1
-  while chips <= MAX_CHIPS and works(chips) is None:
-    chips *= 2
-  if chips <= MAX_CHIPS:
-    lo = chips // 2  # works(lo) failed (or lo == 0).
-    while chips - lo > 1:
-      mid = (lo + chips) // 2
-      lo, chips = (lo, mid) if works(mid) is not None else (mid, chips)
-    d = works(chips)
+  c = load_lib.costs(model, inputs, **work)
+  single = float(c.alone[0])
+  split: dict[str, Any] = {
+      "feasible": False, "reason": "prefill alone (with the K/V transfer) "
+                                   "misses the TTFT target"
+  }
+  for share in WAIT_SHARES:
+    pre = prefill_pool(arrival_rate, single, (1 - share) * ttft_s - transfer_s)
+    dec = decode_pool_rate(c, output_tokens, token_gap_s, share * ttft_s)
+    rate_d = float(dec.rate[0])
+    if pre is None or rate_d <= 0:
+      if rate_d <= 0 and pre is not None:
+        split["reason"] = "no decode batch meets the token gap with its slot wait in budget"
+      continue
+    decode_replicas = _ceil(arrival_rate / rate_d)
+    replicas = pre["replicas"] + decode_replicas
+    if split["feasible"] and replicas >= split["chips"]:
+      continue
+    states = replica_load.decode_pool_states(c, np.ones((1, c.n.size), dtype=bool))
+    at = load_model.at(states, [arrival_rate / decode_replicas], dec.column, output_tokens,
+                       load_model.Targets(token_gap_s=token_gap_s))
+    split = {
+        "feasible": True, "prefill_chips": pre["replicas"], "decode_chips": decode_replicas,
+        "chips": replicas, "decode_batch": int(dec.B[0]), "max_running": int(dec.B[0]),
+        "prefill_rate_per_chip": arrival_rate / pre["replicas"], "decode_rate_per_chip": rate_d,
+        "max_rate_per_decode_replica_s": rate_d, "prefill_wait_p90_s": pre["wait_p90_s"],
+        "prefill_utilisation": pre["utilisation"], "slot_wait_share": share, "slot_wait_s": float(
+            at["slot_wait_s"][0]), "slot_utilisation": float(at["slot_utilisation"][0]),
+        "token_gap_s": float(at["token_gap_s"][0]), "goodput_per_chip": arrival_rate / replicas,
+        "kv_transfer_s": transfer_s, "prefill_gpus": pre["replicas"] * per,
+        "decode_gpus": decode_replicas * per, "gpus": replicas * per
+    }
+  a = load_lib.answer(model, inputs, token_gap_s=token_gap_s, ttft_s=ttft_s, **work)
+  shared: dict[str, Any] = {
+      "feasible": False, "reason": "no number of running sequences meets the targets"
+  }
+  if a.max_rate > 0:
+    replicas = _ceil(arrival_rate / a.max_rate)
+    at = load_lib.point(a, arrival_rate / replicas)
     shared = {
-        "feasible": True, "chips": chips, "batch": d["batch"], "binds": d["binds"],
-        "ttft_s": d["ttft_s"], "token_gap_s": d["loaded_token_gap_s"],
-        "goodput_per_chip": arrival_rate / chips, "gpus": chips * inputs.chips_per_replica
+        "feasible": True, "chips": replicas, "batch": a.max_running, "max_running": a.max_running,
+        **a.scheduling.as_dict(), "binds": load_lib.binds(a), "max_rate_per_replica_s": a.max_rate,
+        "ttft_s": at["ttft_s"], "ttft_p90_s": at["ttft_p90_s"], "token_gap_s": at["token_gap_s"],
+        "goodput_per_chip": arrival_rate / replicas, "gpus": replicas * per
     }
   winner = None
   if split["feasible"] and shared["feasible"]:
@@ -193,11 +208,10 @@ def compare(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: 
   return {
       "arrival_rate_per_s": arrival_rate, "ttft_target_s": ttft_s,
       "token_gap_target_s": token_gap_s, "prefill_service_s": single, "split": split,
-      "shared": shared, "fewer_chips": winner, "chips_per_replica": inputs.chips_per_replica,
-      "kv_transfer": {
+      "shared": shared, "fewer_chips": winner, "chips_per_replica": per, "kv_transfer": {
           "bytes_per_s": kv_link_bytes_per_s, "seconds": transfer_s,
           "note": kv_link_note or
                   ("assumed free (no link figure)" if kv_link_bytes_per_s is None else "")
-      }, "queue_model": queueing.MODEL, "assumptions_favouring_shared": list(SHARED_WINS),
+      }, "queue_model": load_model.MODEL, "assumptions_favouring_shared": list(SHARED_WINS),
       "assumptions_favouring_split": list(SPLIT_WINS)
   }

@@ -32,7 +32,7 @@ from jaxroof.serving import multichip
 from jaxroof.serving import requests
 from jaxroof.serving.simulator import Replica
 from jaxroof.specs import kv_sizing
-from jaxroof.specs.accelerators import Accelerator
+from jaxroof.specs.accelerators import ATTENTION_DTYPE, Accelerator
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.step_inputs import DEFAULT_WORKSPACE_FRACTION, decode_step_inputs
@@ -115,8 +115,10 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
                               weight_dtype=weight_dtype, kv_dtype=kv_dtype, block_size=block_size,
                               workspace_fraction=workspace_fraction)
   page = kv_sizing.size_kv(spec, context=block_size, kv_dtype=kv_dtype, block_size=block_size)
-  cost = IterationModel.from_spec(spec, BW=inputs.BW, F=inputs.F, weight_dtype=weight_dtype,
-                                  kv_dtype=kv_dtype, mla_prefill=mla_prefill)
+  cost = IterationModel.from_spec(spec, BW=inputs.BW, F=inputs.F,
+                                  F_attn=accelerator.flops(ATTENTION_DTYPE),
+                                  weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                  mla_prefill=mla_prefill)
   notes = [
       "a page holds block_size positions of every attention block's K/V (sliding-window "
       "blocks counted as at a block_size context); a hybrid model's recurrent state is "

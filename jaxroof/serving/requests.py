@@ -39,8 +39,10 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof.parallel import layout as layout_lib
 from jaxroof.serving import queueing
 from jaxroof.specs import step_inputs
+from jaxroof.specs.accelerators import ATTENTION_DTYPE
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic import collectives
 from jaxroof.symbolic import prefill as prefill_formulas
@@ -49,8 +51,7 @@ from jaxroof.symbolic.step_model import StepModel
 from jaxroof.symbolic import symbols as S
 from jaxroof.symbolic.symbols import B
 
-COMM_SYMBOLS: tuple[str, ...] = ("tp", "pp", "ep", "n_blk", "L_moe", "K", "D", "V", "a_act",
-                                 *(str(s) for s in collectives.LINK_SYMBOLS))
+COMM_SYMBOLS: tuple[str, ...] = layout_lib.COMM_SYMBOLS
 
 UNITS: dict[str, str] = {
     "batch": "sequences",
@@ -146,12 +147,6 @@ class ServingInputs:
     return cost
 
 
-@functools.cache
-def _comm_model():
-  inputs = (B,) + tuple(getattr(S, name) for name in COMM_SYMBOLS)
-  return lambdified({"comm_s": collectives.pass_comm_s(B)}, inputs)
-
-
 def comm_s(inputs: ServingInputs, rows: Any) -> np.ndarray:
   """Communication of one pass of `rows` token rows through the replica (0 on one chip).
 
@@ -165,9 +160,7 @@ def comm_s(inputs: ServingInputs, rows: Any) -> np.ndarray:
 
 def pass_comm_s(comm: dict[str, float], rows: Any) -> np.ndarray:
   """`parallel.pass_comm_s` at `rows` for a layout's `COMM_SYMBOLS` values."""
-  rows = np.asarray(rows, dtype=float)
-  out = _comm_model()(B=rows, **{name: comm[name] for name in COMM_SYMBOLS})
-  return np.broadcast_to(np.asarray(out["comm_s"], dtype=float), rows.shape)
+  return layout_lib.pass_comm(comm, rows)
 
 
 def check_lengths(inputs: ServingInputs, prompt_tokens: Any, output_tokens: Any) -> tuple[int, int]:
@@ -347,7 +340,8 @@ def model_inputs(spec: Any, device: Any, *, prompt_tokens: int, output_tokens: i
       context_limit=limit if isinstance(limit, int) else None,
       label=f"{spec.name} on {device.name}, {base.weight_format.label} weights, "
       f"{kv_dtype} K/V", memory=memory, attention_terms=prefill_formulas.attention_terms(spec),
-      cost=IterationModel.from_spec(spec, BW=base.BW, F=base.F, weight_dtype=weight_dtype,
+      cost=IterationModel.from_spec(spec, BW=base.BW, F=base.F,
+                                    F_attn=device.flops(ATTENTION_DTYPE), weight_dtype=weight_dtype,
                                     kv_dtype=kv_dtype, group_size=step_input_kw.get("group_size"),
                                     state_dtype=step_input_kw.get("state_dtype"),
                                     mla_prefill=mla_prefill), comm_overlap=comm_overlap)

@@ -29,6 +29,7 @@ from jaxroof.specs import accelerators
 from jaxroof.specs.accelerators import Accelerator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.specs.parameters import WeightFormat
+from jaxroof.symbolic import load_model
 from jaxroof.symbolic.step_model import StepModel
 
 
@@ -45,6 +46,8 @@ class Question:
   arrival_rate_per_s: float = 0.0
   window_s: float = 0.0
   prefill_batch: int = 1
+  scheduler: str | None = None
+  token_budget: int | None = None
   model: str | None = None
   accelerator: str | None = None
   layout: Layout = dataclasses.field(default_factory=Layout)
@@ -143,16 +146,20 @@ def _rows(model: StepModel, inputs: requests.ServingInputs,
 def decide(model: StepModel, inputs: requests.ServingInputs, question: Question) -> dict[str, Any]:
   """The decision (`decision.decide`) at one replica's load and targets."""
   return decision_lib.decide(model, inputs, **question.targets(inputs.replicas),
-                             **question.load(inputs.replicas))
+                             **question.load(inputs.replicas), scheduler=question.scheduler,
+                             token_budget=question.token_budget)
 
 
-def percentiles(replica_: replica.Replica, question: Question, num_requests: int) -> dict[str, Any]:
+def percentiles(replica_: replica.Replica, question: Question, num_requests: int,
+                scheduler: str = "iteration") -> dict[str, Any]:
   """TTFT/TPOT/ITL percentiles of `num_requests` simulated on a replica at its share of
-  the fleet's load (`replica_` running at most the decided batch)."""
+  the fleet's load (`replica_` running at most the decided number, with the decided
+  scheduler and budget)."""
   return percentiles_lib.simulated_percentiles(
       replica_, arrival_rate=question.arrival_rate_per_s / question.layout.dp,
       prompt_tokens=question.prompt_tokens, output_tokens=question.output_tokens,
-      ttft_s=question.ttft_s, token_gap_s=question.token_gap_s, num_requests=num_requests)
+      ttft_s=question.ttft_s, token_gap_s=question.token_gap_s, num_requests=num_requests,
+      scheduler=scheduler)
 
 
 def result(model: StepModel, inputs: requests.ServingInputs, question: Question) -> dict[str, Any]:
@@ -168,6 +175,7 @@ def result(model: StepModel, inputs: requests.ServingInputs, question: Question)
           "batching_window_s": question.window_s,
           "arrival_rate_per_replica_s": load["arrival_rate"], "layout": question.layout.as_dict(),
           "prefill_batch": question.prefill_batch, "ttft_target_s": targets["ttft_s"],
+          "scheduler": question.scheduler, "token_budget": question.token_budget,
           "token_gap_target_s": targets["token_gap_s"],
           "aggregate_target_tokens_per_s": question.aggregate_tokens_per_s,
           "aggregate_target_per_replica_tokens_per_s": targets["aggregate_tokens_per_s"], "si": {
@@ -185,8 +193,10 @@ def result(model: StepModel, inputs: requests.ServingInputs, question: Question)
           "weights read once, K/V written",
           "rows: a static batch of B requests (all B prompts prefilled together, then "
           "G - 1 decode steps at contexts P+1 .. P+G-1)",
-          "TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival",
-          "token gap under load: decode steps stretched by 1/(1 - lam*D)"
+          "rows' TTFT: " + queueing.MODEL + "; a one-prompt prefill on arrival; their token "
+          "gap: decode steps stretched by 1/(1 - lam*D)",
+          "decision: the load model (" + load_model.MODEL + "); prompts join the running "
+          "iterations as they arrive (prefill_batch applies to the rows only)"
       ] + multichip.assumptions(inputs), "requests": _rows(model, inputs, question),
       "decision": decision, "elasticities": decision.get("elasticities"),
       "prefill_decode": pools_lib.crossovers(model, inputs, prompt_tokens=question.prompt_tokens,

@@ -8,15 +8,20 @@ draws its arrivals and lengths the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from jaxroof import progress
 from jaxroof.serving import arrivals
 from jaxroof.serving import fleet
+from jaxroof.serving import load
 from jaxroof.serving import metrics
+from jaxroof.serving import multichip
 from jaxroof.serving import replica
 from jaxroof.serving import simulator
+from jaxroof.symbolic import load_model
+from jaxroof.symbolic.step_model import StepModel
 
 WorkloadAt = Callable[[float, int], arrivals.Workload]
 
@@ -54,11 +59,12 @@ def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: floa
 
 
 def fleet_run(workload: arrivals.Workload, replica_: replica.Replica, replicas: int, *,
-              scheduler: str, router: str, seed: int,
-              targets: dict[str, float | None]) -> dict[str, Any]:
-  """The fleet behind the router: its run, its metrics and each replica's."""
+              scheduler: str, router: str, seed: int, targets: dict[str, float | None],
+              pipeline: int = 1) -> dict[str, Any]:
+  """The fleet behind the router: its run, its metrics and each replica's (`pipeline`:
+  microbatches per pipelined replica, `fleet.simulate_fleet`)."""
   run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler, router=router,
-                             seed=seed)
+                             seed=seed, pipeline=pipeline)
   return {
       "run": run, "metrics": metrics.run_metrics(run.fleet, **targets),
       "replicas": fleet.replica_metrics(run, **targets)
@@ -81,7 +87,8 @@ def fleet_json(out: dict[str, Any], *, label: str, scheduler: str, router: str,
 
 def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int, chips: int,
              scheduler: str, router: str, seed: int, num_requests: int, start_rate: float,
-             percentile: float, targets: dict[str, float | None]) -> dict[str, Any]:
+             percentile: float, targets: dict[str,
+                                              float | None], pipeline: int = 1) -> dict[str, Any]:
   """The largest fleet arrival rate whose SLO percentiles hold (`fleet.find_max_rate`, a
   seeded bisection), per chip too."""
 
@@ -90,7 +97,7 @@ def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: in
     if replicas == 1:
       return simulator.simulate(w, replica_, scheduler)
     return fleet.simulate_fleet(w, replica_, replicas, scheduler=scheduler, router=router,
-                                seed=seed).fleet
+                                seed=seed, pipeline=pipeline).fleet
 
   found = fleet.find_max_rate(run_at, start_rate=start_rate, percentile=percentile, targets=targets)
   rate = found["max_rate_per_s"]
@@ -99,6 +106,33 @@ def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: in
       "chips": chips, "slo_percentile": percentile, "targets": targets,
       "num_requests": num_requests, "seed": seed,
       "label": "simulated (seeded bisection over the arrival rate)"
+  }
+
+
+def analytic_max_rate(spec: Any, device: Any, layout: Any, *, options: dict[str, Any],
+                      prompt_tokens: float, output_tokens: float, max_running: int, scheduler: str,
+                      token_budget: int, targets: dict[str, float | None],
+                      percentile: float) -> dict[str, Any] | None:
+  """The load model's largest rate for the simulated replica (its B, scheduler and budget;
+  the mean lengths; TTFT at `percentile`, the gap's mean at the TPOT target, the gap at
+  p99 within the ITL target when given): the bisection's start and its analytic peer.
+  None for a scheduler the load model does not cover (static)."""
+  if scheduler == "static":
+    return None
+  gap = targets.get("tpot_s") or targets.get("itl_s")
+  inputs = multichip.model_inputs(spec, device, layout=layout, prompt_tokens=round(prompt_tokens),
+                                  output_tokens=max(round(output_tokens), 2), **options)
+  a = load.answer(StepModel.bound(), inputs, prompt_tokens=round(prompt_tokens), output_tokens=max(
+      round(output_tokens),
+      2), token_gap_s=math.inf if gap is None else gap, ttft_s=targets.get("ttft_s"),
+                  scheduler="chunked" if scheduler == "vllm" else scheduler,
+                  token_budget=token_budget if scheduler != "iteration" else None,
+                  max_running=max_running, ttft_quantile=percentile / 100,
+                  itl_quantile=0.99 if targets.get("itl_s") else None,
+                  microbatches=layout.microbatches)
+  return {
+      "analytic_max_rate_per_s": a.max_rate * layout.dp, "model": load_model.MODEL,
+      "label": "analytic bound (the load model) for the same replica, B and scheduling"
   }
 
 

@@ -52,6 +52,7 @@ from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic.step_model import StepModel
 
 SCHEDULERS: tuple[str, ...] = ("static", "iteration", "chunked", "vllm")
+STOP_EVERY = 256  # Iterations between a run's early-stop checks.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ class KernelCache:
   vLLM's CPU linear layer keeps 32 oneDNN primitives per weight, one per row count
   (`ops.create_onednn_mm(weight, 32)`); a step whose token count is new (two prompts
   arriving together) builds one in every linear layer, at a cost that grows with the rows
-  (results/vllm_cpu/engine_cold_rows.py).
+  (measured on the engine's served steps).
   """
 
   capacity: int
@@ -99,7 +100,7 @@ class Replica:
     wake_s: seconds an iteration pays when the replica was idle before it (nothing running
       or waiting): an engine waking from its wait (vLLM CPU's served prefill of a short
       prompt after an idle gap, against the same prefill beside a running decode;
-      results/vllm_cpu/engine_idle_probe.py). 0: none (every analytic model).
+      measured by probing the engine after an idle gap). 0: none (every analytic model).
   """
 
   cost: IterationModel
@@ -168,11 +169,15 @@ def validate(workload: Workload, replica: Replica, scheduler: str) -> None:
 
 
 def simulate(workload: Workload, replica: Replica, scheduler: str = "iteration",
-             progress: Callable[[int], None] | None = None) -> Run:
-  """Runs the workload to completion on the replica; see the module docstring."""
+             progress: Callable[[int], None] | None = None,
+             stop: Callable[[_Sim], bool] | None = None) -> Run:
+  """Runs the workload to completion on the replica; see the module docstring. `stop`,
+  asked every `STOP_EVERY` iterations, ends the run early when it says the outcome is
+  known (requests left unfinished)."""
   validate(workload, replica, scheduler)
   start = time.perf_counter()
   sim = _Sim(workload, replica, scheduler, progress)
+  sim.stop = stop
   sim.run()
   out = sim.result()
   out.wall_s = time.perf_counter() - start
@@ -225,6 +230,10 @@ class _Sim:
     self.kernel_builds = 0
     self.idle = True  # Nothing ran before the first iteration.
     self.wakes = 0
+    self.stop: Callable[[_Sim], bool] | None = None
+    # Called with the seconds an iteration's prefill adds to it (a pipelined replica's
+    # other microbatches wait that long behind it); None: nothing else waits.
+    self.on_prefill: Callable[[float], None] | None = None
 
   # Queue and memory.
   def _arrive(self) -> None:
@@ -332,6 +341,9 @@ class _Sim:
     static = self.scheduler == "static"
     batch: list[int] = []
     while self.finished < n:
+      if (self.stop is not None and self.iterations % STOP_EVERY == 0 and self.iterations and
+          self.stop(self)):
+        return
       self._arrive()
       if static:
         if not batch:
@@ -393,6 +405,8 @@ class _Sim:
     else:
       mix = self.r.cost.mix(self.kv[dec] + 1)
     step = self.step_of(mix)
+    if self.on_prefill is not None and chunks and self.r.padded_to is None:
+      self.on_prefill(step - (self.step_of(self.r.cost.mix(self.kv[dec] + 1)) if len(dec) else 0.0))
     rows = len(dec) + sum(c for _, _, c in chunks)
     self.hist_rows.append(rows)
     if self.r.kernel_cache is not None:

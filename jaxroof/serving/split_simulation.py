@@ -83,8 +83,9 @@ def _first_come_first_served(arrival: np.ndarray, service: np.ndarray, servers: 
 
 def simulate_split(spec: ModelSpec, device: Accelerator, row: dict[str, Any], workload: Workload, *,
                    context: int, bound: str = "per_op", comm_overlap: float = 0.0,
-                   scheduler: str = "iteration", seed: int = 0) -> SplitRun:
-  """Runs `workload` (the fleet's arrivals) through the split plan `row`."""
+                   scheduler: str = "iteration", seed: int = 0, stop=None) -> SplitRun:
+  """Runs `workload` (the fleet's arrivals) through the split plan `row` (`stop`: as
+  `fleet.simulate_fleet`'s, for the decode pool)."""
   start = time.perf_counter()
   pools = row["pools"]
   common = dict(context=context, weight_dtype=published_dtype(row["weight_dtype"]),
@@ -105,7 +106,7 @@ def simulate_split(spec: ModelSpec, device: Accelerator, row: dict[str, Any], wo
   moved = Workload(arrival_s=handoff[order], prompt_tokens=prompts[order],
                    output_tokens=workload.output_tokens[order], description=workload.description)
   run = fleet.simulate_fleet(moved, dec, pools["decode"]["replicas"] * micro, scheduler=scheduler,
-                             router=DECODE_ROUTER, seed=seed).fleet
+                             router=DECODE_ROUTER, seed=seed, pipeline=micro, stop=stop).fleet
   first, finish = np.empty(len(arrival)), np.empty(len(arrival))
   first[order], finish[order] = run.first_token_s, run.finish_s
   return SplitRun(arrival_s=arrival, first_token_s=first, finish_s=finish,

@@ -30,6 +30,9 @@ COMPUTE_DTYPE = {
     "nvfp4": "nvfp4"
 }
 FALLBACK_DTYPE = "bf16"  # Where a device has no tensor rate for the weights' format.
+# Attention's kernels compute in bf16 whatever the weights' format (FlashAttention and
+# FlashInfer keep Q, K, V in bf16 unless an fp8 attention is asked for).
+ATTENTION_DTYPE = "bf16"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,8 +110,11 @@ class Links:
   hop_latency_s: float
   hop_latency_basis: str  # "published", "model constant" or "assumed".
   scale_out_bytes_per_s: float | None
-  base_latency_s: float = 0.0  # Per collective (NCCL's baseLat); 0 where none is modelled.
+  base_latency_s: float = 0.0  # Per collective (NCCL's baseLat and its peers'), sourced.
   base_latency_basis: str = ""
+  # A fully connected mesh's one link to each peer (None elsewhere): a collective over n
+  # chips of it runs on n - 1 of them.
+  peer_bytes_per_s: float | None = None
   slice_shapes: tuple[str, ...] = ()
 
 
@@ -125,27 +131,27 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
   if hop.get("value_us") is not None:
     latency, basis = hop["value_us"] * 1e-6, "published" if "assumption" not in hop.get(
         "kind", "") else "assumed (scaling-book)"
-  elif "nccl_ring_per_step_us" in hop.get("modeling_assumptions", {}):
-    latency, basis = (hop["modeling_assumptions"]["nccl_ring_per_step_us"]["LL"] * 1e-6,
-                      "model constant (NCCL tuning.cc, ring LL, per step)")
-  elif "nccl_pci_ring_per_step_us" in hop.get("modeling_assumptions", {}):
-    latency, basis = (hop["modeling_assumptions"]["nccl_pci_ring_per_step_us"]["LL"] * 1e-6,
-                      "model constant (NCCL tuning.cc, PCI ring LL, per step)")
+  elif _step_key(hop) is not None:
+    key, library = _step_key(hop)
+    latency, basis = (hop["modeling_assumptions"][key]["LL"] * 1e-6,
+                      f"model constant ({library} tuning.cc, ring LL, per step)")
   else:
     latency, basis = ASSUMED_HOP_LATENCY_S, "assumed (scaling-book's ICI 1 us; none published)"
   base, base_basis = _base_latency(hop)
   domain = entry.get("scale_up_domain", {})
+  peer = up.get("peer_to_peer_unidirectional_gb_s")
+  mesh = not torus and peer is not None and "point-to-point" in up.get("topology", "")
   out = entry.get("scale_out", {}).get("per_chip_unidirectional_gb_s")
   return Links(
       technology=(up.get("generation") or "")
       if up.get("technology", "") in (up.get("generation") or "") else
       f"{up.get('technology')} {up.get('generation') or ''}".strip(),
       topology=up.get("topology", ""), unidirectional_bytes_per_s=unidirectional,
-      per_link_bytes_per_s=per_link, collective_bytes_per_s=collective,
-      domain_chips=int(domain.get("max_single_slice_chips") or domain.get("chips") or
-                       1), domain_unit=domain.get("unit", ""), hop_latency_s=latency,
-      hop_latency_basis=basis, scale_out_bytes_per_s=None if out is None else float(out) * 1e9,
-      base_latency_s=base, base_latency_basis=base_basis,
+      per_link_bytes_per_s=per_link, collective_bytes_per_s=collective, domain_chips=int(
+          domain.get("max_single_slice_chips") or domain.get("chips") or
+          1), domain_unit=domain.get("unit", ""), hop_latency_s=latency, hop_latency_basis=basis,
+      scale_out_bytes_per_s=None if out is None else float(out) * 1e9, base_latency_s=base,
+      base_latency_basis=base_basis, peer_bytes_per_s=float(peer) * 1e9 if mesh else None,
       slice_shapes=tuple(shapes) if isinstance(shapes := domain.get("slice_shapes"), list) else ())
 
 
@@ -154,16 +160,32 @@ def _links(entry: Mapping[str, Any]) -> Links | None:
 # network; used where a GPU entry records NCCL per-step figures without the base.
 NCCL_RING_BASE_LL_S = 6.6e-6
 
+_LIBRARIES = {"nccl": "NCCL", "nccl_pci": "NCCL", "rccl": "RCCL", "hccl": "HCCL (NCCL's model)"}
+
+
+def _step_key(hop: Mapping[str, Any]) -> tuple[str, str] | None:
+  """The entry's per-step ring latency constant and its library, if it records one."""
+  model = hop.get("modeling_assumptions", {})
+  for prefix, library in _LIBRARIES.items():
+    if f"{prefix}_ring_per_step_us" in model:
+      return f"{prefix}_ring_per_step_us", library
+  return None
+
 
 def _base_latency(hop: Mapping[str, Any]) -> tuple[float, str]:
-  """Per-collective base latency and its basis, from an entry's `hop_latency`."""
+  """Per-collective base latency and its basis, from an entry's `hop_latency`: a
+  library's ring baseLat (NCCL, RCCL, HCCL), the ICI entries' one hop, or NCCL's where a
+  GPU entry records only NCCL's per-step figures."""
   model = hop.get("modeling_assumptions", {})
-  if "nccl_ring_base_us" in model:
-    return (model["nccl_ring_base_us"]["LL"] * 1e-6,
-            "model constant (NCCL tuning.cc baseLat, ring LL)")
+  for prefix, library in _LIBRARIES.items():
+    if f"{prefix}_ring_base_us" in model:
+      return (model[f"{prefix}_ring_base_us"]["LL"] * 1e-6,
+              f"model constant ({library} tuning.cc baseLat, ring LL)")
+  if hop.get("collective_base_us") is not None:
+    return hop["collective_base_us"] * 1e-6, hop.get("collective_base_basis", "")
   if any(name.startswith("nccl_") for name in model):
     return NCCL_RING_BASE_LL_S, "model constant (NCCL tuning.cc baseLat, ring LL)"
-  return 0.0, "none modelled (per-hop latency only, as scaling-book models ICI)"
+  raise ValueError("an accelerator entry's fabric records no per-collective base latency")
 
 
 def entry_to_accelerator(slug: str, entry: Mapping[str, Any]) -> Accelerator:

@@ -63,8 +63,10 @@ class IterationModel:
   @classmethod
   def from_spec(cls, spec: ModelSpec, *, BW: float, F: float | None, weight_dtype: str = "bf16",
                 kv_dtype: str = "bf16", group_size: int | None = None,
-                state_dtype: str | None = None, mla_prefill: str = "mha") -> IterationModel:
-    """The constants of `spec` stored as `weight_dtype` with `kv_dtype` K/V."""
+                state_dtype: str | None = None, mla_prefill: str = "mha",
+                F_attn: float | None = None) -> IterationModel:
+    """The constants of `spec` stored as `weight_dtype` with `kv_dtype` K/V; attention's
+    FLOPs at `F_attn` (its kernels' dtype; default F)."""
     errors.require_choice("mla_prefill", mla_prefill, cost_model.MLA_PREFILL)
     counts = params.parameter_counts(spec)
     fmt = params.weight_format(spec, weight_dtype, group_size)
@@ -81,6 +83,7 @@ class IterationModel:
                                           fmt.part_bytes_per_weight("embeddings")),
         A_w=float(params.activation_widths(spec)), L=float(spec.num_layers), BW=float(BW),
         F=math.inf if F is None else float(F))
+    c["F_attn"] = c["F"] if F_attn is None else float(F_attn)
     sizing = kv_sizing.size_kv(spec, context=1, kv_dtype=kv_dtype, state_dtype=state_dtype)
     window_kind = window = None
     for kind in sizing.kinds:
@@ -128,10 +131,12 @@ class IterationModel:
   def on_device(cls, spec: ModelSpec, device: Any, *, weight_dtype: str = "bf16",
                 **kwargs: Any) -> IterationModel:
     """`from_spec` at a device's datasheet bandwidth and the dense FLOP rate of the
-    weights' stored dtype (`weight_dtype` may be "published")."""
+    weights' stored dtype (`weight_dtype` may be "published"); attention at the rate of
+    `attention_dtype` (its kernels compute in bf16 unless fp8 attention is asked)."""
+    attention_dtype = kwargs.pop("attention_dtype", "bf16")
     fmt = params.weight_format(spec, weight_dtype, kwargs.get("group_size"))
     return cls.from_spec(spec, BW=device.memory_bandwidth_bytes_per_s, F=device.flops(fmt.dtype),
-                         weight_dtype=weight_dtype, **kwargs)
+                         weight_dtype=weight_dtype, F_attn=device.flops(attention_dtype), **kwargs)
 
   @classmethod
   def from_numbers(cls, *, N: float, q: float, k: float, BW: float, F: float | None,
@@ -144,6 +149,7 @@ class IterationModel:
     c.update(W_b=float(N) * float(q), E=1.0, K=1.0, N_b=float(N if N_act is None else N_act),
              k_full=float(k), a_full=float(pair_flops), L=float(L), BW=float(BW),
              F=math.inf if F is None else float(F))
+    c["F_attn"] = c["F"]
     return cls(constants=c, assumptions=(cost_model.ASSUMPTIONS["omitted"],))
 
   def on_layout(self, *, weights: float, experts: float, kv: float, flops: float,
@@ -171,7 +177,7 @@ class IterationModel:
 
   def _groups(self) -> tuple[str, ...]:
     return tuple(g for g in ("full", "win", "mla")
-                 if self.constants[f"k_{g}"] > 0 or self.constants[f"a_{g}"] > 0)
+                 if _positive(self.constants[f"k_{g}"]) or _positive(self.constants[f"a_{g}"]))
 
   def mix(
       self,
@@ -233,6 +239,9 @@ class IterationModel:
     model = model or StepModel.bound()
     bw, flops = model.scaled_ceilings(self.constants["BW"], self.constants["F"])
     values = {**self.constants, "BW": bw, "F": flops, **mix}
+    # Attention's rate moves with the FLOP rate a profile's ceilings give.
+    values["F_attn"] = _scaled(self.constants.get("F_attn", self.constants["F"]),
+                               self.constants["F"], flops)
     rows = np.asarray(mix["n_dec"], dtype=float) + np.asarray(mix["n_pre"], dtype=float)
     values["t_comm"] = 0.0 if self.comm is None else self.comm(rows)
     values["o_ovl"] = self.comm_overlap
@@ -256,6 +265,22 @@ class IterationModel:
     """Decode attention FLOPs per retained token of one row at `context` (`A_t`)."""
     flops = self.evaluate(self.uniform_mix(decode_rows=1.0, context=context))
     return np.asarray(flops["attention_flops"], dtype=float) / np.asarray(context, dtype=float)
+
+
+def _scaled(rate: Any, datasheet: Any, used: Any) -> Any:
+  """`rate` scaled as the FLOP rate was (datasheet -> used): itself where unscaled, `used`
+  where either is infinite (no compute ceiling)."""
+  if isinstance(datasheet, (int, float)) and isinstance(used, (int, float)):
+    if datasheet == used:
+      return rate
+    if not (math.isfinite(datasheet) and math.isfinite(used)):
+      return used
+  return rate * (np.asarray(used) / np.asarray(datasheet))
+
+
+def _positive(value: Any) -> bool:
+  """Whether a constant (a number, or an array of one per layout) is anywhere > 0."""
+  return value > 0 if isinstance(value, (int, float)) else bool(np.any(np.asarray(value) > 0))
 
 
 def _overlap(value: float) -> float:

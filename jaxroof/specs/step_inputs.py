@@ -19,7 +19,7 @@ from jaxroof import errors
 from jaxroof.specs import kv_sizing
 from jaxroof.symbolic import architecture
 from jaxroof.specs import parameters as params
-from jaxroof.specs.accelerators import Accelerator, load_accelerator
+from jaxroof.specs.accelerators import ATTENTION_DTYPE, Accelerator, load_accelerator
 from jaxroof.specs.iteration_model import IterationModel
 from jaxroof.symbolic.evaluate import step_model
 from jaxroof.specs.model_spec import LINEAR_ATTENTION, MAMBA2, ModelSpec
@@ -91,8 +91,10 @@ def _build(model: ModelSpec, accelerator: Accelerator, *, context: int, batch: n
                            workspace_fraction=workspace_fraction)
   compute_dtype = accelerator.compute_dtype(weight_dtype)
   cost = IterationModel.from_spec(model, BW=accelerator.memory_bandwidth_bytes_per_s,
-                                  F=accelerator.flops(weight_dtype), weight_dtype=weight_dtype,
-                                  kv_dtype=kv_dtype, group_size=group_size, state_dtype=state_dtype)
+                                  F=accelerator.flops(weight_dtype),
+                                  F_attn=accelerator.flops(ATTENTION_DTYPE),
+                                  weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                  group_size=group_size, state_dtype=state_dtype)
   assumptions = [
       "analytic bound: weights read once per step and shared by the batch; each "
       "sequence's K/V read once per step; decode attention FLOPs per layer kind (MLA "

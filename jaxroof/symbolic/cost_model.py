@@ -42,10 +42,10 @@ Communication is serial at `o_ovl = 0` and hides under the rest up to the
 larger at `o_ovl = 1` (`parallel.with_overlap`); nothing else overlaps.
 
 Calibrated (`calibrated_terms`): per-operation efficiencies. Weights (linear
-and head) at eta_w*BW, attention bytes at eta_kv*BW, all FLOPs at eta_f*F,
+and head) at eta_w*BW, attention bytes at eta_kv*BW, linear FLOPs at eta_f*F (attention's at its kernels' rate F_attn),
 weights and FLOPs combined by the fitted p-norm (p = 1 + r_ovl), attention
 bytes on top, plus the fixed costs per iteration, per layer and per sequence
-(t0_seq, 0 unless fitted), and attention FLOPs at their own eta_attn*F on top
+(t0_seq, 0 unless fitted), and attention FLOPs at their own eta_attn*F_attn on top
 where an engine's attention kernel was measured (0: with the linear layers' at
 eta_f). Each cost term is registered once (`terms.py`). An engine's own terms
 reach this model through its `terms.Extension`: named seconds on top, a
@@ -68,9 +68,9 @@ from jaxroof.symbolic import formulas
 from jaxroof.symbolic import prefill
 from jaxroof.symbolic import terms as terms_lib
 from jaxroof.symbolic.lambdify import Backend, Evaluator, lambdified
-from jaxroof.symbolic.symbols import (A_t, A_w, B, BW, E, F, H, K, L, L_attn, N, N_act, N_b, N_h,
-                                      O_up, P, S_full, S_mla, S_win, T, V_full, V_mla, V_win, W,
-                                      W_b, W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win,
+from jaxroof.symbolic.symbols import (A_t, A_w, B, BW, E, F, F_attn, H, K, L, L_attn, N, N_act, N_b,
+                                      N_h, O_up, P, S_full, S_mla, S_win, T, V_full, V_mla, V_win,
+                                      W, W_b, W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win,
                                       ap_mla, c_chunk, d, eta_attn, eta_f, eta_f_prefill, eta_kv,
                                       eta_w, k, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq,
                                       o_chunk, o_ovl, q, r_e, r_ovl, s_st, t0_layer, t0_seq,
@@ -87,7 +87,7 @@ MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla,
                               X_mla, V_full, V_win, V_mla, O_up)
 # What a model on a chip's share of a layout is.
 MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla, a_full,
-                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F)
+                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F, F_attn)
 COMM: tuple[sp.Symbol, ...] = (t_comm, o_ovl)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL + COMM
 MIX_NAMES: tuple[str, ...] = tuple(str(s) for s in MIX)
@@ -142,13 +142,14 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
   if bound not in BOUNDS:
     raise ValueError(f"bound={bound!r} is not allowed: use one of {BOUNDS}.")
   ops = operations()
+  rate = {"attention": F_attn}  # Attention at its kernels' dtype (F_attn), the rest at F.
   out: dict[str, sp.Expr] = {}
   for name, (nbytes, flops) in ops.items():
     out[f"{name}_bytes"], out[f"{name}_flops"] = nbytes, flops
-    out[f"{name}_memory_s"], out[f"{name}_compute_s"] = nbytes / BW, flops / F
-    out[f"{name}_s"] = sp.Max(nbytes / BW, flops / F)
+    out[f"{name}_memory_s"], out[f"{name}_compute_s"] = nbytes / BW, flops / rate.get(name, F)
+    out[f"{name}_s"] = sp.Max(nbytes / BW, flops / rate.get(name, F))
   out["memory_s"] = sum(b for b, _ in ops.values()) / BW
-  out["compute_s"] = sum(f for _, f in ops.values()) / F
+  out["compute_s"] = sum(f / rate.get(name, F) for name, (_, f) in ops.items())
   if bound == "per_op":
     out["floor_s"] = sum(out[f"{name}_s"] for name in ops)
   else:
@@ -176,12 +177,12 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
 def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:
   """Attention FLOPs as (the share left with the linear layers, their own time in seconds).
 
-  An engine whose attention kernel runs at eta_attn*F takes `flops / (eta_attn*F)` on
-  top of the linear layers; eta_attn = 0 keeps them with the linear layers' FLOPs at
-  eta_f*F (the switch ceiling(min(1, eta_attn)) is 1 for any eta_attn in (0, 1], 0 at 0).
+  An engine whose attention kernel runs at eta_attn*F_attn takes `flops / (eta_attn*F_attn)`
+  on top of the linear layers; eta_attn = 0 keeps them with the linear layers' FLOPs at
+  eta_f*F_attn (the switch ceiling(min(1, eta_attn)) is 1 for any eta_attn in (0, 1], 0 at 0).
   """
   on = sp.ceiling(sp.Min(1, eta_attn))
-  return (1 - on) * flops, on * flops / (sp.Max(eta_attn, 1e-30) * F)
+  return (1 - on) * flops, on * flops / (sp.Max(eta_attn, 1e-30) * F_attn)
 
 
 def _plain_read(nbytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
@@ -214,7 +215,8 @@ def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
   weight_s = read(weight_bytes, eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   shared_attention_flops, attention_s = attention_split(ops["attention"][1])
-  compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops) / (eta_f * F)
+  compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops * F / F_attn) / (eta_f *
+                                                                                           F)
   fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
   linear_s = overlap(weight_s, compute_s)
   parts = terms_lib.IterationParts(tokens=tokens(), linear_bytes=ops["linear"][0],
@@ -321,7 +323,7 @@ def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, N
   }
   return {
       **zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes, E: 1, K: 1,
-      N_b: N_act, k_full: k, a_full: A
+      N_b: N_act, k_full: k, a_full: A, F_attn: F
   }
 
 

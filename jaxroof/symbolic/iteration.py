@@ -58,7 +58,7 @@ def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
   return {
       **zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att, S.V_full: S_pre_kv,
       S.W_b: N * q, S.N_b: N_act, S.E: sp.S.One, S.K: sp.S.One, S.k_full: k,
-      S.a_full: L * prefill.full_attention_pair_flops(H, d)
+      S.a_full: L * prefill.full_attention_pair_flops(H, d), S.F_attn: F
   }
 
 

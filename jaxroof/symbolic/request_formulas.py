@@ -11,11 +11,9 @@ memory-bound steps.
 
 Time to first token = queueing wait + batching window + prefill. The prefill
 server is M/D/1 (Poisson arrivals at rate lam, deterministic service D): mean
-wait `lam*D**2/(2*(1 - lam*D))`, valid only while `lam*D < 1`. A replica with
-B decode slots adds a second queue in front of it: a request waits for a free
-slot (`slot_wait`, G/G/c with c = B), which is what keeps a load just under the
-slots' capacity from looking harmless. These are means; percentiles need a
-simulator.
+wait `lam*D**2/(2*(1 - lam*D))`, valid only while `lam*D < 1`. A replica's whole
+load (its slots, the gap at each occupancy, TTFT's waits and their percentiles) is
+the load model's (`load_model`), which builds on these.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ import functools
 import sympy as sp
 
 from jaxroof.symbolic import formulas
-from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, cv2_hold, j, k, lam, n_out, q, t,
-                                      t_gap, t_hold, t_ttft, t_window)
+from jaxroof.symbolic.symbols import (B, BW, D_pf, F, N, N_act, P, j, k, lam, n_out, q, t, t_ttft,
+                                      t_window)
 
 Expr = sp.Expr
 
@@ -102,57 +100,6 @@ def ttft(lam: Expr = lam, D: Expr = D_pf, t_window: Expr = t_window) -> Expr:
   return formulas.time_to_first_token(D, t_window, md1_wait(lam, D))
 
 
-def slot_hold_time(t: Expr = t, lam: Expr = lam, D: Expr = D_pf, n_out: Expr = n_out) -> Expr:
-  """Seconds a request holds one of the B decode slots: the prompt's iteration
-  (its prefill beside one decode step, `D + t`) and its n_out - 1 decode steps at
-  the loaded gap (`loaded_token_gap`)."""
-  t, lam, D, n_out = _s(t, lam, D, n_out)
-  return D + t + (n_out - 1) * loaded_token_gap(t, lam, D)
-
-
-def slot_utilisation(lam: Expr = lam, hold: Expr = t_hold, B: Expr = B) -> Expr:
-  """Fraction of the B slots held, `lam*hold/B` (Little's law); >= 1 is unstable."""
-  lam, hold, B = _s(lam, hold, B)
-  return lam * hold / B
-
-
-def slot_wait(lam: Expr = lam, hold: Expr = t_hold, B: Expr = B, cv2: Expr = cv2_hold) -> Expr:
-  """Mean wait for one of B decode slots: a G/G/c queue (c = B servers, each
-  held for `hold` seconds), by Sakasegawa's approximation with Poisson arrivals,
-  `(1 + cv2)/2 * rho**(sqrt(2*(B + 1)) - 1) / (B*(1 - rho)) * hold`, rho the slot
-  utilisation (valid while rho < 1). cv2 = 0 for fixed lengths (M/D/c: half the
-  M/M/c wait). Near rho = 1 the wait grows without bound, so a plan at 99.9% of
-  its slots' capacity is refused rather than simulated into an ever-growing queue.
-  """
-  lam, hold, B, cv2 = _s(lam, hold, B, cv2)
-  rho = slot_utilisation(lam, hold, B)
-  return (1 + cv2) / 2 * rho**(sp.sqrt(2 * (B + 1)) - 1) / (B * (1 - rho)) * hold
-
-
-def decode_pool_hold_time(t: Expr = t, n_out: Expr = n_out) -> Expr:
-  """Seconds a request holds a split plan's decode slot: its n_out - 1 steps (the
-  prefill pool made its first token; no prefill interferes)."""
-  t, n_out = _s(t, n_out)
-  return (n_out - 1) * t
-
-
-def decode_pool_tpot(t: Expr = t, lam: Expr = lam, B: Expr = B, n_out: Expr = n_out,
-                     cv2: Expr = cv2_hold) -> Expr:
-  """Mean time per output token in a decode pool: the step plus the wait for a slot
-  spread over the request's n_out - 1 gaps."""
-  t, lam, B, n_out = _s(t, lam, B, n_out)
-  return t + slot_wait(lam, decode_pool_hold_time(t, n_out), B, cv2) / (n_out - 1)
-
-
-def loaded_ttft(t: Expr = t, lam: Expr = lam, D: Expr = D_pf, B: Expr = B, n_out: Expr = n_out,
-                t_window: Expr = t_window, cv2: Expr = cv2_hold) -> Expr:
-  """Mean TTFT of a shared replica at a load: the wait for a slot (`slot_wait`),
-  then the M/D/1 prefill queue with the prompt's iteration `D + t` as its service."""
-  t, lam, D, B, n_out = _s(t, lam, D, B, n_out)
-  hold = slot_hold_time(t, lam, D, n_out)
-  return slot_wait(lam, hold, B, cv2) + ttft(lam, D + t, t_window)
-
-
 def gathering_time(B: Expr = B, lam: Expr = lam) -> Expr:
   """Mean wait for a batch of B prompts to gather at rate lam: `(B - 1)/(2*lam)`.
 
@@ -188,24 +135,3 @@ def loaded_token_gap(t: Expr = t, lam: Expr = lam, D: Expr = D_pf) -> Expr:
   """
   t, lam, D = _s(t, lam, D)
   return t / (1 - utilisation(lam, D))
-
-
-def shared_capacity_rate(t: Expr = t, D: Expr = D_pf, B: Expr = B, n_out: Expr = n_out) -> Expr:
-  """Largest arrival rate one chip sustains with B decode slots: `1/(D + (n_out-1)*t/B)`.
-
-  Each request costs its prefill D plus its share of n_out - 1 decode steps
-  of t seconds taken by B sequences together (Little's law on the B slots,
-  with the prefill stretch of `loaded_token_gap`, gives the same limit).
-  """
-  t, D, B, n_out = _s(t, D, B, n_out)
-  return 1 / (D + (n_out - 1) * t / B)
-
-
-@functools.cache
-def max_arrival_rate_for_gap() -> Expr:
-  """Largest arrival rate whose loaded token gap meets `t_gap` (`sympy.solve` of
-  `loaded_token_gap = t_gap`): `(t_gap - t)/(t_gap*D)`; meaningful for t < t_gap."""
-  roots = sp.solve(sp.Eq(loaded_token_gap(), t_gap), lam)
-  if len(roots) != 1:
-    raise ArithmeticError(f"expected one root for lam, got {roots}")
-  return sp.factor(roots[0])

@@ -72,6 +72,9 @@ b = _define("b", "B", "bytes per stored K or V element")
 # Device.
 BW = _define("BW", "B/s", "sustained memory bandwidth")
 F = _define("F", "FLOP/s", "sustained FLOP rate")
+F_attn = _define(
+    "F_attn", "FLOP/s", "FLOP rate of the attention kernels (their compute dtype, "
+    "bf16 unless fp8 attention is asked; F where unset)")
 R = _define("R", "FLOP/B", "ridge point")
 # Times (a rate written in terms of a step time; serving targets and waits).
 t = _define("t", "s", "step time")
@@ -231,6 +234,14 @@ D_pf = _define("D_pf", "s", "service time of one prefill (deterministic)", _S)
 t_ttft = _define("t_ttft", "s", "time-to-first-token target", _S)
 t_hold = _define("t_hold", "s", "time one request holds a decode slot (prefill to last token)", _S)
 cv2_hold = _define("cv2_hold", "1", "squared coefficient of variation of the slot hold time", _S)
+# The load model (`load_model.py`): a replica's running count as a birth-death chain.
+n_run = _define("n_run", "sequences", "sequences holding decode slots (the load model's state)", _S)
+t_x = _define("t_x", "s", "time one admitted prompt adds to the iterations it joins", _S)
+t_m = _define("t_m", "s", "time each further prompt joining the same iteration adds", _S)
+t_c = _define("t_c", "s", "an iteration carrying a prefill chunk beside the decodes", _S)
+t_w = _define("t_w", "s", "mean wait of a request before its prefill starts", _S)
+p_w = _define("p_w", "1", "probability that a request waits at all", _S)
+p_q = _define("p_q", "1", "quantile level (0.9 for a p90)", _S)
 
 QUANTITIES: tuple[Quantity, ...] = tuple(_GROUPS["core"])
 ARCHITECTURE: tuple[Quantity, ...] = tuple(_GROUPS["architecture"])
