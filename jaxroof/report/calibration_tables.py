@@ -16,6 +16,7 @@ from jaxroof.measure import profiles
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import table
 from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import terms
 
 
 def points_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -304,4 +305,49 @@ def _heldout_text(result: Mapping[str, Any]) -> str:
                (f" ({coalesced} coalesced measurement(s) without a relative error left out)"
                 if coalesced else "") +
                (f" ({paced} point(s) of client-bound runs left out)" if paced else ""))
+  return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+  return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def error_cells(row: Mapping[str, Any]) -> list[str]:
+  """median, p90 and max relative error, as percentages."""
+  return [_pct(row.get(k)) for k in ("median_rel_error", "p90_rel_error", "max_rel_error")]
+
+
+def published_fit_text(profile: Mapping[str, Any]) -> str:
+  """An engine profile refitted from published points: its terms (a share of a ceiling
+  only where the term is one and lies in (0, 1]), its error by source held out, and the
+  derivation rule's error by accelerator held out."""
+  lines = [
+      f"engine profile {profile['engine']} (covers {', '.join(profile['covers'])}): "
+      f"{profile['points_used']} published training points, sources "
+      f"{', '.join(profile['data']['sources']) or 'none usable'}"
+  ]
+  rows = []
+  for name, value in profile["terms"].items():
+    term = terms.get(name)
+    share = term.unit == "1" and name.startswith("eta_")
+    shown = (f"{value:.3g} of its ceiling" if share and 0 < value <= 1 else f"{value:.3g}" +
+             ("" if term.unit == "1" else f" {term.unit}") +
+             (" (OUTSIDE (0, 1]: not a share)" if share else ""))
+    rows.append([name, shown, term.label])
+  lines.append(table.format_table(("term", "value", "what"), rows))
+  held = [[r["source"], str(r["points"]), *error_cells(r)] for r in profile["heldout_by_source"]]
+  if held:
+    held.append([
+        "all sources",
+        str(sum(r["points"] for r in profile["heldout_by_source"])), *error_cells(profile)
+    ])
+    lines.append(f"held-out error, {profile['heldout_method']}:")
+    lines.append(table.format_table(("source", "points", "median", "p90", "max"), held))
+  else:
+    lines.append(f"held-out error: {profile['heldout_method']}")
+  derived = profile.get("derived", {})
+  lines.append(f"an accelerator not measured: {derived.get('rule', 'refused')}; its error "
+               f"median {_pct(derived.get('median_rel_error'))}, p90 "
+               f"{_pct(derived.get('p90_rel_error'))}, max {_pct(derived.get('max_rel_error'))}")
+  lines.append(f"scheduler and memory: {profile['rules']}")
   return "\n".join(lines)

@@ -75,7 +75,7 @@ from jaxroof.symbolic.symbols import (A_t, A_w, B, BW, E, F, H, K, L, L_attn, N,
                                       eta_w, k, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq,
                                       N_xb, o_chunk, o_ovl, q, r_e, r_ovl, s_st, t0_layer, t0_seq,
                                       t0_step, t_comm, u_mla)
-from jaxroof.symbolic.terms import eta_comm, eta_moe
+from jaxroof.symbolic.terms import eta_comm, eta_moe, m_moe
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -161,7 +161,7 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
 
 # The calibrated iteration's own cost terms (the core's; an extension adds its engine's).
 CALIBRATED_TERMS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl, t0_seq,
-                                           eta_attn, eta_moe, eta_comm)
+                                           eta_attn, eta_moe, m_moe, eta_comm)
 Extensions = tuple[str, ...]
 
 
@@ -198,9 +198,20 @@ def linear_weights() -> sp.Expr:
   return N_b - N_xb + N_xb / eta_moe
 
 
-# `linear_weights()` as one positive symbol while the iteration is built (sympy then combines
-# its positive times quickly), replaced, unevaluated, once it is built (`_calibrated_terms`).
+def expert_padding() -> sp.Expr:
+  """The grouped expert GEMMs' padding, in weights-times-rows: each routed expert the
+  iteration's tokens touch (`expected_distinct_experts`) multiplies `m_moe` rows more than
+  its share `tokens*K/E` (a tile's rows per expert), its `N_xb/K` weights at the experts'
+  rate: `N_xb/K * E_touched * m_moe / eta_moe` (0 at m_moe = 0, or a dense model). So
+  the experts' FLOP rate falls as `M_e / (M_e + m_moe)` with their rows M_e = tokens*K/E."""
+  touched = architecture.expected_distinct_experts(tokens(), E, K)
+  return N_xb / K * touched * m_moe / eta_moe
+
+
+# `linear_weights()` and `expert_padding()` as positive symbols while the iteration is built
+# (sympy then combines its positive times quickly), replaced, unevaluated, once it is built.
 _N_LINEAR = sp.Dummy("N_linear", positive=True)
+_N_PADDING = sp.Dummy("N_padding", positive=True)
 
 
 def _plain_read(nbytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
@@ -233,7 +244,8 @@ def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
   weight_s = read(weight_bytes, eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   shared_attention_flops, attention_s = attention_split(ops["attention"][1])
-  compute_s = (2 * _N_LINEAR * tokens() + ops["head"][1] + shared_attention_flops) / (eta_f * F)
+  compute_s = (2 * _N_LINEAR * tokens() + 2 * _N_PADDING + ops["head"][1] +
+               shared_attention_flops) / (eta_f * F)
   fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
   linear_s = overlap(weight_s, compute_s)
   parts = terms_lib.IterationParts(tokens=tokens(), linear_bytes=ops["linear"][0],
@@ -252,7 +264,8 @@ def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
       "comm_s": t_comm / eta_comm, "step_s": with_overlap(floor_s, t_comm / eta_comm, o_ovl)
   }
   with sp.evaluate(False):
-    return {name: sp.sympify(e).xreplace({_N_LINEAR: linear_weights()}) for name, e in out.items()}
+    done = {_N_LINEAR: linear_weights(), _N_PADDING: expert_padding()}
+    return {name: sp.sympify(e).xreplace(done) for name, e in out.items()}
 
 
 def extension_terms(extensions: Extensions) -> tuple[sp.Symbol, ...]:

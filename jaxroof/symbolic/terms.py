@@ -253,6 +253,11 @@ eta_moe = register(
     "linear layers' (eta_f): the experts run at eta_f*eta_moe of F (1: as the dense ones)",
     applies_to="experts", default=1.0, bounds=(0.0, 1.0), obtained="fitted", low_open=True,
     label="expert FLOPs (share of the dense layers' rate)")
+m_moe = register(
+    "m_moe", "tokens", "rows each routed expert's GEMM pays beyond its tokens (a tile's "
+    "padding): the experts' FLOP rate falls as M_e / (M_e + m_moe), M_e = tokens*K/E their "
+    "rows (0: no padding)", applies_to="experts", default=0.0, bounds=(0.0, 1e4), obtained="fitted",
+    label="padding rows per expert GEMM")
 eta_comm = register(
     "eta_comm", "1", "achieved fraction of the modelled collective speed (link bandwidth and "
     "per-hop latency together)", applies_to="collective", label="collectives (share of the "
