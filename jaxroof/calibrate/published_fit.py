@@ -44,10 +44,10 @@ START: dict[str, float] = {
     "t0_request": 1e-2
 }
 PRIOR = 1.0  # Ridge weight on an accelerator's log offset (1: a 100% offset costs one point).
-ANCHOR = 0.01  # Weak pull of every log term toward its start (keeps unseen terms put).
+ANCHOR = 1e-4  # Weak pull of every log term toward its start (keeps unseen terms put).
 PRIOR_ENGINE = 1.0  # Pull of an engine's log terms toward the pooled fit of every engine.
 FD_STEP = 1e-4
-MAX_ITERATIONS = 60
+MAX_ITERATIONS = 100
 TOLERANCE = 1e-6
 
 

@@ -1,6 +1,6 @@
 """An engine's profile refitted from the shipped published points, with honest errors.
 
-`refit(engine)` is what `experiments.calibrate --source=published --engine=NAME` runs:
+`refit(engine)` is what the calibrate experiment's published source runs:
 
   1. the training points (`split == train`) of the engines the profile covers
      (`COVERS`: NIM's points are TensorRT-LLM's), those the predictor can take

@@ -1,7 +1,7 @@
 """The referee check: shipped engine profiles against published points they never saw.
 
 `referee()` predicts every `referee` point of `whole_system.csv` with the shipped
-profile of its engine (`engines.profiles.entry`: NIM through TensorRT-LLM's; an
+profile of its engine (`engines.engine_profiles.entry`: NIM through TensorRT-LLM's; an
 accelerator the engine was not measured on through the derivation rule), and reports
 the absolute relative error by engine and overall (median, p90, max), the worst points,
 the points not predicted and why, and the bound's ratio to each measurement. `bounds()`
@@ -20,7 +20,7 @@ from jaxroof.calibrate import published_fit as fit_lib
 from jaxroof.calibrate import published_points as points_lib
 from jaxroof.calibrate import published_profile as profile_lib
 from jaxroof.calibrate import published_setups as setups_lib
-from jaxroof.engines import profiles
+from jaxroof.engines import engine_profiles as profiles
 from jaxroof.engines import published
 from jaxroof.engines.published import Point
 

@@ -157,8 +157,8 @@ def _suspicious(flagged: Sequence[Mapping[str, Any]]) -> list[str]:
 def user_fit_text(result: Mapping[str, Any], source: str, engine: str, drop_hint: str) -> str:
   """A fit to users' measured rows (`user_fit.calibrate`); `drop_hint` says how to
   leave the suspicious rows out, shown when some were kept."""
-  by = ("leave-one-model-out" if result["heldout_by"] == user_fit.HELDOUT_BY_MODEL else
-        "k-fold over the rows of one model")
+  by_model = result["heldout_by"] == user_fit.HELDOUT_BY_MODEL
+  by = "leave-one-model-out" if by_model else "k-fold over the rows of one model"
   lines = [
       f"Calibration of {result['accelerator']} from {result['rows_used']} of "
       f"{result['rows_read']} measured rows of {source} (engine: {engine}).",
@@ -166,9 +166,12 @@ def user_fit_text(result: Mapping[str, Any], source: str, engine: str, drop_hint
       table.factor_table(dict(result)),
       _user_rows(
           result["heldout_rows"],
-          f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
-          "analytic bound):"),
-      table.heldout_line(dict(result)) + f" (held out by {result['heldout_by']})"
+          (f"Held-out rows ({by}; " if by_model else f"Rows predicted by the other folds ({by}; ") +
+          "calibrated prediction vs measurement, and the analytic bound):"),
+      table.heldout_line(dict(result)) +
+      f" (held out by {result['heldout_by']})" if by_model else table.heldout_line(
+          dict(result), "within-model (k-fold over one model's rows; the error "
+          "on other models is unknown)")
   ]
   larger = result.get("extrapolation")
   if larger:
@@ -351,3 +354,14 @@ def published_fit_text(profile: Mapping[str, Any]) -> str:
                f"{_pct(derived.get('p90_rel_error'))}, max {_pct(derived.get('max_rel_error'))}")
   lines.append(f"scheduler and memory: {profile['rules']}")
   return "\n".join(lines)
+
+
+def terms_table_text(result: Mapping[str, Mapping[str, Any]]) -> str:
+  """The leave-one-source-out error of each variant of the engine profiles' design."""
+  profiles_ = sorted({p for row in result.values() for p in row["profiles"]})
+  rows = [[name, str(row["points"]), *error_cells(row)] +
+          [" / ".join(error_cells(row["profiles"].get(p, {}))) for p in profiles_]
+          for name, row in result.items()]
+  return ("held-out error leaving out one whole source at a time, with and without each term "
+          "(median / p90 / max):\n" + table.format_table(
+              ("variant", "points", "median", "p90", "max", *profiles_), rows))
