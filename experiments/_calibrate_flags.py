@@ -18,7 +18,7 @@ from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import engine_replay
 from jaxroof.calibrate import engine_search
 from jaxroof.engines import engine_rules
-from jaxroof.engines import profiles as engine_profiles
+from jaxroof.engines import engine_profiles
 from jaxroof.measure import measurement
 from jaxroof.serving import simulator
 from jaxroof.specs import kv_sizing

@@ -1,6 +1,6 @@
 """`--engine`: the analytic bound, or an engine's calibrated prediction (one shared flag).
 
-`bound` (the default) is the analytic model. An engine name (`jaxroof.engines.profiles`)
+`bound` (the default) is the analytic model. An engine name (`jaxroof.engines.engine_profiles`)
 makes the headline figures that engine's predictions on the accelerator, from its shipped
 profile fitted on published measurements, the bound kept beside each and every prediction
 labelled with its engine and its held-out error. An experiment adds it with
@@ -15,7 +15,7 @@ from absl import flags
 
 from jaxroof.errors import InputError
 
-from jaxroof.engines import profiles
+from jaxroof.engines import engine_profiles as profiles
 
 
 def define() -> flags.FlagHolder:

@@ -18,7 +18,7 @@ from absl import flags
 from experiments import _cli
 from experiments import _engine_flags
 from jaxroof.errors import InputError
-from jaxroof.engines import profiles as profiles_lib
+from jaxroof.engines import engine_profiles as profiles_lib
 from jaxroof.measure import profiles
 from jaxroof.serving import replica
 from jaxroof.specs import accelerators

@@ -31,7 +31,7 @@ from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
 from jaxroof import progress
-from jaxroof.engines import profiles as engine_profiles
+from jaxroof.engines import engine_profiles
 from jaxroof.measure import profiles
 from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import accuracy

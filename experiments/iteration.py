@@ -23,7 +23,7 @@ from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
 from jaxroof import files
-from jaxroof.engines import profiles
+from jaxroof.engines import engine_profiles as profiles
 from jaxroof.errors import InputError
 from jaxroof.report import iteration_table
 from jaxroof.serving import replica

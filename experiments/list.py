@@ -11,7 +11,7 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import files
-from jaxroof.engines import profiles
+from jaxroof.engines import engine_profiles as profiles
 from jaxroof.report import table
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing

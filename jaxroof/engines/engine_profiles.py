@@ -6,7 +6,7 @@ the terms fitted on its published points (`calibrate.published_fit`), the engine
 accelerator's; the scheduler and memory rules it is driven with (`engine_rules`); the
 points it was fitted on; and its held-out error, leaving out one whole source at a time
 (median, p90, max) and, for a derived entry, leaving out one whole accelerator.
-`python -m experiments.calibrate --source=published --engine=NAME` writes it.
+The calibrate experiment's published source writes it (`calibrate.published_profile`).
 
 `entry(engine, accelerator)` is what a prediction uses: the terms by registry name and
 the error to print beside it. An accelerator the engine was not measured on takes the
@@ -35,7 +35,7 @@ from jaxroof.symbolic.step_model import StepModel
 
 DIRECTORY = os.path.join(os.path.dirname(__file__), "data", "profiles")
 BOUND = "bound"
-# The engines a user may name (`--engine`): a profile each, NIM through TensorRT-LLM's.
+# The engines a user may name: a profile each, NIM through TensorRT-LLM's.
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm", "nim", "gpt-fast")
 ERROR_KEYS: tuple[str, ...] = ("median_rel_error", "p90_rel_error", "max_rel_error")
 
@@ -66,7 +66,7 @@ def _percent(value: float | None) -> str:
 
 
 def known() -> tuple[str, ...]:
-  """The names `--engine` takes: `bound` and every engine."""
+  """The engine names a prediction takes: `bound` and every engine."""
   return (BOUND,) + ENGINES
 
 
@@ -159,7 +159,7 @@ def entry(engine: str, accelerator: str, *, profile: Mapping[str, Any] | None = 
         f"engine={engine!r} has no entry for accelerator={accelerator!r} and no rule to derive "
         f"one: it was measured on {', '.join(sorted(data.get('accelerators', {}))) or 'none'} "
         f"({', '.join(sorted(vendors)) or 'no vendor'}), not on {vendor} devices. Use "
-        "--engine=bound for the analytic bound.", field="engine")
+        "engine 'bound' for the analytic bound.", field="engine")
   derived = data.get("derived", {})
   return Entry(engine, name, accelerator, dict(data["terms"]), _errors(derived), True,
                derived.get("rule", "the engine's terms (its measured accelerators')"))

@@ -78,8 +78,9 @@ def _by_memory(table: Mapping[str, object], gib: float) -> object:
 def _graph_bs(rule: object, tp: int) -> float:
   if isinstance(rule, (int, float)):
     return float(rule)
-  small, large = (int(n) for n in re.findall(r"\d+", str(rule))[:2])
-  return float(small if tp < 4 else large)
+  # "A if tp < N else B" (engine_defaults.json's wording of SGLang's rule).
+  small, limit, large = (int(n) for n in re.findall(r"\d+", str(rule))[:3])
+  return float(small if tp < limit else large)
 
 
 def _sglang(device: Accelerator, tp: int, pp: int) -> dict[str, float]:

@@ -49,7 +49,7 @@ def held_out(provenance: Mapping[str, Any]) -> dict[str, Any]:
   points, those the fit never saw and those it also fitted.
   """
   source = provenance.get("source") or {}
-  if provenance.get("heldout_by") == "source":  # An engine profile (`engines.profiles`).
+  if provenance.get("heldout_by") == "source":  # An engine profile (`engines.engine_profiles`).
     return {"by": "source", "measured_on": [], "unseen": [], "seen": []}
   if "fit_models" in source:  # A serving-benchmark fit (`calibrate.engine_fit`).
     fitted = _unique(source["fit_models"])
