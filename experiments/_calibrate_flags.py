@@ -12,10 +12,13 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from experiments import _engine_flags
 from jaxroof import errors
 from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import engine_replay
 from jaxroof.calibrate import engine_search
+from jaxroof.engines import engine_rules
+from jaxroof.engines import engine_profiles
 from jaxroof.measure import measurement
 from jaxroof.measure import vllm_results
 from jaxroof.serving import simulator
@@ -24,15 +27,17 @@ from jaxroof.specs import parameters
 from jaxroof.symbolic import terms
 
 # What is fitted; the default is the one a bare `calibrate` always ran.
-SOURCES = ("ops", "toy", "csv", "vllm", "layouts")
+SOURCES = ("ops", "toy", "csv", "vllm", "layouts", "published")
 SOURCE = flags.DEFINE_enum(
     "source", "ops", list(SOURCES),
     "ops: the toy decode step's operations timed here (linear layer, decode attention), "
     "fixed costs from its smallest steps; toy: every factor from the toy's whole steps; "
     "csv: your measured step times (--from_csv, or --from_vllm mapped to rows); vllm: "
     "serving-benchmark runs replayed through the simulator (--from_vllm); layouts: rows "
-    "on parallel layouts, with eta_comm (--from_csv). Given --from_csv or --from_vllm "
-    "without --source, csv; given --engine_terms and --heldout_vllm alone, vllm.")
+    "on parallel layouts, with eta_comm (--from_csv); published: an engine's profile "
+    "refitted from the shipped published measurements (--engine). Given --from_csv or "
+    "--from_vllm without --source, csv; given --engine_terms and --heldout_vllm alone, vllm.")
+ENGINE = _engine_flags.define()
 
 # The toy calibration on this device (ops, toy).
 BUDGET_S = flags.DEFINE_float(
@@ -80,8 +85,6 @@ MODEL = flags.DEFINE_string(
     "config folder) the runs served.")
 WEIGHT_DTYPE = flags.DEFINE_enum("weight_dtype", "bf16", list(parameters.WEIGHT_DTYPES),
                                  "With --from_vllm: the served weights' dtype.")
-KV_DTYPE = flags.DEFINE_enum("kv_dtype", "bf16", list(kv_sizing.KV_DTYPES),
-                             "With --from_vllm: the K/V dtype.")
 DROP_SUSPICIOUS = flags.DEFINE_bool(
     "drop_suspicious", False, "csv: leave out rows faster than their analytic bound or more "
     "than 20x slower (flagged by line either way).")
@@ -89,10 +92,11 @@ FIT_STEPS = flags.DEFINE_integer("fit_steps", 3000, "Adam steps of a csv or layo
                                  "in [10, 100000].", lower_bound=10, upper_bound=100_000)
 SERVER = flags.DEFINE_list(
     "server", [], "With --from_vllm: the server the runs came from, NAME=VALUE,...: tp "
-    "(tensor-parallel chips, default 1), and with --source=vllm scheduler (vllm: vLLM V1's "
-    "own; chunked: Sarathi's; default chunked), max_num_seqs (default 256) and "
-    "max_num_batched_tokens (default 2048). A run written by experiments.vllm_bench carries "
-    "its own.")
+    "(tensor-parallel chips, default 1), kv_dtype (its K/V cache dtype: "
+    f"{', '.join(kv_sizing.KV_DTYPES)}; default bf16), and with --source=vllm scheduler "
+    "(vllm: vLLM V1's own; chunked: Sarathi's; default chunked), max_num_seqs (default 256) "
+    "and max_num_batched_tokens (default 2048). A run written by experiments.vllm_bench "
+    "carries its own.")
 
 # vLLM runs through the simulator (vllm).
 HELDOUT_VLLM = flags.DEFINE_list(
@@ -146,7 +150,7 @@ _cli.require_positive_int_list(CONTEXTS, "tokens")
 
 _TOY = ("budget_s", "dtype", "rounds", "repeats", "seed", "compare_profile", "validate",
         "batch_sizes", "contexts", "plot_out")
-_VLLM_SETUP = ("from_vllm", "model", "accelerator", "server", "weight_dtype", "kv_dtype")
+_VLLM_SETUP = ("from_vllm", "model", "accelerator", "server", "weight_dtype")
 # The flags each source reads (beyond --source, --json_out and --profile_out).
 USED: dict[str, tuple[str, ...]] = {
     "ops": _TOY,
@@ -155,6 +159,7 @@ USED: dict[str, tuple[str, ...]] = {
     "layouts": ("from_csv", "accelerator", "carry_over", "fit_steps"),
     "vllm": (*_VLLM_SETUP, "heldout_vllm", "heldout_model", "fit_model", "accelerator_file", "hold",
              "engine_terms", "search", "seed"),
+    "published": ("engine",),
 }
 _EVERY_SOURCE = ("source", "json_out", "profile_out")
 
@@ -181,7 +186,10 @@ def source() -> str:
 
 
 # The server's settings (--server) and the search's (--search), by key.
-SERVER_KEYS = {"tp": 1, "scheduler": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 2048}
+SERVER_KEYS = {
+    "tp": 1, "scheduler": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+    "kv_dtype": "bf16"
+}
 _SEARCH_SETTINGS = {"starts": (1, 2), "max_simulations": (10, 10**6)}
 
 
@@ -203,10 +211,10 @@ def server() -> dict:
     errors_at = f"--server={','.join(SERVER.value)[:80]}: {name}={value!r}"
     if name not in SERVER_KEYS:
       errors.require_choice("server", name, tuple(SERVER_KEYS))
-    if name == "scheduler":
-      if value not in simulator.SCHEDULERS:
-        raise errors.InputError(f"{errors_at} is not a scheduler: use one of "
-                                f"{', '.join(simulator.SCHEDULERS)}.")
+    if name in ("scheduler", "kv_dtype"):
+      allowed = simulator.SCHEDULERS if name == "scheduler" else tuple(kv_sizing.KV_DTYPES)
+      if value not in allowed:
+        raise errors.InputError(f"{errors_at} is not allowed: use one of {', '.join(allowed)}.")
       out[name] = value
       continue
     if not value.isdigit() or not 1 <= int(value) <= _cli.MAX_INT_FLAG:
@@ -248,8 +256,37 @@ def serving_setup(held_terms: dict[str, float]) -> engine_replay.ServingSetup:
   given = server()
   return engine_replay.ServingSetup(model=MODEL.value, accelerator=ACCELERATOR.value or "",
                                     tp=given["tp"], weight_dtype=WEIGHT_DTYPE.value,
-                                    kv_dtype=KV_DTYPE.value, scheduler=given["scheduler"],
+                                    kv_dtype=given["kv_dtype"], scheduler=given["scheduler"],
                                     max_running=given["max_num_seqs"],
                                     token_budget=given["max_num_batched_tokens"], seed=SEED.value,
                                     accelerator_file=ACCELERATOR_FILE.value or None,
                                     search=search()[0], held=held_terms)
+
+
+def check_vllm() -> None:
+  """--source=vllm's cross-flag rules, one line each."""
+  if HELDOUT_MODEL.value and not HELDOUT_VLLM.value:
+    raise errors.InputError(f"--heldout_model={','.join(HELDOUT_MODEL.value)[:60]} without "
+                            "--heldout_vllm: give the held-out runs it belongs to.")
+  if not MODEL.value:
+    raise errors.InputError("--model is required: the model the runs served.")
+  if FROM_VLLM.value:
+    return
+  for flag in (ENGINE_TERMS, HELDOUT_VLLM):  # A prediction: an earlier fit's terms.
+    if not flag.value:
+      raise errors.InputError(f"--{flag.name} is required without --from_vllm: the runs to "
+                              "predict and the terms to predict them with (or give "
+                              "--from_vllm to fit).")
+  for flag in (FIT_MODEL, SEARCH, PROFILE_OUT):
+    if flag.present:
+      raise errors.InputError(f"--{flag.name} without --from_vllm: it shapes a fit, and a "
+                              "prediction fits nothing.")
+
+
+def published_engine() -> str:
+  """--engine for --source=published: the profile to refit (NIM: TensorRT-LLM's)."""
+  name = engine_profiles.check_engine(ENGINE.value)
+  if name == engine_profiles.BOUND:
+    raise errors.InputError("--engine is required with --source=published: the engine whose "
+                            "profile to refit (" + ", ".join(engine_profiles.ENGINES) + ").")
+  return engine_rules.canonical(name)

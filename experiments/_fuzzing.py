@@ -60,6 +60,7 @@ BASE_ARGS: dict[str, tuple[str, ...]] = {
     "calibrate_engine": (f"--from_vllm={_FIXTURE}", "--model=tinyllama-1.1b",
                          "--accelerator=h100-sxm", "--search=max_simulations=10"),
     "calibrate_layouts": (f"--from_csv={_GPTFAST}", "--fit_steps=100"),
+    "profile_terms": ("--profiles=gpt-fast", "--variants=without the pooled prior"),
 }
 # Former names that run another experiment with its --what: fuzzed as that experiment with
 # their own base flags, so each benchmark's flags get cases of their own.

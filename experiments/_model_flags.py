@@ -16,7 +16,9 @@ from collections.abc import Callable
 from absl import flags
 
 from experiments import _cli
+from experiments import _engine_flags
 from jaxroof.errors import InputError
+from jaxroof.engines import engine_profiles as profiles_lib
 from jaxroof.measure import profiles
 from jaxroof.serving import replica
 from jaxroof.specs import accelerators
@@ -96,6 +98,7 @@ DEFINITIONS: dict[str, Callable[[], flags.FlagHolder]] = {
         "become calibrated predictions (fitted efficiency factors and fixed costs). With raw "
         "numbers it predicts for the profiled device unless --bandwidth_tbps/--tflops are "
         "given; with --accelerator it scales that device's figures."),
+    "engine": _engine_flags.define,
     "what_if": lambda: flags.DEFINE_bool(
         "what_if", False, "Allow --profile fitted on another device kind than --accelerator "
         "(its factors applied as a what-if)."),
@@ -236,7 +239,15 @@ def step_model(holders: types.SimpleNamespace, *, accelerator: str | None,
   model, checked against `accelerator` (a profile of another device kind needs
   `--what_if`). `use_profile_ceilings=False` scales the given figures instead of the
   profile's measured ones; `bound=True` is the bound even with a profile."""
-  if holders.profile.value is None or bound:
+  engine = getattr(holders, "engine", None)
+  if engine is not None and engine.value != profiles_lib.BOUND and not bound:
+    if getattr(holders, "profile", None) is not None and holders.profile.value:
+      raise InputError("--engine and --profile name two calibrations: give one.")
+    if not accelerator:
+      raise InputError(f"--engine={engine.value} predicts for an accelerator: give "
+                       "--model and --accelerator.")
+    return profiles_lib.step_model(_engine_flags.entry(engine, accelerator))
+  if getattr(holders, "profile", None) is None or holders.profile.value is None or bound:
     return StepModel.bound(holders.bound.value)
   profile = profiles.load_profile(holders.profile.value)
   notes = (profiles.check_applies(profile, accelerator, what_if=holders.what_if.value)

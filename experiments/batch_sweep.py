@@ -6,24 +6,19 @@ Analytic bounds from the symbolic step model (jaxroof.symbolic.formulas):
   aggregate rate = B / step;  per-sequence rate = 1 / step
 
 Give either raw numbers or a shipped model and accelerator
-(`--model=llama-3-8b --accelerator=h100-sxm --context=4096`), in which case
-batches whose weights, K/V and workspace do not fit the device are marked.
-With --model, --bandwidth_tbps, --tflops and --memory_gb replace the
-datasheet's figures (a labelled what-if), and --weight_dtype, --kv_dtype
-and --context take comma-separated lists: every combination in one table
-and one figure, each JSON row naming its own weight_dtype, kv_dtype and
-context (one combination keeps the single sweep's JSON). Model rows also
-give the rates per chip, per kW of TDP and, with --price_per_hour, tokens
-per dollar:
+(`--model=llama-3-8b --accelerator=h100-sxm --context=4096`): batches that do not fit
+are marked; --bandwidth_tbps, --tflops and --memory_gb are labelled what-ifs on the
+datasheet; --weight_dtype, --kv_dtype and --context take lists (every combination in
+one table, each JSON row naming its own); rows give the rates per chip, per kW and,
+with --price_per_hour, tokens per dollar. --engine=NAME makes the steps that engine's
+calibrated predictions (its published-measurement profile), the bound's step beside:
 
   python -m experiments.batch_sweep --model=llama-3-8b --accelerator=h100-sxm \
       --weight_dtype=bf16,fp8 --kv_dtype=bf16,fp8 --context=4096,32768 \
       --price_per_hour=2.5 --json_out=/tmp/cmp.json --plot_out=/tmp/cmp.png
 
 Defaults: the lesson's example (16 GB of BF16 weights, 0.25 GB of K/V per sequence, 2 TB/s):
-
-  python -m experiments.batch_sweep --batch_sizes=1,8,32,64 \
-      --json_out=/tmp/sweep.json --plot_out=/tmp/sweep.png
+`python -m experiments.batch_sweep --batch_sizes=1,8,32,64 --json_out=/tmp/sweep.json`.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _engine_flags
 from experiments import _layout_flags
 from experiments import _model_flags
 from experiments import _model_notes
@@ -50,7 +46,7 @@ _cli.key_flags(*_cli.MODEL_KEYS, "tp")
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "max_new_tokens",
                               "group_size", "memory_gb", *_model_flags.COST, *_model_flags.RAW,
-                              "profile", "what_if", lists=("weight_dtype", "kv_dtype"))
+                              "profile", "what_if", "engine", lists=("weight_dtype", "kv_dtype"))
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.weight_dtype, _SHARED.kv_dtype
 _KV_GB_PER_SEQ, _KV_BYTES_PER_TOKEN, _LAYERS = (_SHARED.kv_gb_per_seq, _SHARED.kv_bytes_per_token,
@@ -144,7 +140,7 @@ def _compute(batch_sizes: list[int],
   """The sweeps (one per combination; [] for raw numbers), the first, a title, what-ifs."""
   sweeps, what_ifs = [], []
   gap_s = None if _TOKEN_GAP_MS.value is None else _TOKEN_GAP_MS.value / 1e3
-  model = _model_flags.step_model(_SHARED, accelerator=None, bound=bound,
+  model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value, bound=bound,
                                   use_profile_ceilings=not _model_flags.figures_given(_SHARED))
   if _MODEL.value:
     sweeps, what_ifs = model_sweeps(batch_sizes, gap_s, bound=bound)
@@ -174,7 +170,10 @@ def main(argv: list[str]) -> None:
   batch_sizes = _cli.int_list(_BATCH_SIZES)
   sweeps, sweep, title, what_ifs = _compute(batch_sizes)
   priced = _PRICE_PER_HOUR.value is not None
-  if sweep["kind"] == "calibrated" and accuracy.bound_first(sweep["profile"]):
+  if sweep["kind"] == "calibrated" and "engine" in sweep["profile"]:  # The bound beside.
+    bound_sweeps, bound_sweep, _, _ = _compute(batch_sizes, bound=True)
+    _engine_flags.bound_beside(sweeps or [sweep], bound_sweeps or [bound_sweep])
+  elif sweep["kind"] == "calibrated" and accuracy.bound_first(sweep["profile"]):
     bound_sweeps, bound_sweep, _, _ = _compute(batch_sizes, bound=True)
     print("\n".join(sweep_table.bound_first_lines(title, bound_sweeps, bound_sweep, priced)))
   print("\n".join([sweep_table.title_line(title, sweep)] + what_ifs))

@@ -8,17 +8,19 @@
                           analytically (--from_vllm); `jaxroof.measure.user_measurements`
   --source=layouts        rows on tp/pp/ep layouts, with eta_comm (--from_csv)
   --source=vllm           vLLM `bench serve` runs replayed through the simulator
+  --source=published      an engine's profile refitted from the shipped published points
+                          (--engine=trtllm|vllm|sglang|gpt-fast), its error by source held out
 
   python -m experiments.calibrate --budget_s=120 --profile_out=results/profile_cpu.json \
       --json_out=results/calibration_cpu.json --plot_out=results/calibration_cpu.png
-  python -m experiments.calibrate --validate=results/profile_cpu.json \
-      --batch_sizes=3,20,48 --contexts=300,1500
+  python -m experiments.calibrate --validate=results/profile_cpu.json --batch_sizes=3,20,48
   python -m experiments.calibrate --from_csv=tests/data/trtllm_0.9.0_steps.csv \
       --accelerator=h200 [--carry_over]
   python -m experiments.calibrate --source=layouts --from_csv=LAYOUT_ROWS.csv [--carry_over]
   python -m experiments.calibrate --source=vllm --from_vllm=A.json,B.json \
       --model=llama-3.1-70b --accelerator=a100-40gb --server=tp=8 [--heldout_vllm=C.json] \
       [--hold=eta_kv=0.3,t0_request=3e-3] [--search=t0_seq]
+  python -m experiments.calibrate --source=published --engine=trtllm --json_out=/tmp/t.json
   python -m experiments.calibrate --engine_terms=FIT.json --heldout_vllm=C.json,D.json \
       --model=MODEL_DIR --accelerator_file=OTHER/accelerator.json   # no fit: FIT's terms
 
@@ -40,6 +42,7 @@ from jaxroof import files
 from jaxroof.calibrate import engine_fit
 from jaxroof.calibrate import fitting
 from jaxroof.calibrate import layout_fit
+from jaxroof.calibrate import published_profile
 from jaxroof.calibrate import repeatability
 from jaxroof.calibrate import toy_fit
 from jaxroof.calibrate import toy_job
@@ -90,15 +93,7 @@ def validate() -> None:
                           progress=_progress)
   errs = fitting.error_summary([r["rel_error"] for r in rows])
   print(tables.validation_text(F.VALIDATE.value, prof, rows, errs))
-  _write({
-      "kind": "validation",
-      "what": "toy decode step measured afresh vs the profile's calibrated prediction",
-      "profile": F.VALIDATE.value, "model": "calibration", "profile_heldout_median_rel_error":
-          prof.heldout_median_rel_error, "device_kind": prof.device_kind, "backend": prof.backend,
-      "dtype": prof.dtype, "method": prof.method, "median_rel_error": errs["median_rel_error"],
-      "max_rel_error": errs["max_rel_error"], "validation": rows,
-      "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"}
-  })
+  _write(toy_job.validation_result(F.VALIDATE.value, prof, rows, errs))
   if F.PLOT_OUT.value:
     calibration_report.plot(rows, F.PLOT_OUT.value,
                             calibration_report.title(prof) + " (validation)")
@@ -135,7 +130,7 @@ def csv() -> None:
     measurements = vllm_results.read_results(F.FROM_VLLM.value, model=F.MODEL.value,
                                              accelerator=F.ACCELERATOR.value, tp=F.server()["tp"],
                                              weight_dtype=F.WEIGHT_DTYPE.value,
-                                             kv_dtype=F.KV_DTYPE.value)
+                                             kv_dtype=F.server()["kv_dtype"])
     print(f"{vllm_results.ASSUMPTIONS[0]}.")
 
   def fit(rows, **kw):
@@ -157,22 +152,9 @@ def layouts() -> None:
 def vllm() -> None:
   """vLLM runs replayed through the simulator (`engine_fit`): fitted, or predicted with
   --engine_terms and nothing fitted."""
-  if F.HELDOUT_MODEL.value and not F.HELDOUT_VLLM.value:
-    raise errors.InputError(f"--heldout_model={','.join(F.HELDOUT_MODEL.value)[:60]} without "
-                            "--heldout_vllm: give the held-out runs it belongs to.")
-  if not F.MODEL.value:
-    raise errors.InputError("--model is required: the model the runs served.")
+  F.check_vllm()
   held = F.held()
   if not F.FROM_VLLM.value:  # A prediction: an earlier fit's terms, nothing fitted.
-    for flag in (F.ENGINE_TERMS, F.HELDOUT_VLLM):
-      if not flag.value:
-        raise errors.InputError(f"--{flag.name} is required without --from_vllm: the runs to "
-                                "predict and the terms to predict them with (or give "
-                                "--from_vllm to fit).")
-    for flag in (F.FIT_MODEL, F.SEARCH, F.PROFILE_OUT):
-      if flag.present:
-        raise errors.InputError(f"--{flag.name} without --from_vllm: it shapes a fit, and a "
-                                "prediction fits nothing.")
     result = engine_fit.predict_runs(F.HELDOUT_VLLM.value, F.serving_setup(held), held,
                                      heldout_model=F.HELDOUT_MODEL.value or None,
                                      factors_from=F.ENGINE_TERMS.value)
@@ -188,6 +170,15 @@ def vllm() -> None:
   _write(result, engine_fit.engine_profile(result))
 
 
+def published() -> None:
+  """An engine's profile refitted from the shipped published points (`published_profile`)."""
+  profile = published_profile.refit(F.published_engine())
+  print(tables.published_fit_text(profile))
+  if F.PROFILE_OUT.value:
+    files.write_json(F.PROFILE_OUT.value, profile)
+  _write(profile)
+
+
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   chosen = F.source()
@@ -195,7 +186,7 @@ def main(argv: list[str]) -> None:
   if chosen in ("ops", "toy"):
     validate() if F.VALIDATE.value else toy("steps" if chosen == "toy" else "ops")
   else:
-    {"csv": csv, "layouts": layouts, "vllm": vllm}[chosen]()
+    {"csv": csv, "layouts": layouts, "vllm": vllm, "published": published}[chosen]()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Analytic bounds from datasheet figures (jaxroof.specs.comparison):
       --json_out=/tmp/compare.json --plot_out=/tmp/compare.png
 
 `*` marks the best of each column (see jaxroof/specs/comparison.py for what "best"
-means per column); batches that do not fit in device memory are marked.
+means per column); batches that do not fit in device memory are marked. With
+`--engine=NAME` the rows are that engine's calibrated predictions (its profile fitted on
+published measurements; each accelerator labelled measured or derived, with its held-out
+error), the bound's step beside; an accelerator the engine has no rule for is left out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from absl import logging
 import functools
 
 from experiments import _cli
+from experiments import _engine_flags
 from experiments import _model_flags
 from experiments import _model_notes
 from experiments import _layout_flags
@@ -27,6 +31,7 @@ from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import comparison
 from jaxroof import files
 from jaxroof import progress
+from jaxroof.engines import engine_profiles
 from jaxroof.measure import profiles
 from jaxroof.report import device_comparison as comparison_report
 from jaxroof.report import accuracy
@@ -39,7 +44,7 @@ from jaxroof.symbolic.step_model import StepModel
 _cli.key_flags("model", "tp", "weight_dtype", "kv_dtype")  # --helpshort lists them.
 
 _SHARED = _model_flags.define("model", "weight_dtype", "kv_dtype", "block_size", "group_size",
-                              "workspace_fraction", "max_new_tokens", *_model_flags.COST)
+                              "workspace_fraction", "max_new_tokens", *_model_flags.COST, "engine")
 _MODEL, _WEIGHT_DTYPE, _KV_DTYPE = _SHARED.model, _SHARED.weight_dtype, _SHARED.kv_dtype
 _BLOCK_SIZE, _GROUP_SIZE, _WORKSPACE = (_SHARED.block_size, _SHARED.group_size,
                                         _SHARED.workspace_fraction)
@@ -115,8 +120,17 @@ def main(argv: list[str]) -> None:
         sweeper=functools.partial(parallel_sweep.layout_sweep, layout=layout,
                                   comm_overlap=_SHARED.comm_overlap.value))
 
-  calibrated = None if _PROFILE.value is None else _profile_model(devices)
+  entries = {}
+  if _SHARED.engine.value != engine_profiles.BOUND:
+    if _PROFILE.value:
+      raise InputError("--engine and --profile name two calibrations: give one.")
+    entries, devices, left = _engine_flags.entries(_SHARED.engine, devices)
+    refused += left
+  calibrated = (_profile_model(devices) if _PROFILE.value else
+                engine_profiles.step_model(next(iter(entries.values()))) if entries else None)
   result = compare(calibrated)
+  if entries:  # The bound's step beside each prediction; each device's own label.
+    _engine_flags.comparison_beside(result, compare(None), entries)
   result["inputs"]["layout"] = layout.as_dict()
   result["refused"] = refused
   counts = parameter_counts(model)
@@ -140,11 +154,13 @@ def main(argv: list[str]) -> None:
       table.format_table(comparison_report.SUMMARY_HEADERS, comparison_report.summary_rows(result)))
   print()
   headers, cells = comparison_report.ROW_HEADERS, comparison_report.batch_rows(result)
-  if calibrated is not None:  # The error beside every calibrated number.
+  if entries:
+    headers, cells = comparison_report.engine_columns(headers, cells, result)
+  elif calibrated is not None:  # The error beside every calibrated number.
     headers = tuple(headers) + (accuracy.HEADER,)
     cells = [list(c) + [accuracy.cell(calibrated.provenance)] for c in cells]
   print(table.format_table(headers, cells))
-  if calibrated is not None:
+  if calibrated is not None and not entries:
     for line in accuracy.footnote_lines(calibrated.provenance):
       print(line)
   for line in result["assumptions"]:

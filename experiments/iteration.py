@@ -6,7 +6,9 @@ rows at `--decode_context` positions each, beside one prefill chunk of
 one chip of `--tp/--pp/--ep`. Each operation (linear layers, LM head,
 attention with its K/V) is shown with its bytes, FLOPs and roofline time; the
 step is their sum (`--bound=per_op`) or one roofline (`--bound=fused`), plus
-the communication. An analytic bound from datasheet figures.
+the communication. An analytic bound from datasheet figures; with `--engine=NAME` the
+step is that engine's calibrated prediction (its profile's terms on the same iteration),
+the bound beside it, labelled with the engine and its held-out error.
 
   python -m experiments.iteration --model=llama-3-8b --accelerator=h100-sxm \
       --decode_rows=64 --decode_context=8192 --prefill_tokens=2048
@@ -21,16 +23,17 @@ from experiments import _cli
 from experiments import _layout_flags
 from experiments import _model_flags
 from jaxroof import files
+from jaxroof.engines import engine_profiles as profiles
 from jaxroof.errors import InputError
 from jaxroof.report import iteration_table
 from jaxroof.serving import replica
 from jaxroof.specs import models
 from jaxroof.symbolic.step_model import StepModel
 
-_cli.key_flags(*_cli.MODEL_KEYS[:4], "tp", "bound")
+_cli.key_flags(*_cli.MODEL_KEYS[:4], "tp", "bound", "engine")
 
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
-                              "kv_dtype", *_model_flags.COST)
+                              "kv_dtype", *_model_flags.COST, "engine")
 _DECODE_ROWS = flags.DEFINE_integer("decode_rows", 0, "Decode rows (sequences, one token "
                                     "each). >= 0.", lower_bound=0, upper_bound=1 << 20)
 _DECODE_CONTEXT = flags.DEFINE_integer("decode_context", 1, "Positions each decode row attends "
@@ -80,15 +83,17 @@ def main(argv: list[str]) -> None:
   offsets, lengths = (([float(_PREFILL_DONE.value)],
                        [float(_PREFILL_TOKENS.value)]) if _PREFILL_TOKENS.value else ([], []))
   mix = cost.mix(decode, offsets, lengths)
-  terms = {
-      name: float(value)
-      for name, value in cost.evaluate(mix, StepModel.bound(_SHARED.bound.value)).items()
-  }
-  result = iteration_table.result(model=spec.name, accelerator=device.name, layout=layout.as_dict(),
-                                  bound=_SHARED.bound.value, mix=mix, terms=terms,
-                                  assumptions=list(rep.description["notes"]),
-                                  weight_dtype=rep.description["weight_dtype"],
-                                  kv_dtype=_SHARED.kv_dtype.value)
+  bound = StepModel.bound(_SHARED.bound.value)
+  terms = {name: float(value) for name, value in cost.evaluate(mix, bound).items()}
+  engine = _model_flags.step_model(
+      _SHARED, accelerator=device.name) if _SHARED.engine.value != (profiles.BOUND) else None
+  result = iteration_table.result(
+      model=spec.name, accelerator=device.name, layout=layout.as_dict(), bound=_SHARED.bound.value,
+      mix=mix, terms=terms, assumptions=list(rep.description["notes"]),
+      weight_dtype=rep.description["weight_dtype"], kv_dtype=_SHARED.kv_dtype.value,
+      engine=None if engine is None else
+      (engine.provenance,
+       {name: float(value) for name, value in cost.evaluate(mix, engine).items()}))
   print(iteration_table.text(result))
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)

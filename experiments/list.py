@@ -1,6 +1,7 @@
-"""What `--model`, `--accelerator` and the dtype flags accept, with sources.
+"""What `--model`, `--accelerator`, `--engine` and the dtype flags accept, with sources.
 
-  python -m experiments.list                 # models and accelerators
+  python -m experiments.list                 # models, accelerators, engines
+  python -m experiments.list --what=engines  # each engine's measured accelerators and error
   python -m experiments.list --what=dtypes   # weight and K/V dtypes
 """
 
@@ -10,13 +11,14 @@ from absl import flags
 
 from experiments import _cli
 from jaxroof import files
+from jaxroof.engines import engine_profiles as profiles
 from jaxroof.report import table
 from jaxroof.specs import accelerators
 from jaxroof.specs import kv_sizing
 from jaxroof.specs import models
 from jaxroof.specs import parameters
 
-_WHAT = flags.DEFINE_enum("what", "all", ["all", "models", "accelerators", "dtypes"],
+_WHAT = flags.DEFINE_enum("what", "all", ["all", "models", "accelerators", "engines", "dtypes"],
                           "What to list.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the lists as JSON here.")
 
@@ -79,6 +81,15 @@ def main(argv: list[str]) -> None:
                                 for d in _RATE_COLUMNS] for r in out["accelerators"]]))
     print("'-': no published rate for that format; weights in it run at the bf16 rate.")
     print("or give your own with --accelerator_file=PATH (the same JSON schema).\n")
+  if what in ("all", "engines"):
+    out["engines"] = profiles.summary()
+    print(
+        table.format_table(
+            ("engine (--engine)", "profile", "measured on", "held-out error"),
+            [[r["engine"], r["profile"], ", ".join(r["accelerators"]) or "-", r["heldout"]]
+             for r in out["engines"]]))
+    print("bound (the default): the analytic model. An accelerator an engine was not measured "
+          "on, of a vendor it was, takes a derived entry (a wider error); another is refused.\n")
   if what in ("all", "dtypes"):
     out["weight_dtypes"] = {d: parameters.bytes_per_weight(d) for d in parameters.WEIGHT_DTYPES}
     out["kv_dtypes"] = dict(kv_sizing.KV_DTYPES)

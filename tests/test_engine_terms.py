@@ -80,7 +80,9 @@ def test_the_library_names_no_results_path_host_or_issue():
 
 def test_an_engines_term_brings_its_extension_and_absent_terms_their_defaults():
   plain = StepModel.calibrated(FACTORS)
-  assert plain.extensions == () and plain.term_values() == {"t0_seq": 0.0, "eta_attn": 0.0}
+  assert plain.extensions == () and plain.term_values() == {
+      "t0_seq": 0.0, "eta_attn": 0.0, "eta_moe": 1.0, "m_moe": 0.0, "eta_comm": 1.0
+  }
   held = StepModel.calibrated(FACTORS, terms={"t_act": 1e-9, "r_pack": 0.5})
   assert held.extensions == ("vllm_cpu", "xla_cpu")
   values = held.term_values()

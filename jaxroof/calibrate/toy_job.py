@@ -300,3 +300,17 @@ def validate(
         row["batch"] * row["context"] <= calibration_models.MAX_RETAINED_TOKENS)
     rows.append(row)
   return rows
+
+
+def validation_result(path: str, prof: profiles.Profile, rows: list[dict],
+                      errs: Mapping[str, Any]) -> dict[str, Any]:
+  """The JSON of a validation: the toy timed afresh against a profile's prediction."""
+  return {
+      "kind": "validation",
+      "what": "toy decode step measured afresh vs the profile's calibrated prediction",
+      "profile": path, "model": "calibration", "profile_heldout_median_rel_error":
+          prof.heldout_median_rel_error, "device_kind": prof.device_kind, "backend": prof.backend,
+      "dtype": prof.dtype, "method": prof.method, "median_rel_error": errs["median_rel_error"],
+      "max_rel_error": errs["max_rel_error"], "validation": rows,
+      "units": {"predicted_s": "s", "measured_s": "s", "rel_error": "1"}
+  }

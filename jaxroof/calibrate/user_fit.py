@@ -223,9 +223,10 @@ def error_summary_of(report: Sequence[Mapping[str, Any]], key: str) -> dict[str,
   return fitting.error_summary([r[key] for r in report])
 
 
-CARRY_OVER_WARNING = ("the rows hold one model ({model}): the held-out error is over its other "
-                      "batches and contexts; predicting another model (size, architecture, layout) "
-                      "with this profile is a carry-over whose error these rows cannot show")
+CARRY_OVER_WARNING = ("the rows hold one model ({model}): the k-fold error is over its other "
+                      "batches and contexts, not a held-out error on another model; predicting "
+                      "another model (size, architecture, layout) with this profile is a "
+                      "carry-over whose error is unknown (these rows cannot show it)")
 
 
 def _check_rows(rows: Sequence[um.Row], *, inputs: row_fit.InputsFn,

@@ -49,6 +49,8 @@ def held_out(provenance: Mapping[str, Any]) -> dict[str, Any]:
   points, those the fit never saw and those it also fitted.
   """
   source = provenance.get("source") or {}
+  if provenance.get("heldout_by") == "source":  # An engine profile (`engines.engine_profiles`).
+    return {"by": "source", "measured_on": [], "unseen": [], "seen": []}
   if "fit_models" in source:  # A serving-benchmark fit (`calibrate.engine_fit`).
     fitted = _unique(source["fit_models"])
     if source.get("heldout_files"):
@@ -69,6 +71,8 @@ def held_out_words(held: Mapping[str, Any]) -> str:
   """`held_out`'s answer in words: "on whole models the fit never saw", ..."""
   if held["by"] == "model":
     return "on whole models the fit never saw"
+  if held["by"] == "source":
+    return "leaving out whole published sources the fit never saw"
   if held["by"] == "rows":
     named = f" ({', '.join(held['seen'])})" if held["seen"] else ""
     return f"on held-out rows of the one model measured{named}"
@@ -89,7 +93,7 @@ def measured_on_model(provenance: Mapping[str, Any]) -> bool | None:
   if not target:
     return None
   held = held_out(provenance)
-  if held["by"] == "model":  # Leave-one-model-out: measured on models the fit never saw.
+  if held["by"] in ("model", "source"):  # Whole models or sources the fit never saw.
     return True
   if not held["measured_on"]:  # Which models is not recorded: no claim either way.
     return None

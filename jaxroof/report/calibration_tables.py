@@ -16,6 +16,7 @@ from jaxroof.measure import profiles
 from jaxroof.report import calibration as calibration_report
 from jaxroof.report import table
 from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import terms
 
 
 def points_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -156,8 +157,8 @@ def _suspicious(flagged: Sequence[Mapping[str, Any]]) -> list[str]:
 def user_fit_text(result: Mapping[str, Any], source: str, engine: str, drop_hint: str) -> str:
   """A fit to users' measured rows (`user_fit.calibrate`); `drop_hint` says how to
   leave the suspicious rows out, shown when some were kept."""
-  by = ("leave-one-model-out" if result["heldout_by"] == user_fit.HELDOUT_BY_MODEL else
-        "k-fold over the rows of one model")
+  by_model = result["heldout_by"] == user_fit.HELDOUT_BY_MODEL
+  by = "leave-one-model-out" if by_model else "k-fold over the rows of one model"
   lines = [
       f"Calibration of {result['accelerator']} from {result['rows_used']} of "
       f"{result['rows_read']} measured rows of {source} (engine: {engine}).",
@@ -165,9 +166,12 @@ def user_fit_text(result: Mapping[str, Any], source: str, engine: str, drop_hint
       table.factor_table(dict(result)),
       _user_rows(
           result["heldout_rows"],
-          f"Held-out rows ({by}; calibrated prediction vs measurement, and the "
-          "analytic bound):"),
-      table.heldout_line(dict(result)) + f" (held out by {result['heldout_by']})"
+          (f"Held-out rows ({by}; " if by_model else f"Rows predicted by the other folds ({by}; ") +
+          "calibrated prediction vs measurement, and the analytic bound):"),
+      table.heldout_line(dict(result)) +
+      f" (held out by {result['heldout_by']})" if by_model else table.heldout_line(
+          dict(result), "within-model (k-fold over one model's rows; the error "
+          "on other models is unknown)")
   ]
   larger = result.get("extrapolation")
   if larger:
@@ -305,3 +309,59 @@ def _heldout_text(result: Mapping[str, Any]) -> str:
                 if coalesced else "") +
                (f" ({paced} point(s) of client-bound runs left out)" if paced else ""))
   return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+  return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def error_cells(row: Mapping[str, Any]) -> list[str]:
+  """median, p90 and max relative error, as percentages."""
+  return [_pct(row.get(k)) for k in ("median_rel_error", "p90_rel_error", "max_rel_error")]
+
+
+def published_fit_text(profile: Mapping[str, Any]) -> str:
+  """An engine profile refitted from published points: its terms (a share of a ceiling
+  only where the term is one and lies in (0, 1]), its error by source held out, and the
+  derivation rule's error by accelerator held out."""
+  lines = [
+      f"engine profile {profile['engine']} (covers {', '.join(profile['covers'])}): "
+      f"{profile['points_used']} published training points, sources "
+      f"{', '.join(profile['data']['sources']) or 'none usable'}"
+  ]
+  rows = []
+  for name, value in profile["terms"].items():
+    term = terms.get(name)
+    share = term.unit == "1" and name.startswith("eta_")
+    shown = (f"{value:.3g} of its ceiling" if share and 0 < value <= 1 else f"{value:.3g}" +
+             ("" if term.unit == "1" else f" {term.unit}") +
+             (" (OUTSIDE (0, 1]: not a share)" if share else ""))
+    rows.append([name, shown, term.label])
+  lines.append(table.format_table(("term", "value", "what"), rows))
+  held = [[r["source"], str(r["points"]), *error_cells(r)] for r in profile["heldout_by_source"]]
+  if held:
+    held.append([
+        "all sources",
+        str(sum(r["points"] for r in profile["heldout_by_source"])), *error_cells(profile)
+    ])
+    lines.append(f"held-out error, {profile['heldout_method']}:")
+    lines.append(table.format_table(("source", "points", "median", "p90", "max"), held))
+  else:
+    lines.append(f"held-out error: {profile['heldout_method']}")
+  derived = profile.get("derived", {})
+  lines.append(f"an accelerator not measured: {derived.get('rule', 'refused')}; its error "
+               f"median {_pct(derived.get('median_rel_error'))}, p90 "
+               f"{_pct(derived.get('p90_rel_error'))}, max {_pct(derived.get('max_rel_error'))}")
+  lines.append(f"scheduler and memory: {profile['rules']}")
+  return "\n".join(lines)
+
+
+def terms_table_text(result: Mapping[str, Mapping[str, Any]]) -> str:
+  """The leave-one-source-out error of each variant of the engine profiles' design."""
+  profiles_ = sorted({p for row in result.values() for p in row["profiles"]})
+  rows = [[name, str(row["points"]), *error_cells(row)] +
+          [" / ".join(error_cells(row["profiles"].get(p, {}))) for p in profiles_]
+          for name, row in result.items()]
+  return ("held-out error leaving out one whole source at a time, with and without each term "
+          "(median / p90 / max):\n" + table.format_table(
+              ("variant", "points", "median", "p90", "max", *profiles_), rows))

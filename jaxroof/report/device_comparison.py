@@ -59,6 +59,23 @@ def batch_rows(result: dict[str, Any]) -> list[list[str]]:
   return out
 
 
+def engine_columns(headers, cells, result: dict[str, Any]):
+  """The rows with the bound's step and the entry's held-out error beside each."""
+  rows = [(e, r) for e in result["accelerators"] for r in e["rows"]]
+  headers = tuple(headers) + ("bound step ms", "calibrated (engine, held-out med/p90/max)")
+  cells = [
+      list(c) + [f"{r['bound_step_s'] * 1e3:,.3f}", _error(e)] for c, (e, r) in zip(cells, rows)
+  ]
+  return headers, cells
+
+
+def _error(e: dict[str, Any]) -> str:
+  err = e["heldout_error"]
+  shown = "/".join("?" if err.get(k) is None else f"{100 * err[k]:.0f}%"
+                   for k in ("median_rel_error", "p90_rel_error", "max_rel_error"))
+  return f"{e['engine']}{' (derived)' if e['derived_entry'] else ''} {shown}"
+
+
 def plot(result: dict[str, Any], path: str | os.PathLike[str], *, batch: int | None = None,
          top_n: int = 12) -> None:
   """Both rates at one batch, a sorted bar per accelerator (the top `top_n`).

@@ -73,6 +73,8 @@ def title_line(title: str, sweep: dict[str, Any], *, bound_first: bool = False) 
   if sweep["kind"] != "calibrated":
     return f"{title} (analytic bound; GB = 1e9 B)"
   prof = sweep["profile"]
+  if "engine" in prof:  # An engine's published-measurement profile.
+    return f"{title} ({prof['label']}; the analytic bound's step beside; GB = 1e9 B)"
   return (f"{title} (calibrated prediction: profile of {prof['device_kind']}, "
           f"{prof['backend']}, {prof['dtype']}; held-out error median "
           f"{table.percent(prof['heldout_median_rel_error'])}, max "
@@ -108,6 +110,9 @@ def lines(sweeps: list[dict], sweep: dict, *, priced: bool = False) -> list[str]
             "n/a" if r["tokens_per_s_per_kw"] is None else f"{r['tokens_per_s_per_kw']:,.1f}"
         ] + ([f"{r['tokens_per_dollar']:,.0f}"] if priced else []) for c, r in zip(cells, rows)
     ]
+  if all("bound_step_s" in r for r in rows):
+    headers = headers + ("bound step ms",)
+    cells = [c + [f"{r['bound_step_s'] * 1e3:,.3f}"] for c, r in zip(cells, rows)]
   headers, cells = headers + ("moved by",), [c + [r["moved_by"]] for c, r in zip(cells, rows)]
   if sweep["kind"] == "calibrated":  # The error beside every calibrated number.
     headers = headers + (accuracy.HEADER,)

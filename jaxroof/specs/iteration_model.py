@@ -82,7 +82,8 @@ class IterationModel:
         r_e=0.0 if counts.tied else float(counts.hidden_size *
                                           fmt.part_bytes_per_weight("embeddings")),
         A_w=float(params.activation_widths(spec)), L=float(spec.num_layers), BW=float(BW),
-        F=math.inf if F is None else float(F))
+        F=math.inf if F is None else float(F),
+        N_xb=float(counts.moe_layers * counts.experts_per_token * counts.routed_expert))
     c["F_attn"] = c["F"] if F_attn is None else float(F_attn)
     sizing = kv_sizing.size_kv(spec, context=1, kv_dtype=kv_dtype, state_dtype=state_dtype)
     window_kind = window = None
@@ -161,7 +162,7 @@ class IterationModel:
     scale = {
         "W_b": weights, "W_h": weights, "r_e": weights, "W_x": experts, "k_full": kv, "k_win": kv,
         "k_mla": kv, "s_st": kv, "N_b": flops, "N_h": flops, "a_full": flops, "a_win": flops,
-        "a_mla": flops, "ap_mla": flops, "u_mla": flops, "A_w": flops
+        "a_mla": flops, "ap_mla": flops, "u_mla": flops, "A_w": flops, "N_xb": flops
     }
     c = {n: v * scale.get(n, 1.0) for n, v in self.constants.items()}
     return dataclasses.replace(self, constants=c, comm=comm, comm_overlap=_overlap(comm_overlap))

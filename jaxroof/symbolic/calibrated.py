@@ -32,6 +32,7 @@ from jaxroof.symbolic import terms
 from jaxroof.symbolic.lambdify import Evaluator, lambdified
 from jaxroof.symbolic.symbols import (A_t, A_w, B, FACTOR_QUANTITIES, eta_attn, eta_f, eta_kv,
                                       eta_w, r_ovl, t0_layer, t0_seq, t0_step)
+from jaxroof.symbolic.terms import eta_comm, eta_moe, m_moe
 
 Backend = Literal["numpy", "jax"]
 FACTORS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl)
@@ -101,7 +102,7 @@ def _plain() -> dict[str, sp.Expr]:
   """The decode outputs with no attention FLOPs and no per-sequence or attention-kernel
   term: the form a profile's six factors are fitted in, whose crossovers are solved in
   closed form."""
-  zero = {A_t: 0, t0_seq: 0, eta_attn: 0}
+  zero = {A_t: 0, t0_seq: 0, eta_attn: 0, eta_moe: 1, m_moe: 0, eta_comm: 1}
   return {n: sp.sympify(e).xreplace(zero) for n, e in cost_model.calibrated_decode_outputs().items()}
 
 
@@ -185,5 +186,5 @@ def readable_extras(names) -> str:
   outputs = cost_model.calibrated_decode_outputs(terms.owners(names))
   added = [m for n in terms.owners(names) for m in terms.extension(n).memory
           ] + [k for k in outputs if k not in cost_model.calibrated_decode_outputs()]
-  zero = {A_t: 0, t0_seq: 0, eta_attn: 0}
+  zero = {A_t: 0, t0_seq: 0, eta_attn: 0, eta_moe: 1, m_moe: 0, eta_comm: 1}
   return "; ".join(f"{k} = {sp.sympify(outputs[k]).xreplace(zero)}" for k in dict.fromkeys(added))

@@ -73,8 +73,9 @@ from jaxroof.symbolic.symbols import (A_t, A_w, B, BW, E, F, F_attn, H, K, L, L_
                                       W, W_b, W_h, W_x, X_full, X_mla, X_win, a_full, a_mla, a_win,
                                       ap_mla, c_chunk, d, eta_attn, eta_f, eta_f_prefill, eta_kv,
                                       eta_w, k, k_full, k_mla, k_win, n_dec, n_pre, n_samp, n_seq,
-                                      o_chunk, o_ovl, q, r_e, r_ovl, s_st, t0_layer, t0_seq,
+                                      N_xb, o_chunk, o_ovl, q, r_e, r_ovl, s_st, t0_layer, t0_seq,
                                       t0_step, t_comm, u_mla)
+from jaxroof.symbolic.terms import eta_comm, eta_moe, m_moe
 
 Bound = Literal["per_op", "fused"]
 BOUNDS: tuple[str, ...] = ("per_op", "fused")
@@ -87,7 +88,7 @@ MIX: tuple[sp.Symbol, ...] = (n_dec, n_pre, n_samp, n_seq, S_full, S_win, S_mla,
                               X_mla, V_full, V_win, V_mla, O_up)
 # What a model on a chip's share of a layout is.
 MODEL: tuple[sp.Symbol, ...] = (W_b, W_x, E, K, N_b, N_h, W_h, r_e, k_full, k_win, k_mla, a_full,
-                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F, F_attn)
+                                a_win, a_mla, ap_mla, u_mla, s_st, A_w, L, BW, F, F_attn, N_xb)
 COMM: tuple[sp.Symbol, ...] = (t_comm, o_ovl)
 INPUTS: tuple[sp.Symbol, ...] = MIX + MODEL + COMM
 MIX_NAMES: tuple[str, ...] = tuple(str(s) for s in MIX)
@@ -160,8 +161,8 @@ def bound_terms(bound: Bound = "per_op") -> dict[str, sp.Expr]:
 
 
 # The calibrated iteration's own cost terms (the core's; an extension adds its engine's).
-CALIBRATED_TERMS: tuple[sp.Symbol,
-                        ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl, t0_seq, eta_attn)
+CALIBRATED_TERMS: tuple[sp.Symbol, ...] = (eta_w, eta_kv, eta_f, t0_step, t0_layer, r_ovl, t0_seq,
+                                           eta_attn, eta_moe, m_moe, eta_comm)
 Extensions = tuple[str, ...]
 
 
@@ -174,6 +175,11 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   return larger * ((a / larger)**p + (b / larger)**p)**(1 / p)
 
 
+def _switch(eta: sp.Expr) -> sp.Expr:
+  """1 for an efficiency in (0, 1] (the term is used), 0 at 0 (absent)."""
+  return sp.ceiling(sp.Min(1, eta))
+
+
 def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:
   """Attention FLOPs as (the share left with the linear layers, their own time in seconds).
 
@@ -181,8 +187,32 @@ def attention_split(flops: sp.Expr) -> tuple[sp.Expr, sp.Expr]:
   on top of the linear layers; eta_attn = 0 keeps them with the linear layers' FLOPs at
   eta_f*F_attn (the switch ceiling(min(1, eta_attn)) is 1 for any eta_attn in (0, 1], 0 at 0).
   """
-  on = sp.ceiling(sp.Min(1, eta_attn))
+  on = _switch(eta_attn)
   return (1 - on) * flops, on * flops / (sp.Max(eta_attn, 1e-30) * F_attn)
+
+
+def linear_weights() -> sp.Expr:
+  """Block weights multiplied per token, the routed experts' weighted by their own rate: the
+  dense GEMMs' `N_b - N_xb` and the routed experts' grouped GEMMs' `N_xb` at eta_moe of the
+  dense rate (eta_moe = 1: as the dense ones, `N_b`). At 2 FLOPs each per token and eta_f*F
+  they give the linear layers' compute time."""
+  return N_b - N_xb + N_xb / eta_moe
+
+
+def expert_padding() -> sp.Expr:
+  """The grouped expert GEMMs' padding, in weights-times-rows: each routed expert the
+  iteration's tokens touch (`expected_distinct_experts`) multiplies `m_moe` rows more than
+  its share `tokens*K/E` (a tile's rows per expert), its `N_xb/K` weights at the experts'
+  rate: `N_xb/K * E_touched * m_moe / eta_moe` (0 at m_moe = 0, or a dense model). So
+  the experts' FLOP rate falls as `M_e / (M_e + m_moe)` with their rows M_e = tokens*K/E."""
+  touched = architecture.expected_distinct_experts(tokens(), E, K)
+  return N_xb / K * touched * m_moe / eta_moe
+
+
+# `linear_weights()` and `expert_padding()` as positive symbols while the iteration is built
+# (sympy then combines its positive times quickly), replaced, unevaluated, once it is built.
+_N_LINEAR = sp.Dummy("N_linear", positive=True)
+_N_PADDING = sp.Dummy("N_padding", positive=True)
 
 
 def _plain_read(nbytes: sp.Expr, rate: sp.Expr) -> sp.Expr:
@@ -215,8 +245,8 @@ def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
   weight_s = read(weight_bytes, eta_w * BW)
   kv_s = ops["attention"][0] / (eta_kv * BW)
   shared_attention_flops, attention_s = attention_split(ops["attention"][1])
-  compute_s = (ops["linear"][1] + ops["head"][1] + shared_attention_flops * F / F_attn) / (eta_f *
-                                                                                           F)
+  compute_s = ((2 * _N_LINEAR * tokens() + 2 * _N_PADDING + ops["head"][1]) / (eta_f * F) +
+               shared_attention_flops / (eta_f * F_attn))
   fixed_s = t0_step + L * t0_layer + t0_seq * n_seq
   linear_s = overlap(weight_s, compute_s)
   parts = terms_lib.IterationParts(tokens=tokens(), linear_bytes=ops["linear"][0],
@@ -229,11 +259,14 @@ def _calibrated_terms(extensions: Extensions) -> dict[str, sp.Expr]:
     extra.update(extension.seconds(parts))
     beside.update(extension.beside(parts))
   floor_s = fixed_s + linear_s + kv_s + attention_s + sum(extra.values())
-  return {
+  out = {
       "weight_s": weight_s, "kv_s": kv_s, "attention_s": attention_s, "compute_s": compute_s,
       "fixed_s": fixed_s, "linear_s": linear_s, **extra, "floor_s": floor_s, **beside,
-      "comm_s": t_comm, "step_s": with_overlap(floor_s, t_comm, o_ovl)
+      "comm_s": t_comm / eta_comm, "step_s": with_overlap(floor_s, t_comm / eta_comm, o_ovl)
   }
+  with sp.evaluate(False):
+    done = {_N_LINEAR: linear_weights(), _N_PADDING: expert_padding()}
+    return {name: sp.sympify(e).xreplace(done) for name, e in out.items()}
 
 
 def extension_terms(extensions: Extensions) -> tuple[sp.Symbol, ...]:
@@ -319,7 +352,7 @@ def decode_specialisation(B: sp.Expr, context: sp.Expr, weight_bytes: sp.Expr, N
   """
   zero = {
       s: 0 for s in (n_pre, X_full, X_win, X_mla, V_full, V_win, V_mla, O_up, S_win, S_mla, W_x,
-                     N_h, W_h, r_e, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st)
+                     N_h, W_h, r_e, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st, N_xb)
   }
   return {
       **zero, n_dec: B, n_samp: B, n_seq: B, S_full: B * context, W_b: weight_bytes, E: 1, K: 1,
@@ -460,7 +493,7 @@ def prefill_specialisation(B: sp.Expr, P: sp.Expr, weight_bytes: sp.Expr, N_act:
   absorbed by the factors, as the rows give no K/V size)."""
   zero = {
       s: 0 for s in (n_dec, S_full, S_win, S_mla, X_win, X_mla, V_full, V_win, V_mla, O_up, W_x,
-                     N_h, W_h, r_e, k_full, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st)
+                     N_h, W_h, r_e, k_full, k_win, k_mla, a_win, a_mla, ap_mla, u_mla, s_st, N_xb)
   }
   return {
       **zero, n_pre: B * P, n_samp: B, n_seq: B, X_full: B * prefill.attended_pairs(P),
@@ -478,7 +511,7 @@ def calibrated_prefill_outputs() -> dict[str, sp.Expr]:
   pair_flops = L_attn * prefill.full_attention_pair_flops(H, d)
   subs = {
       **prefill_specialisation(B, P, formulas.weight_traffic(N, q), N_act, pair_flops), t_comm: 0,
-      o_ovl: 0, eta_f: eta_f_prefill, eta_attn: eta_f_prefill, t0_seq: 0
+      o_ovl: 0, eta_f: eta_f_prefill, eta_attn: eta_f_prefill, t0_seq: 0, eta_moe: 1, eta_comm: 1
   }
   t = {name: sp.sympify(e).xreplace(subs) for name, e in calibrated_terms().items()}
   return {

@@ -203,6 +203,9 @@ W_b = _define("W_b", "B", "bytes of the blocks' weights read every iteration (ro
               "apart)", _C)
 W_x = _define("W_x", "B", "bytes of every routed expert of every MoE block", _C)
 N_b = _define("N_b", "weights", "block weights multiplied per token (active, LM head apart)", _C)
+N_xb = _define(
+    "N_xb", "weights", "routed-expert weights multiplied per token (the top-K "
+    "experts of every MoE block: the grouped expert GEMMs' share of N_b)", _C)
 N_h = _define("N_h", "weights", "LM-head weights, multiplied per sampled row", _C)
 W_h = _define("W_h", "B", "bytes of the LM head", _C)
 r_e = _define("r_e", "B/token", "embedding bytes looked up per token (0 when tied)", _C)
@@ -226,6 +229,10 @@ x_os = _define(
 _S = "serving"
 A_f = _define("A_f", "FLOP", "attention FLOPs per (query, key) pair, all blocks", _S)
 C_chunk = _define("C_chunk", "tokens", "prompt tokens per prefill chunk", _S)
+n_bud = _define(
+    "n_bud", "tokens", "an engine's token budget: the most tokens one iteration "
+    "holds (max_num_batched_tokens)", _S)
+n_max = _define("n_max", "sequences", "an engine's cap on running sequences (max_num_seqs)", _S)
 x_over = _define("x_over", "1", "tolerated fractional overhead of chunked prefill", _S)
 n_out = _define("n_out", "tokens", "output tokens generated per request", _S)
 j = _define("j", "1", "index of a step or chunk in a sum", _S)

@@ -35,8 +35,9 @@ import sympy as sp
 
 from jaxroof import errors
 
-APPLIES_TO: tuple[str, ...] = ("weights", "kv", "flops", "linear", "attention", "prefill",
-                               "iteration", "layer", "sequence", "request", "collective", "idle")
+APPLIES_TO: tuple[str, ...] = ("weights", "kv", "flops", "linear", "attention", "experts",
+                               "prefill", "iteration", "layer", "sequence", "request", "collective",
+                               "idle", "memory")
 OBTAINED: tuple[str, ...] = ("fitted", "measured", "held")
 CORE = "core"
 
@@ -247,6 +248,16 @@ eta_attn = register(
     "eta_attn", "1", "achieved fraction of F in an engine's attention kernel, its FLOPs timed "
     "apart from the linear layers' (0: with them, at eta_f)", applies_to="attention", default=0.0,
     bounds=(0.0, 1.0), obtained="measured", label="attention FLOPs (share of F)")
+eta_moe = register(
+    "eta_moe", "1", "FLOP rate of the routed experts' grouped GEMMs relative to the dense "
+    "linear layers' (eta_f): the experts run at eta_f*eta_moe of F (1: as the dense ones)",
+    applies_to="experts", default=1.0, bounds=(0.0, 1.0), obtained="fitted", low_open=True,
+    label="expert FLOPs (share of the dense layers' rate)")
+m_moe = register(
+    "m_moe", "tokens", "rows each routed expert's GEMM pays beyond its tokens (a tile's "
+    "padding): the experts' FLOP rate falls as M_e / (M_e + m_moe), M_e = tokens*K/E their "
+    "rows (0: no padding)", applies_to="experts", default=0.0, bounds=(0.0, 1e4), obtained="fitted",
+    label="padding rows per expert GEMM")
 eta_comm = register(
     "eta_comm", "1", "achieved fraction of the modelled collective speed (link bandwidth and "
     "per-hop latency together)", applies_to="collective", label="collectives (share of the "
@@ -266,3 +277,25 @@ t0_request = register(
     "t0_request", "s", "fixed cost per request before the engine sees it (HTTP, API server, "
     "tokenisation)", applies_to="request", default=0.0, bounds=(0.0, 100.0), obtained="fitted",
     label="per request")
+
+# The engine's memory reservation (`reservation.py`): how much of a chip's memory its K/V
+# cache gets, which bounds the running sequences. Held from the engine's documented rule.
+u_mem = register(
+    "u_mem", "1", "share of memory an engine takes: of the whole device for weights, "
+    "workspace and K/V (vLLM gpu_memory_utilization, SGLang mem_fraction_static), or of what "
+    "the weights and workspace leave free (TensorRT-LLM, x_free = 1)", applies_to="memory",
+    default=1.0, bounds=(0.0, 1.0), obtained="held", low_open=True,
+    label="memory share the engine takes")
+m_act = register(
+    "m_act", "B", "activation workspace bytes per token of the token budget per element of "
+    "the model's width (a profile run of max_num_batched_tokens tokens)", applies_to="memory",
+    default=0.0, bounds=(0.0, 1e3), obtained="held", label="workspace per budget token and "
+    "width element")
+m_graph = register("m_graph", "B", "memory held for captured graphs and buffers outside the K/V "
+                   "cache, per chip", applies_to="memory", default=0.0, bounds=(0.0, 1e12),
+                   obtained="held", label="graphs and buffers")
+x_free = register(
+    "x_free", "1", "1 where u_mem applies to the memory left free after weights and "
+    "workspace (TensorRT-LLM), 0 where it applies to the whole device", applies_to="memory",
+    default=0.0, bounds=(0.0, 1.0), obtained="held", label="u_mem of the free memory (1) or "
+    "of all of it (0)")

@@ -1,0 +1,97 @@
+"""Which terms the published data asks for: the held-out error with and without each.
+
+A term stays in the shipped design (`published_fit.DESIGN`) only where leaving it out
+raises the error of the engine profiles leaving out one whole source at a time. `table()`
+refits every profile that has training points (TensorRT-LLM with NIM, vLLM, gpt-fast)
+under each variant (`VARIANTS`: a term dropped, one added, the memory reservation or the
+pooled prior taken away) and reports the leave-one-source-out error over all their
+points, and per profile. Slow (every variant refits each profile once per source, the
+pooled prior too): `experiments.profile_terms` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+
+import numpy as np
+
+from jaxroof.calibrate import published_fit as fit_lib
+from jaxroof.calibrate import published_profile as profile_lib
+from jaxroof.calibrate import published_setups as setups_lib
+
+# The bound's memory in place of an engine's reservation: every byte the weights leave,
+# no cap on running sequences (what the analytic model assumes).
+NO_RESERVATION = {"u_mem": 1.0, "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0, "n_max": 1e6}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  design: fit_lib.Design
+  settings: tuple[tuple[str, float], ...] = ()  # Held settings replaced.
+  prior: bool = True  # Each engine pulled toward the pooled fit.
+
+
+def _variants() -> dict[str, Variant]:
+  d = fit_lib.DESIGN
+  out = {"shipped design (every term below)": Variant(d)}
+  for name in d.fitted:
+    if name not in ("eta_w", "eta_f"):
+      out[f"without {name}"] = Variant(d.without(name))
+  out["with per-accelerator eta_w, eta_f"] = Variant(fit_lib.Design(d.fitted, ("eta_w", "eta_f")))
+  out["without the engines' memory reservation"] = Variant(d, tuple(NO_RESERVATION.items()))
+  out["without the pooled prior"] = Variant(d, prior=False)
+  return out
+
+
+VARIANTS: dict[str, Variant] = _variants()
+
+
+@functools.cache
+def _training() -> tuple[setups_lib.Stacked, dict]:
+  stacked = setups_lib.stack(profile_lib.training_points())
+  return stacked, fit_lib.held(stacked)
+
+
+def _settings(base: Mapping[str, np.ndarray], replaced) -> dict[str, np.ndarray]:
+  out = dict(base)
+  for name, value in replaced:
+    out[name] = np.full_like(out[name], value)
+  return out
+
+
+def loso(variant: Variant, profiles=None) -> dict:
+  """Leave-one-source-out errors of every profile with training points (or of those named)
+  under `variant`: over all their points, and per profile."""
+  stacked, base = _training()
+  settings = _settings(base, variant.settings)
+  cache: dict[str, fit_lib.EngineFit] = {}
+
+  def pooled(source: str) -> fit_lib.EngineFit:
+    if source not in cache:
+      keep = np.asarray([p.source != source for p in stacked.points])
+      cache[source] = fit_lib.fit(stacked.take(keep), {n: v[keep] for n, v in settings.items()},
+                                  variant.design)
+    return cache[source]
+
+  errors = np.full(len(stacked), np.nan)
+  per_profile = {}
+  for engine, covers in profile_lib.COVERS.items():
+    mask = np.asarray([p.engine in covers for p in stacked.points])
+    if profiles is not None and engine not in profiles:
+      continue
+    if not mask.any():
+      continue
+    mine = stacked.take(mask)
+    e = fit_lib.leave_out(mine, {n: v[mask] for n, v in settings.items()},
+                          [p.source for p in mine.points], variant.design,
+                          pooled if variant.prior else None)
+    errors[mask] = e
+    per_profile[engine] = fit_lib.summary(e)
+  return {**fit_lib.summary(errors), "profiles": per_profile}
+
+
+def table(names=None, profiles=None) -> dict[str, dict]:
+  """`loso` of each named variant (default: all), in order."""
+  return {name: loso(VARIANTS[name], profiles) for name in (names or VARIANTS)}
