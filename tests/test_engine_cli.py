@@ -103,8 +103,11 @@ def test_the_referee_predicts_points_never_fitted_on(tmp_path):
   out = tmp_path / "referee.json"
   done = run("referee", f"--json_out={out}")
   assert done.returncode == 0, done.stderr
-  result = json.loads(out.read_text())
+  result = json.loads(out.read_text(), parse_constant=pytest.fail)  # No NaN, no inf.
   predicted = [r for r in result["predictions"] if r["rel_error"] is not None]
+  for row in result["predictions"]:  # Null with its reason, or a number with none.
+    assert (row["predicted"] is None) == (row["point_id"] in result["not_predicted"])
+    assert (row["predicted"] is None) == bool(row["not_predicted"])
   assert len(predicted) >= 25 and len({r["engine"] for r in predicted}) >= 3
   assert result["bound_ratio"]["violations"] == 0 and result["bound_ratio"]["min"] >= 1
   fitted_on = {s for name in result["profiles"] for s in profiles.load(name)["data"]["sources"]}
