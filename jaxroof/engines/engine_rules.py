@@ -7,7 +7,9 @@ whether it reserves K/V for a whole request up front (`reserve_full`), and its m
 rule in the registered memory terms (`u_mem`, `m_act`, `m_graph`, `x_free`;
 `symbolic/reservation.py`). Every figure is read from `engine_defaults.json`
 (`data/published/`), which names its source; a published run's own settings, where
-its source states them, override the defaults (`SOURCE_SETTINGS`).
+its source states them, override the defaults (`SOURCE_SETTINGS`), and so does its
+protocol: `first_wave` where a source's closed-loop means are those of its clients'
+first requests, sent together (0 by default: a benchmark's steady state).
 
 Held estimates (stated, not fitted): the activation workspace of a profile run,
 `m_act = 16` bytes per token of the budget per element of the model's width (a bf16
@@ -46,6 +48,11 @@ SOURCE_SETTINGS: dict[str, dict[str, object]] = {
     "trtllm-perf-v0.17": {"u_mem": 0.95},
     "trtllm-perf-v1.0": {"u_mem": 0.95},
     "trtllm-perf-latest": {"u_mem": 0.95},
+    # genai-perf's measurement windows (perf_analyzer, a few seconds each) hold about one
+    # request per client at these lengths (request latencies of 10-200 s), so its means
+    # are a first wave's: its own points show it (TTFT at 25 clients 5-9x TTFT at one, a
+    # lockstep queue of 12 prefills; a steady state queues none of them).
+    "nim-dli-genai-perf": {"first_wave": 1.0},
 }
 
 
@@ -60,9 +67,9 @@ def _vllm(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   seqs = d["max_num_seqs"][key]["openai_api_server"]
   budget = d["max_num_batched_tokens"][key]["openai_api_server"]
   return {
-      "n_max": float(min(seqs,
-                         budget)), "n_bud": float(budget), "chunked": 1.0, "reserve_full": 0.0,
-      "u_mem": float(d["gpu_memory_utilization"]), "m_act": M_ACT, "m_graph": 0.0, "x_free": 0.0
+      "n_max": float(min(seqs, budget)), "n_bud": float(budget), "chunked": 1.0,
+      "reserve_full": 0.0, "u_mem": float(d["gpu_memory_utilization"]), "m_act": M_ACT,
+      "m_graph": 0.0, "x_free": 0.0, "first_wave": 0.0
   }
 
 
@@ -94,7 +101,8 @@ def _sglang(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   total = device.memory_capacity_bytes / MIB
   return {
       "n_max": UNCAPPED, "n_bud": chunk, "chunked": 1.0, "reserve_full": 0.0, "u_mem": round(
-          (total - reserved) / total, 3), "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0
+          (total - reserved) / total, 3), "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0,
+      "first_wave": 0.0
   }
 
 
@@ -106,7 +114,7 @@ def _trtllm(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
       "n_max": float(min(example["max_runtime_batch_size"],
                          budget)), "n_bud": budget, "chunked": 0.0, "reserve_full": 1.0,
       "u_mem": float(d["kv_cache_free_gpu_memory_fraction"]["default"]), "m_act": M_ACT,
-      "m_graph": 0.0, "x_free": 1.0
+      "m_graph": 0.0, "x_free": 1.0, "first_wave": 0.0
   }
 
 
@@ -114,7 +122,7 @@ def _gpt_fast(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   # One request at a time (its published runs are batch 1): no scheduler to speak of.
   return {
       "n_max": 1.0, "n_bud": UNCAPPED, "chunked": 0.0, "reserve_full": 1.0, "u_mem": 1.0,
-      "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0
+      "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0, "first_wave": 0.0
   }
 
 
