@@ -127,7 +127,9 @@ def test_the_refit_is_the_shipped_profile(tmp_path, engine):
   assert refit["points_used"] == shipped["points_used"]
   assert refit["terms"] == pytest.approx(shipped["terms"], rel=1e-4)
   for key in ("median_rel_error", "p90_rel_error", "max_rel_error"):
-    assert refit[key] == pytest.approx(shipped[key], rel=1e-4)
-    assert refit["derived"][key] == pytest.approx(shipped["derived"][key], rel=1e-4)
+    for got, want in ((refit, shipped), (refit["derived"], shipped["derived"])):
+      # None where the profile has no error of its own kind (SGLang: no own points).
+      assert (got[key] is None) == (want[key] is None)
+      assert want[key] is None or got[key] == pytest.approx(want[key], rel=1e-4)
   assert [r["source"] for r in refit["heldout_by_source"]
          ] == [r["source"] for r in shipped["heldout_by_source"]]
