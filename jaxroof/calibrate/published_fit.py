@@ -95,7 +95,7 @@ def held(stacked: Stacked, engine: str | None = None) -> dict[str, np.ndarray]:
     tp, pp, _ = p.layout
     rows.append(
         engine_rules.settings(engine or p.engine, device, tp=p.tp, pp=pp, source=p.source,
-                              requests=p.requests))
+                              requests=p.requests, model=p.model))
   return {n: np.asarray([r[n] for r in rows], dtype=float) for n in points_lib.SETTINGS}
 
 

@@ -48,6 +48,9 @@ SOURCE_SETTINGS: dict[str, dict[str, object]] = {
     "trtllm-perf-v0.17": {"u_mem": 0.95},
     "trtllm-perf-v1.0": {"u_mem": 0.95},
     "trtllm-perf-latest": {"u_mem": 0.95},
+    # Its 405B server ran with --mem-frac 0.87 (the run's derivation and sources.csv); the
+    # 70B one states none (SGLang's default).
+    "datacrunch-sglang-h200": {"models": {"llama-3.1-405b": {"u_mem": 0.87}}},
     # genai-perf's measurement windows (perf_analyzer, a few seconds each) hold about one
     # request per client at these lengths (request latencies of 10-200 s), so its means
     # are a first wave's: its own points show it (TTFT at 25 clients 5-9x TTFT at one, a
@@ -148,9 +151,10 @@ def canonical(engine: str) -> str:
 
 
 def settings(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1, source: str = "",
-             requests: float | None = None) -> dict[str, float]:
+             requests: float | None = None, model: str = "") -> dict[str, float]:
   """The held scheduler and memory settings of `engine` on `device` (see the module
-  docstring); a published run's own, where its source states them, override them."""
+  docstring); a published run's own, where its source states them (for every model it
+  ran, or for `model`'s runs: `SOURCE_SETTINGS[source]["models"]`), override them."""
   name = canonical(engine)
   if name not in _BUILDERS:
     errors.require_choice("engine", engine, RULES)
@@ -158,6 +162,7 @@ def settings(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1, sour
   given = dict(SOURCE_SETTINGS.get(source, {}))
   given = dict(given.get(name, given)) if isinstance(
       given.get(name), dict) else {k: v for k, v in given.items() if not isinstance(v, dict)}
+  given.update(SOURCE_SETTINGS.get(source, {}).get("models", {}).get(model, {}))
   for key, value in given.items():
     if value == "requests":
       value = requests if requests is not None and math.isfinite(requests) else out[key]
