@@ -142,20 +142,23 @@ def test_the_bound_is_never_faster_than_a_measurement():
 
 
 def test_a_fit_recovers_known_terms_from_points_the_model_made():
-  # Rows made by the predictor with known terms, TP layouts and MoE included: the fit
-  # gets them back, so no term is counted twice (eta_comm against the collectives, the
-  # expert terms against the dense rate, t0_layer against t0_step).
+  # Rows made by the predictor with known terms, TP layouts and MoE included: a fit of
+  # every candidate term (the shipped design's and t0_step) gets them back, so no term is
+  # counted twice (eta_comm against the collectives, the expert terms against the dense
+  # rate, t0_layer against t0_step).
+  design = fit_lib.Design(tuple(KNOWN), ())
+  assert set(fit_lib.DESIGN.fitted) <= set(design.fitted)
   train = [p for p in profile_lib.training_points() if p.engine in ("trtllm", "nim")][::4]
   assert sum(p.tp > 1 for p in train) > 20 and any(p.model == "mixtral-8x7b" for p in train)
   stacked = setups_lib.stack(train)
   settings = fit_lib.held(stacked)
-  made = fit_lib.predict_with(stacked, fit_lib.EngineFit(KNOWN, {}, 0, fit_lib.DESIGN), settings)
+  made = fit_lib.predict_with(stacked, fit_lib.EngineFit(KNOWN, {}, 0, design), settings)
   synthetic = [
       dataclasses.replace(p, value=float(v)) for p, v in zip(stacked.points, made)
       if math.isfinite(v)
   ]
   again = setups_lib.stack(synthetic)
-  fitted = fit_lib.fit(again, fit_lib.held(again), fit_lib.DESIGN)
+  fitted = fit_lib.fit(again, fit_lib.held(again), design)
   for name, value in KNOWN.items():
     if name != "t0_seq":  # Too small beside the rest to show in these rows.
       assert fitted.terms[name] == pytest.approx(value, rel=0.05), name
