@@ -69,10 +69,10 @@ class Design:
 # leaving out r_ovl, t0_layer, t0_seq, t0_request, eta_moe or eta_comm raises it (median
 # 20.1-24.2%); leaving out eta_kv lowers the median by 0.2 points and raises the p90 by 2.3
 # (kept); leaving out m_moe changes neither by more than 0.2 points (kept: within the
-# noise, and the expert rows' padding is a cost the MoE points need). t0_step is left out
-# (absent: 0): with t0_layer fitted, leaving it out lowered the error (median 20.4% ->
-# 19.3%, p90 50.5% -> 47.3%). Per-accelerator efficiencies did not lower it, so every
-# accelerator of an engine shares its terms.
+# noise, not shown to help). t0_step is left out (absent: 0): with t0_layer fitted,
+# leaving it out lowered the error (median 20.4% -> 19.3%, p90 50.5% -> 47.3%).
+# Per-accelerator efficiencies did not lower it, so every accelerator of an engine shares
+# its terms.
 DESIGN = Design(
     fitted=("eta_w", "eta_kv", "eta_f", "r_ovl", "t0_layer", "t0_seq", "t0_request", "eta_moe",
             "m_moe", "eta_comm"), per_accelerator=())
