@@ -101,5 +101,19 @@ def test_a_runs_own_settings_override_the_defaults():
   mi300x = load_accelerator("mi300x")
   run = engine_rules.settings("vllm", mi300x, source="rocm-vllm-0.7.3", requests=3200)
   assert run["n_bud"] == 131072 and run["n_max"] == 3200
+  # A setting the source states for one model's runs (its derivation: --mem-frac 0.87).
+  h200 = load_accelerator("h200")
+  by_model = {
+      m: engine_rules.settings("sglang", h200, tp=8, source="datacrunch-sglang-h200", model=m)
+      for m in ("llama-3.1-405b", "llama-3.1-70b")
+  }
+  with open(published.WHOLE_SYSTEM, encoding="utf-8") as f:
+    derivations = [
+        row["derivation"] for row in csv.DictReader(f)
+        if row["source_id"] == "datacrunch-sglang-h200" and "405b" in row["model"]
+    ]
+  assert derivations and all("--mem-frac 0.87" in d for d in derivations)
+  assert by_model["llama-3.1-405b"]["u_mem"] == 0.87
+  assert by_model["llama-3.1-70b"] == engine_rules.settings("sglang", h200, tp=8)
   with pytest.raises(InputError, match="engine"):
     engine_rules.settings("tgi", mi300x)

@@ -115,6 +115,26 @@ def test_clients_beyond_what_the_engine_runs_wait_and_add_no_throughput():
   assert rate[1] == pytest.approx(rate[2], rel=1e-9)  # Past the cap: queueing only.
 
 
+def test_a_closed_loop_in_steady_state_queues_less_than_its_first_wave():
+  # A closed loop's requests turn over one by one once its first wave has passed: a
+  # prompt waits for the prefills ahead of it at the replica's rate, never for half of
+  # the other clients' prefills as the first wave (all sent together) does.
+  [base] = _points("nim-dli-genai-perf/094")  # 25 clients of 7000-token prompts, A100.
+  points = [
+      dataclasses.replace(base, concurrency=c, source=s, point_id=f"x/{c}{s}")
+      for s in ("steady", "nim-dli-genai-perf") for c in (1, 25)
+  ]
+  stacked = setups_lib.stack(points)
+  settings = fit_lib.held(stacked)
+  assert list(settings["first_wave"]) == [0, 0, 1, 1]  # The source's protocol.
+  out = points_lib.predict(stacked,
+                           {**fit_lib.terms_per_point(stacked, lambda i: KNOWN), **settings})
+  one, steady, _, first = out["value"]
+  lockstep = (25 - 1) / 2 * out["prefill_share_s"][3]
+  assert first == pytest.approx(out["ttft_s"][3]) and first - one > 0.9 * lockstep
+  assert one < steady < one + 0.5 * lockstep
+
+
 def test_the_bound_is_never_faster_than_a_measurement():
   checked = published_referee.bounds()
   assert checked["points"] > 650 and checked["violations"] == []
@@ -122,20 +142,23 @@ def test_the_bound_is_never_faster_than_a_measurement():
 
 
 def test_a_fit_recovers_known_terms_from_points_the_model_made():
-  # Rows made by the predictor with known terms, TP layouts and MoE included: the fit
-  # gets them back, so no term is counted twice (eta_comm against the collectives, the
-  # expert terms against the dense rate, t0_layer against t0_step).
+  # Rows made by the predictor with known terms, TP layouts and MoE included: a fit of
+  # every candidate term (the shipped design's and t0_step) gets them back, so no term is
+  # counted twice (eta_comm against the collectives, the expert terms against the dense
+  # rate, t0_layer against t0_step).
+  design = fit_lib.Design(tuple(KNOWN), ())
+  assert set(fit_lib.DESIGN.fitted) <= set(design.fitted)
   train = [p for p in profile_lib.training_points() if p.engine in ("trtllm", "nim")][::4]
   assert sum(p.tp > 1 for p in train) > 20 and any(p.model == "mixtral-8x7b" for p in train)
   stacked = setups_lib.stack(train)
   settings = fit_lib.held(stacked)
-  made = fit_lib.predict_with(stacked, fit_lib.EngineFit(KNOWN, {}, 0, fit_lib.DESIGN), settings)
+  made = fit_lib.predict_with(stacked, fit_lib.EngineFit(KNOWN, {}, 0, design), settings)
   synthetic = [
       dataclasses.replace(p, value=float(v)) for p, v in zip(stacked.points, made)
       if math.isfinite(v)
   ]
   again = setups_lib.stack(synthetic)
-  fitted = fit_lib.fit(again, fit_lib.held(again), fit_lib.DESIGN)
+  fitted = fit_lib.fit(again, fit_lib.held(again), design)
   for name, value in KNOWN.items():
     if name != "t0_seq":  # Too small beside the rest to show in these rows.
       assert fitted.terms[name] == pytest.approx(value, rel=0.05), name

@@ -21,8 +21,14 @@ it joins (over `ceil(P / budget)` iterations with chunked prefill). Over a reque
 G - 1 gaps the others' prefills are paid once each, so the token gap is
 `t_d(B) + (B - 1) dp / (G - 1)`; TTFT is half an iteration's wait, the prompt's
 iterations and the per-request cost t0_request; a slot turns over in
-`R_slot = n_chunks t_d + dp + (G - 1) gap`. Closed loop: C clients beyond the cap queue
-(Little: the cycle is C / X, X = B / R_slot). Saturated: X = B / R_slot; TTFT adds the
+`R_slot = n_chunks t_d + dp + (G - 1) gap`. Closed loop, in steady state: its requests
+turn over one by one (a client's next request arrives as its last ends, so the first
+wave's lockstep does not last); a prompt waits for the prefills ahead of it at the
+replica's rate X = B / R_slot (M/D/1, as an open loop's, at most half of the others');
+C clients beyond the cap queue (Little: the cycle is C / X). A source whose protocol
+measures a closed loop's first wave (`first_wave`, `engines.engine_rules`) moves in
+waves as a saturating run does. Saturated (every request
+submitted at once, moving in waves): X = B / R_slot; TTFT adds the
 admission wait of N requests. Open loop at rate lambda per replica: B = 1 + lambda R
 (a request meets the mean number in service), solved by iteration; past capacity the
 TTFT depends on the run's length and is not predicted (NaN). Aggregate rates are
@@ -46,7 +52,7 @@ from jaxroof.symbolic import reservation
 MODES: tuple[str, ...] = ("step", "static", "per_user", "closed", "saturated", "open")
 # Held per point with the fitted terms (`values`): the engine's scheduler and memory rule.
 SETTINGS: tuple[str, ...] = ("n_max", "n_bud", "chunked", "reserve_full", "u_mem", "m_act",
-                             "m_graph", "x_free")
+                             "m_graph", "x_free", "first_wave")
 _OPEN_ITERATIONS = 12
 
 
@@ -93,8 +99,9 @@ def continuous(t: Any, batch: np.ndarray, *, prompt: np.ndarray, output: np.ndar
 
   `t(rows, prompts)` is the iteration time; `budget` the tokens an iteration holds
   (`chunked`: prompts split to fill it beside the decode rows; else whole prompts, at
-  least one); `waves` where the requests move in step (fixed lengths, all started
-  together: a closed loop or a saturating run), else they turn over one by one. The
+  least one); `waves` where the requests move in step (fixed lengths, all submitted
+  at once: a saturating run), else they turn over one by one (an open or a closed
+  loop in steady state). The
   bound pays no other request's prefill and no queue. Returns the decode step, a
   prompt's added time, the token gap, TTFT (before any wait for a slot), a request's
   latency, the time a batch turns over in and the requests per second."""
@@ -118,15 +125,35 @@ def continuous(t: Any, batch: np.ndarray, *, prompt: np.ndarray, output: np.ndar
   }
 
 
+def prefill_wait(state: Mapping[str, np.ndarray], rate: np.ndarray,
+                 batch: np.ndarray) -> np.ndarray:
+  """A prompt arriving at `rate` per second: half an iteration, and the prefills ahead of
+  it (M/D/1 on the prefill work, `rate * share` of the time busy), never more than half
+  of the other running requests' prefills (all of them arriving together)."""
+  share = state["prefill_share_s"]
+  busy = np.minimum(rate * share, 0.99)
+  queue = np.minimum(busy * share / (2 * (1 - busy)), np.maximum(batch - 1, 0.0) / 2 * share)
+  return 0.5 * state["step_s"] + queue
+
+
 def closed_loop(state: Mapping[str, np.ndarray], clients: np.ndarray, cap: np.ndarray,
-                bound: bool = False) -> dict[str, np.ndarray]:
-  """C clients over a replica running `min(C, cap)`: those beyond it wait for a slot
-  (Little's law: a client's cycle is C / X). The bound waits for nothing (the cycle
-  less a latency that is itself a bound is no bound on the wait)."""
+                bound: bool = False, no_wait: Any = False) -> dict[str, np.ndarray]:
+  """C clients over a replica running `B = min(C, cap)`, in steady state: a request
+  leaves when its last token comes and its client's next one arrives, so with fixed
+  lengths the requests stay spread over a cycle and turn over one by one (the first
+  wave's lockstep is a transient a benchmark's many requests average away). A prompt
+  waits for the prefills ahead of it at the replica's rate (`prefill_wait`); clients
+  beyond the cap wait for a slot (Little's law: a client's cycle is C / X). `no_wait`
+  where the prompt's wait is already in the state's TTFT (a first wave's lockstep) or
+  there is none (the bound). The bound waits for nothing (the cycle less a latency that
+  is itself a bound is no bound on the wait)."""
   x = state["requests_per_s"]
-  cycle = np.maximum(state["latency_s"], clients / np.maximum(x, 1e-30))
-  wait = np.where((clients > cap) & (not bound), cycle - state["latency_s"], 0.0)
-  return {"ttft_s": state["ttft_s"] + wait, "requests_per_s": clients / cycle}
+  steady = ~np.asarray(no_wait, dtype=bool)
+  ahead = np.where(steady, prefill_wait(state, x, np.minimum(clients, cap)), 0.0)
+  latency = state["latency_s"] + ahead
+  cycle = np.maximum(latency, clients / np.maximum(x, 1e-30))
+  wait = np.where((clients > cap) & (not bound), cycle - latency, 0.0)
+  return {"ttft_s": state["ttft_s"] + ahead + wait, "requests_per_s": clients / cycle}
 
 
 def saturated(state: Mapping[str, np.ndarray], requests: np.ndarray,
@@ -145,9 +172,7 @@ def open_loop(state: Mapping[str, np.ndarray], rate: np.ndarray,
               bound: bool = False) -> dict[str, np.ndarray]:
   """Poisson arrivals at `rate` per replica: a prompt waits for the prefills ahead of it
   (M/D/1 on the prefill work, `rate * share` of the time busy) and half an iteration."""
-  share = state["prefill_share_s"]
-  busy = np.minimum(rate * share, 0.99)
-  wait = 0.0 if bound else 0.5 * state["step_s"] + busy * share / (2 * (1 - busy))
+  wait = 0.0 if bound else prefill_wait(state, rate, np.inf)  # No cap on the queue.
   return {"ttft_s": state["ttft_s"] + wait}
 
 
@@ -177,7 +202,10 @@ def predict(stacked: Stacked, values: Mapping[str, Any], *,
   t0_request = 0.0 if bound else np.asarray(values.get("t0_request", 0.0))
   budget = np.full(len(pts), np.inf) if bound else np.asarray(values["n_bud"], dtype=float)
   chunked = np.zeros(len(pts)) if bound else np.asarray(values["chunked"], dtype=float)
-  waves = modes["closed"] | modes["saturated"]
+  # A closed loop measured over its first wave (`first_wave`, the source's protocol)
+  # moves in step as a saturating run does; else it is in steady state.
+  first = np.asarray(values.get("first_wave", 0.0), dtype=float) > 0
+  waves = modes["saturated"] | (modes["closed"] & first & (not bound))
 
   def state_at(batch):
     return continuous(t, batch, prompt=p, output=g, budget=budget, chunked=chunked,
@@ -194,7 +222,8 @@ def predict(stacked: Stacked, values: Mapping[str, Any], *,
   served_max = state_at(cap)["requests_per_s"]
   overloaded = open_ & (rate >= served_max)
   prefill = t(0.0, fixed)  # A fixed batch prefilled together.
-  closed, sat = closed_loop(state, clients, cap, bound), saturated(state, requests, batch)
+  closed = closed_loop(state, clients, cap, bound, no_wait=waves | bound)
+  sat = saturated(state, requests, batch)
   ttft = np.select(
       [modes["closed"], modes["saturated"], open_ & ~overloaded, open_],
       [closed["ttft_s"], sat["ttft_s"],

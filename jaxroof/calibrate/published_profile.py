@@ -21,6 +21,7 @@ whole. Deterministic: the same data gives the same profile.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,8 @@ from jaxroof.engines import engine_rules
 from jaxroof.engines import published
 from jaxroof.engines.published import Point
 from jaxroof.specs import accelerators
+from jaxroof.symbolic import calibrated
+from jaxroof.symbolic import terms as terms_lib
 
 COVERS: dict[str, tuple[str, ...]] = {
     "trtllm": ("trtllm", "nim"), "vllm": ("vllm",), "sglang": ("sglang",), "gpt-fast": ("gpt-fast",)
@@ -91,6 +94,12 @@ def _rounded(values: dict[str, float]) -> dict[str, float]:
   return {n: float(f"{v:.6g}") for n, v in sorted(values.items())}
 
 
+def _with_factors(values: Mapping[str, float]) -> dict[str, float]:
+  """Fitted terms and every step-model factor the design leaves out, at its default
+  (absent: a fixed cost of 0), so a profile drives the step model whole."""
+  return {**{n: terms_lib.get(n).default for n in calibrated.FACTOR_NAMES}, **values}
+
+
 def refit(engine: str, *, design: fit_lib.Design | None = None,
           points: Sequence[Point] | None = None) -> dict:
   """The profile of `engine` (a `PROFILES` name) as JSON (see the module docstring)."""
@@ -130,7 +139,7 @@ def refit(engine: str, *, design: fit_lib.Design | None = None,
         "settings": engine_rules.settings(engine, device),
     }
   result.update(
-      terms=_rounded(fitted.terms), accelerators=entries,
+      terms=_rounded(_with_factors(fitted.terms)), accelerators=entries,
       vendors=sorted({accelerators.load_accelerator(a).vendor for a in entries}),
       heldout_by_source=_errors_by(sources, loso, "source"), **fit_lib.summary(loso),
       heldout_method="leave one whole source out (the pooled prior refitted without it too)",
@@ -148,7 +157,7 @@ def _pooled_only(engine: str, result: dict, pooled: _Pooled) -> dict:
   engines = np.asarray([engine_rules.canonical(p.engine) for p in stacked.points])
   errors = fit_lib.leave_out(stacked, settings, engines, pooled.design)
   result.update(
-      terms=_rounded(pooled.fit().terms), accelerators={}, heldout_by_source=[],
+      terms=_rounded(_with_factors(pooled.fit().terms)), accelerators={}, heldout_by_source=[],
       vendors=sorted({accelerators.load_accelerator(p.accelerator).vendor for p in stacked.points}),
       median_rel_error=None, p90_rel_error=None, max_rel_error=None,
       heldout_method="none of its own: no training point gives the lengths a prediction "

@@ -4,7 +4,9 @@
 profile of its engine (`engines.engine_profiles.entry`: NIM through TensorRT-LLM's; an
 accelerator the engine was not measured on through the derivation rule), and reports
 the absolute relative error by engine and overall (median, p90, max), the worst points,
-the points not predicted and why, and the bound's ratio to each measurement. `bounds()`
+the points not predicted and why (a value the predictor cannot give, such as the TTFT of
+an open loop offered more than the replica serves, is listed there with its reason and
+left null in `predictions`, never NaN), and the bound's ratio to each measurement. `bounds()`
 checks over every point, training and referee, that the analytic bound is never faster
 than the measurement (ratio >= 1). Nothing here is fitted.
 """
@@ -28,9 +30,11 @@ TARGETS = {"median_rel_error": 0.15, "p90_rel_error": 0.35, "max_rel_error": 0.6
 WORST = 12
 
 
-def predict_points(points: Sequence[Point]) -> tuple[setups_lib.Stacked, np.ndarray, list]:
-  """The points the predictor takes, their predictions with the shipped profiles, and the
-  entries used (one per point); a point whose engine has no entry is left NaN."""
+def predict_points(
+    points: Sequence[Point]) -> tuple[setups_lib.Stacked, np.ndarray, list, list[str | None]]:
+  """The points the predictor takes, their predictions with the shipped profiles, the
+  entries used (one per point), and why a point has no prediction (None where it has one;
+  its prediction then NaN)."""
   stacked = setups_lib.stack(points)
   entries = []
   for p in stacked.points:
@@ -40,9 +44,33 @@ def predict_points(points: Sequence[Point]) -> tuple[setups_lib.Stacked, np.ndar
       entries.append(None)
   terms = fit_lib.terms_per_point(stacked, lambda i: entries[i].terms if entries[i] else {})
   values = {**terms, **fit_lib.held(stacked)}
-  predicted = points_lib.predict(stacked, values)["value"]
-  predicted = np.where([e is not None for e in entries], predicted, np.nan)
-  return stacked, predicted, entries
+  out = points_lib.predict(stacked, values)
+  reasons = [
+      _why_no_value(p, e, v, o)
+      for p, e, v, o in zip(stacked.points, entries, out["value"], out["overloaded"])
+  ]
+  predicted = np.where([r is None for r in reasons], out["value"], np.nan)
+  return stacked, predicted, entries, reasons
+
+
+OVERLOADED = ("an open loop offered more requests per second than the profile predicts the "
+              "replica serves: its TTFT grows with the run's length, which the source's "
+              "finite run fixes and the predictor does not know")
+
+
+def _why_no_value(point: Point, entry, value: float, overloaded: bool) -> str | None:
+  if entry is None:
+    return f"no profile entry for engine {point.engine!r} on {point.accelerator!r}"
+  if np.isfinite(value) and value > 0:
+    return None
+  if overloaded and point.metric == "ttft_s":
+    return f"past capacity: {OVERLOADED}"
+  return "the predictor gives no finite value"
+
+
+def _finite(x: float) -> float | None:
+  """A JSON number, or null where there is none (never NaN)."""
+  return float(x) if np.isfinite(x) else None
 
 
 def bounds(points: Sequence[Point] | None = None) -> dict:
@@ -51,9 +79,10 @@ def bounds(points: Sequence[Point] | None = None) -> dict:
   points = published.read_points() if points is None else points
   stacked = setups_lib.stack([p for p in points if setups_lib.why_not(p) is None])
   ratio = points_lib.bound_ratio(stacked, points_lib.predict(stacked, {}, kind="bound")["value"])
+  given = np.isfinite(ratio)  # An open loop past even the bound's capacity has no TTFT.
   return {
-      "points": len(stacked), "min_ratio": float(np.min(ratio)),
-      "median_ratio": float(np.median(ratio)), "max_ratio": float(np.max(ratio)),
+      "points": int(np.sum(given)), "min_ratio": float(np.min(ratio[given])),
+      "median_ratio": float(np.median(ratio[given])), "max_ratio": float(np.max(ratio[given])),
       "violations": [{"point_id": p.point_id, "ratio": float(r)}
                      for p, r in zip(stacked.points, ratio) if r < 1]
   }
@@ -64,7 +93,8 @@ def referee(points: Sequence[Point] | None = None) -> dict:
   points = published.read_points() if points is None else points
   refs = [p for p in points if p.split == "referee"]
   why = {p.point_id: setups_lib.why_not(p) for p in refs}
-  stacked, predicted, entries = predict_points([p for p in refs if why[p.point_id] is None])
+  stacked, predicted, entries, reasons = predict_points(
+      [p for p in refs if why[p.point_id] is None])
   rel = points_lib.relative_errors(stacked, predicted)
   bound = points_lib.predict(stacked, {}, kind="bound")["value"]
   ratio = points_lib.bound_ratio(stacked, bound)
@@ -75,9 +105,10 @@ def referee(points: Sequence[Point] | None = None) -> dict:
     rows.append({
         "point_id": p.point_id, "engine": p.engine, "accelerator": p.accelerator, "model": p.model,
         "metric": p.metric, "mode": points_lib.mode_of(p), "measured": p.value,
-        "predicted": float(predicted[i]), "bound": float(bound[i]), "rel_error": float(rel[i]),
-        "bound_ratio": float(ratio[i]), "derived_entry": bool(entry and entry.derived),
-        "profile_heldout": dict(entry.heldout_error) if entry else None
+        "predicted": _finite(predicted[i]), "bound": _finite(bound[i]),
+        "rel_error": _finite(rel[i]), "bound_ratio": _finite(ratio[i]), "not_predicted": reasons[i],
+        "derived_entry": bool(entry and entry.derived
+                             ), "profile_heldout": dict(entry.heldout_error) if entry else None
     })
   finite = np.isfinite(rel)
   order = [i for i in np.argsort(np.where(finite, -rel, np.inf)) if finite[i]][:WORST]
@@ -98,11 +129,11 @@ def referee(points: Sequence[Point] | None = None) -> dict:
       "kind": "referee", "what": "shipped engine profiles predicting published points never "
                                  "fitted on (split = referee)", **fit_lib.summary(rel),
       "targets": TARGETS, "engines": by_engine, "bound_ratio": {
-          "min": float(np.min(ratio)), "median": float(np.median(ratio)),
+          "min": float(np.nanmin(ratio)), "median": float(np.nanmedian(ratio)),
           "violations": int(np.sum(ratio < 1))
-      }, "worst": [rows[i] for i in order], "not_predicted":
-          {k: v for k, v in why.items() if v} |
-          {rows[i]["point_id"]: "no profile entry" for i in range(len(rows)) if not entries[i]},
+      }, "worst": [rows[i] for i in order],
+      "not_predicted": {k: v for k, v in why.items() if v} |
+                       {rows[i]["point_id"]: r for i, r in enumerate(reasons) if r},
       "predictions": rows, "assumptions": list(setups_lib.ASSUMPTIONS),
       "profiles": sorted({e.profile for e in entries if e})
   }

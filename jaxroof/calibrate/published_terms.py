@@ -3,9 +3,9 @@
 A term stays in the shipped design (`published_fit.DESIGN`) only where leaving it out
 raises the error of the engine profiles leaving out one whole source at a time. `table()`
 refits every profile that has training points (TensorRT-LLM with NIM, vLLM, gpt-fast)
-under each variant (`VARIANTS`: a term dropped, one added, the memory reservation or the
-pooled prior taken away) and reports the leave-one-source-out error over all their
-points, and per profile. Slow (every variant refits each profile once per source, the
+under each variant (`VARIANTS`: a term dropped, one the shipped design leaves out added,
+the memory reservation or the pooled prior taken away) and reports the
+leave-one-source-out error over all their points, and per profile. Slow (every variant refits each profile once per source, the
 pooled prior too): `experiments.profile_terms` runs it.
 """
 
@@ -39,6 +39,9 @@ def _variants() -> dict[str, Variant]:
   for name in d.fitted:
     if name not in ("eta_w", "eta_f"):
       out[f"without {name}"] = Variant(d.without(name))
+  for name in ("t0_step",):  # Candidates the shipped design leaves out.
+    if name not in d.fitted:
+      out[f"with {name}"] = Variant(fit_lib.Design(d.fitted + (name,), d.per_accelerator))
   out["with per-accelerator eta_w, eta_f"] = Variant(fit_lib.Design(d.fitted, ("eta_w", "eta_f")))
   out["without the engines' memory reservation"] = Variant(d, tuple(NO_RESERVATION.items()))
   out["without the pooled prior"] = Variant(d, prior=False)

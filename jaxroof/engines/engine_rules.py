@@ -7,7 +7,9 @@ whether it reserves K/V for a whole request up front (`reserve_full`), and its m
 rule in the registered memory terms (`u_mem`, `m_act`, `m_graph`, `x_free`;
 `symbolic/reservation.py`). Every figure is read from `engine_defaults.json`
 (`data/published/`), which names its source; a published run's own settings, where
-its source states them, override the defaults (`SOURCE_SETTINGS`).
+its source states them, override the defaults (`SOURCE_SETTINGS`), and so does its
+protocol: `first_wave` where a source's closed-loop means are those of its clients'
+first requests, sent together (0 by default: a benchmark's steady state).
 
 Held estimates (stated, not fitted): the activation workspace of a profile run,
 `m_act = 16` bytes per token of the budget per element of the model's width (a bf16
@@ -46,6 +48,14 @@ SOURCE_SETTINGS: dict[str, dict[str, object]] = {
     "trtllm-perf-v0.17": {"u_mem": 0.95},
     "trtllm-perf-v1.0": {"u_mem": 0.95},
     "trtllm-perf-latest": {"u_mem": 0.95},
+    # Its 405B server ran with --mem-frac 0.87 (the run's derivation and sources.csv); the
+    # 70B one states none (SGLang's default).
+    "datacrunch-sglang-h200": {"models": {"llama-3.1-405b": {"u_mem": 0.87}}},
+    # genai-perf's measurement windows (perf_analyzer, a few seconds each) hold about one
+    # request per client at these lengths (request latencies of 10-200 s), so its means
+    # are a first wave's: its own points show it (TTFT at 25 clients 5-9x TTFT at one, a
+    # lockstep queue of 12 prefills; a steady state queues none of them).
+    "nim-dli-genai-perf": {"first_wave": 1.0},
 }
 
 
@@ -60,9 +70,9 @@ def _vllm(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   seqs = d["max_num_seqs"][key]["openai_api_server"]
   budget = d["max_num_batched_tokens"][key]["openai_api_server"]
   return {
-      "n_max": float(min(seqs,
-                         budget)), "n_bud": float(budget), "chunked": 1.0, "reserve_full": 0.0,
-      "u_mem": float(d["gpu_memory_utilization"]), "m_act": M_ACT, "m_graph": 0.0, "x_free": 0.0
+      "n_max": float(min(seqs, budget)), "n_bud": float(budget), "chunked": 1.0,
+      "reserve_full": 0.0, "u_mem": float(d["gpu_memory_utilization"]), "m_act": M_ACT,
+      "m_graph": 0.0, "x_free": 0.0, "first_wave": 0.0
   }
 
 
@@ -94,7 +104,8 @@ def _sglang(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   total = device.memory_capacity_bytes / MIB
   return {
       "n_max": UNCAPPED, "n_bud": chunk, "chunked": 1.0, "reserve_full": 0.0, "u_mem": round(
-          (total - reserved) / total, 3), "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0
+          (total - reserved) / total, 3), "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0,
+      "first_wave": 0.0
   }
 
 
@@ -106,7 +117,7 @@ def _trtllm(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
       "n_max": float(min(example["max_runtime_batch_size"],
                          budget)), "n_bud": budget, "chunked": 0.0, "reserve_full": 1.0,
       "u_mem": float(d["kv_cache_free_gpu_memory_fraction"]["default"]), "m_act": M_ACT,
-      "m_graph": 0.0, "x_free": 1.0
+      "m_graph": 0.0, "x_free": 1.0, "first_wave": 0.0
   }
 
 
@@ -114,7 +125,7 @@ def _gpt_fast(device: Accelerator, tp: int, pp: int) -> dict[str, float]:
   # One request at a time (its published runs are batch 1): no scheduler to speak of.
   return {
       "n_max": 1.0, "n_bud": UNCAPPED, "chunked": 0.0, "reserve_full": 1.0, "u_mem": 1.0,
-      "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0
+      "m_act": 0.0, "m_graph": 0.0, "x_free": 0.0, "first_wave": 0.0
   }
 
 
@@ -140,9 +151,10 @@ def canonical(engine: str) -> str:
 
 
 def settings(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1, source: str = "",
-             requests: float | None = None) -> dict[str, float]:
+             requests: float | None = None, model: str = "") -> dict[str, float]:
   """The held scheduler and memory settings of `engine` on `device` (see the module
-  docstring); a published run's own, where its source states them, override them."""
+  docstring); a published run's own, where its source states them (for every model it
+  ran, or for `model`'s runs: `SOURCE_SETTINGS[source]["models"]`), override them."""
   name = canonical(engine)
   if name not in _BUILDERS:
     errors.require_choice("engine", engine, RULES)
@@ -150,6 +162,7 @@ def settings(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1, sour
   given = dict(SOURCE_SETTINGS.get(source, {}))
   given = dict(given.get(name, given)) if isinstance(
       given.get(name), dict) else {k: v for k, v in given.items() if not isinstance(v, dict)}
+  given.update(SOURCE_SETTINGS.get(source, {}).get("models", {}).get(model, {}))
   for key, value in given.items():
     if value == "requests":
       value = requests if requests is not None and math.isfinite(requests) else out[key]
