@@ -181,6 +181,8 @@ def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -
   if flag == field and message.startswith(f"{field}="):
     return f"--{message}"
   holder = flag_values[flag]
+  if isinstance(holder, flags.BooleanFlag) and not holder.present:
+    return f"{message} (the switch: --{flag})"  # Not given: the line must not say it was.
   # A switch names itself (`--what_if`), not its unset value (`--nowhat_if`).
   given = (f"--{flag}"
            if isinstance(holder, flags.BooleanFlag) else holder.serialize() or f"--{flag}")
