@@ -248,13 +248,19 @@ def synthetic(*, arrival: str, num_requests: int, arrival_rate: float, seed: int
   return Workload(times, prompts, outputs, description)
 
 
-def _number(path: str, line: int, column: str, text) -> float:
+def _number(path: str, line: int, column: str, text, json_value: bool = False) -> float:
+  """A cell as a number: CSV text, or (`json_value`) a JSON number, never its text."""
   try:
+    if isinstance(text, bool) or json_value and not isinstance(text, (int, float)):
+      raise TypeError(text)  # JSON's true is not 1 token, nor "300" 300.
     value = float(text)
-  except (TypeError, ValueError):
-    raise InputError(f"trace={path!r} line {line}: {column}={text!r} is not a number.") from None
+  except (TypeError, ValueError, OverflowError):  # A 400-digit JSON integer overflows.
+    shown = text if len(repr(text)) <= 40 else f"{repr(text)[:30]}... ({len(repr(text))} chars)"
+    kind = "a JSON number, never text" if json_value else "a finite number"
+    raise InputError(f"trace={path!r} line {line}: {column}={shown!r} is not a number ({kind}).",
+                     field="trace") from None
   if not math.isfinite(value):
-    raise InputError(f"trace={path!r} line {line}: {column}={text!r} is not finite.")
+    raise InputError(f"trace={path!r} line {line}: {column}={text!r} is not finite.", field="trace")
   return value
 
 
@@ -267,22 +273,24 @@ def _rows(path: str) -> list[tuple[int, dict]]:
 def load_trace(path: str | os.PathLike[str]) -> Workload:
   """Requests from a JSONL or CSV trace (columns `TRACE_COLUMNS`), validated by line."""
   path = os.fspath(path)
+  json_values = path.endswith((".jsonl", ".json"))
   times, prompts, outputs = [], [], []
   for line, row in _rows(path):
     missing = [c for c in TRACE_COLUMNS if row.get(c) in (None, "")]
     if missing:
-      raise InputError(f"trace={path!r} line {line}: missing columns {missing}.")
-    t = _number(path, line, "arrival_s", row["arrival_s"])
+      raise InputError(f"trace={path!r} line {line}: missing columns {missing}.", field="trace")
+    t = _number(path, line, "arrival_s", row["arrival_s"], json_values)
     if t < 0 or (times and t < times[-1]):
-      raise InputError(f"trace={path!r} line {line}: arrival_s={t:g} is negative or earlier "
-                       "than the line before (times must be non-decreasing).")
+      raise InputError(
+          f"trace={path!r} line {line}: arrival_s={t:g} is negative or earlier "
+          "than the line before (times must be non-decreasing).", field="trace")
     if t > MAX_ARRIVAL_S:
       raise InputError(
           f"trace={path!r} line {line}: arrival_s={t:g} is not allowed: at most "
           f"{MAX_ARRIVAL_S:.0e} s from the start.", field="trace")
     lens = []
     for column in ("prompt_tokens", "output_tokens"):
-      value = _number(path, line, column, row[column])
+      value = _number(path, line, column, row[column], json_values)
       if not 1 <= value <= MAX_REQUEST_TOKENS or value != int(value):
         raise InputError(
             f"trace={path!r} line {line}: {column}={row[column]!r} is not allowed: "
@@ -292,7 +300,7 @@ def load_trace(path: str | os.PathLike[str]) -> Workload:
     prompts.append(lens[0])
     outputs.append(lens[1])
   if not times:
-    raise InputError(f"trace={path!r} holds no requests.")
+    raise InputError(f"trace={path!r} holds no requests.", field="trace")
   require_size(np.asarray(prompts, np.int64), np.asarray(outputs, np.int64), f"trace={path!r}",
                "trace")
   return Workload(np.asarray(times, float), np.asarray(prompts, np.int64),
