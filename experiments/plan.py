@@ -30,6 +30,7 @@ from experiments import _cli
 from experiments import _length_flags
 from experiments import _model_flags
 from experiments import _model_notes
+from experiments import _work
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.parallel import planner
@@ -101,6 +102,7 @@ for _holder, _unit in ((_TOKEN_GAP_MS, "ms"), (_TTFT_MS, "ms"), (_AGGREGATE, "to
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   _cli.require_flags(_MODEL, _CONTEXT, _TOKEN_GAP_MS, _TTFT_MS)
+  _work.check_plan()  # The simulations asked for, before the search.
   if _AGGREGATE.value is not None and _ARRIVAL_RATE.value is not None:
     raise InputError("give the load once: --aggregate_tokens_per_s or --arrival_rate.")
   if _AGGREGATE.value is None and _ARRIVAL_RATE.value is None and _CHIPS.value is None:

@@ -34,6 +34,7 @@ from experiments import _layout_flags
 from experiments import _model_flags
 from experiments import _model_notes
 from experiments import _simulation_flags
+from experiments import _work
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.report import simulate_lines as sim_lines
@@ -174,7 +175,7 @@ def main(argv: list[str]) -> None:
   if trace and _FIND_MAX_RATE.value:
     raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
   w = _simulation_flags.workload(rate, 1) if trace else None
-  r = replica.per_microbatch(_replica(), layout.microbatches)  # Virtual engines.
+  r = _work.checked(replica.per_microbatch(_replica(), layout.microbatches), w, replicas)
   if _FIND_MAX_RATE.value:
     return _max_rate(r, replicas, layout)
   w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)
