@@ -1,11 +1,11 @@
 """An engine as the load model, the planner and the simulator drive it.
 
-`--engine=NAME` on `serving`, `simulate` and `plan` makes their headline figures that
-engine's predictions. Three things change, each taken from where it lives once:
+An engine named to the serving answer, the simulator or the planner makes their headline
+figures that engine's predictions. Three things change, each taken from where it lives once:
 
 - the step: the entry's calibrated `StepModel` (`engines.engine_profiles.step_model`),
-  the one cost model with the entry's fitted terms substituted, as `iteration --engine`
-  evaluates it;
+  the one cost model with the entry's fitted terms substituted, as the iteration
+  experiment evaluates an engine's;
 - the scheduling and the running cap: the engine's defaults (`engines.engine_rules`):
   chunked prefill with its token budget, or whole prompts; at most `n_max` sequences;
 - the memory: the engine's reservation rule (`symbolic.reservation.kv_memory`), the K/V
