@@ -61,11 +61,15 @@ class Drive:
     """What a prediction of this engine carries, in the JSON."""
     e = self.entry
     return {
-        "kind": "calibrated", "engine": e.engine, "engine_profile": e.profile,
-        "engine_label": e.label, "derived_entry": e.derived, "entry_rule": e.rule,
-        "heldout_error": {k.split("_")[0]: v for k, v in e.heldout_error.items()},
-        "engine_rules": engine_rules.NOTES.get(e.profile,
-                                               ""), "engine_settings": dict(self.settings)
+        "kind": "calibrated",
+        "engine": e.engine,
+        "engine_profile": e.profile,
+        "engine_label": e.label,
+        "derived_entry": e.derived,
+        "entry_rule": e.rule,
+        "heldout_error": dict(e.heldout_error),  # median, p90, max: as `iteration` writes.
+        "engine_rules": engine_rules.NOTES.get(e.profile, ""),
+        "engine_settings": dict(self.settings)
     }
 
 
