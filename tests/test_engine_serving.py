@@ -149,3 +149,20 @@ def test_an_unknown_engine_is_one_line(module, flags):
   assert done.returncode == 2
   lines = [l for l in done.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "Did you mean 'trtllm'" in lines[0], done.stderr
+
+
+def test_the_report_summary_leads_with_an_engines_predictions(tmp_path):
+  from jaxroof.report import summary_section
+  from jaxroof.serving import answer
+  subject = answer.Subject(engine="trtllm", accelerators=("h100-sxm", "tpu-v5e"))
+  summary = answer.summarise(subject, str(tmp_path))
+  h100, tpu = summary["accelerators"]
+  c = h100["calibrated"]
+  assert c["engine"] == "trtllm" and set(c["heldout_error"]) == set(ERRORS)
+  assert c["aggregate_tokens_per_s"] < h100["bound"]["aggregate_tokens_per_s"]
+  assert tpu["calibrated"] is None and "no rule to derive one" in tpu["engine_note"]
+  text = summary_section.report_section(summary, str(tmp_path))
+  assert "predictions of trtllm" in text
+  assert text.index("Predicted by **trtllm**") < text.index("| accelerator |")
+  with pytest.raises(errors.InputError, match="Did you mean 'trtllm'"):
+    answer.Subject(engine="trtlm").check()
