@@ -60,7 +60,7 @@ from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 
 _cli.key_flags(*_cli.MODEL_KEYS, "prompt_tokens", "output_tokens", "token_gap_ms", "ttft_ms",
-               "arrival_rate", "aggregate_tokens_per_s", "tp", "pp", "ep", "dp")
+               "arrival_rate", "aggregate_tokens_per_s", "tp", "pp", "ep", "dp", "engine")
 
 # A shipped model on an accelerator, or batch_sweep's raw numbers; either with a profile.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",

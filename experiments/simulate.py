@@ -47,7 +47,7 @@ from jaxroof.serving import simulation_result as sim_result
 from jaxroof.specs.models import load_model
 
 _cli.key_flags(*_cli.MODEL_KEYS, "prompt_tokens", "output_tokens", "arrival_rate", "num_requests",
-               "scheduler", "max_running", "router", "tp", "dp")
+               "scheduler", "max_running", "router", "tp", "dp", "engine")
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",

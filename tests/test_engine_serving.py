@@ -166,3 +166,12 @@ def test_the_report_summary_leads_with_an_engines_predictions(tmp_path):
   assert text.index("Predicted by **trtllm**") < text.index("| accelerator |")
   with pytest.raises(errors.InputError, match="Did you mean 'trtllm'"):
     answer.Subject(engine="trtlm").check()
+
+
+def test_plan_percentiles_are_checked_in_one_line():
+  with pytest.raises(errors.InputError, match="itl_percentile=150"):
+    planner.Targets(token_gap_s=0.03, ttft_s=1.0, itl_quantile=1.5)
+  done = run("plan", "--model=llama-3-8b", "--context=2048", "--token_gap_ms=30", "--ttft_ms=500",
+             "--aggregate_tokens_per_s=1000", "--accelerators=h100-sxm", "--itl_percentile=0")
+  assert done.returncode == 2 and "give --top_k=0" in done.stderr
+  assert len([l for l in done.stderr.splitlines() if l.strip()]) == 1, done.stderr
