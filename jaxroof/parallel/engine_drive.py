@@ -84,17 +84,29 @@ def drive(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1) -> Driv
                engine_rules.settings(name, device, tp=int(tp), pp=int(pp)))
 
 
-def drives(engine: str, devices: Sequence[Accelerator]) -> dict[str, Drive]:
-  """`engine` on each device, one step model for all: entries of one profile share their
-  terms, else one line asks for one accelerator at a time (`{}` for the bound)."""
-  found = {d.name: drive(engine, d) for d in devices}
-  if any(v is None for v in found.values()):
-    return {}
+def drives(engine: str, devices: Sequence[Accelerator]) -> tuple[dict[str, Drive], list[str]]:
+  """`engine` on each device it has an entry or a rule for, one step model for all, and a
+  line for each device left out (`({}, [])` for the bound). Entries of one profile share
+  their terms, else one line asks for one accelerator at a time; none left is one line."""
+  if profiles.check_engine(engine) == BOUND:
+    return {}, []
+  found, left = {}, []
+  for device in devices:
+    try:
+      found[device.name] = drive(engine, device)
+    except errors.InputError as e:
+      if len(devices) == 1:
+        raise
+      left.append(f"{device.name} left out: {e}")
+  if not found:
+    raise errors.InputError(
+        f"engine={engine!r} has no entry or rule for any accelerator searched "
+        f"({left[0]}).", field="engine")
   if len({tuple(sorted(v.entry.terms.items())) for v in found.values()}) > 1:
     raise errors.InputError(
         f"engine={engine!r}: its entries on {', '.join(found)} have different terms: plan "
         "one accelerator at a time.", field="engine")
-  return found
+  return found, left
 
 
 def replica_sequences(settings: Mapping[str, Any], *, capacity: Any, chip_weights: Any,

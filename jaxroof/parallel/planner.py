@@ -265,7 +265,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   hold_cv2 = errors.require_non_negative("hold_cv2", hold_cv2)
   allowed = None if batches is None else np.asarray(
       errors.require_positive_ints("batch_sizes", batches), dtype=float)
-  drives = engine_drive.drives(engine, devices)  # {} for the bound; one line if unknown.
+  drives, left = engine_drive.drives(engine, devices)  # {} for the bound; one line if unknown.
+  devices = [d for d in devices if not drives or d.name in drives]
   if drives and scheduler is None and token_budget is None:
     schedulings = tuple(
         dict.fromkeys(
@@ -287,7 +288,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
                                             1e-9), ttft_quantile=targets.ttft_quantile,
                                  itl_quantile=targets.itl_quantile), cv2=hold_cv2,
       schedulings=schedulings, batches=allowed)
-  notes = format_notes(spec, devices, weight_dtypes)
+  notes = format_notes(spec, devices, weight_dtypes) + left
   grid = plan_grid.build(spec, devices, context=context, prompt_tokens=prompt_tokens,
                          weight_dtypes=weight_dtypes, kv_dtypes=kv_dtypes,
                          workspace_fraction=workspace_fraction, mla_prefill=mla_prefill,
