@@ -181,6 +181,8 @@ def error_line(error: InputError, flag_values: flags.FlagValues = flags.FLAGS) -
   if flag == field and message.startswith(f"{field}="):
     return f"--{message}"
   holder = flag_values[flag]
+  if isinstance(holder, flags.BooleanFlag) and not holder.present:
+    return f"{message} (the switch: --{flag})"  # Not given: the line must not say it was.
   # A switch names itself (`--what_if`), not its unset value (`--nowhat_if`).
   given = (f"--{flag}"
            if isinstance(holder, flags.BooleanFlag) else holder.serialize() or f"--{flag}")
@@ -272,21 +274,27 @@ def require_positive(holder: flags.FlagHolder, unit: str, within: tuple[float,
   )
 
 
-def require_positive_int_list(holder: flags.FlagHolder, unit: str) -> None:
-  """Validates a list flag of whole numbers >= 1 (e.g. batch sizes)."""
+MAX_LIST_ITEMS = 1_000  # Values in one list flag (batch sizes, contexts): each is work.
+
+
+def require_positive_int_list(holder: flags.FlagHolder, unit: str,
+                              max_items: int = MAX_LIST_ITEMS) -> None:
+  """Validates a list flag of whole numbers in [1, MAX_INT_FLAG] (e.g. batch sizes), at
+  most `max_items` of them."""
 
   def valid(values: list[str] | None) -> bool:
-    if not values:
+    if not values or len(values) > max_items:
       return False
     try:
-      return all(int(v) >= 1 and float(v) == int(v) for v in values)
+      return all(1 <= int(v) <= MAX_INT_FLAG and float(v) == int(v) for v in values)
     except ValueError:
       return False
 
   flags.register_validator(
       holder.name,
       valid,
-      message=f"must be a non-empty comma-separated list of whole numbers >= 1 ({unit})",
+      message=(f"must be a non-empty comma-separated list of at most {max_items:,} whole "
+               f"numbers in [1, {MAX_INT_FLAG:,}] ({unit})"),
   )
 
 

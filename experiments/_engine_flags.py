@@ -16,6 +16,7 @@ from absl import flags
 from jaxroof.errors import InputError
 
 from jaxroof.engines import engine_profiles as profiles
+from jaxroof.parallel import engine_drive
 
 
 def define() -> flags.FlagHolder:
@@ -31,6 +32,18 @@ def entry(holder: flags.FlagHolder, accelerator: str) -> profiles.Entry | None:
   or an accelerator the engine has no entry for and no rule to derive, is one line."""
   name = profiles.check_engine(holder.value)
   return None if name == profiles.BOUND else profiles.entry(name, accelerator)
+
+
+def drive(holder: flags.FlagHolder, device, layout=None) -> engine_drive.Drive | None:
+  """--engine on `device` (None: raw numbers were given) and the layout's tp and pp, or
+  None for the bound; one line where it cannot predict."""
+  if profiles.check_engine(holder.value) == profiles.BOUND:
+    return None
+  if not device:
+    raise InputError(f"--engine={holder.value} predicts for an accelerator: give --model and "
+                     "--accelerator.")
+  return engine_drive.drive(holder.value, device, tp=getattr(layout, "tp", 1),
+                            pp=getattr(layout, "pp", 1))
 
 
 def bound_beside(calibrated: list[dict], bound: list[dict]) -> None:

@@ -39,6 +39,7 @@ from jaxroof.measure import engine_terms_schema
 from jaxroof.measure import profile_schema
 from jaxroof.measure import user_measurements
 from jaxroof.measure import vllm_result_schema
+from jaxroof.serving import arrivals
 from jaxroof.specs import accelerator_schema
 from jaxroof.specs.readers import config_schema
 
@@ -65,6 +66,8 @@ class FileKind:
   skip_below: tuple[str, ...] = ()  # Paths (and below) not mutated: fields no reader reads.
   fmt: str = "json"  # json, or a table: csv, jsonl (`table_rows` rows mutated).
   table_rows: tuple[int, ...] = ()  # A table's rows (0-based) mutated cell by cell.
+  max_rows: int | None = user_measurements.MAX_ROWS  # A table's limit (None: not written).
+  nest_column: str = "batch"  # The JSONL column a nested value replaces.
 
   @property
   def suffix(self) -> str:
@@ -101,6 +104,19 @@ def _check_rows(suffix: str) -> Callable[[Any], None]:
   return check
 
 
+def _check_trace(suffix: str) -> Callable[[Any], None]:
+  """A trace's check: the rows written as the kind's file and read by `arrivals.load_trace`."""
+
+  def check(rows: Any) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+      path = os.path.join(folder, f"trace{suffix}")
+      with open(path, "wb") as f:
+        f.write(serialize(KINDS[f"trace_{suffix[1:]}"], rows))
+      arrivals.load_trace(path)
+
+  return check
+
+
 def _data(*parts: str) -> str:
   """A shipped file's absolute path (a case runs in its own temporary folder)."""
   return os.path.join(_ROOT, *parts)
@@ -109,6 +125,8 @@ def _data(*parts: str) -> str:
 _ROWS = "tests/data/user_llama2_7b_a100_5pts.csv"  # The issue's measurements.
 _ROW_ARGS = ("--fit_steps=10",)
 _CARRIED = ("tests", "data", "vllm_cpu")
+_TRACE = "tests/data/trace_small.csv"
+_TRACE_ARGS = ("--arrival=trace", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=4096")
 
 KINDS: dict[str, FileKind] = {
     "model_config": FileKind(
@@ -142,6 +160,15 @@ KINDS: dict[str, FileKind] = {
                                    _ROW_ARGS, _check_rows(".jsonl"), None, oversized=False,
                                    fmt="jsonl", table_rows=(2,),
                                    focus=("[2].time_s", "[2].batch", "[2].context")),
+    # Request traces (simulate --arrival=trace), the middle request cell by cell; a trace's
+    # 10^6 + 1 rows are refused in tests/test_bad_input_part3.py, not written per case here.
+    **{
+        f"trace_{fmt}": FileKind(f"trace_{fmt}", _TRACE, "simulate", "--trace", _TRACE_ARGS,
+                                 _check_trace(f".{fmt}"), None, oversized=False, fmt=fmt,
+                                 table_rows=(2,), max_rows=None, nest_column="prompt_tokens",
+                                 focus=("[2].prompt_tokens", "[2].output_tokens",
+                                        "[2].arrival_s")) for fmt in ("csv", "jsonl")
+    },
     # An earlier vLLM-run fit carried to another run: its factors and held terms.
     "engine_terms": FileKind(
         "engine_terms",
@@ -358,19 +385,20 @@ def _table_cases(kind: FileKind, doc: list[dict]) -> list[FileCase]:
   text = serialize(kind, doc)
   header, _, body = text.partition(b"\n")
   first = body.split(b"\n")[0] if kind.fmt == "csv" else text.split(b"\n")[0]
-  many = user_measurements.MAX_ROWS + 1
   whole = [
       ("valid", text),
       ("header_only", header + b"\n" if kind.fmt == "csv" else b"\n"),
       ("not_utf8", b"\xff\xfe" + text),
-      ("too_many_rows", (header + b"\n" if kind.fmt == "csv" else b"") + (first + b"\n") * many),
   ]
+  if kind.max_rows is not None:
+    many = (header + b"\n" if kind.fmt == "csv" else b"") + (first + b"\n") * (kind.max_rows + 1)
+    whole.append(("too_many_rows", many))
   if kind.fmt == "jsonl":
     whole += [
         ("top_list_line", text + b"[1, 2]\n"),
         ("not_json_line", text + b"{not json\n"),
         ("deep_line", text + b"[" * DEEPER + b"]" * DEEPER + b"\n"),
-        ("nested_value", text + json.dumps({**doc[0], "batch": [[[8]]]}).encode() + b"\n"),
+        ("nested_value", text + json.dumps({**doc[0], kind.nest_column: [[[8]]]}).encode() + b"\n"),
     ]
   else:
     whole += [("no_header", body), ("ragged_row", text + b"llama-2-7b,a100-80gb\n")]

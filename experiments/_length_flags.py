@@ -8,8 +8,11 @@ gives `jaxroof.serving.arrivals.synthetic`'s keywords for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from absl import flags
 
+from jaxroof.errors import InputError
 from jaxroof.serving import arrivals
 
 PROMPT_DIST = flags.DEFINE_enum(
@@ -39,3 +42,28 @@ def lengths() -> dict[str, object]:
 def output_cv2() -> float:
   """The output lengths' squared coefficient of variation (`arrivals.length_cv2`)."""
   return arrivals.length_cv2("output_tokens", OUTPUT_DIST.value, OUTPUT_SPREAD.value)
+
+
+def _spread_ok(name: str) -> Callable[[dict], bool]:
+  """A validator of `--{name}_distribution` with `--{name}_spread` (`arrivals.length_cv2`),
+  so that a lognormal or uniform shape without a valid spread is refused as the flags
+  are parsed, before any search or run."""
+
+  def ok(values: dict) -> bool:
+    try:
+      arrivals.length_cv2(f"{name}_tokens", values[f"{name}_distribution"],
+                          values[f"{name}_spread"])
+    except InputError:
+      shape = values[f"{name}_distribution"]
+      top = 1 if shape == "uniform" else arrivals.MAX_LOGNORMAL_SPREAD
+      raise flags.ValidationError(
+          f"--{name}_spread={values[f'{name}_spread']:g} is not allowed with --{name}_"
+          f"distribution={shape}: {shape} lengths need --{name}_spread in (0, {top:g}].") from None
+    return True
+
+  return ok
+
+
+for _name in ("prompt", "output"):
+  flags.register_multi_flags_validator([f"{_name}_distribution", f"{_name}_spread"],
+                                       _spread_ok(_name))

@@ -25,7 +25,8 @@ def serving(subject: Mapping[str, Any]) -> str:
   """One accelerator of the summary in full (SLUG stands for it)."""
   return (f"python -m experiments.serving --model={subject['model']} --accelerator=SLUG "
           f"--prompt_tokens={subject['prompt_tokens']} --output_tokens={subject['output_tokens']} "
-          f"--token_gap_ms={_ms(subject['token_gap_s'])} --ttft_ms={_ms(subject['ttft_s'])}")
+          f"--token_gap_ms={_ms(subject['token_gap_s'])} --ttft_ms={_ms(subject['ttft_s'])}" +
+          ("" if subject.get("engine", "bound") == "bound" else f" --engine={subject['engine']}"))
 
 
 def plan(subject: Mapping[str, Any]) -> str:

@@ -61,10 +61,34 @@ _KV_MEMORY_GB = flags.DEFINE_float("kv_memory_gb", None, "Raw: memory for K/V pa
 _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Raw: the model's longest sequence.",
                                     lower_bound=1)
 
+# The targets.
+TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
+TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
+ITL_MS = flags.DEFINE_float("itl_ms", None, "SLO for --find_max_rate: ITL at most this (ms).")
+SLO_PERCENTILE = flags.DEFINE_float(
+    "slo_percentile", 90.0, "Percentile at which "
+    "--find_max_rate checks the SLOs, in (0, 100).", lower_bound=1e-6, upper_bound=99.999999)
+
+for _holder, _unit in ((TTFT_MS, "ms"), (TPOT_MS, "ms"), (ITL_MS, "ms")):
+  _cli.require_positive(_holder, _unit)
 for _holder, _unit in ((ARRIVAL_RATE, "requests/s"), (_PROMPT_TOKENS, "tokens"),
                        (_OUTPUT_TOKENS, "tokens"), (_BURSTINESS, "1"), (NUM_REQUESTS, "requests"),
                        (_PARAMS_B, "billions"), (_BANDWIDTH_TBPS, "TB/s"), (_KV_MEMORY_GB, "GB")):
   _cli.require_positive(_holder, _unit)
+
+
+def _seconds(holder: flags.FlagHolder) -> float | None:
+  return None if holder.value is None else holder.value / 1e3
+
+
+def targets() -> dict[str, float | None]:
+  """The goodput targets in seconds (`metrics.run_metrics`' keywords)."""
+  return {"ttft_target_s": _seconds(TTFT_MS), "tpot_target_s": _seconds(TPOT_MS)}
+
+
+def slo_targets() -> dict[str, float | None]:
+  """The SLOs --find_max_rate holds, in seconds."""
+  return {"ttft_s": _seconds(TTFT_MS), "tpot_s": _seconds(TPOT_MS), "itl_s": _seconds(ITL_MS)}
 
 
 def workload(rate: float, n: int, max_total: int | None = None) -> arrivals.Workload:
@@ -93,6 +117,20 @@ def analytic(spec: Any, device: Any, layout: Any, options: dict[str, Any],
                                       max_running=_MAX_RUNNING.value, scheduler=SCHEDULER.value,
                                       token_budget=_TOKEN_BUDGET.value, targets=targets,
                                       percentile=percentile)
+
+
+def engine_defaults(d: Any) -> dict[str, Any]:
+  """An engine's scheduler defaults (`engine_drive.Drive`) in place of the flags the user
+  did not give (vLLM: the simulator's vLLM scheduler); returns those applied."""
+  if d is None:
+    return {}
+  own = ((SCHEDULER, "vllm" if d.entry.profile == "vllm" else d.scheduler),
+         (_MAX_RUNNING, d.max_running), (_TOKEN_BUDGET, int(d.settings["n_bud"])))
+  applied = {}
+  for holder, value in own:
+    if not flags.FLAGS[holder.name].present:
+      flags.FLAGS[holder.name].value = applied[holder.name] = value
+  return applied
 
 
 def scheduling() -> dict[str, Any]:

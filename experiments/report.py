@@ -15,7 +15,8 @@ lesson's reproduction and the toy Transformer close it as checks:
 The results are computed first (`jaxroof.serving.report_results`), then the
 sections of `jaxroof.report.document` (`SECTIONS`) render them, with the command
 lines of `_report_commands` for the reader to repeat or extend a run. Every number
-is labelled: analytic bound, calibrated prediction or measurement.
+is labelled: analytic bound, calibrated prediction or measurement. With --engine=NAME the
+summary leads with that engine's predictions for the subject, the bounds beside them.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ _CALIBRATION_BUDGET_S = flags.DEFINE_float(
     "calibration_budget_s", 60.0, "Seconds for the short calibration on this device "
     "(measure, fit, plot); 0 skips it. Below ~25 s there are too few points to fit.",
     lower_bound=0.0)
-_SHARED = _model_flags.define("weight_dtype", "kv_dtype")
-_cli.key_flags("weight_dtype", "kv_dtype")  # Listed by --helpshort, though shared.
+_SHARED = _model_flags.define("weight_dtype", "kv_dtype", "engine")
+_cli.key_flags("weight_dtype", "kv_dtype", "engine")  # Listed by --helpshort, though shared.
 _MODEL = flags.DEFINE_string(
     "model", answer.DEFAULT_MODEL, "The report's subject: a shipped model "
     "(python -m experiments.list shows them all).")
@@ -76,7 +77,8 @@ def subject() -> answer.Subject:
                           accelerators=answer.accelerator_list(_ACCELERATORS.value),
                           output_tokens=_OUTPUT_TOKENS.value, token_gap_s=_TOKEN_GAP_MS.value / 1e3,
                           ttft_s=_TTFT_MS.value / 1e3, weight_dtype=_SHARED.weight_dtype.value,
-                          kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value)
+                          kv_dtype=_SHARED.kv_dtype.value, arrival_rate=_ARRIVAL_RATE.value,
+                          engine=_SHARED.engine.value)
   chosen.check()
   return chosen
 

@@ -62,9 +62,19 @@ def _require_feasible(config: toy_config.ToyConfig) -> None:
         f"{_PROMPT_SPREAD.value:g} gives {lengths:,} prompt lengths, each compiled as its "
         f"own prefill: over {MAX_PROMPT_LENGTHS:,} (minutes of compilation); use shorter "
         "prompts or a smaller spread.")
+  if top(_OUTPUT_TOKENS.value, _OUTPUT_SPREAD.value) < 2:
+    raise InputError(
+        f"--output_tokens={_OUTPUT_TOKENS.value} with --output_spread={_OUTPUT_SPREAD.value:g} "
+        "is not allowed: every request would end at its first token, leaving no inter-token "
+        "latency to compare (give --output_tokens >= 2, or a spread that reaches 2).")
   max_len = longest + top(_OUTPUT_TOKENS.value, _OUTPUT_SPREAD.value)
   weights.require_fits(config, 4, batch=_SLOTS.value, positions=max_len)
   weights.require_fits(config, 4, batch=1, positions=longest, attention_positions=longest)
+
+
+def _ms(seconds: float | None) -> str:
+  """Milliseconds, or '-' where a run has none (no request emitted a second token)."""
+  return "-" if seconds is None else f"{1e3 * seconds:.2f}"
 
 
 def main(argv: list[str]) -> None:
@@ -87,8 +97,7 @@ def main(argv: list[str]) -> None:
     for source, m in runs.items():
       rows.append([
           f"{name} {source}", f"{load['arrival_rate_per_s']:.2f}",
-          f"{1e3 * m['ttft_s']['median']:.2f}", f"{1e3 * m['ttft_s']['p90']:.2f}",
-          f"{1e3 * m['itl_s']['median']:.2f}", f"{1e3 * m['itl_s']['p90']:.2f}",
+          *(_ms(m[k][q]) for k in ("ttft_s", "itl_s") for q in ("median", "p90")),
           f"{m['request_throughput_per_s']:.2f}"
       ])
   print(

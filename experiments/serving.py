@@ -7,8 +7,8 @@ running sequences (max_running, for the engine) and the scheduling with the larg
 rate meeting --token_gap_ms (mean, and the p99 inter-token gap) and --ttft_ms (p90)
 within memory (weights + paged K/V reserved for the whole request + workspace), that
 max rate (it does not depend on --arrival_rate), what binds it, the rate its slots fill
-at, and at --arrival_rate (Poisson, requests/s) the operating point. Every number is an
-analytic bound unless --profile makes it a calibrated prediction.
+at, and at --arrival_rate (Poisson, requests/s) the operating point: an analytic bound, or
+with --profile or --engine=NAME (its profile, scheduler defaults, memory rule) a prediction.
 
 Give a model and an accelerator,
 
@@ -41,6 +41,7 @@ from absl import flags
 from absl import logging
 
 from experiments import _cli
+from experiments import _engine_flags
 from experiments import _layout_flags
 from experiments import _model_flags
 from experiments import _model_notes
@@ -49,6 +50,7 @@ from jaxroof import errors
 from jaxroof import files
 from jaxroof.report import accuracy
 from jaxroof.report import serving_lines
+from jaxroof.serving import engine_serving
 from jaxroof.serving import peer
 from jaxroof.serving import raw_inputs
 from jaxroof.serving import requests
@@ -58,12 +60,12 @@ from jaxroof.specs import parameters
 from jaxroof.symbolic.step_model import StepModel
 
 _cli.key_flags(*_cli.MODEL_KEYS, "prompt_tokens", "output_tokens", "token_gap_ms", "ttft_ms",
-               "arrival_rate", "aggregate_tokens_per_s", "tp", "pp", "ep", "dp")
+               "arrival_rate", "aggregate_tokens_per_s", "tp", "pp", "ep", "dp", "engine")
 
 # A shipped model on an accelerator, or batch_sweep's raw numbers; either with a profile.
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", "group_size",
-                              *_model_flags.COST, *_model_flags.RAW, "profile", "what_if")
+                              *_model_flags.COST, *_model_flags.RAW, "profile", "what_if", "engine")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _MODEL_ONLY = (_SHARED.accelerator_file, _SHARED.weight_dtype, _SHARED.kv_dtype, _SHARED.block_size,
                _SHARED.workspace_fraction, _SHARED.group_size)
@@ -135,7 +137,7 @@ def _question() -> serving_result.Question:
       kv_dtype=_SHARED.kv_dtype.value if spec else None)
 
 
-def _percentiles(model: StepModel, decision: dict, question: serving_result.Question) -> dict:
+def _percentiles(model: StepModel, decision: dict, question: serving_result.Question, d) -> dict:
   """The simulator at the decision: percentiles the analytic means cannot give."""
   if _MODEL.value is None or question.arrival_rate_per_s <= 0 or not decision.get("batch"):
     raise errors.InputError("--simulate_requests needs --model, --arrival_rate > 0 and a "
@@ -144,7 +146,8 @@ def _percentiles(model: StepModel, decision: dict, question: serving_result.Ques
                                         step_model=model,
                                         context=question.prompt_tokens + question.output_tokens,
                                         max_running=int(decision["batch"]), layout=question.layout,
-                                        token_budget=decision.get("token_budget") or 512)
+                                        token_budget=decision.get("token_budget") or 512,
+                                        reservation=d and d.settings)
   return serving_result.percentiles(replica_, question, _SIMULATE_REQUESTS.value,
                                     scheduler=decision.get("scheduler") or "iteration")
 
@@ -158,26 +161,30 @@ def main(argv: list[str]) -> None:
     peer.check_case(_MODEL.value, _ACCELERATOR.value, prompt, outputs)
   model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value,
                                   use_profile_ceilings=not _model_flags.figures_given(_SHARED))
-  inputs = serving_result.with_profile_ceilings(model, _inputs(question))
+  spec = models.load_model(_MODEL.value) if _MODEL.value else None
+  d = _engine_flags.drive(_SHARED.engine, spec and _model_flags.device(_SHARED), question.layout)
+  bound_inputs, asked = serving_result.with_profile_ceilings(model, _inputs(question)), question
+  inputs, question = engine_serving.prepare(d, bound_inputs, asked, spec)  # As given: bound.
   result = serving_result.result(model, inputs, question)
   decision = result["decision"]
   if question.arrival_rate_per_s > 0 and question.ttft_s is not None:
     result["pools"] = serving_result.pools(model, inputs, question,
                                            _model_flags.device(_SHARED) if _MODEL.value else None)
   if _SIMULATE_REQUESTS.value:
-    result["percentiles"] = _percentiles(model, decision, question)
+    result["percentiles"] = _percentiles(model, decision, question, d)
   if _COMPARE_PEER.value:
     result["peer"] = peer.compare(
         requests.rows(model, inputs, question.batch_sizes, prompt_tokens=prompt,
                       output_tokens=outputs))
   if model.kind == "calibrated":  # The error travels with every calibrated number.
     serving_lines.annotate_calibrated(result, model.provenance)
-    if accuracy.bound_first(model.provenance):
+    if d is not None:  # The same question asked of the bound, beside every figure.
+      engine_serving.serving_beside(result, d, asked, bound_inputs)
+    elif accuracy.bound_first(model.provenance):
       result["bound_decision"] = serving_result.decide(StepModel.bound(), inputs, question)
       print("\n".join(serving_lines.bound_first_lines(result["bound_decision"])))
   print("\n".join(serving_lines.lines(result)))
-  if _MODEL.value is not None:
-    spec = models.load_model(_MODEL.value)
+  if spec is not None:
     _model_notes.say(spec)  # A context beyond the model's is refused above.
     result.update(_model_notes.json_fields(spec))
   if _JSON_OUT.value:

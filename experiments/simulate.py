@@ -12,6 +12,9 @@ the model's layer schedule. Give a shipped model on an accelerator (`--model=lla
       --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
       --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
 
+--engine=NAME: that engine's calibrated iterations, scheduler defaults (where not given) and
+memory rule, labelled with its held-out error; the bound's run of the same replica beside.
+
 --tp --pp --ep (with --model) simulate one replica of that layout (one chip's traffic
 along a token's path, each iteration's communication, K/V pages on the busiest chip;
 --microbatches as virtual engines waiting behind each other's prefills). --dp=N
@@ -30,42 +33,39 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import _cli
+from experiments import _engine_flags
 from experiments import _layout_flags
 from experiments import _model_flags
 from experiments import _model_notes
 from experiments import _simulation_flags
+from experiments import _work
 from jaxroof import files
 from jaxroof.errors import InputError
 from jaxroof.report import simulate_lines as sim_lines
 from jaxroof.report import accuracy
-from jaxroof.serving import fleet, metrics, replica, simulator
+from jaxroof.serving import engine_serving, fleet, metrics, replica, simulator
 from jaxroof.serving import simulation_result as sim_result
 from jaxroof.specs.models import load_model
 
 _cli.key_flags(*_cli.MODEL_KEYS, "prompt_tokens", "output_tokens", "arrival_rate", "num_requests",
-               "scheduler", "max_running", "router", "tp", "dp")
+               "scheduler", "max_running", "router", "tp", "dp", "engine")
 
 # The model: a shipped model on an accelerator ...
 _SHARED = _model_flags.define("model", "accelerator", "accelerator_file", "weight_dtype",
                               "kv_dtype", "block_size", "workspace_fraction", *_model_flags.COST,
-                              "profile", "what_if", "bytes_per_weight", "kv_bytes_per_token",
-                              "tflops")
+                              "profile", "what_if", "engine", "bytes_per_weight",
+                              "kv_bytes_per_token", "tflops")
 _MODEL, _ACCELERATOR = _SHARED.model, _SHARED.accelerator
 _PROGRESS = _cli.define_progress()
-_SCHEDULER, _ROUTER, _SEED = (_simulation_flags.SCHEDULER, _simulation_flags.ROUTER,
-                              _simulation_flags.SEED)
-_ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = (_simulation_flags.ARRIVAL, _simulation_flags.ARRIVAL_RATE,
-                                          _simulation_flags.NUM_REQUESTS)
+_F = _simulation_flags
+_SCHEDULER, _ROUTER, _SEED = _F.SCHEDULER, _F.ROUTER, _F.SEED
+_ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = _F.ARRIVAL, _F.ARRIVAL_RATE, _F.NUM_REQUESTS
 _CONTEXT = flags.DEFINE_integer(
     "context", None, "Context (tokens) at which K/V bytes per "
     "token are taken (sliding windows, states).", lower_bound=1)
-# The targets and outputs.
-_TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Goodput target: TTFT at most this (ms).")
-_TPOT_MS = flags.DEFINE_float("tpot_ms", None, "Goodput target: TPOT at most this (ms).")
-_ITL_MS = flags.DEFINE_float("itl_ms", None, "SLO for --find_max_rate: ITL at most this (ms).")
-_SLO_PERCENTILE = flags.DEFINE_float(
-    "slo_percentile", 90.0, "Percentile at which "
-    "--find_max_rate checks the SLOs, in (0, 100).", lower_bound=1e-6, upper_bound=99.999999)
+# The targets (`_simulation_flags`) and outputs.
+_SLO_PERCENTILE = _F.SLO_PERCENTILE
+_targets = _F.targets
 _FIND_MAX_RATE = flags.DEFINE_bool(
     "find_max_rate", False, "Bisect for the largest fleet "
     "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
@@ -77,14 +77,14 @@ _GOODPUT_REQUESTS = flags.DEFINE_integer(
     "goodput_requests", 1000, "Requests per point of the "
     "goodput-vs-rate plot. In [1, 100,000].", lower_bound=1, upper_bound=100_000)
 
-for _holder, _unit in ((_TTFT_MS, "ms"), (_TPOT_MS, "ms"), (_ITL_MS, "ms")):
-  _cli.require_positive(_holder, _unit)
 
-
-def _replica(bound: bool = False) -> replica.Replica:
-  """The replica of --model on the device, or of the raw numbers, as scheduled."""
+def _replica(bound: bool = False, d=None) -> replica.Replica:
+  """The replica of --model on the device, or of the raw numbers, as scheduled (an
+  engine's memory reservation with `d`)."""
   model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value, bound=bound)
   common = dict(step_model=model, **_simulation_flags.scheduling())
+  if d is not None:
+    common["reservation"] = d.settings
   if _MODEL.value is not None:
     if (_ACCELERATOR.value is None and not _SHARED.accelerator_file.value) \
         or _CONTEXT.value is None:
@@ -98,17 +98,9 @@ def _replica(bound: bool = False) -> replica.Replica:
   return _simulation_flags.raw_replica(_SHARED, **common)
 
 
-def _seconds(holder: flags.FlagHolder) -> float | None:
-  return None if holder.value is None else holder.value / 1e3
-
-
-def _targets() -> dict:
-  return {"ttft_target_s": _seconds(_TTFT_MS), "tpot_target_s": _seconds(_TPOT_MS)}
-
-
-def _max_rate(r: replica.Replica, replicas: int, layout) -> None:
+def _max_rate(r: replica.Replica, replicas: int, layout, d) -> None:
   """Bisects for the largest fleet rate meeting the SLOs; prints it and writes its JSON."""
-  targets = {"ttft_s": _seconds(_TTFT_MS), "tpot_s": _seconds(_TPOT_MS), "itl_s": _seconds(_ITL_MS)}
+  targets = _simulation_flags.slo_targets()
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
   analytic = _MODEL.value and _simulation_flags.analytic(
@@ -123,31 +115,36 @@ def _max_rate(r: replica.Replica, replicas: int, layout) -> None:
                             num_requests=_NUM_REQUESTS.value, start_rate=start,
                             percentile=_SLO_PERCENTILE.value, targets=targets), **analytic
   }
-  print(sim_lines.max_rate_line(found, _SCHEDULER.value))
+  print(sim_lines.max_rate_line(found, _SCHEDULER.value, d and d.entry.label))
   if _JSON_OUT.value:
-    files.write_json(_JSON_OUT.value,
-                     sim_result.max_rate_json(found, r, _SCHEDULER.value, _ROUTER.value))
+    files.write_json(
+        _JSON_OUT.value, {
+            **sim_result.max_rate_json(found, r, _SCHEDULER.value, _ROUTER.value),
+            **(d.label_fields() if d else {})
+        })
 
 
-def _one_replica(w, r: replica.Replica, label: str) -> dict:
-  """Simulates the workload on one replica; prints its metrics, plots them, returns the JSON."""
-  run = sim_result.simulate(w, r, _SCHEDULER.value, show_progress=_PROGRESS.value)
+def _one_replica(w, r: replica.Replica, label: str, d=None) -> dict:
+  """Simulates the workload on one replica; prints its metrics, plots them, returns the
+  JSON (an engine's `d`: the bound's run of the same replica beside)."""
+  run = engine_serving.user_run(
+      sim_result.simulate(w, r, _SCHEDULER.value, show_progress=_PROGRESS.value), d)
   m = {**metrics.run_metrics(run, **_targets()), **metrics.iteration_means(run)}
   model = _model_flags.step_model(_SHARED, accelerator=_ACCELERATOR.value)
   provenance = model.provenance if model.kind == "calibrated" else None
   bound_metrics = None
-  if provenance is not None and accuracy.bound_first(provenance):
-    bound_run = simulator.simulate(w, _replica(bound=True), _SCHEDULER.value)
-    bound_metrics = metrics.run_metrics(bound_run, **_targets())
+  if d is not None or (provenance is not None and accuracy.bound_first(provenance)):
+    bound_r = engine_serving.bound_replica(r, _SHARED.bound.value) if d else _replica(bound=True)
+    bound_metrics = metrics.run_metrics(simulator.simulate(w, bound_r, _SCHEDULER.value),
+                                        **_targets())
   print("\n".join(
       sim_lines.run_lines(label, _SCHEDULER.value, len(w), m, run, r.total_pages, provenance,
-                          bound_metrics)))
+                          bound_metrics, engine=d is not None)))
   result = sim_result.run_json(run, m, label=label, scheduler=_SCHEDULER.value, replica_=r,
                                workload=w)
   if provenance is not None:
     sim_lines.annotate_calibrated(result, provenance)
-  if bound_metrics is not None:
-    result["bound_metrics"] = bound_metrics
+  engine_serving.metrics_beside(result, bound_metrics, d)
   if _MODEL.value is not None:
     spec = load_model(_MODEL.value)
     _model_notes.say(spec, [_CONTEXT.value])
@@ -166,6 +163,8 @@ def _one_replica(w, r: replica.Replica, label: str) -> dict:
 def main(argv: list[str]) -> None:
   del argv  # Unused.
   layout = _layout_flags.layout(_ACCELERATOR.value)
+  d = _engine_flags.drive(_SHARED.engine, _MODEL.value and _model_flags.device(_SHARED), layout)
+  applied = _simulation_flags.engine_defaults(d)  # Where the user set none.
   replicas, rate = layout.dp * layout.microbatches, _ARRIVAL_RATE.value
   if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
     raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
@@ -174,16 +173,16 @@ def main(argv: list[str]) -> None:
   if trace and _FIND_MAX_RATE.value:
     raise InputError("--find_max_rate needs synthetic arrivals (a trace fixes its rate).")
   w = _simulation_flags.workload(rate, 1) if trace else None
-  r = replica.per_microbatch(_replica(), layout.microbatches)  # Virtual engines.
+  r = _work.checked(replica.per_microbatch(_replica(d=d), layout.microbatches), w, replicas)
   if _FIND_MAX_RATE.value:
-    return _max_rate(r, replicas, layout)
+    return _max_rate(r, replicas, layout, d)
   w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)
   beyond = w.description.get("beyond_context")
   if beyond and beyond["requests_beyond"]:
     print(sim_lines.beyond_context_line(beyond))
-  label = sim_lines.label(r.description["step_model"])
+  label = sim_lines.label(r.description["step_model"], d and d.entry.label)
   if replicas == 1:
-    result = _one_replica(w, r, label)
+    result = _one_replica(w, r, label, d)
   else:
     out = sim_result.fleet_run(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
                                seed=_SEED.value, targets=_targets(), pipeline=layout.microbatches)
@@ -191,6 +190,8 @@ def main(argv: list[str]) -> None:
                                           rate)))
     result = sim_result.fleet_json(out, label=label, scheduler=_SCHEDULER.value,
                                    router=_ROUTER.value, replica_=r, workload=w)
+  if d is not None:
+    result.update(d.label_fields(), engine_defaults_applied=applied)
   if _JSON_OUT.value:
     files.write_json(_JSON_OUT.value, result)
 

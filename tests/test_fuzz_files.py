@@ -3,7 +3,8 @@ valid ones we ship (`experiments/_file_fuzzing.py`), each fed to the experiment
 that reads it (a model config to kv_sizing, an accelerator file to iteration,
 at tp=8 for the link figures, a vLLM result to calibrate --source=vllm,
 measurements as CSV and JSONL to calibrate --from_csv, an earlier fit's terms to
-calibrate --engine_terms, a profile to batch_sweep --profile), keep
+calibrate --engine_terms, a profile to batch_sweep --profile, a request trace as CSV
+and JSONL to simulate --trace), keep
 the contract: a clean one-line error or a correct result; no traceback, no nan
 or inf, nothing half-written, no hang; refused wherever the file's schema
 refuses it.
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.fuzz
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LIMITS = {
     "model_config": 40, "accelerator_file": 16, "accelerator_links": 40, "vllm_result": 16,
-    "measurements_csv": 14, "measurements_jsonl": 12, "engine_terms": 14, "profile": 20
+    "measurements_csv": 14, "measurements_jsonl": 12, "engine_terms": 14, "profile": 20,
+    "trace_csv": 12, "trace_jsonl": 12
 }
 TIMEOUT_S = 6.0  # A refused file is refused in well under a second.
 

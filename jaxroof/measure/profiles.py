@@ -258,6 +258,11 @@ def check_applies(profile: Profile, accelerator: str, *, what_if: bool = False) 
     InputError: a mismatch without `what_if`.
   """
   slug = accelerator.strip().lower()
+  if slug not in accelerators.known_accelerators():  # A slice (8xh100-sxm): its device's.
+    try:
+      slug = accelerators.parse_slice(slug)[0].name
+    except errors.InputError:
+      pass
   if profile.accelerator:
     same = profile.accelerator == slug
   else:

@@ -419,6 +419,15 @@ def replica_sequences(*, capacity: Any, workspace: float, weights: dict[str, Any
   return np.where(usable > 0, np.maximum(seqs, 0.0), 0.0)
 
 
+def chip_shares_of_memory(*, capacity: Any, weights: dict[str, Any], kv: Any, tp: Any, pp: Any,
+                          ep: Any, u_kv: Any) -> tuple[np.ndarray, np.ndarray]:
+  """(resident weight bytes, K/V bytes of one sequence) on a replica's busiest chip,
+  vectorised (`collectives.chip_weight_bytes`, `chip_kv_bytes_per_sequence`): what an
+  engine's own reservation rule sizes its K/V from."""
+  out = _chip_memory_model()(C=capacity, w=0.0, **weights, s=kv, tp=tp, pp=pp, ep=ep, u_kv=u_kv)
+  return np.asarray(out["weights"], dtype=float), np.asarray(out["kv"], dtype=float)
+
+
 @functools.cache
 def _path_model():
   return lambdified(collectives.path_inputs(), (S.N, S.N_x, S.k, S.N_act, S.tp, S.pp, S.ep, S.u_kv))

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof.engines import engine_rules
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.specs import step_inputs
@@ -101,9 +103,12 @@ class Grid:
 def build(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, prompt_tokens: int,
           weight_dtypes: Sequence[str], kv_dtypes: Sequence[str], workspace_fraction: float,
           mla_prefill: str = "mha", comm_overlap: float = 0.0,
-          activation_bytes: float = layout_lib.DEFAULT_ACTIVATION_BYTES) -> Grid:
+          activation_bytes: float = layout_lib.DEFAULT_ACTIVATION_BYTES,
+          engine: str = engine_drive.BOUND) -> Grid:
   """Every group of `devices` x layouts x format classes (`context`: the tokens each
-  sequence reserves in the memory fit)."""
+  sequence reserves in the memory fit; an `engine`: its reservation rule and running
+  cap on each device and layout, `engine_drive.replica_sequences`, in place of the
+  workspace fraction)."""
   del prompt_tokens  # The costs take it when evaluated.
   terms = layout_lib.model_terms(spec)
   rows: dict[str, list[Any]] = {}
@@ -155,6 +160,8 @@ def build(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, prom
                                            workspace=workspace_fraction, weights=weights, kv=kv,
                                            tp=degrees["tp"], pp=degrees["pp"], ep=degrees["ep"],
                                            u_kv=float(terms.kv_units))
+        if engine != engine_drive.BOUND:
+          fit = _engine_fit(engine, device, spec, weights, kv, degrees, float(terms.kv_units))
         for (layout, link, shares, values), fits in zip(per_layout,
                                                         np.broadcast_to(fit, (len(per_layout),))):
           add = dict(device=di, cls=cls, tp=layout.tp, pp=layout.pp, ep=layout.ep,
@@ -182,6 +189,23 @@ def build(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, prom
                         }, comm={n[2:]: col(n).reshape(-1, 1) for n in rows if n.startswith("m:")
                                 }, links=links, class_members=members, base=base,
               comm_overlap=comm_overlap, memory={n[2:]: col(n) for n in rows if n.startswith("b:")})
+
+
+def _engine_fit(engine: str, device: Accelerator, spec: ModelSpec, weights: dict[str, float],
+                kv: float, degrees: dict[str, np.ndarray], u_kv: float) -> np.ndarray:
+  """Sequences each layout's replica runs under `engine`'s reservation and cap."""
+  chip_w, chip_kv = layout_lib.chip_shares_of_memory(capacity=device.memory_capacity_bytes,
+                                                     weights=weights, kv=kv, tp=degrees["tp"],
+                                                     pp=degrees["pp"], ep=degrees["ep"], u_kv=u_kv)
+  out = []
+  for i, (tp, pp, ep) in enumerate(zip(degrees["tp"], degrees["pp"], degrees["ep"])):
+    settings = engine_rules.settings(engine, device, tp=int(tp), pp=int(pp))
+    out.append(
+        engine_drive.replica_sequences(settings, capacity=device.memory_capacity_bytes,
+                                       chip_weights=np.broadcast_to(chip_w, degrees["tp"].shape)[i],
+                                       chip_kv=np.broadcast_to(chip_kv, degrees["tp"].shape)[i],
+                                       width=float(spec.hidden_size), ep=ep))
+  return np.asarray(out, dtype=float)
 
 
 def chip_bytes(grid: Grid, index: np.ndarray, batch: np.ndarray) -> np.ndarray:

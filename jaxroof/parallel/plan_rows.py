@@ -76,7 +76,8 @@ def max_rate_binds(f: plan_search.Found, work: plan_search.Workload) -> str:
     return "slots"
   if out["token_gap_s"] > work.targets.token_gap_s * (1 + load_model.SLACK):
     return "token_gap"
-  if out["slow_itl_share"] > 0.01 * (1 + load_model.SLACK):
+  q = work.targets.itl_quantile
+  if q is not None and out["slow_itl_share"] > (1 - q) * (1 + load_model.SLACK):
     return "itl_p99"
   if out["ttft_q_s"] > work.targets.ttft_s * (1 + load_model.SLACK):
     return "ttft"

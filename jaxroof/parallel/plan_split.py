@@ -128,7 +128,8 @@ def _decode_pools(grid, model, work, cheap, live, keys, wait_s, rate,
   rate per chip at a fixed fleet), its slot wait's p90 within `wait_s`."""
   if not live.any():
     return []
-  targets = load_model.Targets(token_gap_s=work.targets.token_gap_s, ttft_s=wait_s)
+  targets = load_model.Targets(token_gap_s=work.targets.token_gap_s, ttft_s=wait_s,
+                               itl_quantile=work.targets.itl_quantile)
   sub = dataclasses.replace(work, targets=targets)
 
   def objective(index, lam):
@@ -156,7 +157,8 @@ def _redo(grid, model, work, cheap, firsts: Sequence[plan_search.Found],
     return []
   index = np.repeat([f.group for f in firsts], len(waits))
   wait = np.tile(np.asarray(waits, dtype=float), len(firsts)).reshape(-1, 1)
-  targets = load_model.Targets(token_gap_s=work.targets.token_gap_s, ttft_s=wait)
+  targets = load_model.Targets(token_gap_s=work.targets.token_gap_s, ttft_s=wait,
+                               itl_quantile=work.targets.itl_quantile)
   out = plan_search.exact(grid, model, dataclasses.replace(work, targets=targets), index,
                           cheap.decode_rate, decode_pool=True, keep_rows=True)
   return [out[i * len(waits):(i + 1) * len(waits)] for i in range(len(firsts))]
@@ -212,7 +214,8 @@ def _row(grid, devices, work, best, transfer, *, rate, chips, prices) -> dict[st
   alone = best["alone"]
   queue = load_pools.pool_wait(fleet, alone, n_p)
   lam = min(fleet / n_d, dec.rate)
-  decode_targets = load_model.Targets(token_gap_s=work.targets.token_gap_s)
+  decode_targets = load_model.Targets(token_gap_s=work.targets.token_gap_s,
+                                      itl_quantile=work.targets.itl_quantile)
   at = load_model.at(dec.states, [lam], np.array([dec.column]), G, decode_targets, work.cv2)
   at = {k: float(v[0]) for k, v in at.items()}
   ttft = float(queue["wait_s"]) + alone + float(transfer[gp]) + at["ttft_s"]

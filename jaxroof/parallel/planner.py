@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof import errors
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel import plan_grid
 from jaxroof.parallel import plan_rows
 from jaxroof.parallel import plan_search
@@ -75,16 +76,25 @@ ASSUMPTIONS = (
 @dataclasses.dataclass(frozen=True)
 class Targets:
   """Service targets and the fleet's load: `aggregate_tokens_per_s` (output tokens/s)
-  or `arrival_rate_per_s` (requests/s), one of them (neither only for a fixed fleet)."""
+  or `arrival_rate_per_s` (requests/s), one of them (neither only for a fixed fleet).
+  TTFT is held at its `ttft_quantile`; the inter-token gap at its `itl_quantile` within
+  the token gap (None: the mean gap alone, as a TPOT target is often stated)."""
 
   token_gap_s: float
   ttft_s: float
   aggregate_tokens_per_s: float | None = None
   arrival_rate_per_s: float | None = None
+  ttft_quantile: float = 0.9
+  itl_quantile: float | None = 0.99
 
   def __post_init__(self):
     errors.require_positive("token_gap_ms", self.token_gap_s * 1e3)
     errors.require_positive("ttft_ms", self.ttft_s * 1e3)
+    for name, q in (("ttft_percentile", self.ttft_quantile), ("itl_percentile", self.itl_quantile)):
+      if q is not None and not 0 < q < 1:
+        raise errors.InputError(
+            f"{name}={100 * q:g} is not allowed: give a percentile in (0, "
+            "100).", field=name)
     if self.aggregate_tokens_per_s is not None and self.arrival_rate_per_s is not None:
       raise errors.InputError(
           "give the load once: aggregate_tokens_per_s or arrival_rate, "
@@ -133,10 +143,10 @@ def parse_prices(text: str | None, known: Sequence[str]) -> dict[str, float]:
     except ValueError:
       raise errors.InputError(f"price_per_hour for {name} is {value.strip()!r}, not a "
                               "number.", field="price_per_hour") from None
-    if not math.isfinite(price) or price <= 0:
+    if not (math.isfinite(price) and 1e-6 <= price <= 1e6):  # Beyond: inf or 0 in the costs.
       raise errors.InputError(
           f"price_per_hour for {name} is {value.strip()}: a price must "
-          "be a finite number > 0 ($ per chip-hour).", field="price_per_hour")
+          "be a number in [1e-06, 1e+06] ($ per chip-hour).", field="price_per_hour")
     if name in out:
       raise errors.InputError(f"price_per_hour names {name} twice.", field="price_per_hour")
     out[name] = price
@@ -221,7 +231,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
          comm_overlap: float = 0.0, prices: Mapping[str, float] | None = None,
          max_chips: int | None = None, pools: str = "both", hold_cv2: float = 0.0,
          scheduler: str | None = None, token_budget: int | None = None, chips: int | None = None,
-         mla_prefill: str = "mha") -> dict[str, Any]:
+         mla_prefill: str = "mha", engine: str = engine_drive.BOUND) -> dict[str, Any]:
   """Configurations serving the workload within `targets`, ranked.
 
   `prompt_tokens` defaults to context - output_tokens; lengths are means, and
@@ -231,8 +241,11 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   cost per hour; without, by chips within each accelerator, the accelerators'
   first plans first. With `chips`, the fleet is exactly that many chips and plans rank
   by the rate it carries within the targets (tokens/s per chip). `scheduler` and
-  `token_budget` fix the scheduling (default: each plan's best); `batches` the running
-  counts allowed (default: any that fits).
+  `token_budget` fix the scheduling (default: each plan's best, or an `engine`'s own);
+  `batches` the running counts allowed (default: any that fits). An `engine`
+  (`engine_drive`) makes every figure its calibrated prediction: its step, its scheduler
+  defaults, its running cap and memory reservation (`engine_plan.plan` puts the bound's
+  plans beside).
 
   Returns:
     `{"plans": [...], "searched", "meeting", "split_searched", "split_meeting", "wall_s",
@@ -252,6 +265,16 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   hold_cv2 = errors.require_non_negative("hold_cv2", hold_cv2)
   allowed = None if batches is None else np.asarray(
       errors.require_positive_ints("batch_sizes", batches), dtype=float)
+  drives, left = engine_drive.drives(engine, devices)  # {} for the bound; one line if unknown.
+  devices = [d for d in devices if not drives or d.name in drives]
+  if drives and scheduler is None and token_budget is None:
+    schedulings = tuple(
+        dict.fromkeys(
+            replica_load.Scheduling(d.scheduler, d.token_budget) for d in drives.values()))
+  else:
+    schedulings = plan_search.schedulings(scheduler, token_budget)
+  # An engine's fixed cost per request (before it sees the prompt) comes out of the TTFT target.
+  t0 = next(iter(drives.values())).entry.terms.get("t0_request", 0.0) if drives else 0.0
   rate = targets.request_rate(output_tokens)
   if rate is None and chips is None:
     raise errors.InputError(
@@ -260,14 +283,17 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
   work = plan_search.Workload(
       prompt_tokens=prompt_tokens, output_tokens=output_tokens,
       context=replica_load.mean_context(prompt_tokens, output_tokens),
-      targets=load_model.Targets(token_gap_s=targets.token_gap_s, ttft_s=targets.ttft_s),
-      cv2=hold_cv2, schedulings=plan_search.schedulings(scheduler, token_budget), batches=allowed)
-  notes = format_notes(spec, devices, weight_dtypes)
+      targets=load_model.Targets(token_gap_s=targets.token_gap_s,
+                                 ttft_s=max(targets.ttft_s - t0,
+                                            1e-9), ttft_quantile=targets.ttft_quantile,
+                                 itl_quantile=targets.itl_quantile), cv2=hold_cv2,
+      schedulings=schedulings, batches=allowed)
+  notes = format_notes(spec, devices, weight_dtypes) + left
   grid = plan_grid.build(spec, devices, context=context, prompt_tokens=prompt_tokens,
                          weight_dtypes=weight_dtypes, kv_dtypes=kv_dtypes,
                          workspace_fraction=workspace_fraction, mla_prefill=mla_prefill,
-                         comm_overlap=comm_overlap)
-  model = StepModel.bound(bound)
+                         comm_overlap=comm_overlap, engine=engine)
+  model = next(iter(drives.values())).model if drives else StepModel.bound(bound)
   grid_batches = np.asarray(BATCHES, dtype=float) if allowed is None else allowed
   cheap = plan_search.bound(grid, model, work, grid_batches)
   if chips is not None:
@@ -293,8 +319,8 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     return mine[keep - 1] if len(mine) >= keep else math.inf
 
   plans = [
-      plan_rows.shared_row(grid, devices, f, work, rate=rate, chips=chips, prices=prices)
-      for f in found
+      plan_rows.shared_row(grid, devices, f, work, rate=rate, chips=chips, prices=prices,
+                           model=model) for f in found
   ]
   split = plan_split.SplitSearch(searched=0, meeting=0, plans=[])
   if pools in ("both", "split"):
@@ -303,9 +329,21 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
                              price=price if prices else None)
   plans = plan_rows.order(plans + split.plans, devices, priced=bool(prices), top=top, fixed=chips
                           is not None)
+  for p in plans:  # The TTFT an engine's user sees: its per-request cost included.
+    p["ttft_s"] += t0
+    p["ttft_p90_s"] += t0
   served = None if rate is None else rate * output_tokens
+  labels = next(iter(drives.values())).label_fields() if drives else {"kind": "bound"}
+  assumptions = list(ASSUMPTIONS)
+  if drives:
+    assumptions[0] = ("calibrated: " + "; ".join(d.entry.label for d in drives.values()) +
+                      " (the engine's profile fitted on published measurements, on the "
+                      "datasheet figures)")
+    assumptions += [engine_drive.memory_note(d) for d in drives.values()]
+    assumptions.append(f"TTFT includes the engine's fixed cost per request, t0_request = "
+                       f"{t0 * 1e3:.3g} ms (its profile's), taken out of the TTFT target")
   return {
-      "kind": "bound",
+      **labels,
       "model": spec.name,
       "context": context,
       "pools_searched": pools,
@@ -331,7 +369,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
       "kv_dtypes": list(kv_dtypes),
       "max_chips": max_chips,
       "notes": notes,
-      "assumptions": list(ASSUMPTIONS),
+      "assumptions": assumptions,
       "plans": plans,
       "closest": None if plans else plan_rows.closest(grid, devices, model, work, cheap),
       "units": plan_rows.UNITS,

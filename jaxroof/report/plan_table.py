@@ -13,6 +13,7 @@ _BASE = ("rank", "accelerator", "chips", "pools", "tp", "pp", "ep", "dp", "max_r
          "scheduler", "weights", "K/V", "rate/replica", "gap ms", "TTFT p90 ms")
 _COST = ("$/h", "$/Mtok")
 _SIMULATED = ("sim replicas", "sim p90 TTFT/TPOT ms", "sim p99 ITL ms", "meets")
+_ENGINE = ("tok/s/chip", "bound tok/s/chip")  # An engine's prediction, the bound beside.
 
 
 def _cell(value: float | None, fmt: str) -> str:
@@ -35,7 +36,9 @@ def plan_rows(result: dict[str, Any]) -> tuple[tuple[str, ...], list[list[Any]]]
   """Headers and one row per plan of `planner.plan`'s result, in rank order."""
   priced = bool(result.get("prices_per_hour"))
   simulated = "simulation" in result
-  headers = _BASE + (_COST if priced else ()) + (_SIMULATED if simulated else ())
+  engine = result.get("kind") == "calibrated"
+  headers = (_BASE + (_COST if priced else ()) + (_ENGINE if engine else
+                                                  ()) + (_SIMULATED if simulated else ()))
   rows = []
   for p in result["plans"]:
     merged = "".join(f" (= {m['weight_dtype']}/{m['kv_dtype']})" for m in p["merged"])
@@ -49,6 +52,11 @@ def plan_rows(result: dict[str, Any]) -> tuple[tuple[str, ...], list[list[Any]]]
     ]
     if priced:
       row += [_cell(p["cost_per_hour"], ",.2f"), _cell(p["cost_per_million_tokens"], ",.3f")]
+    if engine:
+      row += [
+          _cell(p["tokens_per_s_per_chip"], ",.1f"),
+          _cell(p.get("bound_tokens_per_s_per_chip"), ",.1f")
+      ]
     if simulated:
       s = p.get("simulated")
       if s is None:
@@ -81,12 +89,15 @@ def header_lines(result: dict[str, Any]) -> list[str]:
           f", {work['arrival_rate_per_s']:,.4g} requests/s "
           f"({work['output_tokens_per_s']:,.0f} output tokens/s)")
   fleet = "" if result.get("chips") is None else f", a fixed fleet of {result['chips']} chips"
+  ttft_q, itl_q = targets.get("ttft_quantile", 0.9), targets.get("itl_quantile", 0.99)
+  itl = ("" if itl_q is None else f", the p{100 * itl_q:g} inter-token gap within the token gap")
+  what = result.get("engine_label") or "analytic bound"
   return [
       f"{result['model']} at {result['context']} tokens, {work['prompt_tokens']} in / "
       f"{work['output_tokens']} out{load}{fleet}: targets {targets['token_gap_s'] * 1e3:g} ms "
-      f"mean token gap, {targets['ttft_s'] * 1e3:g} ms TTFT p90, the p99 inter-token gap within "
-      f"the token gap (analytic bound, the load model; searched in {result['wall_s']:.2f} s on "
-      f"this CPU); ranked by {result['ranked_by']}",
+      f"mean token gap, {targets['ttft_s'] * 1e3:g} ms TTFT p{100 * ttft_q:g}{itl} ({what}, "
+      f"the load model; searched in {result['wall_s']:.2f} s on this CPU); ranked by "
+      f"{result['ranked_by']}",
       f"can meet the targets at some size: {result['meeting']:,} of {result['searched']:,} "
       f"shared configurations (layout x bytes x running sequences); "
       f"{result['split_meeting']:,} of {result['split_searched']:,} split prefill/decode "
@@ -103,7 +114,26 @@ def footer_lines(result: dict[str, Any]) -> list[str]:
   lines.append("max_running: the running sequences to give the engine (its largest max "
                "rate); rate/replica: that max rate; split: prefill + decode chips, tp..rate the "
                "decode pool's (the JSON's pools has both and the K/V transfer)")
-  return lines + simulation_lines(result)
+  return lines + engine_lines(result) + simulation_lines(result)
+
+
+def engine_lines(result: dict[str, Any]) -> list[str]:
+  """An engine's plans: what they predict with, and the bound's best plan beside."""
+  if result.get("kind") != "calibrated":
+    return []
+  best = (result.get("bound") or {}).get("best")
+  bound = ("none meets" if best is None else
+           f"{best['accelerator']} tp{best['tp']} pp{best['pp']} ep{best['ep']} x{best['dp']} "
+           f"({best['chips']} chips, max_running {best['max_running']}), "
+           f"{best['tokens_per_s_per_chip']:,.1f} tokens/s per chip" +
+           ("" if best["cost_per_million_tokens"] is None else
+            f", ${best['cost_per_million_tokens']:,.3f}/Mtok"))
+  return [
+      f"prediction: {result['engine_label']}; every figure above is the engine's (its step, "
+      "scheduler defaults, running cap and memory reservation); bound tok/s/chip: the bound's "
+      "plan of the same layout and bytes (- where the bound's list has none)",
+      f"bound beside: the same question as an analytic bound: {bound}"
+  ]
 
 
 def no_plan_line(result: dict[str, Any]) -> str:

@@ -44,6 +44,27 @@ def bound_first_lines(bound_decision: dict[str, Any]) -> list[str]:
   ] + serving_section.decision_lines(bound_decision) + [""])
 
 
+def _pair(decision: dict[str, Any], key: str, scale: float, fmt: str) -> str:
+  value, bound = decision.get(key), decision.get("bound_" + key)
+  shown = "-" if value is None else format(value * scale, fmt)
+  return shown + " (bound " + ("-" if bound is None else format(bound * scale, fmt)) + ")"
+
+
+def engine_lines(result: dict[str, Any]) -> list[str]:
+  """An engine's decision beside the bound's answer to the same question."""
+  if not result.get("engine"):
+    return []
+  d = result["decision"]
+  return [
+      f"prediction: {result['engine_label']}; {result['engine_rules']}",
+      f"  beside the bound: max rate {_pair(d, 'max_arrival_rate_per_s', 1, '.4g')} requests/s "
+      f"per replica; max_running {_pair(d, 'batch', 1, 'g')}; step "
+      f"{_pair(d, 'step_s', 1e3, '.3f')} ms; TTFT p90 {_pair(d, 'ttft_p90_s', 1e3, ',.0f')} ms "
+      f"(with t0_request {result['t0_request_s'] * 1e3:.3g} ms); "
+      f"{_pair(d, 'fleet_aggregate_tokens_per_s', 1, ',.0f')} tokens/s"
+  ]
+
+
 def lines(result: dict[str, Any]) -> list[str]:
   """The serving result as a user reads it: what was asked, one row per batch, the
   decision, the error of a calibrated profile, the layout, pools and the peer's rows."""
@@ -61,6 +82,7 @@ def lines(result: dict[str, Any]) -> list[str]:
   out += [table.format_table(headers, cells)] + serving_section.decision_lines(decision)
   if provenance is not None:
     out += accuracy.footnote_lines(provenance)
+  out += engine_lines(result)
   if decision.get("comm_s") is not None:
     out.append(f"  layout: {decision['chips']} chips ({decision['replicas']} replica(s)); "
                f"communication {decision['comm_s'] * 1e3:.3f} ms of each step at the decision "

@@ -14,8 +14,11 @@ from jaxroof.report import simulation
 from jaxroof.report import table
 
 
-def label(step_model: str) -> str:
-  """What the simulated numbers are, from the replica's step model ("bound" or not)."""
+def label(step_model: str, engine: str | None = None) -> str:
+  """What the simulated numbers are, from the replica's step model ("bound" or not) and
+  an engine's label (its entry and held-out error)."""
+  if engine:
+    return f"simulated prediction, {engine}"
   return "simulated prediction, " + ("analytic iteration bound"
                                      if step_model == "bound" else "calibrated iteration model")
 
@@ -37,10 +40,11 @@ def beyond_context_line(beyond: dict[str, Any]) -> str:
           f"({beyond['draws_redone']} draws redone, {beyond['clipped']} clipped)")
 
 
-def max_rate_line(found: dict[str, Any], scheduler: str) -> str:
-  """The bisection's answer: the largest fleet rate meeting the SLOs."""
+def max_rate_line(found: dict[str, Any], scheduler: str, engine: str | None = None) -> str:
+  """The bisection's answer: the largest fleet rate meeting the SLOs (an engine's label)."""
   rate = found["max_rate_per_s"]
-  return (f"largest arrival rate meeting the SLOs at p{found['slo_percentile']:g} "
+  return (("" if not engine else f"{engine}: ") +
+          f"largest arrival rate meeting the SLOs at p{found['slo_percentile']:g} "
           f"({len(found['tried'])} seeded simulations of {found['num_requests']} requests, "
           f"{scheduler} scheduler, {found['replicas']} replica(s), {found['chips']} chip(s)): " +
           ("none (the smallest rate tried misses)" if rate is None else
@@ -66,10 +70,17 @@ def fleet_line(run: Any, replicas: int) -> str:
 
 def run_lines(run_label: str, scheduler: str, requests: int, metrics: dict[str, Any], run: Any,
               total_pages: int, provenance: Mapping[str, Any] | None = None,
-              bound_metrics: dict[str, Any] | None = None) -> list[str]:
+              bound_metrics: dict[str, Any] | None = None, engine: bool = False) -> list[str]:
   """One replica's run: the bound's metrics first when the profile's held-out error is
-  larger (`bound_metrics`), then the run's with the profile's error, and its figures."""
+  larger (`bound_metrics`), then the run's with the profile's error, and its figures;
+  an `engine`'s run leads, the bound's run of the same replica beside it."""
   out = []
+  if engine:
+    return run_lines(run_label, scheduler, requests, metrics, run, total_pages, provenance) + [
+        f"{label('bound')}, beside (the same replica, scheduler and workload; the bound's step "
+        "instead of the engine's):",
+        metrics_table(scheduler, bound_metrics or {})
+    ]
   if bound_metrics is not None:
     out += [
         f"{label('bound')}, shown first (the profile's held-out error is larger than "

@@ -206,9 +206,37 @@ def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
   plots.save(fig, path)
 
 
+def engine_lines(summary: dict[str, Any]) -> list[str]:
+  """An engine's predictions for the subject, one bullet per accelerator, the bound beside
+  (they lead the summary); an accelerator the engine has no entry for says why."""
+  engine = summary.get("engine") or "bound"
+  if engine == "bound":
+    return []
+  out = [
+      f"Predicted by **{engine}** (its profile fitted on published measurements, its "
+      "scheduler defaults and memory rule; the analytic bound beside):", ""
+  ]
+  for e in summary["accelerators"]:
+    b, c = e["bound"], e.get("calibrated")
+    if c is None:
+      why = e.get("engine_note") or "does not fit in memory"
+      out.append(f"- {e['accelerator']}: no prediction ({why})")
+      continue
+    shown = ("no batch meets the targets" if c["batch"] is None else
+             f"batch {c['batch']:,}, token gap {_ms(c['loaded_token_gap_s'])} ms, TTFT "
+             f"{_ms(c['ttft_s'])} ms, {_rate(c['aggregate_tokens_per_s'])} tokens/s")
+    bound = ("-" if b["batch"] is None else f"batch {b['batch']:,}, "
+             f"{_rate(b['aggregate_tokens_per_s'])} tokens/s")
+    out.append(f"- {e['accelerator']}: {shown} (bound: {bound}); {c['profile']}")
+  return out + [""]
+
+
 def _calibrated_words(summary: dict[str, Any]) -> str:
   """Where the calibrated column comes from: the shipped profiles the entries name, and
   what their held-out error was measured on."""
+  if (summary.get("engine") or "bound") != "bound":
+    return (f"*calibrated prediction* of {summary['engine']} (above), with its held-out "
+            "error leaving out whole published sources.")
   calibrated = [e["calibrated"] for e in summary["accelerators"] if e.get("calibrated")]
   if not calibrated:
     return "no accelerator here ships a profile, so no calibrated prediction."
@@ -249,8 +277,9 @@ def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: st
   single = sum(e["chips"] == 1 for e in served)
   best = next((e for e in served if e["accelerator"] == summary["best"]), None)
   lines = [
-      f"## Summary: serving {subject['model']} at {subject['context']:,} tokens (analytic bounds; "
-      "calibrated predictions where shown)",
+      f"## Summary: serving {subject['model']} at {subject['context']:,} tokens " +
+      ("(analytic bounds; calibrated predictions where shown)" if (summary.get("engine") or "bound")
+       == "bound" else f"(predictions of {summary['engine']}, analytic bounds beside)"),
       "",
       f"**{describe(subject)}; targets: {targets}.** "
       f"{len(served)} of {len(summary['accelerators'])} accelerators serve it" +
@@ -270,6 +299,7 @@ def report_section(summary: dict[str, Any], out_dir: str, *, serving_command: st
            e["chips"] > 1 for e in summary["accelerators"]) else "") +
       " *Analytic bound* from datasheet figures; " + _calibrated_words(summary),
       "",
+      *engine_lines(summary),
       table.markdown_table(HEADERS, table_rows(summary)),
       "",
       "What would move it (analytic bounds):",

@@ -21,11 +21,14 @@ import dataclasses
 import os
 from typing import Any
 
+from jaxroof.engines import engine_profiles
 from jaxroof.errors import InputError
 from jaxroof.measure import profiles
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel import fewest_chips
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import decision as decision_lib
+from jaxroof.serving import engine_serving
 from jaxroof.serving import multichip
 from jaxroof.serving import requests
 from jaxroof.specs.accelerators import known_accelerators, load_accelerator
@@ -63,6 +66,7 @@ class Subject:
   weight_dtype: str = "bf16"
   kv_dtype: str = "bf16"
   arrival_rate: float = 0.0
+  engine: str = engine_drive.BOUND  # An engine: its predictions lead, the bound beside.
 
   @property
   def prompt_tokens(self) -> int:
@@ -71,6 +75,7 @@ class Subject:
   def check(self) -> None:
     """Refuses an unknown model or accelerator, or a context that leaves no prompt or
     passes the model's, each as one line naming the field, the value and what is allowed."""
+    engine_profiles.check_engine(self.engine)
     shipped = shipped_models()
     if self.model not in shipped:
       raise InputError(
@@ -188,12 +193,45 @@ def accelerator_entry(subject: Subject, slug: str, results_dir: str) -> dict[str
   }
   rate = entry["bound"]["aggregate_tokens_per_s"]
   entry["aggregate_tokens_per_s_per_chip"] = None if rate is None else rate / chips
+  if subject.engine != engine_drive.BOUND:
+    entry.update(_engine_entry(subject, slug, layout, inputs) if entry["fits"] else {})
+    return entry
   shipped = _shipped_profile(slug, results_dir)
   if shipped is not None and entry["fits"] and chips == 1:
     profile, source = shipped
     cal, _ = _decide(subject, slug, profiles.step_model(profile, use_profile_ceilings=False))
     entry["calibrated"] = {**_headline(cal), "profile": source, **_profile_errors(profile)}
   return entry
+
+
+def _engine_entry(subject: Subject, slug: str, layout: Layout,
+                  inputs: requests.ServingInputs) -> dict[str, Any]:
+  """The subject's engine on this accelerator and layout (`engine_serving`): its decision
+  as the calibrated entry, labelled with its held-out error; or the line refusing it."""
+  try:
+    d = engine_drive.drive(subject.engine, load_accelerator(slug), tp=layout.tp, pp=layout.pp)
+  except InputError as e:
+    return {"engine_note": str(e)}
+  t0 = engine_serving.t0_request(d)
+  decision = decision_lib.decide(d.model, engine_serving.inputs(d, inputs,
+                                                                load_model(subject.model)),
+                                 prompt_tokens=subject.prompt_tokens,
+                                 output_tokens=subject.output_tokens,
+                                 token_gap_s=subject.token_gap_s,
+                                 ttft_s=max(subject.ttft_s - t0,
+                                            1e-9), arrival_rate=subject.arrival_rate,
+                                 scheduler=d.scheduler, token_budget=d.token_budget)
+  head = _headline(decision)
+  head["ttft_s"] = None if head["ttft_s"] is None else head["ttft_s"] + t0
+  errors = d.entry.heldout_error
+  return {
+      "calibrated": {
+          **head, "profile": d.entry.label, "engine": d.entry.engine, "heldout_error": dict(errors),
+          "profile_heldout_by": "source",
+          "profile_heldout_median_rel_error": errors.get("median_rel_error"),
+          "profile_heldout_max_rel_error": errors.get("max_rel_error"), "t0_request_s": t0
+      }
+  }
 
 
 def _layout(entry: dict[str, Any]) -> Layout:
@@ -246,8 +284,11 @@ def summarise(subject: Subject, results_dir: str) -> dict[str, Any]:
       "kind": "report_summary",
       "subject": {**dataclasses.asdict(subject), "prompt_tokens": subject.prompt_tokens},
       "label": "analytic bound from datasheet figures (one chip, or the fewest chips that "
-               "hold the model); calibrated prediction "
-               "where a profile fitted to this accelerator's measured step times ships",
+               "hold the model); calibrated prediction " +
+               ("where a profile fitted to this accelerator's measured step times ships"
+                if subject.engine == engine_drive.BOUND else
+                f"of {subject.engine} (its engine profile, scheduler defaults and memory rule)"),
+      "engine": subject.engine,
       "accelerators": entries,
       "serving": [e["accelerator"] for e in serving],
       "best": None if best is None else best["accelerator"],

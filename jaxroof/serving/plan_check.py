@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import arrivals, fleet, metrics, replica, simulator, split_simulation
 from jaxroof.specs.accelerators import Accelerator
@@ -66,6 +67,11 @@ class Check:
   comm_overlap: float
   mla_prefill: str
   lengths: Mapping[str, Any]
+  engine: str = engine_drive.BOUND
+
+  def drive(self, tp: int, pp: int) -> engine_drive.Drive | None:
+    """The engine on this device and layout (None: the bound)."""
+    return engine_drive.drive(self.engine, self.device, tp=tp, pp=pp)
 
 
 def _counts(replicas: int, slots: int, min_requests: int) -> tuple[int, int]:
@@ -120,12 +126,15 @@ def _workload(rate: float, total: int, seed: int, check: Check) -> arrivals.Work
 def _shared_runner(row: dict[str, Any], check: Check) -> Callable[[int, int], dict[str, Any]]:
   """`run(dp, seed)`: one replica of the shared plan at the fleet's rate / dp."""
   layout = Layout(tp=row["tp"], pp=row["pp"], ep=row["ep"], microbatches=row["microbatches"])
+  d = check.drive(row["tp"], row["pp"])
   r = replica.from_model(check.spec, check.device, context=check.context,
                          weight_dtype=split_simulation.published_dtype(row["weight_dtype"]),
-                         kv_dtype=row["kv_dtype"], step_model=StepModel.bound(check.bound),
+                         kv_dtype=row["kv_dtype"],
+                         step_model=StepModel.bound(check.bound) if d is None else d.model,
                          max_running=row["max_running"], layout=layout,
                          comm_overlap=check.comm_overlap, mla_prefill=check.mla_prefill,
-                         token_budget=row.get("token_budget") or 512)
+                         token_budget=row.get("token_budget") or 512,
+                         reservation=None if d is None else d.settings)
   micro = row["microbatches"]
   r = replica.per_microbatch(r, micro)
   fleet_rate = row["fleet_rate_per_s"]
@@ -163,8 +172,9 @@ def _split_runner(row: dict[str, Any], check: Check) -> Callable[[int, int, int]
     w = _workload(fleet_rate, warmup + measured, seed, check)
     out = split_simulation.simulate_split(check.spec, check.device, {**row, "pools": pools}, w,
                                           context=check.context, bound=check.bound,
-                                          comm_overlap=check.comm_overlap, scheduler="iteration",
-                                          seed=seed, stop=_stopper(warmup, measured, check))
+                                          engine=check.engine, comm_overlap=check.comm_overlap,
+                                          scheduler="iteration", seed=seed,
+                                          stop=_stopper(warmup, measured, check))
     return {
         "seed": seed, "replicas": {"prefill": n_p, "decode": n_d}, "arrival_rate_per_s": fleet_rate,
         "requests": warmup + measured, "warmup": warmup, "wall_s": out.wall_s,
@@ -250,7 +260,9 @@ def size_plan(row: dict[str, Any], check: Check) -> dict[str, Any]:
   shown = runs[best] if best is not None else runs[max(runs, key=_size)]
   worst = max(shown, key=lambda x: (not x["meets"], x["ttft_p90_s"] or math.inf))
   return {
-      "label": "simulated prediction, analytic iteration bound", "scheduler": row["scheduler"],
+      "label": "simulated prediction, " +
+               ("analytic iteration bound" if check.engine == engine_drive.BOUND else
+                f"calibrated iteration model ({check.engine})"), "scheduler": row["scheduler"],
       "token_budget": row.get("token_budget"), "replicas_needed": needed, "analytic_replicas": ({
           "prefill": row["pools"]["prefill"]["replicas"], "decode": row["pools"]["decode"]
                                                                     ["replicas"]
@@ -320,8 +332,8 @@ def _pool(workers: int) -> concurrent.futures.Executor | None:
 def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Accelerator], *,
               k: int = DEFAULT_TOP_K, num_requests: int = DEFAULT_REQUESTS, seed: int = 0,
               seeds: int = DEFAULT_SEEDS, bound: str = "per_op", comm_overlap: float = 0.0,
-              lengths: Mapping[str, Any] | None = None, mla_prefill: str = "mha",
-              workers: int = 1) -> dict[str, Any]:
+              lengths: Mapping[str, Any] | None = None, mla_prefill: str = "mha", workers: int = 1,
+              engine: str = engine_drive.BOUND) -> dict[str, Any]:
   """Simulates and sizes plans of `result` in order (in place) until `k` meet at some size,
   dropping those none meets; re-ranks the sized plans by their simulated cost (or chips),
   then the plans not simulated. `workers` processes size plans side by side (where they
@@ -344,7 +356,8 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
                 prompt_tokens=work["prompt_tokens"], output_tokens=work["output_tokens"],
                 token_gap_s=targets["token_gap_s"], ttft_s=targets["ttft_s"], seed=seed,
                 seeds=seeds, min_requests=num_requests, bound=bound, comm_overlap=comm_overlap,
-                mla_prefill=mla_prefill, lengths=dict(lengths or {})) for row in batch
+                mla_prefill=mla_prefill, lengths=dict(lengths or {}), engine=engine)
+          for row in batch
       ]
       sims = (list(pool.map(_sized, batch, checks))
               if pool is not None else [_sized(row, check) for row, check in zip(batch, checks)])

@@ -22,10 +22,12 @@ and pooled over the ep groups. One simulated replica stands for each of dp.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 
 from jaxroof.errors import InputError, require_positive, require_positive_int
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import multichip
@@ -102,12 +104,15 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
                kv_dtype: str = "bf16", block_size: int = kv_sizing.DEFAULT_BLOCK_SIZE,
                workspace_fraction: float = DEFAULT_WORKSPACE_FRACTION, max_running: int = 256,
                token_budget: int = 512, batch_window_s: float = 0.0, layout: Layout | None = None,
-               mla_prefill: str = "mha", comm_overlap: float = 0.0) -> Replica:
+               mla_prefill: str = "mha", comm_overlap: float = 0.0,
+               reservation: Mapping[str, float] | None = None) -> Replica:
   """A replica of `spec` on `accelerator` (`context`: the memory fit's reference length).
 
   `layout`: the replica's tensor/pipeline/expert degrees (dp replicas are
-  alike; the simulator runs one). Raises InputError for a layout the model
-  or device does not allow.
+  alike; the simulator runs one). `reservation`: an engine's memory settings
+  (`engine_drive.Drive.settings`): its K/V pages are what its rule leaves each chip
+  (`engine_drive.kv_bytes`) instead of the memory less the workspace fraction. Raises
+  InputError for a layout the model or device does not allow.
   """
   step_model = step_model or StepModel.bound()
   layout = layout or Layout()
@@ -139,10 +144,13 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
           "with more chips (tensor, pipeline or expert parallel) or choose a larger device.",
           field="model")
     page_bytes, state = _page_and_state(page, 1.0)
-    return _replica(
-        cost.with_overlap(comm_overlap), step_model,
-        total_pages=_pages(inputs.usable_memory_bytes - max_running * state, page_bytes),
-        description={**description, "layout": layout.as_dict()}, page_bytes=page_bytes, **common)
+    usable = inputs.usable_memory_bytes if reservation is None else engine_drive.kv_bytes(
+        reservation, capacity=accelerator.memory_capacity_bytes,
+        chip_weights=inputs.resident_weight_bytes, width=float(spec.hidden_size))
+    return _replica(cost.with_overlap(comm_overlap), step_model,
+                    total_pages=_pages(usable - max_running * state, page_bytes),
+                    description={**description,
+                                 "layout": layout.as_dict()}, page_bytes=page_bytes, **common)
   layout_lib.validate(layout, spec, accelerator)
   link = layout_lib.links(layout, accelerator)
   memory = layout_lib.chip_memory(layout, spec, accelerator, weight_format=inputs.weight_format,
@@ -159,10 +167,12 @@ def from_model(spec: ModelSpec, accelerator: Accelerator, *, context: int,
                         comm_overlap=comm_overlap)
   page_bytes, state = _page_and_state(
       page, memory.kv_allocated_bytes_per_sequence / page.allocated_bytes_per_sequence)
+  usable = memory.usable_bytes if reservation is None else engine_drive.kv_bytes(
+      reservation, capacity=accelerator.memory_capacity_bytes,
+      chip_weights=memory.resident_weight_bytes, width=float(spec.hidden_size))
   return _replica(
-      cost, step_model, total_pages=_pages(memory.usable_bytes * layout.ep - max_running * state,
-                                           page_bytes), page_bytes=page_bytes,
-      description={
+      cost, step_model, total_pages=_pages(usable * layout.ep - max_running * state, page_bytes),
+      page_bytes=page_bytes, description={
           **description, "layout": layout.as_dict(), "network": link.network,
           "link_note": link.note, "resident_weight_bytes_per_chip": memory.resident_weight_bytes,
           "notes": notes + [

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxroof.parallel import engine_drive
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import fleet, replica, simulator
 from jaxroof.serving.arrivals import Workload
@@ -83,17 +84,26 @@ def _first_come_first_served(arrival: np.ndarray, service: np.ndarray, servers: 
 
 def simulate_split(spec: ModelSpec, device: Accelerator, row: dict[str, Any], workload: Workload, *,
                    context: int, bound: str = "per_op", comm_overlap: float = 0.0,
-                   scheduler: str = "iteration", seed: int = 0, stop=None) -> SplitRun:
+                   scheduler: str = "iteration", seed: int = 0, stop=None,
+                   engine: str = engine_drive.BOUND) -> SplitRun:
   """Runs `workload` (the fleet's arrivals) through the split plan `row` (`stop`: as
-  `fleet.simulate_fleet`'s, for the decode pool)."""
+  `fleet.simulate_fleet`'s, for the decode pool; an `engine`: its step and memory rule
+  in both pools)."""
   start = time.perf_counter()
   pools = row["pools"]
   common = dict(context=context, weight_dtype=published_dtype(row["weight_dtype"]),
-                kv_dtype=row["kv_dtype"], step_model=StepModel.bound(bound),
-                comm_overlap=comm_overlap)
-  pre = replica.from_model(spec, device, max_running=1, layout=_layout(pools["prefill"]), **common)
-  dec = replica.from_model(spec, device, max_running=pools["decode"]["batch"],
-                           layout=_layout(pools["decode"], row["microbatches"]), **common)
+                kv_dtype=row["kv_dtype"], comm_overlap=comm_overlap)
+
+  def engine_of(layout: Layout) -> dict[str, Any]:
+    d = engine_drive.drive(engine, device, tp=layout.tp, pp=layout.pp)
+    return (dict(step_model=StepModel.bound(bound)) if d is None else dict(
+        step_model=d.model, reservation=d.settings))
+
+  pre_layout, dec_layout = _layout(pools["prefill"]), _layout(pools["decode"], row["microbatches"])
+  pre = replica.from_model(spec, device, max_running=1, layout=pre_layout, **common,
+                           **engine_of(pre_layout))
+  dec = replica.from_model(spec, device, max_running=pools["decode"]["batch"], layout=dec_layout,
+                           **common, **engine_of(dec_layout))
   micro = row["microbatches"]
   dec = dataclasses.replace(replica.per_microbatch(dec, micro), prefilled=True)
   arrival = workload.arrival_s.astype(float)

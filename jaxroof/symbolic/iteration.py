@@ -53,7 +53,7 @@ def raw_substitution() -> dict[sp.Symbol, sp.Expr]:
   zero = {
       x: sp.S.Zero for x in (S.S_win, S.S_mla, S.X_win, S.X_mla, S.V_win, S.V_mla, S.O_up, S.W_x,
                              S.N_h, S.W_h, S.r_e, S.k_win, S.k_mla, S.a_win, S.a_mla, S.ap_mla,
-                             S.u_mla, S.s_st, S.n_seq, S.t_comm, S.o_ovl, S.eta_attn, S.A_w)
+                             S.u_mla, S.s_st, S.n_seq, S.t_comm, S.o_ovl, S.eta_attn, S.A_w, S.N_xb)
   }  # The toy twin fits its own six factors: no per-sequence or attention-kernel term.
   return {
       **zero, S.n_samp: n_dec + n_pre, S.S_full: S_dec, S.X_full: S_pre_att, S.V_full: S_pre_kv,
