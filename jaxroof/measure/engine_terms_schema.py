@@ -1,4 +1,4 @@
-"""The schema of a file of cost terms (the one `calibrate` takes as an earlier fit's terms).
+"""The schema of a file of cost terms (`calibrate --engine_terms=FILE.json`).
 
 Three forms are read (`calibrate.engine_fit.read_terms`): an object NAME: VALUE,
 the same under "terms", or an earlier vLLM-run fit's result (`kind`

@@ -5,7 +5,7 @@ Every field a profile's readers use, with what it may hold: the six factors (eac
 beyond them by registry name within their bounds (`terms`, version 2's
 `regime_factors`), the prefill factors, the measured ceilings (B/s, FLOP/s by dtype),
 the fit's errors (>= 0, or null), the toy configs a profile was measured with (the
-toy validation builds and times, so their size is bounded), the texts and the
+toy `--validate` builds and times, so their size is bounded), the texts and the
 accelerator. Fields no reader uses (expressions, notes, a fit's diagnostics) may hold
 anything. `KIND` bounds the file's size and nesting.
 
