@@ -53,35 +53,43 @@ def _running(r: Any, prompt: float, output: float) -> int:
   return max(1, min(int(r.max_running), int(r.total_pages) // pages or 1))
 
 
-def _step_s(r: Any, context: float) -> float:
-  """The replica's iteration time decoding one sequence at `context` (its fastest step)."""
+def _step_s(r: Any, context: float) -> float | None:
+  """The replica's iteration time decoding one sequence at `context` (its fastest step), or
+  None where it cannot be timed (the run itself then says why)."""
   try:
     mix = r.cost.mix(np.asarray([max(1.0, context)]))
     step = float(r.cost.evaluate(mix, r.step_model, step_only=True)["step_s"])
-  except Exception:  # noqa: BLE001 (the run itself reports a model it cannot time)
-    return 0.0
-  return step if math.isfinite(step) and step > 0 else 0.0
+  except Exception:  # noqa: BLE001 (the run reports a model it cannot time, in one line)
+    return None
+  return step if math.isfinite(step) and step > 0 else None
 
 
 def _iterations(requests: int, output_mean: float, output_max: float, running: int,
-                rate: float | None = None, step_s: float = 0.0) -> float:
-  """Iterations of one replica's run: each of `requests` prefilled in an iteration, then its
-  output tokens decoded, `concurrency` sequences at a time, where (by Little's law) `rate` x a request's decode
-  time at the fastest step, at least 1 and at most `running` (None: `running`)."""
-  concurrency = running if rate is None else min(running, max(1.0, rate * output_mean * step_s))
+                rate: float | None = None, step_s: float | None = None) -> float:
+  """Iterations of one replica's run: each of `requests` prefilled in an iteration, then
+  its output tokens decoded, `concurrency` sequences at a time: by Little's law `rate` x
+  a request's decode time at the fastest step `step_s`, at least 1 and at most `running`
+  (`running` where the rate or the step is None)."""
+  concurrency = (running if rate is None or step_s is None else min(
+      running, max(1.0, rate * output_mean * step_s)))
   return max(output_max, requests * (output_mean + 1) / concurrency)
 
 
 def check_replicas(replicas: int, requests: int) -> None:
-  """Refuses a fleet beyond `MAX_REPLICAS`, or replicas x requests beyond `MAX_FLEET_ROWS`."""
+  """Refuses a fleet beyond `MAX_REPLICAS`, or replicas x requests beyond `MAX_FLEET_ROWS`
+  (`replicas`: --dp x --microbatches, a pipelined replica's virtual engines)."""
+  dp, micro = _value("dp") or replicas, _value("microbatches") or 1
+  given = f"--dp={dp:,}" + (f" with --microbatches={micro:,}" if micro > 1 else "")
+  simulated = f" ({replicas:,} simulated engines)" if micro > 1 else ""
   if replicas > MAX_REPLICAS:
-    raise InputError(f"--dp={replicas:,} is not allowed: a simulated fleet has at most "
-                     f"{MAX_REPLICAS:,} replicas (--dp in [1, {MAX_REPLICAS:,}]).")
+    raise InputError(f"{given} is not allowed{simulated}: a simulated fleet has at most "
+                     f"{MAX_REPLICAS:,} replicas (--dp in [1, {MAX_REPLICAS // micro:,}] here).")
   if replicas * requests > MAX_FLEET_ROWS:
+    most = max(1, MAX_FLEET_ROWS // requests // micro)
     raise InputError(
-        f"--dp={replicas:,} with {requests:,} requests is not allowed: each replica holds the "
+        f"{given} with {requests:,} requests is not allowed{simulated}: each replica holds the "
         f"whole workload's arrays, at most {MAX_FLEET_ROWS:.0e} replicas x requests (--dp in "
-        f"[1, {max(1, MAX_FLEET_ROWS // requests):,}] here, or fewer --num_requests).")
+        f"[1, {most:,}] here, or fewer --num_requests).")
 
 
 # Raw-number flags of `simulate` that --model replaces (they were once silently ignored).

@@ -43,7 +43,7 @@ def test_bad_flags_keep_the_contract(experiment):
   base = outcomes[0]  # Its valid base run: the fuzz cases start from a run that works.
   assert base["kind"] == "base:valid", base
   expected = "clean_error" if experiment in _fuzzing.BASE_REFUSED else "ok"
-  assert base["verdict"] == expected and base["exit_code"] in (0, 2, None), base
+  assert base["verdict"] == expected, base
   broken = [
       o for o in outcomes
       if o["verdict"] in ("traceback", "nonfinite", "half_written", "hang", "accepted_bad")
