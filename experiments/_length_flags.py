@@ -57,7 +57,7 @@ def _spread_ok(name: str) -> Callable[[dict], bool]:
       shape = values[f"{name}_distribution"]
       top = 1 if shape == "uniform" else arrivals.MAX_LOGNORMAL_SPREAD
       raise flags.ValidationError(
-          f"--{name}_spread={values[f'{name}_spread']:g} is not allowed with --{name}_"
+          f"--{name}_spread={values[f'{name}_spread']!r} is not allowed with --{name}_"
           f"distribution={shape}: {shape} lengths need --{name}_spread in (0, {top:g}].") from None
     return True
 

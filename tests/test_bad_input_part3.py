@@ -151,7 +151,7 @@ def test_plan_refuses_its_simulations_and_a_shape_without_spread_before_the_sear
   _refused("plan", *PLAN, "--top_k=20", "--sim_seeds=20", "--sim_requests=100000",
            needles=("--top_k=20", "1e+10 simulated output tokens", "allowed --top_k in [0, 1]"))
   _refused("plan", *PLAN, "--prompt_distribution=lognormal",
-           needles=("--prompt_spread=0", "--prompt_distribution=lognormal", "(0, 100]"))
+           needles=("--prompt_spread=0.0", "--prompt_distribution=lognormal", "(0, 100]"))
 
 
 def test_a_list_flag_holds_at_most_a_thousand_values():

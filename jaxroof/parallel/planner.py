@@ -146,7 +146,7 @@ def parse_prices(text: str | None, known: Sequence[str]) -> dict[str, float]:
     if not (math.isfinite(price) and 1e-6 <= price <= 1e6):  # Beyond: inf or 0 in the costs.
       raise errors.InputError(
           f"price_per_hour for {name} is {value.strip()}: a price must "
-          "be a number in [1e-06, 1e+06] ($ per chip-hour).", field="price_per_hour")
+          "be a finite number > 0, in [1e-06, 1e+06] ($ per chip-hour).", field="price_per_hour")
     if name in out:
       raise errors.InputError(f"price_per_hour names {name} twice.", field="price_per_hour")
     out[name] = price
