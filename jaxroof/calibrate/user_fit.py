@@ -314,8 +314,9 @@ def calibrate(measurements: um.Measurements, *, accelerator: str | None = None,
   train_cal = error_summary_of(training, "calibrated_rel_error")
   if (held_cal["median_rel_error"] is not None and held_bound["median_rel_error"] is not None and
       held_cal["median_rel_error"] > held_bound["median_rel_error"]):
+    which = "held-out" if heldout_by == HELDOUT_BY_MODEL else "within-model (k-fold)"
     warnings.append(
-        f"the calibrated prediction's held-out median error "
+        f"the calibrated prediction's {which} median error "
         f"({held_cal['median_rel_error']:.1%}) is larger than the analytic bound's on the "
         f"same rows ({held_bound['median_rel_error']:.1%}): prefer the bound")
   warnings += list(fit.flags)

@@ -75,7 +75,8 @@ def held_out_words(held: Mapping[str, Any]) -> str:
     return "leaving out whole published sources the fit never saw"
   if held["by"] == "rows":
     named = f" ({', '.join(held['seen'])})" if held["seen"] else ""
-    return f"on held-out rows of the one model measured{named}"
+    return (f"k-fold over the rows of the one model measured{named}, not held out: the "
+            "error on other models is unknown")
   parts = []
   if held["seen"]:
     parts.append(f"held-out runs of models the fit also saw ({', '.join(held['seen'])})")
@@ -143,7 +144,9 @@ def sentence(provenance: Mapping[str, Any]) -> str:
   """One sentence: the held-out error, what was held out, the bound's beside it, and
   whether it applies to the model predicted."""
   f = fields(provenance)
-  text = (f"calibrated prediction's held-out error: median {_pct(f[ROW_FIELD])}" +
+  kind = ("within-model (k-fold) error"
+          if provenance.get("heldout_by") == "rows" else "held-out error")
+  text = (f"calibrated prediction's {kind}: median {_pct(f[ROW_FIELD])}" +
           ("" if f["profile_heldout_max_rel_error"] is None else
            f", max {_pct(f['profile_heldout_max_rel_error'])}") + f", {f['profile_heldout_on']}")
   if f["bound_heldout_median_rel_error"] is not None:
