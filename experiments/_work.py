@@ -78,7 +78,8 @@ def _iterations(requests: int, output_mean: float, output_max: float, running: i
 def check_replicas(replicas: int, requests: int) -> None:
   """Refuses a fleet beyond `MAX_REPLICAS`, or replicas x requests beyond `MAX_FLEET_ROWS`
   (`replicas`: --dp x --microbatches, a pipelined replica's virtual engines)."""
-  dp, micro = _value("dp") or replicas, _value("microbatches") or 1
+  micro = _value("microbatches") or 1
+  dp = max(1, replicas // micro)  # replicas = dp x microbatches.
   given = f"--dp={dp:,}" + (f" with --microbatches={micro:,}" if micro > 1 else "")
   simulated = f" ({replicas:,} simulated engines)" if micro > 1 else ""
   if replicas > MAX_REPLICAS:

@@ -497,7 +497,7 @@ def prefill_specialisation(B: sp.Expr, P: sp.Expr, weight_bytes: sp.Expr, N_act:
   }
   return {
       **zero, n_pre: B * P, n_samp: B, n_seq: B, X_full: B * prefill.attended_pairs(P),
-      a_full: pair_flops, W_b: weight_bytes, E: 1, K: 1, N_b: N_act
+      a_full: pair_flops, W_b: weight_bytes, E: 1, K: 1, N_b: N_act, F_attn: F
   }
 
 
