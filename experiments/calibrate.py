@@ -176,7 +176,7 @@ def published() -> None:
   print(tables.published_fit_text(profile))
   if F.PROFILE_OUT.value:
     files.write_json(F.PROFILE_OUT.value, profile)
-  _write(profile)
+  _write({**profile, "factors": profile["terms"]})  # `factors`: the result's fitted terms.
 
 
 def main(argv: list[str]) -> None:

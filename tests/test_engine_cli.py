@@ -126,6 +126,7 @@ def test_the_refit_is_the_shipped_profile(tmp_path, engine):
   refit, shipped = json.loads(out.read_text()), profiles.load(engine)
   assert refit["points_used"] == shipped["points_used"]
   assert refit["terms"] == pytest.approx(shipped["terms"], rel=1e-4)
+  assert refit["factors"] == refit["terms"]  # The name for the fitted terms.
   for key in ("median_rel_error", "p90_rel_error", "max_rel_error"):
     for got, want in ((refit, shipped), (refit["derived"], shipped["derived"])):
       # None where the profile has no error of its own kind (SGLang: no own points).
