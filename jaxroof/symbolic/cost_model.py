@@ -112,7 +112,8 @@ ASSUMPTIONS: dict[str, str] = {
 
 def with_overlap(floor: sp.Expr, comm: sp.Expr, overlap: sp.Expr) -> sp.Expr:
   """A step with communication: serial at overlap 0, the larger of the two at 1."""
-  return floor + comm - overlap * sp.Min(floor, comm)
+  with sp.evaluate(False):  # Min of two large sums: sympy's comparisons would take seconds.
+    return floor + comm - overlap * sp.Min(floor, comm)
 
 
 def tokens() -> sp.Expr:
@@ -170,9 +171,10 @@ def overlap(a: sp.Expr, b: sp.Expr) -> sp.Expr:
   """The p-norm of two times, p = 1 + r_ovl, written so that no power underflows: a
   kernel overlapping them perfectly takes the larger (r_ovl -> oo), one that does not
   takes the sum (r_ovl -> 0)."""
-  larger = sp.Max(a, b)
   p = 1 + r_ovl
-  return larger * ((a / larger)**p + (b / larger)**p)**(1 / p)
+  with sp.evaluate(False):  # Powers of large sums: sympy's sign checks would take seconds.
+    larger = sp.Max(a, b)
+    return larger * ((a / larger)**p + (b / larger)**p)**(1 / p)
 
 
 def _switch(eta: sp.Expr) -> sp.Expr:
