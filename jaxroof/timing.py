@@ -10,6 +10,7 @@ and the result keeps the median and the spread of the timed repeats.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -17,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 Clock = Callable[[], float]
@@ -51,8 +51,8 @@ def host() -> dict[str, Any]:
   return {
       "platform": platform.platform(), "machine": platform.machine(),
       "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-      "jax": jax.__version__, "numpy": np.__version__, "cpu_count": os.cpu_count(),
-      "load_average_1_5_15": list(os.getloadavg())
+      "jax": importlib.metadata.version("jax"), "numpy": np.__version__,
+      "cpu_count": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg())
   }
 
 
@@ -102,6 +102,7 @@ def time_call(
   Returns:
     A `Timing` over the `repeats` timed calls.
   """
+  import jax  # pylint: disable=import-outside-toplevel  (an analytic run never times)
   if not arg_sets:
     raise ValueError("arg_sets must hold at least one argument tuple")
   if warmup < 0 or repeats < 1:

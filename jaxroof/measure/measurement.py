@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxroof import errors
@@ -28,12 +26,15 @@ from jaxroof.timing import Clock, Timing, time_call
 
 BACKENDS = ("xla", "pallas")
 KIND = "measurement"
-DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")  # jax.numpy's names.
+# jax is imported where it is used: the analytic experiments import this module for its
+# labels, and jax's import would add about a second to each of them.
 
 
 def require_dtype(name: str) -> Any:
   """The jnp dtype of a name, or an InputError naming the known ones."""
-  return DTYPES[errors.require_choice("dtype", name, tuple(DTYPES))]
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  return getattr(jnp, errors.require_choice("dtype", name, DTYPES))
 
 
 _ALLOCATOR = ["default"]  # What `keep_allocations` did in this process.
@@ -92,7 +93,7 @@ def allocator() -> str:
   return _ALLOCATOR[0]
 
 
-def filler(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> jax.Array:
+def filler(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> Any:
   """Normal values made cheaply, for inputs whose values do not change a time.
 
   One block of 2**16 draws (numpy), repeated and copied to the device once:
@@ -101,6 +102,7 @@ def filler(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> jax.Array:
   """
   block = np.random.default_rng(seed).standard_normal(2**16, np.float32)
   values = np.resize(block, math.prod(shape)).reshape(shape)
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   return jnp.asarray(values, dtype=jnp.dtype(dtype))
 
 
@@ -118,6 +120,7 @@ class Device:
 
 def current_device() -> Device:
   """The default jax device of this process."""
+  import jax  # pylint: disable=import-outside-toplevel
   return Device(
       device_kind=jax.devices()[0].device_kind,
       platform=jax.default_backend(),

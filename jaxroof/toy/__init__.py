@@ -34,40 +34,47 @@ exactly the T retained positions plus the new one.
 `init_cache(config, batch, max_len, dtype)` gives an empty fixed state.
 """
 
-from jaxroof.toy.breakers import BREAKS
-from jaxroof.toy.breakers import Variant
-from jaxroof.toy.breakers import broken
-from jaxroof.toy.breakers import correct
-from jaxroof.toy.breakers import new_revision
-from jaxroof.toy.cache import Cache
-from jaxroof.toy.cache import FixedCache
-from jaxroof.toy.cache import GrowingCache
-from jaxroof.toy.cache import KVAccount
-from jaxroof.toy.cache import empty_growing_cache
-from jaxroof.toy.cache import init_cache
-from jaxroof.toy.cache import kv_account
-from jaxroof.toy.cache import random_cache
-from jaxroof.toy.check import CheckResult
-from jaxroof.toy.check import StepRow
-from jaxroof.toy.check import check_decode
-from jaxroof.toy.check import lesson_check
-from jaxroof.toy.config import CPU_BENCH
-from jaxroof.toy.config import LESSON
-from jaxroof.toy.config import LESSON_PROMPT
-from jaxroof.toy.config import PRESETS
-from jaxroof.toy.config import SMALL_12L
-from jaxroof.toy.config import ToyConfig
-from jaxroof.toy.config import preset
-from jaxroof.toy.model import decode_step
-from jaxroof.toy.model import extend
-from jaxroof.toy.model import forward
-from jaxroof.toy.model import generate
-from jaxroof.toy.model import generate_uncached
-from jaxroof.toy.model import prefill
-from jaxroof.toy.weights import BlockParams
-from jaxroof.toy.weights import Params
-from jaxroof.toy.weights import init_params
-from jaxroof.toy.weights import num_weights
+import importlib
+from typing import Any
+
+# Names load on first use (PEP 562): `jaxroof.toy.config` alone, which the analytic
+# experiments read, then costs no jax import.
+_SOURCES: dict[str, str] = {
+    "BREAKS": "breakers",
+    "Variant": "breakers",
+    "broken": "breakers",
+    "correct": "breakers",
+    "new_revision": "breakers",
+    "Cache": "cache",
+    "FixedCache": "cache",
+    "GrowingCache": "cache",
+    "KVAccount": "cache",
+    "empty_growing_cache": "cache",
+    "init_cache": "cache",
+    "kv_account": "cache",
+    "random_cache": "cache",
+    "CheckResult": "check",
+    "StepRow": "check",
+    "check_decode": "check",
+    "lesson_check": "check",
+    "CPU_BENCH": "config",
+    "LESSON": "config",
+    "LESSON_PROMPT": "config",
+    "PRESETS": "config",
+    "SMALL_12L": "config",
+    "ToyConfig": "config",
+    "preset": "config",
+    "decode_step": "model",
+    "extend": "model",
+    "forward": "model",
+    "generate": "model",
+    "generate_uncached": "model",
+    "prefill": "model",
+    "BlockParams": "weights",
+    "Params": "weights",
+    "init_params": "weights",
+    "num_weights": "weights",
+}
 
 __all__ = (
     "BREAKS",
@@ -105,3 +112,15 @@ __all__ = (
     "preset",
     "random_cache",
 )
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _SOURCES:
+    raise AttributeError(f"module 'jaxroof.toy' has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"jaxroof.toy.{_SOURCES[name]}"), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))
