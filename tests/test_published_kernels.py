@@ -112,3 +112,9 @@ def test_a_profile_fit_holds_the_kernel_terms_where_they_exist():
   # Elsewhere the engine's own fitted terms (today's rule), not the kernel ones.
   assert fitted.for_accelerator("a100-80gb")["eta_w"] == fitted.terms["eta_w"]
   assert "eta_attn" not in fitted.for_accelerator("a100-80gb")
+
+
+def test_a_design_without_kernel_families_holds_nothing_and_says_nothing():
+  assert kernels.held_terms("vllm", ()) == {} and kernels.provenance("vllm", ()) == {}
+  assert set(kernels.provenance("trtllm", tuple(kernels.FAMILIES))) == set(
+      kernels.held_terms("trtllm", tuple(kernels.FAMILIES)))

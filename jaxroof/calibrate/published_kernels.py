@@ -246,7 +246,7 @@ def fitted(backend: str, families: tuple[str, ...] = tuple(FAMILIES)) -> dict[st
 def held_terms(engine: str, families: Sequence[str]) -> dict[str, dict[str, float]]:
   """accelerator -> the kernel-fitted terms an engine profile holds there (empty where
   the engine has no `train` kernel rows)."""
-  backends = [b for b, e in BACKEND_OF.items() if e == engine]
+  backends = [b for b, e in BACKEND_OF.items() if e == engine and families]
   out: dict[str, dict[str, float]] = {}
   for backend in backends:
     for acc, fit_ in fitted(backend, tuple(families)).items():
@@ -259,7 +259,7 @@ def provenance(engine: str, families: Sequence[str]) -> dict[str, dict]:
   the file and, per family, the rows used, the launch latency fitted beside the terms and
   the fit's own error on those rows."""
   out: dict[str, dict] = {}
-  for backend in [b for b, e in BACKEND_OF.items() if e == engine]:
+  for backend in [b for b, e in BACKEND_OF.items() if e == engine and families]:
     for acc, fit_ in fitted(backend, tuple(families)).items():
       out[acc] = {
           "kernels": "jaxroof/engines/data/published/kernels.csv", "backend": backend,
