@@ -11,7 +11,10 @@ from jaxroof.calibrate import published_fit as fit_lib
 from jaxroof.calibrate import published_kernels as kernels
 from jaxroof.calibrate import published_profile as profile_lib
 from jaxroof.calibrate import published_setups as setups_lib
+from jaxroof.engines import engine_profiles as profiles
+from jaxroof.specs import comparison
 from jaxroof.specs.accelerators import load_accelerator
+from jaxroof.specs.models import load_model
 
 KNOWN = dict(eta_w=0.85, eta_f=0.6, r_ovl=2.0, eta_moe=0.7, m_moe=60.0, eta_kv=0.75, eta_attn=0.45,
              eta_comm=0.8)
@@ -118,3 +121,16 @@ def test_a_design_without_kernel_families_holds_nothing_and_says_nothing():
   assert kernels.held_terms("vllm", ()) == {} and kernels.provenance("vllm", ()) == {}
   assert set(kernels.provenance("trtllm", tuple(kernels.FAMILIES))) == set(
       kernels.held_terms("trtllm", tuple(kernels.FAMILIES)))
+
+
+def test_a_comparison_gives_each_accelerator_its_own_entry():
+  model = load_model("llama-3-8b")
+  devices = [load_accelerator(a) for a in ("h100-sxm", "h200")]
+  steps = {d.name: profiles.step_model(profiles.entry("trtllm", d.name)) for d in devices}
+  assert steps["h100-sxm"].factors != steps["h200"].factors  # Each its kernel-fitted terms.
+  both = comparison.compare(model, devices, context=1024, batch_sizes=[1, 32], step_model=steps)
+  for d, got in zip(devices, both["accelerators"]):
+    alone = comparison.compare(model, [d], context=1024, batch_sizes=[1, 32],
+                               step_model=steps[d.name])
+    assert [r["step_s"] for r in got["rows"]
+           ] == [r["step_s"] for r in alone["accelerators"][0]["rows"]]
