@@ -12,6 +12,7 @@ from jaxroof.calibrate import published_kernels as kernels
 from jaxroof.calibrate import published_profile as profile_lib
 from jaxroof.calibrate import published_setups as setups_lib
 from jaxroof.engines import engine_profiles as profiles
+from jaxroof.parallel import planner
 from jaxroof.specs import comparison
 from jaxroof.specs.accelerators import load_accelerator
 from jaxroof.specs.models import load_model
@@ -134,3 +135,26 @@ def test_a_comparison_gives_each_accelerator_its_own_entry():
                                step_model=steps[d.name])
     assert [r["step_s"] for r in got["rows"]
            ] == [r["step_s"] for r in alone["accelerators"][0]["rows"]]
+
+
+@pytest.mark.e2e
+def test_a_plan_over_accelerators_whose_entries_differ_ranks_each_alone_together():
+  spec = load_model("llama-3-8b")
+  devices = [load_accelerator(a) for a in ("h100-sxm", "h200")]
+  question = dict(context=2048, prompt_tokens=1536, output_tokens=512, chips=4, top=6,
+                  targets=planner.Targets(token_gap_s=0.03,
+                                          ttft_s=1.0), engine="trtllm", pools="shared")
+  both = planner.plan(spec, devices, **question)
+  alone = {d.name: planner.plan(spec, [d], **question)["plans"] for d in devices}
+
+  def key(p):
+    return tuple(p[k]
+                 for k in ("accelerator", "tp", "pp", "ep", "dp", "microbatches", "max_running",
+                           "scheduler", "token_budget", "weight_dtype", "kv_dtype"))
+
+  rates = {key(p): p["tokens_per_s_per_chip"] for rows in alone.values() for p in rows}
+  assert {p["accelerator"] for p in both["plans"]} == {"h100-sxm", "h200"}
+  for p in both["plans"]:
+    assert p["tokens_per_s_per_chip"] == rates[key(p)]
+  best = max(rates.values())
+  assert both["plans"][0]["tokens_per_s_per_chip"] == best
