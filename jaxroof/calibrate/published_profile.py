@@ -7,8 +7,9 @@
      (`published_setups.why_not`);
   2. a pooled fit of every engine's training points, the prior each engine's terms are
      pulled toward (`published_fit.PRIOR_ENGINE`);
-  3. the engine's fit (`published_fit.DESIGN`): its terms and each measured
-     accelerator's;
+  3. the engine's fit (`published_fit.design_for`): its terms and each measured
+     accelerator's, the kernel-fitted terms (`published_kernels`) held on the
+     accelerators its backend has kernel rows for where its design names them;
   4. its error leaving out one whole source at a time (that source out of the pooled
      prior too), and leaving out one whole accelerator (its points out of both fits: the
      error of an entry derived for an accelerator not measured).
