@@ -56,8 +56,8 @@ def bound_beside(calibrated: list[dict], bound: list[dict]) -> None:
 
 def entries(holder: flags.FlagHolder, devices) -> tuple[dict, list, list[str]]:
   """--engine's entry on each device, and the devices it has no rule for left out, each
-  with its one line (one device alone: its error). Entries of one profile share their
-  terms (`published_fit.DESIGN`): otherwise compare one accelerator at a time."""
+  with its one line (one device alone: its error). Each entry carries its accelerator's
+  terms (an accelerator's kernel-fitted ones, or the engine's)."""
   found, kept, left = {}, [], []
   for device in devices:
     try:
@@ -70,9 +70,6 @@ def entries(holder: flags.FlagHolder, devices) -> tuple[dict, list, list[str]]:
   if not kept:
     raise InputError(f"--engine={holder.value}: no accelerator compared has an entry or a "
                      f"rule ({left[0]}).")
-  if len({tuple(sorted(e.terms.items())) for e in found.values()}) > 1:
-    raise InputError(f"--engine={holder.value}: its accelerators' terms differ: compare one "
-                     "accelerator at a time.")
   return found, kept, left
 
 

@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
       raise InputError(f"--tp/--pp/--ep: no accelerator takes this layout ({refused[0]}).")
     devices = kept
 
-  def compare(step_model: StepModel | None) -> dict:
+  def compare(step_model) -> dict:  # A StepModel, one per accelerator's name, or None.
     return comparison.compare(
         model, progress.bar(devices, desc="accelerators", unit="device",
                             requested=_PROGRESS.value), context=_CONTEXT.value,
@@ -126,9 +126,11 @@ def main(argv: list[str]) -> None:
       raise InputError("--engine and --profile name two calibrations: give one.")
     entries, devices, left = _engine_flags.entries(_SHARED.engine, devices)
     refused += left
-  calibrated = (_profile_model(devices) if _PROFILE.value else
-                engine_profiles.step_model(next(iter(entries.values()))) if entries else None)
-  result = compare(calibrated)
+  # An engine's entries each carry their accelerator's terms (kernel-fitted ones included).
+  steps = {name: engine_profiles.step_model(e) for name, e in entries.items()}
+  calibrated = (_profile_model(devices)
+                if _PROFILE.value else next(iter(steps.values())) if steps else None)
+  result = compare(steps or calibrated)
   if entries:  # The bound's step beside each prediction; each device's own label.
     _engine_flags.comparison_beside(result, compare(None), entries)
   result["inputs"]["layout"] = layout.as_dict()

@@ -127,6 +127,11 @@ def test_the_refit_is_the_shipped_profile(tmp_path, engine):
   assert refit["points_used"] == shipped["points_used"]
   assert refit["terms"] == pytest.approx(shipped["terms"], rel=1e-4)
   assert refit["factors"] == refit["terms"]  # The name for the fitted terms.
+  assert refit["design"] == shipped["design"]
+  assert sorted(refit["accelerators"]) == sorted(shipped["accelerators"])
+  for name, entry in shipped["accelerators"].items():  # Kernel-fitted terms included.
+    assert refit["accelerators"][name]["terms"] == pytest.approx(entry["terms"], rel=1e-4), name
+    assert ("kernel_fit" in refit["accelerators"][name]) == ("kernel_fit" in entry), name
   for key in ("median_rel_error", "p90_rel_error", "max_rel_error"):
     for got, want in ((refit, shipped), (refit["derived"], shipped["derived"])):
       # None where the profile has no error of its own kind (SGLang: no own points).

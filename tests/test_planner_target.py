@@ -53,14 +53,6 @@ def test_the_plan_picks_aiconfigurators_layout_and_stays_below_the_bound(planned
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True, reason="not met yet: 220 tokens/s per GPU against 292 (-25%), TP4 x 2 at "
-    "max_running 56 as AIConfigurator's. The load model agrees with the simulator there (mean "
-    "TPOT 48 ms simulated at the plan's rate); the gap is the trtllm entry's step: a decode "
-    "step of 32.7 ms at 56 running (bound 16.6; fixed costs 9.0 ms of it, t0_layer 108 us x "
-    "80 layers) and 466 ms added by a 7,000-token prefill (eta_f 0.69, eta_comm 0.67), so at "
-    "AIConfigurator's 56 running its TPOT would be ~59 ms against 46.7; with t0_layer at 0 "
-    "the plan gives 275")
 def test_the_plan_is_within_20_percent_of_aiconfigurator(planned):
   answer, result = planned
   ours, theirs = result["plans"][0]["tokens_per_s_per_chip"], answer["best"]["tokens_per_s_per_gpu"]

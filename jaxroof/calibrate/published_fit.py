@@ -50,6 +50,8 @@ FD_STEP = 1e-4
 MAX_ITERATIONS = 100
 TOLERANCE = 1e-6
 
+KernelTerms = Mapping[str, Mapping[str, float]]  # accelerator -> terms
+
 
 @dataclasses.dataclass(frozen=True)
 class Design:
@@ -58,10 +60,13 @@ class Design:
   fitted: tuple[str, ...] = ("eta_w", "eta_kv", "eta_f", "r_ovl", "t0_step", "t0_layer", "t0_seq",
                              "t0_request", "eta_moe", "eta_comm")
   per_accelerator: tuple[str, ...] = ("eta_w", "eta_f")
+  # Kernel families (`published_kernels.FAMILIES`) whose terms an accelerator with the
+  # engine's kernel rows holds from them, not fitted on whole-system points there.
+  kernels: tuple[str, ...] = ()
 
   def without(self, name: str) -> Design:
     return Design(tuple(n for n in self.fitted if n != name),
-                  tuple(n for n in self.per_accelerator if n != name))
+                  tuple(n for n in self.per_accelerator if n != name), self.kernels)
 
 
 # The terms the shipped profiles fit, by the held-out error leaving out one whole source
@@ -76,6 +81,22 @@ class Design:
 DESIGN = Design(
     fitted=("eta_w", "eta_kv", "eta_f", "r_ovl", "t0_layer", "t0_seq", "t0_request", "eta_moe",
             "m_moe", "eta_comm"), per_accelerator=())
+# Engines whose shipped profile holds kernel-fitted terms (`published_kernels`) on the
+# accelerators it has kernel rows for: adopted where, leaving one whole source out
+# (`experiments.profile_terms`, variants "with/without kernel-fitted terms"), the
+# engine's median does not rise and its p90 or max falls. TensorRT-LLM (with NIM, 427
+# points; kernel rows on A100, H100, H200, B200, L40S): median 20.5% -> 15.9%, p90
+# 47.9% -> 53.1%, max 269.7% -> 227.7%: adopted. vLLM (kernel rows on H100 only, 3 of
+# its 49 points): median 13.3% -> 14.6%: not adopted. SGLang's kernel rows are referee
+# rows; gpt-fast has none.
+KERNELS_BY_ENGINE: dict[str, tuple[str, ...]] = {
+    "trtllm": ("gemm", "moe", "attention", "comm"),
+}
+
+
+def design_for(engine: str) -> Design:
+  """The shipped design of `engine`'s profile: `DESIGN`, with its kernel-fitted terms."""
+  return dataclasses.replace(DESIGN, kernels=KERNELS_BY_ENGINE.get(engine, ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +158,9 @@ class _Problem:
   """The log residuals as a function of the packed log terms."""
 
   def __init__(self, stacked: Stacked, settings, design: Design, start: Mapping[str, float],
-               prior_weight: float):
+               prior_weight: float, kernel_terms: KernelTerms):
     self.stacked, self.settings, self.design = stacked, settings, design
+    self.kernel_terms = kernel_terms
     self.accs = sorted({p.accelerator for p in stacked.points})
     self.offsets = [(a, n) for a in self.accs for n in design.per_accelerator]
     self.theta0 = np.asarray([math.log(start[n]) for n in design.fitted] +
@@ -152,7 +174,7 @@ class _Problem:
         n: float(np.exp(np.clip(theta[i], *_log_bounds(n))))
         for i, n in enumerate(self.design.fitted)
     }
-    by_acc: dict[str, dict[str, float]] = {a: {} for a in self.accs}
+    by_acc: dict[str, dict[str, float]] = {a: dict(self.kernel_terms.get(a, {})) for a in self.accs}
     for j, (a, n) in enumerate(self.offsets):
       by_acc[a][n] = float(np.exp(np.clip(theta[k + j] + math.log(engine[n]), *_log_bounds(n))))
     return EngineFit(engine, by_acc, len(self.stacked), self.design)
@@ -177,12 +199,14 @@ def _clip(problem: _Problem, theta: np.ndarray) -> np.ndarray:
 
 
 def fit(stacked: Stacked, settings: Mapping[str, np.ndarray], design: Design = Design(),
-        prior: EngineFit | None = None) -> EngineFit:
+        prior: EngineFit | None = None, kernel_terms: KernelTerms | None = None) -> EngineFit:
   """The terms of `design` fitted to the points of `stacked` (see the module docstring);
   each log term pulled toward `prior`'s (weight `PRIOR_ENGINE`), else weakly toward
-  `START` (`ANCHOR`)."""
+  `START` (`ANCHOR`). `kernel_terms`: accelerator -> terms held there (fitted on its kernel
+  rows), in place of the engine's."""
   start = {**START, **(prior.terms if prior is not None else {})}
-  problem = _Problem(stacked, settings, design, start, PRIOR_ENGINE if prior else ANCHOR)
+  problem = _Problem(stacked, settings, design, start, PRIOR_ENGINE if prior else ANCHOR,
+                     kernel_terms or {})
   theta = problem.theta0.copy()
   r = problem.residuals(theta)
   damping = 1e-3
@@ -214,10 +238,13 @@ def predict_with(stacked: Stacked, fit_: EngineFit, settings) -> np.ndarray:
 
 
 def leave_out(stacked: Stacked, settings, labels: Sequence[str], design: Design,
-              prior: Callable[[str], EngineFit | None] | None = None) -> np.ndarray:
+              prior: Callable[[str], EngineFit | None] | None = None,
+              kernel_terms: KernelTerms | None = None) -> np.ndarray:
   """Each point's relative error when every point of its label (a source, an
   accelerator) is left out of the fit. `prior(label)`: the prior fitted without that
-  label too (None: none), which also predicts where nothing of the engine is left."""
+  label too (None: none), which also predicts where nothing of the engine is left.
+  `kernel_terms`: as `fit`'s (kernel rows are another source: kept when a whole-system source
+  is left out)."""
   labels = np.asarray(labels)
   errors = np.full(len(stacked), np.nan)
   for label in sorted(set(labels)):
@@ -227,9 +254,11 @@ def leave_out(stacked: Stacked, settings, labels: Sequence[str], design: Design,
     kept = {n: v[~out] for n, v in settings.items()}
     base = prior(label) if prior is not None else None
     if len(rest):
-      f = fit(rest, kept, design, base)
+      f = fit(rest, kept, design, base, kernel_terms)
     elif base is not None:
-      f = base
+      kept_terms = {a: t for a, t in (kernel_terms or {}).items() if a != label}
+      f = EngineFit(base.terms, {**base.by_accelerator, **kept_terms}, base.points_used,
+                    base.design)
     else:
       continue
     predicted = predict_with(held_out, f, {n: v[out] for n, v in settings.items()})

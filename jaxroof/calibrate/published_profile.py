@@ -7,8 +7,9 @@
      (`published_setups.why_not`);
   2. a pooled fit of every engine's training points, the prior each engine's terms are
      pulled toward (`published_fit.PRIOR_ENGINE`);
-  3. the engine's fit (`published_fit.DESIGN`): its terms and each measured
-     accelerator's;
+  3. the engine's fit (`published_fit.design_for`): its terms and each measured
+     accelerator's, the kernel-fitted terms (`published_kernels`) held on the
+     accelerators its backend has kernel rows for where its design names them;
   4. its error leaving out one whole source at a time (that source out of the pooled
      prior too), and leaving out one whole accelerator (its points out of both fits: the
      error of an entry derived for an accelerator not measured).
@@ -20,6 +21,7 @@ whole. Deterministic: the same data gives the same profile.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxroof.calibrate import published_fit as fit_lib
+from jaxroof.calibrate import published_kernels as kernels_lib
 from jaxroof.calibrate import published_setups as setups_lib
 from jaxroof.calibrate.published_setups import Stacked
 from jaxroof.engines import engine_rules
@@ -103,15 +106,19 @@ def _with_factors(values: Mapping[str, float]) -> dict[str, float]:
 def refit(engine: str, *, design: fit_lib.Design | None = None,
           points: Sequence[Point] | None = None) -> dict:
   """The profile of `engine` (a `PROFILES` name) as JSON (see the module docstring)."""
-  design = design or fit_lib.DESIGN
+  design = design or fit_lib.design_for(engine)
   train = training_points(points)
-  pooled = _Pooled(setups_lib.stack(train), design)
+  # The pooled prior: every engine's points, no kernel terms (those are one backend's).
+  pooled = _Pooled(setups_lib.stack(train), dataclasses.replace(design, kernels=()))
   mine = [p for p in train if p.engine in COVERS[engine]]
   result: dict = {
       "kind": "engine_profile",
       "engine": engine,
       "covers": list(COVERS[engine]),
-      "design": {"fitted": list(design.fitted), "per_accelerator": list(design.per_accelerator)},
+      "design": {
+          "fitted": list(design.fitted), "per_accelerator": list(design.per_accelerator),
+          **({"kernels": list(design.kernels)} if design.kernels else {})
+      },
       "rules": engine_rules.NOTES.get(engine, ""),
       "data": {
           "whole_system": "jaxroof/engines/data/published/whole_system.csv", "split": "train",
@@ -123,11 +130,17 @@ def refit(engine: str, *, design: fit_lib.Design | None = None,
     return _pooled_only(engine, result, pooled)
   stacked = setups_lib.stack(mine)
   settings = fit_lib.held(stacked)
-  fitted = fit_lib.fit(stacked, settings, design, pooled.fit())
+  kernel_terms = kernels_lib.held_terms(engine, design.kernels)
+  fitted = fit_lib.fit(stacked, settings, design, pooled.fit(), kernel_terms)
   sources = np.asarray([p.source for p in mine])
-  loso = fit_lib.leave_out(stacked, settings, sources, design, lambda s: pooled.fit("source", s))
+  loso = fit_lib.leave_out(stacked, settings, sources, design, lambda s: pooled.fit("source", s),
+                           kernel_terms)
   accs = np.asarray([p.accelerator for p in mine])
-  loao = fit_lib.leave_out(stacked, settings, accs, design, lambda a: pooled.fit("accelerator", a))
+  # An accelerator left out has no entry, so it is predicted with the engine's terms; the
+  # others keep their kernel-fitted ones.
+  loao = fit_lib.leave_out(stacked, settings, accs, design, lambda a: pooled.fit("accelerator", a),
+                           kernel_terms)
+  kernel_notes = kernels_lib.provenance(engine, design.kernels)
   entries = {}
   for acc in sorted(set(accs)):
     device = accelerators.load_accelerator(acc)
@@ -137,6 +150,7 @@ def refit(engine: str, *, design: fit_lib.Design | None = None,
         "sources": sorted(set(sources[accs == acc])),
         "heldout_error": fit_lib.summary(loso[accs == acc]),
         "settings": engine_rules.settings(engine, device),
+        **({"kernel_fit": kernel_notes[acc]} if acc in kernel_notes else {}),
     }
   result.update(
       terms=_rounded(_with_factors(fitted.terms)), accelerators=entries,

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from jaxroof.calibrate import published_fit as fit_lib
+from jaxroof.calibrate import published_kernels as kernels_lib
 from jaxroof.calibrate import published_profile as profile_lib
 from jaxroof.calibrate import published_setups as setups_lib
 
@@ -31,6 +32,13 @@ class Variant:
   design: fit_lib.Design
   settings: tuple[tuple[str, float], ...] = ()  # Held settings replaced.
   prior: bool = True  # Each engine pulled toward the pooled fit.
+  # Kernel families each profile holds (None: each engine's shipped ones,
+  # `published_fit.KERNELS_BY_ENGINE`).
+  kernels: tuple[str, ...] | None = None
+
+  def design_for(self, engine: str) -> fit_lib.Design:
+    kernels = fit_lib.KERNELS_BY_ENGINE.get(engine, ()) if self.kernels is None else self.kernels
+    return dataclasses.replace(self.design, kernels=kernels)
 
 
 def _variants() -> dict[str, Variant]:
@@ -45,6 +53,10 @@ def _variants() -> dict[str, Variant]:
   out["with per-accelerator eta_w, eta_f"] = Variant(fit_lib.Design(d.fitted, ("eta_w", "eta_f")))
   out["without the engines' memory reservation"] = Variant(d, tuple(NO_RESERVATION.items()))
   out["without the pooled prior"] = Variant(d, prior=False)
+  out["without kernel-fitted terms"] = Variant(d, kernels=())
+  out["with kernel-fitted terms"] = Variant(d, kernels=tuple(kernels_lib.FAMILIES))
+  for family in kernels_lib.FAMILIES:
+    out[f"with kernel-fitted {family} terms"] = Variant(d, kernels=(family,))
   return out
 
 
@@ -87,9 +99,11 @@ def loso(variant: Variant, profiles=None) -> dict:
     if not mask.any():
       continue
     mine = stacked.take(mask)
+    design = variant.design_for(engine)
     e = fit_lib.leave_out(mine, {n: v[mask] for n, v in settings.items()},
-                          [p.source for p in mine.points], variant.design,
-                          pooled if variant.prior else None)
+                          [p.source for p in mine.points], design,
+                          pooled if variant.prior else None,
+                          kernels_lib.held_terms(engine, design.kernels))
     errors[mask] = e
     per_profile[engine] = fit_lib.summary(e)
   return {**fit_lib.summary(errors), "profiles": per_profile}

@@ -85,9 +85,9 @@ def drive(engine: str, device: Accelerator, *, tp: int = 1, pp: int = 1) -> Driv
 
 
 def drives(engine: str, devices: Sequence[Accelerator]) -> tuple[dict[str, Drive], list[str]]:
-  """`engine` on each device it has an entry or a rule for, one step model for all, and a
-  line for each device left out (`({}, [])` for the bound). Entries of one profile share
-  their terms, else one line asks for one accelerator at a time; none left is one line."""
+  """`engine` on each device it has an entry or a rule for (each with its entry's terms),
+  and a line for each device left out (`({}, [])` for the bound); none left is one
+  line."""
   if profiles.check_engine(engine) == BOUND:
     return {}, []
   found, left = {}, []
@@ -102,10 +102,6 @@ def drives(engine: str, devices: Sequence[Accelerator]) -> tuple[dict[str, Drive
     raise errors.InputError(
         f"engine={engine!r} has no entry or rule for any accelerator searched "
         f"({left[0]}).", field="engine")
-  if len({tuple(sorted(v.entry.terms.items())) for v in found.values()}) > 1:
-    raise errors.InputError(
-        f"engine={engine!r}: its entries on {', '.join(found)} have different terms: plan "
-        "one accelerator at a time.", field="engine")
   return found, left
 
 

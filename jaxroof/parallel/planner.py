@@ -223,6 +223,26 @@ def _check_chips(chips: Any, grid: plan_grid.Grid, fits: np.ndarray) -> int:
   return int(chips)
 
 
+def _merged(each: Sequence[dict[str, Any]], devices: Sequence[Accelerator], left: list[str], *,
+            top: int, priced: bool, fixed: bool, start: float) -> dict[str, Any]:
+  """Plans of each accelerator made alone (`plan`), ranked together as one search's."""
+  out = dict(each[0])
+  for key in ("searched", "meeting", "split_searched", "split_meeting", "evaluated_groups"):
+    out[key] = sum(r[key] for r in each)
+  for key in ("notes", "assumptions"):
+    out[key] = list(
+        dict.fromkeys([*(x for r in each for x in r[key]), *(left if key == "notes" else [])]))
+  out["plans"] = plan_rows.order([p for r in each for p in r["plans"]], devices, priced=priced,
+                                 top=top, fixed=fixed)
+  out["closest"] = None if out["plans"] else next(
+      (r["closest"] for r in each if r["closest"]), None)
+  out["accelerators"] = [d.name for d in devices]
+  out["prices_per_hour"] = {k: v for r in each
+                            for k, v in (r["prices_per_hour"] or {}).items()} or None
+  out["wall_s"] = time.perf_counter() - start
+  return out
+
+
 def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targets: Targets,
          prompt_tokens: int | None = None, output_tokens: int = DEFAULT_OUTPUT_TOKENS,
          weight_dtypes: Sequence[str] = DEFAULT_WEIGHT_DTYPES,
@@ -255,6 +275,7 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
     TTFT mean and p90, p99 inter-token gap, slot wait and utilisation), cost, pools and
     simulated (None here).
   """
+  asked = dict(locals())  # Every argument, to plan each accelerator alone (below).
   start = time.perf_counter()
   prices = dict(prices or {})
   prompt_tokens, output_tokens = _check(spec, devices, context=context, prompt_tokens=prompt_tokens,
@@ -267,6 +288,14 @@ def plan(spec: ModelSpec, devices: Sequence[Accelerator], *, context: int, targe
       errors.require_positive_ints("batch_sizes", batches), dtype=float)
   drives, left = engine_drive.drives(engine, devices)  # {} for the bound; one line if unknown.
   devices = [d for d in devices if not drives or d.name in drives]
+  if len({tuple(sorted(d.entry.terms.items())) for d in drives.values()}) > 1:
+    # The engine's entries carry their accelerators' own terms: each planned alone.
+    each = [
+        plan(**{**asked, "devices": [d], "prices": {d.name: prices[d.name]} if prices else None})
+        for d in devices
+    ]
+    return _merged(each, devices, left, top=top, priced=bool(prices), fixed=chips is not None,
+                   start=start)
   if drives and scheduler is None and token_budget is None:
     schedulings = tuple(
         dict.fromkeys(

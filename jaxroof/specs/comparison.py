@@ -11,7 +11,7 @@ the same on every device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxroof.specs.accelerators import COMPUTE_DTYPE, Accelerator
@@ -82,7 +82,8 @@ def _best(entries: list[dict], batch: list[int]) -> dict[str, Any]:
 
 def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: int,
             batch_sizes: Sequence[int], weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-            step_model: StepModel | None = None, sweeper=None, **kw: Any) -> dict[str, Any]:
+            step_model: StepModel | Mapping[str, StepModel] | None = None, sweeper=None,
+            **kw: Any) -> dict[str, Any]:
   """Per accelerator: ridge point, crossovers, max batch, and a row per batch.
 
   With a calibrated `step_model`, rows are calibrated predictions: its fitted
@@ -90,14 +91,17 @@ def compare(model: ModelSpec, accelerators: Sequence[Accelerator], *, context: i
   what-if: the factors were measured on the profile's device). Extra keywords
   (`block_size`, `workspace_fraction`, `max_new_tokens`, `group_size`) go to
   `step_inputs.decode_step_inputs`. `sweeper` replaces `model_sweep` (same
-  signature), e.g. a multi-chip layout's sweep.
+  signature), e.g. a multi-chip layout's sweep. `step_model` may map each accelerator's
+  name to its own (an engine profile's entries, each with its accelerator's terms).
   """
   batch = [int(b) for b in batch_sizes]
-  step = step_model or StepModel.bound()
+  own = dict(step_model) if isinstance(step_model, Mapping) else {}
+  step = (next(iter(own.values())) if own else step_model) or StepModel.bound()
   fmt = parameters.weight_format(model, weight_dtype, kw.get("group_size"))
   entries = [
-      _entry(model, d, batch, step, sweeper=sweeper or model_sweep, context=context,
-             weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw) for d in accelerators
+      _entry(model, d, batch, own.get(d.name, step), sweeper=sweeper or model_sweep,
+             context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype, **kw)
+      for d in accelerators
   ]
   device_notes = ("datasheet", f"{fmt.dtype} weights multiply at")  # Per device: in rows.
   shared = [
