@@ -10,6 +10,9 @@ import sys
 
 import pytest
 
+from jaxroof.serving import load, raw_inputs
+from jaxroof.symbolic.step_model import StepModel
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -27,12 +30,10 @@ def _no_nan(value):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="the load model's decision at the lesson's load gives batch 27 where the lesson's gap-limited answer is 32: to reconcile (the lesson's question is the unloaded gap)"
-)
 def test_lesson_decision_json_and_plot(tmp_path):
-  """The lesson's numbers (16 GB weights, 0.25 GB/seq, 2 TB/s): 12 ms gives batch 32."""
+  """The lesson's numbers (16 GB weights, 0.25 GB/seq, 2 TB/s): the largest batch whose
+  unloaded step meets 12 ms is 32 (`token_gap_limit_batch`, the lesson's question); the
+  engine's `max_running` is the load model's choice, the one with the largest max rate."""
   out, png = tmp_path / "s.json", tmp_path / "s.png"
   proc = run("--token_gap_ms=12", "--batch_sizes=1,8,32,64", "--output_tokens=16",
              f"--json_out={out}", f"--plot_out={png}")
@@ -41,10 +42,21 @@ def test_lesson_decision_json_and_plot(tmp_path):
   assert {"kind", "inputs", "requests", "decision", "elasticities"} <= set(data)
   assert data["kind"] == "bound"
   d = data["decision"]
-  for key in ("batch", "binds", "step_s", "aggregate_tokens_per_s", "per_sequence_tokens_per_s",
-              "ttft_s", "max_arrival_rate_per_s"):
+  for key in ("batch", "max_running", "token_gap_limit_batch", "binds", "step_s",
+              "aggregate_tokens_per_s", "per_sequence_tokens_per_s", "ttft_s",
+              "max_arrival_rate_per_s"):
     assert key in d
-  assert d["batch"] == (2e12 * 0.012 - 16e9) / 0.25e9  # 32, from the lesson's numbers.
+  assert d["token_gap_limit_batch"] == (2e12 * 0.012 - 16e9) / 0.25e9  # 32: the lesson's.
+  # The load model's choice: no other number of running sequences (the lesson's 32 among
+  # them) serves a larger rate within the same targets.
+  inputs = raw_inputs.serving_inputs(weight_bytes=16e9, bytes_per_weight=2,
+                                     bandwidth_bytes_per_s=2e12, flops_per_s=None,
+                                     prompt_tokens=1024, output_tokens=16)
+  assert d["max_running"] == d["batch"]
+  for b in sorted({1, 8, d["batch"] - 1, d["batch"] + 1, 32, 64} - {0}):
+    other = load.answer(StepModel.bound(), inputs, prompt_tokens=1024, output_tokens=16,
+                        token_gap_s=0.012, ttft_s=None, max_running=b)
+    assert other.max_rate <= d["max_arrival_rate_per_s"] * (1 + 1e-3), b
   for row in data["requests"]:
     for key in ("batch", "prefill_s", "ttft_s", "mean_token_gap_s", "e2e_s",
                 "aggregate_tokens_per_s", "per_sequence_tokens_per_s", "elasticities"):
@@ -52,7 +64,8 @@ def test_lesson_decision_json_and_plot(tmp_path):
   assert set(data["elasticities"]) >= {"BW", "F", "N", "q", "k", "T", "B"}
   assert data["elasticities"]["F"] == 0.0
   assert png.read_bytes()[:4] == b"\x89PNG"
-  assert "moved by" in proc.stdout and "decision: batch 32 " in proc.stdout
+  assert "moved by" in proc.stdout and f"decision: max_running {d['batch']} " in proc.stdout
+  assert "unloaded step within the gap for B <= 32" in proc.stdout
 
 
 @pytest.mark.slow
