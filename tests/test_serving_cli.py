@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from jaxroof.serving import load, raw_inputs
+from jaxroof.serving import decision, load, raw_inputs
 from jaxroof.symbolic.step_model import StepModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,20 +108,34 @@ def test_model_on_accelerator_with_load(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="beyond capacity the load model's prefill share is nan and strict JSON refuses it: utilisation must be stated as unstable"
-)
 def test_arrival_rate_beyond_capacity_is_unstable_not_nan(tmp_path):
   out = tmp_path / "s.json"
+  png = tmp_path / "s.png"
   proc = run("--token_gap_ms=12", "--arrival_rate=1000", "--batch_sizes=1,32", "--output_tokens=16",
-             f"--json_out={out}")
+             f"--json_out={out}", f"--plot_out={png}")
   assert proc.returncode == 0, proc.stderr
   data = json.loads(out.read_text())
-  assert data["decision"]["status"] == "unstable"
-  assert all(r["status"] == "unstable" and r["ttft_s"] is None for r in data["requests"])
+  d = data["decision"]
+  # Past the rate the slots fill at, the loaded values do not exist: null, with the reason.
+  assert d["status"] == "unstable" and 1000 > d["slot_capacity_per_s"]
+  assert "slots fill" in d["reason"] and "slots fill" in d["operating_point"]["reason"]
+  for key in ("utilisation", "ttft_s", "ttft_p90_s", "loaded_token_gap_s", "itl_p99_s"):
+    assert d[key] is None, key
+  assert all(
+      r["status"] == "unstable" and r["ttft_s"] is None and r["aggregate_tokens_per_s"] is None
+      for r in data["requests"])
   assert _no_nan(data)
-  assert "unstable" in proc.stdout
+  assert "unstable" in proc.stdout and png.read_bytes()[:4] == b"\x89PNG"
+  # A load that meets the targets is never called unstable: just below the max rate the
+  # same question is "ok", every loaded value a number.
+  inputs = raw_inputs.serving_inputs(weight_bytes=16e9, bytes_per_weight=2,
+                                     bandwidth_bytes_per_s=2e12, flops_per_s=None,
+                                     prompt_tokens=1024, output_tokens=16)
+  below = decision.decide(StepModel.bound(), inputs, prompt_tokens=1024, output_tokens=16,
+                          token_gap_s=0.012, arrival_rate=0.99 * d["max_arrival_rate_per_s"],
+                          with_elasticities=False)
+  assert below["status"] == "ok" and below["max_running"] == d["max_running"]
+  assert 0 < below["utilisation"] < 1 and below["ttft_p90_s"] is not None
 
 
 @pytest.mark.parametrize("flags, needle", [
