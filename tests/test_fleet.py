@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jaxroof.errors import InputError
-from jaxroof.serving import arrivals, fleet, load, replica, requests, simulator
+from jaxroof.serving import arrivals, fleet, load, metrics, replica, requests, simulator
+from jaxroof.serving import simulation_result as sim_result
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 
@@ -101,6 +102,35 @@ def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path)
     found.append(data["max_rate_per_s"])
   # The issue's target (10%) around the seeds' spread.
   assert 0.9 * min(found) <= analytic.max_rate <= 1.1 * max(found), (analytic.max_rate, found)
+
+
+def test_an_engines_cost_per_request_is_in_every_fleet_and_max_rate_ttft():
+  # Each request reaches the engine t0 after it arrives: every TTFT (and latency) of a
+  # fleet's run, of each replica's and of each rate the bisection tries is longer by t0,
+  # and TPOT does not move.
+  w, r, t0 = _workload(20.0, n=200), _replica(), 0.05
+  base, late = (sim_result.fleet_run(w, r, 2, scheduler="chunked", router="round_robin", seed=0,
+                                     targets={}, t0_request_s=x) for x in (0.0, t0))
+
+  def per(run):
+    return metrics.per_request(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens)
+
+  for a, b in [(base["run"].fleet, late["run"].fleet),
+               *zip(base["run"].replicas, late["run"].replicas)]:
+    np.testing.assert_allclose(per(b)["ttft_s"] - per(a)["ttft_s"], t0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(per(b)["tpot_s"], per(a)["tpot_s"], rtol=0, atol=1e-12)
+  assert late["metrics"]["ttft_s"]["mean"] == pytest.approx(base["metrics"]["ttft_s"]["mean"] + t0)
+  kw = dict(replicas=2, chips=2, scheduler="chunked", router="round_robin", seed=0,
+            num_requests=200, start_rate=20.0, percentile=90.0,
+            targets={"ttft_s": 1.0, "tpot_s": None, "itl_s": None})
+  found = [
+      sim_result.max_rate(lambda rate, n: _workload(rate, n), r, t0_request_s=x, **kw)
+      for x in (0.0, t0)
+  ]
+  first = [f["tried"][0] for f in found]
+  assert first[0]["rate_per_s"] == first[1]["rate_per_s"] == 20.0
+  assert first[1]["ttft_s"] == pytest.approx(first[0]["ttft_s"] + t0)
+  assert found[1]["max_rate_per_s"] <= found[0]["max_rate_per_s"]
 
 
 def test_simulate_fleet_cli_json(tmp_path):
