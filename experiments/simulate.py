@@ -64,9 +64,9 @@ _CONTEXT = flags.DEFINE_integer(
 # The targets (`_simulation_flags`) and outputs.
 _SLO_PERCENTILE, _targets = _F.SLO_PERCENTILE, _F.targets
 _FIND_MAX_RATE = flags.DEFINE_bool(
-    "find_max_rate", False, "Bisect for the largest fleet "
-    "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
-    "--slo_percentile (starting from --arrival_rate).")
+    "find_max_rate", False, "Bisect for the largest fleet arrival rate meeting --ttft_ms/"
+    "--tpot_ms/--itl_ms at --slo_percentile (from the load model's answer with --model, else "
+    "from --arrival_rate).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _cli.output_siblings("plot_out", *sim_lines.PLOT_SIBLINGS)  # Checked first with it.
@@ -100,19 +100,15 @@ def _max_rate(r: replica.Replica, replicas: int, layout, d, t0: float) -> None:
   targets = _simulation_flags.slo_targets()
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
-  analytic = _MODEL.value and _simulation_flags.analytic(
+  analytic = _MODEL.value and _simulation_flags.analytic(  # The bisection's start.
       load_model(_MODEL.value), _model_flags.device(_SHARED), layout,
-      _model_flags.model_options(_SHARED), targets, _SLO_PERCENTILE.value) or {
-      }  # The load model's answer starts the bisection.
-  start = analytic.get("analytic_max_rate_per_s") or _ARRIVAL_RATE.value
-  found = {
-      **sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
-                            replicas=replicas, chips=layout.chips, pipeline=layout.microbatches,
-                            scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
-                            num_requests=_NUM_REQUESTS.value, start_rate=start,
-                            percentile=_SLO_PERCENTILE.value, targets=targets, t0_request_s=t0),
-      **analytic
-  }
+      _model_flags.model_options(_SHARED), targets, _SLO_PERCENTILE.value)
+  found = sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
+                              replicas=replicas, chips=layout.chips, pipeline=layout.microbatches,
+                              scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
+                              num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
+                              percentile=_SLO_PERCENTILE.value, targets=targets, t0_request_s=t0,
+                              analytic=analytic or None)
   print(sim_lines.max_rate_line(found, _SCHEDULER.value, d and d.entry.label))
   if _JSON_OUT.value:
     files.write_json(

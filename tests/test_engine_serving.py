@@ -150,6 +150,12 @@ def test_simulate_applies_the_engines_cost_per_request_to_fleets_and_the_max_rat
   assert t0 > 0 and result["t0_request_s"] == t0  # The cost the runs' TTFTs were given.
   if "--dp=2" in extra:  # Every TTFT is at least the cost: the median too.
     assert result["metrics"]["ttft_s"]["median"] > t0
+  else:  # The simulated answer labelled as such; it starts from the load model's (the bound's).
+    assert result["label"].startswith("simulated") and result["analytic_label"].startswith(
+        "analytic bound")
+    assert result["start_rate_per_s"] == result["analytic_max_rate_per_s"] > 0
+    assert result["tried"][0]["rate_per_s"] == result["start_rate_per_s"]
+    assert "the load model's max rate" in result["start"] and "bisected from" in done.stdout
 
 
 @pytest.mark.parametrize("module, flags", [

@@ -99,6 +99,9 @@ def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path)
     assert data["scheduler"] == "iteration" and data["slo_percentile"] == 90
     assert data["targets"] == {"ttft_s": 3.0, "tpot_s": None, "itl_s": None}
     assert data["max_rate_per_chip"] == pytest.approx(data["max_rate_per_s"])  # One chip.
+    # Raw numbers give the load model no spec: the bisection starts at --arrival_rate.
+    assert data["start_rate_per_s"] == data["tried"][0]["rate_per_s"] == 5.0
+    assert data["start"] == "the arrival rate given" and data["label"].startswith("simulated")
     found.append(data["max_rate_per_s"])
   # The issue's target (10%) around the seeds' spread.
   assert 0.9 * min(found) <= analytic.max_rate <= 1.1 * max(found), (analytic.max_rate, found)

@@ -102,9 +102,15 @@ def fleet_json(out: dict[str, Any], *, label: str, scheduler: str, router: str,
 def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int, chips: int,
              scheduler: str, router: str, seed: int, num_requests: int, start_rate: float,
              percentile: float, targets: dict[str, float | None], pipeline: int = 1,
-             t0_request_s: float = 0.0) -> dict[str, Any]:
+             t0_request_s: float = 0.0, analytic: dict[str, Any] | None = None) -> dict[str, Any]:
   """The largest fleet arrival rate whose SLO percentiles hold (`fleet.find_max_rate`, a
-  seeded bisection), per chip too; each run as users time it (`as_users_time`)."""
+  seeded bisection), per chip too; each run as users time it (`as_users_time`). The
+  bisection starts from the load model's rate (`analytic`, `analytic_max_rate`'s, kept
+  beside) where it gives one, else from `start_rate`; `start` says which."""
+  analytic = analytic or {}
+  start = ("the load model's max rate (analytic bound)"
+           if analytic.get("analytic_max_rate_per_s") else "the arrival rate given")
+  start_rate = analytic.get("analytic_max_rate_per_s") or start_rate
 
   def run_at(rate: float) -> simulator.Run:
     w = workload_at(rate, num_requests)
@@ -120,7 +126,8 @@ def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: in
       **found, "max_rate_per_chip": None if rate is None else rate / chips, "replicas": replicas,
       "chips": chips, "slo_percentile": percentile, "targets": targets,
       "num_requests": num_requests, "seed": seed, "t0_request_s": t0_request_s,
-      "label": "simulated (seeded bisection over the arrival rate)"
+      "start_rate_per_s": start_rate, "start": start,
+      "label": "simulated (seeded bisection over the arrival rate)", **analytic
   }
 
 
@@ -146,8 +153,8 @@ def analytic_max_rate(spec: Any, device: Any, layout: Any, *, options: dict[str,
                   itl_quantile=0.99 if targets.get("itl_s") else None,
                   microbatches=layout.microbatches)
   return {
-      "analytic_max_rate_per_s": a.max_rate * layout.dp, "model": load_model.MODEL,
-      "label": "analytic bound (the load model) for the same replica, B and scheduling"
+      "analytic_max_rate_per_s": a.max_rate * layout.dp, "analytic_model": load_model.MODEL,
+      "analytic_label": "analytic bound (the load model) for the same replica, B and scheduling"
   }
 
 
