@@ -1,6 +1,7 @@
 """The serving question's flags: the workload (--prompt_tokens, --output_tokens,
 --arrival_rate, --batching_window_ms, --prefill_batch), the batches to tabulate and the
-targets (--token_gap_ms, --ttft_ms, --aggregate_tokens_per_s).
+targets (--token_gap_ms, --ttft_ms, --aggregate_tokens_per_s); the scheduling
+(--scheduler, --token_budget) is `_scheduling_flags`', shared with `plan`.
 
 Import this module in an experiment to define the flags, then call `question(...)` for
 the `jaxroof.serving.serving_result.Question` they ask (in SI units).
@@ -13,6 +14,7 @@ from typing import Any
 from absl import flags
 
 from experiments import _cli
+from experiments import _scheduling_flags
 from jaxroof import errors
 from jaxroof.serving import serving_result
 
@@ -28,13 +30,7 @@ _BATCHING_WINDOW_MS = flags.DEFINE_float("batching_window_ms", 0.0,
 _PREFILL_BATCH = flags.DEFINE_integer(
     "prefill_batch", 1, "Prompts prefilled together (the window collects them); batches "
     "queue as M/D/1 at arrival_rate / prefill_batch.", lower_bound=1, upper_bound=4096)
-_SCHEDULER = flags.DEFINE_enum(
-    "scheduler", None, ["iteration", "chunked"], "Fix the scheduling the decision assumes "
-    "(iteration: whole prompts join an iteration; chunked: chunks of --token_budget). "
-    "Default: the one with the largest max rate.")
-_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", None,
-                                     "Fix the chunked scheduler's tokens per iteration. >= 2.",
-                                     lower_bound=2)
+_SCHEDULER, _TOKEN_BUDGET = _scheduling_flags.SCHEDULER, _scheduling_flags.TOKEN_BUDGET
 # The targets.
 _TTFT_MS = flags.DEFINE_float("ttft_ms", None, "Time-to-first-token target at p90, ms. > 0.")
 _TOKEN_GAP_MS = flags.DEFINE_float(

@@ -35,6 +35,7 @@ from experiments import _cli
 from experiments import _length_flags
 from experiments import _model_flags
 from experiments import _model_notes
+from experiments import _scheduling_flags
 from experiments import _work
 from jaxroof import files
 from jaxroof.errors import InputError
@@ -83,13 +84,7 @@ _TOP_K = flags.DEFINE_integer("top_k", plan_check.DEFAULT_TOP_K,
 _SIM_REQUESTS = flags.DEFINE_integer("sim_requests", plan_check.DEFAULT_REQUESTS,
                                      "Requests per simulated plan. In [10, 100,000].",
                                      lower_bound=10, upper_bound=100_000)
-_SCHEDULER = flags.DEFINE_enum(
-    "scheduler", None, ["iteration", "chunked"], "Fix the plans' scheduler (iteration: whole "
-    "prompts join an iteration; chunked: prompts in chunks of --token_budget). Default: "
-    "each plan's best.")
-_TOKEN_BUDGET = flags.DEFINE_integer("token_budget", None,
-                                     "Fix the chunked scheduler's tokens per iteration. >= 2.",
-                                     lower_bound=2)
+_SCHEDULER, _TOKEN_BUDGET = _scheduling_flags.SCHEDULER, _scheduling_flags.TOKEN_BUDGET
 _CHIPS = flags.DEFINE_integer(
     "chips", None, "A fixed fleet of exactly this many chips: the most load it carries "
     "within the targets (instead of a load). >= 1.", lower_bound=1)

@@ -7,25 +7,23 @@ the model's layer schedule. Give a shipped model on an accelerator (`--model=lla
 --kv_bytes_per_token --bandwidth_tbps --tflops --layers --heads --head_dim
 --kv_memory_gb`), and optionally `--profile` (fitted factors and measured ceilings).
 
-  python -m experiments.simulate --model=llama-3-8b --accelerator=h100-sxm \
-      --context=2048 --num_requests=2000 --arrival_rate=20 --scheduler=chunked \
-      --prompt_distribution=lognormal --prompt_spread=0.5 --ttft_ms=500 \
-      --tpot_ms=50 --json_out=/tmp/sim.json --plot_out=/tmp/sim.png
+  python -m experiments.simulate --model=llama-3-8b --accelerator=h100-sxm --context=2048 \
+      --num_requests=2000 --arrival_rate=20 --scheduler=chunked --ttft_ms=500 --tpot_ms=50
 
---engine=NAME: that engine's calibrated iterations, scheduler defaults (where not given) and
-memory rule, labelled with its held-out error; the bound's run of the same replica beside.
+--engine=NAME: that engine's calibrated iterations, scheduler defaults (where not given),
+memory rule and cost per request (in every TTFT, fleets and --find_max_rate too), labelled
+with its held-out error; the bound's run of the same replica beside (one replica).
 
---tp --pp --ep (with --model) simulate one replica of that layout (one chip's traffic
-along a token's path, each iteration's communication, K/V pages on the busiest chip;
---microbatches as virtual engines waiting behind each other's prefills). --dp=N
-simulates N alike replicas behind a --router at the fleet's --arrival_rate.
+--tp --pp --ep (with --model) simulate one replica of that layout (one chip's traffic along
+a token's path, each iteration's communication, K/V pages on the busiest chip; --microbatches
+as virtual engines waiting behind each other's prefills). --dp=N: N replicas behind a --router.
 
---find_max_rate bisects the fleet's arrival rate with the seeded simulator for the
-largest rate at which --ttft_ms, --tpot_ms and --itl_ms hold at --slo_percentile,
-starting from the load model's answer for the same replica (JSON: `max_rate_per_s`,
-`max_rate_per_chip`, `analytic_max_rate_per_s`). Lengths beyond the model's context
-are resampled or clipped (--long_samples), and counted. --plot_out writes the TTFT/ITL
-CDFs, `<stem>_kv.png` (K/V pages and queue) and `<stem>_goodput.png` (goodput against
+--find_max_rate bisects the fleet's arrival rate with the seeded simulator for the largest
+rate at which --ttft_ms, --tpot_ms and --itl_ms hold at --slo_percentile, from the load
+model's answer for the same replica with --model, else from --arrival_rate (JSON:
+`max_rate_per_s`, `max_rate_per_chip`, `analytic_max_rate_per_s`). Lengths beyond the
+context are resampled or clipped (--long_samples), and counted. --plot_out writes the
+TTFT/ITL CDFs, `<stem>_kv.png` (K/V pages, queue) and `<stem>_goodput.png` (goodput against
 arrival rate per scheduler, up to --goodput_requests requests).
 """
 from __future__ import annotations
@@ -61,15 +59,14 @@ _F = _simulation_flags
 _SCHEDULER, _ROUTER, _SEED = _F.SCHEDULER, _F.ROUTER, _F.SEED
 _ARRIVAL, _ARRIVAL_RATE, _NUM_REQUESTS = _F.ARRIVAL, _F.ARRIVAL_RATE, _F.NUM_REQUESTS
 _CONTEXT = flags.DEFINE_integer(
-    "context", None, "Context (tokens) at which K/V bytes per "
-    "token are taken (sliding windows, states).", lower_bound=1)
+    "context", None, "Context (tokens) at which K/V bytes per token "
+    "are taken (sliding windows, states).", lower_bound=1)
 # The targets (`_simulation_flags`) and outputs.
-_SLO_PERCENTILE = _F.SLO_PERCENTILE
-_targets = _F.targets
+_SLO_PERCENTILE, _targets = _F.SLO_PERCENTILE, _F.targets
 _FIND_MAX_RATE = flags.DEFINE_bool(
-    "find_max_rate", False, "Bisect for the largest fleet "
-    "arrival rate meeting --ttft_ms/--tpot_ms/--itl_ms at "
-    "--slo_percentile (starting from --arrival_rate).")
+    "find_max_rate", False, "Bisect for the largest fleet arrival rate meeting --ttft_ms/"
+    "--tpot_ms/--itl_ms at --slo_percentile (from the load model's answer with --model, else "
+    "from --arrival_rate).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Write the result JSON here.")
 _PLOT_OUT = flags.DEFINE_string("plot_out", None, "Write the PNGs here (see the docstring).")
 _cli.output_siblings("plot_out", *sim_lines.PLOT_SIBLINGS)  # Checked first with it.
@@ -98,23 +95,20 @@ def _replica(bound: bool = False, d=None) -> replica.Replica:
   return _simulation_flags.raw_replica(_SHARED, **common)
 
 
-def _max_rate(r: replica.Replica, replicas: int, layout, d) -> None:
-  """Bisects for the largest fleet rate meeting the SLOs; prints it and writes its JSON."""
+def _max_rate(r: replica.Replica, replicas: int, layout, d, t0: float) -> None:
+  """Bisects for the largest fleet rate meeting the SLOs (each TTFT `t0` longer); prints it."""
   targets = _simulation_flags.slo_targets()
   if all(v is None for v in targets.values()):
     raise InputError("--find_max_rate needs at least one of --ttft_ms, --tpot_ms, --itl_ms.")
-  analytic = _MODEL.value and _simulation_flags.analytic(
+  analytic = _MODEL.value and _simulation_flags.analytic(  # The bisection's start.
       load_model(_MODEL.value), _model_flags.device(_SHARED), layout,
-      _model_flags.model_options(_SHARED), targets, _SLO_PERCENTILE.value) or {
-      }  # The load model's answer starts the bisection.
-  start = analytic.get("analytic_max_rate_per_s") or _ARRIVAL_RATE.value
-  found = {
-      **sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
-                            replicas=replicas, chips=layout.chips, pipeline=layout.microbatches,
-                            scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
-                            num_requests=_NUM_REQUESTS.value, start_rate=start,
-                            percentile=_SLO_PERCENTILE.value, targets=targets), **analytic
-  }
+      _model_flags.model_options(_SHARED), targets, _SLO_PERCENTILE.value)
+  found = sim_result.max_rate(lambda rate, n: _simulation_flags.workload(rate, n, r.max_context), r,
+                              replicas=replicas, chips=layout.chips, pipeline=layout.microbatches,
+                              scheduler=_SCHEDULER.value, router=_ROUTER.value, seed=_SEED.value,
+                              num_requests=_NUM_REQUESTS.value, start_rate=_ARRIVAL_RATE.value,
+                              percentile=_SLO_PERCENTILE.value, targets=targets, t0_request_s=t0,
+                              analytic=analytic or None)
   print(sim_lines.max_rate_line(found, _SCHEDULER.value, d and d.entry.label))
   if _JSON_OUT.value:
     files.write_json(
@@ -165,6 +159,7 @@ def main(argv: list[str]) -> None:
   layout = _layout_flags.layout(_ACCELERATOR.value)
   d = _engine_flags.drive(_SHARED.engine, _MODEL.value and _model_flags.device(_SHARED), layout)
   applied = _simulation_flags.engine_defaults(d)  # Where the user set none.
+  t0 = engine_serving.t0_request(d) if d else 0.0  # In every run's TTFT.
   replicas, rate = layout.dp * layout.microbatches, _ARRIVAL_RATE.value
   if replicas > 1 and _SCHEDULER.value not in fleet.CONTINUOUS:
     raise InputError(f"--scheduler={_SCHEDULER.value} with --dp={replicas}: a fleet behind a "
@@ -175,7 +170,7 @@ def main(argv: list[str]) -> None:
   w = _simulation_flags.workload(rate, 1) if trace else None
   r = _work.checked(replica.per_microbatch(_replica(d=d), layout.microbatches), w, replicas)
   if _FIND_MAX_RATE.value:
-    return _max_rate(r, replicas, layout, d)
+    return _max_rate(r, replicas, layout, d, t0)
   w = w or _simulation_flags.workload(rate, _NUM_REQUESTS.value, r.max_context)
   beyond = w.description.get("beyond_context")
   if beyond and beyond["requests_beyond"]:
@@ -185,7 +180,8 @@ def main(argv: list[str]) -> None:
     result = _one_replica(w, r, label, d)
   else:
     out = sim_result.fleet_run(w, r, replicas, scheduler=_SCHEDULER.value, router=_ROUTER.value,
-                               seed=_SEED.value, targets=_targets(), pipeline=layout.microbatches)
+                               seed=_SEED.value, targets=_targets(), pipeline=layout.microbatches,
+                               t0_request_s=t0)
     print("\n".join(sim_lines.fleet_lines(out, label, _ROUTER.value, _SCHEDULER.value, len(w),
                                           rate)))
     result = sim_result.fleet_json(out, label=label, scheduler=_SCHEDULER.value,

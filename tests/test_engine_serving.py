@@ -138,6 +138,26 @@ def test_simulate_with_an_engine_labels_its_metrics(tmp_path):
   assert "analytic iteration bound, beside" in done.stdout
 
 
+@pytest.mark.parametrize("extra", [("--dp=2",), ("--find_max_rate", "--ttft_ms=500")])
+def test_simulate_applies_the_engines_cost_per_request_to_fleets_and_the_max_rate(tmp_path, extra):
+  out = tmp_path / "sim.json"
+  done = run("simulate", "--model=llama-3-8b", "--accelerator=h100-sxm", "--context=2048",
+             "--num_requests=60", "--arrival_rate=4", "--prompt_tokens=256", "--output_tokens=32",
+             "--engine=trtllm", *extra, f"--json_out={out}")
+  assert done.returncode == 0, done.stderr
+  result = json.loads(out.read_text())
+  t0 = engine_serving.t0_request(engine_drive.drive("trtllm", H100))
+  assert t0 > 0 and result["t0_request_s"] == t0  # The cost the runs' TTFTs were given.
+  if "--dp=2" in extra:  # Every TTFT is at least the cost: the median too.
+    assert result["metrics"]["ttft_s"]["median"] > t0
+  else:  # The simulated answer labelled as such; it starts from the load model's (the bound's).
+    assert result["label"].startswith("simulated") and result["analytic_label"].startswith(
+        "analytic bound")
+    assert result["start_rate_per_s"] == result["analytic_max_rate_per_s"] > 0
+    assert result["tried"][0]["rate_per_s"] == result["start_rate_per_s"]
+    assert "the load model's max rate" in result["start"] and "bisected from" in done.stdout
+
+
 @pytest.mark.parametrize("module, flags", [
     ("serving", ("--model=llama-3-8b", "--accelerator=h100-sxm", "--token_gap_ms=30")),
     ("simulate", ("--model=llama-3-8b", "--accelerator=h100-sxm", "--context=2048")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from jaxroof.errors import InputError
-from jaxroof.serving import arrivals, decision, fleet, replica, requests, simulator
+from jaxroof.serving import arrivals, fleet, load, metrics, replica, requests, simulator
+from jaxroof.serving import simulation_result as sim_result
 from jaxroof.symbolic import prefill as prefill_formulas
 from jaxroof.symbolic.step_model import StepModel
 
@@ -72,16 +74,18 @@ def test_least_outstanding_routes_to_the_idle_replica():
   assert run.assignment.tolist() == [0, 1, 0]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="decision.capacity_rate left with the slot queue; the test must ask the load model's max rate (serving.load) instead"
-)
 def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path):
+  """`simulate --find_max_rate --ttft_ms=3000` holds p90 TTFT <= 3 s (its --slo_percentile's
+  default), with no gap target, under simulate's default scheduler (iteration, whole
+  prompts) at --max_running=32: the load model asked the same question is within the
+  issue's 10% of the seeds' answers (the seeds themselves spread: each bisects one draw)."""
   inputs = requests.ServingInputs(
       N=RAW["N"], N_act=RAW["N"], q=RAW["q"], k=RAW["k"], BW=RAW["BW"], F=RAW["F"], layers=RAW["L"],
       pair_flops=RAW["L"] * float(prefill_formulas.full_attention_pair_flops(32, 128)))
-  capacity = decision.capacity_rate(StepModel.bound(), inputs, max_batch=32, prompt_tokens=1000,
-                                    output_tokens=200)
+  analytic = load.answer(StepModel.bound(), inputs, prompt_tokens=1000, output_tokens=200,
+                         token_gap_s=math.inf, ttft_s=3.0, scheduler="iteration", max_running=32,
+                         ttft_quantile=0.9, itl_quantile=None)
+  assert analytic.max_running == 32 and analytic.scheduling.scheduler == "iteration"
   found = []
   for seed in (0, 1, 2):
     out = tmp_path / f"max{seed}.json"
@@ -92,11 +96,44 @@ def test_find_max_rate_matches_the_analytic_capacity_within_the_spread(tmp_path)
     ], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
+    assert data["scheduler"] == "iteration" and data["slo_percentile"] == 90
+    assert data["targets"] == {"ttft_s": 3.0, "tpot_s": None, "itl_s": None}
     assert data["max_rate_per_chip"] == pytest.approx(data["max_rate_per_s"])  # One chip.
+    # Raw numbers give the load model no spec: the bisection starts at --arrival_rate.
+    assert data["start_rate_per_s"] == data["tried"][0]["rate_per_s"] == 5.0
+    assert data["start"] == "the arrival rate given" and data["label"].startswith("simulated")
     found.append(data["max_rate_per_s"])
-  # The seeds' spread, widened by the bisection's 1% and 5% of the capacity.
-  low, high = min(found) - 0.05 * capacity, max(found) + 0.05 * capacity
-  assert low <= capacity <= high, (capacity, found)
+  # The issue's target (10%) around the seeds' spread.
+  assert 0.9 * min(found) <= analytic.max_rate <= 1.1 * max(found), (analytic.max_rate, found)
+
+
+def test_an_engines_cost_per_request_is_in_every_fleet_and_max_rate_ttft():
+  # Each request reaches the engine t0 after it arrives: every TTFT (and latency) of a
+  # fleet's run, of each replica's and of each rate the bisection tries is longer by t0,
+  # and TPOT does not move.
+  w, r, t0 = _workload(20.0, n=200), _replica(), 0.05
+  base, late = (sim_result.fleet_run(w, r, 2, scheduler="chunked", router="round_robin", seed=0,
+                                     targets={}, t0_request_s=x) for x in (0.0, t0))
+
+  def per(run):
+    return metrics.per_request(run.arrival_s, run.first_token_s, run.finish_s, run.output_tokens)
+
+  for a, b in [(base["run"].fleet, late["run"].fleet),
+               *zip(base["run"].replicas, late["run"].replicas)]:
+    np.testing.assert_allclose(per(b)["ttft_s"] - per(a)["ttft_s"], t0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(per(b)["tpot_s"], per(a)["tpot_s"], rtol=0, atol=1e-12)
+  assert late["metrics"]["ttft_s"]["mean"] == pytest.approx(base["metrics"]["ttft_s"]["mean"] + t0)
+  kw = dict(replicas=2, chips=2, scheduler="chunked", router="round_robin", seed=0,
+            num_requests=200, start_rate=20.0, percentile=90.0,
+            targets={"ttft_s": 1.0, "tpot_s": None, "itl_s": None})
+  found = [
+      sim_result.max_rate(lambda rate, n: _workload(rate, n), r, t0_request_s=x, **kw)
+      for x in (0.0, t0)
+  ]
+  first = [f["tried"][0] for f in found]
+  assert first[0]["rate_per_s"] == first[1]["rate_per_s"] == 20.0
+  assert first[1]["ttft_s"] == pytest.approx(first[0]["ttft_s"] + t0)
+  assert found[1]["max_rate_per_s"] <= found[0]["max_rate_per_s"]
 
 
 def test_simulate_fleet_cli_json(tmp_path):

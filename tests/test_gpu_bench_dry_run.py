@@ -16,10 +16,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="the dry run's short CPU calibration exits 2 when its held-out error misses 8%, which depends on the host's noise"
-)
 def test_dry_run_leaves_every_stage_json(tmp_path):
   out = tmp_path / "out"
   # The suite may run on a loaded shared CPU: more time than the 89 s the
@@ -35,6 +31,11 @@ def test_dry_run_leaves_every_stage_json(tmp_path):
   assert summary["dry_run"] is True
   assert not summary["errors"] and not summary["skipped"], summary
   assert set(summary["stages"]) == {"ceilings", "calibrate", *summary["cases"]}
+  # The calibration's accuracy is recorded, not gated: a loaded CPU's timings are noise.
+  calibration = summary["calibration"]
+  assert calibration["gated"] is False
+  assert calibration["status"] in ("ok", "inaccurate", "incomplete")
+  assert calibration["heldout_median_rel_error"] >= 0
   assert len(summary["cases"]) == 3
   for name in summary["cases"]:
     record = json.loads((out / f"{name}.json").read_text())

@@ -14,6 +14,7 @@ from jaxroof.measure import measurement
 from jaxroof.measure import op_sweeps
 from jaxroof.measure import step_sweeps
 from jaxroof import errors
+from jaxroof import files
 from jaxroof.symbolic import formulas
 from jaxroof.timing import Timing
 
@@ -124,6 +125,20 @@ def test_sweep_measures_again_points_whose_fastest_rounds_disagree():
   assert records[1].extra["round_medians_s"] == [2.0, 3.0, 3.1, 2.05, 2.1]
   assert records[1].extra["round_spread"] == pytest.approx(0.05)
   assert bench.medians == {1: [], 2: []}
+
+
+def test_a_point_timed_in_one_round_records_no_spread_and_writes_as_json(tmp_path):
+  # A deadline on a busy machine can leave a point one round: it has no spread (null),
+  # where the re-measuring rule still counts it unsettled (inf); the record writes.
+  one = FakeBench({1: [1.0]})
+  [record] = step_sweeps.decode_step_sweep({"m": one}, [step_sweeps.StepPoint("m", 1, 8)], rounds=1,
+                                           max_extra_rounds=0)
+  assert record.extra["round_spread"] is None
+  assert step_sweeps.round_spread([1.0]) == float("inf")
+  ops = op_sweeps.summarized([op_sweeps.OpPoint("linear", (1, 8, 4))],
+                             {op_sweeps.OpPoint("linear", (1, 8, 4)): [record]})
+  assert ops[0].extra["round_spread"] is None
+  files.write_json(str(tmp_path / "r.json"), {"records": [record.to_json(), ops[0].to_json()]})
 
 
 def test_sweep_skips_points_past_the_deadline():

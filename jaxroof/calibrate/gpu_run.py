@@ -276,8 +276,11 @@ def drive(command_of: CommandOf, out_dir: str, stages: Sequence[Stage], *, budge
 
 def _collect(out_dir: str, name: str, summary: dict[str, Any]) -> None:
   """Adds a finished stage's JSON (ceilings or a case) to the summary."""
+  if name == "calibrate":
+    summary["calibration"] = calibration_accuracy(out_dir)
+    return
   path = os.path.join(out_dir, "ceilings.json" if name == "ceilings" else f"{name}.json")
-  if name == "calibrate" or not os.path.exists(path):
+  if not os.path.exists(path):
     return
   data = _read(path)
   if name == "ceilings":
@@ -287,3 +290,19 @@ def _collect(out_dir: str, name: str, summary: dict[str, Any]) -> None:
         k: data[k]
         for k in ("config", "pallas", "xla_best_median_s", "pallas_over_xla_best", "targets")
     }
+
+
+def calibration_accuracy(out_dir: str) -> dict[str, Any] | None:
+  """The calibration's held-out error and status, as recorded (None if it wrote none).
+
+  Recorded, not a gate: the stage fails (and the run with it) only when it cannot
+  measure, fit or write; whether the fit met its targets is its `status`. On a dry run
+  the timings are a CPU's interpreted noise, so an "inaccurate" status there says
+  nothing of the GPU path; on a GPU it is the figure to read first.
+  """
+  path = os.path.join(out_dir, "calibration.json")
+  if not os.path.exists(path):
+    return None
+  data = _read(path)
+  keys = ("status", "heldout_median_rel_error", "heldout_max_rel_error", "targets", "warnings")
+  return {**{k: data.get(k) for k in keys}, "gated": False}

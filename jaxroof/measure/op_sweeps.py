@@ -24,7 +24,7 @@ import numpy as np
 from jaxroof import errors
 from jaxroof.measure import measurement
 from jaxroof.measure.step_sweeps import (STATISTIC, load_average, lower_quartile, pattern,
-                                         round_spread)
+                                         recorded_spread, round_spread)
 from jaxroof.symbolic import formulas
 from jaxroof.timing import time_call
 from jaxroof.toy import config as config_lib
@@ -441,7 +441,7 @@ def summarized(
       out.append(
           dataclasses.replace(
               chosen, extra={
-                  **chosen.extra, "round_medians_s": medians, "round_spread": round_spread(medians),
-                  "statistic": STATISTIC
+                  **chosen.extra, "round_medians_s": medians,
+                  "round_spread": recorded_spread(medians), "statistic": STATISTIC
               }))
   return out

@@ -262,6 +262,13 @@ def round_spread(medians: Sequence[float]) -> float:
   return ordered[min(2, len(ordered) - 1)] / ordered[0] - 1.0
 
 
+def recorded_spread(medians: Sequence[float]) -> float | None:
+  """`round_spread` as a record keeps it: None (JSON null) for a point timed in one round
+  (a deadline on a busy machine), where no spread exists."""
+  spread = round_spread(medians)
+  return spread if math.isfinite(spread) else None
+
+
 def lower_quartile(records: Sequence[measurement.Measurement]) -> measurement.Measurement:
   """The round at the lower quartile of the rounds' medians.
 
@@ -385,7 +392,7 @@ def decode_step_sweep(
       loads = [r.extra.get("load_avg_1m") for r in measured[point]]
       loads = [x for x in loads if x is not None]
       extra = {
-          **chosen.extra, "round_medians_s": medians, "round_spread": round_spread(medians),
+          **chosen.extra, "round_medians_s": medians, "round_spread": recorded_spread(medians),
           "load_avg_1m_max": max(loads) if loads else None, "statistic": STATISTIC
       }
       out.append(dataclasses.replace(chosen, extra=extra))

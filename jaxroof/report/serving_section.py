@@ -31,6 +31,9 @@ def request_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
   def ms(value: float | None) -> str:
     return "unstable" if value is None else f"{value * 1e3:,.2f}"
 
+  def rate(value: float | None) -> str:
+    return "unstable" if value is None else f"{value:,.1f}"
+
   out = []
   for row in rows:
     batch = f"{row['batch']}" + (" (no fit)" if row.get("fits_in_memory") is False else "")
@@ -38,8 +41,8 @@ def request_cells(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
         batch, f"{row['prefill_s'] * 1e3:,.2f}",
         ms(row["ttft_s"]),
         ms(row["mean_token_gap_s"]), "unstable" if row["e2e_s"] is None else f"{row['e2e_s']:,.3f}",
-        f"{row['aggregate_tokens_per_s']:,.1f}", "unstable"
-        if row["per_sequence_tokens_per_s"] is None else f"{row['per_sequence_tokens_per_s']:,.1f}",
+        rate(row["aggregate_tokens_per_s"]),
+        rate(row["per_sequence_tokens_per_s"]),
         row.get("moved_by", "")
     ])
   return out
@@ -126,10 +129,13 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
     ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
   if token_gap_s is not None:
     # The frontier is unloaded; at the load, prefills stretch each gap by 1/(1 - rho).
-    rho = decision.get("utilisation") or 0.0
-    rate = 1 / (token_gap_s * (1 - rho)) if rho < 1 else None
+    # Unstable (rho None): no loaded gap exists, the target is drawn unloaded and says so.
+    rho = decision.get("utilisation")
+    share = 0.0 if rho is None else rho
+    rate = 1 / (token_gap_s * (1 - share)) if share < 1 else None
     if rate is not None:
-      load = f", prefills take {rho:.0%} of the chip" if rho > 0 else ""
+      load = (" (unloaded: the load is unstable)"
+              if rho is None else f", prefills take {rho:.0%} of the chip" if rho > 0 else "")
       ax.axvline(rate, color="tab:orange", linestyle="--",
                  label=f"token-gap target {token_gap_s * 1e3:g} ms{load} (x = {rate:,.0f})")
   if decision.get("batch") is not None:

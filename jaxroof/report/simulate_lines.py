@@ -49,9 +49,12 @@ def max_rate_line(found: dict[str, Any], scheduler: str, engine: str | None = No
           f"{scheduler} scheduler, {found['replicas']} replica(s), {found['chips']} chip(s)): " +
           ("none (the smallest rate tried misses)" if rate is None else
            f"{rate:.4g} requests/s ({found['max_rate_per_chip']:.4g} per chip); bracket "
-           f"{found['bracket']}") + ("" if found.get("analytic_max_rate_per_s") is None else
-                                     f"; the load model's (analytic bound, same replica): "
-                                     f"{found['analytic_max_rate_per_s']:.4g} requests/s"))
+           f"{found['bracket']}" + (f" ({found['note']})" if found.get("note") else "")) +
+          ("" if found.get("analytic_max_rate_per_s") is None else
+           f"; the load model's (analytic bound, same replica): "
+           f"{found['analytic_max_rate_per_s']:.4g} requests/s") +
+          ("" if found.get("start_rate_per_s") is None else
+           f"; bisected from {found['start_rate_per_s']:.4g}/s ({found['start']})"))
 
 
 def run_line(run: Any, total_pages: int) -> str:

@@ -43,9 +43,10 @@ def _top_two(values: dict[str, float]) -> str:
 
 def _missed(decision: dict[str, Any], subject: dict[str, Any]) -> str:
   """Why a decision failed, short: which target, by how much."""
-  if decision["status"] == "unstable" and decision["batch"] is None:
-    return (f"prefill queue unstable: utilisation {decision['utilisation']:.2f} >= 1 at "
-            f"{subject['arrival_rate']:g} requests/s")
+  if decision["status"] == "unstable":
+    fill = decision.get("slot_capacity_per_s")
+    return (f"unstable: {subject['arrival_rate']:g} requests/s is past the rate the slots fill "
+            f"at" + ("" if fill is None else f" ({fill:.4g}/s)"))
   if decision["binds"] == "ttft" and decision["ttft_s"] is not None:
     return (f"TTFT target missed: {_ms(decision['ttft_s'])} ms > "
             f"{_ms(subject['ttft_s'])} ms")

@@ -112,7 +112,7 @@ def decide(model: StepModel, inputs: requests.ServingInputs, *, prompt_tokens: i
              compute_bound=bool(compute_bound), comm_s_at_batch=terms["comm_s"],
              loaded_token_gap_s=point["token_gap_s"], ttft_s=point["ttft_s"],
              ttft_p90_s=point["ttft_p90_s"], itl_p99_s=point["itl_p99_s"],
-             utilisation=_prefill_share(a, arrival_rate), operating_point=point)
+             utilisation=_prefill_share(a, arrival_rate, point["stable"]), operating_point=point)
   if inputs.comm is not None or inputs.replicas > 1:
     out.update(comm_s=terms["comm_s"], chips=inputs.chips_per_replica * inputs.replicas,
                replicas=inputs.replicas,
@@ -160,11 +160,13 @@ def _status(out: dict[str, Any], point: dict[str, Any], a: load_lib.Answer, rate
                reason=f"{rate:g} requests/s is past the max rate {a.max_rate:.4g}/s: {why}")
 
 
-def _prefill_share(a: load_lib.Answer, rate: float) -> float:
+def _prefill_share(a: load_lib.Answer, rate: float, stable: bool) -> float | None:
   """Share of the replica's time prompts take at `rate` (lam x the time one adds), at the
-  mean occupancy."""
+  mean occupancy; None past the slots' fill rate (unstable: no steady occupancy)."""
   if rate <= 0 or a.column < 0:
     return 0.0
+  if not stable:
+    return None
   return float(rate * a.at(rate)["extra_s"])
 
 

@@ -14,11 +14,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from jaxroof.parallel import engine_drive
 from jaxroof.serving import requests
 from jaxroof.serving import serving_result
+from jaxroof.serving import simulation_result
 from jaxroof.serving import simulator
 from jaxroof.specs.model_spec import ModelSpec
 from jaxroof.symbolic.step_model import StepModel
@@ -113,9 +112,7 @@ def serving_beside(result: dict[str, Any], d: engine_drive.Drive, asked: Any,
 def user_run(run: simulator.Run, d: engine_drive.Drive | None) -> simulator.Run:
   """A simulated run as its users time it: each request reaches the engine its fixed
   cost per request after it arrived (TTFT and latency longer by `t0_request`)."""
-  if d is None or not t0_request(d):
-    return run
-  return dataclasses.replace(run, arrival_s=np.asarray(run.arrival_s, float) - t0_request(d))
+  return run if d is None else simulation_result.as_users_time(run, t0_request(d))
 
 
 def bound_replica(r: simulator.Replica, form: str = "per_op") -> simulator.Replica:

@@ -281,9 +281,14 @@ def _value(x: float) -> float | None:
   return float(x) if math.isfinite(x) else None
 
 
+_LOADED_RATES = ("aggregate_tokens_per_s", "per_sequence_tokens_per_s")  # B and 1 over the gap.
+
+
 def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int],
          **kwargs: Any) -> list[dict[str, Any]]:
-  """One row per batch size (keys `UNITS`, plus `status`); `evaluate`'s keywords."""
+  """One row per batch size (keys `UNITS`, plus `status`); `evaluate`'s keywords. Past
+  the prefill queue's capacity (status "unstable") what the load leaves undefined (TTFT,
+  the loaded gap, e2e and the rates over the gap) is None."""
   batches = errors.require_positive_ints("batch_sizes", batch_sizes)
   out = evaluate(model, inputs, batches, **kwargs)
   result = []
@@ -292,10 +297,13 @@ def rows(model: StepModel, inputs: ServingInputs, batch_sizes: Sequence[int],
     for name in UNITS:
       if name != "batch":
         row[name] = _value(out[name][i])
+    if not out["stable"]:  # No steady rate of tokens: the gap grows without bound.
+      row.update({name: None for name in _LOADED_RATES})
     row["status"] = out["queue"].status
     row["comm_s"] = float(comm_s(inputs, float(b)))
     row["chips"] = inputs.chips_per_replica * inputs.replicas
-    row["fleet_tokens_per_s"] = _value(out["aggregate_tokens_per_s"][i] * inputs.replicas)
+    row["fleet_tokens_per_s"] = (None if row["aggregate_tokens_per_s"] is None else
+                                 row["aggregate_tokens_per_s"] * inputs.replicas)
     if inputs.max_batch_in_memory is not None:
       row["fits_in_memory"] = b <= inputs.max_batch_in_memory
     result.append(row)

@@ -8,9 +8,12 @@ draws its arrivals and lengths the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from jaxroof import progress
 from jaxroof.serving import arrivals
@@ -58,16 +61,27 @@ def goodput_sweep(workload_at: WorkloadAt, replica_: replica.Replica, rate: floa
   return {"arrival_rate_per_s": rates, "goodput_per_s": out, "num_requests": num_requests}
 
 
+def as_users_time(run: simulator.Run, t0_request_s: float) -> simulator.Run:
+  """A run as its users time it when each request reaches the engine `t0_request_s` after
+  it arrived (an engine's fixed cost per request): TTFT and latency longer by it."""
+  if not t0_request_s:
+    return run
+  return dataclasses.replace(run, arrival_s=np.asarray(run.arrival_s, float) - t0_request_s)
+
+
 def fleet_run(workload: arrivals.Workload, replica_: replica.Replica, replicas: int, *,
               scheduler: str, router: str, seed: int, targets: dict[str, float | None],
-              pipeline: int = 1) -> dict[str, Any]:
+              pipeline: int = 1, t0_request_s: float = 0.0) -> dict[str, Any]:
   """The fleet behind the router: its run, its metrics and each replica's (`pipeline`:
-  microbatches per pipelined replica, `fleet.simulate_fleet`)."""
+  microbatches per pipelined replica, `fleet.simulate_fleet`), as users time it
+  (`as_users_time`)."""
   run = fleet.simulate_fleet(workload, replica_, replicas, scheduler=scheduler, router=router,
                              seed=seed, pipeline=pipeline)
+  run = dataclasses.replace(run, fleet=as_users_time(run.fleet, t0_request_s),
+                            replicas=[as_users_time(r, t0_request_s) for r in run.replicas])
   return {
       "run": run, "metrics": metrics.run_metrics(run.fleet, **targets),
-      "replicas": fleet.replica_metrics(run, **targets)
+      "replicas": fleet.replica_metrics(run, **targets), "t0_request_s": t0_request_s
   }
 
 
@@ -81,31 +95,39 @@ def fleet_json(out: dict[str, Any], *, label: str, scheduler: str, router: str,
           "replicas": len(out["replicas"]), "router": router,
           "request_throughput_per_s": m["request_throughput_per_s"],
           "output_throughput_tokens_per_s": m["output_throughput_tokens_per_s"]
-      }, "replicas": out["replicas"]
+      }, "replicas": out["replicas"], "t0_request_s": out["t0_request_s"]
   }
 
 
 def max_rate(workload_at: WorkloadAt, replica_: replica.Replica, *, replicas: int, chips: int,
              scheduler: str, router: str, seed: int, num_requests: int, start_rate: float,
-             percentile: float, targets: dict[str,
-                                              float | None], pipeline: int = 1) -> dict[str, Any]:
+             percentile: float, targets: dict[str, float | None], pipeline: int = 1,
+             t0_request_s: float = 0.0, analytic: dict[str, Any] | None = None) -> dict[str, Any]:
   """The largest fleet arrival rate whose SLO percentiles hold (`fleet.find_max_rate`, a
-  seeded bisection), per chip too."""
+  seeded bisection), per chip too; each run as users time it (`as_users_time`). The
+  bisection starts from the load model's rate (`analytic`, `analytic_max_rate`'s, kept
+  beside) where it gives one, else from `start_rate`; `start` says which."""
+  analytic = analytic or {}
+  start = ("the load model's max rate (analytic bound)"
+           if analytic.get("analytic_max_rate_per_s") else "the arrival rate given")
+  start_rate = analytic.get("analytic_max_rate_per_s") or start_rate
 
   def run_at(rate: float) -> simulator.Run:
     w = workload_at(rate, num_requests)
     if replicas == 1:
-      return simulator.simulate(w, replica_, scheduler)
-    return fleet.simulate_fleet(w, replica_, replicas, scheduler=scheduler, router=router,
-                                seed=seed, pipeline=pipeline).fleet
+      return as_users_time(simulator.simulate(w, replica_, scheduler), t0_request_s)
+    return as_users_time(
+        fleet.simulate_fleet(w, replica_, replicas, scheduler=scheduler, router=router, seed=seed,
+                             pipeline=pipeline).fleet, t0_request_s)
 
   found = fleet.find_max_rate(run_at, start_rate=start_rate, percentile=percentile, targets=targets)
   rate = found["max_rate_per_s"]
   return {
       **found, "max_rate_per_chip": None if rate is None else rate / chips, "replicas": replicas,
       "chips": chips, "slo_percentile": percentile, "targets": targets,
-      "num_requests": num_requests, "seed": seed,
-      "label": "simulated (seeded bisection over the arrival rate)"
+      "num_requests": num_requests, "seed": seed, "t0_request_s": t0_request_s,
+      "start_rate_per_s": start_rate, "start": start,
+      "label": "simulated (seeded bisection over the arrival rate)", **analytic
   }
 
 
@@ -131,8 +153,8 @@ def analytic_max_rate(spec: Any, device: Any, layout: Any, *, options: dict[str,
                   itl_quantile=0.99 if targets.get("itl_s") else None,
                   microbatches=layout.microbatches)
   return {
-      "analytic_max_rate_per_s": a.max_rate * layout.dp, "model": load_model.MODEL,
-      "label": "analytic bound (the load model) for the same replica, B and scheduling"
+      "analytic_max_rate_per_s": a.max_rate * layout.dp, "analytic_model": load_model.MODEL,
+      "analytic_label": "analytic bound (the load model) for the same replica, B and scheduling"
   }
 
 
