@@ -43,6 +43,28 @@ FILE_KINDS = {"test_golden.py": "golden", "test_fuzz.py": "fuzz"}
 E2E_TESTS = {
     ("test_experiments_cli.py", "test_report_writes_summary_and_plots"),  # The full report.
     ("test_fleet.py", "test_find_max_rate_matches_the_analytic_capacity_within_the_spread"),
+    # The slowest whole paths (over 8 s each on 2 cores), so the default tier stays under
+    # 6 minutes; each has faster neighbours in the default tier that cover its module.
+    ("test_calibrate_carried_fit.py",
+     "test_a_carried_fit_predicts_its_recorded_run_and_a_held_term_moves_it"),
+    ("test_engine_replay.py",
+     "test_held_elementwise_kernels_slow_prefills_and_carry_in_the_factors"),
+    ("test_vllm_runner.py", "test_unhealthy_server_is_stopped_with_its_children_and_the_log_shown"),
+    ("test_calibrate_vllm.py", "test_engine_terms_cli_predicts_runs_as_the_fit_did"),
+    ("test_calibrate_vllm.py", "test_a_fit_carried_to_another_device_predicts_without_fitting"),
+    ("test_calibrate_vllm.py", "test_calibrate_engine_cli_with_accelerator_file"),
+    ("test_calibrate_vllm.py", "test_heldout_rows_and_refusal"),
+    ("test_parallel.py", "test_plan_cli_json"),
+    ("test_engine_cli.py",
+     "test_iteration_with_an_engine_is_the_predictors_step_with_the_bound_beside"),
+    ("test_engine_terms.py",
+     "test_an_engines_elementwise_kernels_cost_t_act_per_row_and_activation_element"),
+    ("test_op_calibration.py", "test_fit_sensitivity_is_how_the_whole_fit_moves_each_factor"),
+    ("test_op_calibration.py",
+     "test_the_probe_moves_only_eta_kv_and_its_floor_is_said_when_a_run_misses"),
+    ("test_calibrated_error.py",
+     "test_summary_shows_each_calibrated_prediction_with_its_profile_error"),
+    ("test_serving_cli.py", "test_a_profile_from_another_device_needs_what_if"),
 }
 _EXPERIMENT_MODULE = re.compile(r"experiments\.[a-z0-9_]*$")
 

@@ -52,7 +52,9 @@ def test_decode_step_expression_is_the_cost_models_iteration(form):
     assert sp.simplify(ours.subs(S.A_t, 0) - formulas.step_floor()) == 0
 
 
-@pytest.mark.parametrize("engines", [(), ("xla_cpu",), ("vllm_cpu",), ("vllm_cpu", "xla_cpu")])
+@pytest.mark.parametrize("engines", [(), ("xla_cpu",),
+                                     pytest.param(("vllm_cpu",), marks=pytest.mark.e2e),
+                                     pytest.param(("vllm_cpu", "xla_cpu"), marks=pytest.mark.e2e)])
 def test_calibrated_decode_step_is_the_cost_models_calibrated_iteration(engines):
   """The calibrated decode step (`calibrated.decode_model`, what StepModel, sweeps and the
   fits evaluate) equals the cost model's calibrated iteration with B decode rows at one

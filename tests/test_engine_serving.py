@@ -44,7 +44,8 @@ def _question(**kw):
                                  model=LLAMA.name, accelerator=H100.name, kv_dtype="bf16")
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("engine",
+                         [pytest.param("vllm", marks=pytest.mark.e2e), "sglang", "trtllm"])
 def test_an_engines_serving_answer_is_never_faster_than_the_bound(engine):
   d = engine_drive.drive(engine, H100)
   asked = _question()
