@@ -22,7 +22,7 @@ from jaxroof.symbolic.symbols import FACTOR_QUANTITIES
 
 def plot(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], title: str) -> None:
   """Measured against calibrated step time, log-log, with 10%/25% bands."""
-  fig, ax = plots.plt.subplots(figsize=(6.5, 6))
+  fig, ax = plots.pyplot().subplots(figsize=(6.5, 6))
   styles = {
       "train": ("o", "tab:blue", "fit models' steps"),
       "heldout": ("s", "tab:red", "held-out models"), "validation": ("D", "tab:green", "validation")

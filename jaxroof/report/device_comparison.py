@@ -93,7 +93,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str], *, batch: int | N
   entries.sort(key=lambda er: (not er[1]["fits_in_memory"], -er[1]["aggregate_tokens_per_s"]))
   entries = entries[:top_n][::-1]  # Best at the top of a horizontal bar chart.
   names = [e["name"] for e, _ in entries]
-  fig, axes = plots.plt.subplots(1, 2, figsize=(12, 0.45 * len(entries) + 1.8), sharey=True)
+  fig, axes = plots.pyplot().subplots(1, 2, figsize=(12, 0.45 * len(entries) + 1.8), sharey=True)
   for axis, key, label in ((axes[0], "aggregate_tokens_per_s", "aggregate tokens/s (B / step)"),
                            (axes[1], "per_sequence_tokens_per_s",
                             "per-sequence tokens/s (1 / step)")):

@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
-import matplotlib
+from jaxroof.files import atomic_path
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 
-from jaxroof.files import atomic_path  # noqa: E402
+@functools.cache
+def pyplot() -> Any:
+  """matplotlib.pyplot on the Agg backend, imported on first use: a run that draws nothing
+  (most, and every refused flag) does not pay its import."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
 
 
 def save(fig: Any, path: str | os.PathLike[str]) -> None:
   """Saves and closes a figure; the PNG appears whole or not at all."""
   with atomic_path(path) as tmp:
     fig.savefig(tmp, dpi=120, bbox_inches="tight")
-  plt.close(fig)
+  pyplot().close(fig)
 
 
 def plot_sweep(sweep: dict[str, Any], path: str | os.PathLike[str], title: str) -> None:
   """Aggregate and per-sequence rates against batch, crossovers marked."""
   rows = sweep["rows"]
   batch = [r["batch"] for r in rows]
-  fig, left = plt.subplots(figsize=(7.5, 4.5))
+  fig, left = pyplot().subplots(figsize=(7.5, 4.5))
   right = left.twinx()
   left.plot(batch, [r["aggregate_tokens_per_s"] for r in rows], "o-", color="tab:blue",
             label="aggregate (B / step)")
@@ -69,7 +75,7 @@ def plot_variants(sweeps: list[dict[str, Any]], path: str | os.PathLike[str], ti
   One line per combination; batches that do not fit memory are drawn as
   crosses and the line stops being solid there.
   """
-  fig, axis = plt.subplots(figsize=(11, 5))
+  fig, axis = pyplot().subplots(figsize=(11, 5))
   for index, sweep in enumerate(sweeps):
     inputs, rows = sweep["inputs"], sweep["rows"]
     color = f"C{index % 10}"

@@ -106,7 +106,7 @@ def plot_frontier(frontier: dict[str, Any], decision: dict[str, Any], path: str,
                   kind: str = "bound", token_gap_s: float | None = None,
                   memory_limit: int | None = None) -> None:
   """Aggregate tokens/s against per-sequence tokens/s over batch, decision marked."""
-  import matplotlib.pyplot as plt
+  plt = plots.pyplot()
 
   per_seq = np.asarray(frontier["per_sequence_tokens_per_s"])
   agg = np.asarray(frontier["aggregate_tokens_per_s"])

@@ -16,8 +16,6 @@ import numpy as np
 from jaxroof.report import plots
 from jaxroof.report import table
 
-plt = plots.plt
-
 
 def _log_x(ax) -> None:
   """Log x axis with plain major labels and no minor labels (call after plotting).
@@ -25,12 +23,13 @@ def _log_x(ax) -> None:
   A range of two decades or less (ITL of 4..80 ms) is labelled 1-2-5, so that
   it gets more than one label.
   """
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel  (plots.pyplot)
   ax.set_xscale("log")
   low, high = ax.get_xlim()
   if low > 0 and high / low <= 100:
-    ax.xaxis.set_major_locator(plots.matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-  ax.xaxis.set_minor_formatter(plots.matplotlib.ticker.NullFormatter())
-  ax.xaxis.set_major_formatter(plots.matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+  ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
 
 
 def metrics_rows(results: dict[str, dict]) -> list[list[str]]:
@@ -61,7 +60,7 @@ HEADER = [
 def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[str],
               title: str) -> None:
   """TTFT and ITL CDFs, one line per named run (`{"ttft_s": ..., "itl_s": ...}`)."""
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4))
   for name, values in series.items():
     for ax, key in zip(axes, ("ttft_s", "itl_s")):
       v = np.sort(np.asarray(values[key]))
@@ -82,7 +81,7 @@ def plot_cdfs(series: dict[str, dict[str, np.ndarray]], path: str | os.PathLike[
 
 def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str], title: str) -> None:
   """K/V pages in use and queue length against simulated time (`run`: a simulator Run)."""
-  fig, left = plt.subplots(figsize=(8, 4))
+  fig, left = plots.pyplot().subplots(figsize=(8, 4))
   left.step(run.history_s, run.pages_in_use / total_pages, where="post", color="tab:blue",
             label="K/V pages in use (fraction)")
   left.set_ylim(0, 1.05)
@@ -100,7 +99,7 @@ def plot_kv_over_time(run: Any, total_pages: int, path: str | os.PathLike[str], 
 def plot_goodput(rates: list[float], goodput: dict[str, list[float]], path: str | os.PathLike[str],
                  title: str) -> None:
   """Goodput against arrival rate, one line per scheduler."""
-  fig, ax = plt.subplots(figsize=(7, 4))
+  fig, ax = plots.pyplot().subplots(figsize=(7, 4))
   ax.plot(rates, rates, ":", color="gray", label="arrival rate")
   for name, values in goodput.items():
     ax.plot(rates, values, "o-", label=name)
@@ -115,7 +114,7 @@ def plot_goodput(rates: list[float], goodput: dict[str, list[float]], path: str 
 def plot_toy_comparison(result: dict, path: str | os.PathLike[str]) -> None:
   """Measured (solid) and simulated (dashed) TTFT and ITL CDFs at each load."""
   loads = result["loads"]
-  fig, axes = plt.subplots(2, len(loads), figsize=(4.2 * len(loads), 7))
+  fig, axes = plots.pyplot().subplots(2, len(loads), figsize=(4.2 * len(loads), 7))
   for col, (name, load) in enumerate(loads.items()):
     for row, key in enumerate(("ttft_s", "itl_s")):
       ax = axes[row, col]

@@ -156,7 +156,7 @@ PLOT_NAME = "summary.png"
 
 def plot_summary(summary: dict[str, Any], path: str, title: str) -> None:
   """Aggregate tokens/s at each accelerator's answer, sorted, batch and binding labelled."""
-  import matplotlib.pyplot as plt
+  plt = plots.pyplot()
 
   def per_chip(e: dict[str, Any]) -> float | None:
     served = e["fits"] and e["bound"]["status"] == "ok"
