@@ -428,3 +428,36 @@ def test_sizing_side_by_side_is_sizing_in_order():
   one, two = ([(p["simulated"]["replicas_needed"], p["simulated"]["ttft_p90_s"]) for p in r["plans"]
                if p.get("simulated")] for r in runs)
   assert one and one == two
+
+
+def test_sized_plans_are_ranked_again_within_each_accelerator():
+  """Sizing in simulation can change a plan's chips: the sized plans are ordered again as the
+  search orders them (without prices, chips within each accelerator, rank 1 of each kind
+  first), and each accelerator's plans count 1, 2, ... down the list."""
+
+  def row(accelerator: str, chips: int, headroom: float) -> dict:
+    return {
+        "accelerator": accelerator, "chips": chips, "headroom": headroom, "rank": 0,
+        "rank_within_accelerator": 0
+    }
+
+  # A split h200 plan sized to the same chips as the shared one, with more headroom.
+  sized = [
+      row("mi300x", 17, 0.1),
+      row("h200", 24, 0.1),
+      row("h200", 24, 0.3),
+      row("h100-sxm", 28, 0.2),
+      row("h100-sxm", 30, 0.2)
+  ]
+  rest = [row("mi300x", 24, 0.1), row("h100-sxm", 32, 0.1)]
+  out = plan_check.reranked(sized, rest, fixed=False, priced=False)
+  assert [p["rank"] for p in out] == list(range(1, len(out) + 1))
+  for name in ("mi300x", "h200", "h100-sxm"):
+    mine = [p for p in out if p["accelerator"] == name]
+    assert [p["rank_within_accelerator"] for p in mine] == list(range(1, len(mine) + 1))
+  # Rank 1 of each kind first (kinds in the search's order), then rank 2.
+  assert [(p["accelerator"], p["rank_within_accelerator"]) for p in out[:3]] == [("mi300x", 1),
+                                                                                 ("h200", 1),
+                                                                                 ("h100-sxm", 1)]
+  assert out[1]["headroom"] == 0.3  # The tie at 24 chips: more headroom first.
+  assert out[-2:] == rest

@@ -367,16 +367,8 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
   finally:
     if pool is not None:
       pool.shutdown()
-  rest = plans[taken:]
-  if result.get("chips") is not None:
-    key = lambda p: (-p["tokens_per_s_per_chip"], -p["headroom"])  # noqa: E731
-  elif result.get("prices_per_hour"):
-    key = lambda p: (p["cost_per_hour"], -p["headroom"])  # noqa: E731
-  else:
-    key = lambda p: (p["chips"], -p["headroom"])  # noqa: E731
-  result["plans"] = sorted(sized, key=key) + rest
-  for rank, row in enumerate(result["plans"], 1):
-    row["rank"] = rank
+  result["plans"] = reranked(sized, plans[taken:], fixed=result.get("chips") is not None,
+                             priced=bool(result.get("prices_per_hour")))
   result["simulation"] = {
       "top_k": len(sized), "dropped": dropped, "seed": seed, "seeds": seeds,
       "num_requests": num_requests, "requests_rule":
@@ -390,6 +382,31 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
               f"{split_simulation.DECODE_ROUTER} router) at the fleet's rate"
   }
   return result
+
+
+def reranked(sized: list[dict[str, Any]], rest: list[dict[str, Any]], *, fixed: bool,
+             priced: bool) -> list[dict[str, Any]]:
+  """The sized plans in the search's order (`plan_rows.order`) at their simulated sizes, the
+  unsimulated rest after them; `rank` and `rank_within_accelerator` numbered again.
+
+  A fixed fleet ranks by tokens/s per chip and prices by cost, across kinds; without
+  prices kinds are not compared: chips within each accelerator, rank 1 of each first."""
+  if fixed or priced:
+    key = ((lambda p: (-p["tokens_per_s_per_chip"], -p["headroom"])) if fixed else
+           (lambda p: (p["cost_per_hour"], -p["headroom"])))
+    ordered = sorted(sized, key=key)
+  else:
+    first = {p["accelerator"]: k for k, p in reversed(list(enumerate(sized + rest)))}
+    within: dict[str, int] = {}
+    for p in sorted(sized, key=lambda p: (p["chips"], -p["headroom"])):
+      within[p["accelerator"]] = p["rank_within_accelerator"] = within.get(p["accelerator"], 0) + 1
+    ordered = sorted(sized, key=lambda p: (p["rank_within_accelerator"], first[p["accelerator"]]))
+  out = ordered + rest
+  seen: dict[str, int] = {}
+  for rank, p in enumerate(out, 1):
+    p["rank"] = rank
+    seen[p["accelerator"]] = p["rank_within_accelerator"] = seen.get(p["accelerator"], 0) + 1
+  return out
 
 
 def _keep(row: dict[str, Any], sized: list[dict[str, Any]], dropped: list[dict[str, Any]],
