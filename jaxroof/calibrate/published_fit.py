@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxroof.calibrate import least_squares
 from jaxroof.calibrate import published_points as points_lib
 from jaxroof.calibrate.published_setups import Stacked
 from jaxroof.engines import engine_rules
@@ -207,28 +208,11 @@ def fit(stacked: Stacked, settings: Mapping[str, np.ndarray], design: Design = D
   start = {**START, **(prior.terms if prior is not None else {})}
   problem = _Problem(stacked, settings, design, start, PRIOR_ENGINE if prior else ANCHOR,
                      kernel_terms or {})
-  theta = problem.theta0.copy()
-  r = problem.residuals(theta)
-  damping = 1e-3
-  for _ in range(MAX_ITERATIONS):
-    jac = np.empty((r.size, theta.size))
-    for j in range(theta.size):
-      step = theta.copy()
-      step[j] += FD_STEP
-      jac[:, j] = (problem.residuals(step) - r) / FD_STEP
-    gram, grad = jac.T @ jac, jac.T @ r
-    improved = False
-    while damping < 1e8:
-      delta = np.linalg.solve(gram + damping * np.diag(np.diag(gram) + 1e-12), -grad)
-      trial = _clip(problem, theta + delta)
-      r_trial = problem.residuals(trial)
-      if r_trial @ r_trial < r @ r:
-        improved = r @ r - r_trial @ r_trial > TOLERANCE * max(r @ r, 1e-12)
-        theta, r, damping = trial, r_trial, max(damping / 3, 1e-9)
-        break
-      damping *= 4
-    if not improved:
-      break
+  theta = least_squares.levenberg_marquardt(problem.residuals, problem.theta0.copy(),
+                                            lambda t: _clip(problem, t),
+                                            max_iterations=MAX_ITERATIONS, fd_step=FD_STEP,
+                                            tolerance=TOLERANCE, max_damping=1e8, min_damping=1e-9,
+                                            floor=1e-12)
   return problem.unpack(theta)
 
 

@@ -34,10 +34,11 @@ import csv
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxroof.calibrate import least_squares
 from jaxroof.engines import published
 from jaxroof.parallel import layout as layout_lib
 from jaxroof.specs import accelerators
@@ -164,34 +165,6 @@ def predict(stacked: Mapping[str, np.ndarray], values: Mapping[str, float]) -> n
     return np.asarray(evaluate(**stacked, **given)["step_s"], dtype=float)
 
 
-def _least_squares(residuals: Callable[[np.ndarray], np.ndarray], theta: np.ndarray,
-                   low: np.ndarray, high: np.ndarray) -> np.ndarray:
-  """Levenberg-Marquardt within box bounds (finite-difference Jacobian)."""
-  theta = np.clip(theta, low, high)
-  r = residuals(theta)
-  damping = 1e-3
-  for _ in range(200):
-    jac = np.empty((r.size, theta.size))
-    for j in range(theta.size):
-      step = theta.copy()
-      step[j] += 1e-5
-      jac[:, j] = (residuals(step) - r) / 1e-5
-    gram, grad = jac.T @ jac, jac.T @ r
-    improved = False
-    while damping < 1e10:
-      delta = np.linalg.solve(gram + damping * np.diag(np.diag(gram) + 1e-12), -grad)
-      trial = np.clip(theta + delta, low, high)
-      r_trial = residuals(trial)
-      if r_trial @ r_trial < r @ r:
-        improved = r @ r - r_trial @ r_trial > 1e-12 * max(r @ r, 1e-30)
-        theta, r, damping = trial, r_trial, max(damping / 3, 1e-12)
-        break
-      damping *= 4
-    if not improved:
-      break
-  return theta
-
-
 def fit_family(rows: Sequence[Row], names: Sequence[str], held: Mapping[str,
                                                                         float]) -> dict[str, float]:
   """`names` fitted to `rows` (log-ratio least squares), `held` terms as given."""
@@ -205,7 +178,11 @@ def fit_family(rows: Sequence[Row], names: Sequence[str], held: Mapping[str,
     out = np.log(predict(stacked, values)) - measured
     return np.where(np.isfinite(out), out, 10.0)
 
-  theta = _least_squares(residuals, np.log([START[n] for n in names]), low, high)
+  theta = least_squares.levenberg_marquardt(residuals,
+                                            np.clip(np.log([START[n] for n in names]), low,
+                                                    high), lambda t: np.clip(t, low, high),
+                                            max_iterations=200, fd_step=1e-5, tolerance=1e-12,
+                                            max_damping=1e10, min_damping=1e-12, floor=1e-30)
   return {n: float(np.exp(t)) for n, t in zip(names, theta)}
 
 
