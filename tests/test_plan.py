@@ -450,7 +450,8 @@ def test_sized_plans_are_ranked_again_within_each_accelerator():
       row("h100-sxm", 30, 0.2)
   ]
   rest = [row("mi300x", 24, 0.1), row("h100-sxm", 32, 0.1)]
-  out = plan_check.reranked(sized, rest, fixed=False, priced=False)
+  devices = load_accelerators("mi300x,h200,h100-sxm")  # The search's order of kinds.
+  out = plan_check.reranked(sized, rest, devices, fixed=False, priced=False)
   assert [p["rank"] for p in out] == list(range(1, len(out) + 1))
   for name in ("mi300x", "h200", "h100-sxm"):
     mine = [p for p in out if p["accelerator"] == name]

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxroof.parallel import engine_drive
+from jaxroof.parallel import plan_rows
 from jaxroof.parallel.layout import Layout
 from jaxroof.serving import arrivals, fleet, metrics, replica, simulator, split_simulation
 from jaxroof.specs.accelerators import Accelerator
@@ -367,7 +368,7 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
   finally:
     if pool is not None:
       pool.shutdown()
-  result["plans"] = reranked(sized, plans[taken:], fixed=result.get("chips") is not None,
+  result["plans"] = reranked(sized, plans[taken:], devices, fixed=result.get("chips") is not None,
                              priced=bool(result.get("prices_per_hour")))
   result["simulation"] = {
       "top_k": len(sized), "dropped": dropped, "seed": seed, "seeds": seeds,
@@ -384,24 +385,12 @@ def check_top(result: dict[str, Any], spec: ModelSpec, devices: Sequence[Acceler
   return result
 
 
-def reranked(sized: list[dict[str, Any]], rest: list[dict[str, Any]], *, fixed: bool,
-             priced: bool) -> list[dict[str, Any]]:
-  """The sized plans in the search's order (`plan_rows.order`) at their simulated sizes, the
-  unsimulated rest after them; `rank` and `rank_within_accelerator` numbered again.
-
-  A fixed fleet ranks by tokens/s per chip and prices by cost, across kinds; without
-  prices kinds are not compared: chips within each accelerator, rank 1 of each first."""
-  if fixed or priced:
-    key = ((lambda p: (-p["tokens_per_s_per_chip"], -p["headroom"])) if fixed else
-           (lambda p: (p["cost_per_hour"], -p["headroom"])))
-    ordered = sorted(sized, key=key)
-  else:
-    first = {p["accelerator"]: k for k, p in reversed(list(enumerate(sized + rest)))}
-    within: dict[str, int] = {}
-    for p in sorted(sized, key=lambda p: (p["chips"], -p["headroom"])):
-      within[p["accelerator"]] = p["rank_within_accelerator"] = within.get(p["accelerator"], 0) + 1
-    ordered = sorted(sized, key=lambda p: (p["rank_within_accelerator"], first[p["accelerator"]]))
-  out = ordered + rest
+def reranked(sized: list[dict[str, Any]], rest: list[dict[str, Any]],
+             devices: Sequence[Accelerator], *, fixed: bool, priced: bool) -> list[dict[str, Any]]:
+  """The sized plans ordered again at their simulated sizes as the search orders plans
+  (`plan_rows.order`), the unsimulated rest after them; `rank` and
+  `rank_within_accelerator` numbered down the whole list."""
+  out = plan_rows.order(sized, devices, priced=priced, top=len(sized), fixed=fixed) + rest
   seen: dict[str, int] = {}
   for rank, p in enumerate(out, 1):
     p["rank"] = rank
